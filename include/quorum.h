@@ -1,0 +1,209 @@
+/*
+ * quorum.h - the one public header of libquorum, a parameter server for
+ * distributed training.
+ *
+ * Anything not declared here is not API. The header is written to be bound
+ * from other languages (Python ctypes first): handles are opaque pointers,
+ * every argument is a plain C type or an array of them, no struct crosses
+ * the API by value, and no callback is needed on the basic path.
+ *
+ * Conventions that hold for every call:
+ *   - A call returns QR_OK (0) or a negative qr_status code. On failure it
+ *     also records a readable message for the calling thread, which
+ *     qr_last_error() returns until the thread's next failing call.
+ *   - A function named *_free or *_destroy accepts NULL and does nothing.
+ *   - Buffers passed in are borrowed for the duration of the call only;
+ *     buffers handed out (qr_worker_var_data) stay owned by the handle.
+ *   - Handles are not thread-safe unless a function says so: use one
+ *     worker handle per thread (one program may hold several).
+ */
+#ifndef QUORUM_H
+#define QUORUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define QR_API __attribute__((visibility("default")))
+#else
+#define QR_API
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Status codes. One table gives the enum, the names and the messages.      */
+/* ------------------------------------------------------------------------ */
+
+#define QR_STATUS_MAP(X)                                                    \
+    X(OK, 0, "ok")                                                          \
+    X(EINVAL, -1, "invalid argument")                                       \
+    X(ENOMEM, -2, "out of memory")                                          \
+    X(EIO, -3, "input/output error")                                        \
+    X(EPROTO, -4, "protocol error")                                         \
+    X(ENOTFOUND, -5, "not found")                                           \
+    X(EEXIST, -6, "already exists")                                         \
+    X(ESHAPE, -7, "shape mismatch")                                         \
+    X(ETIMEDOUT, -8, "timed out")                                           \
+    X(EPEERLOST, -9, "peer lost")                                           \
+    X(ESTOPPED, -10, "stopped")                                             \
+    X(ENOTREADY, -11, "variables not initialized")                          \
+    X(ESTALE, -12, "dropped: stale")                                        \
+    X(EABORTED, -13, "aborted")                                             \
+    X(ENONFINITE, -14, "non-finite value")                                  \
+    X(ETOOBIG, -15, "message too large")                                    \
+    X(EINTERNAL, -16, "internal error")
+
+typedef enum qr_status {
+#define QR__STATUS_ENUM(name, code, msg) QR_##name = code,
+    QR_STATUS_MAP(QR__STATUS_ENUM)
+#undef QR__STATUS_ENUM
+} qr_status;
+
+/* Short fixed description of a status code ("shape mismatch"). */
+QR_API const char *qr_strerror(int status);
+/* Symbolic name of a status code ("QR_ESHAPE"). */
+QR_API const char *qr_status_name(int status);
+/* Detailed message of the calling thread's last failing call, never NULL. */
+QR_API const char *qr_last_error(void);
+/* Library version string, e.g. "0.1.0". */
+QR_API const char *qr_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Configuration: string keys and values, validated when set.              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A qr_config holds the options of a ps or a worker as key=value strings,
+ * the same names the command line uses without the leading "--" and with
+ * '-' or '_' alike ("lr", "optimizer", "transport", "timeout-ms", ...).
+ * qr_config_set validates a known key's value at once and refuses unknown
+ * keys, so a typo is an error, not a silently ignored option.
+ * The full list of keys is in docs/ARCHITECTURE.md and `quorum --help`.
+ */
+typedef struct qr_config qr_config;
+
+QR_API int qr_config_new(qr_config **out);
+QR_API void qr_config_free(qr_config *cfg);
+QR_API int qr_config_set(qr_config *cfg, const char *key, const char *value);
+/* Value of key (the default if unset); NULL for an unknown key. Owned by cfg. */
+QR_API const char *qr_config_get(const qr_config *cfg, const char *key);
+
+/* ------------------------------------------------------------------------ */
+/* Cluster spec                                                            */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * A cluster is a list of ps addresses and a list of worker addresses, and
+ * for the process that holds the spec, its own job ("ps" or "worker") and
+ * task index. Worker 0 is the chief.
+ * An address is "host:port" (TCP, or a Unix socket chosen automatically
+ * when host is a loopback address) or "unix:/path/to/socket".
+ */
+typedef struct qr_cluster qr_cluster;
+
+/* From the TensorFlow-style flags. ps_hosts and worker_hosts are
+ * comma-separated address lists; job_name is "ps" or "worker". */
+QR_API int qr_cluster_from_flags(qr_cluster **out, const char *ps_hosts,
+                                 const char *worker_hosts,
+                                 const char *job_name, int task_index);
+/* From a TF_CONFIG JSON document:
+ * {"cluster":{"ps":[...],"worker":[...]},"task":{"type":"worker","index":0}} */
+QR_API int qr_cluster_from_json(qr_cluster **out, const char *tf_config);
+/* From the TF_CONFIG environment variable; QR_ENOTFOUND if it is unset. */
+QR_API int qr_cluster_from_env(qr_cluster **out);
+QR_API void qr_cluster_free(qr_cluster *cluster);
+
+QR_API int qr_cluster_num_ps(const qr_cluster *cluster);
+QR_API int qr_cluster_num_workers(const qr_cluster *cluster);
+/* Address of task `index` of job "ps" or "worker"; NULL if out of range. */
+QR_API const char *qr_cluster_address(const qr_cluster *cluster,
+                                      const char *job, int index);
+/* This process's job ("ps" or "worker") and task index. */
+QR_API const char *qr_cluster_job(const qr_cluster *cluster);
+QR_API int qr_cluster_task_index(const qr_cluster *cluster);
+
+/* ------------------------------------------------------------------------ */
+/* Parameter-server task                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct qr_ps qr_ps;
+
+/* Create the ps task that `cluster` names as this process (job "ps"), with
+ * options from cfg (may be NULL). Binds its listening sockets at once. */
+QR_API int qr_ps_create(qr_ps **out, const qr_cluster *cluster,
+                        const qr_config *cfg);
+/* Serve until a worker asks the ps to stop, qr_ps_stop is called, or a
+ * fatal error. Returns QR_OK on a clean stop. */
+QR_API int qr_ps_run(qr_ps *ps);
+/* Ask a running ps to stop; safe to call from any thread or a signal
+ * handler's deferred context. */
+QR_API int qr_ps_stop(qr_ps *ps);
+QR_API void qr_ps_free(qr_ps *ps);
+
+/* ------------------------------------------------------------------------ */
+/* Worker                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct qr_worker qr_worker;
+
+/* Create worker `task_index` of `cluster` (the spec's own task if
+ * task_index < 0). Connects lazily: ps tasks may start later. */
+QR_API int qr_worker_create(qr_worker **out, const qr_cluster *cluster,
+                            int task_index, const qr_config *cfg);
+QR_API void qr_worker_free(qr_worker *w);
+
+/*
+ * Declare a dense float32 variable. Every worker must declare the same
+ * variables in the same order; the declaration order fixes placement.
+ * init is one of "zeros", "constant:C", "uniform:LO,HI", "normal:MEAN,STD",
+ * "truncated_normal:MEAN,STD", "glorot_uniform"; seed makes it
+ * reproducible. lr < 0 means "use the global learning rate".
+ * The variable's id (0, 1, ...) is written to *var_id.
+ */
+QR_API int qr_worker_declare(qr_worker *w, const char *name, int ndim,
+                             const int64_t *shape, const char *init,
+                             uint64_t seed, float lr, int *var_id);
+
+/* The chief creates and initializes every declared variable on the ps
+ * tasks and marks the cluster ready; other workers wait (up to the
+ * "init-timeout-ms" option) until it has, then check that their
+ * declarations match what the chief created. */
+QR_API int qr_worker_initialize(qr_worker *w);
+
+/* Number of elements and the worker's local copy of a variable (valid
+ * until qr_worker_free; filled by qr_worker_pull with dst == NULL). */
+QR_API int64_t qr_worker_var_size(const qr_worker *w, int var_id);
+QR_API float *qr_worker_var_data(qr_worker *w, int var_id);
+
+/*
+ * Pull n variables (all of them if n == 0 and ids == NULL). dst[i] receives
+ * variable ids[i]; if dst is NULL, each lands in the worker's local copy.
+ * Requests to different ps tasks travel in parallel.
+ */
+QR_API int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst);
+
+/*
+ * Push gradients for n variables (grads[i] for ids[i], each of the
+ * variable's size). The ps applies them with its optimizer as they arrive.
+ * If flags has QR_PUSH_STEP, the global step is incremented by one with
+ * the push. *global_step (may be NULL) receives the global step after it.
+ */
+#define QR_PUSH_STEP 1u
+QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
+                          const float *const *grads, unsigned flags,
+                          int64_t *global_step);
+
+/* Read the global step held by ps 0. */
+QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);
+
+/* Ask every ps task to stop serving (the chief does this at the end of
+ * training). Pending and later requests of other workers get QR_ESTOPPED. */
+QR_API int qr_worker_stop_cluster(qr_worker *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* QUORUM_H */

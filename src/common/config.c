@@ -1,0 +1,201 @@
+/*
+ * config.c - the one table of options a ps or a worker understands.
+ *
+ * Each key has a type, a default, a range and a help line. qr_config_set
+ * validates the value against its entry, so that "lr=-1" or "optimzer=adam"
+ * fails where it is typed, with a message naming the key. The CLI turns
+ * "--key value" flags into qr_config_set calls, so the command line and
+ * the C API share these names and these checks.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_ENUM, KEY_STRING } key_type;
+
+typedef struct {
+    const char *name;
+    key_type type;
+    const char *def;  /* "" = unset: the consumer picks (e.g. per optimizer) */
+    double lo, hi;    /* range for INT and FLOAT; FLOAT lo is exclusive if lo_open */
+    int lo_open;
+    const char *choices; /* "a|b|c" for ENUM */
+    const char *help;
+} key_spec;
+
+#define INF 1e300
+static const key_spec keys[] = {
+    /* transport and timeouts */
+    {"transport", KEY_ENUM, "auto", 0, 0, 0, "auto|tcp|unix",
+     "auto: Unix socket to loopback peers, TCP otherwise"},
+    {"timeout-ms", KEY_INT, "30000", 1, 86400000, 0, NULL,
+     "deadline of one request, reconnection included"},
+    {"init-timeout-ms", KEY_INT, "120000", 1, 86400000, 0, NULL,
+     "how long a worker waits for the chief to initialize the variables"},
+    {"socket-buffer-kb", KEY_INT, "4096", 64, 1048576, 0, NULL,
+     "SO_SNDBUF/SO_RCVBUF of every connection"},
+    {"max-message-mb", KEY_INT, "2048", 1, 65536, 0, NULL,
+     "largest message a ps accepts; larger ones close the connection"},
+    {"linger-ms", KEY_INT, "3000", 0, 600000, 0, NULL,
+     "after a stop request, how long a ps waits for workers to hang up"},
+    /* optimizer */
+    {"optimizer", KEY_ENUM, "sgd", 0, 0, 0,
+     "sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl", "optimizer applied on the ps"},
+    {"lr", KEY_FLOAT, "", 0, INF, 1, NULL,
+     "learning rate (default: 0.05 for sgd/momentum, 0.001 otherwise)"},
+    {"momentum", KEY_FLOAT, "", 0, 1, 0, NULL,
+     "momentum (momentum: 0.9; rmsprop: 0.0)"},
+    {"nesterov", KEY_BOOL, "false", 0, 0, 0, NULL, "Nesterov momentum (momentum, adam_async)"},
+    {"beta1", KEY_FLOAT, "0.9", 0, 1, 0, NULL, "Adam beta1"},
+    {"beta2", KEY_FLOAT, "0.999", 0, 1, 0, NULL, "Adam beta2"},
+    {"epsilon", KEY_FLOAT, "", 0, INF, 1, NULL,
+     "epsilon (adam/adam_async: 1e-8; rmsprop: 1e-10; adagrad: 1e-7 unused by TF)"},
+    {"decay", KEY_FLOAT, "0.9", 0, 1, 0, NULL, "RMSProp decay (rho)"},
+    {"centered", KEY_BOOL, "false", 0, 0, 0, NULL, "centered RMSProp"},
+    {"initial-accumulator", KEY_FLOAT, "0.1", 0, INF, 0, NULL,
+     "Adagrad/FTRL initial accumulator value"},
+    {"l1", KEY_FLOAT, "0", 0, INF, 0, NULL, "FTRL l1 regularization"},
+    {"l2", KEY_FLOAT, "0", 0, INF, 0, NULL, "FTRL l2 regularization"},
+    {"lr-power", KEY_FLOAT, "-0.5", -INF, 0, 0, NULL, "FTRL learning rate power (<= 0)"},
+    {"apply-sparse-rmsprop", KEY_BOOL, "false", 0, 0, 0, NULL,
+     "AdamAsync: sparse applies use RMSProp"},
+    {"nonfinite", KEY_ENUM, "error", 0, 0, 0, "error|skip",
+     "a gradient with NaN/Inf: refuse it with an error, or skip and count it"},
+    {"apply-threads", KEY_INT, "1", 1, 64, 0, NULL,
+     "threads for optimizer applies of large tensors on a ps"},
+};
+#undef INF
+
+#define NKEYS ((int)QR_ARRAY_LEN(keys))
+
+struct qr_config {
+    char *values[NKEYS]; /* NULL = not set */
+};
+
+static int key_index(const char *name) {
+    if (!name) return -1;
+    for (int i = 0; i < NKEYS; i++) {
+        const char *a = keys[i].name, *b = name;
+        while (*a && *b && (*a == *b || (*a == '-' && *b == '_'))) a++, b++;
+        if (!*a && !*b) return i;
+    }
+    return -1;
+}
+
+int qr_config_new(qr_config **out) {
+    if (!out) return qr__fail(QR_EINVAL, "qr_config_new: out is NULL");
+    *out = qr__calloc(1, sizeof(qr_config));
+    return *out ? QR_OK : QR_ENOMEM;
+}
+
+void qr_config_free(qr_config *cfg) {
+    if (!cfg) return;
+    for (int i = 0; i < NKEYS; i++) free(cfg->values[i]);
+    free(cfg);
+}
+
+static bool choice_ok(const char *choices, const char *value) {
+    size_t n = strlen(value);
+    for (const char *p = choices; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, value, n)) return true;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+static int validate(const key_spec *k, const char *value) {
+    int64_t iv;
+    double fv;
+    switch (k->type) {
+    case KEY_INT:
+        if (qr__parse_int64(value, (int64_t)k->lo, (int64_t)k->hi, &iv))
+            return qr__fail(QR_EINVAL, "option %s: %s", k->name, qr_last_error());
+        return QR_OK;
+    case KEY_FLOAT:
+        if (qr__parse_float(value, &fv))
+            return qr__fail(QR_EINVAL, "option %s: %s", k->name, qr_last_error());
+        if (fv < k->lo || (k->lo_open && fv == k->lo) || fv > k->hi)
+            return qr__fail(QR_EINVAL, "option %s: %s is out of range (%s%g, %g]",
+                            k->name, value, k->lo_open ? "" : "=", k->lo, k->hi);
+        return QR_OK;
+    case KEY_BOOL:
+        if (!choice_ok("true|false|1|0|yes|no", value))
+            return qr__fail(QR_EINVAL, "option %s: '%s' is not true or false", k->name, value);
+        return QR_OK;
+    case KEY_ENUM:
+        if (!choice_ok(k->choices, value))
+            return qr__fail(QR_EINVAL, "option %s: '%s' is not one of %s", k->name, value,
+                            k->choices);
+        return QR_OK;
+    case KEY_STRING:
+        return QR_OK;
+    }
+    return QR_OK;
+}
+
+int qr_config_set(qr_config *cfg, const char *key, const char *value) {
+    if (!cfg || !key || !value)
+        return qr__fail(QR_EINVAL, "qr_config_set: cfg, key and value must not be NULL");
+    int i = key_index(key);
+    if (i < 0) return qr__fail(QR_EINVAL, "unknown option '%s'", key);
+    int rc = validate(&keys[i], value);
+    if (rc) return rc;
+    char *copy = qr__strdup(value);
+    if (!copy) return QR_ENOMEM;
+    free(cfg->values[i]);
+    cfg->values[i] = copy;
+    return QR_OK;
+}
+
+const char *qr_config_get(const qr_config *cfg, const char *key) {
+    int i = key_index(key);
+    if (i < 0) return NULL;
+    if (cfg && cfg->values[i]) return cfg->values[i];
+    return keys[i].def;
+}
+
+const char *qr__config_str(const qr_config *cfg, const char *key) {
+    const char *v = qr_config_get(cfg, key);
+    return v ? v : "";
+}
+
+bool qr__config_is_set(const qr_config *cfg, const char *key) {
+    int i = key_index(key);
+    return cfg && i >= 0 && cfg->values[i];
+}
+
+int64_t qr__config_int(const qr_config *cfg, const char *key) {
+    return strtoll(qr__config_str(cfg, key), NULL, 10);
+}
+
+double qr__config_float(const qr_config *cfg, const char *key) {
+    return strtod(qr__config_str(cfg, key), NULL);
+}
+
+bool qr__config_bool(const qr_config *cfg, const char *key) {
+    const char *v = qr__config_str(cfg, key);
+    return !strcmp(v, "true") || !strcmp(v, "1") || !strcmp(v, "yes");
+}
+
+int qr__config_merge(qr_config *dst, const qr_config *src) {
+    if (!src) return QR_OK;
+    for (int i = 0; i < NKEYS; i++) {
+        if (!src->values[i]) continue;
+        int rc = qr_config_set(dst, keys[i].name, src->values[i]);
+        if (rc) return rc;
+    }
+    return QR_OK;
+}
+
+bool qr__config_key_at(int i, const char **name, const char **def, const char **help) {
+    if (i < 0 || i >= NKEYS) return false;
+    *name = keys[i].name;
+    *def = keys[i].def;
+    *help = keys[i].help;
+    return true;
+}

@@ -1,0 +1,355 @@
+/*
+ * optim.c - the optimizer object and everything that does not depend on the
+ * algorithm: option reading and validation, slot allocation, argument
+ * checks, and running an element kernel over a dense tensor (split across
+ * the pool for large ones) or over the touched rows of a sparse gradient.
+ * The algorithms themselves are in sgd.c momentum.c adagrad.c rmsprop.c
+ * adam.c adam_async.c ftrl.c.
+ */
+#include "optim/optim_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const qr_optim_ops *const all_ops[] = {
+    &qr__optim_sgd,  &qr__optim_momentum,   &qr__optim_adagrad, &qr__optim_rmsprop,
+    &qr__optim_adam, &qr__optim_adam_async, &qr__optim_ftrl,
+};
+
+/* The options of config.c that belong to optimizers. */
+static const char *const optim_keys[] = {
+    "lr",    "momentum", "nesterov", "beta1", "beta2", "epsilon", "decay", "centered",
+    "initial-accumulator", "l1", "l2", "lr-power", "apply-sparse-rmsprop",
+};
+
+static bool key_listed(const char *keys, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = keys; *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && !strncmp(p, key, n)) return true;
+        if (!bar) break;
+        p = bar + 1;
+    }
+    return false;
+}
+
+float qr__optim_opt_float(const qr_config *cfg, const char *key, float def) {
+    if (!qr__config_is_set(cfg, key)) return def;
+    return (float)qr__config_float(cfg, key);
+}
+
+void qr__optim_add_slot(qr_optim *opt, const char *name, bool scalar, float init) {
+    /* Layout: per-row slots first, scalars after; init functions add the
+     * per-row ones first. QR_OPTIM_MAX_SLOTS bounds every optimizer here. */
+    qr_optim_slot_spec *sp = &opt->slot[opt->nslots++];
+    sp->name = name;
+    sp->scalar = scalar;
+    sp->init = init;
+    if (!scalar) opt->nrow_slots++;
+}
+
+void qr__optim_set_parallel_min(qr_optim *opt, int64_t n) {
+    opt->parallel_min = n < 1 ? 1 : n;
+}
+
+int qr_optim_create(qr_optim **out, const qr_config *cfg) {
+    if (!out) return qr__fail(QR_EINVAL, "qr_optim_create: out is NULL");
+    *out = NULL;
+    const char *name = qr__config_str(cfg, "optimizer");
+    const qr_optim_ops *ops = NULL;
+    for (size_t i = 0; i < QR_ARRAY_LEN(all_ops); i++)
+        if (!strcmp(all_ops[i]->name, name)) ops = all_ops[i];
+    if (!ops) return qr__fail(QR_EINVAL, "option optimizer: unknown optimizer '%s'", name);
+
+    for (size_t i = 0; i < QR_ARRAY_LEN(optim_keys); i++)
+        if (qr__config_is_set(cfg, optim_keys[i]) && !key_listed(ops->keys, optim_keys[i]))
+            return qr__fail(QR_EINVAL,
+                            "optimizer %s: option %s does not apply to it (it reads: %s)",
+                            ops->name, optim_keys[i], ops->keys);
+
+    qr_optim *opt = qr__calloc(1, sizeof *opt);
+    if (!opt) return QR_ENOMEM;
+    opt->ops = ops;
+    opt->parallel_min = QR_OPTIM_PARALLEL_MIN;
+    int rc = ops->init(opt, cfg);
+    if (rc == QR_OK && !(opt->hp.lr > 0 && isfinite(opt->hp.lr)))
+        rc = qr__fail(QR_EINVAL, "optimizer %s: option lr must be a finite number > 0, got %g",
+                      ops->name, (double)opt->hp.lr);
+    if (rc == QR_OK) {
+        opt->nthreads = (int)qr__config_int(cfg, "apply-threads");
+        if (opt->nthreads < 1) opt->nthreads = 1;
+        if (opt->nthreads > 1) rc = qr__optim_pool_create(&opt->pool, opt->nthreads);
+    }
+    if (rc) {
+        qr_optim_free(opt);
+        return rc;
+    }
+    *out = opt;
+    return QR_OK;
+}
+
+void qr_optim_free(qr_optim *opt) {
+    if (!opt) return;
+    qr__optim_pool_free(opt->pool);
+    free(opt);
+}
+
+const char *qr_optim_name(const qr_optim *opt) {
+    return opt ? opt->ops->name : "";
+}
+
+float qr_optim_lr(const qr_optim *opt) {
+    return opt ? opt->hp.lr : 0.0f;
+}
+
+/* ---- slots --------------------------------------------------------------- */
+
+int qr_optim_slots_create(const qr_optim *opt, int64_t rows, int64_t dim,
+                          qr_optim_slots **out) {
+    if (!out) return qr__fail(QR_EINVAL, "qr_optim_slots_create: out is NULL");
+    *out = NULL;
+    if (!opt) return qr__fail(QR_EINVAL, "qr_optim_slots_create: opt is NULL");
+    if (rows < 0 || dim < 1 || (rows > 0 && dim > INT64_MAX / 4 / rows))
+        return qr__fail(QR_ESHAPE, "optimizer %s: bad slot shape (%lld, %lld)",
+                        opt->ops->name, (long long)rows, (long long)dim);
+    qr_optim_slots *s = qr__calloc(1, sizeof *s);
+    if (!s) return QR_ENOMEM;
+    s->ops = opt->ops;
+    s->nslots = opt->nslots;
+    s->nrow_slots = opt->nrow_slots;
+    s->rows = rows;
+    s->dim = dim;
+    s->n = rows * dim;
+    for (int j = 0; j < opt->nslots; j++) {
+        const qr_optim_slot_spec *sp = &opt->slot[j];
+        int64_t len = sp->scalar ? 1 : s->n;
+        s->name[j] = sp->name;
+        s->len[j] = len;
+        s->data[j] = qr__aligned_alloc((size_t)len * sizeof(float));
+        if (!s->data[j]) {
+            qr_optim_slots_free(s);
+            return QR_ENOMEM;
+        }
+        if (sp->init != 0.0f)
+            for (int64_t i = 0; i < len; i++) s->data[j][i] = sp->init;
+    }
+    *out = s;
+    return QR_OK;
+}
+
+void qr_optim_slots_free(qr_optim_slots *s) {
+    if (!s) return;
+    for (int j = 0; j < s->nslots; j++) free(s->data[j]);
+    free(s);
+}
+
+int qr_optim_slots_count(const qr_optim_slots *s) {
+    return s ? s->nslots : 0;
+}
+
+int qr_optim_slot(const qr_optim_slots *s, int i, const char **name, float **data,
+                  int64_t *n) {
+    if (!s || i < 0 || i >= s->nslots)
+        return qr__fail(QR_EINVAL, "qr_optim_slot: no slot %d (the variable has %d)", i,
+                        s ? s->nslots : 0);
+    if (name) *name = s->name[i];
+    if (data) *data = s->data[i];
+    if (n) *n = s->len[i];
+    return QR_OK;
+}
+
+int qr_optim_row_slots(const qr_optim *opt) {
+    return opt ? opt->nrow_slots : 0;
+}
+
+int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name, float *init) {
+    if (!opt || j < 0 || j >= opt->nrow_slots)
+        return qr__fail(QR_EINVAL, "qr_optim_row_slot_info: no per-row slot %d", j);
+    if (name) *name = opt->slot[j].name;
+    if (init) *init = opt->slot[j].init;
+    return QR_OK;
+}
+
+/* ---- applies ------------------------------------------------------------- */
+
+/* Checks common to every apply, then the optimizer's per-call constants. */
+static int begin_call(const qr_optim *opt, qr_optim_slots *s, float lr, int64_t global_step,
+                      bool sparse, qr_optim_call *c) {
+    if (!opt || !s) return qr__fail(QR_EINVAL, "optimizer apply: opt and slots must not be NULL");
+    if (s->ops != opt->ops || s->nslots != opt->nslots)
+        return qr__fail(QR_EINVAL, "optimizer %s: the slots were made for optimizer %s",
+                        opt->ops->name, s->ops->name);
+    if (isnan(lr) || isinf(lr))
+        return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
+                        opt->ops->name, (double)lr);
+    c->hp = &opt->hp;
+    c->lr = lr < 0 ? opt->hp.lr : lr;
+    c->alpha = 0.0f;
+    c->sparse = sparse;
+    return opt->ops->begin ? opt->ops->begin(opt, s, global_step, c) : QR_OK;
+}
+
+/* Dense: one kernel call per thread on a contiguous chunk. */
+typedef struct dense_job {
+    const qr_optim_call *c;
+    qr_optim_kernel kernel;
+    float *var;
+    const float *g;
+    float *const *slot;
+    int nrow_slots;
+    int64_t n;
+} dense_job;
+
+static void dense_range(const dense_job *j, int64_t lo, int64_t hi) {
+    float *slot[QR_OPTIM_MAX_SLOTS];
+    for (int k = 0; k < j->nrow_slots; k++) slot[k] = j->slot[k] + lo;
+    j->kernel(j->c, j->var + lo, slot, j->g + lo, hi - lo);
+}
+
+static void dense_part(void *arg, int part, int nparts) {
+    const dense_job *j = arg;
+    /* Chunk boundaries on 16-float (64-byte) multiples: no cache line is
+     * written by two threads, and each chunk starts aligned like the tensor. */
+    int64_t blocks = (j->n + 15) / 16;
+    int64_t lo = blocks * part / nparts * 16, hi = blocks * (part + 1) / nparts * 16;
+    if (hi > j->n) hi = j->n;
+    if (lo < hi) dense_range(j, lo, hi);
+}
+
+int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
+                         const float *grad, int64_t n, float lr, int64_t global_step) {
+    qr_optim_call c;
+    int rc = begin_call(opt, s, lr, global_step, false, &c);
+    if (rc) return rc;
+    if (n != s->n)
+        return qr__fail(QR_ESHAPE, "optimizer %s: dense apply of %lld elements to slots of %lld",
+                        opt->ops->name, (long long)n, (long long)s->n);
+    if (n > 0 && (!var || !grad))
+        return qr__fail(QR_EINVAL, "optimizer %s: var and grad must not be NULL", opt->ops->name);
+    dense_job j = {&c, opt->ops->apply_dense, var, grad, s->data, s->nrow_slots, n};
+    if (opt->pool && n >= opt->parallel_min && qr__optim_pool_run(opt->pool, dense_part, &j)) {
+        /* done by the pool */
+    } else if (n > 0) {
+        dense_range(&j, 0, n);
+    }
+    if (opt->ops->end) opt->ops->end(opt, s, &c);
+    return QR_OK;
+}
+
+/* Rows: the row kernel on each of nrows distinct rows through pointers. */
+typedef struct rows_job {
+    const qr_optim_call *c;
+    qr_optim_kernel kernel;
+    float *const *var_rows;
+    float *const *slot_rows; /* [nrow_slots * nrows] */
+    const float *const *grad_rows;
+    int nrow_slots;
+    int64_t nrows, dim;
+} rows_job;
+
+static void rows_range(const rows_job *j, int64_t lo, int64_t hi) {
+    float *slot[QR_OPTIM_MAX_SLOTS];
+    for (int64_t k = lo; k < hi; k++) {
+        for (int q = 0; q < j->nrow_slots; q++) slot[q] = j->slot_rows[q * j->nrows + k];
+        j->kernel(j->c, j->var_rows[k], slot, j->grad_rows[k], j->dim);
+    }
+}
+
+static void rows_part(void *arg, int part, int nparts) {
+    const rows_job *j = arg;
+    rows_range(j, j->nrows * part / nparts, j->nrows * (part + 1) / nparts);
+}
+
+static void run_rows(const qr_optim *opt, const rows_job *j) {
+    if (opt->pool && j->nrows > 1 && j->nrows * j->dim >= opt->parallel_min &&
+        qr__optim_pool_run(opt->pool, rows_part, (void *)j))
+        return;
+    rows_range(j, 0, j->nrows);
+}
+
+int qr_optim_apply_rows(const qr_optim *opt, qr_optim_slots *s, float *const *var_rows,
+                        float *const *slot_rows, const float *const *grad_rows,
+                        int64_t nrows, int64_t dim, float lr, int64_t global_step) {
+    if (nrows < 0 || dim < 1 || (s && dim != s->dim))
+        return qr__fail(QR_ESHAPE, "optimizer %s: row apply of (%lld, %lld) rows, slots have dim %lld",
+                        opt ? opt->ops->name : "?", (long long)nrows, (long long)dim,
+                        s ? (long long)s->dim : 0LL);
+    qr_optim_call c;
+    int rc = begin_call(opt, s, lr, global_step, true, &c);
+    if (rc) return rc;
+    if (nrows == 0) return QR_OK; /* nothing touched: powers stay too */
+    if (!var_rows || !grad_rows || (opt->nrow_slots && !slot_rows))
+        return qr__fail(QR_EINVAL, "optimizer %s: row pointers must not be NULL", opt->ops->name);
+    rows_job j = {&c, opt->ops->apply_sparse_rows, var_rows, slot_rows, grad_rows,
+                  opt->nrow_slots, nrows, dim};
+    run_rows(opt, &j);
+    if (opt->ops->end) opt->ops->end(opt, s, &c);
+    return QR_OK;
+}
+
+int qr_optim_apply_sparse(const qr_optim *opt, qr_optim_slots *s, float *var, int64_t rows,
+                          int64_t dim, const int64_t *indices, const float *grad, int64_t nidx,
+                          float lr, int64_t global_step) {
+    qr_optim_call c;
+    int rc = begin_call(opt, s, lr, global_step, true, &c);
+    if (rc) return rc;
+    if (rows != s->rows || dim != s->dim)
+        return qr__fail(QR_ESHAPE, "optimizer %s: sparse apply to (%lld, %lld), slots are (%lld, %lld)",
+                        opt->ops->name, (long long)rows, (long long)dim, (long long)s->rows,
+                        (long long)s->dim);
+    if (nidx < 0) return qr__fail(QR_EINVAL, "optimizer %s: %lld indices", opt->ops->name, (long long)nidx);
+    if (nidx == 0) return QR_OK; /* nothing touched: AdamAsync powers stay too */
+    if (!var || !indices || !grad)
+        return qr__fail(QR_EINVAL, "optimizer %s: var, indices and grad must not be NULL",
+                        opt->ops->name);
+
+    qr_optim_rows u;
+    rc = qr__optim_dedup(indices, grad, nidx, rows, dim, &u);
+    if (rc) {
+        qr__error_prefix("optimizer %s: ", opt->ops->name);
+        return rc;
+    }
+    /* Row pointers into var and each slot: the same core as a hash table. */
+    int ns = opt->nrow_slots;
+    float **ptrs = malloc((size_t)u.n * (size_t)(1 + ns) * sizeof(float *));
+    if (!ptrs) {
+        qr__optim_rows_free(&u);
+        return qr__fail(QR_ENOMEM, "optimizer %s: out of memory for %lld row pointers",
+                        opt->ops->name, (long long)u.n);
+    }
+    float **var_rows = ptrs, **slot_rows = ptrs + u.n;
+    for (int64_t k = 0; k < u.n; k++) var_rows[k] = var + u.row[k] * dim;
+    for (int q = 0; q < ns; q++)
+        for (int64_t k = 0; k < u.n; k++) slot_rows[q * u.n + k] = s->data[q] + u.row[k] * dim;
+    rows_job j = {&c, opt->ops->apply_sparse_rows, var_rows, slot_rows, u.grad, ns, u.n, dim};
+    run_rows(opt, &j);
+    if (opt->ops->end) opt->ops->end(opt, s, &c);
+    free(ptrs);
+    qr__optim_rows_free(&u);
+    return QR_OK;
+}
+
+/* ---- finite check ---------------------------------------------------------- */
+
+/* A float is NaN or +-Inf iff its exponent bits are all ones, i.e. iff
+ * (bits & 0x7fffffff) > 0x7f7fffff. The inner loop ORs that comparison over
+ * a block with integer ops only (SSE2 pcmpgtd), so it vectorises; we stop
+ * at the end of the first bad block. */
+bool qr_optim_all_finite(const float *x, int64_t n) {
+    if (n <= 0) return true;
+    if (!x) return false;
+    const int64_t block = 4096;
+    for (int64_t lo = 0; lo < n; lo += block) {
+        int64_t hi = lo + block < n ? lo + block : n;
+        int32_t bad = 0;
+        for (int64_t i = lo; i < hi; i++) {
+            uint32_t u;
+            memcpy(&u, &x[i], sizeof u);
+            bad |= (int32_t)(u & 0x7fffffffu) > 0x7f7fffff;
+        }
+        if (bad) return false;
+    }
+    return true;
+}

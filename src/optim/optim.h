@@ -1,0 +1,120 @@
+/*
+ * optim.h - the optimizers a ps applies to its variables: SGD, Momentum
+ * (+Nesterov), Adagrad, RMSProp (+centered), Adam, AdamAsync and
+ * FTRL-Proximal, each with a dense apply and a sparse (row-wise) apply.
+ *
+ * The formulas are those of the TensorFlow CPU kernels (training_ops.cc:
+ * ApplyGradientDescent, ApplyMomentum, ApplyAdagrad, ApplyRMSProp,
+ * ApplyCenteredRMSProp, ApplyAdam, ApplyFtrl) and of Alibaba DeepRec's
+ * ApplyAdamAsync / SparseApplyAdamAsync; each optimizer's file quotes the
+ * formula it implements. Where TensorFlow versions differ the choice is
+ * written in that file (Adagrad: TF1 without epsilon; RMSProp: TF1 slot
+ * "rms" starts at 1; Adam sparse: lazy, like tf.contrib LazyAdamOptimizer).
+ *
+ * Objects:
+ *   qr_optim        one configured optimizer, immutable after create, shared
+ *                   by every variable of a ps. Applies to DIFFERENT
+ *                   variables may run concurrently from several threads.
+ *   qr_optim_slots  the optimizer state of one variable ("m", "v", ...).
+ *                   Applies to the same variable must be serialised by the
+ *                   caller (they update var and slots in place).
+ *
+ * Numbers: float32 tensors, hyper-parameters held as float like TF's
+ * kernels (their scalars are T). Every call returns QR_OK or a negative
+ * qr_status with a message in qr_last_error(); a failing call changes
+ * nothing.
+ */
+#ifndef QR_OPTIM_H
+#define QR_OPTIM_H
+
+#include "common/common.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct qr_optim qr_optim;
+typedef struct qr_optim_slots qr_optim_slots;
+
+/* Create the optimizer named by cfg's "optimizer" key (cfg may be NULL:
+ * SGD with lr 0.05). Reads lr, momentum, nesterov, beta1, beta2, epsilon,
+ * decay, centered, initial-accumulator, l1, l2, lr-power,
+ * apply-sparse-rmsprop and apply-threads; an unset lr/epsilon/momentum takes
+ * the optimizer's TF default. Refuses (QR_EINVAL, message naming the option)
+ * values the algorithm cannot use, and an explicitly set option the chosen
+ * optimizer does not use ("momentum" with sgd), so a mistake is not silently
+ * ignored. apply-threads > 1 starts a small thread pool owned by *out. */
+int qr_optim_create(qr_optim **out, const qr_config *cfg);
+void qr_optim_free(qr_optim *opt);
+/* "sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async", "ftrl". */
+const char *qr_optim_name(const qr_optim *opt);
+/* The optimizer's learning rate (the default when cfg had none). */
+float qr_optim_lr(const qr_optim *opt);
+
+/*
+ * Slots for a dense variable of rows*dim elements, viewed as (rows, dim)
+ * for sparse applies (a 1-D variable of n elements may use rows = n,
+ * dim = 1, or rows = 1, dim = n if it is only applied densely).
+ * Slots start at TF's initial values (Adagrad/FTRL accumulator: the
+ * initial-accumulator option; RMSProp "rms": 1; AdamAsync powers: beta1 and
+ * beta2; everything else 0). rows == 0 creates only the per-variable scalar
+ * slots, for a variable whose rows live elsewhere (qr_optim_apply_rows).
+ */
+int qr_optim_slots_create(const qr_optim *opt, int64_t rows, int64_t dim,
+                          qr_optim_slots **out);
+void qr_optim_slots_free(qr_optim_slots *s);
+
+/* Slot inspection, for checkpoints: slots 0..count-1 in a fixed order; the
+ * per-row slots first, then the per-variable scalar slots. name is TF's
+ * slot name ("m", "v", "beta1_power", "accum", "linear", "rms", "momentum",
+ * "mg", "accumulator"); data may be written (restore) between applies. */
+int qr_optim_slots_count(const qr_optim_slots *s);
+int qr_optim_slot(const qr_optim_slots *s, int i, const char **name,
+                  float **data, int64_t *n);
+
+/*
+ * Dense apply: var[n] -= update(grad[n]) and the slots advance.
+ * lr: the variable's learning rate, or < 0 for the optimizer's.
+ * global_step: the ps's global step, >= 1 at the first apply; used only by
+ * Adam, whose bias-correction powers beta^t are shared by all variables
+ * (TF's beta1_power/beta2_power). AdamAsync ignores it and uses the
+ * variable's own power slots instead. n must equal the slots' rows*dim.
+ * Large tensors are split across the optimizer's thread pool.
+ */
+int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
+                         const float *grad, int64_t n, float lr,
+                         int64_t global_step);
+
+/*
+ * Sparse apply on a dense (rows, dim) variable: grad is (nidx, dim), row i
+ * of grad belongs to row indices[i] of var. Duplicate indices are summed
+ * first (in the order they appear); only the touched rows of var and of the
+ * slots change. nidx == 0 changes nothing at all (AdamAsync powers
+ * included). An out-of-range index is QR_EINVAL and nothing changes.
+ */
+int qr_optim_apply_sparse(const qr_optim *opt, qr_optim_slots *s, float *var,
+                          int64_t rows, int64_t dim, const int64_t *indices,
+                          const float *grad, int64_t nidx, float lr,
+                          int64_t global_step);
+
+/*
+ * Row-wise core, for a variable whose rows are not contiguous (a future
+ * hash-table embedding): nrows DISTINCT rows, var_rows[k] the k-th row of
+ * the variable (dim floats), slot_rows[j * nrows + k] its row of per-row
+ * slot j (j < qr_optim_row_slots(opt)), grad_rows[k] its gradient, already
+ * summed over duplicates. s holds the per-variable scalar slots (create it
+ * with rows = 0). Same semantics as a sparse apply of those rows.
+ */
+int qr_optim_apply_rows(const qr_optim *opt, qr_optim_slots *s,
+                        float *const *var_rows, float *const *slot_rows,
+                        const float *const *grad_rows, int64_t nrows,
+                        int64_t dim, float lr, int64_t global_step);
+/* Number of per-row slots, and slot j's name and initial value. */
+int qr_optim_row_slots(const qr_optim *opt);
+int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name,
+                           float *init);
+
+/* True if every x[i] is finite (no NaN, no +-Inf). One vectorised pass,
+ * stopping at the first bad block; the ps calls it before applying. */
+bool qr_optim_all_finite(const float *x, int64_t n);
+
+#endif /* QR_OPTIM_H */

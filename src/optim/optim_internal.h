@@ -1,0 +1,141 @@
+/*
+ * optim_internal.h - what the optimizer files share: the hyper-parameter
+ * block, the per-optimizer ops table, the slot layout, the per-call
+ * constants handed to the element kernels, the thread pool and the
+ * duplicate-index helper.
+ *
+ * Shape of the code (llm.c style): each optimizer file has plain loops
+ * "run" functions over n consecutive elements with restrict pointers, so
+ * gcc vectorises them; a dense apply calls the kernel on the whole tensor
+ * (or on one chunk per thread), a sparse apply calls the same kernel on each
+ * touched row (n = dim) through row pointers. Same code, same rounding, for
+ * dense and sparse.
+ */
+#ifndef QR_OPTIM_INTERNAL_H
+#define QR_OPTIM_INTERNAL_H
+
+#include "optim/optim.h"
+
+#include "common/config.h"
+
+#define QR_OPTIM_MAX_SLOTS 4
+/* Dense tensors (and sparse applies touching) at least this many elements
+ * are split across the pool's threads; below it the hand-off costs more
+ * than it saves (a thread wake-up is a few microseconds, 256K floats of
+ * Adam take ~100 us). */
+#define QR_OPTIM_PARALLEL_MIN ((int64_t)1 << 18)
+
+/* Hyper-parameters, as float like the TF kernels' T scalars. */
+typedef struct qr_optim_hp {
+    float lr;         /* default learning rate */
+    float momentum;   /* momentum, rmsprop */
+    float beta1, beta2;
+    float epsilon;
+    float rho;        /* rmsprop "decay" */
+    float init_accum; /* adagrad, ftrl "initial-accumulator" */
+    float l1, l2, lr_power;
+    bool nesterov, centered, sparse_rmsprop;
+} qr_optim_hp;
+
+/* One slot of the optimizer's layout. */
+typedef struct qr_optim_slot_spec {
+    const char *name; /* TF's slot name */
+    bool scalar;      /* one float per variable (AdamAsync powers), else per element */
+    float init;       /* initial value */
+} qr_optim_slot_spec;
+
+typedef struct qr_optim_ops qr_optim_ops;
+typedef struct qr_optim_pool qr_optim_pool;
+
+struct qr_optim {
+    const qr_optim_ops *ops;
+    qr_optim_hp hp;
+    int nslots;     /* all slots */
+    int nrow_slots; /* per-element slots, which come first */
+    qr_optim_slot_spec slot[QR_OPTIM_MAX_SLOTS];
+    int nthreads;
+    int64_t parallel_min;
+    qr_optim_pool *pool; /* NULL when nthreads == 1 */
+};
+
+struct qr_optim_slots {
+    const qr_optim_ops *ops; /* the optimizer kind the slots were made for */
+    int nslots, nrow_slots;
+    int64_t rows, dim, n;
+    const char *name[QR_OPTIM_MAX_SLOTS];
+    float *data[QR_OPTIM_MAX_SLOTS];
+    int64_t len[QR_OPTIM_MAX_SLOTS];
+};
+
+/* Constants of one apply call, computed once before the element loops. */
+typedef struct qr_optim_call {
+    const qr_optim_hp *hp;
+    float lr;    /* effective learning rate of this call */
+    float alpha; /* Adam/AdamAsync step size lr_t (see adam.c); else unused */
+    bool sparse; /* the call is a sparse (row-wise) apply */
+} qr_optim_call;
+
+/* Element kernel: update n consecutive elements, var[n], slot[j][n] for the
+ * per-row slots, g[n]. Dense applies run it on the tensor or on a chunk,
+ * sparse applies on each touched row. */
+typedef void (*qr_optim_kernel)(const qr_optim_call *c, float *var,
+                                float *const *slot, const float *g, int64_t n);
+
+struct qr_optim_ops {
+    const char *name;
+    /* The options it reads, "|"-separated; an optimizer option set
+     * explicitly but not listed here is refused by qr_optim_create. */
+    const char *keys;
+    /* Read and check the hyper-parameters (opt->hp, defaults applied) and
+     * fill the slot layout opt->slot/nslots/nrow_slots. */
+    int (*init)(qr_optim *opt, const qr_config *cfg);
+    qr_optim_kernel apply_dense;       /* kernel of dense applies */
+    qr_optim_kernel apply_sparse_rows; /* kernel run on each touched row */
+    /* Optional: per-call constants from the global step or the variable's
+     * scalar slots (c->lr is already set). */
+    int (*begin)(const qr_optim *opt, qr_optim_slots *s, int64_t global_step,
+                 qr_optim_call *c);
+    /* Optional: after a non-empty apply (AdamAsync advances its powers). */
+    void (*end)(const qr_optim *opt, qr_optim_slots *s, const qr_optim_call *c);
+};
+
+extern const qr_optim_ops qr__optim_sgd, qr__optim_momentum, qr__optim_adagrad,
+    qr__optim_rmsprop, qr__optim_adam, qr__optim_adam_async, qr__optim_ftrl;
+
+/* Helpers for init functions (optim.c). */
+/* float option `key`, or `def` when unset; refuses non-finite values. */
+float qr__optim_opt_float(const qr_config *cfg, const char *key, float def);
+void qr__optim_add_slot(qr_optim *opt, const char *name, bool scalar, float init);
+/* adam.c, shared with adam_async.c: lr, beta1, beta2, epsilon, nesterov. */
+int qr__optim_adam_hp(qr_optim *opt, const qr_config *cfg);
+
+/* For tests: split tensors of at least n elements (n >= 1) across threads. */
+void qr__optim_set_parallel_min(qr_optim *opt, int64_t n);
+
+/* ---- thread pool (pool.c) ---------------------------------------------- */
+/* nthreads workers in total, the calling thread being one of them. */
+int qr__optim_pool_create(qr_optim_pool **out, int nthreads);
+void qr__optim_pool_free(qr_optim_pool *p);
+/* Run fn(arg, part, nparts) for every part in [0, nparts), nparts = the
+ * pool's size, the caller doing part 0, and wait for all. Returns false
+ * without running anything if another thread is using the pool; the caller
+ * then does the work alone (never blocks behind another variable's apply). */
+bool qr__optim_pool_run(qr_optim_pool *p, void (*fn)(void *arg, int part, int nparts),
+                        void *arg);
+
+/* ---- duplicate indices (dedup.c) --------------------------------------- */
+/* The distinct rows of a sparse gradient in first-occurrence order, each
+ * with a pointer to its summed gradient row (into grad itself when the
+ * index occurs once, into `sum` otherwise). */
+typedef struct qr_optim_rows {
+    int64_t n;
+    int64_t *row;       /* [n] row indices */
+    const float **grad; /* [n] gradient rows, dim floats each */
+    float *sum;         /* summed rows of repeated indices */
+} qr_optim_rows;
+/* QR_EINVAL naming the first out-of-range index; QR_ENOMEM. */
+int qr__optim_dedup(const int64_t *indices, const float *grad, int64_t nidx,
+                    int64_t rows, int64_t dim, qr_optim_rows *out);
+void qr__optim_rows_free(qr_optim_rows *r);
+
+#endif /* QR_OPTIM_INTERNAL_H */

@@ -1,0 +1,31 @@
+/*
+ * sgd.c - plain stochastic gradient descent.
+ *
+ * TF ApplyGradientDescent (tensorflow/core/kernels/training_ops.cc):
+ *     var -= grad * lr
+ * Sparse: the same on each touched row (TF scatter-subtracts lr * grad
+ * after summing duplicates). No slots. Default lr 0.05 (TF has none).
+ */
+#include "optim/optim_internal.h"
+
+static void sgd_run(float *restrict var, const float *restrict g, int64_t n, float lr) {
+    for (int64_t i = 0; i < n; i++) var[i] -= g[i] * lr;
+}
+
+static void sgd_kernel(const qr_optim_call *c, float *var, float *const *slot, const float *g,
+                       int64_t n) {
+    sgd_run(var, g, n, c->lr);
+}
+
+static int sgd_init(qr_optim *opt, const qr_config *cfg) {
+    opt->hp.lr = qr__optim_opt_float(cfg, "lr", 0.05f);
+    return QR_OK;
+}
+
+const qr_optim_ops qr__optim_sgd = {
+    .name = "sgd",
+    .keys = "lr",
+    .init = sgd_init,
+    .apply_dense = sgd_kernel,
+    .apply_sparse_rows = sgd_kernel,
+};

@@ -1,0 +1,747 @@
+/*
+ * server.c - a ps task: serves the variables placed on it to workers.
+ *
+ * One libuv loop thread does everything: accepts connections, decodes
+ * requests, applies gradients and queues replies. Requests of one
+ * connection are handled in order; the optimizer runs inside the loop
+ * (spreading large applies over its own threads), so there is no lock on a
+ * variable anywhere.
+ *
+ * A request is checked completely before it changes anything: its meta is
+ * validated when it arrives (every id, size and count), its gradients are
+ * checked for NaN/Inf once received, and only then applied. A request that
+ * fails any check gets an error reply naming the problem, and the
+ * connection keeps working. Only a frame header that cannot be trusted
+ * (bad magic, version, lengths) closes that one connection, because the
+ * stream can no longer be followed.
+ *
+ * Stop: a STOP request (from the chief) or qr_ps_stop() closes the
+ * listener, answers every later request with QR_ESTOPPED, and waits up to
+ * linger-ms for the workers to hang up before the loop ends.
+ */
+#include "cluster/cluster.h"
+#include "common/config.h"
+#include "ps/store.h"
+#include "wire/conn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A peer whose queued replies exceed this stops being read until they
+ * drain: bounds the memory a slow or hostile reader can pin. */
+#define PEER_MAX_PENDING (256ull << 20)
+
+typedef struct push_item {
+    qr_var *var;
+    uint64_t offset; /* into the peer's receive buffer */
+    bool skip;       /* non-finite, with nonfinite=skip */
+} push_item;
+
+typedef struct ps_peer {
+    qr_ps *ps;
+    qr_conn *conn;
+    struct ps_peer *prev, *next;
+    int worker_index; /* from HELLO; -1 until then */
+    /* An error found while the request's meta was checked; sent once the
+     * (discarded) payload has been read. */
+    int err;
+    char errmsg[512];
+    /* The current request's decoded items. */
+    push_item *items;
+    int nitems, items_cap;
+    qr_var **created; /* CREATE: new variables waiting for their payload */
+    int ncreated;
+    float *recv;      /* receive buffer for gradients, grown as needed */
+    size_t recv_cap;
+} ps_peer;
+
+struct qr_ps {
+    uv_loop_t loop;
+    uv_async_t stop_async;
+    uv_timer_t linger_timer;
+    qr_cluster *cluster;
+    int index;
+    qr_config *cfg;
+    qr_listener *listener;
+    qr_conn_options conn_opt;
+    qr_conn_events events;
+    qr_optim *optim;
+    qr_store store;
+    ps_peer *peers;
+    int npeers;
+    uint64_t mark;
+    int64_t global_step;   /* meaningful on ps 0 */
+    int64_t applied_steps; /* step pushes applied here: Adam's t */
+    bool ready;
+    bool stopping;
+    bool skip_nonfinite;
+    int linger_ms;
+    char name[32];
+};
+
+/* ---- replies ---------------------------------------------------------- */
+
+static void on_reply_sent(qr_conn *c, int status, void *ctx) {
+    ps_peer *p = qr_conn_data(c);
+    if (p && qr_conn_paused(c) && qr_conn_pending_bytes(c) < PEER_MAX_PENDING / 2)
+        qr_conn_resume(c);
+}
+
+static void reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
+                  const qr_iov *iov, int niov, qr_send_cb cb, void *ctx) {
+    qr_frame f = {0};
+    f.type = (uint8_t)(req->type | QR_MSG_REPLY);
+    f.request_id = req->request_id;
+    f.status = status;
+    int rc = qr_conn_send(p->conn, &f, meta ? meta->data : NULL, meta ? (uint32_t)meta->len : 0,
+                          iov, niov, cb ? cb : on_reply_sent, ctx);
+    if (rc) {
+        qr__log(QR_LOG_DEBUG, "reply to %s not sent: %s", qr_conn_peer(p->conn), qr_last_error());
+        if (cb) cb(p->conn, rc, ctx);
+        return;
+    }
+    if (qr_conn_pending_bytes(p->conn) > PEER_MAX_PENDING) qr_conn_pause(p->conn);
+}
+
+static void reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg) {
+    qr_wbuf meta = {0};
+    qr_wbuf_bytes(&meta, msg, strlen(msg));
+    qr__log(QR_LOG_DEBUG, "%s from %s refused: %s", qr_msg_name(req->type),
+            qr_conn_peer(p->conn), msg);
+    reply(p, req, status, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
+/* Remember a failure found while checking meta (qr__fail already wrote
+ * the message); it is answered once the payload has gone by. */
+static int hold_error(ps_peer *p, int status) {
+    p->err = status;
+    snprintf(p->errmsg, sizeof p->errmsg, "%s: %s", p->ps->name, qr_last_error());
+    return QR_OK;
+}
+
+/* ---- request checks ------------------------------------------------------ */
+
+static int ensure_items(ps_peer *p, uint32_t n) {
+    if ((int)n <= p->items_cap) return QR_OK;
+    push_item *grown = realloc(p->items, n * sizeof *grown);
+    if (!grown) return qr__fail(QR_ENOMEM, "out of memory for %u items", n);
+    p->items = grown;
+    p->items_cap = (int)n;
+    return QR_OK;
+}
+
+static int ensure_recv(ps_peer *p, size_t bytes) {
+    if (bytes <= p->recv_cap) return QR_OK;
+    free(p->recv);
+    p->recv_cap = 0;
+    p->recv = qr__aligned_alloc(bytes);
+    if (!p->recv) return QR_ENOMEM;
+    p->recv_cap = bytes;
+    return QR_OK;
+}
+
+static int check_count(const char *what, uint32_t count) {
+    if (count == 0 || count > QR_PROTO_MAX_ITEMS)
+        return qr__fail(QR_EPROTO, "%s names %u variables (1..%u allowed)", what, count,
+                        QR_PROTO_MAX_ITEMS);
+    return QR_OK;
+}
+
+static int check_end(const char *what, const qr_rbuf *r, uint64_t described,
+                     uint64_t payload_len) {
+    if (r->bad) return qr__fail(QR_EPROTO, "%s meta is truncated", what);
+    if (r->left) return qr__fail(QR_EPROTO, "%s meta has %zu unexpected trailing bytes", what, r->left);
+    if (described != payload_len)
+        return qr__fail(QR_EPROTO, "%s describes %llu payload bytes but carries %llu", what,
+                        (unsigned long long)described, (unsigned long long)payload_len);
+    return QR_OK;
+}
+
+static int lookup(ps_peer *p, const char *what, uint32_t id, qr_var **out) {
+    qr_var *v = qr_store_get(&p->ps->store, id);
+    if (!v)
+        return qr__fail(p->ps->ready ? QR_ENOTFOUND : QR_ENOTREADY,
+                        "%s: no variable with id %u on this ps%s", what, id,
+                        p->ps->ready ? "" : " (not initialized yet)");
+    if (v->mark == p->ps->mark)
+        return qr__fail(QR_EINVAL, "%s names variable '%s' twice", what, v->name);
+    v->mark = p->ps->mark;
+    *out = v;
+    return QR_OK;
+}
+
+static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t count = qr_rbuf_u32(&r);
+    (void)qr_rbuf_i64(&r); /* local_step: used by synchronous training */
+    if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated");
+    /* A push of no variables is allowed: it only advances the step. */
+    int rc = count ? check_count("PUSH", count) : QR_OK;
+    if (!rc) rc = ensure_items(p, count);
+    if (rc) return rc;
+    uint64_t offset = 0;
+    p->ps->mark++;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t id = qr_rbuf_u32(&r);
+        uint32_t kind = qr_rbuf_u32(&r);
+        uint64_t nbytes = qr_rbuf_u64(&r);
+        if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated at item %u", i);
+        qr_var *v;
+        if ((rc = lookup(p, "PUSH", id, &v))) return rc;
+        if (kind != 0)
+            return qr__fail(QR_EINVAL, "PUSH: variable '%s': gradient kind %u is not supported "
+                            "(0 = dense)", v->name, kind);
+        if (nbytes != (uint64_t)v->n * sizeof(float)) {
+            char shape[128];
+            qr_shape_str(v->ndim, v->shape, shape, sizeof shape);
+            return qr__fail(QR_ESHAPE,
+                            "PUSH: variable '%s' has shape %s (%lld floats) but the gradient "
+                            "has %llu bytes", v->name, shape, (long long)v->n,
+                            (unsigned long long)nbytes);
+        }
+        p->items[i] = (push_item){.var = v, .offset = offset};
+        offset += nbytes;
+    }
+    p->nitems = (int)count;
+    rc = check_end("PUSH", &r, offset, f->payload_len);
+    if (!rc) rc = ensure_recv(p, offset);
+    if (rc) return rc;
+    qr_iov iov = {p->recv, offset};
+    return qr_conn_expect(p->conn, &iov, 1);
+}
+
+static void push_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    /* Check every gradient before touching any variable. */
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        const float *g = (const float *)((uint8_t *)p->recv + it->offset);
+        if (qr_optim_all_finite(g, it->var->n)) continue;
+        if (!ps->skip_nonfinite) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
+                     "Inf; nothing was applied (set nonfinite=skip to skip such gradients)",
+                     ps->name, it->var->name);
+            reply_error(p, f, QR_ENONFINITE, msg);
+            return;
+        }
+        it->skip = true;
+        it->var->nonfinite_skipped++;
+    }
+    for (int i = 0; i < p->nitems; i++) {
+        if (!p->items[i].skip && qr_var_prepare_write(p->items[i].var)) {
+            reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
+            return;
+        }
+    }
+    int64_t t = ps->applied_steps + 1;
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        if (it->skip) continue;
+        const float *g = (const float *)((uint8_t *)p->recv + it->offset);
+        qr_var *v = it->var;
+        int rc = qr_optim_apply_dense(ps->optim, v->slots, v->value->data, g, v->n, v->lr, t);
+        if (rc) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
+                     qr_last_error());
+            reply_error(p, f, rc, msg);
+            return;
+        }
+        v->version++;
+    }
+    if (f->flags & QR_PUSH_STEP) {
+        ps->applied_steps++;
+        if (ps->index == 0) ps->global_step++;
+    }
+    qr_wbuf meta = {0};
+    qr_wbuf_i64(&meta, ps->global_step);
+    reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
+static int pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t count = qr_rbuf_u32(&r);
+    if (r.bad) return qr__fail(QR_EPROTO, "PULL meta is truncated");
+    int rc = check_count("PULL", count);
+    if (!rc) rc = ensure_items(p, count);
+    if (rc) return rc;
+    p->ps->mark++;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t id = qr_rbuf_u32(&r);
+        if (r.bad) return qr__fail(QR_EPROTO, "PULL meta is truncated at item %u", i);
+        qr_var *v;
+        if ((rc = lookup(p, "PULL", id, &v))) return rc;
+        p->items[i] = (push_item){.var = v};
+    }
+    p->nitems = (int)count;
+    return check_end("PULL", &r, 0, f->payload_len);
+}
+
+typedef struct pull_refs {
+    int n;
+    qr_tensor *t[];
+} pull_refs;
+
+static void on_pull_sent(qr_conn *c, int status, void *ctx) {
+    pull_refs *refs = ctx;
+    for (int i = 0; i < refs->n; i++) qr_tensor_unref(refs->t[i]);
+    free(refs);
+    on_reply_sent(c, status, NULL);
+}
+
+static void pull_message(ps_peer *p, const qr_frame *f) {
+    int n = p->nitems;
+    pull_refs *refs = malloc(sizeof *refs + (size_t)n * sizeof(qr_tensor *));
+    qr_iov *iov = malloc((size_t)n * sizeof *iov);
+    if (!refs || !iov) {
+        free(refs);
+        free(iov);
+        reply_error(p, f, QR_ENOMEM, "out of memory answering a pull");
+        return;
+    }
+    qr_wbuf meta = {0};
+    qr_wbuf_u32(&meta, (uint32_t)n);
+    refs->n = n;
+    for (int i = 0; i < n; i++) {
+        qr_var *v = p->items[i].var;
+        qr_wbuf_u32(&meta, v->id);
+        qr_wbuf_u32(&meta, 0);
+        qr_wbuf_u64(&meta, (uint64_t)v->n * sizeof(float));
+        qr_wbuf_u64(&meta, v->version);
+        /* The reply holds a reference: a later apply copies instead of
+         * changing bytes that are still being written. */
+        refs->t[i] = qr_tensor_ref(v->value);
+        iov[i] = (qr_iov){v->value->data, (size_t)v->n * sizeof(float)};
+    }
+    if (meta.oom)
+        on_pull_sent(p->conn, QR_ENOMEM, refs), reply_error(p, f, QR_ENOMEM, "out of memory");
+    else
+        reply(p, f, QR_OK, &meta, iov, n, on_pull_sent, refs);
+    qr_wbuf_free(&meta);
+    free(iov);
+}
+
+/* CREATE: the chief's variables, with their initial values; or, with
+ * QR_CREATE_CHECK_ONLY, another worker's declarations to check. */
+static void drop_created(ps_peer *p) {
+    for (int i = 0; i < p->ncreated; i++) qr_var_free(p->created[i]);
+    free(p->created);
+    p->created = NULL;
+    p->ncreated = 0;
+}
+
+static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    bool check_only = f->flags & QR_CREATE_CHECK_ONLY;
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t count = qr_rbuf_u32(&r);
+    if (r.bad) return qr__fail(QR_EPROTO, "CREATE meta is truncated");
+    int rc = check_count("CREATE", count);
+    if (rc) return rc;
+    p->created = qr__calloc(count, sizeof *p->created);
+    qr_iov *iov = qr__calloc(count, sizeof *iov);
+    if (!p->created || !iov) {
+        free(iov);
+        return QR_ENOMEM;
+    }
+    uint64_t described = 0, largest_existing = 0;
+    int niov = 0;
+    ps->mark++;
+    for (uint32_t i = 0; i < count && !rc; i++) {
+        uint32_t id = qr_rbuf_u32(&r);
+        uint32_t ndim = qr_rbuf_u32(&r);
+        int64_t shape[QR_PROTO_MAX_NDIM] = {0};
+        if (ndim < 1 || ndim > QR_PROTO_MAX_NDIM) {
+            rc = qr__fail(QR_EINVAL, "CREATE: variable id %u has %u dimensions (1..%d allowed)",
+                          id, ndim, QR_PROTO_MAX_NDIM);
+            break;
+        }
+        int64_t n = 1;
+        for (uint32_t d = 0; d < ndim; d++) {
+            shape[d] = qr_rbuf_i64(&r);
+            if (!r.bad && (shape[d] < 1 || shape[d] > QR_MAX_VAR_ELEMS / n)) {
+                rc = qr__fail(QR_EINVAL, "CREATE: variable id %u: dimension %u is %lld "
+                              "(must be >= 1, and the size at most %lld elements)",
+                              id, d, (long long)shape[d], (long long)QR_MAX_VAR_ELEMS);
+                break;
+            }
+            n *= shape[d] > 0 ? shape[d] : 1;
+        }
+        if (rc) break;
+        float lr = qr_rbuf_f32(&r);
+        uint32_t name_len = qr_rbuf_u32(&r);
+        if (!r.bad && (name_len < 1 || name_len > QR_PROTO_MAX_NAME)) {
+            rc = qr__fail(QR_EINVAL, "CREATE: variable id %u: name of %u bytes (1..%d allowed)",
+                          id, name_len, QR_PROTO_MAX_NAME);
+            break;
+        }
+        const uint8_t *name_bytes = qr_rbuf_bytes(&r, name_len);
+        if (r.bad) {
+            rc = qr__fail(QR_EPROTO, "CREATE meta is truncated at item %u", i);
+            break;
+        }
+        char name[QR_PROTO_MAX_NAME + 1];
+        memcpy(name, name_bytes, name_len);
+        name[name_len] = 0;
+        if (strlen(name) != name_len || !isfinite(lr) || id >= QR_MAX_VAR_ID) {
+            rc = qr__fail(QR_EINVAL, "CREATE: variable id %u: invalid name, id or learning rate", id);
+            break;
+        }
+        char want[128];
+        qr_shape_str((int)ndim, shape, want, sizeof want);
+        qr_var *old = qr_store_get(&ps->store, id);
+        qr_var *same_name = qr_store_find_name(&ps->store, name);
+        if (old || same_name) {
+            char have[128];
+            qr_var *o = old ? old : same_name;
+            qr_shape_str(o->ndim, o->shape, have, sizeof have);
+            if (o != old || o != same_name || o->ndim != (int)ndim ||
+                memcmp(o->shape, shape, sizeof shape)) {
+                rc = qr__fail(QR_EEXIST, "CREATE: variable '%s' %s (id %u) conflicts with "
+                              "existing variable '%s' %s (id %u): do all workers declare the "
+                              "same variables in the same order?", name, want, id, o->name,
+                              have, o->id);
+                break;
+            }
+            if (o->mark == ps->mark) {
+                rc = qr__fail(QR_EINVAL, "CREATE names variable '%s' twice", name);
+                break;
+            }
+            o->mark = ps->mark;
+            /* Created already (a restarted chief): keep its values. */
+            if (!check_only) {
+                described += (uint64_t)n * 4;
+                largest_existing = QR_MAX(largest_existing, (uint64_t)n * 4);
+                iov[niov++] = (qr_iov){NULL, (size_t)n * 4};
+            }
+            continue;
+        }
+        if (check_only) {
+            rc = qr__fail(QR_ENOTREADY, "variable '%s' %s (id %u) does not exist on this ps: "
+                          "has the chief initialized it?", name, want, id);
+            break;
+        }
+        for (int j = 0; j < p->ncreated; j++)
+            if (p->created[j]->id == id || !strcmp(p->created[j]->name, name)) {
+                rc = qr__fail(QR_EINVAL, "CREATE names variable '%s' (id %u) twice", name, id);
+                break;
+            }
+        if (rc) break;
+        qr_var *v = qr__calloc(1, sizeof *v);
+        if (!v) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        p->created[p->ncreated++] = v;
+        v->id = id;
+        v->name = qr__strdup(name);
+        v->ndim = (int)ndim;
+        memcpy(v->shape, shape, sizeof shape);
+        v->n = n;
+        v->lr = lr;
+        v->value = qr_tensor_new(n);
+        int64_t dim = shape[ndim - 1], rows = n / dim;
+        if (!v->name || !v->value) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        rc = qr_optim_slots_create(ps->optim, rows, dim, &v->slots);
+        if (rc) break;
+        described += (uint64_t)n * 4;
+        iov[niov++] = (qr_iov){v->value->data, (size_t)n * 4};
+    }
+    if (!rc) rc = check_end("CREATE", &r, described, f->payload_len);
+    if (!rc && largest_existing) {
+        /* Values of variables that exist already are read and dropped. */
+        rc = ensure_recv(p, largest_existing);
+        for (int i = 0; i < niov && !rc; i++)
+            if (!iov[i].base) iov[i].base = p->recv;
+    }
+    if (!rc) rc = qr_conn_expect(p->conn, iov, niov);
+    free(iov);
+    return rc;
+}
+
+static void create_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    for (int i = 0; i < p->ncreated; i++) {
+        qr_var *v = p->created[i];
+        if (!qr_optim_all_finite(v->value->data, v->n)) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s: CREATE: initial value of '%s' contains NaN or Inf",
+                     ps->name, v->name);
+            drop_created(p);
+            reply_error(p, f, QR_ENONFINITE, msg);
+            return;
+        }
+    }
+    for (int i = 0; i < p->ncreated; i++) {
+        if (qr_store_add(&ps->store, p->created[i])) {
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s: CREATE: %s", ps->name, qr_last_error());
+            qr_var_free(p->created[i]);
+            for (int j = i + 1; j < p->ncreated; j++) qr_var_free(p->created[j]);
+            free(p->created);
+            p->created = NULL;
+            p->ncreated = 0;
+            reply_error(p, f, QR_EINTERNAL, msg);
+            return;
+        }
+        qr__log(QR_LOG_DEBUG, "created variable '%s' (id %u, %lld floats)", p->created[i]->name,
+                p->created[i]->id, (long long)p->created[i]->n);
+    }
+    free(p->created);
+    p->created = NULL;
+    p->ncreated = 0;
+    reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
+
+static int small_header(ps_peer *p, const qr_frame *f, const uint8_t *meta, uint32_t meta_len) {
+    if (f->meta_len != meta_len || f->payload_len)
+        return qr__fail(QR_EPROTO, "%s carries %u meta and %llu payload bytes (expected %u and 0)",
+                        qr_msg_name(f->type), f->meta_len, (unsigned long long)f->payload_len,
+                        meta_len);
+    return QR_OK;
+}
+
+/* ---- connection events ------------------------------------------------- */
+
+static void begin_stop(qr_ps *ps);
+
+static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    ps_peer *p = qr_conn_data(c);
+    qr_ps *ps = p->ps;
+    p->err = QR_OK;
+    p->nitems = 0;
+    drop_created(p);
+    int rc;
+    if (f->type & QR_MSG_REPLY)
+        rc = qr__fail(QR_EPROTO, "a ps does not accept %s replies", qr_msg_name(f->type));
+    else if (ps->stopping && f->type != QR_MSG_STOP)
+        rc = qr__fail(QR_ESTOPPED, "the ps is stopping: training is over");
+    else {
+        switch (f->type) {
+        case QR_MSG_HELLO: rc = small_header(p, f, meta, 8); break;
+        case QR_MSG_READY: rc = small_header(p, f, meta, 4); break;
+        case QR_MSG_STEP: rc = small_header(p, f, meta, 0); break;
+        case QR_MSG_STOP: rc = small_header(p, f, meta, 0); break;
+        case QR_MSG_PUSH: rc = push_header(p, f, meta); break;
+        case QR_MSG_PULL: rc = pull_header(p, f, meta); break;
+        case QR_MSG_CREATE: rc = create_header(p, f, meta); break;
+        default: rc = qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
+        }
+    }
+    if (rc) {
+        drop_created(p);
+        hold_error(p, rc);
+    }
+    return QR_OK;
+}
+
+static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    ps_peer *p = qr_conn_data(c);
+    qr_ps *ps = p->ps;
+    if (p->err) {
+        reply_error(p, f, p->err, p->errmsg);
+        return;
+    }
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_wbuf out = {0};
+    switch (f->type) {
+    case QR_MSG_HELLO:
+        (void)qr_rbuf_u32(&r);
+        p->worker_index = (int)qr_rbuf_u32(&r);
+        qr__log(QR_LOG_DEBUG, "worker %d connected from %s (%s)", p->worker_index,
+                qr_conn_peer(c), qr_conn_kind(c));
+        reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+        break;
+    case QR_MSG_READY:
+        if (qr_rbuf_u32(&r)) ps->ready = true;
+        qr_wbuf_u32(&out, ps->ready);
+        reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        break;
+    case QR_MSG_STEP:
+        qr_wbuf_i64(&out, ps->global_step);
+        reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        break;
+    case QR_MSG_STOP:
+        reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+        qr__log(QR_LOG_INFO, "stop requested by %s", p->worker_index >= 0 ? "a worker" : "a peer");
+        begin_stop(ps);
+        break;
+    case QR_MSG_PUSH: push_message(p, f); break;
+    case QR_MSG_PULL: pull_message(p, f); break;
+    case QR_MSG_CREATE: create_message(p, f); break;
+    }
+    qr_wbuf_free(&out);
+}
+
+static void on_accepted(qr_listener *l, qr_conn *c) {
+    qr_ps *ps = qr_listener_data(l);
+    ps_peer *p = qr__calloc(1, sizeof *p);
+    if (!p) {
+        qr_conn_close(c);
+        return;
+    }
+    p->ps = ps;
+    p->conn = c;
+    p->worker_index = -1;
+    p->next = ps->peers;
+    if (ps->peers) ps->peers->prev = p;
+    ps->peers = p;
+    ps->npeers++;
+    qr_conn_set_data(c, p);
+}
+
+static void finish_if_idle(qr_ps *ps);
+
+static void on_lost(qr_conn *c, int status) {
+    ps_peer *p = qr_conn_data(c);
+    if (!p) return;
+    qr_ps *ps = p->ps;
+    /* A worker that finished and one that died look alike here (both close
+     * the socket); liveness tracking of workers belongs to the step service. */
+    if (p->worker_index >= 0 && !ps->stopping)
+        qr__log(QR_LOG_DEBUG, "worker %d (%s) disconnected: %s", p->worker_index,
+                qr_conn_peer(c), qr_strerror(status));
+    if (p->prev) p->prev->next = p->next;
+    else ps->peers = p->next;
+    if (p->next) p->next->prev = p->prev;
+    ps->npeers--;
+    drop_created(p);
+    free(p->items);
+    free(p->recv);
+    free(p);
+    finish_if_idle(ps);
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void on_handle_closed(uv_handle_t *h) {
+    (void)h;
+}
+
+static void close_loop_handles(qr_ps *ps) {
+    if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
+        uv_close((uv_handle_t *)&ps->linger_timer, on_handle_closed);
+    if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
+        uv_close((uv_handle_t *)&ps->stop_async, on_handle_closed);
+}
+
+static void finish_if_idle(qr_ps *ps) {
+    if (ps->stopping && ps->npeers == 0) close_loop_handles(ps);
+}
+
+static void on_linger_timeout(uv_timer_t *t) {
+    qr_ps *ps = t->data;
+    if (ps->npeers)
+        qr__log(QR_LOG_INFO, "closing %d connection(s) still open %d ms after the stop",
+                ps->npeers, ps->linger_ms);
+    for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
+    close_loop_handles(ps);
+}
+
+static void begin_stop(qr_ps *ps) {
+    if (ps->stopping) return;
+    ps->stopping = true;
+    qr_listener_close(ps->listener);
+    ps->listener = NULL;
+    uv_timer_start(&ps->linger_timer, on_linger_timeout, (uint64_t)ps->linger_ms, 0);
+    finish_if_idle(ps);
+}
+
+static void on_stop_async(uv_async_t *a) {
+    begin_stop(a->data);
+}
+
+int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
+    if (!out || !cluster) return qr__fail(QR_EINVAL, "qr_ps_create: out and cluster are required");
+    *out = NULL;
+    if (strcmp(cluster->job, "ps") || cluster->task_index < 0 ||
+        cluster->task_index >= cluster->nps)
+        return qr__fail(QR_EINVAL, "qr_ps_create: the cluster spec does not name a ps task "
+                        "(job '%s', index %d)", cluster->job, cluster->task_index);
+    qr_ps *ps = qr__calloc(1, sizeof *ps);
+    if (!ps) return QR_ENOMEM;
+    ps->index = cluster->task_index;
+    snprintf(ps->name, sizeof ps->name, "ps %d", ps->index);
+    qr_store_init(&ps->store);
+    int rc = qr_config_new(&ps->cfg);
+    if (!rc) rc = qr__config_merge(ps->cfg, cfg);
+    if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
+    if (!rc) rc = qr_optim_create(&ps->optim, ps->cfg);
+    if (rc) {
+        qr__error_prefix("ps %d: ", ps->index);
+        qr_config_free(ps->cfg);
+        qr_cluster_free(ps->cluster);
+        free(ps);
+        return rc;
+    }
+    ps->skip_nonfinite = !strcmp(qr__config_str(ps->cfg, "nonfinite"), "skip");
+    ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
+    ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
+    ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
+    ps->events = (qr_conn_events){.header = on_header, .message = on_message, .lost = on_lost,
+                                  .accepted = on_accepted};
+    uv_loop_init(&ps->loop);
+    uv_async_init(&ps->loop, &ps->stop_async, on_stop_async);
+    ps->stop_async.data = ps;
+    uv_timer_init(&ps->loop, &ps->linger_timer);
+    ps->linger_timer.data = ps;
+
+    const char *addr_str = ps->cluster->ps[ps->index];
+    qr_addr addr;
+    rc = qr_addr_parse(addr_str, &addr);
+    if (!rc) {
+        bool tcp_only = !strcmp(qr__config_str(ps->cfg, "transport"), "tcp");
+        rc = qr_listen(&ps->loop, &addr, tcp_only, &ps->conn_opt, &ps->events, ps, &ps->listener);
+    }
+    if (rc) {
+        qr__error_prefix("ps %d: ", ps->index);
+        ps->stopping = true;
+        qr_ps_free(ps);
+        return rc;
+    }
+    qr__log(QR_LOG_DEBUG, "listening on %s", addr_str);
+    *out = ps;
+    return QR_OK;
+}
+
+int qr_ps_run(qr_ps *ps) {
+    if (!ps) return qr__fail(QR_EINVAL, "qr_ps_run: ps is NULL");
+    uv_run(&ps->loop, UV_RUN_DEFAULT);
+    return QR_OK;
+}
+
+int qr_ps_stop(qr_ps *ps) {
+    if (!ps) return qr__fail(QR_EINVAL, "qr_ps_stop: ps is NULL");
+    uv_async_send(&ps->stop_async);
+    return QR_OK;
+}
+
+void qr_ps_free(qr_ps *ps) {
+    if (!ps) return;
+    /* Close whatever is still open and let the loop run the close
+     * callbacks, so the loop can be closed without leaking handles. */
+    qr_listener_close(ps->listener);
+    ps->listener = NULL;
+    ps->stopping = true;
+    for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
+    close_loop_handles(ps);
+    uv_run(&ps->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&ps->loop);
+    qr_store_free(&ps->store);
+    qr_optim_free(ps->optim);
+    qr_config_free(ps->cfg);
+    qr_cluster_free(ps->cluster);
+    free(ps);
+}

@@ -1,0 +1,100 @@
+/*
+ * store.c - variable storage of a ps task (see store.h for the
+ * copy-on-write rule that keeps pull replies consistent).
+ */
+#include "ps/store.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+qr_tensor *qr_tensor_new(int64_t n) {
+    qr_tensor *t = qr__calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->data = qr__aligned_alloc((size_t)n * sizeof(float));
+    if (!t->data) {
+        free(t);
+        return NULL;
+    }
+    t->n = n;
+    t->refs = 1;
+    return t;
+}
+
+qr_tensor *qr_tensor_ref(qr_tensor *t) {
+    t->refs++;
+    return t;
+}
+
+void qr_tensor_unref(qr_tensor *t) {
+    if (!t || --t->refs > 0) return;
+    free(t->data);
+    free(t);
+}
+
+void qr_var_free(qr_var *v) {
+    if (!v) return;
+    qr_tensor_unref(v->value);
+    qr_optim_slots_free(v->slots);
+    free(v->name);
+    free(v);
+}
+
+void qr_store_init(qr_store *s) {
+    memset(s, 0, sizeof *s);
+}
+
+void qr_store_free(qr_store *s) {
+    for (uint32_t i = 0; i < s->cap; i++) qr_var_free(s->by_id[i]);
+    free(s->by_id);
+    memset(s, 0, sizeof *s);
+}
+
+qr_var *qr_store_get(const qr_store *s, uint32_t id) {
+    return id < s->cap ? s->by_id[id] : NULL;
+}
+
+qr_var *qr_store_find_name(const qr_store *s, const char *name) {
+    /* Names are looked up only when variables are created (a handful of
+     * times per run); pushes and pulls go by id. A scan is enough. */
+    for (uint32_t i = 0; i < s->cap; i++)
+        if (s->by_id[i] && !strcmp(s->by_id[i]->name, name)) return s->by_id[i];
+    return NULL;
+}
+
+int qr_store_add(qr_store *s, qr_var *v) {
+    if (v->id >= QR_MAX_VAR_ID)
+        return qr__fail(QR_EINVAL, "variable id %u exceeds the limit %u", v->id, QR_MAX_VAR_ID);
+    if (v->id >= s->cap) {
+        uint32_t cap = s->cap ? s->cap : 16;
+        while (cap <= v->id) cap *= 2;
+        qr_var **grown = realloc(s->by_id, cap * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory for the variable table");
+        memset(grown + s->cap, 0, (cap - s->cap) * sizeof *grown);
+        s->by_id = grown;
+        s->cap = cap;
+    }
+    if (s->by_id[v->id]) return qr__fail(QR_EEXIST, "variable id %u already exists", v->id);
+    s->by_id[v->id] = v;
+    s->count++;
+    s->bytes += v->n * (int64_t)sizeof(float);
+    return QR_OK;
+}
+
+int qr_var_prepare_write(qr_var *v) {
+    if (v->value->refs == 1) return QR_OK;
+    qr_tensor *copy = qr_tensor_new(v->n);
+    if (!copy) return QR_ENOMEM;
+    memcpy(copy->data, v->value->data, (size_t)v->n * sizeof(float));
+    qr_tensor_unref(v->value);
+    v->value = copy;
+    return QR_OK;
+}
+
+void qr_shape_str(int ndim, const int64_t *shape, char *buf, size_t len) {
+    size_t off = 0;
+    off += (size_t)snprintf(buf + off, len - off, "[");
+    for (int i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (off < len) snprintf(buf + off, len - off, "]");
+}

@@ -1,0 +1,70 @@
+/*
+ * store.h - the variables a ps task holds: dense float32 tensors with
+ * their optimizer slots.
+ *
+ * Values live in reference-counted tensors. The variable holds one
+ * reference; every pull reply still being written holds another. An apply
+ * to a variable whose tensor is shared first copies it (copy-on-write), so
+ * a reply queued before the apply goes out with the values it was queued
+ * with, never a torn mix (DESIGN.md, "a queued write must keep its
+ * buffers unchanged"). The store is used only from the ps loop thread, so
+ * the counts need no atomics.
+ */
+#ifndef QR_PS_STORE_H
+#define QR_PS_STORE_H
+
+#include "common/common.h"
+#include "optim/optim.h"
+#include "wire/proto.h"
+
+typedef struct qr_tensor {
+    int refs;
+    int64_t n;   /* elements */
+    float *data; /* 64-byte aligned */
+} qr_tensor;
+
+qr_tensor *qr_tensor_new(int64_t n);
+qr_tensor *qr_tensor_ref(qr_tensor *t);
+void qr_tensor_unref(qr_tensor *t);
+
+typedef struct qr_var {
+    uint32_t id;
+    char *name;
+    int ndim;
+    int64_t shape[QR_PROTO_MAX_NDIM];
+    int64_t n;          /* elements */
+    float lr;           /* < 0: the optimizer's learning rate */
+    qr_tensor *value;
+    uint64_t version;   /* applies so far */
+    qr_optim_slots *slots;
+    uint64_t nonfinite_skipped;
+    uint64_t mark; /* last message that named it: catches duplicates */
+} qr_var;
+
+typedef struct qr_store {
+    qr_var **by_id; /* indexed by variable id; NULL where absent */
+    uint32_t cap;
+    uint32_t count;
+    int64_t bytes;
+} qr_store;
+
+/* Largest variable id and element count a ps accepts. */
+#define QR_MAX_VAR_ID (1u << 20)
+#define QR_MAX_VAR_ELEMS (1ll << 34)
+
+void qr_store_init(qr_store *s);
+void qr_store_free(qr_store *s);
+qr_var *qr_store_get(const qr_store *s, uint32_t id);
+qr_var *qr_store_find_name(const qr_store *s, const char *name);
+/* Take ownership of v (with its value tensor) under v->id. */
+int qr_store_add(qr_store *s, qr_var *v);
+void qr_var_free(qr_var *v);
+
+/* Make v's tensor exclusively owned (copy-on-write) so it can be updated
+ * in place. */
+int qr_var_prepare_write(qr_var *v);
+
+/* "[784,256]" into buf. */
+void qr_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
+
+#endif /* QR_PS_STORE_H */

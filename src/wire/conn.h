@@ -1,0 +1,107 @@
+/*
+ * conn.h - the transport interface: a connection carries whole messages
+ * (header + meta + payload buffers) between two quorum processes.
+ *
+ * This is deliberately narrow - listen, connect, send a message, receive a
+ * message in place, peer lost - so that a shared-memory or RDMA data plane
+ * can implement the same calls later. The one implementation today,
+ * conn_uv.c, runs on a libuv loop over TCP or Unix-domain stream sockets.
+ *
+ * Receiving in place: when a message's header and meta have arrived, the
+ * owner's `header` event decides where the payload goes by calling
+ * qr_conn_expect() with destination buffers (a variable's gradient buffer,
+ * a worker's copy of a variable); the bytes land there with no staging
+ * copy for large payloads. If the owner does not call qr_conn_expect(), the
+ * payload is read and discarded, so the stream stays in step and the owner
+ * can still answer with an error.
+ *
+ * Lifetime (libuv's handle rules): a qr_conn is freed by the transport
+ * after its `lost` event, which is delivered exactly once, whether the
+ * peer went away, a protocol error closed it, or the owner called
+ * qr_conn_close(). Every send's callback runs before `lost`.
+ *
+ * Threading: a connection belongs to the thread running its loop.
+ */
+#ifndef QR_CONN_H
+#define QR_CONN_H
+
+#include "cluster/addr.h"
+#include "wire/proto.h"
+
+#include <uv.h>
+
+typedef struct qr_conn qr_conn;
+typedef struct qr_listener qr_listener;
+
+typedef struct qr_iov {
+    void *base;
+    size_t len;
+} qr_iov;
+
+typedef struct qr_conn_events {
+    /* Outgoing connections: the connect finished (status QR_OK or error). */
+    void (*connected)(qr_conn *c, int status);
+    /* Header and meta arrived. meta is valid until `message` returns.
+     * Return QR_OK, or an error to close the connection. */
+    int (*header)(qr_conn *c, const qr_frame *f, const uint8_t *meta);
+    /* The whole message arrived (payload in the expected buffers). */
+    void (*message)(qr_conn *c, const qr_frame *f, const uint8_t *meta);
+    /* The connection is gone; c is freed right after this returns. */
+    void (*lost)(qr_conn *c, int status);
+    /* Listeners only: a peer connected; set c's data here. */
+    void (*accepted)(qr_listener *l, qr_conn *c);
+} qr_conn_events;
+
+typedef struct qr_conn_options {
+    int socket_buffer_bytes; /* SO_SNDBUF/SO_RCVBUF; 0 = system default */
+    uint64_t max_payload;    /* larger incoming messages close the connection */
+} qr_conn_options;
+
+typedef void (*qr_send_cb)(qr_conn *c, int status, void *ctx);
+
+/* Listen on addr. A TCP listener on a loopback address also listens on
+ * the matching Unix socket (qr_addr_local_unix_path) unless tcp_only. */
+int qr_listen(uv_loop_t *loop, const qr_addr *addr, bool tcp_only,
+              const qr_conn_options *opt, const qr_conn_events *ev, void *data,
+              qr_listener **out);
+void *qr_listener_data(const qr_listener *l);
+/* Close the listener's sockets (and remove its Unix socket file). */
+void qr_listener_close(qr_listener *l);
+
+/* Start connecting to addr. For a loopback TCP address with prefer_unix,
+ * the Unix socket is tried first and TCP second. The result arrives as
+ * the `connected` event; on failure `lost` follows it. */
+int qr_connect(uv_loop_t *loop, const qr_addr *addr, bool prefer_unix,
+               const qr_conn_options *opt, const qr_conn_events *ev, void *data,
+               qr_conn **out);
+
+void qr_conn_set_data(qr_conn *c, void *data);
+void *qr_conn_data(const qr_conn *c);
+/* "unix" or "tcp", and the peer's printable address. */
+const char *qr_conn_kind(const qr_conn *c);
+const char *qr_conn_peer(const qr_conn *c);
+
+/* From the `header` event: the payload goes to these buffers, in order.
+ * Their lengths must add up to the frame's payload_len. The array is
+ * copied; the buffers must stay valid until `message` or `lost`. */
+int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n);
+
+/* Send one message: header f (meta_len and payload_len are filled in),
+ * meta (copied), and payload buffers, which must stay unchanged until cb
+ * runs. cb (may be NULL) runs once, with QR_OK or an error. If this call
+ * fails, cb never runs. */
+int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
+                 const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx);
+/* Bytes queued for writing and not yet sent (for backpressure). */
+size_t qr_conn_pending_bytes(const qr_conn *c);
+
+/* Stop / resume reading from the peer: a ps pauses a peer whose replies
+ * pile up unsent (libuv itself applies no backpressure). */
+void qr_conn_pause(qr_conn *c);
+void qr_conn_resume(qr_conn *c);
+bool qr_conn_paused(const qr_conn *c);
+
+/* Close the connection; `lost` follows with QR_ESTOPPED. Idempotent. */
+void qr_conn_close(qr_conn *c);
+
+#endif /* QR_CONN_H */

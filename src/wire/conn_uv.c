@@ -1,0 +1,611 @@
+/*
+ * conn_uv.c - the libuv implementation of conn.h over TCP and Unix-domain
+ * stream sockets.
+ *
+ * Receive state machine, one message at a time:
+ *
+ *     HEADER --32 bytes--> META --meta_len bytes--> PAYLOAD --payload_len--+
+ *       ^                                                                  |
+ *       +-------------------------- `message` event <---------------------+
+ *
+ * Two ways bytes come in. While a large payload is being received, the
+ * alloc callback hands libuv the remaining part of the current destination
+ * buffer, so the kernel copies straight into the variable or gradient
+ * (no staging copy). Otherwise it hands out the connection's 64 KiB
+ * staging buffer, and process_bytes() walks the state machine over it;
+ * that lets one read() carry a whole small request (header, meta and
+ * payload), which keeps small round trips at raw-socket cost.
+ */
+#include "wire/conn.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define STAGING_BYTES (64 * 1024)
+/* Below this many bytes still to come, a payload goes through the staging
+ * buffer: the extra copy is cheaper than another read() call. */
+#define IN_PLACE_MIN (16 * 1024)
+
+typedef enum { RX_HEADER, RX_META, RX_PAYLOAD } rx_state;
+
+struct qr_conn {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } h;
+    bool is_tcp;
+    bool connected;
+    bool closing;
+    int close_status;
+    uv_loop_t *loop;
+    const qr_conn_events *ev;
+    void *data;
+    qr_conn_options opt;
+    uv_connect_t connect_req;
+    char peer[160];
+
+    rx_state state;
+    uint8_t hdr[QR_PROTO_HEADER_LEN];
+    size_t hdr_got;
+    qr_frame frame;
+    uint8_t *meta;
+    size_t meta_cap, meta_got;
+    qr_iov *iov;
+    int niov, iov_cap, iov_idx;
+    size_t iov_off;
+    bool discard;
+    uint64_t payload_got;
+    uint8_t *staging;
+    bool in_place;
+
+    size_t pending_bytes;
+    bool paused;
+};
+
+struct qr_listener {
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+    bool has_tcp, has_pipe;
+    int open_handles;
+    char unix_path[108];
+    uv_loop_t *loop;
+    const qr_conn_events *ev;
+    void *data;
+    qr_conn_options opt;
+};
+
+/* Events of a connection that failed before its owner could see it. */
+static const qr_conn_events no_events;
+
+typedef struct send_req {
+    uv_write_t req;
+    qr_conn *c;
+    qr_send_cb cb;
+    void *ctx;
+    size_t bytes;
+    uint8_t hdr[QR_PROTO_HEADER_LEN];
+    uint8_t meta[]; /* copy of the meta bytes */
+} send_req;
+
+static int from_uv(int uv_status) {
+    switch (uv_status) {
+    case 0: return QR_OK;
+    case UV_EOF:
+    case UV_ECONNRESET:
+    case UV_EPIPE:
+    case UV_ECONNREFUSED:
+    case UV_ENOENT:
+    case UV_ECANCELED: return QR_EPEERLOST;
+    case UV_ETIMEDOUT: return QR_ETIMEDOUT;
+    case UV_ENOMEM: return QR_ENOMEM;
+    default: return QR_EIO;
+    }
+}
+
+/* ---- connection setup and teardown ------------------------------------ */
+
+static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *opt,
+                         const qr_conn_events *ev, void *data) {
+    qr_conn *c = qr__calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->staging = malloc(STAGING_BYTES);
+    if (!c->staging) {
+        free(c);
+        qr__fail(QR_ENOMEM, "out of memory for a connection");
+        return NULL;
+    }
+    c->loop = loop;
+    c->is_tcp = is_tcp;
+    c->opt = *opt;
+    c->ev = ev;
+    c->data = data;
+    c->state = RX_HEADER;
+    if (is_tcp)
+        uv_tcp_init(loop, &c->h.tcp);
+    else
+        uv_pipe_init(loop, &c->h.pipe, 0);
+    c->h.handle.data = c;
+    return c;
+}
+
+static void conn_free(qr_conn *c) {
+    free(c->meta);
+    free(c->iov);
+    free(c->staging);
+    free(c);
+}
+
+static void on_close(uv_handle_t *h) {
+    qr_conn *c = h->data;
+    if (c->ev->lost) c->ev->lost(c, c->close_status);
+    conn_free(c);
+}
+
+static void conn_close_with(qr_conn *c, int status) {
+    if (c->closing) return;
+    c->closing = true;
+    c->close_status = status;
+    uv_close(&c->h.handle, on_close);
+}
+
+void qr_conn_close(qr_conn *c) {
+    if (c) conn_close_with(c, QR_ESTOPPED);
+}
+
+static void tune_socket(qr_conn *c) {
+    if (c->is_tcp) uv_tcp_nodelay(&c->h.tcp, 1);
+    int size = c->opt.socket_buffer_bytes;
+    if (size > 0) {
+        /* Small default buffers make 1 MiB transfers 3-5x slower on Unix
+         * sockets (see DESIGN.md, transport facts). */
+        uv_send_buffer_size(&c->h.handle, &size);
+        size = c->opt.socket_buffer_bytes;
+        uv_recv_buffer_size(&c->h.handle, &size);
+    }
+}
+
+/* ---- receiving ---------------------------------------------------------- */
+
+static void rx_reset(qr_conn *c) {
+    c->state = RX_HEADER;
+    c->hdr_got = 0;
+    c->meta_got = 0;
+    c->niov = 0;
+    c->iov_idx = 0;
+    c->iov_off = 0;
+    c->discard = false;
+    c->payload_got = 0;
+}
+
+int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) total += iov[i].len;
+    if (total != c->frame.payload_len)
+        return qr__fail(QR_EINTERNAL, "expected buffers hold %llu bytes, payload is %llu",
+                        (unsigned long long)total, (unsigned long long)c->frame.payload_len);
+    if (n > c->iov_cap) {
+        qr_iov *grown = realloc(c->iov, (size_t)n * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory for %d receive buffers", n);
+        c->iov = grown;
+        c->iov_cap = n;
+    }
+    memcpy(c->iov, iov, (size_t)n * sizeof *iov);
+    c->niov = n;
+    c->discard = false;
+    return QR_OK;
+}
+
+static void message_done(qr_conn *c) {
+    qr_frame f = c->frame;
+    if (c->ev->message) c->ev->message(c, &f, c->meta);
+    if (!c->closing) rx_reset(c);
+}
+
+/* Skip empty destination buffers so iov_idx names one with room left. */
+static void skip_full_iovs(qr_conn *c) {
+    while (c->iov_idx < c->niov && c->iov_off == c->iov[c->iov_idx].len) {
+        c->iov_idx++;
+        c->iov_off = 0;
+    }
+}
+
+static void payload_advance(qr_conn *c, size_t n) {
+    c->payload_got += n;
+    if (!c->discard) {
+        c->iov_off += n;
+        skip_full_iovs(c);
+    }
+    if (c->payload_got == c->frame.payload_len) message_done(c);
+}
+
+static void start_payload(qr_conn *c) {
+    c->state = RX_PAYLOAD;
+    c->niov = 0;
+    c->discard = true; /* unless the owner calls qr_conn_expect */
+    int rc = c->ev->header ? c->ev->header(c, &c->frame, c->meta) : QR_OK;
+    if (c->closing) return;
+    if (rc) {
+        qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
+        conn_close_with(c, rc);
+        return;
+    }
+    c->iov_idx = 0;
+    c->iov_off = 0;
+    if (!c->discard) skip_full_iovs(c);
+    if (c->frame.payload_len == 0) message_done(c);
+}
+
+static void header_done(qr_conn *c) {
+    if (qr_proto_decode_header(c->hdr, c->opt.max_payload, &c->frame)) {
+        qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
+        conn_close_with(c, QR_EPROTO);
+        return;
+    }
+    if (c->frame.meta_len > c->meta_cap) {
+        size_t cap = QR_MAX(c->frame.meta_len, 256u);
+        uint8_t *m = realloc(c->meta, cap);
+        if (!m) {
+            conn_close_with(c, QR_ENOMEM);
+            return;
+        }
+        c->meta = m;
+        c->meta_cap = cap;
+    }
+    c->state = RX_META;
+    c->meta_got = 0;
+    if (c->frame.meta_len == 0) start_payload(c);
+}
+
+/* Walk the state machine over n bytes received into the staging buffer. */
+static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
+    while (n > 0 && !c->closing) {
+        size_t take;
+        switch (c->state) {
+        case RX_HEADER:
+            take = QR_MIN(n, QR_PROTO_HEADER_LEN - c->hdr_got);
+            memcpy(c->hdr + c->hdr_got, p, take);
+            c->hdr_got += take;
+            if (c->hdr_got == QR_PROTO_HEADER_LEN) header_done(c);
+            break;
+        case RX_META:
+            take = QR_MIN(n, c->frame.meta_len - c->meta_got);
+            memcpy(c->meta + c->meta_got, p, take);
+            c->meta_got += take;
+            if (c->meta_got == c->frame.meta_len) start_payload(c);
+            break;
+        case RX_PAYLOAD:
+            take = (size_t)QR_MIN((uint64_t)n, c->frame.payload_len - c->payload_got);
+            if (!c->discard) {
+                qr_iov *v = &c->iov[c->iov_idx];
+                take = QR_MIN(take, v->len - c->iov_off);
+                memcpy((uint8_t *)v->base + c->iov_off, p, take);
+            }
+            payload_advance(c, take);
+            break;
+        default:
+            return;
+        }
+        p += take;
+        n -= take;
+    }
+}
+
+static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+    qr_conn *c = h->data;
+    if (c->state == RX_PAYLOAD && !c->discard && c->iov_idx < c->niov) {
+        qr_iov *v = &c->iov[c->iov_idx];
+        size_t rem = v->len - c->iov_off;
+        if (rem >= IN_PLACE_MIN) {
+            c->in_place = true;
+            buf->base = (char *)v->base + c->iov_off;
+            buf->len = rem;
+            return;
+        }
+    }
+    c->in_place = false;
+    buf->base = (char *)c->staging;
+    buf->len = STAGING_BYTES;
+}
+
+static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+    qr_conn *c = s->data;
+    if (c->closing) return;
+    if (nread < 0) {
+        if (nread != UV_EOF)
+            qr__log(QR_LOG_DEBUG, "read from %s failed: %s", c->peer, uv_strerror((int)nread));
+        conn_close_with(c, from_uv((int)nread));
+        return;
+    }
+    if (nread == 0) return; /* EAGAIN; not end of stream */
+    if (c->in_place)
+        payload_advance(c, (size_t)nread);
+    else
+        process_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
+}
+
+static int start_reading(qr_conn *c) {
+    int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
+    if (rc) return qr__fail(QR_EIO, "cannot read from %s: %s", c->peer, uv_strerror(rc));
+    return QR_OK;
+}
+
+/* ---- sending ------------------------------------------------------------ */
+
+static void on_write(uv_write_t *req, int status) {
+    send_req *r = (send_req *)req;
+    qr_conn *c = r->c;
+    c->pending_bytes -= r->bytes;
+    if (r->cb) r->cb(c, from_uv(status), r->ctx);
+    free(r);
+    if (status < 0 && !c->closing) conn_close_with(c, from_uv(status));
+}
+
+int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
+                 const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx) {
+    if (c->closing || !c->connected)
+        return qr__fail(QR_EPEERLOST, "connection to %s is not open", c->peer);
+    if (meta_len > QR_PROTO_MAX_META)
+        return qr__fail(QR_ETOOBIG, "meta of %u bytes exceeds the limit", meta_len);
+    send_req *r = malloc(sizeof *r + meta_len);
+    if (!r) return qr__fail(QR_ENOMEM, "out of memory for a send");
+    qr_frame hdr = *f;
+    hdr.meta_len = meta_len;
+    hdr.payload_len = 0;
+    for (int i = 0; i < npayload; i++) hdr.payload_len += payload[i].len;
+    qr_proto_encode_header(&hdr, r->hdr);
+    if (meta_len) memcpy(r->meta, meta, meta_len);
+    r->c = c;
+    r->cb = cb;
+    r->ctx = ctx;
+    r->bytes = QR_PROTO_HEADER_LEN + meta_len + hdr.payload_len;
+
+    uv_buf_t small[16];
+    uv_buf_t *bufs = small;
+    int n = 0, cap = 2 + npayload;
+    if (cap > (int)QR_ARRAY_LEN(small)) {
+        bufs = malloc((size_t)cap * sizeof *bufs);
+        if (!bufs) {
+            free(r);
+            return qr__fail(QR_ENOMEM, "out of memory for a send");
+        }
+    }
+    bufs[n++] = uv_buf_init((char *)r->hdr, QR_PROTO_HEADER_LEN);
+    if (meta_len) bufs[n++] = uv_buf_init((char *)r->meta, meta_len);
+    for (int i = 0; i < npayload; i++)
+        if (payload[i].len) bufs[n++] = uv_buf_init(payload[i].base, (unsigned)payload[i].len);
+    /* uv_write copies the array of buffers, not the bytes. */
+    int rc = uv_write(&r->req, &c->h.stream, bufs, (unsigned)n, on_write);
+    if (bufs != small) free(bufs);
+    if (rc) {
+        free(r);
+        return qr__fail(QR_EPEERLOST, "send to %s failed: %s", c->peer, uv_strerror(rc));
+    }
+    c->pending_bytes += r->bytes;
+    return QR_OK;
+}
+
+void qr_conn_pause(qr_conn *c) {
+    if (c->paused || c->closing) return;
+    c->paused = true;
+    uv_read_stop(&c->h.stream);
+}
+
+void qr_conn_resume(qr_conn *c) {
+    if (!c->paused || c->closing) return;
+    c->paused = false;
+    if (start_reading(c)) conn_close_with(c, QR_EIO);
+}
+
+bool qr_conn_paused(const qr_conn *c) {
+    return c->paused;
+}
+
+size_t qr_conn_pending_bytes(const qr_conn *c) {
+    return c->pending_bytes;
+}
+
+/* ---- accessors ------------------------------------------------------------ */
+
+void qr_conn_set_data(qr_conn *c, void *data) {
+    c->data = data;
+}
+void *qr_conn_data(const qr_conn *c) {
+    return c->data;
+}
+const char *qr_conn_kind(const qr_conn *c) {
+    return c->is_tcp ? "tcp" : "unix";
+}
+const char *qr_conn_peer(const qr_conn *c) {
+    return c->peer;
+}
+void *qr_listener_data(const qr_listener *l) {
+    return l->data;
+}
+
+/* ---- connecting ------------------------------------------------------------ */
+
+static int resolve(const qr_addr *a, struct sockaddr_storage *ss) {
+    struct addrinfo hints = {0}, *res = NULL;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    char port[16];
+    snprintf(port, sizeof port, "%d", a->port);
+    int rc = getaddrinfo(a->host, port, &hints, &res);
+    if (rc || !res)
+        return qr__fail(QR_EINVAL, "cannot resolve host '%s': %s", a->host, gai_strerror(rc));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    return QR_OK;
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+    qr_conn *c = req->data;
+    if (status == 0) {
+        c->connected = true;
+        tune_socket(c);
+        if (start_reading(c)) status = UV_EIO;
+    }
+    int rc = status ? from_uv(status) : QR_OK;
+    if (rc) qr__fail(rc, "cannot connect to %s: %s", c->peer, uv_strerror(status));
+    if (c->ev->connected) c->ev->connected(c, rc);
+    if (rc) conn_close_with(c, rc);
+}
+
+int qr_connect(uv_loop_t *loop, const qr_addr *addr, bool prefer_unix,
+               const qr_conn_options *opt, const qr_conn_events *ev, void *data,
+               qr_conn **out) {
+    char unix_path[108] = "";
+    if (addr->kind == QR_ADDR_UNIX) {
+        snprintf(unix_path, sizeof unix_path, "%s", addr->path);
+    } else if (prefer_unix && addr->loopback) {
+        struct stat st;
+        if (qr_addr_local_unix_path(addr, unix_path, sizeof unix_path) == QR_OK &&
+            (stat(unix_path, &st) != 0 || !S_ISSOCK(st.st_mode)))
+            unix_path[0] = 0; /* the ps serves no Unix socket (yet): use TCP */
+    }
+    struct sockaddr_storage ss;
+    if (!unix_path[0]) {
+        int rc = resolve(addr, &ss);
+        if (rc) return rc;
+    }
+    qr_conn *c = conn_new(loop, !unix_path[0], opt, ev, data);
+    if (!c) return QR_ENOMEM;
+    c->connect_req.data = c;
+    int rc;
+    if (unix_path[0]) {
+        snprintf(c->peer, sizeof c->peer, "unix:%s", unix_path);
+        uv_pipe_connect(&c->connect_req, &c->h.pipe, unix_path, on_connect);
+        rc = 0;
+    } else {
+        snprintf(c->peer, sizeof c->peer, "%s:%d", addr->host, addr->port);
+        rc = uv_tcp_connect(&c->connect_req, &c->h.tcp, (struct sockaddr *)&ss, on_connect);
+    }
+    if (rc) {
+        int status = qr__fail(QR_EIO, "cannot connect to %s: %s", c->peer, uv_strerror(rc));
+        c->closing = true;
+        c->ev = &no_events;
+        uv_close(&c->h.handle, on_close);
+        return status;
+    }
+    *out = c;
+    return QR_OK;
+}
+
+/* ---- listening ------------------------------------------------------------ */
+
+static void on_connection(uv_stream_t *server, int status) {
+    qr_listener *l = server->data;
+    if (status < 0) {
+        qr__log(QR_LOG_WARN, "accept failed: %s", uv_strerror(status));
+        return;
+    }
+    bool is_tcp = server->type == UV_TCP;
+    qr_conn *c = conn_new(l->loop, is_tcp, &l->opt, l->ev, l->data);
+    if (!c) return;
+    if (uv_accept(server, &c->h.stream)) {
+        c->closing = true;
+        c->ev = &no_events;
+        uv_close(&c->h.handle, on_close);
+        return;
+    }
+    c->connected = true;
+    if (is_tcp) {
+        struct sockaddr_storage ss;
+        int len = sizeof ss;
+        char host[64] = "?";
+        int port = 0;
+        if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
+            if (ss.ss_family == AF_INET) {
+                uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host);
+                port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+            } else {
+                uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof host);
+                port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+            }
+        }
+        snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+    } else {
+        snprintf(c->peer, sizeof c->peer, "unix:%s", l->unix_path);
+    }
+    tune_socket(c);
+    if (l->ev->accepted) l->ev->accepted(l, c);
+    if (start_reading(c)) conn_close_with(c, QR_EIO);
+}
+
+static void on_listener_close(uv_handle_t *h) {
+    qr_listener *l = h->data;
+    if (--l->open_handles == 0) free(l);
+}
+
+void qr_listener_close(qr_listener *l) {
+    if (!l) return;
+    if (l->has_pipe) {
+        unlink(l->unix_path);
+        uv_close((uv_handle_t *)&l->pipe, on_listener_close);
+    }
+    if (l->has_tcp) uv_close((uv_handle_t *)&l->tcp, on_listener_close);
+}
+
+static int listen_unix(qr_listener *l, const char *path) {
+    snprintf(l->unix_path, sizeof l->unix_path, "%s", path);
+    uv_pipe_init(l->loop, &l->pipe, 0);
+    l->pipe.data = l;
+    l->has_pipe = true;
+    l->open_handles++;
+    /* A socket file left by a killed ps would make bind fail; the TCP bind
+     * (done first) already proved no live ps owns this address. */
+    unlink(path);
+    int rc = uv_pipe_bind(&l->pipe, path);
+    if (!rc) rc = uv_listen((uv_stream_t *)&l->pipe, 128, on_connection);
+    if (rc) return qr__fail(QR_EIO, "cannot listen on unix:%s: %s", path, uv_strerror(rc));
+    return QR_OK;
+}
+
+int qr_listen(uv_loop_t *loop, const qr_addr *addr, bool tcp_only, const qr_conn_options *opt,
+              const qr_conn_events *ev, void *data, qr_listener **out) {
+    qr_listener *l = qr__calloc(1, sizeof *l);
+    if (!l) return QR_ENOMEM;
+    l->loop = loop;
+    l->ev = ev;
+    l->data = data;
+    l->opt = *opt;
+    int rc = QR_OK;
+    if (addr->kind == QR_ADDR_UNIX) {
+        rc = listen_unix(l, addr->path);
+    } else {
+        struct sockaddr_storage ss;
+        rc = resolve(addr, &ss);
+        if (rc) {
+            free(l);
+            return rc;
+        }
+        uv_tcp_init(loop, &l->tcp);
+        l->tcp.data = l;
+        l->has_tcp = true;
+        l->open_handles++;
+        int urc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
+        if (!urc) urc = uv_listen((uv_stream_t *)&l->tcp, 128, on_connection);
+        if (urc) {
+            rc = qr__fail(QR_EIO, "cannot listen on %s:%d: %s", addr->host, addr->port,
+                          uv_strerror(urc));
+        } else if (!tcp_only && addr->loopback) {
+            char path[108];
+            rc = qr_addr_local_unix_path(addr, path, sizeof path);
+            if (!rc) rc = listen_unix(l, path);
+        }
+    }
+    if (rc) {
+        qr_listener_close(l);
+        return rc;
+    }
+    *out = l;
+    return QR_OK;
+}

@@ -1,0 +1,120 @@
+/*
+ * proto.h - the quorum wire format: frame header and message metadata,
+ * encoded and decoded without any I/O.
+ *
+ * Every message is   [header 32 bytes][meta meta_len bytes][payload payload_len bytes]
+ *
+ * Header, little-endian:
+ *   off size  field
+ *     0    4  magic        0x4D525551 ("QURM" read as bytes Q U R M)
+ *     4    1  version      QR_PROTO_VERSION
+ *     5    1  type         qr_msg_type; replies have QR_MSG_REPLY set
+ *     6    2  flags        per type (QR_PUSH_STEP ...)
+ *     8    4  request_id   echoed in the reply
+ *    12    4  status       replies: QR_OK or a negative qr_status
+ *    16    4  meta_len     <= QR_PROTO_MAX_META
+ *    20    4  reserved     must be 0
+ *    24    8  payload_len  <= the receiver's max-message option
+ *
+ * meta holds small fixed-width little-endian records that describe the
+ * payload (which variables, how many bytes each); payload holds raw
+ * float32 tensors back to back, so they can be written with writev from
+ * the variables themselves and read straight into their destinations.
+ * An error reply carries its message as meta (UTF-8, not NUL-terminated).
+ *
+ * Meta layouts (u32/i64/... little-endian, no padding):
+ *   HELLO      req: u32 role (1 = worker), u32 task_index
+ *   CREATE     req: u32 count, then per variable:
+ *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
+ *                   u32 name_len, name bytes
+ *              payload: each variable's initial values, in order
+ *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
+ *                     that the same variables exist (non-chief workers)
+ *   READY      req: u32 set (1 = mark the cluster ready, 0 = query)
+ *              reply: u32 ready
+ *   PUSH       req: u32 count, i64 local_step, then per item:
+ *                   u32 var_id, u32 kind (0 = dense), u64 nbytes
+ *              payload: the gradients, in order
+ *              reply: i64 global_step
+ *   PULL       req: u32 count, then u32 var_id each
+ *              reply: u32 count, then per item: u32 var_id, u32 kind,
+ *                     u64 nbytes, u64 version; payload: the values
+ *   STEP       req: (empty)   reply: i64 global_step
+ *   STOP       req: (empty)   reply: (empty)
+ */
+#ifndef QR_PROTO_H
+#define QR_PROTO_H
+
+#include "common/common.h"
+
+#define QR_PROTO_MAGIC 0x4D525551u
+#define QR_PROTO_VERSION 1
+#define QR_PROTO_HEADER_LEN 32
+#define QR_PROTO_MAX_META (1u << 20)
+#define QR_PROTO_MAX_NDIM 8
+#define QR_PROTO_MAX_ITEMS 65536
+#define QR_PROTO_MAX_NAME 256
+
+typedef enum qr_msg_type {
+    QR_MSG_HELLO = 1,
+    QR_MSG_CREATE = 2,
+    QR_MSG_READY = 3,
+    QR_MSG_PUSH = 4,
+    QR_MSG_PULL = 5,
+    QR_MSG_STEP = 6,
+    QR_MSG_STOP = 7,
+    QR_MSG_TYPE_MAX = 7,
+    QR_MSG_REPLY = 0x80,
+} qr_msg_type;
+
+#define QR_CREATE_CHECK_ONLY 1u
+
+typedef struct qr_frame {
+    uint8_t type;
+    uint16_t flags;
+    uint32_t request_id;
+    int32_t status;
+    uint32_t meta_len;
+    uint64_t payload_len;
+} qr_frame;
+
+const char *qr_msg_name(int type);
+
+/* Encode f into exactly QR_PROTO_HEADER_LEN bytes. */
+void qr_proto_encode_header(const qr_frame *f, uint8_t out[QR_PROTO_HEADER_LEN]);
+/* Decode and validate a header: magic, version, known type, reserved
+ * bits, meta_len <= QR_PROTO_MAX_META, payload_len <= max_payload. */
+int qr_proto_decode_header(const uint8_t in[QR_PROTO_HEADER_LEN],
+                           uint64_t max_payload, qr_frame *f);
+
+/* A growable byte buffer for building meta. */
+typedef struct qr_wbuf {
+    uint8_t *data;
+    size_t len, cap;
+    bool oom; /* set on allocation failure; later writes are dropped */
+} qr_wbuf;
+
+void qr_wbuf_reset(qr_wbuf *b);
+void qr_wbuf_free(qr_wbuf *b);
+void qr_wbuf_u32(qr_wbuf *b, uint32_t v);
+void qr_wbuf_i64(qr_wbuf *b, int64_t v);
+void qr_wbuf_u64(qr_wbuf *b, uint64_t v);
+void qr_wbuf_f32(qr_wbuf *b, float v);
+void qr_wbuf_bytes(qr_wbuf *b, const void *p, size_t n);
+
+/* A bounds-checked reader over received meta. A read past the end sets
+ * `bad` and yields zeros, so a decoder checks once at the end. */
+typedef struct qr_rbuf {
+    const uint8_t *p;
+    size_t left;
+    bool bad;
+} qr_rbuf;
+
+void qr_rbuf_init(qr_rbuf *r, const void *p, size_t n);
+uint32_t qr_rbuf_u32(qr_rbuf *r);
+int64_t qr_rbuf_i64(qr_rbuf *r);
+uint64_t qr_rbuf_u64(qr_rbuf *r);
+float qr_rbuf_f32(qr_rbuf *r);
+const uint8_t *qr_rbuf_bytes(qr_rbuf *r, size_t n);
+
+#endif /* QR_PROTO_H */

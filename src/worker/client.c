@@ -1,0 +1,682 @@
+/*
+ * client.c - the worker side: declares variables, connects to every ps
+ * task, and pushes and pulls with blocking calls.
+ *
+ * Each qr_worker owns a private libuv loop that runs only inside its own
+ * calls, on the caller's thread: a call queues its requests (one per ps
+ * task involved, all sent at once, matched to replies by request id) and
+ * turns the loop until every reply is in or the deadline passes. Running
+ * the loop in the caller's thread, rather than in an I/O thread, keeps a
+ * small round trip at raw-socket cost: no hand-off between threads.
+ *
+ * Connections are made lazily and remade with exponential backoff (10 ms
+ * doubling to 1 s) while a call is waiting, so ps tasks may start after
+ * the workers or restart during training. A request already sent on a
+ * connection that is lost fails with QR_EPEERLOST (a push may or may not
+ * have been applied; it is not silently repeated).
+ *
+ * Pull replies are received straight into their destinations (the
+ * worker's copy of each variable, or the caller's buffers); pushes are
+ * written straight from the caller's gradient arrays.
+ */
+#include "cluster/cluster.h"
+#include "cluster/placement.h"
+#include "common/config.h"
+#include "model/init.h"
+#include "wire/conn.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct wk_var {
+    char *name;
+    char *init;
+    int ndim;
+    int64_t shape[QR_PROTO_MAX_NDIM];
+    int64_t n;
+    uint64_t seed;
+    float lr;
+    int ps;
+    float *data; /* the worker's copy */
+} wk_var;
+
+typedef struct ps_link ps_link;
+
+typedef struct wk_request {
+    ps_link *link;
+    uint8_t type;
+    uint16_t flags;
+    uint32_t id;
+    qr_wbuf meta;
+    qr_iov *payload;
+    int npayload;
+    /* PULL: where each variable's values go */
+    int nvars;
+    int *var_ids;
+    float **dst;
+    bool sent, done, internal;
+    int status;
+    char errmsg[512];
+    int64_t step;
+    uint32_t ready;
+    struct wk_request *next; /* in the link's queue of sent requests */
+} wk_request;
+
+struct ps_link {
+    qr_worker *w;
+    int index;
+    qr_addr addr;
+    qr_conn *conn;
+    enum { LINK_DOWN, LINK_CONNECTING, LINK_UP } state;
+    int attempts;
+    uint64_t retry_at_ns;
+    wk_request *head, *tail; /* sent, awaiting reply, in order */
+    char last_error[256];
+};
+
+struct qr_worker {
+    uv_loop_t loop;
+    uv_timer_t wake;
+    qr_cluster *cluster;
+    qr_config *cfg;
+    int index;
+    bool prefer_unix;
+    qr_conn_options conn_opt;
+    qr_conn_events events;
+    ps_link *links;
+    int nps;
+    wk_var *vars;
+    int nvars, vars_cap;
+    bool placed, initialized;
+    uint32_t next_id;
+    int timeout_ms;
+};
+
+/* ---- requests ------------------------------------------------------------ */
+
+static wk_request *request_new(qr_worker *w, int ps, uint8_t type) {
+    wk_request *r = qr__calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->link = &w->links[ps];
+    r->type = type;
+    r->id = ++w->next_id;
+    return r;
+}
+
+static void request_free(wk_request *r) {
+    if (!r) return;
+    qr_wbuf_free(&r->meta);
+    free(r->payload);
+    free(r->var_ids);
+    free(r->dst);
+    free(r);
+}
+
+static void request_finish(wk_request *r, int status, const char *msg) {
+    r->done = true;
+    r->status = status;
+    if (status && msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    if (r->internal) request_free(r);
+}
+
+static void link_fail_pending(ps_link *l, int status, const char *why) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "ps %d (%s): connection lost: %s", l->index,
+             l->w->cluster->ps[l->index], why);
+    wk_request *r = l->head;
+    l->head = l->tail = NULL;
+    while (r) {
+        wk_request *next = r->next;
+        request_finish(r, status, msg);
+        r = next;
+    }
+}
+
+static int link_send(ps_link *l, wk_request *r) {
+    qr_frame f = {.type = r->type, .flags = r->flags, .request_id = r->id};
+    int rc = qr_conn_send(l->conn, &f, r->meta.data, (uint32_t)r->meta.len, r->payload,
+                          r->npayload, NULL, NULL);
+    if (rc) return rc;
+    r->sent = true;
+    r->next = NULL;
+    if (l->tail) l->tail->next = r;
+    else l->head = r;
+    l->tail = r;
+    return QR_OK;
+}
+
+/* ---- connection events ------------------------------------------------ */
+
+static void on_connected(qr_conn *c, int status) {
+    ps_link *l = qr_conn_data(c);
+    if (status) {
+        snprintf(l->last_error, sizeof l->last_error, "%s", qr_last_error());
+        return; /* `lost` follows */
+    }
+    l->state = LINK_UP;
+    l->attempts = 0;
+    qr__log(QR_LOG_DEBUG, "connected to ps %d over %s", l->index, qr_conn_kind(c));
+    wk_request *hello = request_new(l->w, l->index, QR_MSG_HELLO);
+    if (!hello) return;
+    hello->internal = true;
+    qr_wbuf_u32(&hello->meta, 1);
+    qr_wbuf_u32(&hello->meta, (uint32_t)l->w->index);
+    if (link_send(l, hello)) request_free(hello);
+}
+
+static void on_lost(qr_conn *c, int status) {
+    ps_link *l = qr_conn_data(c);
+    if (l->state == LINK_UP) {
+        snprintf(l->last_error, sizeof l->last_error, "%s", qr_strerror(status));
+        qr__log(QR_LOG_DEBUG, "lost ps %d: %s", l->index, qr_strerror(status));
+    }
+    l->conn = NULL;
+    l->state = LINK_DOWN;
+    uint64_t backoff_ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
+    l->attempts++;
+    l->retry_at_ns = qr__now_ns() + backoff_ms * 1000000ull;
+    link_fail_pending(l, QR_EPEERLOST, l->last_error);
+}
+
+static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    ps_link *l = qr_conn_data(c);
+    wk_request *r = l->head;
+    if (!r || f->request_id != r->id || f->type != (r->type | QR_MSG_REPLY))
+        return qr__fail(QR_EPROTO, "ps %d sent an unexpected %s reply (id %u)", l->index,
+                        qr_msg_name(f->type), f->request_id);
+    if (f->status != QR_OK) return QR_OK; /* error text in meta; no payload */
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, f->meta_len);
+    switch (r->type) {
+    case QR_MSG_PUSH:
+    case QR_MSG_STEP: r->step = qr_rbuf_i64(&rb); break;
+    case QR_MSG_READY: r->ready = qr_rbuf_u32(&rb); break;
+    case QR_MSG_PULL: {
+        uint32_t count = qr_rbuf_u32(&rb);
+        if (count != (uint32_t)r->nvars)
+            return qr__fail(QR_EPROTO, "ps %d answered a pull of %d variables with %u",
+                            l->index, r->nvars, count);
+        qr_iov *iov = malloc((size_t)count * sizeof *iov);
+        if (!iov) return QR_ENOMEM;
+        uint64_t total = 0;
+        for (uint32_t i = 0; i < count; i++) {
+            uint32_t id = qr_rbuf_u32(&rb);
+            (void)qr_rbuf_u32(&rb);
+            uint64_t nbytes = qr_rbuf_u64(&rb);
+            (void)qr_rbuf_u64(&rb); /* version */
+            wk_var *v = &l->w->vars[r->var_ids[i]];
+            if (rb.bad || id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)v->n * 4) {
+                free(iov);
+                return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
+                                l->index, v->name);
+            }
+            iov[i] = (qr_iov){r->dst[i], nbytes};
+            total += nbytes;
+        }
+        int rc = total == f->payload_len ? qr_conn_expect(c, iov, (int)count)
+                                          : qr__fail(QR_EPROTO, "ps %d: pull reply size mismatch",
+                                                     l->index);
+        free(iov);
+        return rc;
+    }
+    default: break;
+    }
+    return QR_OK;
+}
+
+static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    ps_link *l = qr_conn_data(c);
+    wk_request *r = l->head;
+    l->head = r->next;
+    if (!l->head) l->tail = NULL;
+    if (f->status != QR_OK) {
+        char msg[512];
+        int n = (int)QR_MIN(f->meta_len, sizeof msg - 1);
+        memcpy(msg, meta, (size_t)n);
+        msg[n] = 0;
+        request_finish(r, f->status, msg);
+    } else {
+        request_finish(r, QR_OK, NULL);
+    }
+}
+
+/* ---- driving the loop ---------------------------------------------------- */
+
+static void on_wake(uv_timer_t *t) {
+    (void)t;
+}
+
+static void link_connect(ps_link *l) {
+    qr_worker *w = l->w;
+    l->state = LINK_CONNECTING;
+    int rc = qr_connect(&w->loop, &l->addr, w->prefer_unix, &w->conn_opt, &w->events, l, &l->conn);
+    if (rc) {
+        snprintf(l->last_error, sizeof l->last_error, "%s", qr_last_error());
+        l->state = LINK_DOWN;
+        l->attempts++;
+        l->retry_at_ns = qr__now_ns() + QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7)) * 1000000ull;
+    }
+}
+
+/* Send reqs (connecting as needed) and wait for all their replies.
+ * Returns the first failure, with its message. */
+static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
+    uint64_t deadline = qr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        uint64_t now = qr__now_ns();
+        uint64_t wake_at = deadline;
+        int pending = 0;
+        for (int i = 0; i < n; i++) {
+            wk_request *r = reqs[i];
+            if (r->done) continue;
+            pending++;
+            if (r->sent) continue;
+            ps_link *l = r->link;
+            if (l->state == LINK_DOWN && now >= l->retry_at_ns) link_connect(l);
+            if (l->state == LINK_UP) {
+                if (link_send(l, r)) request_finish(r, QR_EPEERLOST, qr_last_error());
+            } else if (l->state == LINK_DOWN) {
+                wake_at = QR_MIN(wake_at, l->retry_at_ns);
+            }
+        }
+        if (!pending) break;
+        if (now >= deadline) {
+            for (int i = 0; i < n; i++) {
+                wk_request *r = reqs[i];
+                if (r->done) continue;
+                ps_link *l = r->link;
+                char msg[512];
+                snprintf(msg, sizeof msg, "ps %d (%s): no %s reply within %d ms%s%s", l->index,
+                         w->cluster->ps[l->index], qr_msg_name(r->type), timeout_ms,
+                         l->last_error[0] ? "; last error: " : "", l->last_error);
+                if (r->sent) {
+                    /* The reply may still come: drop the connection so it
+                     * cannot land in buffers the caller owns again. */
+                    qr_conn_close(l->conn);
+                    while (!r->done) uv_run(&w->loop, UV_RUN_ONCE);
+                    r->status = QR_ETIMEDOUT;
+                    snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+                } else {
+                    request_finish(r, QR_ETIMEDOUT, msg);
+                }
+            }
+            break;
+        }
+        uint64_t wait_ms = (wake_at > now ? (wake_at - now) / 1000000ull : 0) + 1;
+        uv_timer_start(&w->wake, on_wake, wait_ms, 0);
+        uv_run(&w->loop, UV_RUN_ONCE);
+        uv_timer_stop(&w->wake);
+    }
+    for (int i = 0; i < n; i++)
+        if (reqs[i]->status) return qr__fail(reqs[i]->status, "%s", reqs[i]->errmsg);
+    return QR_OK;
+}
+
+static void free_requests(wk_request **reqs, int n) {
+    for (int i = 0; i < n; i++) request_free(reqs[i]);
+}
+
+static int pull_vars(qr_worker *w, int n, const int *ids, float **dst);
+
+/* ---- public API -------------------------------------------------------- */
+
+int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
+                     const qr_config *cfg) {
+    if (!out || !cluster) return qr__fail(QR_EINVAL, "qr_worker_create: out and cluster are required");
+    *out = NULL;
+    if (task_index < 0) {
+        if (strcmp(cluster->job, "worker"))
+            return qr__fail(QR_EINVAL, "qr_worker_create: the cluster spec names job '%s', "
+                            "not a worker, and no task index was given", cluster->job);
+        task_index = cluster->task_index;
+    }
+    if (task_index >= cluster->nworkers)
+        return qr__fail(QR_EINVAL, "worker index %d is out of range: the cluster has %d workers",
+                        task_index, cluster->nworkers);
+    qr_worker *w = qr__calloc(1, sizeof *w);
+    if (!w) return QR_ENOMEM;
+    w->index = task_index;
+    int rc = qr_config_new(&w->cfg);
+    if (!rc) rc = qr__config_merge(w->cfg, cfg);
+    if (!rc) rc = qr_cluster_clone(cluster, &w->cluster);
+    if (!rc) {
+        w->nps = w->cluster->nps;
+        w->links = qr__calloc((size_t)w->nps, sizeof *w->links);
+        if (!w->links) rc = QR_ENOMEM;
+    }
+    for (int i = 0; !rc && i < w->nps; i++) {
+        ps_link *l = &w->links[i];
+        l->w = w;
+        l->index = i;
+        rc = qr_addr_parse(w->cluster->ps[i], &l->addr);
+    }
+    if (rc) {
+        qr_config_free(w->cfg);
+        qr_cluster_free(w->cluster);
+        free(w->links);
+        free(w);
+        return rc;
+    }
+    w->prefer_unix = strcmp(qr__config_str(w->cfg, "transport"), "tcp") != 0;
+    w->timeout_ms = (int)qr__config_int(w->cfg, "timeout-ms");
+    w->conn_opt.socket_buffer_bytes = (int)qr__config_int(w->cfg, "socket-buffer-kb") * 1024;
+    w->conn_opt.max_payload = UINT64_MAX >> 1;
+    w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
+                                 .message = reply_message, .lost = on_lost};
+    uv_loop_init(&w->loop);
+    uv_timer_init(&w->loop, &w->wake);
+    *out = w;
+    return QR_OK;
+}
+
+void qr_worker_free(qr_worker *w) {
+    if (!w) return;
+    for (int i = 0; i < w->nps; i++)
+        if (w->links[i].conn) qr_conn_close(w->links[i].conn);
+    uv_close((uv_handle_t *)&w->wake, NULL);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&w->loop);
+    for (int i = 0; i < w->nvars; i++) {
+        free(w->vars[i].name);
+        free(w->vars[i].init);
+        free(w->vars[i].data);
+    }
+    free(w->vars);
+    free(w->links);
+    qr_cluster_free(w->cluster);
+    qr_config_free(w->cfg);
+    free(w);
+}
+
+int qr_worker_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
+                      const char *init, uint64_t seed, float lr, int *var_id) {
+    if (!w || !name || !shape)
+        return qr__fail(QR_EINVAL, "qr_worker_declare: worker, name and shape are required");
+    if (w->placed)
+        return qr__fail(QR_EINVAL, "declare '%s': variables must be declared before "
+                        "qr_worker_initialize", name);
+    size_t len = strlen(name);
+    if (len < 1 || len > QR_PROTO_MAX_NAME)
+        return qr__fail(QR_EINVAL, "declare: name '%s' must have 1 to %d bytes", name,
+                        QR_PROTO_MAX_NAME);
+    if (ndim < 1 || ndim > QR_PROTO_MAX_NDIM)
+        return qr__fail(QR_EINVAL, "declare '%s': %d dimensions (1..%d allowed)", name, ndim,
+                        QR_PROTO_MAX_NDIM);
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 1 || shape[d] > (1ll << 34) / n)
+            return qr__fail(QR_ESHAPE, "declare '%s': dimension %d is %lld (must be >= 1 and "
+                            "the whole variable at most 2^34 elements)", name, d,
+                            (long long)shape[d]);
+        n *= shape[d];
+    }
+    if (!init) init = "zeros";
+    int rc = qr_init_validate(init);
+    if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
+    for (int i = 0; i < w->nvars; i++)
+        if (!strcmp(w->vars[i].name, name))
+            return qr__fail(QR_EEXIST, "declare: variable '%s' is declared twice", name);
+    if (w->nvars == w->vars_cap) {
+        int cap = w->vars_cap ? w->vars_cap * 2 : 16;
+        wk_var *grown = realloc(w->vars, (size_t)cap * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory declaring '%s'", name);
+        w->vars = grown;
+        w->vars_cap = cap;
+    }
+    wk_var *v = &w->vars[w->nvars];
+    memset(v, 0, sizeof *v);
+    v->name = qr__strdup(name);
+    v->init = qr__strdup(init);
+    v->data = qr__aligned_alloc((size_t)n * sizeof(float));
+    if (!v->name || !v->init || !v->data) {
+        free(v->name);
+        free(v->init);
+        free(v->data);
+        return QR_ENOMEM;
+    }
+    v->ndim = ndim;
+    memcpy(v->shape, shape, (size_t)ndim * sizeof *shape);
+    v->n = n;
+    v->seed = seed;
+    v->lr = lr;
+    if (var_id) *var_id = w->nvars;
+    w->nvars++;
+    return QR_OK;
+}
+
+static int place_variables(qr_worker *w) {
+    if (w->placed) return QR_OK;
+    int64_t *bytes = qr__calloc((size_t)w->nvars, sizeof *bytes);
+    int *ps_of = qr__calloc((size_t)w->nvars, sizeof *ps_of);
+    int rc = bytes && ps_of ? QR_OK : QR_ENOMEM;
+    for (int i = 0; !rc && i < w->nvars; i++) bytes[i] = w->vars[i].n * 4;
+    if (!rc) rc = qr_place_greedy(w->nps, w->nvars, bytes, ps_of);
+    for (int i = 0; !rc && i < w->nvars; i++) w->vars[i].ps = ps_of[i];
+    free(bytes);
+    free(ps_of);
+    if (!rc) w->placed = true;
+    return rc;
+}
+
+/* One CREATE per ps that holds variables: with values (chief) or as a
+ * check of the declarations (everyone else). */
+static int create_on_ps(qr_worker *w, bool check_only) {
+    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (!reqs) return QR_ENOMEM;
+    int rc = QR_OK, nreq = 0;
+    for (int p = 0; p < w->nps && !rc; p++) {
+        int count = 0;
+        for (int i = 0; i < w->nvars; i++) count += w->vars[i].ps == p;
+        if (!count) continue;
+        wk_request *r = request_new(w, p, QR_MSG_CREATE);
+        if (!r) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        reqs[nreq++] = r;
+        r->flags = check_only ? QR_CREATE_CHECK_ONLY : 0;
+        r->payload = check_only ? NULL : qr__calloc((size_t)count, sizeof *r->payload);
+        qr_wbuf_u32(&r->meta, (uint32_t)count);
+        for (int i = 0; i < w->nvars; i++) {
+            wk_var *v = &w->vars[i];
+            if (v->ps != p) continue;
+            qr_wbuf_u32(&r->meta, (uint32_t)i);
+            qr_wbuf_u32(&r->meta, (uint32_t)v->ndim);
+            for (int d = 0; d < v->ndim; d++) qr_wbuf_i64(&r->meta, v->shape[d]);
+            qr_wbuf_f32(&r->meta, v->lr);
+            qr_wbuf_u32(&r->meta, (uint32_t)strlen(v->name));
+            qr_wbuf_bytes(&r->meta, v->name, strlen(v->name));
+            if (!check_only && r->payload)
+                r->payload[r->npayload++] = (qr_iov){v->data, (size_t)v->n * 4};
+        }
+        if (r->meta.oom || (!check_only && !r->payload)) rc = QR_ENOMEM;
+    }
+    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
+    free_requests(reqs, nreq);
+    free(reqs);
+    return rc;
+}
+
+static int ready_request(qr_worker *w, bool set, uint32_t *ready) {
+    wk_request *r = request_new(w, 0, QR_MSG_READY);
+    if (!r) return QR_ENOMEM;
+    qr_wbuf_u32(&r->meta, set);
+    int rc = run_requests(w, &r, 1, w->timeout_ms);
+    if (ready) *ready = r->ready;
+    request_free(r);
+    return rc;
+}
+
+int qr_worker_initialize(qr_worker *w) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_initialize: worker is NULL");
+    if (w->nvars == 0) return qr__fail(QR_EINVAL, "initialize: no variables were declared");
+    int rc = place_variables(w);
+    if (rc) return rc;
+    if (w->index == 0) {
+        for (int i = 0; i < w->nvars && !rc; i++) {
+            wk_var *v = &w->vars[i];
+            rc = qr_init_fill(v->data, v->n, v->ndim, v->shape, v->init, v->seed);
+        }
+        if (!rc) rc = create_on_ps(w, false);
+        if (!rc) rc = ready_request(w, true, NULL);
+        if (!rc) rc = pull_vars(w, 0, NULL, NULL); /* a restarted chief gets current values */
+    } else {
+        uint64_t deadline = qr__now_ns() + (uint64_t)qr__config_int(w->cfg, "init-timeout-ms") * 1000000ull;
+        uint32_t ready = 0;
+        while (!rc && !ready) {
+            rc = ready_request(w, false, &ready);
+            if (rc == QR_EPEERLOST || rc == QR_ETIMEDOUT) rc = QR_OK; /* ps not up yet */
+            if (!rc && !ready) {
+                if (qr__now_ns() > deadline)
+                    return qr__fail(QR_ENOTREADY, "worker %d: the chief did not initialize the "
+                                    "variables within %lld ms", w->index,
+                                    (long long)qr__config_int(w->cfg, "init-timeout-ms"));
+                nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
+            }
+        }
+        if (!rc) rc = create_on_ps(w, true);
+    }
+    if (rc) qr__error_prefix("worker %d: initialize: ", w->index);
+    else w->initialized = true;
+    return rc;
+}
+
+int64_t qr_worker_var_size(const qr_worker *w, int var_id) {
+    if (!w || var_id < 0 || var_id >= w->nvars) return -1;
+    return w->vars[var_id].n;
+}
+
+float *qr_worker_var_data(qr_worker *w, int var_id) {
+    if (!w || var_id < 0 || var_id >= w->nvars) return NULL;
+    return w->vars[var_id].data;
+}
+
+static int check_ids(qr_worker *w, const char *what, int n, const int *ids) {
+    if (!w) return qr__fail(QR_EINVAL, "%s: worker is NULL", what);
+    if (!w->initialized)
+        return qr__fail(QR_ENOTREADY, "%s: call qr_worker_initialize first", what);
+    if (n < 0 || (n > 0 && !ids)) return qr__fail(QR_EINVAL, "%s: bad id list", what);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= w->nvars)
+            return qr__fail(QR_ENOTFOUND, "%s: no variable with id %d (%d declared)", what,
+                            ids[i], w->nvars);
+    return QR_OK;
+}
+
+/* Pull without argument checks (ids already valid; n == 0 means all). */
+static int pull_vars(qr_worker *w, int n, const int *ids, float **dst) {
+    int total = n ? n : w->nvars;
+    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (!reqs) return QR_ENOMEM;
+    int rc = QR_OK, nreq = 0;
+    for (int p = 0; p < w->nps && !rc; p++) {
+        int count = 0;
+        for (int i = 0; i < total; i++) count += w->vars[n ? ids[i] : i].ps == p;
+        if (!count) continue;
+        wk_request *r = request_new(w, p, QR_MSG_PULL);
+        if (!r) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        reqs[nreq++] = r;
+        r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
+        r->dst = qr__calloc((size_t)count, sizeof *r->dst);
+        if (!r->var_ids || !r->dst) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        qr_wbuf_u32(&r->meta, (uint32_t)count);
+        for (int i = 0; i < total; i++) {
+            int id = n ? ids[i] : i;
+            if (w->vars[id].ps != p) continue;
+            r->var_ids[r->nvars] = id;
+            r->dst[r->nvars] = dst ? dst[i] : w->vars[id].data;
+            r->nvars++;
+            qr_wbuf_u32(&r->meta, (uint32_t)id);
+        }
+    }
+    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
+    free_requests(reqs, nreq);
+    free(reqs);
+    return rc;
+}
+
+int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst) {
+    int rc = check_ids(w, "pull", n, ids);
+    return rc ? rc : pull_vars(w, n, ids, dst);
+}
+
+int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grads,
+                   unsigned flags, int64_t *global_step) {
+    int rc = check_ids(w, "push", n, ids);
+    if (rc) return rc;
+    if (n > 0 && !grads) return qr__fail(QR_EINVAL, "push: grads is NULL");
+    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (!reqs) return QR_ENOMEM;
+    int nreq = 0;
+    wk_request *step_req = NULL;
+    for (int p = 0; p < w->nps && !rc; p++) {
+        int count = 0;
+        for (int i = 0; i < n; i++) count += w->vars[ids[i]].ps == p;
+        bool carries_step = (flags & QR_PUSH_STEP) && p == 0;
+        if (!count && !carries_step) continue;
+        wk_request *r = request_new(w, p, QR_MSG_PUSH);
+        if (!r) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        reqs[nreq++] = r;
+        if (p == 0) step_req = r;
+        r->flags = (flags & QR_PUSH_STEP) ? QR_PUSH_STEP : 0;
+        r->payload = qr__calloc((size_t)QR_MAX(count, 1), sizeof *r->payload);
+        if (!r->payload) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        qr_wbuf_u32(&r->meta, (uint32_t)count);
+        qr_wbuf_i64(&r->meta, 0);
+        for (int i = 0; i < n; i++) {
+            wk_var *v = &w->vars[ids[i]];
+            if (v->ps != p) continue;
+            if (!grads[i]) {
+                rc = qr__fail(QR_EINVAL, "push: gradient %d ('%s') is NULL", i, v->name);
+                break;
+            }
+            qr_wbuf_u32(&r->meta, (uint32_t)ids[i]);
+            qr_wbuf_u32(&r->meta, 0);
+            qr_wbuf_u64(&r->meta, (uint64_t)v->n * 4);
+            r->payload[r->npayload++] = (qr_iov){(void *)grads[i], (size_t)v->n * 4};
+        }
+    }
+    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
+    if (!rc && global_step && step_req) *global_step = step_req->step;
+    free_requests(reqs, nreq);
+    free(reqs);
+    return rc;
+}
+
+int qr_worker_global_step(qr_worker *w, int64_t *global_step) {
+    if (!w || !global_step) return qr__fail(QR_EINVAL, "qr_worker_global_step: bad arguments");
+    wk_request *r = request_new(w, 0, QR_MSG_STEP);
+    if (!r) return QR_ENOMEM;
+    int rc = run_requests(w, &r, 1, w->timeout_ms);
+    if (!rc) *global_step = r->step;
+    request_free(r);
+    return rc;
+}
+
+int qr_worker_stop_cluster(qr_worker *w) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_stop_cluster: worker is NULL");
+    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (!reqs) return QR_ENOMEM;
+    for (int p = 0; p < w->nps; p++) reqs[p] = request_new(w, p, QR_MSG_STOP);
+    int rc = QR_OK;
+    for (int p = 0; p < w->nps; p++)
+        if (!reqs[p]) rc = QR_ENOMEM;
+    if (!rc) rc = run_requests(w, reqs, w->nps, w->timeout_ms);
+    free_requests(reqs, w->nps);
+    free(reqs);
+    return rc;
+}

@@ -1,0 +1,13 @@
+# Tests of src/optim: hand-computed steps, the API contract, and the
+# reference test that runs every optimizer >= 100 steps on random tensors
+# and compares each value with PyTorch or an independent formula
+# (tests/optim_ref/check_optim.py drives test_optim_ref_driver).
+qr_unit_test(test_optim_hand ${CMAKE_CURRENT_LIST_DIR}/test_optim_hand.c)
+qr_unit_test(test_optim_api ${CMAKE_CURRENT_LIST_DIR}/test_optim_api.c)
+
+add_executable(test_optim_ref_driver ${CMAKE_CURRENT_LIST_DIR}/test_optim_ref_driver.c)
+target_link_libraries(test_optim_ref_driver PRIVATE quorum_static)
+add_test(NAME test_optim_ref
+         COMMAND ${QR_PYTHON} ${PROJECT_SOURCE_DIR}/tests/optim_ref/check_optim.py
+                 --driver $<TARGET_FILE:test_optim_ref_driver>)
+set_tests_properties(test_optim_ref PROPERTIES TIMEOUT 300)

@@ -1,0 +1,392 @@
+/*
+ * test_optim_api.c - the optimizer library's contract apart from the
+ * numbers: creation-time validation with messages naming the option,
+ * defaults, slot layout, argument checks that change nothing, the finite
+ * check, and that the thread pool (dense chunks and sparse rows, and
+ * concurrent applies sharing one pool) gives bit-identical results.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim/optim_internal.h"
+
+static const char *all_names[] = {"sgd", "momentum", "adagrad", "rmsprop",
+                                  "adam", "adam_async", "ftrl"};
+
+/* Create from "key=value" pairs (NULL-terminated); returns the status. */
+static int try_make(qr_optim **opt, const char *kv, ...) {
+    qr_config *cfg;
+    assert_int_equal(qr_config_new(&cfg), QR_OK);
+    va_list ap;
+    va_start(ap, kv);
+    int rc = QR_OK;
+    for (const char *p = kv; p && !rc; p = va_arg(ap, const char *)) {
+        char key[64];
+        const char *eq = strchr(p, '=');
+        snprintf(key, sizeof key, "%.*s", (int)(eq - p), p);
+        rc = qr_config_set(cfg, key, eq + 1);
+    }
+    va_end(ap);
+    *opt = NULL;
+    if (!rc) rc = qr_optim_create(opt, cfg);
+    qr_config_free(cfg);
+    return rc;
+}
+
+static void expect_refused(const char *needle, const char *kv, ...) {
+    /* same as try_make but with up to 4 pairs, checking the message */
+    qr_config *cfg;
+    assert_int_equal(qr_config_new(&cfg), QR_OK);
+    va_list ap;
+    va_start(ap, kv);
+    int rc = QR_OK;
+    for (const char *p = kv; p && !rc; p = va_arg(ap, const char *)) {
+        char key[64];
+        const char *eq = strchr(p, '=');
+        snprintf(key, sizeof key, "%.*s", (int)(eq - p), p);
+        rc = qr_config_set(cfg, key, eq + 1);
+    }
+    va_end(ap);
+    qr_optim *opt = NULL;
+    if (!rc) rc = qr_optim_create(&opt, cfg);
+    qr_config_free(cfg);
+    if (rc != QR_EINVAL) fail_msg("%s: accepted (rc %d)", kv, rc);
+    assert_null(opt);
+    if (!strstr(qr_last_error(), needle))
+        fail_msg("message '%s' does not mention '%s'", qr_last_error(), needle);
+}
+
+static void test_defaults(void **state) {
+    qr_optim *opt;
+    assert_int_equal(qr_optim_create(&opt, NULL), QR_OK);
+    assert_string_equal(qr_optim_name(opt), "sgd");
+    assert_true(qr_optim_lr(opt) == 0.05f);
+    qr_optim_free(opt);
+    static const float want_lr[] = {0.05f, 0.05f, 0.001f, 0.001f, 0.001f, 0.001f, 0.001f};
+    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
+        assert_string_equal(qr_optim_name(opt), all_names[i]);
+        assert_true(qr_optim_lr(opt) == want_lr[i]);
+        qr_optim_free(opt);
+    }
+    assert_int_equal(try_make(&opt, "optimizer=momentum", NULL), QR_OK);
+    assert_true(opt->hp.momentum == 0.9f);
+    qr_optim_free(opt);
+    assert_int_equal(try_make(&opt, "optimizer=rmsprop", NULL), QR_OK);
+    assert_true(opt->hp.momentum == 0.0f && opt->hp.epsilon == 1e-10f && opt->hp.rho == 0.9f);
+    qr_optim_free(opt);
+    assert_int_equal(try_make(&opt, "optimizer=adam", NULL), QR_OK);
+    assert_true(opt->hp.epsilon == 1e-8f && opt->hp.beta1 == 0.9f && opt->hp.beta2 == 0.999f);
+    qr_optim_free(opt);
+    qr_optim_free(NULL);
+    qr_optim_slots_free(NULL);
+}
+
+static void test_validation(void **state) {
+    expect_refused("initial-accumulator", "optimizer=adagrad", "initial-accumulator=0", NULL);
+    expect_refused("beta1", "optimizer=adam", "beta1=1", NULL);
+    expect_refused("beta2", "optimizer=adam_async", "beta2=1", NULL);
+    /* options the optimizer does not read are refused, not ignored */
+    expect_refused("momentum", "optimizer=sgd", "momentum=0.9", NULL);
+    expect_refused("nesterov", "optimizer=rmsprop", "nesterov=true", NULL);
+    expect_refused("epsilon", "optimizer=adagrad", "epsilon=1e-7", NULL);
+    expect_refused("apply-sparse-rmsprop", "optimizer=adam", "apply-sparse-rmsprop=true", NULL);
+    expect_refused("centered", "optimizer=adam", "centered=true", NULL);
+    expect_refused("lr-power", "optimizer=ftrl", "lr-power=0.5", NULL);  /* config range */
+    expect_refused("lr", "optimizer=adam", "lr=0", NULL);                /* config range */
+    expect_refused("lr", "optimizer=adam", "lr=-0.1", NULL);
+    expect_refused("epsilon", "optimizer=rmsprop", "epsilon=0", NULL);
+    expect_refused("lr", "optimizer=sgd", "lr=1e300", NULL); /* not a finite float */
+    expect_refused("lr", "optimizer=sgd", "lr=nan", NULL);
+
+    /* the FTRL check itself, past the config table */
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, "optimizer=ftrl", NULL), QR_OK);
+    qr_optim_hp hp = opt->hp;
+    qr_optim_free(opt);
+    assert_true(hp.lr_power == -0.5f);
+    assert_int_equal(try_make(&opt, "optimizer=ftrl", "lr-power=0", "l1=0.1", NULL), QR_OK);
+    qr_optim_free(opt);
+}
+
+static void test_slot_layout(void **state) {
+    static const char *want[][4] = {
+        {NULL},
+        {"momentum", NULL},
+        {"accumulator", NULL},
+        {"rms", "momentum", NULL},
+        {"m", "v", NULL},
+        {"m", "v", "beta1_power", "beta2_power"},
+        {"accum", "linear", NULL},
+    };
+    static const int nrow[] = {0, 1, 1, 2, 2, 2, 2};
+    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+        char kv[64];
+        qr_optim *opt;
+        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
+        assert_int_equal(qr_optim_row_slots(opt), nrow[i]);
+        qr_optim_slots *s;
+        assert_int_equal(qr_optim_slots_create(opt, 5, 3, &s), QR_OK);
+        int n = 0;
+        while (n < 4 && want[i][n]) n++;
+        assert_int_equal(qr_optim_slots_count(s), n);
+        for (int j = 0; j < n; j++) {
+            const char *name;
+            float *data;
+            int64_t len;
+            assert_int_equal(qr_optim_slot(s, j, &name, &data, &len), QR_OK);
+            assert_string_equal(name, want[i][j]);
+            assert_int_equal(len, j < nrow[i] ? 15 : 1);
+            if (j < nrow[i]) {
+                float init;
+                assert_int_equal(qr_optim_row_slot_info(opt, j, &name, &init), QR_OK);
+                assert_true(data[14] == init);
+            }
+        }
+        assert_int_equal(qr_optim_slot(s, n, NULL, NULL, NULL), QR_EINVAL);
+        qr_optim_slots_free(s);
+        qr_optim_free(opt);
+    }
+}
+
+static void test_bad_calls_change_nothing(void **state) {
+    qr_optim *opt, *other;
+    assert_int_equal(try_make(&opt, "optimizer=adam_async", NULL), QR_OK);
+    assert_int_equal(try_make(&other, "optimizer=adam", NULL), QR_OK);
+    qr_optim_slots *s, *so;
+    assert_int_equal(qr_optim_slots_create(opt, 4, 2, &s), QR_OK);
+    assert_int_equal(qr_optim_slots_create(other, 4, 2, &so), QR_OK);
+    float var[8] = {1, 2, 3, 4, 5, 6, 7, 8}, copy[8], g[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    memcpy(copy, var, sizeof var);
+    int64_t idx[3] = {1, 4, 0}; /* 4 is out of range */
+    assert_int_equal(qr_optim_apply_sparse(opt, s, var, 4, 2, idx, g, 3, -1, 1), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "index 4"));
+    int64_t neg = -1;
+    assert_int_equal(qr_optim_apply_sparse(opt, s, var, 4, 2, &neg, g, 1, -1, 1), QR_EINVAL);
+    assert_int_equal(qr_optim_apply_sparse(opt, s, var, 2, 4, idx, g, 1, -1, 1), QR_ESHAPE);
+    assert_int_equal(qr_optim_apply_dense(opt, s, var, g, 7, -1, 1), QR_ESHAPE);
+    assert_int_equal(qr_optim_apply_dense(opt, so, var, g, 8, -1, 1), QR_EINVAL); /* wrong slots */
+    assert_int_equal(qr_optim_apply_dense(opt, s, var, g, 8, NAN, 1), QR_EINVAL);
+    assert_int_equal(qr_optim_apply_dense(other, so, var, g, 8, -1, 0), QR_EINVAL); /* step 0 */
+    assert_memory_equal(var, copy, sizeof var);
+    float *data;
+    assert_int_equal(qr_optim_slot(s, 2, NULL, &data, NULL), QR_OK);
+    assert_true(data[0] == 0.9f); /* beta1_power untouched */
+    assert_int_equal(qr_optim_slot(s, 0, NULL, &data, NULL), QR_OK);
+    for (int i = 0; i < 8; i++) assert_true(data[i] == 0.0f);
+    qr_optim_slots *bad;
+    assert_int_equal(qr_optim_slots_create(opt, 1, 0, &bad), QR_ESHAPE);
+    assert_null(bad);
+    qr_optim_slots_free(s);
+    qr_optim_slots_free(so);
+    qr_optim_free(opt);
+    qr_optim_free(other);
+}
+
+static void test_all_finite(void **state) {
+    enum { N = 10000 };
+    float *x = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) x[i] = (float)(i - N / 2) * 1e-3f;
+    assert_true(qr_optim_all_finite(x, N));
+    assert_true(qr_optim_all_finite(x, 0));
+    x[7] = FLT_MAX;
+    x[8] = -FLT_MAX;
+    x[9] = FLT_MIN / 4; /* subnormal */
+    x[10] = -0.0f;
+    assert_true(qr_optim_all_finite(x, N));
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    const int where[] = {0, 4095, 4096, 8191, N - 1};
+    for (size_t b = 0; b < QR_ARRAY_LEN(bad); b++)
+        for (size_t w = 0; w < QR_ARRAY_LEN(where); w++) {
+            float keep = x[where[w]];
+            x[where[w]] = bad[b];
+            assert_false(qr_optim_all_finite(x, N));
+            assert_true(qr_optim_all_finite(x, where[w])); /* stops before it */
+            x[where[w]] = keep;
+        }
+    free(x);
+}
+
+/* ---- threads: the pool must not change a single bit -------------------- */
+
+static float frand(uint64_t *st) {
+    *st = *st * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*st >> 40) / (double)(1ull << 24) - 0.5);
+}
+
+/* Runs 3 dense and 3 sparse applies with `threads` threads; returns var
+ * followed by every per-row slot. */
+static float *run_config(const char *name, const char *extra, int threads, int64_t rows,
+                         int64_t dim) {
+    char kv1[64], kv2[64];
+    snprintf(kv1, sizeof kv1, "optimizer=%s", name);
+    snprintf(kv2, sizeof kv2, "apply-threads=%d", threads);
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, kv1, kv2, extra, NULL), QR_OK);
+    qr__optim_set_parallel_min(opt, 1000);
+    qr_optim_slots *s;
+    int64_t n = rows * dim;
+    assert_int_equal(qr_optim_slots_create(opt, rows, dim, &s), QR_OK);
+    float *var = malloc((size_t)n * sizeof(float)), *g = malloc((size_t)n * sizeof(float));
+    uint64_t st = 42;
+    for (int64_t i = 0; i < n; i++) var[i] = frand(&st);
+    int64_t nidx = rows / 2;
+    int64_t *idx = malloc((size_t)nidx * sizeof(int64_t));
+    for (int step = 1; step <= 6; step++) {
+        for (int64_t i = 0; i < n; i++) g[i] = frand(&st);
+        if (step % 2) {
+            assert_int_equal(qr_optim_apply_dense(opt, s, var, g, n, -1, step), QR_OK);
+        } else {
+            for (int64_t k = 0; k < nidx; k++) idx[k] = (int64_t)((st = st * 2862933555777941757ull + 3037000493ull) >> 33) % rows;
+            assert_int_equal(qr_optim_apply_sparse(opt, s, var, rows, dim, idx, g, nidx, -1, step), QR_OK);
+        }
+    }
+    int nrow = qr_optim_row_slots(opt);
+    float *out = malloc((size_t)n * (size_t)(1 + nrow) * sizeof(float));
+    memcpy(out, var, (size_t)n * sizeof(float));
+    for (int j = 0; j < nrow; j++) {
+        float *data;
+        qr_optim_slot(s, j, NULL, &data, NULL);
+        memcpy(out + (j + 1) * n, data, (size_t)n * sizeof(float));
+    }
+    free(var);
+    free(g);
+    free(idx);
+    qr_optim_slots_free(s);
+    qr_optim_free(opt);
+    return out;
+}
+
+static void test_threads_bit_identical(void **state) {
+    const char *extra[] = {"lr=0.01", "lr=0.01", "lr=0.01", "centered=true", "nesterov=true",
+                           "apply-sparse-rmsprop=true", "l1=0.001"};
+    const int64_t rows = 997, dim = 13; /* odd sizes: chunk edges fall mid-vector */
+    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+        int nrow = 0;
+        qr_optim *opt;
+        char kv[64];
+        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        assert_int_equal(try_make(&opt, kv, extra[i], NULL), QR_OK);
+        nrow = qr_optim_row_slots(opt);
+        qr_optim_free(opt);
+        float *one = run_config(all_names[i], extra[i], 1, rows, dim);
+        for (int t = 2; t <= 3; t++) {
+            float *many = run_config(all_names[i], extra[i], t, rows, dim);
+            if (memcmp(one, many, (size_t)(rows * dim * (1 + nrow)) * sizeof(float)))
+                fail_msg("%s: %d threads differ from 1", all_names[i], t);
+            free(many);
+        }
+        free(one);
+    }
+}
+
+/* Two threads applying two big variables with one shared optimizer: one
+ * gets the pool, the other runs alone; both must be right. */
+typedef struct {
+    qr_optim *opt;
+    float *var, *g;
+    int64_t n;
+    qr_optim_slots *s;
+} conc_arg;
+
+static void *conc_main(void *p) {
+    conc_arg *a = p;
+    for (int step = 1; step <= 20; step++)
+        if (qr_optim_apply_dense(a->opt, a->s, a->var, a->g, a->n, -1, step)) return p;
+    return NULL;
+}
+
+static void test_concurrent_applies(void **state) {
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, "optimizer=adam", "apply-threads=2", NULL), QR_OK);
+    qr__optim_set_parallel_min(opt, 1000);
+    const int64_t n = 100000;
+    conc_arg a[2];
+    for (int k = 0; k < 2; k++) {
+        a[k].opt = opt;
+        a[k].n = n;
+        a[k].var = calloc((size_t)n, sizeof(float));
+        a[k].g = malloc((size_t)n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) a[k].g[i] = 0.5f;
+        assert_int_equal(qr_optim_slots_create(opt, 1, n, &a[k].s), QR_OK);
+    }
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) pthread_create(&th[k], NULL, conc_main, &a[k]);
+    for (int k = 0; k < 2; k++) {
+        void *ret;
+        pthread_join(th[k], &ret);
+        assert_null(ret);
+    }
+    /* constant gradient: each Adam step moves ~lr, so 20 steps ~ -0.02 */
+    for (int k = 0; k < 2; k++) {
+        for (int64_t i = 0; i < n; i += 997) assert_true(fabsf(a[k].var[i] + 0.02f) < 1e-5f);
+        assert_true(a[k].var[0] == a[k].var[n - 1]);
+        free(a[k].var);
+        free(a[k].g);
+        qr_optim_slots_free(a[k].s);
+    }
+    qr_optim_free(opt);
+}
+
+/* The row-pointer core on rows that are not contiguous: same result as a
+ * sparse apply of the same rows of a dense variable. */
+static void test_apply_rows(void **state) {
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, "optimizer=adam_async", NULL), QR_OK);
+    enum { R = 6, D = 5 };
+    qr_optim_slots *dense_s, *rows_s;
+    assert_int_equal(qr_optim_slots_create(opt, R, D, &dense_s), QR_OK);
+    assert_int_equal(qr_optim_slots_create(opt, 0, D, &rows_s), QR_OK);
+    assert_int_equal(qr_optim_slots_count(rows_s), 4);
+    float var[R * D], g[2 * D];
+    uint64_t st = 7;
+    for (int i = 0; i < R * D; i++) var[i] = frand(&st);
+    for (int i = 0; i < 2 * D; i++) g[i] = frand(&st);
+    /* rows 4 and 1 stored apart, each with its own m and v rows */
+    float r4[D], r1[D], m4[D] = {0}, m1[D] = {0}, v4[D] = {0}, v1[D] = {0};
+    memcpy(r4, var + 4 * D, sizeof r4);
+    memcpy(r1, var + 1 * D, sizeof r1);
+    int64_t idx[2] = {4, 1};
+    for (int step = 0; step < 3; step++) {
+        assert_int_equal(qr_optim_apply_sparse(opt, dense_s, var, R, D, idx, g, 2, -1, 0), QR_OK);
+        float *var_rows[2] = {r4, r1};
+        float *slot_rows[4] = {m4, m1, v4, v1};
+        const float *grad_rows[2] = {g, g + D};
+        assert_int_equal(qr_optim_apply_rows(opt, rows_s, var_rows, slot_rows, grad_rows, 2, D, -1, 0), QR_OK);
+    }
+    assert_memory_equal(r4, var + 4 * D, sizeof r4);
+    assert_memory_equal(r1, var + 1 * D, sizeof r1);
+    float *m;
+    qr_optim_slot(dense_s, 0, NULL, &m, NULL);
+    assert_memory_equal(m1, m + 1 * D, sizeof m1);
+    qr_optim_slots_free(dense_s);
+    qr_optim_slots_free(rows_s);
+    qr_optim_free(opt);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_slot_layout),
+        cmocka_unit_test(test_bad_calls_change_nothing),
+        cmocka_unit_test(test_all_finite),
+        cmocka_unit_test(test_threads_bit_identical),
+        cmocka_unit_test(test_concurrent_applies),
+        cmocka_unit_test(test_apply_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,152 @@
+/*
+ * quorum.c - the `quorum` command: run one ps or worker task of a cluster,
+ * launch a whole local cluster, or run a benchmark. The only code in the
+ * project that prints for the user and exits.
+ */
+#include "cli.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *cluster_help =
+    "  --ps_hosts H:P,...      addresses of the ps tasks (or unix:/path)\n"
+    "  --worker_hosts H:P,...  addresses of the workers; worker 0 is the chief\n"
+    "  --job_name ps|worker    this task's job\n"
+    "  --task_index I          this task's index in its job\n"
+    "  (or set TF_CONFIG='{\"cluster\":{\"ps\":[...],\"worker\":[...]},"
+    "\"task\":{\"type\":\"worker\",\"index\":0}}')\n";
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "quorum %s - a parameter server for distributed training\n\n"
+            "usage: quorum <command> [options]\n\n"
+            "commands:\n"
+            "  launch   start a whole cluster (ps tasks and workers) on this machine and train\n"
+            "  ps       run one parameter-server task of a cluster\n"
+            "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
+            "  bench    benchmarks: quorum bench wire | quorum bench optim\n"
+            "  version  print the version\n\n"
+            "`quorum <command> --help` describes a command's options.\n",
+            qr_version());
+}
+
+static bool wants_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    return false;
+}
+
+static qr_ps *running_ps;
+
+static void on_stop_signal(int sig) {
+    (void)sig;
+    if (running_ps) qr_ps_stop(running_ps); /* uv_async_send: async-signal-safe */
+}
+
+static int cmd_ps(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        printf("usage: quorum ps [cluster flags] [options]\n\n"
+               "Serve the variables placed on this ps task until the chief stops the\n"
+               "cluster or the process gets SIGINT/SIGTERM.\n\ncluster:\n%s\noptions:\n",
+               cluster_help);
+        cli_print_config_help(stdout);
+        return 0;
+    }
+    cli_args a;
+    /* A ps accepts the training options too, so one command line can be
+     * given to every task; it uses only the library options. */
+    int rc = cli_parse("ps", argc, argv, CLI_CLUSTER | CLI_CONFIG | CLI_TRAIN, &a);
+    qr_cluster *cluster = NULL;
+    if (!rc) rc = cli_cluster("ps", &a, &cluster);
+    if (rc) {
+        cli_args_free(&a);
+        return rc;
+    }
+    char tag[32];
+    snprintf(tag, sizeof tag, "ps %d", qr_cluster_task_index(cluster));
+    qr__log_set_tag(tag);
+    qr_ps *ps = NULL;
+    rc = qr_ps_create(&ps, cluster, a.cfg);
+    if (rc) {
+        fprintf(stderr, "quorum ps: %s\n", qr_last_error());
+    } else {
+        running_ps = ps;
+        struct sigaction sa = {0};
+        sa.sa_handler = on_stop_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+        rc = qr_ps_run(ps);
+        running_ps = NULL;
+        if (rc) fprintf(stderr, "quorum ps: %s\n", qr_last_error());
+        qr_ps_free(ps);
+    }
+    qr_cluster_free(cluster);
+    cli_args_free(&a);
+    return rc ? 1 : 0;
+}
+
+static int cmd_worker(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        printf("usage: quorum worker [cluster flags] [training options] [options]\n\n"
+               "Train as one worker of a cluster. Worker 0, the chief, initializes the\n"
+               "variables, evaluates at the end and stops the cluster.\n\ncluster:\n%s\n"
+               "training:\n%s\noptions:\n",
+               cluster_help, qr_train_opts_help());
+        cli_print_config_help(stdout);
+        return 0;
+    }
+    cli_args a;
+    int rc = cli_parse("worker", argc, argv, CLI_CLUSTER | CLI_CONFIG | CLI_TRAIN, &a);
+    qr_cluster *cluster = NULL;
+    if (!rc) rc = cli_cluster("worker", &a, &cluster);
+    if (rc) {
+        cli_args_free(&a);
+        return rc;
+    }
+    int index = qr_cluster_task_index(cluster);
+    char tag[32];
+    snprintf(tag, sizeof tag, "worker %d", index);
+    qr__log_set_tag(tag);
+    qr_train_result res;
+    rc = qr_train_worker(cluster, index, a.cfg, &a.train, &res);
+    if (rc) fprintf(stderr, "quorum worker: %s\n", qr_last_error());
+    qr_cluster_free(cluster);
+    cli_args_free(&a);
+    return rc ? 1 : 0;
+}
+
+static int cmd_bench(int argc, char **argv) {
+    if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
+        printf("usage: quorum bench wire [options]    push/pull throughput and latency vs raw sockets\n"
+               "       quorum bench optim [options]   optimizer applies vs memory bandwidth\n"
+               "`quorum bench NAME --help` lists a benchmark's options.\n");
+        return argc < 1 ? 2 : 0;
+    }
+    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire or optim)\n", argv[0]);
+    return 2;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "ps")) return cmd_ps(argc - 2, argv + 2);
+    if (!strcmp(cmd, "worker")) return cmd_worker(argc - 2, argv + 2);
+    if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("quorum %s\n", qr_version());
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "quorum: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}
