@@ -119,9 +119,18 @@ static int validate(const key_spec *k, const char *value) {
     case KEY_FLOAT:
         if (qr__parse_float(value, &fv))
             return qr__fail(QR_EINVAL, "option %s: %s", k->name, qr_last_error());
-        if (fv < k->lo || (k->lo_open && fv == k->lo) || fv > k->hi)
-            return qr__fail(QR_EINVAL, "option %s: %s is out of range (%s%g, %g]",
-                            k->name, value, k->lo_open ? "" : "=", k->lo, k->hi);
+        if (fv < k->lo || (k->lo_open && fv == k->lo) || fv > k->hi) {
+            char range[96];
+            if (k->lo < -1e299)
+                snprintf(range, sizeof range, "must be <= %g", k->hi);
+            else if (k->hi > 1e299)
+                snprintf(range, sizeof range, "must be %s %g", k->lo_open ? ">" : ">=", k->lo);
+            else
+                snprintf(range, sizeof range, "must be %s %g and <= %g",
+                         k->lo_open ? ">" : ">=", k->lo, k->hi);
+            return qr__fail(QR_EINVAL, "option %s: %s is out of range: %s", k->name, value,
+                            range);
+        }
         return QR_OK;
     case KEY_BOOL:
         if (!choice_ok("true|false|1|0|yes|no", value))

@@ -47,10 +47,14 @@ const char *qr_version(void) {
 }
 
 int qr__fail(int status, const char *fmt, ...) {
+    /* Format into a scratch buffer first: callers often pass the previous
+     * message as an argument ("%s", qr_last_error()) to add context. */
+    char msg[QR_ERRMSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
     return status;
 }
 

@@ -12,6 +12,7 @@
 #include "model/readfile.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,9 +78,9 @@ int qr_libsvm_load(const char *path, qr_sparse_dataset *out) {
 
         char *stop;
         double label = strtod(p, &stop);
-        if (stop == p || !(is_blank(*stop) || !*stop) || !isfinite(label)) {
-            rc = qr__fail(QR_EINVAL, "libsvm file %s: line %lld: label '%.*s' is not a number",
-                          path, lineno, token_len(p), p);
+        if (stop == p || !(is_blank(*stop) || !*stop) || !(fabs(label) <= FLT_MAX)) {
+            rc = qr__fail(QR_EINVAL, "libsvm file %s: line %lld: label '%.*s' is not a finite "
+                          "float32 number", path, lineno, token_len(p), p);
             goto fail;
         }
         p = skip_blanks(stop);
@@ -106,9 +107,9 @@ int qr_libsvm_load(const char *path, qr_sparse_dataset *out) {
             }
             p = stop + 1;
             double v = strtod(p, &stop);
-            if (stop == p || !(is_blank(*stop) || !*stop) || !isfinite(v)) {
+            if (stop == p || !(is_blank(*stop) || !*stop) || !(fabs(v) <= FLT_MAX)) {
                 rc = qr__fail(QR_EINVAL, "libsvm file %s: line %lld: value of feature %ld "
-                              "'%.*s' is not a finite number", path, lineno, idx, token_len(p), p);
+                              "'%.*s' is not a finite float32 number", path, lineno, idx, token_len(p), p);
                 goto fail;
             }
             d.col[d.nnz] = (int32_t)(idx - 1);

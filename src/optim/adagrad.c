@@ -32,14 +32,14 @@ static void adagrad_kernel(const qr_optim_call *c, float *var, float *const *slo
 
 static int adagrad_init(qr_optim *opt, const qr_config *cfg) {
     qr_optim_hp *hp = &opt->hp;
-    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001f);
-    hp->init_accum = (float)qr__config_float(cfg, "initial-accumulator");
-    if (!(hp->init_accum > 0.0f && isfinite(hp->init_accum)))
+    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001);
+    hp->init_accum = qr__config_float(cfg, "initial-accumulator");
+    if (!((float)hp->init_accum > 0.0f && isfinite((float)hp->init_accum)))
         return qr__fail(QR_EINVAL,
                         "optimizer adagrad: option initial-accumulator must be > 0 (TF requires "
                         "it; it keeps grad/sqrt(accum) finite), got %g",
                         (double)hp->init_accum);
-    qr__optim_add_slot(opt, "accumulator", false, hp->init_accum);
+    qr__optim_add_slot(opt, "accumulator", false, (float)hp->init_accum);
     return QR_OK;
 }
 

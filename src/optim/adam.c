@@ -14,6 +14,7 @@
  * by eps*(1 - sqrt(1-beta2^t)) in the denominator; PyTorch's SparseAdam
  * uses TF's form).
  *
+ * alpha is computed in double from the global step and rounded to float.
  * The powers: TF keeps beta1^t and beta2^t in two float variables shared
  * by all variables and advanced once per global step (by the optimizer's
  * finish op). A ps applies pushes of many workers to many variables; it
@@ -33,36 +34,36 @@
 
 #include <math.h>
 
+/* omb1, omb2: 1 - beta1 and 1 - beta2, rounded to float once. */
 static void adam_run(float *restrict var, float *restrict m, float *restrict v,
-                     const float *restrict g, int64_t n, float alpha, float beta1, float beta2,
+                     const float *restrict g, int64_t n, float alpha, float omb1, float omb2,
                      float eps) {
-    const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
     for (int64_t i = 0; i < n; i++) {
-        m[i] += (g[i] - m[i]) * one_minus_beta1;
-        v[i] += (g[i] * g[i] - v[i]) * one_minus_beta2;
+        m[i] += (g[i] - m[i]) * omb1;
+        v[i] += (g[i] * g[i] - v[i]) * omb2;
         var[i] -= m[i] * alpha / (sqrtf(v[i]) + eps);
     }
 }
 
 static void adam_nesterov_run(float *restrict var, float *restrict m, float *restrict v,
                               const float *restrict g, int64_t n, float alpha, float beta1,
-                              float beta2, float eps) {
-    const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+                              float omb1, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {
-        m[i] += (g[i] - m[i]) * one_minus_beta1;
-        v[i] += (g[i] * g[i] - v[i]) * one_minus_beta2;
-        var[i] -= (g[i] * one_minus_beta1 + m[i] * beta1) * alpha / (sqrtf(v[i]) + eps);
+        m[i] += (g[i] - m[i]) * omb1;
+        v[i] += (g[i] * g[i] - v[i]) * omb2;
+        var[i] -= (g[i] * omb1 + m[i] * beta1) * alpha / (sqrtf(v[i]) + eps);
     }
 }
 
 static void adam_kernel(const qr_optim_call *c, float *var, float *const *slot, const float *g,
                         int64_t n) {
     const qr_optim_hp *hp = c->hp;
+    const float omb1 = (float)(1.0 - hp->beta1), omb2 = (float)(1.0 - hp->beta2);
     if (hp->nesterov)
-        adam_nesterov_run(var, slot[0], slot[1], g, n, c->alpha, hp->beta1, hp->beta2,
-                          hp->epsilon);
+        adam_nesterov_run(var, slot[0], slot[1], g, n, c->alpha, (float)hp->beta1, omb1, omb2,
+                          (float)hp->epsilon);
     else
-        adam_run(var, slot[0], slot[1], g, n, c->alpha, hp->beta1, hp->beta2, hp->epsilon);
+        adam_run(var, slot[0], slot[1], g, n, c->alpha, omb1, omb2, (float)hp->epsilon);
 }
 
 static int adam_begin(const qr_optim *opt, qr_optim_slots *s, int64_t global_step,
@@ -80,18 +81,18 @@ static int adam_begin(const qr_optim *opt, qr_optim_slots *s, int64_t global_ste
 int qr__optim_adam_hp(qr_optim *opt, const qr_config *cfg) {
     qr_optim_hp *hp = &opt->hp;
     const char *name = opt->ops->name;
-    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001f);
-    hp->beta1 = (float)qr__config_float(cfg, "beta1");
-    hp->beta2 = (float)qr__config_float(cfg, "beta2");
-    hp->epsilon = qr__optim_opt_float(cfg, "epsilon", 1e-8f);
+    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001);
+    hp->beta1 = qr__config_float(cfg, "beta1");
+    hp->beta2 = qr__config_float(cfg, "beta2");
+    hp->epsilon = qr__optim_opt_float(cfg, "epsilon", 1e-8);
     hp->nesterov = qr__config_bool(cfg, "nesterov");
-    if (!(hp->beta1 >= 0.0f && hp->beta1 < 1.0f))
+    if (!(hp->beta1 >= 0.0 && (float)hp->beta1 < 1.0f))
         return qr__fail(QR_EINVAL, "optimizer %s: option beta1 must be in [0, 1), got %g "
                         "(1 - beta1^t is a divisor)", name, (double)hp->beta1);
-    if (!(hp->beta2 >= 0.0f && hp->beta2 < 1.0f))
+    if (!(hp->beta2 >= 0.0 && (float)hp->beta2 < 1.0f))
         return qr__fail(QR_EINVAL, "optimizer %s: option beta2 must be in [0, 1), got %g",
                         name, (double)hp->beta2);
-    if (!(hp->epsilon > 0.0f && isfinite(hp->epsilon)))
+    if (!((float)hp->epsilon > 0.0f && isfinite((float)hp->epsilon)))
         return qr__fail(QR_EINVAL, "optimizer %s: option epsilon must be > 0, got %g", name,
                         (double)hp->epsilon);
     return QR_OK;

@@ -12,7 +12,9 @@
  *     var  -= m * alpha / (sqrt(v) + epsilon)
  *     nesterov: var -= (grad * (1 - beta1) + beta1 * m) * alpha / (sqrt(v) + epsilon)
  *     beta1_power *= beta1 ; beta2_power *= beta2                (once per apply call)
- * All of it in float, like DeepRec (T = float), powers included.
+ * Element math in float like DeepRec (T = float); the powers are float
+ * slots multiplied in float as in DeepRec; alpha is computed from them in
+ * double and rounded once.
  *
  * Difference with Adam (adam.c): Adam takes t from the ps's global step,
  * shared by every variable, so a variable applied rarely still gets the
@@ -36,34 +38,32 @@
 
 #include <math.h>
 
+/* omb1, omb2: 1 - beta1 and 1 - beta2, rounded to float once. */
 static void adam_async_run(float *restrict var, float *restrict m, float *restrict v,
                            const float *restrict g, int64_t n, float alpha, float beta1,
-                           float beta2, float eps) {
-    const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+                           float beta2, float omb1, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {
-        m[i] = m[i] * beta1 + g[i] * one_minus_beta1;
-        v[i] = v[i] * beta2 + g[i] * g[i] * one_minus_beta2;
+        m[i] = m[i] * beta1 + g[i] * omb1;
+        v[i] = v[i] * beta2 + g[i] * g[i] * omb2;
         var[i] -= m[i] * alpha / (sqrtf(v[i]) + eps);
     }
 }
 
 static void adam_async_nesterov_run(float *restrict var, float *restrict m, float *restrict v,
                                     const float *restrict g, int64_t n, float alpha, float beta1,
-                                    float beta2, float eps) {
-    const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+                                    float beta2, float omb1, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {
-        m[i] = m[i] * beta1 + g[i] * one_minus_beta1;
-        v[i] = v[i] * beta2 + g[i] * g[i] * one_minus_beta2;
-        var[i] -= (g[i] * one_minus_beta1 + beta1 * m[i]) * alpha / (sqrtf(v[i]) + eps);
+        m[i] = m[i] * beta1 + g[i] * omb1;
+        v[i] = v[i] * beta2 + g[i] * g[i] * omb2;
+        var[i] -= (g[i] * omb1 + beta1 * m[i]) * alpha / (sqrtf(v[i]) + eps);
     }
 }
 
 static void sparse_rmsprop_run(float *restrict var, float *restrict m, float *restrict v,
                                const float *restrict g, int64_t n, float lr, float beta1,
-                               float beta2, float eps) {
-    const float one_minus_beta2 = 1.0f - beta2;
+                               float beta2, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {
-        v[i] = v[i] * beta2 + g[i] * g[i] * one_minus_beta2;
+        v[i] = v[i] * beta2 + g[i] * g[i] * omb2;
         m[i] = m[i] * beta1 + lr * g[i] / sqrtf(v[i] + eps);
         var[i] -= m[i];
     }
@@ -72,20 +72,20 @@ static void sparse_rmsprop_run(float *restrict var, float *restrict m, float *re
 static void adam_async_dense(const qr_optim_call *c, float *var, float *const *slot,
                              const float *g, int64_t n) {
     const qr_optim_hp *hp = c->hp;
+    const float b1 = (float)hp->beta1, b2 = (float)hp->beta2, eps = (float)hp->epsilon;
+    const float omb1 = (float)(1.0 - hp->beta1), omb2 = (float)(1.0 - hp->beta2);
     if (hp->nesterov)
-        adam_async_nesterov_run(var, slot[0], slot[1], g, n, c->alpha, hp->beta1, hp->beta2,
-                                hp->epsilon);
+        adam_async_nesterov_run(var, slot[0], slot[1], g, n, c->alpha, b1, b2, omb1, omb2, eps);
     else
-        adam_async_run(var, slot[0], slot[1], g, n, c->alpha, hp->beta1, hp->beta2,
-                       hp->epsilon);
+        adam_async_run(var, slot[0], slot[1], g, n, c->alpha, b1, b2, omb1, omb2, eps);
 }
 
 static void adam_async_rows(const qr_optim_call *c, float *var, float *const *slot,
                             const float *g, int64_t n) {
     const qr_optim_hp *hp = c->hp;
     if (hp->sparse_rmsprop)
-        sparse_rmsprop_run(var, slot[0], slot[1], g, n, c->lr, hp->beta1, hp->beta2,
-                           hp->epsilon);
+        sparse_rmsprop_run(var, slot[0], slot[1], g, n, c->lr, (float)hp->beta1,
+                           (float)hp->beta2, (float)(1.0 - hp->beta2), (float)hp->epsilon);
     else
         adam_async_dense(c, var, slot, g, n);
 }
@@ -93,15 +93,15 @@ static void adam_async_rows(const qr_optim_call *c, float *var, float *const *sl
 /* Slots 2 and 3 are the per-variable powers. */
 static int adam_async_begin(const qr_optim *opt, qr_optim_slots *s, int64_t global_step,
                             qr_optim_call *c) {
-    const float beta1_power = s->data[2][0], beta2_power = s->data[3][0];
-    c->alpha = c->lr * sqrtf(1.0f - beta2_power) / (1.0f - beta1_power);
+    const double beta1_power = s->data[2][0], beta2_power = s->data[3][0];
+    c->alpha = (float)((double)c->lr * sqrt(1.0 - beta2_power) / (1.0 - beta1_power));
     return QR_OK;
 }
 
 static void adam_async_end(const qr_optim *opt, qr_optim_slots *s, const qr_optim_call *c) {
     if (c->sparse && c->hp->sparse_rmsprop) return; /* RMSProp leaves the powers alone */
-    s->data[2][0] *= c->hp->beta1;
-    s->data[3][0] *= c->hp->beta2;
+    s->data[2][0] *= (float)c->hp->beta1;
+    s->data[3][0] *= (float)c->hp->beta2;
 }
 
 static int adam_async_init(qr_optim *opt, const qr_config *cfg) {
@@ -110,8 +110,8 @@ static int adam_async_init(qr_optim *opt, const qr_config *cfg) {
     opt->hp.sparse_rmsprop = qr__config_bool(cfg, "apply-sparse-rmsprop");
     qr__optim_add_slot(opt, "m", false, 0.0f);
     qr__optim_add_slot(opt, "v", false, 0.0f);
-    qr__optim_add_slot(opt, "beta1_power", true, opt->hp.beta1);
-    qr__optim_add_slot(opt, "beta2_power", true, opt->hp.beta2);
+    qr__optim_add_slot(opt, "beta1_power", true, (float)opt->hp.beta1);
+    qr__optim_add_slot(opt, "beta2_power", true, (float)opt->hp.beta2);
     return QR_OK;
 }
 

@@ -75,10 +75,11 @@ static void ftrl_pow_run(float *restrict var, float *restrict accum, float *rest
 static void ftrl_kernel(const qr_optim_call *c, float *var, float *const *slot, const float *g,
                         int64_t n) {
     const qr_optim_hp *hp = c->hp;
-    if (hp->lr_power == -0.5f)
-        ftrl_sqrt_run(var, slot[0], slot[1], g, n, c->lr, hp->l1, hp->l2);
+    if (hp->lr_power == -0.5)
+        ftrl_sqrt_run(var, slot[0], slot[1], g, n, c->lr, (float)hp->l1, (float)hp->l2);
     else
-        ftrl_pow_run(var, slot[0], slot[1], g, n, c->lr, hp->l1, hp->l2, -hp->lr_power);
+        ftrl_pow_run(var, slot[0], slot[1], g, n, c->lr, (float)hp->l1, (float)hp->l2,
+                     (float)-hp->lr_power);
 }
 
 static int ftrl_begin(const qr_optim *opt, qr_optim_slots *s, int64_t global_step,
@@ -91,22 +92,22 @@ static int ftrl_begin(const qr_optim *opt, qr_optim_slots *s, int64_t global_ste
 
 static int ftrl_init(qr_optim *opt, const qr_config *cfg) {
     qr_optim_hp *hp = &opt->hp;
-    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001f);
-    hp->lr_power = (float)qr__config_float(cfg, "lr-power");
-    hp->init_accum = (float)qr__config_float(cfg, "initial-accumulator");
-    hp->l1 = (float)qr__config_float(cfg, "l1");
-    hp->l2 = (float)qr__config_float(cfg, "l2");
-    if (!(hp->lr_power <= 0.0f) || !isfinite(hp->lr_power))
+    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001);
+    hp->lr_power = qr__config_float(cfg, "lr-power");
+    hp->init_accum = qr__config_float(cfg, "initial-accumulator");
+    hp->l1 = qr__config_float(cfg, "l1");
+    hp->l2 = qr__config_float(cfg, "l2");
+    if (!(hp->lr_power <= 0.0f) || !isfinite((float)hp->lr_power))
         return qr__fail(QR_EINVAL, "optimizer ftrl: option lr-power %g must be <= 0",
                         (double)hp->lr_power);
-    if (!(hp->init_accum >= 0.0f) || !isfinite(hp->init_accum))
+    if (!(hp->init_accum >= 0.0f) || !isfinite((float)hp->init_accum))
         return qr__fail(QR_EINVAL, "optimizer ftrl: option initial-accumulator %g must be >= 0",
                         (double)hp->init_accum);
-    if (!(hp->l1 >= 0.0f) || !isfinite(hp->l1))
+    if (!(hp->l1 >= 0.0f) || !isfinite((float)hp->l1))
         return qr__fail(QR_EINVAL, "optimizer ftrl: option l1 %g must be >= 0", (double)hp->l1);
-    if (!(hp->l2 >= 0.0f) || !isfinite(hp->l2))
+    if (!(hp->l2 >= 0.0f) || !isfinite((float)hp->l2))
         return qr__fail(QR_EINVAL, "optimizer ftrl: option l2 %g must be >= 0", (double)hp->l2);
-    qr__optim_add_slot(opt, "accum", false, hp->init_accum);
+    qr__optim_add_slot(opt, "accum", false, (float)hp->init_accum);
     qr__optim_add_slot(opt, "linear", false, 0.0f);
     return QR_OK;
 }

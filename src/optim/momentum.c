@@ -34,17 +34,17 @@ static void nesterov_run(float *restrict var, float *restrict accum, const float
 static void momentum_kernel(const qr_optim_call *c, float *var, float *const *slot,
                             const float *g, int64_t n) {
     if (c->hp->nesterov)
-        nesterov_run(var, slot[0], g, n, c->lr, c->hp->momentum);
+        nesterov_run(var, slot[0], g, n, c->lr, (float)c->hp->momentum);
     else
-        momentum_run(var, slot[0], g, n, c->lr, c->hp->momentum);
+        momentum_run(var, slot[0], g, n, c->lr, (float)c->hp->momentum);
 }
 
 static int momentum_init(qr_optim *opt, const qr_config *cfg) {
     qr_optim_hp *hp = &opt->hp;
-    hp->lr = qr__optim_opt_float(cfg, "lr", 0.05f);
-    hp->momentum = qr__optim_opt_float(cfg, "momentum", 0.9f);
+    hp->lr = qr__optim_opt_float(cfg, "lr", 0.05);
+    hp->momentum = qr__optim_opt_float(cfg, "momentum", 0.9);
     hp->nesterov = qr__config_bool(cfg, "nesterov");
-    if (!(hp->momentum >= 0.0f && hp->momentum <= 1.0f))
+    if (!(hp->momentum >= 0.0 && hp->momentum <= 1.0))
         return qr__fail(QR_EINVAL, "optimizer momentum: option momentum must be in [0, 1], got %g",
                         (double)hp->momentum);
     qr__optim_add_slot(opt, "momentum", false, 0.0f);

@@ -35,9 +35,9 @@ static bool key_listed(const char *keys, const char *key) {
     return false;
 }
 
-float qr__optim_opt_float(const qr_config *cfg, const char *key, float def) {
+double qr__optim_opt_float(const qr_config *cfg, const char *key, double def) {
     if (!qr__config_is_set(cfg, key)) return def;
-    return (float)qr__config_float(cfg, key);
+    return qr__config_float(cfg, key);
 }
 
 void qr__optim_add_slot(qr_optim *opt, const char *name, bool scalar, float init) {
@@ -74,7 +74,8 @@ int qr_optim_create(qr_optim **out, const qr_config *cfg) {
     opt->ops = ops;
     opt->parallel_min = QR_OPTIM_PARALLEL_MIN;
     int rc = ops->init(opt, cfg);
-    if (rc == QR_OK && !(opt->hp.lr > 0 && isfinite(opt->hp.lr)))
+    /* every hyper-parameter is used as a float: it must be one */
+    if (rc == QR_OK && !(opt->hp.lr > 0 && isfinite((float)opt->hp.lr)))
         rc = qr__fail(QR_EINVAL, "optimizer %s: option lr must be a finite number > 0, got %g",
                       ops->name, (double)opt->hp.lr);
     if (rc == QR_OK) {
@@ -101,7 +102,7 @@ const char *qr_optim_name(const qr_optim *opt) {
 }
 
 float qr_optim_lr(const qr_optim *opt) {
-    return opt ? opt->hp.lr : 0.0f;
+    return opt ? (float)opt->hp.lr : 0.0f;
 }
 
 /* ---- slots --------------------------------------------------------------- */
@@ -185,7 +186,7 @@ static int begin_call(const qr_optim *opt, qr_optim_slots *s, float lr, int64_t 
         return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
                         opt->ops->name, (double)lr);
     c->hp = &opt->hp;
-    c->lr = lr < 0 ? opt->hp.lr : lr;
+    c->lr = lr < 0 ? (float)opt->hp.lr : lr;
     c->alpha = 0.0f;
     c->sparse = sparse;
     return opt->ops->begin ? opt->ops->begin(opt, s, global_step, c) : QR_OK;

@@ -25,15 +25,19 @@
  * Adam take ~100 us). */
 #define QR_OPTIM_PARALLEL_MIN ((int64_t)1 << 18)
 
-/* Hyper-parameters, as float like the TF kernels' T scalars. */
+/* Hyper-parameters as the options' decimal values (double). The kernels
+ * compute in float like TF's (T = float), with each constant rounded to
+ * float once: (float)(1.0 - beta2) is the float nearest 0.001, where TF's
+ * T(1) - beta2() gives 1 - 0.999f = 0.000999987 (1.3e-5 off, which shows
+ * in v). */
 typedef struct qr_optim_hp {
-    float lr;         /* default learning rate */
-    float momentum;   /* momentum, rmsprop */
-    float beta1, beta2;
-    float epsilon;
-    float rho;        /* rmsprop "decay" */
-    float init_accum; /* adagrad, ftrl "initial-accumulator" */
-    float l1, l2, lr_power;
+    double lr;         /* default learning rate */
+    double momentum;   /* momentum, rmsprop */
+    double beta1, beta2;
+    double epsilon;
+    double rho;        /* rmsprop "decay" */
+    double init_accum; /* adagrad, ftrl "initial-accumulator" */
+    double l1, l2, lr_power;
     bool nesterov, centered, sparse_rmsprop;
 } qr_optim_hp;
 
@@ -103,8 +107,8 @@ extern const qr_optim_ops qr__optim_sgd, qr__optim_momentum, qr__optim_adagrad,
     qr__optim_rmsprop, qr__optim_adam, qr__optim_adam_async, qr__optim_ftrl;
 
 /* Helpers for init functions (optim.c). */
-/* float option `key`, or `def` when unset; refuses non-finite values. */
-float qr__optim_opt_float(const qr_config *cfg, const char *key, float def);
+/* float option `key`, or `def` when unset. */
+double qr__optim_opt_float(const qr_config *cfg, const char *key, double def);
 void qr__optim_add_slot(qr_optim *opt, const char *name, bool scalar, float init);
 /* adam.c, shared with adam_async.c: lr, beta1, beta2, epsilon, nesterov. */
 int qr__optim_adam_hp(qr_optim *opt, const qr_config *cfg);

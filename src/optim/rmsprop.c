@@ -28,9 +28,8 @@
 #include <math.h>
 
 static void rmsprop_run(float *restrict var, float *restrict ms, float *restrict mom,
-                        const float *restrict g, int64_t n, float lr, float rho, float momentum,
-                        float eps) {
-    const float one_minus_rho = 1.0f - rho;
+                        const float *restrict g, int64_t n, float lr, float one_minus_rho,
+                        float momentum, float eps) {
     for (int64_t i = 0; i < n; i++) {
         ms[i] += (g[i] * g[i] - ms[i]) * one_minus_rho;
         mom[i] = mom[i] * momentum + g[i] * lr / sqrtf(ms[i] + eps);
@@ -40,8 +39,7 @@ static void rmsprop_run(float *restrict var, float *restrict ms, float *restrict
 
 static void centered_run(float *restrict var, float *restrict ms, float *restrict mom,
                          float *restrict mg, const float *restrict g, int64_t n, float lr,
-                         float rho, float momentum, float eps) {
-    const float one_minus_rho = 1.0f - rho;
+                         float one_minus_rho, float momentum, float eps) {
     for (int64_t i = 0; i < n; i++) {
         ms[i] += (g[i] * g[i] - ms[i]) * one_minus_rho;
         mg[i] += (g[i] - mg[i]) * one_minus_rho;
@@ -54,19 +52,21 @@ static void centered_run(float *restrict var, float *restrict ms, float *restric
 static void rmsprop_kernel(const qr_optim_call *c, float *var, float *const *slot,
                            const float *g, int64_t n) {
     const qr_optim_hp *hp = c->hp;
+    const float one_minus_rho = (float)(1.0 - hp->rho);
     if (hp->centered)
-        centered_run(var, slot[0], slot[1], slot[2], g, n, c->lr, hp->rho, hp->momentum,
-                     hp->epsilon);
+        centered_run(var, slot[0], slot[1], slot[2], g, n, c->lr, one_minus_rho,
+                     (float)hp->momentum, (float)hp->epsilon);
     else
-        rmsprop_run(var, slot[0], slot[1], g, n, c->lr, hp->rho, hp->momentum, hp->epsilon);
+        rmsprop_run(var, slot[0], slot[1], g, n, c->lr, one_minus_rho, (float)hp->momentum,
+                    (float)hp->epsilon);
 }
 
 static int rmsprop_init(qr_optim *opt, const qr_config *cfg) {
     qr_optim_hp *hp = &opt->hp;
-    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001f);
-    hp->rho = (float)qr__config_float(cfg, "decay");
-    hp->momentum = qr__optim_opt_float(cfg, "momentum", 0.0f);
-    hp->epsilon = qr__optim_opt_float(cfg, "epsilon", 1e-10f);
+    hp->lr = qr__optim_opt_float(cfg, "lr", 0.001);
+    hp->rho = qr__config_float(cfg, "decay");
+    hp->momentum = qr__optim_opt_float(cfg, "momentum", 0.0);
+    hp->epsilon = qr__optim_opt_float(cfg, "epsilon", 1e-10);
     hp->centered = qr__config_bool(cfg, "centered");
     if (!(hp->rho >= 0.0f && hp->rho <= 1.0f))
         return qr__fail(QR_EINVAL, "optimizer rmsprop: option decay must be in [0, 1], got %g",
@@ -74,7 +74,7 @@ static int rmsprop_init(qr_optim *opt, const qr_config *cfg) {
     if (!(hp->momentum >= 0.0f && hp->momentum <= 1.0f))
         return qr__fail(QR_EINVAL, "optimizer rmsprop: option momentum must be in [0, 1], got %g",
                         (double)hp->momentum);
-    if (!(hp->epsilon > 0.0f && isfinite(hp->epsilon)))
+    if (!((float)hp->epsilon > 0.0f && isfinite((float)hp->epsilon)))
         return qr__fail(QR_EINVAL, "optimizer rmsprop: option epsilon must be > 0, got %g",
                         (double)hp->epsilon);
     qr__optim_add_slot(opt, "rms", false, 1.0f);

@@ -18,7 +18,7 @@ static void sgd_kernel(const qr_optim_call *c, float *var, float *const *slot, c
 }
 
 static int sgd_init(qr_optim *opt, const qr_config *cfg) {
-    opt->hp.lr = qr__optim_opt_float(cfg, "lr", 0.05f);
+    opt->hp.lr = qr__optim_opt_float(cfg, "lr", 0.05);
     return QR_OK;
 }
 

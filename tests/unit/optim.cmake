@@ -11,3 +11,9 @@ add_test(NAME test_optim_ref
          COMMAND ${QR_PYTHON} ${PROJECT_SOURCE_DIR}/tests/optim_ref/check_optim.py
                  --driver $<TARGET_FILE:test_optim_ref_driver>)
 set_tests_properties(test_optim_ref PROPERTIES TIMEOUT 300)
+
+# Smoke test of the benchmark (small sizes, a few seconds; no timing check).
+if(TARGET quorum-bench-optim)
+  add_test(NAME test_optim_bench_smoke COMMAND quorum-bench-optim --quick --json)
+  set_tests_properties(test_optim_bench_smoke PROPERTIES TIMEOUT 120)
+endif()

@@ -82,13 +82,13 @@ static void test_defaults(void **state) {
         qr_optim_free(opt);
     }
     assert_int_equal(try_make(&opt, "optimizer=momentum", NULL), QR_OK);
-    assert_true(opt->hp.momentum == 0.9f);
+    assert_true(opt->hp.momentum == 0.9);
     qr_optim_free(opt);
     assert_int_equal(try_make(&opt, "optimizer=rmsprop", NULL), QR_OK);
-    assert_true(opt->hp.momentum == 0.0f && opt->hp.epsilon == 1e-10f && opt->hp.rho == 0.9f);
+    assert_true(opt->hp.momentum == 0.0 && opt->hp.epsilon == 1e-10 && opt->hp.rho == 0.9);
     qr_optim_free(opt);
     assert_int_equal(try_make(&opt, "optimizer=adam", NULL), QR_OK);
-    assert_true(opt->hp.epsilon == 1e-8f && opt->hp.beta1 == 0.9f && opt->hp.beta2 == 0.999f);
+    assert_true(opt->hp.epsilon == 1e-8 && opt->hp.beta1 == 0.9 && opt->hp.beta2 == 0.999);
     qr_optim_free(opt);
     qr_optim_free(NULL);
     qr_optim_slots_free(NULL);
@@ -116,7 +116,7 @@ static void test_validation(void **state) {
     assert_int_equal(try_make(&opt, "optimizer=ftrl", NULL), QR_OK);
     qr_optim_hp hp = opt->hp;
     qr_optim_free(opt);
-    assert_true(hp.lr_power == -0.5f);
+    assert_true(hp.lr_power == -0.5);
     assert_int_equal(try_make(&opt, "optimizer=ftrl", "lr-power=0", "l1=0.1", NULL), QR_OK);
     qr_optim_free(opt);
 }

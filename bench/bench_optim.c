@@ -1,0 +1,383 @@
+/*
+ * bench_optim.c - how fast the ps applies each optimizer, beside the
+ * memory-bandwidth bound for the same bytes measured in the same run.
+ *
+ *   quorum bench optim [--json] [--quick] [--n N] [--rows R] [--nidx K]
+ *                      [--dim D] [--threads 1,2] [--reps R] [--optim a,b]
+ *
+ * Dense: each optimizer applied to an N-float tensor (default 16M). An
+ * apply reads var, g and every per-element slot and writes var and the
+ * slots (Adam: read var,m,v,g + write var,m,v = 7 x 4 bytes per element).
+ * The bound is a STREAM-triad-like kernel over the same arrays with the
+ * same pattern (a[i] += s * g[i] for each written array), so the ratio
+ * says how close the optimizer is to the memory system.
+ * Sparse: K random rows (default 1M, duplicates included) of dim D
+ * (default 64) applied to an R-row variable (default 10M rows, 2.5 GB per
+ * array: Adam needs ~8 GB); the bound does the same row updates on the
+ * distinct rows. Reports rows/s.
+ * Each point is the best of --reps applies after one warm-up (the machine
+ * is shared; the best time is the least disturbed one). --json prints one
+ * JSON object {"benchmark":"optim","results":[...]}.
+ */
+#include "bench/bench.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "optim/optim_internal.h"
+
+typedef struct bench_opts {
+    bool json, quick;
+    int64_t n, rows, nidx, dim;
+    int reps;
+    int threads[8], nthreads;
+    const char *optims;
+} bench_opts;
+
+static const char *all_optims = "sgd,momentum,adagrad,rmsprop,adam,adam_async,ftrl";
+
+/* ---- the bandwidth bound: same arrays, same read/write pattern --------- */
+
+typedef struct bound_job {
+    float **w;       /* written (and read) arrays */
+    int nw;
+    const float *g;  /* read-only */
+    int64_t n;
+    /* sparse: distinct rows */
+    const int64_t *rows;
+    int64_t nrows, dim;
+} bound_job;
+
+static void triad(float *restrict a, const float *restrict g, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) a[i] += s * g[i];
+}
+
+/* One pass: for every element i, every written array. Done in blocks of
+ * 1024 so each block of all arrays is touched once (one pass over memory,
+ * like the optimizer's fused loop). */
+static void bound_dense_range(const bound_job *j, int64_t lo, int64_t hi) {
+    for (int64_t b = lo; b < hi; b += 1024) {
+        int64_t e = b + 1024 < hi ? b + 1024 : hi;
+        for (int k = 0; k < j->nw; k++) triad(j->w[k] + b, j->g + b, e - b, 1e-7f);
+    }
+}
+
+static void bound_dense_part(void *arg, int part, int nparts) {
+    const bound_job *j = arg;
+    int64_t blocks = (j->n + 15) / 16;
+    int64_t lo = blocks * part / nparts * 16, hi = blocks * (part + 1) / nparts * 16;
+    if (hi > j->n) hi = j->n;
+    if (lo < hi) bound_dense_range(j, lo, hi);
+}
+
+static void bound_rows_range(const bound_job *j, int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; k++)
+        for (int q = 0; q < j->nw; q++)
+            triad(j->w[q] + j->rows[k] * j->dim, j->g + k * j->dim, j->dim, 1e-7f);
+}
+
+static void bound_rows_part(void *arg, int part, int nparts) {
+    const bound_job *j = arg;
+    bound_rows_range(j, j->nrows * part / nparts, j->nrows * (part + 1) / nparts);
+}
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static float *alloc_floats(int64_t n, qr_rng *rng, float scale) {
+    float *p = qr__aligned_alloc((size_t)n * sizeof(float));
+    if (!p) return NULL;
+    if (rng)
+        for (int64_t i = 0; i < n; i++) p[i] = (float)((qr_rng_uniform(rng) - 0.5) * scale);
+    return p;
+}
+
+static int make_optim(const char *name, int threads, qr_optim **out) {
+    qr_config *cfg;
+    int rc = qr_config_new(&cfg);
+    if (rc) return rc;
+    char th[16];
+    snprintf(th, sizeof th, "%d", threads);
+    rc = qr_config_set(cfg, "optimizer", name);
+    if (!rc) rc = qr_config_set(cfg, "apply-threads", th);
+    if (!rc) rc = qr_optim_create(out, cfg);
+    qr_config_free(cfg);
+    return rc;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void add_point(cJSON *results, const char *optim, const char *kind, int threads,
+                      double elems_per_sec, double rows_per_sec, double gbps, double bound_gbps,
+                      bool json) {
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "optimizer", optim);
+    cJSON_AddStringToObject(p, "kind", kind);
+    cJSON_AddNumberToObject(p, "threads", threads);
+    cJSON_AddNumberToObject(p, "elements_per_sec", elems_per_sec);
+    if (rows_per_sec > 0) cJSON_AddNumberToObject(p, "rows_per_sec", rows_per_sec);
+    cJSON_AddNumberToObject(p, "gbps", gbps);
+    cJSON_AddNumberToObject(p, "bound_gbps", bound_gbps);
+    cJSON_AddNumberToObject(p, "ratio", bound_gbps > 0 ? gbps / bound_gbps : 0);
+    cJSON_AddItemToArray(results, p);
+    if (!json) {
+        printf("%-11s %-6s %2d thr  %8.1f Melem/s", optim, kind, threads, elems_per_sec / 1e6);
+        if (rows_per_sec > 0)
+            printf("  %6.2f Mrows/s", rows_per_sec / 1e6);
+        else
+            printf("                ");
+        printf("  %6.2f GB/s  bound %6.2f GB/s  ratio %.2f\n", gbps, bound_gbps,
+               bound_gbps > 0 ? gbps / bound_gbps : 0);
+        fflush(stdout);
+    }
+}
+
+/* ---- dense ------------------------------------------------------------------ */
+
+static int bench_dense(const bench_opts *o, const char *name, int threads, cJSON *results) {
+    qr_optim *opt;
+    int rc = make_optim(name, threads, &opt);
+    if (rc) return rc;
+    qr_optim_pool *pool = NULL;
+    if (threads > 1 && (rc = qr__optim_pool_create(&pool, threads))) {
+        qr_optim_free(opt);
+        return rc;
+    }
+    qr_rng rng;
+    qr_rng_seed(&rng, 1);
+    int64_t n = o->n;
+    float *var = alloc_floats(n, &rng, 2.0f), *g = alloc_floats(n, &rng, 0.02f);
+    qr_optim_slots *s = NULL;
+    if (!var || !g || (rc = qr_optim_slots_create(opt, 1, n, &s))) {
+        rc = rc ? rc : QR_ENOMEM;
+        goto out;
+    }
+    int ns = qr_optim_row_slots(opt);
+    float *w[QR_OPTIM_MAX_SLOTS + 1];
+    w[0] = var;
+    for (int j = 0; j < ns; j++) qr_optim_slot(s, j, NULL, &w[j + 1], NULL);
+    bound_job bj = {w, ns + 1, g, n, NULL, 0, 0};
+
+    double best = 1e30, best_bound = 1e30;
+    for (int r = 0; r <= o->reps; r++) { /* r == 0: warm-up */
+        double t0 = qr__now_sec();
+        if ((rc = qr_optim_apply_dense(opt, s, var, g, n, -1, r + 1))) goto out;
+        double t1 = qr__now_sec();
+        if (!(pool && qr__optim_pool_run(pool, bound_dense_part, &bj))) bound_dense_range(&bj, 0, n);
+        double t2 = qr__now_sec();
+        if (r > 0) {
+            best = QR_MIN(best, t1 - t0);
+            best_bound = QR_MIN(best_bound, t2 - t1);
+        }
+    }
+    double bytes = (double)n * 4.0 * (double)((ns + 2) + (ns + 1)); /* reads + writes */
+    add_point(results, name, "dense", threads, (double)n / best, 0, bytes / best / 1e9,
+              bytes / best_bound / 1e9, o->json);
+out:
+    qr_optim_slots_free(s);
+    free(var);
+    free(g);
+    qr__optim_pool_free(pool);
+    qr_optim_free(opt);
+    return rc;
+}
+
+/* ---- sparse ------------------------------------------------------------- */
+
+typedef struct sparse_data {
+    float *var, *g;
+    int64_t *idx, *uniq, nuniq;
+} sparse_data;
+
+static int bench_sparse(const bench_opts *o, const sparse_data *d, const char *name, int threads,
+                        cJSON *results) {
+    qr_optim *opt;
+    int rc = make_optim(name, threads, &opt);
+    if (rc) return rc;
+    qr_optim_pool *pool = NULL;
+    if (threads > 1 && (rc = qr__optim_pool_create(&pool, threads))) {
+        qr_optim_free(opt);
+        return rc;
+    }
+    qr_optim_slots *s = NULL;
+    if ((rc = qr_optim_slots_create(opt, o->rows, o->dim, &s))) goto out;
+    int ns = qr_optim_row_slots(opt);
+    float *w[QR_OPTIM_MAX_SLOTS + 1];
+    w[0] = d->var;
+    for (int j = 0; j < ns; j++) qr_optim_slot(s, j, NULL, &w[j + 1], NULL);
+    /* the bound reads its rows from the first nuniq gradient rows */
+    bound_job bj = {w, ns + 1, d->g, 0, d->uniq, d->nuniq, o->dim};
+
+    double best = 1e30, best_bound = 1e30;
+    for (int r = 0; r <= o->reps; r++) {
+        double t0 = qr__now_sec();
+        rc = qr_optim_apply_sparse(opt, s, d->var, o->rows, o->dim, d->idx, d->g, o->nidx, -1,
+                                   r + 1);
+        if (rc) goto out;
+        double t1 = qr__now_sec();
+        if (!(pool && qr__optim_pool_run(pool, bound_rows_part, &bj)))
+            bound_rows_range(&bj, 0, d->nuniq);
+        double t2 = qr__now_sec();
+        if (r > 0) {
+            best = QR_MIN(best, t1 - t0);
+            best_bound = QR_MIN(best_bound, t2 - t1);
+        }
+    }
+    /* bytes of the row updates (distinct rows); the gradient is read once */
+    double row_bytes = (double)d->nuniq * (double)o->dim * 4.0 * (double)(2 * (ns + 1));
+    double grad_bytes = (double)d->nuniq * (double)o->dim * 4.0;
+    double bytes = row_bytes + grad_bytes;
+    add_point(results, name, "sparse", threads, (double)o->nidx * (double)o->dim / best,
+              (double)o->nidx / best, bytes / best / 1e9, bytes / best_bound / 1e9, o->json);
+out:
+    qr_optim_slots_free(s);
+    qr__optim_pool_free(pool);
+    qr_optim_free(opt);
+    return rc;
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static int usage(const char *prog) {
+    fprintf(stderr,
+            "usage: %s [--json] [--quick] [--n N] [--rows R] [--nidx K] [--dim D]\n"
+            "          [--threads 1,2] [--reps R] [--optim sgd,adam,...] [--no-sparse]\n",
+            prog);
+    return 2;
+}
+
+static bool in_list(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        if (len == n && !strncmp(p, name, n)) return true;
+        if (!c) break;
+        p = c + 1;
+    }
+    return false;
+}
+
+int qr_bench_optim_main(int argc, char **argv) {
+    bench_opts o = {.n = 16 << 20, .rows = 10000000, .nidx = 1 << 20, .dim = 64, .reps = 5,
+                    .optims = all_optims};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    o.threads[o.nthreads++] = 1;
+    if (ncpu > 1) o.threads[o.nthreads++] = (int)QR_MIN(ncpu, 64);
+    bool sparse = true, n_set = false, rows_set = false, nidx_set = false, reps_set = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t x;
+        if (!strcmp(a, "--json")) o.json = true;
+        else if (!strcmp(a, "--quick")) o.quick = true;
+        else if (!strcmp(a, "--no-sparse")) sparse = false;
+        else if (v && (!strcmp(a, "--n") || !strcmp(a, "--rows") || !strcmp(a, "--nidx") ||
+                       !strcmp(a, "--dim") || !strcmp(a, "--reps"))) {
+            if (qr__parse_int64(v, 1, (int64_t)1 << 40, &x)) {
+                fprintf(stderr, "%s: %s %s: %s\n", argv[0], a, v, qr_last_error());
+                return 2;
+            }
+            if (!strcmp(a, "--n")) o.n = x, n_set = true;
+            else if (!strcmp(a, "--rows")) o.rows = x, rows_set = true;
+            else if (!strcmp(a, "--nidx")) o.nidx = x, nidx_set = true;
+            else if (!strcmp(a, "--dim")) o.dim = x;
+            else o.reps = (int)QR_MIN(x, 1000), reps_set = true;
+            i++;
+        } else if (v && !strcmp(a, "--threads")) {
+            o.nthreads = 0;
+            for (char *p = argv[++i]; *p && o.nthreads < 8;) {
+                char *end;
+                long t = strtol(p, &end, 10);
+                if (end == p || t < 1 || t > 64) return usage(argv[0]);
+                o.threads[o.nthreads++] = (int)t;
+                p = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',') return usage(argv[0]);
+            }
+        } else if (v && !strcmp(a, "--optim")) {
+            o.optims = argv[++i];
+        } else {
+            return usage(argv[0]);
+        }
+    }
+    if (o.quick) {
+        if (!n_set) o.n = 1 << 20;
+        if (!rows_set) o.rows = 100000;
+        if (!nidx_set) o.nidx = 20000;
+        if (!reps_set) o.reps = 2;
+    }
+
+    cJSON *root = cJSON_CreateObject(), *results = cJSON_CreateArray();
+    cJSON_AddStringToObject(root, "benchmark", "optim");
+    cJSON_AddNumberToObject(root, "dense_elements", (double)o.n);
+    cJSON_AddNumberToObject(root, "sparse_rows", (double)o.rows);
+    cJSON_AddNumberToObject(root, "sparse_indices", (double)o.nidx);
+    cJSON_AddNumberToObject(root, "dim", (double)o.dim);
+    cJSON_AddNumberToObject(root, "reps", o.reps);
+    cJSON_AddItemToObject(root, "results", results);
+    if (!o.json)
+        printf("optimizer applies: dense %lld floats, sparse %lld rows x %lld of a %lld-row "
+               "variable; best of %d\n",
+               (long long)o.n, (long long)o.nidx, (long long)o.dim, (long long)o.rows, o.reps);
+
+    int rc = QR_OK;
+    const char *names[] = {"sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async", "ftrl"};
+    for (size_t k = 0; k < QR_ARRAY_LEN(names) && !rc; k++) {
+        if (!in_list(o.optims, names[k])) continue;
+        for (int t = 0; t < o.nthreads && !rc; t++) rc = bench_dense(&o, names[k], o.threads[t], results);
+    }
+
+    sparse_data d = {0};
+    if (sparse && !rc) {
+        qr_rng rng;
+        qr_rng_seed(&rng, 2);
+        d.var = alloc_floats(o.rows * o.dim, &rng, 2.0f);
+        d.g = alloc_floats(o.nidx * o.dim, &rng, 0.02f);
+        d.idx = malloc((size_t)o.nidx * sizeof(int64_t));
+        d.uniq = malloc((size_t)o.nidx * sizeof(int64_t));
+        if (!d.var || !d.g || !d.idx || !d.uniq) {
+            rc = qr__fail(QR_ENOMEM, "bench optim: out of memory for the sparse variable");
+        } else {
+            for (int64_t i = 0; i < o.nidx; i++) d.idx[i] = (int64_t)qr_rng_below(&rng, (uint64_t)o.rows);
+            memcpy(d.uniq, d.idx, (size_t)o.nidx * sizeof(int64_t));
+            qsort(d.uniq, (size_t)o.nidx, sizeof(int64_t), cmp_i64);
+            for (int64_t i = 0; i < o.nidx; i++)
+                if (d.nuniq == 0 || d.uniq[d.nuniq - 1] != d.uniq[i]) d.uniq[d.nuniq++] = d.uniq[i];
+            /* the bound visits them in a random order too, like the apply */
+            for (int64_t i = d.nuniq - 1; i > 0; i--) {
+                int64_t j = (int64_t)qr_rng_below(&rng, (uint64_t)i + 1), tmp = d.uniq[i];
+                d.uniq[i] = d.uniq[j];
+                d.uniq[j] = tmp;
+            }
+        }
+        for (size_t k = 0; k < QR_ARRAY_LEN(names) && !rc; k++) {
+            if (!in_list(o.optims, names[k])) continue;
+            for (int t = 0; t < o.nthreads && !rc; t++)
+                rc = bench_sparse(&o, &d, names[k], o.threads[t], results);
+        }
+    }
+    free(d.var);
+    free(d.g);
+    free(d.idx);
+    free(d.uniq);
+
+    if (rc) {
+        fprintf(stderr, "%s: %s\n", argv[0], qr_last_error());
+    } else if (o.json) {
+        char *s = cJSON_Print(root);
+        printf("%s\n", s);
+        free(s);
+    }
+    cJSON_Delete(root);
+    return rc ? 1 : 0;
+}
+
+#ifdef QR_BENCH_OPTIM_STANDALONE
+int main(int argc, char **argv) {
+    return qr_bench_optim_main(argc, argv);
+}
+#endif

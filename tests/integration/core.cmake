@@ -1,0 +1,12 @@
+# Integration tests: real quorum processes on loopback (see the .py files).
+set(QR_INTEGRATION_DIR ${CMAKE_CURRENT_LIST_DIR})
+function(qr_integration_test name script)
+  add_test(NAME ${name}
+           COMMAND ${QR_PYTHON} ${QR_INTEGRATION_DIR}/${script} $<TARGET_FILE:quorum> ${ARGN})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 600)
+endfunction()
+
+qr_integration_test(integration_hostile_client test_hostile.py)
+qr_integration_test(integration_launch test_launch.py)
+qr_integration_test(integration_train_digits test_train.py digits)
+qr_integration_test(integration_train_fashion test_train.py fashion-mnist)

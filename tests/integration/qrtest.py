@@ -1,0 +1,135 @@
+"""qrtest.py - helpers shared by the integration tests: free ports, the
+quorum wire format (to play a hostile or precise client), and running
+quorum processes with a deadline, killing only our own children (by pid
+or by the process group we created), never by name."""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+MAGIC = 0x4D525551
+VERSION = 1
+HELLO, CREATE, READY, PUSH, PULL, STEP, STOP = 1, 2, 3, 4, 5, 6, 7
+REPLY = 0x80
+PUSH_STEP = 1
+
+STATUS = {0: "OK", -1: "EINVAL", -4: "EPROTO", -5: "ENOTFOUND", -6: "EEXIST",
+          -7: "ESHAPE", -10: "ESTOPPED", -11: "ENOTREADY", -14: "ENONFINITE",
+          -15: "ETOOBIG"}
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def header(mtype, request_id, meta_len, payload_len, flags=0, status=0,
+           magic=MAGIC, version=VERSION, reserved=0):
+    return struct.pack("<IBBHIiIIQ", magic, version, mtype, flags, request_id,
+                       status, meta_len, reserved, payload_len)
+
+
+def frame(mtype, request_id, meta=b"", payload=b"", flags=0):
+    return header(mtype, request_id, len(meta), len(payload), flags) + meta + payload
+
+
+def recv_exact(sock, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed after %d of %d bytes" % (len(buf), n))
+        buf += chunk
+    return buf
+
+
+def read_reply(sock):
+    """Returns (type, request_id, status, meta, payload)."""
+    h = recv_exact(sock, 32)
+    magic, version, mtype, flags, rid, status, meta_len, reserved, payload_len = \
+        struct.unpack("<IBBHIiIIQ", h)
+    assert magic == MAGIC and version == VERSION, "bad reply header"
+    meta = recv_exact(sock, meta_len)
+    payload = recv_exact(sock, payload_len)
+    return mtype, rid, status, meta, payload
+
+
+def create_meta(items):
+    """items: list of (var_id, shape, lr, name)."""
+    meta = struct.pack("<I", len(items))
+    for var_id, shape, lr, name in items:
+        meta += struct.pack("<II", var_id, len(shape))
+        meta += b"".join(struct.pack("<q", d) for d in shape)
+        meta += struct.pack("<fI", lr, len(name)) + name.encode()
+    return meta
+
+
+def push_meta(items, local_step=0):
+    """items: list of (var_id, nbytes)."""
+    meta = struct.pack("<Iq", len(items), local_step)
+    for var_id, nbytes in items:
+        meta += struct.pack("<IIQ", var_id, 0, nbytes)
+    return meta
+
+
+def floats(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def unfloats(data):
+    return list(struct.unpack("<%df" % (len(data) // 4), data))
+
+
+def connect(port, timeout=10.0):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return s
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+class Proc:
+    """A child process in its own session, so that it and anything it
+    starts can be killed together by process group at the end."""
+
+    def __init__(self, args, env=None, stdout=subprocess.PIPE):
+        self.args = args
+        self.p = subprocess.Popen(args, stdout=stdout, stderr=subprocess.PIPE,
+                                  text=True, env=env, start_new_session=True)
+
+    def wait(self, timeout):
+        try:
+            out, err = self.p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.p.communicate()
+            raise AssertionError("timed out after %ss: %s\nstderr:\n%s"
+                                 % (timeout, " ".join(self.args), err[-4000:]))
+        return self.p.returncode, out or "", err or ""
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def kill(self):
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def last_json(stdout):
+    lines = [l for l in stdout.strip().splitlines() if l.strip()]
+    assert lines, "no output on stdout"
+    return json.loads(lines[-1])

@@ -1,0 +1,185 @@
+"""test_hostile.py - a live ps against a hostile client, then a real worker.
+
+1. Malformed frames (truncated, bad magic/version/type, oversized meta or
+   payload, random bytes) each close only their own connection; malformed
+   requests with a sound header get an error reply and the connection
+   keeps working. After every attack a fresh client is served.
+2. Precise checks: a push with the wrong shape, to an unknown variable,
+   with NaN, or naming a variable twice is refused with the right status
+   and a message naming the problem, and the variable is unchanged; a good
+   push applies SGD exactly.
+3. A normal worker then trains the MLP on digits against the same ps to
+   >= 0.95 test accuracy, and the ps exits 0 when the chief stops it.
+Usage: test_hostile.py QUORUM_BINARY"""
+
+import random
+import socket
+import struct
+import sys
+
+from qrtest import (CREATE, PULL, PUSH, READY, REPLY, STATUS, STEP, Proc, connect,
+                    create_meta, floats, frame, free_port, header, last_json,
+                    push_meta, read_reply, recv_exact, unfloats)
+
+quorum = sys.argv[1]
+ps_port, worker_port = free_port(), free_port()
+cluster = ["--ps_hosts", "127.0.0.1:%d" % ps_port,
+           "--worker_hosts", "127.0.0.1:%d" % worker_port]
+ps = Proc([quorum, "ps"] + cluster + ["--job_name", "ps", "--task_index", "0",
+                                      "--lr", "0.1", "--linger-ms", "2000"])
+rid = 100
+
+
+def next_id():
+    global rid
+    rid += 1
+    return rid
+
+
+def ps_serves():
+    """A fresh connection gets a correct STEP reply."""
+    assert ps.alive(), "the ps died"
+    s = connect(ps_port)
+    i = next_id()
+    s.sendall(frame(STEP, i))
+    mtype, got, status, meta, _ = read_reply(s)
+    s.close()
+    assert mtype == STEP | REPLY and got == i and status == 0, (mtype, got, status)
+    return struct.unpack("<q", meta)[0]
+
+
+def expect_closed(data, what, hang_up=False):
+    s = connect(ps_port)
+    s.settimeout(5)
+    s.sendall(data)
+    if hang_up:  # the message stops short: the ps only learns it at EOF
+        s.shutdown(socket.SHUT_WR)
+    try:
+        rest = s.recv(1)
+        assert rest == b"", "%s: the ps answered instead of closing" % what
+    except ConnectionResetError:
+        pass
+    s.close()
+    ps_serves()
+    print("ok: %s closes the connection" % what)
+
+
+def request(s, data):
+    s.sendall(data)
+    return read_reply(s)
+
+
+def expect_error(s, data, status, phrase, what):
+    mtype, _, got, meta, payload = request(s, data)
+    text = meta.decode(errors="replace")
+    assert STATUS.get(got) == status, "%s: status %s (%s), wanted %s" % (
+        what, STATUS.get(got, got), text, status)
+    assert phrase in text, "%s: message %r lacks %r" % (what, text, phrase)
+    assert payload == b""
+    print("ok: %s -> %s: %s" % (what, status, text))
+
+
+try:
+    assert ps_serves() == 0
+
+    # --- 1. frames that cannot be trusted close their connection -------
+    expect_closed(b"QURM\x01\x04", "a truncated header", hang_up=True)
+    expect_closed(header(PUSH, 1, 0, 0, magic=0x12345678), "a bad magic")
+    expect_closed(header(PUSH, 1, 0, 0, version=7), "an unknown version")
+    expect_closed(header(0x42, 1, 0, 0), "an unknown message type")
+    expect_closed(header(PUSH, 1, 0, 0, reserved=5), "a non-zero reserved field")
+    expect_closed(header(PUSH, 1, 1 << 24, 0), "oversized meta")
+    expect_closed(header(PUSH, 1, 12, 1 << 50), "an oversized payload")
+    # A payload that stops short: the peer hangs up mid-message.
+    s = connect(ps_port)
+    s.sendall(header(PUSH, 1, 12, 4000) + b"\x00" * 20)
+    s.close()
+    ps_serves()
+    rng = random.Random(1234)
+    for i in range(200):
+        junk = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300)))
+        if rng.random() < 0.5:   # junk behind a plausible start
+            junk = header(rng.randint(1, 7), i, rng.randint(0, 64), rng.randint(0, 64)) + junk
+        s = connect(ps_port)
+        s.settimeout(2)
+        try:
+            s.sendall(junk)
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(4096):
+                pass
+        except OSError:
+            pass
+        s.close()
+    assert ps_serves() == 0
+    print("ok: 200 random messages; the ps still serves")
+
+    # --- malformed requests with a sound header get an error reply -------
+    s = connect(ps_port)
+    expect_error(s, header(PUSH, 5, 4, 0) + struct.pack("<I", 5), "EPROTO",
+                 "PUSH meta is truncated", "a truncated PUSH meta")
+    expect_error(s, frame(PUSH, 6, push_meta([(1, 16)]), b"\x00" * 16), "ENOTREADY",
+                 "no variable with id 1", "a push before initialization")
+    expect_error(s, frame(PULL, 7, struct.pack("<I", 0)), "EPROTO",
+                 "PULL names 0 variables", "an empty pull")
+    expect_error(s, frame(PUSH | REPLY, 8), "EPROTO", "does not accept", "a reply sent to a ps")
+    expect_error(s, frame(CREATE, 9, create_meta([(1, [], -1.0, "x")])), "EINVAL",
+                 "0 dimensions", "a CREATE with no dimensions")
+    expect_error(s, frame(CREATE, 10, create_meta([(1, [1 << 20, 1 << 20], -1.0, "x")])),
+                 "EINVAL", "dimension 1", "a CREATE of 2^40 elements")
+    expect_error(s, frame(CREATE, 11, create_meta([(1, [4], -1.0, "x")]), floats([1, 2])),
+                 "EPROTO", "describes 16 payload bytes but carries 8", "a CREATE short of values")
+    expect_error(s, frame(CREATE, 12, create_meta([(1, [2], -1.0, "x")]),
+                          floats([1, float("nan")])),
+                 "ENONFINITE", "NaN", "a CREATE with NaN values")
+
+    # --- 2. precise checks on a real variable -------------------------------
+    probe = 1000
+    mtype, _, status, meta, _ = request(
+        s, frame(CREATE, 20, create_meta([(probe, [4], -1.0, "probe")]), floats([1, 2, 3, 4])))
+    assert status == 0, meta
+    assert request(s, frame(READY, 21, struct.pack("<I", 1)))[2] == 0
+
+    def pull_probe():
+        mtype, _, status, meta, payload = request(s, frame(PULL, next_id(), struct.pack("<II", 1, probe)))
+        assert status == 0, meta
+        return unfloats(payload)
+
+    expect_error(s, frame(PUSH, 22, push_meta([(probe, 12)]), floats([1, 1, 1])), "ESHAPE",
+                 "variable 'probe' has shape [4] (4 floats) but the gradient has 12 bytes",
+                 "a push of the wrong shape")
+    assert pull_probe() == [1, 2, 3, 4]
+    expect_error(s, frame(PUSH, 23, push_meta([(999, 16)]), floats([1, 1, 1, 1])), "ENOTFOUND",
+                 "no variable with id 999", "a push to an unknown variable")
+    expect_error(s, frame(PUSH, 24, push_meta([(probe, 16)]), floats([1, float("nan"), 1, 1])),
+                 "ENONFINITE", "gradient of variable 'probe' contains NaN or Inf",
+                 "a push with NaN")
+    expect_error(s, frame(PUSH, 25, push_meta([(probe, 16)]), floats([1, float("inf"), 1, 1])),
+                 "ENONFINITE", "nothing was applied", "a push with Inf")
+    expect_error(s, frame(PUSH, 26, push_meta([(probe, 16), (probe, 16)]),
+                          floats([1] * 8)), "EINVAL", "names variable 'probe' twice",
+                 "a push naming a variable twice")
+    assert pull_probe() == [1, 2, 3, 4], "a refused push changed the variable"
+    print("ok: refused pushes left the variable unchanged")
+    mtype, _, status, meta, _ = request(s, frame(PUSH, 27, push_meta([(probe, 16)]),
+                                                 floats([1, 2, -1, 0])))
+    assert status == 0, meta
+    got = pull_probe()
+    want = [1 - 0.1 * 1, 2 - 0.1 * 2, 3 + 0.1, 4]
+    assert all(abs(a - b) < 1e-6 for a, b in zip(got, want)), (got, want)
+    print("ok: a good push applied SGD exactly:", got)
+    s.close()
+
+    # --- 3. a normal worker still trains correctly --------------------------
+    worker = Proc([quorum, "worker"] + cluster + [
+        "--job_name", "worker", "--task_index", "0", "--data", "digits", "--epochs", "20",
+        "--lr", "0.1", "--json", "--quiet"])
+    rc, out, err = worker.wait(timeout=300)
+    assert rc == 0, "worker exited %d: %s" % (rc, err[-3000:])
+    summary = last_json(out)
+    assert summary["test_accuracy"] >= 0.95, summary
+    print("ok: worker trained to test accuracy %.4f" % summary["test_accuracy"])
+    rc, _, err = ps.wait(timeout=30)
+    assert rc == 0, "ps exited %d: %s" % (rc, err[-3000:])
+    print("PASS: ps survived every attack, refused bad pushes, and served training")
+finally:
+    ps.kill()

@@ -1,0 +1,25 @@
+"""test_train.py - real multi-process training through `quorum launch`:
+2 ps tasks and 3 workers on loopback train the MLP asynchronously and
+must reach the accuracy the issue asks for. Usage:
+    test_train.py QUORUM_BINARY digits|fashion-mnist"""
+
+import sys
+
+from qrtest import Proc, last_json
+
+quorum, data = sys.argv[1], sys.argv[2]
+epochs, target = {"digits": ("20", 0.95), "fashion-mnist": ("10", 0.85)}[data]
+proc = Proc([quorum, "launch", "--ps", "2", "--workers", "3", "--model", "mlp",
+             "--hidden", "256,128", "--data", data, "--epochs", epochs,
+             "--lr", "0.1", "--batch-size", "64", "--seed", "7", "--json", "--quiet"])
+rc, out, err = proc.wait(timeout=600)
+assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
+summary = last_json(out)
+print(summary)
+for key in ("test_accuracy", "global_step", "examples_per_sec", "wall_seconds",
+            "params_digest"):
+    assert key in summary, "summary lacks " + key
+assert summary["ps"] == 2 and summary["workers"] == 3
+assert summary["test_accuracy"] >= target, \
+    "%s: test accuracy %.4f < %.2f" % (data, summary["test_accuracy"], target)
+print("PASS: %s accuracy %.4f >= %.2f" % (data, summary["test_accuracy"], target))

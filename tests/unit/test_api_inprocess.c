@@ -1,0 +1,247 @@
+/*
+ * test_api_inprocess.c - the public API end to end in one process: ps
+ * tasks on threads, workers on the test's thread, real sockets (Unix and
+ * TCP). Checks exact values after SGD applies, the global step, pulls into
+ * caller buffers, placement over two ps, declaration checks between
+ * workers, error paths, and the clean stop.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cluster/cluster.h"
+#include "quorum.h"
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    bind(fd, (struct sockaddr *)&sa, sizeof sa);
+    getsockname(fd, (struct sockaddr *)&sa, &len);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+typedef struct cluster_fixture {
+    int nps;
+    char ps_addr[2][64];
+    char worker_addr[2][64];
+    qr_ps *ps[2];
+    pthread_t thread[2];
+    int run_status[2];
+    qr_config *cfg;
+} cluster_fixture;
+
+static void *ps_thread(void *arg) {
+    void **a = arg;
+    qr_ps *ps = a[0];
+    int *status = a[1];
+    *status = qr_ps_run(ps);
+    free(arg);
+    return NULL;
+}
+
+static qr_cluster *spec(cluster_fixture *f, const char *job, int index) {
+    const char *ps[2] = {f->ps_addr[0], f->ps_addr[1]};
+    const char *wk[2] = {f->worker_addr[0], f->worker_addr[1]};
+    qr_cluster *c = NULL;
+    assert_int_equal(qr_cluster_create(&c, f->nps, ps, 2, wk, job, index), QR_OK);
+    return c;
+}
+
+static void start_cluster(cluster_fixture *f, int nps, const char *transport) {
+    memset(f, 0, sizeof *f);
+    f->nps = nps;
+    assert_int_equal(qr_config_new(&f->cfg), QR_OK);
+    assert_int_equal(qr_config_set(f->cfg, "lr", "0.5"), QR_OK);
+    assert_int_equal(qr_config_set(f->cfg, "transport", transport), QR_OK);
+    assert_int_equal(qr_config_set(f->cfg, "timeout-ms", "5000"), QR_OK);
+    assert_int_equal(qr_config_set(f->cfg, "linger-ms", "200"), QR_OK);
+    for (int i = 0; i < 2; i++) {
+        snprintf(f->ps_addr[i], sizeof f->ps_addr[i], "127.0.0.1:%d", free_port());
+        snprintf(f->worker_addr[i], sizeof f->worker_addr[i], "127.0.0.1:%d", free_port());
+    }
+    for (int i = 0; i < nps; i++) {
+        qr_cluster *c = spec(f, "ps", i);
+        int rc = qr_ps_create(&f->ps[i], c, f->cfg);
+        if (rc) fprintf(stderr, "qr_ps_create: %s\n", qr_last_error());
+        assert_int_equal(rc, QR_OK);
+        qr_cluster_free(c);
+        void **arg = malloc(2 * sizeof *arg);
+        arg[0] = f->ps[i];
+        arg[1] = &f->run_status[i];
+        pthread_create(&f->thread[i], NULL, ps_thread, arg);
+    }
+}
+
+static void join_cluster(cluster_fixture *f) {
+    for (int i = 0; i < f->nps; i++) {
+        pthread_join(f->thread[i], NULL);
+        assert_int_equal(f->run_status[i], QR_OK);
+        qr_ps_free(f->ps[i]);
+    }
+    qr_config_free(f->cfg);
+}
+
+static qr_worker *make_worker(cluster_fixture *f, int index) {
+    qr_cluster *c = spec(f, "worker", index);
+    qr_worker *w = NULL;
+    assert_int_equal(qr_worker_create(&w, c, -1, f->cfg), QR_OK);
+    qr_cluster_free(c);
+    return w;
+}
+
+static void declare_model(qr_worker *w, int *ids) {
+    int64_t s0[2] = {2, 3}, s1[1] = {3}, s2[1] = {5};
+    assert_int_equal(qr_worker_declare(w, "w", 2, s0, "constant:1", 1, -1, &ids[0]), QR_OK);
+    assert_int_equal(qr_worker_declare(w, "b", 1, s1, "zeros", 2, -1, &ids[1]), QR_OK);
+    /* This one has its own learning rate. */
+    assert_int_equal(qr_worker_declare(w, "c", 1, s2, "constant:2", 3, 0.1f, &ids[2]), QR_OK);
+}
+
+static void run_push_pull(int nps, const char *transport) {
+    cluster_fixture f;
+    start_cluster(&f, nps, transport);
+    qr_worker *chief = make_worker(&f, 0);
+    int ids[3];
+    declare_model(chief, ids);
+    assert_int_equal(qr_worker_push(chief, 0, NULL, NULL, 0, NULL), QR_ENOTREADY);
+    assert_int_equal(qr_worker_initialize(chief), QR_OK);
+    assert_true(qr_worker_var_data(chief, ids[0])[5] == 1.0f);
+    assert_true(qr_worker_var_data(chief, ids[2])[4] == 2.0f);
+
+    /* var -= lr * g, lr = 0.5 globally and 0.1 for "c". */
+    float gw[6] = {1, 2, 3, 4, 5, 6}, gb[3] = {-2, 0, 2}, gc[5] = {10, 10, 10, 10, 10};
+    const float *grads[3] = {gw, gb, gc};
+    int64_t step = -1;
+    assert_int_equal(qr_worker_push(chief, 3, ids, grads, QR_PUSH_STEP, &step), QR_OK);
+    assert_int_equal(step, 1);
+    assert_int_equal(qr_worker_push(chief, 1, &ids[1], &grads[1], QR_PUSH_STEP, &step), QR_OK);
+    assert_int_equal(step, 2);
+    assert_int_equal(qr_worker_pull(chief, 0, NULL, NULL), QR_OK);
+    const float *w = qr_worker_var_data(chief, ids[0]);
+    const float *b = qr_worker_var_data(chief, ids[1]);
+    const float *c = qr_worker_var_data(chief, ids[2]);
+    for (int i = 0; i < 6; i++) assert_true(w[i] == 1.0f - 0.5f * gw[i]);
+    for (int i = 0; i < 3; i++) assert_true(b[i] == -2 * 0.5f * gb[i]);
+    for (int i = 0; i < 5; i++) assert_true(c[i] == 2.0f - 0.1f * 10.0f);
+
+    /* Pull one variable into a buffer of the caller's. */
+    float mine[3] = {0};
+    float *dst[1] = {mine};
+    assert_int_equal(qr_worker_pull(chief, 1, &ids[1], dst), QR_OK);
+    assert_memory_equal(mine, b, sizeof mine);
+
+    /* A second worker sees the same values and the same step. */
+    qr_worker *other = make_worker(&f, 1);
+    int other_ids[3];
+    declare_model(other, other_ids);
+    assert_int_equal(qr_worker_initialize(other), QR_OK);
+    assert_int_equal(qr_worker_pull(other, 0, NULL, NULL), QR_OK);
+    assert_memory_equal(qr_worker_var_data(other, other_ids[0]), w, 6 * sizeof(float));
+    assert_int_equal(qr_worker_global_step(other, &step), QR_OK);
+    assert_int_equal(step, 2);
+
+    /* Errors name the problem and change nothing. */
+    int bad = 7;
+    assert_int_equal(qr_worker_pull(chief, 1, &bad, NULL), QR_ENOTFOUND);
+    assert_non_null(strstr(qr_last_error(), "no variable with id 7"));
+    int64_t s1[1] = {3};
+    assert_int_equal(qr_worker_declare(chief, "late", 1, s1, "zeros", 0, -1, NULL), QR_EINVAL);
+
+    assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+    /* After the stop, requests are refused with "stopped" (or find the ps gone). */
+    int rc = qr_worker_push(other, 3, other_ids, grads, 0, NULL);
+    assert_true(rc == QR_ESTOPPED || rc == QR_EPEERLOST);
+    qr_worker_free(other);
+    qr_worker_free(chief);
+    join_cluster(&f);
+}
+
+static void test_push_pull_unix_one_ps(void **state) {
+    (void)state;
+    run_push_pull(1, "auto");
+}
+
+static void test_push_pull_tcp_two_ps(void **state) {
+    (void)state;
+    run_push_pull(2, "tcp");
+}
+
+static void test_mismatched_declarations(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 2, "auto");
+    qr_worker *chief = make_worker(&f, 0);
+    int ids[3];
+    declare_model(chief, ids);
+    assert_int_equal(qr_worker_initialize(chief), QR_OK);
+
+    qr_worker *other = make_worker(&f, 1);
+    int64_t wrong[2] = {3, 2};
+    int64_t s1[1] = {3}, s2[1] = {5};
+    assert_int_equal(qr_worker_declare(other, "w", 2, wrong, "zeros", 1, -1, NULL), QR_OK);
+    assert_int_equal(qr_worker_declare(other, "b", 1, s1, "zeros", 1, -1, NULL), QR_OK);
+    assert_int_equal(qr_worker_declare(other, "c", 1, s2, "zeros", 1, -1, NULL), QR_OK);
+    assert_int_equal(qr_worker_initialize(other), QR_EEXIST);
+    assert_non_null(strstr(qr_last_error(), "conflicts with existing variable 'w' [2,3]"));
+
+    qr_worker_free(other);
+
+    /* Bad declarations are refused at once, and so is declaring late. */
+    other = make_worker(&f, 1);
+    int64_t zero[1] = {0};
+    assert_int_equal(qr_worker_declare(other, "z", 1, zero, "zeros", 1, -1, NULL), QR_ESHAPE);
+    assert_int_equal(qr_worker_declare(other, "b", 1, s1, "zeros", 1, -1, NULL), QR_OK);
+    assert_int_equal(qr_worker_declare(other, "b", 1, s1, "zeros", 1, -1, NULL), QR_EEXIST);
+    assert_int_equal(qr_worker_declare(other, "u", 1, s1, "uniform:3,1", 1, -1, NULL), QR_EINVAL);
+    assert_int_equal(qr_worker_declare(other, "", 1, s1, "zeros", 1, -1, NULL), QR_EINVAL);
+    qr_worker_free(other);
+
+    assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+    qr_worker_free(chief);
+    join_cluster(&f);
+}
+
+static void test_ps_not_up_times_out(void **state) {
+    (void)state;
+    /* No ps is running: initialize retries with backoff, then gives up
+     * with a message naming the ps and its address. */
+    cluster_fixture f;
+    memset(&f, 0, sizeof f);
+    f.nps = 1;
+    snprintf(f.ps_addr[0], sizeof f.ps_addr[0], "127.0.0.1:%d", free_port());
+    snprintf(f.worker_addr[0], sizeof f.worker_addr[0], "127.0.0.1:%d", free_port());
+    snprintf(f.worker_addr[1], sizeof f.worker_addr[1], "127.0.0.1:%d", free_port());
+    assert_int_equal(qr_config_new(&f.cfg), QR_OK);
+    assert_int_equal(qr_config_set(f.cfg, "timeout-ms", "300"), QR_OK);
+    qr_worker *chief = make_worker(&f, 0);
+    int ids[3];
+    declare_model(chief, ids);
+    assert_int_equal(qr_worker_initialize(chief), QR_ETIMEDOUT);
+    assert_non_null(strstr(qr_last_error(), "ps 0 (127.0.0.1:"));
+    assert_non_null(strstr(qr_last_error(), "no CREATE reply within 300 ms"));
+    qr_worker_free(chief);
+    qr_config_free(f.cfg);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_push_pull_unix_one_ps),
+        cmocka_unit_test(test_push_pull_tcp_two_ps),
+        cmocka_unit_test(test_mismatched_declarations),
+        cmocka_unit_test(test_ps_not_up_times_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,85 @@
+/*
+ * test_common_config.c - the option table: defaults, validation of every
+ * kind of value, unknown keys, '-'/'_' spelling, merging.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "common/config.h"
+
+static void expect_refused(qr_config *c, const char *key, const char *value, int status,
+                           const char *phrase) {
+    assert_int_equal(qr_config_set(c, key, value), status);
+    assert_non_null(strstr(qr_last_error(), phrase));
+}
+
+static void test_defaults_and_set(void **state) {
+    (void)state;
+    qr_config *c;
+    assert_int_equal(qr_config_new(&c), QR_OK);
+    assert_string_equal(qr_config_get(c, "optimizer"), "sgd");
+    assert_string_equal(qr_config_get(c, "lr"), "");
+    assert_false(qr__config_is_set(c, "lr"));
+    assert_int_equal(qr_config_set(c, "lr", "0.25"), QR_OK);
+    assert_true(qr__config_is_set(c, "lr"));
+    assert_true(qr__config_float(c, "lr") == 0.25);
+    assert_int_equal(qr_config_set(c, "timeout_ms", "1500"), QR_OK); /* '_' == '-' */
+    assert_int_equal(qr__config_int(c, "timeout-ms"), 1500);
+    assert_int_equal(qr_config_set(c, "nesterov", "yes"), QR_OK);
+    assert_true(qr__config_bool(c, "nesterov"));
+    assert_null(qr_config_get(c, "no-such-key"));
+    assert_string_equal(qr_config_get(NULL, "transport"), "auto");
+    qr_config_free(c);
+    qr_config_free(NULL);
+}
+
+static void test_validation(void **state) {
+    (void)state;
+    qr_config *c;
+    assert_int_equal(qr_config_new(&c), QR_OK);
+    expect_refused(c, "optimzer", "adam", QR_EINVAL, "unknown option 'optimzer'");
+    expect_refused(c, "optimizer", "adamw", QR_EINVAL, "not one of sgd|momentum");
+    expect_refused(c, "lr", "-1", QR_EINVAL, "option lr: -1 is out of range: must be > 0");
+    expect_refused(c, "lr", "0", QR_EINVAL, "option lr: 0 is out of range");
+    expect_refused(c, "lr", "fast", QR_EINVAL, "not a finite number");
+    expect_refused(c, "lr", "nan", QR_EINVAL, "not a finite number");
+    expect_refused(c, "epsilon", "0", QR_EINVAL, "option epsilon");
+    expect_refused(c, "timeout-ms", "0", QR_EINVAL, "out of range");
+    expect_refused(c, "timeout-ms", "12x", QR_EINVAL, "not an integer");
+    expect_refused(c, "centered", "maybe", QR_EINVAL, "not true or false");
+    expect_refused(c, "transport", "udp", QR_EINVAL, "auto|tcp|unix");
+    assert_int_equal(qr_config_set(c, NULL, "1"), QR_EINVAL);
+    /* A refused value leaves the old one in place. */
+    assert_int_equal(qr_config_set(c, "lr", "0.5"), QR_OK);
+    expect_refused(c, "lr", "-3", QR_EINVAL, "out of range");
+    assert_string_equal(qr_config_get(c, "lr"), "0.5");
+    qr_config_free(c);
+}
+
+static void test_merge(void **state) {
+    (void)state;
+    qr_config *a, *b;
+    assert_int_equal(qr_config_new(&a), QR_OK);
+    assert_int_equal(qr_config_new(&b), QR_OK);
+    assert_int_equal(qr_config_set(a, "optimizer", "adam"), QR_OK);
+    assert_int_equal(qr_config_set(b, "lr", "0.1"), QR_OK);
+    assert_int_equal(qr__config_merge(b, a), QR_OK);
+    assert_string_equal(qr_config_get(b, "optimizer"), "adam");
+    assert_string_equal(qr_config_get(b, "lr"), "0.1");
+    qr_config_free(a);
+    qr_config_free(b);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_and_set),
+        cmocka_unit_test(test_validation),
+        cmocka_unit_test(test_merge),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,86 @@
+/*
+ * test_ps_store.c - the ps variable store, and above all the copy-on-write
+ * rule: a tensor referenced by a reply in flight is never written in place.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps/store.h"
+
+static qr_var *make_var(uint32_t id, const char *name, int64_t n) {
+    qr_var *v = calloc(1, sizeof *v);
+    v->id = id;
+    v->name = strdup(name);
+    v->ndim = 1;
+    v->shape[0] = n;
+    v->n = n;
+    v->value = qr_tensor_new(n);
+    for (int64_t i = 0; i < n; i++) v->value->data[i] = (float)i;
+    return v;
+}
+
+static void test_copy_on_write(void **state) {
+    (void)state;
+    qr_var *v = make_var(0, "w", 8);
+    /* Exclusive: written in place. */
+    float *before = v->value->data;
+    assert_int_equal(qr_var_prepare_write(v), QR_OK);
+    assert_ptr_equal(v->value->data, before);
+
+    /* A pull reply in flight holds the tensor: the write gets a copy. */
+    qr_tensor *in_flight = qr_tensor_ref(v->value);
+    assert_int_equal(qr_var_prepare_write(v), QR_OK);
+    assert_ptr_not_equal(v->value, in_flight);
+    assert_memory_equal(v->value->data, in_flight->data, 8 * sizeof(float));
+    v->value->data[3] = 100.0f;
+    assert_true(in_flight->data[3] == 3.0f); /* the reply's bytes are untouched */
+    assert_int_equal(in_flight->refs, 1);
+    qr_tensor_unref(in_flight);
+    qr_var_free(v);
+}
+
+static void test_store_ids_and_names(void **state) {
+    (void)state;
+    qr_store s;
+    qr_store_init(&s);
+    assert_int_equal(qr_store_add(&s, make_var(3, "a", 4)), QR_OK);
+    assert_int_equal(qr_store_add(&s, make_var(40, "b", 2)), QR_OK);
+    assert_non_null(qr_store_get(&s, 3));
+    assert_null(qr_store_get(&s, 4));
+    assert_null(qr_store_get(&s, 1000000));
+    assert_string_equal(qr_store_find_name(&s, "b")->name, "b");
+    assert_null(qr_store_find_name(&s, "c"));
+    assert_int_equal(s.count, 2);
+    assert_int_equal(s.bytes, 24);
+
+    qr_var *dup = make_var(3, "z", 1);
+    assert_int_equal(qr_store_add(&s, dup), QR_EEXIST);
+    qr_var_free(dup);
+    qr_var *huge = make_var(QR_MAX_VAR_ID, "h", 1);
+    assert_int_equal(qr_store_add(&s, huge), QR_EINVAL);
+    qr_var_free(huge);
+    qr_store_free(&s);
+}
+
+static void test_shape_str(void **state) {
+    (void)state;
+    char buf[64];
+    int64_t shape[2] = {784, 256};
+    qr_shape_str(2, shape, buf, sizeof buf);
+    assert_string_equal(buf, "[784,256]");
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_copy_on_write),
+        cmocka_unit_test(test_store_ids_and_names),
+        cmocka_unit_test(test_shape_str),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
