@@ -16,6 +16,9 @@
  *     buffers handed out (qr_worker_var_data) stay owned by the handle.
  *   - Handles are not thread-safe unless a function says so: use one
  *     worker handle per thread (one program may hold several).
+ *   - The library sets SIGPIPE to "ignore" when it opens its first
+ *     connection, if the program left it at the default (which would
+ *     kill the process when a peer goes away mid-write).
  */
 #ifndef QUORUM_H
 #define QUORUM_H

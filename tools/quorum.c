@@ -4,6 +4,7 @@
  * project that prints for the user and exits.
  */
 #include "cli.h"
+#include "bench/bench.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -124,6 +125,8 @@ static int cmd_bench(int argc, char **argv) {
                "`quorum bench NAME --help` lists a benchmark's options.\n");
         return argc < 1 ? 2 : 0;
     }
+    if (!strcmp(argv[0], "wire")) return qr_bench_wire_main(argc, argv);
+    if (!strcmp(argv[0], "optim")) return qr_bench_optim_main(argc, argv);
     fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire or optim)\n", argv[0]);
     return 2;
 }

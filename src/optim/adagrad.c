@@ -17,7 +17,7 @@
 
 #include <math.h>
 
-static void adagrad_run(float *restrict var, float *restrict accum, const float *restrict g,
+QR_OPTIM_LOOP static void adagrad_run(float *restrict var, float *restrict accum, const float *restrict g,
                         int64_t n, float lr) {
     for (int64_t i = 0; i < n; i++) {
         accum[i] += g[i] * g[i];

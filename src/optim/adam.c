@@ -35,7 +35,7 @@
 #include <math.h>
 
 /* omb1, omb2: 1 - beta1 and 1 - beta2, rounded to float once. */
-static void adam_run(float *restrict var, float *restrict m, float *restrict v,
+QR_OPTIM_LOOP static void adam_run(float *restrict var, float *restrict m, float *restrict v,
                      const float *restrict g, int64_t n, float alpha, float omb1, float omb2,
                      float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -45,7 +45,7 @@ static void adam_run(float *restrict var, float *restrict m, float *restrict v,
     }
 }
 
-static void adam_nesterov_run(float *restrict var, float *restrict m, float *restrict v,
+QR_OPTIM_LOOP static void adam_nesterov_run(float *restrict var, float *restrict m, float *restrict v,
                               const float *restrict g, int64_t n, float alpha, float beta1,
                               float omb1, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {

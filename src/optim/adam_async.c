@@ -39,7 +39,7 @@
 #include <math.h>
 
 /* omb1, omb2: 1 - beta1 and 1 - beta2, rounded to float once. */
-static void adam_async_run(float *restrict var, float *restrict m, float *restrict v,
+QR_OPTIM_LOOP static void adam_async_run(float *restrict var, float *restrict m, float *restrict v,
                            const float *restrict g, int64_t n, float alpha, float beta1,
                            float beta2, float omb1, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -49,7 +49,7 @@ static void adam_async_run(float *restrict var, float *restrict m, float *restri
     }
 }
 
-static void adam_async_nesterov_run(float *restrict var, float *restrict m, float *restrict v,
+QR_OPTIM_LOOP static void adam_async_nesterov_run(float *restrict var, float *restrict m, float *restrict v,
                                     const float *restrict g, int64_t n, float alpha, float beta1,
                                     float beta2, float omb1, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -59,7 +59,7 @@ static void adam_async_nesterov_run(float *restrict var, float *restrict m, floa
     }
 }
 
-static void sparse_rmsprop_run(float *restrict var, float *restrict m, float *restrict v,
+QR_OPTIM_LOOP static void sparse_rmsprop_run(float *restrict var, float *restrict m, float *restrict v,
                                const float *restrict g, int64_t n, float lr, float beta1,
                                float beta2, float omb2, float eps) {
     for (int64_t i = 0; i < n; i++) {

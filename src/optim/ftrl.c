@@ -37,7 +37,7 @@ static inline float ftrl_select(float linear, float pre_shrink, int32_t l1_bits)
     return r;
 }
 
-static void ftrl_sqrt_run(float *restrict var, float *restrict accum, float *restrict linear,
+QR_OPTIM_LOOP static void ftrl_sqrt_run(float *restrict var, float *restrict accum, float *restrict linear,
                           const float *restrict g, int64_t n, float lr, float l1, float l2) {
     const float two_l2 = 2.0f * l2;
     int32_t l1_bits;

@@ -15,7 +15,7 @@
  */
 #include "optim/optim_internal.h"
 
-static void momentum_run(float *restrict var, float *restrict accum, const float *restrict g,
+QR_OPTIM_LOOP static void momentum_run(float *restrict var, float *restrict accum, const float *restrict g,
                          int64_t n, float lr, float momentum) {
     for (int64_t i = 0; i < n; i++) {
         accum[i] = accum[i] * momentum + g[i];
@@ -23,7 +23,7 @@ static void momentum_run(float *restrict var, float *restrict accum, const float
     }
 }
 
-static void nesterov_run(float *restrict var, float *restrict accum, const float *restrict g,
+QR_OPTIM_LOOP static void nesterov_run(float *restrict var, float *restrict accum, const float *restrict g,
                          int64_t n, float lr, float momentum) {
     for (int64_t i = 0; i < n; i++) {
         accum[i] = accum[i] * momentum + g[i];

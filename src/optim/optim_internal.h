@@ -19,6 +19,19 @@
 #include "common/config.h"
 
 #define QR_OPTIM_MAX_SLOTS 4
+
+/* The element loops are compiled twice, for baseline x86-64 (SSE2, 4 floats)
+ * and for AVX2 (8 floats), and the dynamic loader picks one for the CPU
+ * (GCC function multi-versioning; no -march needed, the binary runs on any
+ * x86-64). AVX2 without FMA performs the same IEEE operations in the same
+ * order, so both paths give bit-identical results. It matters for the
+ * loops with a sqrt and a division per element, which are compute-bound at
+ * 4 floats per instruction. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define QR_OPTIM_LOOP __attribute__((target_clones("avx2", "default")))
+#else
+#define QR_OPTIM_LOOP
+#endif
 /* Dense tensors (and sparse applies touching) at least this many elements
  * are split across the pool's threads; below it the hand-off costs more
  * than it saves (a thread wake-up is a few microseconds, 256K floats of

@@ -27,7 +27,7 @@
 
 #include <math.h>
 
-static void rmsprop_run(float *restrict var, float *restrict ms, float *restrict mom,
+QR_OPTIM_LOOP static void rmsprop_run(float *restrict var, float *restrict ms, float *restrict mom,
                         const float *restrict g, int64_t n, float lr, float one_minus_rho,
                         float momentum, float eps) {
     for (int64_t i = 0; i < n; i++) {
@@ -37,7 +37,7 @@ static void rmsprop_run(float *restrict var, float *restrict ms, float *restrict
     }
 }
 
-static void centered_run(float *restrict var, float *restrict ms, float *restrict mom,
+QR_OPTIM_LOOP static void centered_run(float *restrict var, float *restrict ms, float *restrict mom,
                          float *restrict mg, const float *restrict g, int64_t n, float lr,
                          float one_minus_rho, float momentum, float eps) {
     for (int64_t i = 0; i < n; i++) {

@@ -8,7 +8,7 @@
  */
 #include "optim/optim_internal.h"
 
-static void sgd_run(float *restrict var, const float *restrict g, int64_t n, float lr) {
+QR_OPTIM_LOOP static void sgd_run(float *restrict var, const float *restrict g, int64_t n, float lr) {
     for (int64_t i = 0; i < n; i++) var[i] -= g[i] * lr;
 }
 

@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,8 +113,21 @@ static int from_uv(int uv_status) {
 
 /* ---- connection setup and teardown ------------------------------------ */
 
+/* Writing to a socket whose peer is gone raises SIGPIPE, whose default
+ * action kills the process: a ps would die with the worker it was
+ * answering. libuv writes with writev (no MSG_NOSIGNAL) and Linux has no
+ * SO_NOSIGPIPE, so the signal is ignored process-wide, unless the program
+ * installed a handler of its own. The failed write then returns EPIPE and
+ * closes that one connection. */
+static void ignore_sigpipe(void) {
+    struct sigaction old;
+    if (sigaction(SIGPIPE, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+        signal(SIGPIPE, SIG_IGN);
+}
+
 static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *opt,
                          const qr_conn_events *ev, void *data) {
+    ignore_sigpipe();
     qr_conn *c = qr__calloc(1, sizeof *c);
     if (!c) return NULL;
     c->staging = malloc(STAGING_BYTES);
@@ -197,7 +211,7 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
         c->iov = grown;
         c->iov_cap = n;
     }
-    memcpy(c->iov, iov, (size_t)n * sizeof *iov);
+    if (n) memcpy(c->iov, iov, (size_t)n * sizeof *iov);
     c->niov = n;
     c->discard = false;
     return QR_OK;

@@ -57,6 +57,7 @@ typedef struct wk_request {
     int *var_ids;
     float **dst;
     bool sent, done, internal;
+    int retries;
     int status;
     char errmsg[512];
     int64_t step;
@@ -264,12 +265,24 @@ static void link_connect(ps_link *l) {
  * Returns the first failure, with its message. */
 static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
     uint64_t deadline = qr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    /* The loop runs only inside calls: first take in what happened while
+     * the caller was computing (a ps that closed its end, say), so no
+     * request is sent on a connection that is already gone. */
+    uv_run(&w->loop, UV_RUN_NOWAIT);
     for (;;) {
         uint64_t now = qr__now_ns();
         uint64_t wake_at = deadline;
         int pending = 0;
         for (int i = 0; i < n; i++) {
             wk_request *r = reqs[i];
+            /* Everything but a push may be repeated safely after a lost
+             * connection; a push may have been applied, so it is not. */
+            if (r->done && r->status == QR_EPEERLOST && r->type != QR_MSG_PUSH &&
+                r->retries < 3 && now < deadline) {
+                r->retries++;
+                r->done = r->sent = false;
+                r->status = QR_OK;
+            }
             if (r->done) continue;
             pending++;
             if (r->sent) continue;

@@ -32,8 +32,9 @@ its tensor's RMS (var passing through 0) is judged against that tenth and
 not its own tiny magnitude: there, one float32 rounding of the larger
 values it came from (torch uses FMA, we do not) would otherwise count as
 a 1e-4 "relative" error. The test fails if any case's maximum exceeds
-1e-5. (Against the formulas quorum is bit-identical except where a libm
-function differs by an ulp: powf in FTRL with lr-power != -0.5.)
+1e-5. (Against the formulas quorum is in fact bit-identical: same float32
+operations in the same order; FTRL with lr-power != -0.5 calls the C
+library's powf through ctypes, like the C code.)
 
 Usage: check_optim.py --driver PATH [--case NAME] [--seed N]
 """
@@ -105,6 +106,20 @@ def read_output(path, shape, nsteps):
 
 def f32(x):
     return F32(x)
+
+
+_powf = None
+
+
+def libm_powf(x, p):
+    global _powf
+    if _powf is None:
+        import ctypes
+        libm = ctypes.CDLL("libm.so.6")
+        libm.powf.restype = ctypes.c_float
+        libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+        _powf = np.frompyfunc(lambda a, b: libm.powf(a, b), 2, 1)
+    return _powf(x, F32(p)).astype(F32)
 
 
 def ref_sgd(hp, var, s, g, lr, t, sparse):
@@ -189,10 +204,10 @@ def ref_ftrl(hp, var, s, g, lr, t, sparse):
     if p == 0.5:
         pn, po = np.sqrt(new_accum), np.sqrt(accum)
     else:
-        # in double, rounded once: numpy's float32 power may use a SIMD
-        # approximation (a few ulp), which the cancellation in pn - po magnifies
-        pn = np.power(new_accum.astype(np.float64), p).astype(F32)
-        po = np.power(accum.astype(np.float64), p).astype(F32)
+        # The C library's powf, as the C code calls: TF's form subtracts two
+        # close powers (pn - po), so one ulp of difference in pow (numpy's
+        # float32 power is a SIMD approximation) shows as ~1e-5 in linear.
+        pn, po = libm_powf(new_accum, p), libm_powf(accum, p)
     linear += g - (pn - po) / lr * var
     quadratic = pn / lr + f32(2.0 * hp["l2"])
     l1 = f32(hp["l1"])

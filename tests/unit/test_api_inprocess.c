@@ -236,12 +236,51 @@ static void test_ps_not_up_times_out(void **state) {
     qr_config_free(f.cfg);
 }
 
+static void test_reconnects_after_ps_restart(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 1, "auto");
+    qr_worker *chief = make_worker(&f, 0);
+    int ids[3];
+    declare_model(chief, ids);
+    assert_int_equal(qr_worker_initialize(chief), QR_OK);
+    float g[6] = {0};
+    const float *grads[1] = {g};
+    int64_t step;
+    assert_int_equal(qr_worker_push(chief, 1, ids, grads, QR_PUSH_STEP, &step), QR_OK);
+    assert_int_equal(step, 1);
+
+    /* The ps goes away and a new one starts on the same address. */
+    qr_ps_stop(f.ps[0]);
+    pthread_join(f.thread[0], NULL);
+    qr_ps_free(f.ps[0]);
+    qr_cluster *c = spec(&f, "ps", 0);
+    assert_int_equal(qr_ps_create(&f.ps[0], c, f.cfg), QR_OK);
+    qr_cluster_free(c);
+    void **arg = malloc(2 * sizeof *arg);
+    arg[0] = f.ps[0];
+    arg[1] = &f.run_status[0];
+    pthread_create(&f.thread[0], NULL, ps_thread, arg);
+
+    /* The worker reconnects on its own; the new ps is empty (restoring a
+     * ps from a checkpoint is the supervisor's job), so its step is 0 and
+     * a push names a variable it does not hold. */
+    assert_int_equal(qr_worker_global_step(chief, &step), QR_OK);
+    assert_int_equal(step, 0);
+    assert_int_equal(qr_worker_push(chief, 1, ids, grads, 0, NULL), QR_ENOTREADY);
+    assert_non_null(strstr(qr_last_error(), "not initialized yet"));
+    assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+    qr_worker_free(chief);
+    join_cluster(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pull_unix_one_ps),
         cmocka_unit_test(test_push_pull_tcp_two_ps),
         cmocka_unit_test(test_mismatched_declarations),
         cmocka_unit_test(test_ps_not_up_times_out),
+        cmocka_unit_test(test_reconnects_after_ps_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
