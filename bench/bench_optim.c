@@ -276,18 +276,6 @@ static int usage(const char *prog) {
     return 2;
 }
 
-static bool in_list(const char *list, const char *name) {
-    size_t n = strlen(name);
-    for (const char *p = list; *p;) {
-        const char *c = strchr(p, ',');
-        size_t len = c ? (size_t)(c - p) : strlen(p);
-        if (len == n && !strncmp(p, name, n)) return true;
-        if (!c) break;
-        p = c + 1;
-    }
-    return false;
-}
-
 int qr_bench_optim_main(int argc, char **argv) {
     bench_opts o = {.n = 16 << 20, .rows = 10000000, .nidx = 1 << 20, .dim = 64, .reps = 5,
                     .optims = all_optims};
@@ -352,7 +340,7 @@ int qr_bench_optim_main(int argc, char **argv) {
     int rc = QR_OK;
     const char *names[] = {"sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async", "ftrl"};
     for (size_t k = 0; k < QR_ARRAY_LEN(names) && !rc; k++) {
-        if (!in_list(o.optims, names[k])) continue;
+        if (!qr__list_has(o.optims, ',', names[k])) continue;
         for (int t = 0; t < o.nthreads && !rc; t++) rc = bench_dense(&o, names[k], o.threads[t], results);
     }
 
@@ -380,7 +368,7 @@ int qr_bench_optim_main(int argc, char **argv) {
             }
         }
         for (size_t k = 0; k < QR_ARRAY_LEN(names) && !rc; k++) {
-            if (!in_list(o.optims, names[k])) continue;
+            if (!qr__list_has(o.optims, ',', names[k])) continue;
             for (int t = 0; t < o.nthreads && !rc; t++)
                 rc = bench_sparse(&o, &d, names[k], o.threads[t], results);
         }

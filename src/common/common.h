@@ -66,6 +66,10 @@ double qr_rng_uniform(qr_rng *rng);          /* [0, 1) */
 double qr_rng_normal(qr_rng *rng);           /* mean 0, std 1 */
 uint64_t qr_rng_below(qr_rng *rng, uint64_t n); /* [0, n) */
 
+/* True if `item` is one of the entries of `list` separated by `sep`
+ * ("sgd|adam" with '|', "1,2,4" with ','). */
+bool qr__list_has(const char *list, char sep, const char *item);
+
 /* 64-bit FNV-1a, used for name hashing and the params digest. */
 uint64_t qr__fnv1a(const void *data, size_t len, uint64_t h);
 #define QR_FNV_INIT 0xcbf29ce484222325ull

@@ -47,11 +47,11 @@ static const key_spec keys[] = {
      "learning rate (default: 0.05 for sgd/momentum, 0.001 otherwise)"},
     {"momentum", KEY_FLOAT, "", 0, 1, 0, NULL,
      "momentum (momentum: 0.9; rmsprop: 0.0)"},
-    {"nesterov", KEY_BOOL, "false", 0, 0, 0, NULL, "Nesterov momentum (momentum, adam_async)"},
+    {"nesterov", KEY_BOOL, "false", 0, 0, 0, NULL, "Nesterov momentum (momentum, adam, adam_async)"},
     {"beta1", KEY_FLOAT, "0.9", 0, 1, 0, NULL, "Adam beta1"},
     {"beta2", KEY_FLOAT, "0.999", 0, 1, 0, NULL, "Adam beta2"},
     {"epsilon", KEY_FLOAT, "", 0, INF, 1, NULL,
-     "epsilon (adam/adam_async: 1e-8; rmsprop: 1e-10; adagrad: 1e-7 unused by TF)"},
+     "epsilon (adam/adam_async: 1e-8; rmsprop: 1e-10)"},
     {"decay", KEY_FLOAT, "0.9", 0, 1, 0, NULL, "RMSProp decay (rho)"},
     {"centered", KEY_BOOL, "false", 0, 0, 0, NULL, "centered RMSProp"},
     {"initial-accumulator", KEY_FLOAT, "0.1", 0, INF, 0, NULL,
@@ -96,18 +96,6 @@ void qr_config_free(qr_config *cfg) {
     free(cfg);
 }
 
-static bool choice_ok(const char *choices, const char *value) {
-    size_t n = strlen(value);
-    for (const char *p = choices; *p;) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && !strncmp(p, value, n)) return true;
-        if (!bar) break;
-        p = bar + 1;
-    }
-    return false;
-}
-
 static int validate(const key_spec *k, const char *value) {
     int64_t iv;
     double fv;
@@ -133,11 +121,11 @@ static int validate(const key_spec *k, const char *value) {
         }
         return QR_OK;
     case KEY_BOOL:
-        if (!choice_ok("true|false|1|0|yes|no", value))
+        if (!qr__list_has("true|false|1|0|yes|no", '|', value))
             return qr__fail(QR_EINVAL, "option %s: '%s' is not true or false", k->name, value);
         return QR_OK;
     case KEY_ENUM:
-        if (!choice_ok(k->choices, value))
+        if (!qr__list_has(k->choices, '|', value))
             return qr__fail(QR_EINVAL, "option %s: '%s' is not one of %s", k->name, value,
                             k->choices);
         return QR_OK;

@@ -149,6 +149,18 @@ uint64_t qr_rng_below(qr_rng *rng, uint64_t n) {
     return (uint64_t)(((__uint128_t)qr_rng_next(rng) * n) >> 64);
 }
 
+bool qr__list_has(const char *list, char sep, const char *item) {
+    size_t n = strlen(item);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, sep);
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, item, n)) return true;
+        if (!end) break;
+        p = end + 1;
+    }
+    return false;
+}
+
 uint64_t qr__fnv1a(const void *data, size_t len, uint64_t h) {
     const unsigned char *p = data;
     for (size_t i = 0; i < len; i++) {

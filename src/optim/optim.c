@@ -23,18 +23,6 @@ static const char *const optim_keys[] = {
     "initial-accumulator", "l1", "l2", "lr-power", "apply-sparse-rmsprop",
 };
 
-static bool key_listed(const char *keys, const char *key) {
-    size_t n = strlen(key);
-    for (const char *p = keys; *p;) {
-        const char *bar = strchr(p, '|');
-        size_t len = bar ? (size_t)(bar - p) : strlen(p);
-        if (len == n && !strncmp(p, key, n)) return true;
-        if (!bar) break;
-        p = bar + 1;
-    }
-    return false;
-}
-
 double qr__optim_opt_float(const qr_config *cfg, const char *key, double def) {
     if (!qr__config_is_set(cfg, key)) return def;
     return qr__config_float(cfg, key);
@@ -64,7 +52,7 @@ int qr_optim_create(qr_optim **out, const qr_config *cfg) {
     if (!ops) return qr__fail(QR_EINVAL, "option optimizer: unknown optimizer '%s'", name);
 
     for (size_t i = 0; i < QR_ARRAY_LEN(optim_keys); i++)
-        if (qr__config_is_set(cfg, optim_keys[i]) && !key_listed(ops->keys, optim_keys[i]))
+        if (qr__config_is_set(cfg, optim_keys[i]) && !qr__list_has(ops->keys, '|', optim_keys[i]))
             return qr__fail(QR_EINVAL,
                             "optimizer %s: option %s does not apply to it (it reads: %s)",
                             ops->name, optim_keys[i], ops->keys);
