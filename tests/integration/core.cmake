@@ -10,3 +10,8 @@ qr_integration_test(integration_hostile_client test_hostile.py)
 qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_train_digits test_train.py digits)
 qr_integration_test(integration_train_fashion test_train.py fashion-mnist)
+qr_integration_test(integration_optimizers_digits test_optimizers.py digits)
+# Seven Fashion-MNIST runs: about 70 s normally, several minutes under the
+# sanitizers, which skip tests labelled slow (scripts/test.sh --sanitize).
+qr_integration_test(integration_optimizers_fashion test_optimizers.py fashion-mnist)
+set_tests_properties(integration_optimizers_fashion PROPERTIES LABELS slow)

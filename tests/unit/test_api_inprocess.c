@@ -274,6 +274,51 @@ static void test_reconnects_after_ps_restart(void **state) {
     join_cluster(&f);
 }
 
+static void test_nonfinite_policies(void **state) {
+    (void)state;
+    float nan_grad[6] = {1, 1, 0.0f / 0.0f, 1, 1, 1};
+    const float *grads[1] = {nan_grad};
+    for (int skip = 0; skip < 2; skip++) {
+        cluster_fixture f;
+        start_cluster(&f, 1, "auto");
+        if (skip) {
+            /* Restart the ps with nonfinite=skip. */
+            qr_ps_stop(f.ps[0]);
+            pthread_join(f.thread[0], NULL);
+            qr_ps_free(f.ps[0]);
+            assert_int_equal(qr_config_set(f.cfg, "nonfinite", "skip"), QR_OK);
+            qr_cluster *c = spec(&f, "ps", 0);
+            assert_int_equal(qr_ps_create(&f.ps[0], c, f.cfg), QR_OK);
+            qr_cluster_free(c);
+            void **arg = malloc(2 * sizeof *arg);
+            arg[0] = f.ps[0];
+            arg[1] = &f.run_status[0];
+            pthread_create(&f.thread[0], NULL, ps_thread, arg);
+        }
+        qr_worker *chief = make_worker(&f, 0);
+        int ids[3];
+        declare_model(chief, ids);
+        assert_int_equal(qr_worker_initialize(chief), QR_OK);
+        int64_t step = -1;
+        int rc = qr_worker_push(chief, 1, ids, grads, QR_PUSH_STEP, &step);
+        if (skip) {
+            /* Accepted, skipped: the step advances, the variable does not. */
+            assert_int_equal(rc, QR_OK);
+            assert_int_equal(step, 1);
+        } else {
+            assert_int_equal(rc, QR_ENONFINITE);
+            assert_non_null(strstr(qr_last_error(), "variable 'w' contains NaN or Inf"));
+            assert_int_equal(qr_worker_global_step(chief, &step), QR_OK);
+            assert_int_equal(step, 0);
+        }
+        assert_int_equal(qr_worker_pull(chief, 1, ids, NULL), QR_OK);
+        for (int i = 0; i < 6; i++) assert_true(qr_worker_var_data(chief, ids[0])[i] == 1.0f);
+        assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+        qr_worker_free(chief);
+        join_cluster(&f);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pull_unix_one_ps),
@@ -281,6 +326,7 @@ int main(void) {
         cmocka_unit_test(test_mismatched_declarations),
         cmocka_unit_test(test_ps_not_up_times_out),
         cmocka_unit_test(test_reconnects_after_ps_restart),
+        cmocka_unit_test(test_nonfinite_policies),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,46 @@
+"""test_optimizers.py - every optimizer trains the MLP in a real
+multi-process run (2 ps, 3 workers, async) to the accuracy issue 4 asks
+for: >= 0.95 on digits, >= 0.85 on Fashion-MNIST.
+Usage: test_optimizers.py QUORUM_BINARY digits|fashion-mnist [OPTIMIZER...]"""
+
+import sys
+
+from qrtest import Proc, last_json
+
+# Per-optimizer settings for the MLP: TF's default learning rates are
+# tuned for other models; these are what a user would pass.
+SETTINGS = {
+    "sgd": ["--lr", "0.1"],
+    "momentum": ["--lr", "0.01"],
+    "adagrad": ["--lr", "0.05"],
+    "rmsprop": ["--lr", "0.0005"],
+    "adam": ["--lr", "0.001"],
+    "adam_async": ["--lr", "0.001"],
+    # A tiny initial accumulator keeps the random initialization (see
+    # docs/OPTIMIZERS.md, "FTRL on deep networks").
+    "ftrl": ["--lr", "0.05", "--initial-accumulator", "1e-6"],
+}
+EPOCHS = {"digits": {}, "fashion-mnist": {"sgd": "10"}}
+DEFAULT_EPOCHS = {"digits": "20", "fashion-mnist": "6"}
+TARGET = {"digits": 0.95, "fashion-mnist": 0.85}
+
+quorum, data = sys.argv[1], sys.argv[2]
+names = sys.argv[3:] or list(SETTINGS)
+failures = []
+for name in names:
+    epochs = EPOCHS[data].get(name, DEFAULT_EPOCHS[data])
+    proc = Proc([quorum, "launch", "--ps", "2", "--workers", "3", "--data", data,
+                 "--epochs", epochs, "--optimizer", name, "--seed", "3", "--json",
+                 "--quiet"] + SETTINGS[name])
+    rc, out, err = proc.wait(timeout=600)
+    if rc != 0:
+        failures.append("%s: launch exited %d: %s" % (name, rc, err[-2000:]))
+        continue
+    summary = last_json(out)
+    assert summary["optimizer"] == name, summary
+    acc = summary["test_accuracy"]
+    print("%-10s %s: test accuracy %.4f in %.1f s" % (name, data, acc, summary["wall_seconds"]))
+    if acc < TARGET[data]:
+        failures.append("%s: accuracy %.4f < %.2f" % (name, acc, TARGET[data]))
+assert not failures, "\n".join(failures)
+print("PASS: %d optimizers reach %.2f on %s" % (len(names), TARGET[data], data))
