@@ -21,7 +21,7 @@ SETTINGS = {
     "ftrl": ["--lr", "0.05", "--initial-accumulator", "1e-6"],
 }
 EPOCHS = {"digits": {}, "fashion-mnist": {"sgd": "10"}}
-DEFAULT_EPOCHS = {"digits": "20", "fashion-mnist": "6"}
+DEFAULT_EPOCHS = {"digits": "40", "fashion-mnist": "6"}
 TARGET = {"digits": 0.95, "fashion-mnist": 0.85}
 
 quorum, data = sys.argv[1], sys.argv[2]
