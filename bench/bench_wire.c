@@ -978,7 +978,7 @@ static int parse_list(const char *flag, const char *value, int max,
             return -1;
         }
         if (item(tok, out, n)) {
-            fprintf(stderr, "bench wire: %s: bad value '%s'\n", flag, tok);
+            fprintf(stderr, "bench wire: %s: bad or repeated value '%s'\n", flag, tok);
             return -1;
         }
         n++;

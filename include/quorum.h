@@ -199,6 +199,27 @@ QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
                           const float *const *grads, unsigned flags,
                           int64_t *global_step);
 
+/* ---- synchronous replicas (option mode=sync) ----
+ * A worker's step: qr_worker_pull, compute, qr_worker_push (tagged with
+ * the worker's local step; the flags are ignored), then
+ * qr_worker_take_token, which blocks until ps 0 releases a token and sets
+ * the local step from it. qr_worker_push returns QR_ESTALE, with the
+ * message "dropped: stale: ...", when the gradient came too late to count;
+ * the worker still takes a token and goes on. A token wait ends with
+ * QR_ESTOPPED when training is over and QR_EABORTED (with the stall
+ * report) when ps 0 gave up waiting for missing workers. */
+QR_API int qr_worker_take_token(qr_worker *w, int64_t *step);
+/* The step this worker computes for (sync), set by initialize and tokens. */
+QR_API int qr_worker_local_step(const qr_worker *w, int64_t *step);
+/* The chief, before qr_worker_initialize: the run's last global step, so
+ * that the ps tasks stop by themselves when training is over even if the
+ * chief is gone. */
+QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
+/* ps 0's statistics of synchronous training as a JSON object ("{}" in
+ * async mode): steps, stale_dropped, in_quorum and stale_by_worker per
+ * worker, mean_wait_ms, max_wait_ms, ... */
+QR_API int qr_worker_sync_stats(qr_worker *w, char *buf, size_t len);
+
 /* Read the global step held by ps 0. */
 QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);
 

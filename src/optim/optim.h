@@ -117,4 +117,8 @@ int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name,
  * stopping at the first bad block; the ps calls it before applying. */
 bool qr_optim_all_finite(const float *x, int64_t n);
 
+/* dst = (srcs[0] + ... + srcs[k-1]) / divisor, summed in exactly that
+ * order (dst may be srcs[0]). The reduction of a synchronous step. */
+void qr_optim_reduce(float *dst, const float *const *srcs, int k, int64_t n, float divisor);
+
 #endif /* QR_OPTIM_H */

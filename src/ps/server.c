@@ -19,67 +19,11 @@
  * listener, answers every later request with QR_ESTOPPED, and waits up to
  * linger-ms for the workers to hang up before the loop ends.
  */
-#include "cluster/cluster.h"
-#include "common/config.h"
-#include "ps/store.h"
-#include "wire/conn.h"
+#include "ps/ps_internal.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A peer whose queued replies exceed this stops being read until they
- * drain: bounds the memory a slow or hostile reader can pin. */
-#define PEER_MAX_PENDING (256ull << 20)
-
-typedef struct push_item {
-    qr_var *var;
-    uint64_t offset; /* into the peer's receive buffer */
-    bool skip;       /* non-finite, with nonfinite=skip */
-} push_item;
-
-typedef struct ps_peer {
-    qr_ps *ps;
-    qr_conn *conn;
-    struct ps_peer *prev, *next;
-    int worker_index; /* from HELLO; -1 until then */
-    /* An error found while the request's meta was checked; sent once the
-     * (discarded) payload has been read. */
-    int err;
-    char errmsg[512];
-    /* The current request's decoded items. */
-    push_item *items;
-    int nitems, items_cap;
-    qr_var **created; /* CREATE: new variables waiting for their payload */
-    int ncreated;
-    float *recv;      /* receive buffer for gradients, grown as needed */
-    size_t recv_cap;
-} ps_peer;
-
-struct qr_ps {
-    uv_loop_t loop;
-    uv_async_t stop_async;
-    uv_timer_t linger_timer;
-    qr_cluster *cluster;
-    int index;
-    qr_config *cfg;
-    qr_listener *listener;
-    qr_conn_options conn_opt;
-    qr_conn_events events;
-    qr_optim *optim;
-    qr_store store;
-    ps_peer *peers;
-    int npeers;
-    uint64_t mark;
-    int64_t global_step;   /* meaningful on ps 0 */
-    int64_t applied_steps; /* step pushes applied here: Adam's t */
-    bool ready;
-    bool stopping;
-    bool skip_nonfinite;
-    int linger_ms;
-    char name[32];
-};
 
 /* ---- replies ---------------------------------------------------------- */
 
@@ -89,7 +33,7 @@ static void on_reply_sent(qr_conn *c, int status, void *ctx) {
         qr_conn_resume(c);
 }
 
-static void reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
+void qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
                   const qr_iov *iov, int niov, qr_send_cb cb, void *ctx) {
     qr_frame f = {0};
     f.type = (uint8_t)(req->type | QR_MSG_REPLY);
@@ -105,12 +49,12 @@ static void reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *me
     if (qr_conn_pending_bytes(p->conn) > PEER_MAX_PENDING) qr_conn_pause(p->conn);
 }
 
-static void reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg) {
+void qr__ps_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg) {
     qr_wbuf meta = {0};
     qr_wbuf_bytes(&meta, msg, strlen(msg));
     qr__log(QR_LOG_DEBUG, "%s from %s refused: %s", qr_msg_name(req->type),
             qr_conn_peer(p->conn), msg);
-    reply(p, req, status, &meta, NULL, 0, NULL, NULL);
+    qr__ps_reply(p, req, status, &meta, NULL, 0, NULL, NULL);
     qr_wbuf_free(&meta);
 }
 
@@ -177,8 +121,14 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
     uint32_t count = qr_rbuf_u32(&r);
-    (void)qr_rbuf_i64(&r); /* local_step: used by synchronous training */
+    int64_t local_step = qr_rbuf_i64(&r);
+    uint32_t worker = qr_rbuf_u32(&r);
+    uint32_t seq = qr_rbuf_u32(&r);
     if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated");
+    bool sync = f->flags & QR_PUSH_SYNC;
+    if (sync != p->ps->sync.on)
+        return qr__fail(QR_EINVAL, "PUSH: a %s push, but this ps trains in %s mode",
+                        sync ? "synchronous" : "asynchronous", p->ps->sync.on ? "sync" : "async");
     /* A push of no variables is allowed: it only advances the step. */
     int rc = count ? check_count("PUSH", count) : QR_OK;
     if (!rc) rc = ensure_items(p, count);
@@ -189,6 +139,7 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         uint32_t id = qr_rbuf_u32(&r);
         uint32_t kind = qr_rbuf_u32(&r);
         uint64_t nbytes = qr_rbuf_u64(&r);
+        uint64_t version = qr_rbuf_u64(&r);
         if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated at item %u", i);
         qr_var *v;
         if ((rc = lookup(p, "PUSH", id, &v))) return rc;
@@ -203,11 +154,12 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
                             "has %llu bytes", v->name, shape, (long long)v->n,
                             (unsigned long long)nbytes);
         }
-        p->items[i] = (push_item){.var = v, .offset = offset};
+        p->items[i] = (push_item){.var = v, .offset = offset, .version = version};
         offset += nbytes;
     }
     p->nitems = (int)count;
     rc = check_end("PUSH", &r, offset, f->payload_len);
+    if (!rc && sync) return qr__sync_push_header(p, f, worker, seq, local_step);
     if (!rc) rc = ensure_recv(p, offset);
     if (rc) return rc;
     qr_iov iov = {p->recv, offset};
@@ -226,7 +178,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
                      "Inf; nothing was applied (set nonfinite=skip to skip such gradients)",
                      ps->name, it->var->name);
-            reply_error(p, f, QR_ENONFINITE, msg);
+            qr__ps_reply_error(p, f, QR_ENONFINITE, msg);
             return;
         }
         it->skip = true;
@@ -234,7 +186,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     }
     for (int i = 0; i < p->nitems; i++) {
         if (!p->items[i].skip && qr_var_prepare_write(p->items[i].var)) {
-            reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
+            qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
             return;
         }
     }
@@ -249,7 +201,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
                      qr_last_error());
-            reply_error(p, f, rc, msg);
+            qr__ps_reply_error(p, f, rc, msg);
             return;
         }
         v->version++;
@@ -260,7 +212,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     }
     qr_wbuf meta = {0};
     qr_wbuf_i64(&meta, ps->global_step);
-    reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr__ps_reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
     qr_wbuf_free(&meta);
 }
 
@@ -303,7 +255,7 @@ static void pull_message(ps_peer *p, const qr_frame *f) {
     if (!refs || !iov) {
         free(refs);
         free(iov);
-        reply_error(p, f, QR_ENOMEM, "out of memory answering a pull");
+        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory answering a pull");
         return;
     }
     qr_wbuf meta = {0};
@@ -321,9 +273,9 @@ static void pull_message(ps_peer *p, const qr_frame *f) {
         iov[i] = (qr_iov){v->value->data, (size_t)v->n * sizeof(float)};
     }
     if (meta.oom)
-        on_pull_sent(p->conn, QR_ENOMEM, refs), reply_error(p, f, QR_ENOMEM, "out of memory");
+        on_pull_sent(p->conn, QR_ENOMEM, refs), qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
     else
-        reply(p, f, QR_OK, &meta, iov, n, on_pull_sent, refs);
+        qr__ps_reply(p, f, QR_OK, &meta, iov, n, on_pull_sent, refs);
     qr_wbuf_free(&meta);
     free(iov);
 }
@@ -479,7 +431,7 @@ static void create_message(ps_peer *p, const qr_frame *f) {
             snprintf(msg, sizeof msg, "%s: CREATE: initial value of '%s' contains NaN or Inf",
                      ps->name, v->name);
             drop_created(p);
-            reply_error(p, f, QR_ENONFINITE, msg);
+            qr__ps_reply_error(p, f, QR_ENONFINITE, msg);
             return;
         }
     }
@@ -492,7 +444,7 @@ static void create_message(ps_peer *p, const qr_frame *f) {
             free(p->created);
             p->created = NULL;
             p->ncreated = 0;
-            reply_error(p, f, QR_EINTERNAL, msg);
+            qr__ps_reply_error(p, f, QR_EINTERNAL, msg);
             return;
         }
         qr__log(QR_LOG_DEBUG, "created variable '%s' (id %u, %lld floats)", p->created[i]->name,
@@ -501,7 +453,7 @@ static void create_message(ps_peer *p, const qr_frame *f) {
     free(p->created);
     p->created = NULL;
     p->ncreated = 0;
-    reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+    qr__ps_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
 }
 
 static int small_header(ps_peer *p, const qr_frame *f, const uint8_t *meta, uint32_t meta_len) {
@@ -512,9 +464,26 @@ static int small_header(ps_peer *p, const qr_frame *f, const uint8_t *meta, uint
     return QR_OK;
 }
 
+/* COMMIT and TOKEN go to ps 0, in synchronous mode. */
+static int coord_only(ps_peer *p, const qr_frame *f) {
+    if (!p->ps->sync.on)
+        return qr__fail(QR_EINVAL, "%s: this ps trains in async mode", qr_msg_name(f->type));
+    if (p->ps->index != 0)
+        return qr__fail(QR_EINVAL, "%s goes to ps 0, not ps %d", qr_msg_name(f->type),
+                        p->ps->index);
+    return QR_OK;
+}
+
+static int apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    if (!p->ps->sync.on) return qr__fail(QR_EINVAL, "APPLY: this ps trains in async mode");
+    if (p->role != QR_ROLE_COORDINATOR)
+        return qr__fail(QR_EINVAL, "APPLY comes only from ps 0's coordinator");
+    if (f->payload_len) return qr__fail(QR_EPROTO, "APPLY carries no payload");
+    return QR_OK;
+}
+
 /* ---- connection events ------------------------------------------------- */
 
-static void begin_stop(qr_ps *ps);
 
 static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
@@ -522,6 +491,8 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     p->err = QR_OK;
     p->nitems = 0;
     drop_created(p);
+    qr__sync_push_free(p->incoming);
+    p->incoming = NULL;
     int rc;
     if (f->type & QR_MSG_REPLY)
         rc = qr__fail(QR_EPROTO, "a ps does not accept %s replies", qr_msg_name(f->type));
@@ -529,8 +500,12 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         rc = qr__fail(QR_ESTOPPED, "the ps is stopping: training is over");
     else {
         switch (f->type) {
-        case QR_MSG_HELLO: rc = small_header(p, f, meta, 8); break;
-        case QR_MSG_READY: rc = small_header(p, f, meta, 4); break;
+        case QR_MSG_HELLO: rc = small_header(p, f, meta, 12); break;
+        case QR_MSG_READY: rc = small_header(p, f, meta, 12); break;
+        case QR_MSG_COMMIT: rc = coord_only(p, f) ? QR_EINVAL : small_header(p, f, meta, 16); break;
+        case QR_MSG_TOKEN: rc = coord_only(p, f) ? QR_EINVAL : small_header(p, f, meta, 4); break;
+        case QR_MSG_STATS: rc = small_header(p, f, meta, 0); break;
+        case QR_MSG_APPLY: rc = apply_header(p, f, meta); break;
         case QR_MSG_STEP: rc = small_header(p, f, meta, 0); break;
         case QR_MSG_STOP: rc = small_header(p, f, meta, 0); break;
         case QR_MSG_PUSH: rc = push_header(p, f, meta); break;
@@ -550,35 +525,75 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
     qr_ps *ps = p->ps;
     if (p->err) {
-        reply_error(p, f, p->err, p->errmsg);
+        qr__ps_reply_error(p, f, p->err, p->errmsg);
         return;
     }
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_wbuf out = {0};
     switch (f->type) {
-    case QR_MSG_HELLO:
-        (void)qr_rbuf_u32(&r);
-        p->worker_index = (int)qr_rbuf_u32(&r);
-        qr__log(QR_LOG_DEBUG, "worker %d connected from %s (%s)", p->worker_index,
-                qr_conn_peer(c), qr_conn_kind(c));
-        reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+    case QR_MSG_HELLO: {
+        uint32_t role = qr_rbuf_u32(&r);
+        uint32_t index = qr_rbuf_u32(&r);
+        uint32_t mode = qr_rbuf_u32(&r);
+        if (role == QR_ROLE_WORKER && (int)index >= ps->cluster->nworkers) {
+            qr__ps_reply_error(p, f, QR_EINVAL, "HELLO: no such worker index");
+            break;
+        }
+        if (role == QR_ROLE_WORKER && (mode != 0) != ps->sync.on) {
+            char msg[256];
+            snprintf(msg, sizeof msg, "%s: worker %u trains in %s mode but the ps in %s mode: "
+                     "give every task the same --mode", ps->name, index, mode ? "sync" : "async",
+                     ps->sync.on ? "sync" : "async");
+            qr__ps_reply_error(p, f, QR_EINVAL, msg);
+            break;
+        }
+        p->role = (int)role;
+        if (role == QR_ROLE_WORKER) {
+            p->worker_index = (int)index;
+            qr__log(QR_LOG_DEBUG, "worker %d connected from %s (%s)", p->worker_index,
+                    qr_conn_peer(c), qr_conn_kind(c));
+            if (ps->sync.on && ps->index == 0) qr__coord_worker_joined(ps, p->worker_index);
+        }
+        qr__ps_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
         break;
-    case QR_MSG_READY:
-        if (qr_rbuf_u32(&r)) ps->ready = true;
+    }
+    case QR_MSG_READY: {
+        uint32_t set = qr_rbuf_u32(&r);
+        int64_t step_limit = qr_rbuf_i64(&r);
+        if (set && !ps->ready) {
+            ps->ready = true;
+            if (ps->sync.on && ps->index == 0) qr__coord_ready(ps, step_limit);
+        }
         qr_wbuf_u32(&out, ps->ready);
-        reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        qr_wbuf_i64(&out, ps->global_step);
+        qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
         break;
+    }
+    case QR_MSG_COMMIT: qr__coord_commit(p, f, meta); break;
+    case QR_MSG_TOKEN: qr__coord_token(p, f); break;
+    case QR_MSG_STATS:
+        if (ps->sync.on && ps->index == 0) {
+            qr__coord_stats(p, f);
+        } else {
+            qr_wbuf_bytes(&out, "{}", 2);
+            qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        }
+        break;
+    case QR_MSG_APPLY: qr__sync_apply_message(p, f, meta); break;
     case QR_MSG_STEP:
         qr_wbuf_i64(&out, ps->global_step);
-        reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
         break;
     case QR_MSG_STOP:
-        reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+        qr__ps_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
         qr__log(QR_LOG_INFO, "stop requested by %s", p->worker_index >= 0 ? "a worker" : "a peer");
-        begin_stop(ps);
+        qr__ps_begin_stop(ps);
         break;
-    case QR_MSG_PUSH: push_message(p, f); break;
+    case QR_MSG_PUSH:
+        if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
+        else push_message(p, f);
+        break;
     case QR_MSG_PULL: pull_message(p, f); break;
     case QR_MSG_CREATE: create_message(p, f); break;
     }
@@ -602,7 +617,6 @@ static void on_accepted(qr_listener *l, qr_conn *c) {
     qr_conn_set_data(c, p);
 }
 
-static void finish_if_idle(qr_ps *ps);
 
 static void on_lost(qr_conn *c, int status) {
     ps_peer *p = qr_conn_data(c);
@@ -613,15 +627,17 @@ static void on_lost(qr_conn *c, int status) {
     if (p->worker_index >= 0 && !ps->stopping)
         qr__log(QR_LOG_DEBUG, "worker %d (%s) disconnected: %s", p->worker_index,
                 qr_conn_peer(c), qr_strerror(status));
+    if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
     else ps->peers = p->next;
     if (p->next) p->next->prev = p->prev;
     ps->npeers--;
     drop_created(p);
+    qr__sync_push_free(p->incoming);
     free(p->items);
     free(p->recv);
     free(p);
-    finish_if_idle(ps);
+    qr__ps_finish_if_idle(ps);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -637,8 +653,13 @@ static void close_loop_handles(qr_ps *ps) {
         uv_close((uv_handle_t *)&ps->stop_async, on_handle_closed);
 }
 
-static void finish_if_idle(qr_ps *ps) {
-    if (ps->stopping && ps->npeers == 0) close_loop_handles(ps);
+void qr__ps_finish_if_idle(qr_ps *ps) {
+    /* Done once every peer has hung up and ps 0's links have delivered
+     * their STOP (or given up). */
+    if (!ps->stopping || ps->npeers != 0) return;
+    if (ps->sync.on && ps->index == 0 && qr__coord_links_busy(ps)) return;
+    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
+    close_loop_handles(ps);
 }
 
 static void on_linger_timeout(uv_timer_t *t) {
@@ -647,20 +668,22 @@ static void on_linger_timeout(uv_timer_t *t) {
         qr__log(QR_LOG_INFO, "closing %d connection(s) still open %d ms after the stop",
                 ps->npeers, ps->linger_ms);
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
+    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
     close_loop_handles(ps);
 }
 
-static void begin_stop(qr_ps *ps) {
+void qr__ps_begin_stop(qr_ps *ps) {
     if (ps->stopping) return;
     ps->stopping = true;
+    if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;
     uv_timer_start(&ps->linger_timer, on_linger_timeout, (uint64_t)ps->linger_ms, 0);
-    finish_if_idle(ps);
+    qr__ps_finish_if_idle(ps);
 }
 
 static void on_stop_async(uv_async_t *a) {
-    begin_stop(a->data);
+    qr__ps_begin_stop(a->data);
 }
 
 int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
@@ -679,6 +702,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc) rc = qr__config_merge(ps->cfg, cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
     if (!rc) rc = qr_optim_create(&ps->optim, ps->cfg);
+    if (!rc) rc = qr__sync_init(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);
         qr_config_free(ps->cfg);
@@ -697,10 +721,11 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     ps->stop_async.data = ps;
     uv_timer_init(&ps->loop, &ps->linger_timer);
     ps->linger_timer.data = ps;
+    if (ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
 
     const char *addr_str = ps->cluster->ps[ps->index];
     qr_addr addr;
-    rc = qr_addr_parse(addr_str, &addr);
+    if (!rc) rc = qr_addr_parse(addr_str, &addr);
     if (!rc) {
         bool tcp_only = !strcmp(qr__config_str(ps->cfg, "transport"), "tcp");
         rc = qr_listen(&ps->loop, &addr, tcp_only, &ps->conn_opt, &ps->events, ps, &ps->listener);
@@ -719,6 +744,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
 int qr_ps_run(qr_ps *ps) {
     if (!ps) return qr__fail(QR_EINVAL, "qr_ps_run: ps is NULL");
     uv_run(&ps->loop, UV_RUN_DEFAULT);
+    if (ps->exit_status) return qr__fail(ps->exit_status, "%s", ps->sync.abort_msg);
     return QR_OK;
 }
 
@@ -737,8 +763,10 @@ void qr_ps_free(qr_ps *ps) {
     ps->stopping = true;
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
     close_loop_handles(ps);
+    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
+    qr__sync_free(ps);
     qr_store_free(&ps->store);
     qr_optim_free(ps->optim);
     qr_config_free(ps->cfg);

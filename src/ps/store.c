@@ -36,6 +36,7 @@ void qr_var_free(qr_var *v) {
     if (!v) return;
     qr_tensor_unref(v->value);
     qr_optim_slots_free(v->slots);
+    free(v->sync_srcs);
     free(v->name);
     free(v);
 }

@@ -39,6 +39,9 @@ typedef struct qr_var {
     qr_optim_slots *slots;
     uint64_t nonfinite_skipped;
     uint64_t mark; /* last message that named it: catches duplicates */
+    /* sync: the gradients of the step being applied, in quorum order */
+    const float **sync_srcs;
+    int nsync, sync_cap;
 } qr_var;
 
 typedef struct qr_store {

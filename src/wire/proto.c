@@ -10,8 +10,8 @@
 #include <string.h>
 
 const char *qr_msg_name(int type) {
-    static const char *names[] = {"?",    "HELLO", "CREATE", "READY",
-                                  "PUSH", "PULL",  "STEP",   "STOP"};
+    static const char *names[] = {"?",    "HELLO", "CREATE", "READY",  "PUSH", "PULL",
+                                  "STEP", "STOP",  "COMMIT", "TOKEN", "APPLY", "STATS"};
     int t = type & ~QR_MSG_REPLY;
     if (t < 1 || t > QR_MSG_TYPE_MAX) return "UNKNOWN";
     return names[t];

@@ -23,24 +23,38 @@
  * An error reply carries its message as meta (UTF-8, not NUL-terminated).
  *
  * Meta layouts (u32/i64/... little-endian, no padding):
- *   HELLO      req: u32 role (1 = worker), u32 task_index
+ *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link),
+ *                   u32 task_index, u32 mode (0 = async, 1 = sync)
  *   CREATE     req: u32 count, then per variable:
  *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
  *                   u32 name_len, name bytes
  *              payload: each variable's initial values, in order
  *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
  *                     that the same variables exist (non-chief workers)
- *   READY      req: u32 set (1 = mark the cluster ready, 0 = query)
- *              reply: u32 ready
- *   PUSH       req: u32 count, i64 local_step, then per item:
- *                   u32 var_id, u32 kind (0 = dense), u64 nbytes
+ *   READY      req: u32 set (1 = mark the cluster ready, 0 = query),
+ *                   i64 step_limit (the run's last global step; 0 = unknown)
+ *              reply: u32 ready, i64 global_step
+ *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq, then
+ *                   per item: u32 var_id, u32 kind (0 = dense), u64 nbytes,
+ *                   u64 version (of the variable the gradient was computed at)
  *              payload: the gradients, in order
- *              reply: i64 global_step
+ *              flags: QR_PUSH_STEP (async: advance the global step),
+ *                     QR_PUSH_SYNC (hold for the step's quorum)
+ *              reply: i64 global_step (async) or the ps's step (sync);
+ *                     status QR_ESTALE if the gradient is stale
  *   PULL       req: u32 count, then u32 var_id each
  *              reply: u32 count, then per item: u32 var_id, u32 kind,
  *                     u64 nbytes, u64 version; payload: the values
  *   STEP       req: (empty)   reply: i64 global_step
  *   STOP       req: (empty)   reply: (empty)
+ *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step: the push
+ *              (worker, seq) reached every ps; count it for the step.
+ *              reply: i64 global_step; status QR_ESTALE if it is too late
+ *   TOKEN      (to ps 0) req: u32 worker. The reply, sent when a token is
+ *              free: i64 the token's step
+ *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
+ *              u32 seq per member: reduce these pushes and apply the step
+ *   STATS      (to ps 0) reply: meta = JSON text of the sync statistics
  */
 #ifndef QR_PROTO_H
 #define QR_PROTO_H
@@ -63,11 +77,20 @@ typedef enum qr_msg_type {
     QR_MSG_PULL = 5,
     QR_MSG_STEP = 6,
     QR_MSG_STOP = 7,
-    QR_MSG_TYPE_MAX = 7,
+    QR_MSG_COMMIT = 8,
+    QR_MSG_TOKEN = 9,
+    QR_MSG_APPLY = 10,
+    QR_MSG_STATS = 11,
+    QR_MSG_TYPE_MAX = 11,
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 
 #define QR_CREATE_CHECK_ONLY 1u
+/* PUSH flags: QR_PUSH_STEP (1) is public, in quorum.h. */
+#define QR_PUSH_SYNC 2u
+
+#define QR_ROLE_WORKER 1
+#define QR_ROLE_COORDINATOR 2
 
 typedef struct qr_frame {
     uint8_t type;

@@ -39,6 +39,7 @@ typedef struct wk_var {
     uint64_t seed;
     float lr;
     int ps;
+    uint64_t version; /* the ps's version of it at the last pull */
     float *data; /* the worker's copy */
 } wk_var;
 
@@ -62,6 +63,9 @@ typedef struct wk_request {
     char errmsg[512];
     int64_t step;
     uint32_t ready;
+    bool want_meta; /* keep the reply's meta (STATS) */
+    uint8_t *reply_meta;
+    size_t reply_meta_len;
     struct wk_request *next; /* in the link's queue of sent requests */
 } wk_request;
 
@@ -75,6 +79,8 @@ struct ps_link {
     uint64_t retry_at_ns;
     wk_request *head, *tail; /* sent, awaiting reply, in order */
     char last_error[256];
+    int refused;      /* the ps refused our HELLO: every request fails so */
+    char refusal[512];
 };
 
 struct qr_worker {
@@ -93,6 +99,11 @@ struct qr_worker {
     bool placed, initialized;
     uint32_t next_id;
     int timeout_ms;
+    int sync_timeout_ms;
+    bool sync;           /* mode=sync: synchronous replicas */
+    int64_t local_step;  /* sync: the step this worker computes for */
+    uint32_t push_seq;   /* numbers this worker's pushes */
+    int64_t step_limit;  /* the chief tells ps 0 at initialize */
 };
 
 /* ---- requests ------------------------------------------------------------ */
@@ -119,7 +130,15 @@ static void request_finish(wk_request *r, int status, const char *msg) {
     r->done = true;
     r->status = status;
     if (status && msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
-    if (r->internal) request_free(r);
+    if (r->internal) {
+        /* The ps refused this worker (e.g. a different --mode): remember
+         * why, so the next call on this link reports it. */
+        if (status && status != QR_EPEERLOST && r->link) {
+            snprintf(r->link->refusal, sizeof r->link->refusal, "%s", r->errmsg);
+            r->link->refused = status;
+        }
+        request_free(r);
+    }
 }
 
 static void link_fail_pending(ps_link *l, int status, const char *why) {
@@ -162,8 +181,9 @@ static void on_connected(qr_conn *c, int status) {
     wk_request *hello = request_new(l->w, l->index, QR_MSG_HELLO);
     if (!hello) return;
     hello->internal = true;
-    qr_wbuf_u32(&hello->meta, 1);
+    qr_wbuf_u32(&hello->meta, QR_ROLE_WORKER);
     qr_wbuf_u32(&hello->meta, (uint32_t)l->w->index);
+    qr_wbuf_u32(&hello->meta, l->w->sync ? 1 : 0);
     if (link_send(l, hello)) request_free(hello);
 }
 
@@ -192,8 +212,13 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&rb, meta, f->meta_len);
     switch (r->type) {
     case QR_MSG_PUSH:
-    case QR_MSG_STEP: r->step = qr_rbuf_i64(&rb); break;
-    case QR_MSG_READY: r->ready = qr_rbuf_u32(&rb); break;
+    case QR_MSG_STEP:
+    case QR_MSG_COMMIT:
+    case QR_MSG_TOKEN: r->step = qr_rbuf_i64(&rb); break;
+    case QR_MSG_READY:
+        r->ready = qr_rbuf_u32(&rb);
+        r->step = qr_rbuf_i64(&rb);
+        break;
     case QR_MSG_PULL: {
         uint32_t count = qr_rbuf_u32(&rb);
         if (count != (uint32_t)r->nvars)
@@ -206,8 +231,9 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
             uint32_t id = qr_rbuf_u32(&rb);
             (void)qr_rbuf_u32(&rb);
             uint64_t nbytes = qr_rbuf_u64(&rb);
-            (void)qr_rbuf_u64(&rb); /* version */
+            uint64_t version = qr_rbuf_u64(&rb);
             wk_var *v = &l->w->vars[r->var_ids[i]];
+            v->version = version;
             if (rb.bad || id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)v->n * 4) {
                 free(iov);
                 return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
@@ -239,6 +265,13 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         msg[n] = 0;
         request_finish(r, f->status, msg);
     } else {
+        if (r->want_meta && f->meta_len) {
+            r->reply_meta = malloc(f->meta_len);
+            if (r->reply_meta) {
+                memcpy(r->reply_meta, meta, f->meta_len);
+                r->reply_meta_len = f->meta_len;
+            }
+        }
         request_finish(r, QR_OK, NULL);
     }
 }
@@ -288,7 +321,9 @@ static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) 
             if (r->sent) continue;
             ps_link *l = r->link;
             if (l->state == LINK_DOWN && now >= l->retry_at_ns) link_connect(l);
-            if (l->state == LINK_UP) {
+            if (l->refused) {
+                request_finish(r, l->refused, l->refusal);
+            } else if (l->state == LINK_UP) {
                 if (link_send(l, r)) request_finish(r, QR_EPEERLOST, qr_last_error());
             } else if (l->state == LINK_DOWN) {
                 wake_at = QR_MIN(wake_at, l->retry_at_ns);
@@ -374,6 +409,8 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     }
     w->prefer_unix = strcmp(qr__config_str(w->cfg, "transport"), "tcp") != 0;
     w->timeout_ms = (int)qr__config_int(w->cfg, "timeout-ms");
+    w->sync_timeout_ms = (int)qr__config_int(w->cfg, "sync-timeout-ms");
+    w->sync = !strcmp(qr__config_str(w->cfg, "mode"), "sync");
     w->conn_opt.socket_buffer_bytes = (int)qr__config_int(w->cfg, "socket-buffer-kb") * 1024;
     w->conn_opt.max_payload = UINT64_MAX >> 1;
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
@@ -516,8 +553,10 @@ static int ready_request(qr_worker *w, bool set, uint32_t *ready) {
     wk_request *r = request_new(w, 0, QR_MSG_READY);
     if (!r) return QR_ENOMEM;
     qr_wbuf_u32(&r->meta, set);
+    qr_wbuf_i64(&r->meta, w->step_limit);
     int rc = run_requests(w, &r, 1, w->timeout_ms);
     if (ready) *ready = r->ready;
+    if (!rc) w->local_step = r->step;
     request_free(r);
     return rc;
 }
@@ -630,11 +669,14 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     if (!reqs) return QR_ENOMEM;
     int nreq = 0;
     wk_request *step_req = NULL;
+    uint32_t seq = ++w->push_seq;
+    /* Async: the step flag rides on the push to ps 0. Sync: ps 0 counts
+     * the push when it is committed, below. */
+    bool step_to_ps0 = !w->sync && (flags & QR_PUSH_STEP);
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0;
         for (int i = 0; i < n; i++) count += w->vars[ids[i]].ps == p;
-        bool carries_step = (flags & QR_PUSH_STEP) && p == 0;
-        if (!count && !carries_step) continue;
+        if (!count && !(step_to_ps0 && p == 0)) continue;
         wk_request *r = request_new(w, p, QR_MSG_PUSH);
         if (!r) {
             rc = QR_ENOMEM;
@@ -642,14 +684,16 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
         }
         reqs[nreq++] = r;
         if (p == 0) step_req = r;
-        r->flags = (flags & QR_PUSH_STEP) ? QR_PUSH_STEP : 0;
+        r->flags = w->sync ? QR_PUSH_SYNC : (flags & QR_PUSH_STEP) ? QR_PUSH_STEP : 0;
         r->payload = qr__calloc((size_t)QR_MAX(count, 1), sizeof *r->payload);
         if (!r->payload) {
             rc = QR_ENOMEM;
             break;
         }
         qr_wbuf_u32(&r->meta, (uint32_t)count);
-        qr_wbuf_i64(&r->meta, 0);
+        qr_wbuf_i64(&r->meta, w->local_step);
+        qr_wbuf_u32(&r->meta, (uint32_t)w->index);
+        qr_wbuf_u32(&r->meta, seq);
         for (int i = 0; i < n; i++) {
             wk_var *v = &w->vars[ids[i]];
             if (v->ps != p) continue;
@@ -660,6 +704,7 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
             qr_wbuf_u32(&r->meta, (uint32_t)ids[i]);
             qr_wbuf_u32(&r->meta, 0);
             qr_wbuf_u64(&r->meta, (uint64_t)v->n * 4);
+            qr_wbuf_u64(&r->meta, v->version);
             r->payload[r->npayload++] = (qr_iov){(void *)grads[i], (size_t)v->n * 4};
         }
     }
@@ -667,6 +712,64 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     if (!rc && global_step && step_req) *global_step = step_req->step;
     free_requests(reqs, nreq);
     free(reqs);
+    if (rc || !w->sync) return rc;
+
+    /* Every ps holds this push's gradients: now ps 0 may count it. */
+    wk_request *c = request_new(w, 0, QR_MSG_COMMIT);
+    if (!c) return QR_ENOMEM;
+    qr_wbuf_u32(&c->meta, (uint32_t)w->index);
+    qr_wbuf_u32(&c->meta, seq);
+    qr_wbuf_i64(&c->meta, w->local_step);
+    rc = run_requests(w, &c, 1, w->timeout_ms);
+    if (!rc && global_step) *global_step = c->step;
+    request_free(c);
+    return rc;
+}
+
+int qr_worker_take_token(qr_worker *w, int64_t *step) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_take_token: worker is NULL");
+    if (!w->sync) return qr__fail(QR_EINVAL, "take_token: this worker trains in async mode");
+    if (!w->initialized) return qr__fail(QR_ENOTREADY, "take_token: call qr_worker_initialize first");
+    wk_request *r = request_new(w, 0, QR_MSG_TOKEN);
+    if (!r) return QR_ENOMEM;
+    qr_wbuf_u32(&r->meta, (uint32_t)w->index);
+    int rc = run_requests(w, &r, 1, w->sync_timeout_ms);
+    if (!rc) {
+        w->local_step = r->step;
+        if (step) *step = r->step;
+    }
+    request_free(r);
+    return rc;
+}
+
+int qr_worker_local_step(const qr_worker *w, int64_t *step) {
+    if (!w || !step) return qr__fail(QR_EINVAL, "qr_worker_local_step: bad arguments");
+    *step = w->local_step;
+    return QR_OK;
+}
+
+int qr_worker_set_step_limit(qr_worker *w, int64_t last_step) {
+    if (!w || last_step < 0) return qr__fail(QR_EINVAL, "qr_worker_set_step_limit: bad arguments");
+    w->step_limit = last_step;
+    return QR_OK;
+}
+
+int qr_worker_sync_stats(qr_worker *w, char *buf, size_t len) {
+    if (!w || !buf || len < 3) return qr__fail(QR_EINVAL, "qr_worker_sync_stats: bad arguments");
+    wk_request *r = request_new(w, 0, QR_MSG_STATS);
+    if (!r) return QR_ENOMEM;
+    r->want_meta = true;
+    int rc = run_requests(w, &r, 1, w->timeout_ms);
+    if (!rc) {
+        if (r->reply_meta_len + 1 > len) rc = qr__fail(QR_ETOOBIG, "sync stats need %zu bytes",
+                                                       r->reply_meta_len + 1);
+        else {
+            memcpy(buf, r->reply_meta, r->reply_meta_len);
+            buf[r->reply_meta_len] = 0;
+        }
+    }
+    free(r->reply_meta);
+    request_free(r);
     return rc;
 }
 

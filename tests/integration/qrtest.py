@@ -14,6 +14,7 @@ import time
 MAGIC = 0x4D525551
 VERSION = 1
 HELLO, CREATE, READY, PUSH, PULL, STEP, STOP = 1, 2, 3, 4, 5, 6, 7
+COMMIT, TOKEN, APPLY, STATS = 8, 9, 10, 11
 REPLY = 0x80
 PUSH_STEP = 1
 
@@ -71,12 +72,16 @@ def create_meta(items):
     return meta
 
 
-def push_meta(items, local_step=0):
+def push_meta(items, local_step=0, worker=0, seq=0):
     """items: list of (var_id, nbytes)."""
-    meta = struct.pack("<Iq", len(items), local_step)
+    meta = struct.pack("<IqII", len(items), local_step, worker, seq)
     for var_id, nbytes in items:
-        meta += struct.pack("<IIQ", var_id, 0, nbytes)
+        meta += struct.pack("<IIQQ", var_id, 0, nbytes, 0)
     return meta
+
+
+def ready_meta(set_ready, step_limit=0):
+    return struct.pack("<Iq", set_ready, step_limit)
 
 
 def floats(values):

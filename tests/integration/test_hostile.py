@@ -19,7 +19,7 @@ import sys
 
 from qrtest import (CREATE, PULL, PUSH, READY, REPLY, STATUS, STEP, Proc, connect,
                     create_meta, floats, frame, free_port, header, last_json,
-                    push_meta, read_reply, recv_exact, unfloats)
+                    push_meta, read_reply, ready_meta, recv_exact, unfloats)
 
 quorum = sys.argv[1]
 ps_port, worker_port = free_port(), free_port()
@@ -137,7 +137,7 @@ try:
     mtype, _, status, meta, _ = request(
         s, frame(CREATE, 20, create_meta([(probe, [4], -1.0, "probe")]), floats([1, 2, 3, 4])))
     assert status == 0, meta
-    assert request(s, frame(READY, 21, struct.pack("<I", 1)))[2] == 0
+    assert request(s, frame(READY, 21, ready_meta(1)))[2] == 0
 
     def pull_probe():
         mtype, _, status, meta, payload = request(s, frame(PULL, next_id(), struct.pack("<II", 1, probe)))

@@ -1,0 +1,614 @@
+/*
+ * coord.c - synchronous replicas, the part ps 0 plays: the coordinator.
+ *
+ * Step s of training goes like this (TensorFlow's SyncReplicasOptimizer,
+ * with the quorum decided once for the whole model):
+ *
+ *   1. Workers push their gradients of step s to every ps (sync.c keeps
+ *      them) and then COMMIT (worker, seq, local_step) here.
+ *   2. A commit with local_step < s, or one that arrives after R commits
+ *      were counted, is stale: it is dropped, counted, and answered
+ *      QR_ESTALE ("dropped: stale"). Otherwise it joins the quorum.
+ *   3. At R members the quorum is closed. APPLY(s, members sorted by
+ *      (worker, seq)) goes to every ps, this one included.
+ *   4. When every ps has applied, the global step becomes s+1 and
+ *      max(N, R) tokens carrying s+1 join the token queue.
+ *   5. A worker's TOKEN request is answered with the oldest token in the
+ *      queue (FIFO, not tied to workers), at once or when one is released.
+ *
+ * init_tokens tokens carrying the initial step are queued when the chief
+ * marks the cluster ready. No worker is needed for a step to complete
+ * other than those whose gradients make it, the chief included.
+ *
+ * Waiting is bounded. A timer checks the current step once a second. Past
+ * stall-report-ms it logs which workers are missing and for how long.
+ * Past sync-timeout-ms it aborts: every token wait ends with QR_EABORTED
+ * and that report, the other ps tasks are told to stop, and this one stops.
+ * A stop (the chief's STOP, or a signal) ends every token wait with
+ * QR_ESTOPPED.
+ *
+ * ps 0 reaches the other ps tasks through coord_links: connections it
+ * opens itself, remade with backoff, which carry APPLY and STOP.
+ */
+#include "ps/ps_internal.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct coord_link {
+    qr_ps *ps;
+    int index;
+    qr_addr addr;
+    qr_conn *conn;
+    bool up, connecting, closing;
+    uv_timer_t retry;
+    int attempts;
+    uint32_t next_id;
+    int64_t apply_step;  /* step to apply there; -1 = none */
+    bool apply_sent;
+    bool stop_wanted, stop_sent;
+};
+
+static const qr_conn_events link_events;
+
+/* ---- tokens ---------------------------------------------------------------- */
+
+static int push_token(ps_sync *s, int64_t step) {
+    if (s->ntokens == s->tokens_cap) {
+        int cap = s->tokens_cap ? s->tokens_cap * 2 : 64;
+        int64_t *grown = malloc((size_t)cap * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory for tokens");
+        for (int i = 0; i < s->ntokens; i++)
+            grown[i] = s->tokens[(s->tokens_head + i) % s->tokens_cap];
+        free(s->tokens);
+        s->tokens = grown;
+        s->tokens_cap = cap;
+        s->tokens_head = 0;
+    }
+    s->tokens[(s->tokens_head + s->ntokens) % s->tokens_cap] = step;
+    s->ntokens++;
+    return QR_OK;
+}
+
+static int64_t pop_token(ps_sync *s) {
+    int64_t step = s->tokens[s->tokens_head];
+    s->tokens_head = (s->tokens_head + 1) % s->tokens_cap;
+    s->ntokens--;
+    return step;
+}
+
+static void answer_token(token_waiter *w, int status, int64_t step, const char *msg) {
+    if (status) {
+        qr__ps_reply_error(w->peer, &w->req, status, msg);
+        return;
+    }
+    qr_wbuf meta = {0};
+    qr_wbuf_i64(&meta, step);
+    qr__ps_reply(w->peer, &w->req, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
+static void serve_waiters(ps_sync *s) {
+    while (s->waiters && s->ntokens) {
+        token_waiter *w = s->waiters;
+        s->waiters = w->next;
+        if (!s->waiters) s->waiters_tail = NULL;
+        answer_token(w, QR_OK, pop_token(s), NULL);
+        free(w);
+    }
+}
+
+static void end_waiters(ps_sync *s, int status, const char *msg) {
+    while (s->waiters) {
+        token_waiter *w = s->waiters;
+        s->waiters = w->next;
+        answer_token(w, status, 0, msg);
+        free(w);
+    }
+    s->waiters_tail = NULL;
+}
+
+/* ---- links to the other ps tasks -------------------------------------------- */
+
+static void link_connect(coord_link *l);
+
+static void link_send(coord_link *l, uint8_t type, const qr_wbuf *meta) {
+    qr_frame f = {.type = type, .request_id = ++l->next_id};
+    if (qr_conn_send(l->conn, &f, meta ? meta->data : NULL, meta ? (uint32_t)meta->len : 0, NULL,
+                     0, NULL, NULL))
+        qr__log(QR_LOG_WARN, "coordinator: sending %s to ps %d failed: %s", qr_msg_name(type),
+                l->index, qr_last_error());
+}
+
+static void link_flush(coord_link *l) {
+    qr_ps *ps = l->ps;
+    if (!l->up) {
+        if (!l->connecting && !uv_is_active((uv_handle_t *)&l->retry)) link_connect(l);
+        return;
+    }
+    if (l->apply_step >= 0 && !l->apply_sent) {
+        qr_wbuf meta = {0};
+        qr_wbuf_i64(&meta, l->apply_step);
+        qr_wbuf_u32(&meta, (uint32_t)ps->sync.nquorum);
+        for (int i = 0; i < ps->sync.nquorum; i++) {
+            qr_wbuf_u32(&meta, ps->sync.quorum[i].worker);
+            qr_wbuf_u32(&meta, ps->sync.quorum[i].seq);
+        }
+        link_send(l, QR_MSG_APPLY, &meta);
+        qr_wbuf_free(&meta);
+        l->apply_sent = true;
+    }
+    if (l->stop_wanted && !l->stop_sent) {
+        link_send(l, QR_MSG_STOP, NULL);
+        l->stop_sent = true;
+    }
+}
+
+static void on_link_retry(uv_timer_t *t) {
+    coord_link *l = t->data;
+    if (!l->closing) link_connect(l);
+}
+
+static void link_connect(coord_link *l) {
+    qr_ps *ps = l->ps;
+    l->connecting = true;
+    bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
+    if (qr_connect(&ps->loop, &l->addr, prefer_unix, &ps->conn_opt, &link_events, l, &l->conn)) {
+        l->connecting = false;
+        l->conn = NULL;
+        uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
+        l->attempts++;
+        uv_timer_start(&l->retry, on_link_retry, ms, 0);
+    }
+}
+
+static void on_link_connected(qr_conn *c, int status) {
+    coord_link *l = qr_conn_data(c);
+    l->connecting = false;
+    if (status) return; /* `lost` follows */
+    l->up = true;
+    l->attempts = 0;
+    qr_wbuf meta = {0};
+    qr_wbuf_u32(&meta, QR_ROLE_COORDINATOR);
+    qr_wbuf_u32(&meta, 0);
+    qr_wbuf_u32(&meta, 1);
+    link_send(l, QR_MSG_HELLO, &meta);
+    qr_wbuf_free(&meta);
+    link_flush(l);
+}
+
+static void on_link_lost(qr_conn *c, int status) {
+    coord_link *l = qr_conn_data(c);
+    l->conn = NULL;
+    l->up = l->connecting = false;
+    if (l->closing || l->stop_sent) {
+        /* Closed by us, or gone after the stop: this link is done. */
+        l->closing = true;
+        qr__ps_finish_if_idle(l->ps);
+        return;
+    }
+    if (l->ps->stopping && !l->stop_wanted) return;
+    l->apply_sent = false;    /* APPLY is idempotent: send it again */
+    if (l->apply_step >= 0 || l->stop_wanted) {
+        uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
+        l->attempts++;
+        uv_timer_start(&l->retry, on_link_retry, ms, 0);
+    }
+}
+
+static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    return QR_OK; /* replies carry no payload; meta is read in the message */
+}
+
+static void complete_apply_part(qr_ps *ps);
+static void abort_training(qr_ps *ps, const char *why);
+
+static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    coord_link *l = qr_conn_data(c);
+    qr_ps *ps = l->ps;
+    int type = f->type & ~QR_MSG_REPLY;
+    if (type == QR_MSG_APPLY && l->apply_step >= 0) {
+        if (f->status) {
+            char msg[700];
+            snprintf(msg, sizeof msg, "ps %d could not apply step %lld: %.*s", l->index,
+                     (long long)l->apply_step, (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+            abort_training(ps, msg);
+            return;
+        }
+        l->apply_step = -1;
+        l->apply_sent = false;
+        complete_apply_part(ps);
+    } else if (type == QR_MSG_STOP) {
+        l->closing = true;
+        qr_conn_close(c);
+    } else if (f->status && type != QR_MSG_STOP) {
+        qr__log(QR_LOG_WARN, "coordinator: ps %d refused %s: %.*s", l->index,
+                qr_msg_name(type), (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+    }
+}
+
+static const qr_conn_events link_events = {.connected = on_link_connected,
+                                           .header = on_link_header,
+                                           .message = on_link_message,
+                                           .lost = on_link_lost};
+
+/* Ask every other ps to stop, and stop this one. */
+static void stop_cluster(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    for (int i = 0; i < ps->cluster->nps - 1; i++) {
+        coord_link *l = &s->links[i];
+        l->stop_wanted = true;
+        l->apply_step = -1;
+        link_flush(l);
+    }
+    qr__ps_begin_stop(ps);
+}
+
+/* ---- steps ------------------------------------------------------------------ */
+
+static int cmp_member(const void *a, const void *b) {
+    const quorum_member *x = a, *y = b;
+    if (x->worker != y->worker) return x->worker < y->worker ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+static void write_step_stats(qr_ps *ps, int64_t step, uint64_t wait_ns, uint64_t stale) {
+    ps_sync *s = &ps->sync;
+    if (!s->stats_file) return;
+    fprintf(s->stats_file, "{\"step\":%lld,\"quorum\":[", (long long)step);
+    for (int i = 0; i < s->nquorum; i++)
+        fprintf(s->stats_file, "%s[%u,%u]", i ? "," : "", s->quorum[i].worker, s->quorum[i].seq);
+    fprintf(s->stats_file, "],\"stale\":%llu,\"wait_ms\":%.3f}\n", (unsigned long long)stale,
+            (double)wait_ns / 1e6);
+    fflush(s->stats_file);
+}
+
+static uint64_t stale_at_step_start;
+
+static void complete_step(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    int64_t step = ps->global_step;
+    uint64_t wait_ns = s->last_grad_ns - s->step_started_ns;
+    s->steps_done++;
+    s->wait_ns_total += wait_ns;
+    s->wait_ns_max = QR_MAX(s->wait_ns_max, wait_ns);
+    for (int i = 0; i < s->nquorum; i++) s->in_quorum[s->quorum[i].worker]++;
+    write_step_stats(ps, step, wait_ns, s->stale_commits - stale_at_step_start);
+    if (qr__log_enabled(QR_LOG_DEBUG)) {
+        char who[256] = "";
+        size_t off = 0;
+        for (int i = 0; i < s->nquorum && off < sizeof who; i++)
+            off += (size_t)snprintf(who + off, sizeof who - off, "%s%u", i ? "," : "",
+                                    s->quorum[i].worker);
+        qr__log(QR_LOG_DEBUG, "step %lld done: workers %s, waited %.1f ms", (long long)step, who,
+                (double)wait_ns / 1e6);
+    }
+    stale_at_step_start = s->stale_commits;
+    ps->global_step = step + 1;
+    s->applying = false;
+    s->nquorum = 0;
+    s->step_started_ns = qr__now_ns();
+    int release = QR_MAX(s->N, s->R);
+    for (int i = 0; i < release; i++)
+        if (push_token(s, ps->global_step)) {
+            abort_training(ps, qr_last_error());
+            return;
+        }
+    serve_waiters(s);
+}
+
+static void complete_apply_part(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    if (--s->applies_pending == 0) complete_step(ps);
+}
+
+static void start_apply(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    qsort(s->quorum, (size_t)s->nquorum, sizeof *s->quorum, cmp_member);
+    s->applying = true;
+    s->applies_pending = ps->cluster->nps;
+    int64_t step = ps->global_step;
+    for (int i = 0; i < ps->cluster->nps - 1; i++) {
+        coord_link *l = &s->links[i];
+        l->apply_step = step;
+        l->apply_sent = false;
+        link_flush(l);
+    }
+    if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum)) {
+        abort_training(ps, qr_last_error());
+        return;
+    }
+    complete_apply_part(ps);
+}
+
+/* ---- stall reports ------------------------------------------------------------ */
+
+static void stall_report(qr_ps *ps, char *buf, size_t len) {
+    ps_sync *s = &ps->sync;
+    uint64_t now = qr__now_ns();
+    int live = 0;
+    for (int w = 0; w < s->N; w++) live += s->live[w] > 0;
+    size_t off = 0;
+#define ADD(...) off += (size_t)snprintf(buf + off, off < len ? len - off : 0, __VA_ARGS__)
+    if (live < s->R)
+        ADD("only %d of %d workers are alive but a step needs %d gradients; ", live, s->N, s->R);
+    if (s->applying)
+        ADD("step %lld has waited %.1f s for the other ps tasks to apply it", (long long)ps->global_step,
+            (double)(now - s->step_started_ns) / 1e9);
+    else
+        ADD("step %lld has waited %.1f s with %d of %d gradients", (long long)ps->global_step,
+            (double)(now - s->step_started_ns) / 1e9, s->nquorum, s->R);
+    ADD("; missing:");
+    int missing = 0;
+    for (int w = 0; w < s->N; w++) {
+        bool in = false;
+        for (int i = 0; i < s->nquorum; i++) in |= (int)s->quorum[i].worker == w;
+        if (in) continue;
+        missing++;
+        if (s->live[w])
+            ADD(" worker %d (connected, no gradient for this step yet);", w);
+        else if (s->lost_ns[w])
+            ADD(" worker %d (disconnected %.1f s ago);", w, (double)(now - s->lost_ns[w]) / 1e9);
+        else
+            ADD(" worker %d (never connected);", w);
+    }
+    if (!missing) ADD(" none");
+#undef ADD
+}
+
+static void abort_training(qr_ps *ps, const char *why) {
+    ps_sync *s = &ps->sync;
+    if (s->aborted) return;
+    s->aborted = true;
+    snprintf(s->abort_msg, sizeof s->abort_msg, "synchronous training aborted: %s", why);
+    qr__log(QR_LOG_ERROR, "%s", s->abort_msg);
+    ps->exit_status = QR_EABORTED;
+    end_waiters(s, QR_EABORTED, s->abort_msg);
+    stop_cluster(ps);
+}
+
+static void on_timer(uv_timer_t *t) {
+    qr_ps *ps = t->data;
+    ps_sync *s = &ps->sync;
+    if (s->aborted || ps->stopping || !ps->ready) return;
+    uint64_t now = qr__now_ns();
+    uint64_t waited_ms = (now - s->step_started_ns) / 1000000;
+    if (waited_ms < (uint64_t)s->report_ms) return;
+    char report[900];
+    stall_report(ps, report, sizeof report);
+    if (waited_ms >= (uint64_t)s->timeout_ms) {
+        char why[1000];
+        snprintf(why, sizeof why, "no progress for %lld ms (sync-timeout-ms): %s",
+                 (long long)s->timeout_ms, report);
+        abort_training(ps, why);
+        return;
+    }
+    if ((now - s->last_report_ns) / 1000000 >= (uint64_t)s->report_ms) {
+        qr__log(QR_LOG_WARN, "stalled: %s", report);
+        s->last_report_ns = now;
+    }
+}
+
+/* ---- requests -------------------------------------------------------------- */
+
+int qr__coord_init(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    int nlinks = ps->cluster->nps - 1;
+    s->quorum = qr__calloc((size_t)s->R, sizeof *s->quorum);
+    s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
+    s->live = qr__calloc((size_t)s->N, sizeof *s->live);
+    s->lost_ns = qr__calloc((size_t)s->N, sizeof *s->lost_ns);
+    s->in_quorum = qr__calloc((size_t)s->N, sizeof *s->in_quorum);
+    s->stale_by_worker = qr__calloc((size_t)s->N, sizeof *s->stale_by_worker);
+    if (!s->quorum || !s->links || !s->live || !s->lost_ns || !s->in_quorum || !s->stale_by_worker)
+        return QR_ENOMEM;
+    for (int i = 0; i < nlinks; i++) {
+        coord_link *l = &s->links[i];
+        l->ps = ps;
+        l->index = i + 1;
+        l->apply_step = -1;
+        uv_timer_init(&ps->loop, &l->retry);
+        l->retry.data = l;
+        int rc = qr_addr_parse(ps->cluster->ps[i + 1], &l->addr);
+        if (rc) return rc;
+    }
+    const char *path = qr__config_str(ps->cfg, "sync-stats-file");
+    if (path[0]) {
+        s->stats_file = fopen(path, "w");
+        if (!s->stats_file)
+            return qr__fail(QR_EIO, "sync-stats-file %s: cannot open for writing", path);
+    }
+    uv_timer_init(&ps->loop, &s->timer);
+    s->timer.data = ps;
+    s->timer_on = true;
+    uv_timer_start(&s->timer, on_timer, 1000, 1000);
+    uv_unref((uv_handle_t *)&s->timer);
+    s->step_started_ns = qr__now_ns();
+    return QR_OK;
+}
+
+static void on_closed(uv_handle_t *h) {
+    (void)h;
+}
+
+void qr__coord_free(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    if (s->timer_on && !uv_is_closing((uv_handle_t *)&s->timer))
+        uv_close((uv_handle_t *)&s->timer, on_closed);
+    for (int i = 0; s->links && i < ps->cluster->nps - 1; i++) {
+        coord_link *l = &s->links[i];
+        l->closing = true;
+        if (!uv_is_closing((uv_handle_t *)&l->retry)) uv_close((uv_handle_t *)&l->retry, on_closed);
+        if (l->conn) qr_conn_close(l->conn);
+    }
+}
+
+void qr__coord_ready(qr_ps *ps, int64_t step_limit) {
+    ps_sync *s = &ps->sync;
+    s->step_limit = step_limit;
+    s->step = ps->global_step;
+    s->step_started_ns = qr__now_ns();
+    if (s->tokens_seeded) return;
+    s->tokens_seeded = true;
+    for (int i = 0; i < s->init_tokens; i++)
+        if (push_token(s, ps->global_step)) return;
+}
+
+void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t worker = qr_rbuf_u32(&r);
+    uint32_t seq = qr_rbuf_u32(&r);
+    int64_t local_step = qr_rbuf_i64(&r);
+    char msg[512];
+    if (s->aborted) {
+        qr__ps_reply_error(p, f, QR_EABORTED, s->abort_msg);
+        return;
+    }
+    if (!ps->ready) {
+        qr__ps_reply_error(p, f, QR_ENOTREADY, "COMMIT: the chief has not initialized yet");
+        return;
+    }
+    if ((int)worker >= s->N || local_step > ps->global_step) {
+        snprintf(msg, sizeof msg, "COMMIT: worker %u, step %lld: %s", worker,
+                 (long long)local_step,
+                 (int)worker >= s->N ? "no such worker" : "that step has not started");
+        qr__ps_reply_error(p, f, QR_EINVAL, msg);
+        return;
+    }
+    if (local_step < ps->global_step || s->applying) {
+        s->stale_commits++;
+        s->stale_by_worker[worker]++;
+        snprintf(msg, sizeof msg, "dropped: stale: worker %u's gradient of step %lld came after "
+                 "step %lld had its %d gradients", worker, (long long)local_step,
+                 (long long)local_step, s->R);
+        qr__ps_reply_error(p, f, QR_ESTALE, msg);
+        return;
+    }
+    for (int i = 0; i < s->nquorum; i++)
+        if (s->quorum[i].worker == worker && s->quorum[i].seq == seq) {
+            qr__ps_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
+            return;
+        }
+    s->quorum[s->nquorum++] = (quorum_member){worker, seq};
+    s->last_grad_ns = qr__now_ns();
+    qr_wbuf out = {0};
+    qr_wbuf_i64(&out, ps->global_step);
+    qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+    if (s->nquorum == s->R) start_apply(ps);
+}
+
+void qr__coord_token(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    if (s->aborted) {
+        qr__ps_reply_error(p, f, QR_EABORTED, s->abort_msg);
+        return;
+    }
+    token_waiter *w = qr__calloc(1, sizeof *w);
+    if (!w) {
+        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+        return;
+    }
+    w->peer = p;
+    w->req = *f;
+    if (s->waiters_tail) s->waiters_tail->next = w;
+    else s->waiters = w;
+    s->waiters_tail = w;
+    serve_waiters(s);
+}
+
+void qr__coord_stats(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "replicas_to_aggregate", s->R);
+    cJSON_AddNumberToObject(j, "total_num_replicas", s->N);
+    cJSON_AddNumberToObject(j, "init_tokens", s->init_tokens);
+    cJSON_AddNumberToObject(j, "steps", (double)s->steps_done);
+    cJSON_AddNumberToObject(j, "global_step", (double)ps->global_step);
+    cJSON_AddNumberToObject(j, "stale_dropped", (double)s->stale_commits);
+    cJSON *inq = cJSON_AddArrayToObject(j, "in_quorum");
+    cJSON *stale = cJSON_AddArrayToObject(j, "stale_by_worker");
+    for (int w = 0; w < s->N; w++) {
+        cJSON_AddItemToArray(inq, cJSON_CreateNumber((double)s->in_quorum[w]));
+        cJSON_AddItemToArray(stale, cJSON_CreateNumber((double)s->stale_by_worker[w]));
+    }
+    cJSON_AddNumberToObject(j, "mean_wait_ms",
+                            s->steps_done ? (double)s->wait_ns_total / 1e6 / (double)s->steps_done : 0);
+    cJSON_AddNumberToObject(j, "max_wait_ms", (double)s->wait_ns_max / 1e6);
+    cJSON_AddNumberToObject(j, "tokens_queued", s->ntokens);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    qr_wbuf out = {0};
+    if (text) qr_wbuf_bytes(&out, text, strlen(text));
+    free(text);
+    qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+}
+
+void qr__coord_worker_joined(qr_ps *ps, int worker) {
+    ps->sync.live[worker]++;
+}
+
+void qr__coord_peer_lost(ps_peer *p) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    token_waiter **link = &s->waiters;
+    s->waiters_tail = NULL;
+    while (*link) {
+        token_waiter *w = *link;
+        if (w->peer == p) {
+            *link = w->next;
+            free(w);
+        } else {
+            s->waiters_tail = w;
+            link = &w->next;
+        }
+    }
+    if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
+    int w = p->worker_index;
+    if (--s->live[w] > 0) return;
+    s->lost_ns[w] = qr__now_ns();
+    if (ps->stopping) return;
+    int live = 0;
+    for (int i = 0; i < s->N; i++) live += s->live[i] > 0;
+    bool done = s->step_limit > 0 && ps->global_step >= s->step_limit;
+    if (!done)
+        qr__log(QR_LOG_WARN, "worker %d disconnected at step %lld; %d of %d workers alive "
+                "(%d gradients make a step)", w, (long long)ps->global_step, live, s->N, s->R);
+    /* Training is over and nobody is left to stop the cluster (the chief
+     * may be gone): stop it from here, so no ps waits forever. */
+    if (done && live == 0) {
+        qr__log(QR_LOG_INFO, "step limit %lld reached and every worker has left: stopping",
+                (long long)s->step_limit);
+        stop_cluster(ps);
+    }
+}
+
+bool qr__coord_links_busy(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    for (int i = 0; s->links && i < ps->cluster->nps - 1; i++) {
+        coord_link *l = &s->links[i];
+        if (l->stop_wanted && !l->closing) return true;
+    }
+    return false;
+}
+
+void qr__coord_stop(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    end_waiters(s, QR_ESTOPPED, "stopped: training is over");
+    if (s->timer_on) uv_timer_stop(&s->timer);
+    for (int i = 0; s->links && i < ps->cluster->nps - 1; i++) {
+        coord_link *l = &s->links[i];
+        if (!l->stop_wanted) {
+            l->closing = true;
+            uv_timer_stop(&l->retry);
+            if (l->conn) qr_conn_close(l->conn);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+/*
+ * ps_internal.h - the state of a ps task, shared by the files that make
+ * it up:
+ *   server.c  connections, request decoding, async pushes, pulls, create
+ *   sync.c    synchronous replicas on every ps: pushes held per step, and
+ *             the reduce-and-apply of a step once its quorum is decided
+ *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
+ *             token barrier, the global step, stall reports, statistics,
+ *             and ps 0's links to the other ps tasks
+ * Everything runs on the ps loop thread.
+ */
+#ifndef QR_PS_INTERNAL_H
+#define QR_PS_INTERNAL_H
+
+#include "cluster/cluster.h"
+#include "common/config.h"
+#include "ps/store.h"
+#include "wire/conn.h"
+
+#include <stdio.h>
+
+/* A peer whose queued replies exceed this stops being read until they
+ * drain: bounds the memory a slow or hostile reader can pin. */
+#define PEER_MAX_PENDING (256ull << 20)
+
+typedef struct push_item {
+    qr_var *var;
+    uint64_t offset; /* into the request's gradient buffer */
+    uint64_t version; /* the variable's version the gradient was computed at */
+    bool skip;        /* non-finite, with nonfinite=skip */
+} push_item;
+
+/* A synchronous push: one worker's gradients for one step, held on the
+ * ps until the step's quorum is decided (then reduced, or dropped). */
+typedef struct sync_push {
+    struct sync_push *next;
+    uint32_t worker, seq;
+    int64_t local_step;
+    int nitems;
+    push_item *items;
+    float *data; /* the payload, received here in place */
+} sync_push;
+
+typedef struct ps_peer {
+    qr_ps *ps;
+    qr_conn *conn;
+    struct ps_peer *prev, *next;
+    int worker_index; /* from HELLO; -1 until then */
+    int role;         /* from HELLO: 1 worker, 2 ps 0's coordinator link */
+    /* An error found while the request's meta was checked; sent once the
+     * (discarded) payload has been read. */
+    int err;
+    char errmsg[512];
+    /* The current request's decoded items. */
+    push_item *items;
+    int nitems, items_cap;
+    sync_push *incoming; /* synchronous push being received */
+    qr_var **created;    /* CREATE: new variables waiting for their payload */
+    int ncreated;
+    float *recv;         /* receive buffer for async gradients, grown as needed */
+    size_t recv_cap;
+} ps_peer;
+
+/* One member of a step's quorum: a worker's push, named by (worker, seq). */
+typedef struct quorum_member {
+    uint32_t worker, seq;
+} quorum_member;
+
+typedef struct token_waiter {
+    struct token_waiter *next;
+    ps_peer *peer;
+    qr_frame req;
+} token_waiter;
+
+typedef struct coord_link coord_link;
+
+/* Synchronous replicas: the configuration (every ps) and the coordinator
+ * state (ps 0 only). */
+typedef struct ps_sync {
+    bool on;
+    int R, N;            /* replicas_to_aggregate, total_num_replicas */
+    bool mean;           /* reduction: mean (else sum) */
+    int init_tokens;
+    int64_t timeout_ms;  /* a step that makes no progress this long aborts */
+    int64_t report_ms;   /* stall report interval */
+    int64_t step;        /* this ps's accumulator step */
+    sync_push *pending;  /* received, waiting for their step's quorum */
+    uint64_t stale_pushes; /* dropped here as stale */
+
+    /* ps 0 only */
+    quorum_member *quorum;
+    int nquorum;
+    bool applying;
+    int applies_pending;
+    bool tokens_seeded;
+    int64_t *tokens; /* FIFO of token steps */
+    int ntokens, tokens_cap, tokens_head;
+    token_waiter *waiters, *waiters_tail;
+    coord_link *links;  /* to ps 1..P-1 */
+    uv_timer_t timer;
+    bool timer_on;
+    uint64_t step_started_ns, last_grad_ns, last_report_ns;
+    bool aborted;
+    char abort_msg[1024];
+    int64_t step_limit;  /* from the chief; 0 = unknown */
+    int *live;           /* connections per worker index */
+    uint64_t *lost_ns;   /* when each worker's last connection closed */
+    /* statistics */
+    uint64_t steps_done, stale_commits;
+    uint64_t *in_quorum, *stale_by_worker; /* per worker */
+    uint64_t wait_ns_total, wait_ns_max;
+    FILE *stats_file;
+} ps_sync;
+
+struct qr_ps {
+    uv_loop_t loop;
+    uv_async_t stop_async;
+    uv_timer_t linger_timer;
+    qr_cluster *cluster;
+    int index;
+    qr_config *cfg;
+    qr_listener *listener;
+    qr_conn_options conn_opt;
+    qr_conn_events events;
+    qr_optim *optim;
+    qr_store store;
+    ps_peer *peers;
+    int npeers;
+    uint64_t mark;
+    int64_t global_step;   /* meaningful on ps 0 */
+    int64_t applied_steps; /* step pushes applied here: Adam's t */
+    bool ready;
+    bool stopping;
+    int exit_status;       /* what qr_ps_run returns */
+    bool skip_nonfinite;
+    int linger_ms;
+    char name[32];
+    ps_sync sync;
+};
+
+/* server.c */
+void qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
+                  const qr_iov *iov, int niov, qr_send_cb cb, void *ctx);
+void qr__ps_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg);
+void qr__ps_begin_stop(qr_ps *ps);
+void qr__ps_finish_if_idle(qr_ps *ps);
+
+/* sync.c: every ps */
+int qr__sync_init(qr_ps *ps);
+void qr__sync_push_free(sync_push *sp);
+void qr__sync_free(qr_ps *ps);
+/* A synchronous push's meta was checked (items in p->items): receive its
+ * payload into a buffer of its own. */
+int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
+                         int64_t local_step);
+void qr__sync_push_message(ps_peer *p, const qr_frame *f);
+void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* Reduce and apply step s from the given pushes (in that order) and drop
+ * the other pushes of step <= s. */
+int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
+
+/* coord.c: ps 0 */
+int qr__coord_init(qr_ps *ps);
+void qr__coord_free(qr_ps *ps);
+void qr__coord_ready(qr_ps *ps, int64_t step_limit);
+void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__coord_token(ps_peer *p, const qr_frame *f);
+void qr__coord_stats(ps_peer *p, const qr_frame *f);
+void qr__coord_worker_joined(qr_ps *ps, int worker);
+void qr__coord_peer_lost(ps_peer *p);
+/* The ps is stopping: end every token wait with "stopped", close links. */
+void qr__coord_stop(qr_ps *ps);
+/* A link still has a STOP to deliver. */
+bool qr__coord_links_busy(qr_ps *ps);
+
+#endif /* QR_PS_INTERNAL_H */

@@ -1,0 +1,240 @@
+/*
+ * sync.c - synchronous replicas, the part every ps task plays.
+ *
+ * A synchronous push (QR_PUSH_SYNC) carries one worker's gradients for
+ * one step, tagged (worker, seq, local_step). The ps does not apply it: it
+ * keeps it, received in place into a buffer of its own, until ps 0 has
+ * decided the step's quorum and sends APPLY(step, members). Then the ps
+ * reduces, variable by variable, the members' gradients in member order
+ * (sorted by worker, then seq), applies the optimizer once, advances its
+ * accumulator step, and drops every other push of that step or older:
+ * those are the stale ones.
+ *
+ * Because ps 0 names the members, the same pushes make the step on every
+ * ps and for every variable (TensorFlow takes them per variable), and
+ * because the order is fixed, the result does not depend on arrival order.
+ */
+#include "ps/ps_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int qr__sync_init(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    s->on = !strcmp(qr__config_str(ps->cfg, "mode"), "sync");
+    if (!s->on) return QR_OK;
+    s->N = ps->cluster->nworkers;
+    s->R = (int)qr__config_int(ps->cfg, "replicas-to-aggregate");
+    if (s->R == 0) s->R = s->N;
+    if (s->R < 1 || s->N < 1)
+        return qr__fail(QR_EINVAL, "sync: replicas-to-aggregate (%d) and the number of workers "
+                        "(%d) must be >= 1", s->R, s->N);
+    int needed = QR_MAX(0, s->R - s->N);
+    int64_t tokens = qr__config_int(ps->cfg, "init-tokens");
+    s->init_tokens = tokens < 0 ? needed : (int)tokens;
+    if (s->init_tokens < needed)
+        return qr__fail(QR_EINVAL, "too few tokens to finish the first step: %d (given) vs %d "
+                        "(needed)", s->init_tokens, needed);
+    s->mean = !strcmp(qr__config_str(ps->cfg, "reduction"), "mean");
+    s->timeout_ms = qr__config_int(ps->cfg, "sync-timeout-ms");
+    s->report_ms = qr__config_int(ps->cfg, "stall-report-ms");
+    return QR_OK;
+}
+
+void qr__sync_push_free(sync_push *sp) {
+    if (!sp) return;
+    free(sp->items);
+    free(sp->data);
+    free(sp);
+}
+
+void qr__sync_free(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    while (s->pending) {
+        sync_push *next = s->pending->next;
+        qr__sync_push_free(s->pending);
+        s->pending = next;
+    }
+    while (s->waiters) {
+        token_waiter *next = s->waiters->next;
+        free(s->waiters);
+        s->waiters = next;
+    }
+    free(s->quorum);
+    free(s->tokens);
+    free(s->links);
+    free(s->live);
+    free(s->lost_ns);
+    free(s->in_quorum);
+    free(s->stale_by_worker);
+    if (s->stats_file) fclose(s->stats_file);
+    memset(s, 0, sizeof *s);
+}
+
+int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
+                         int64_t local_step) {
+    if ((int)worker >= p->ps->sync.N)
+        return qr__fail(QR_EINVAL, "PUSH: worker %u is not in the cluster (%d workers)", worker,
+                        p->ps->sync.N);
+    sync_push *sp = qr__calloc(1, sizeof *sp);
+    if (!sp) return QR_ENOMEM;
+    sp->worker = worker;
+    sp->seq = seq;
+    sp->local_step = local_step;
+    sp->nitems = p->nitems;
+    sp->items = qr__calloc((size_t)QR_MAX(p->nitems, 1), sizeof *sp->items);
+    sp->data = qr__aligned_alloc(f->payload_len);
+    if (!sp->items || !sp->data) {
+        qr__sync_push_free(sp);
+        return QR_ENOMEM;
+    }
+    memcpy(sp->items, p->items, (size_t)p->nitems * sizeof *sp->items);
+    p->incoming = sp;
+    qr_iov iov = {sp->data, f->payload_len};
+    return qr_conn_expect(p->conn, &iov, 1);
+}
+
+static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq) {
+    for (sync_push *sp = s->pending; sp; sp = sp->next)
+        if (sp->worker == worker && sp->seq == seq) return sp;
+    return NULL;
+}
+
+void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    sync_push *sp = p->incoming;
+    p->incoming = NULL;
+    char msg[512];
+    if (sp->local_step < s->step) {
+        s->stale_pushes++;
+        snprintf(msg, sizeof msg, "dropped: stale: a gradient of step %lld from worker %u, but "
+                 "%s is at step %lld", (long long)sp->local_step, sp->worker, ps->name,
+                 (long long)s->step);
+        qr__sync_push_free(sp);
+        qr__ps_reply_error(p, f, QR_ESTALE, msg);
+        return;
+    }
+    if (sp->local_step > s->step || find_pending(s, sp->worker, sp->seq)) {
+        snprintf(msg, sizeof msg, "%s: PUSH: worker %u's push %u for step %lld: %s", ps->name,
+                 sp->worker, sp->seq, (long long)sp->local_step,
+                 sp->local_step > s->step ? "that step has not started" : "pushed twice");
+        qr__sync_push_free(sp);
+        qr__ps_reply_error(p, f, QR_EINVAL, msg);
+        return;
+    }
+    for (int i = 0; i < sp->nitems; i++) {
+        push_item *it = &sp->items[i];
+        float *g = (float *)((uint8_t *)sp->data + it->offset);
+        if (qr_optim_all_finite(g, it->var->n)) continue;
+        if (!ps->skip_nonfinite) {
+            snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
+                     "Inf; the push was refused", ps->name, it->var->name);
+            qr__sync_push_free(sp);
+            qr__ps_reply_error(p, f, QR_ENONFINITE, msg);
+            return;
+        }
+        it->skip = true; /* counts as a zero gradient in the mean */
+        it->var->nonfinite_skipped++;
+    }
+    sp->next = s->pending;
+    s->pending = sp;
+    qr_wbuf meta = {0};
+    qr_wbuf_i64(&meta, s->step);
+    qr__ps_reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
+static int add_source(qr_var *v, const float *g, int cap) {
+    if (v->sync_cap < cap) {
+        const float **grown = realloc(v->sync_srcs, (size_t)cap * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory reducing '%s'", v->name);
+        v->sync_srcs = grown;
+        v->sync_cap = cap;
+    }
+    v->sync_srcs[v->nsync++] = g;
+    return QR_OK;
+}
+
+int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    ps_sync *s = &ps->sync;
+    if (step < s->step) return QR_OK; /* applied already: a repeated APPLY */
+    if (step > s->step)
+        return qr__fail(QR_EINTERNAL, "%s is at step %lld but was asked to apply step %lld "
+                        "(did it restart and lose its state?)", ps->name, (long long)s->step,
+                        (long long)step);
+    for (uint32_t i = 0; i < ps->store.cap; i++)
+        if (ps->store.by_id[i]) ps->store.by_id[i]->nsync = 0;
+    int rc = QR_OK;
+    for (int m = 0; m < n && !rc; m++) {
+        sync_push *sp = find_pending(s, members[m].worker, members[m].seq);
+        if (!sp || sp->local_step != step) {
+            qr__log(QR_LOG_WARN, "step %lld: the push %u of worker %u is missing here; it counts "
+                    "as zero", (long long)step, members[m].seq, members[m].worker);
+            continue;
+        }
+        for (int i = 0; i < sp->nitems && !rc; i++) {
+            push_item *it = &sp->items[i];
+            if (!it->skip)
+                rc = add_source(it->var, (const float *)((uint8_t *)sp->data + it->offset), n);
+        }
+    }
+    /* A variable a member did not push counts as a zero in the mean: the
+     * divisor is the quorum size either way. */
+    float divisor = s->mean ? (float)n : 1.0f;
+    for (uint32_t i = 0; i < ps->store.cap && !rc; i++) {
+        qr_var *v = ps->store.by_id[i];
+        if (!v || !v->nsync) continue;
+        float *sum = (float *)v->sync_srcs[0]; /* owned by the pending push */
+        qr_optim_reduce(sum, v->sync_srcs, v->nsync, v->n, divisor);
+        rc = qr_var_prepare_write(v);
+        if (!rc) rc = qr_optim_apply_dense(ps->optim, v->slots, v->value->data, sum, v->n, v->lr,
+                                           step + 1);
+        if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
+        v->version++;
+    }
+    if (rc) return rc;
+    /* Everything of this step or older that is still here is stale. */
+    sync_push **link = &s->pending;
+    while (*link) {
+        sync_push *sp = *link;
+        if (sp->local_step <= step) {
+            *link = sp->next;
+            qr__sync_push_free(sp);
+        } else {
+            link = &sp->next;
+        }
+    }
+    s->step = step + 1;
+    ps->applied_steps = step + 1;
+    return QR_OK;
+}
+
+void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    int64_t step = qr_rbuf_i64(&r);
+    uint32_t count = qr_rbuf_u32(&r);
+    if (r.bad || count == 0 || count > QR_PROTO_MAX_ITEMS || r.left != (size_t)count * 8) {
+        qr__ps_reply_error(p, f, QR_EPROTO, "APPLY meta is malformed");
+        return;
+    }
+    quorum_member *members = qr__calloc(count, sizeof *members);
+    if (!members) {
+        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        members[i].worker = qr_rbuf_u32(&r);
+        members[i].seq = qr_rbuf_u32(&r);
+    }
+    int rc = qr__sync_apply_step(p->ps, step, members, (int)count);
+    free(members);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", qr_last_error());
+        qr__ps_reply_error(p, f, rc, msg);
+        return;
+    }
+    qr__ps_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
