@@ -14,7 +14,7 @@
 
 /* Flags that may stand alone, meaning "true". */
 static const char *bool_flags[] = {"json", "quiet", "nesterov", "centered",
-                                   "apply-sparse-rmsprop"};
+                                   "apply-sparse-rmsprop", "local"};
 
 static void normalize(char *k) {
     for (; *k; k++)

@@ -27,6 +27,7 @@ static void usage(FILE *f) {
             "  launch   start a whole cluster (ps tasks and workers) on this machine and train\n"
             "  ps       run one parameter-server task of a cluster\n"
             "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
+            "  train    --local: the single-process reference of synchronous training\n"
             "  bench    benchmarks: quorum bench wire | quorum bench optim\n"
             "  version  print the version\n\n"
             "`quorum <command> --help` describes a command's options.\n",
@@ -118,6 +119,34 @@ static int cmd_worker(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+static int cmd_train(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        printf("usage: quorum train --local [--virtual-workers N] [training options] [options]\n\n"
+               "The single-process reference of synchronous training: N workers computed\n"
+               "in turn, their gradients reduced in worker order and applied with the\n"
+               "code a ps runs. A cluster run with --mode sync, R = N and --init-tokens 0\n"
+               "and the same seed ends with the same params_digest.\n\ntraining:\n%s\noptions:\n",
+               qr_train_opts_help());
+        cli_print_config_help(stdout);
+        return 0;
+    }
+    cli_args a;
+    int rc = cli_parse("train", argc, argv, CLI_CONFIG | CLI_TRAIN, &a);
+    if (!rc && !a.train.local) {
+        fprintf(stderr, "quorum train: only --local is supported; use quorum launch for a cluster\n");
+        rc = 2;
+    }
+    if (rc) {
+        cli_args_free(&a);
+        return rc;
+    }
+    qr_train_result res;
+    rc = qr_train_local(a.cfg, &a.train, &res);
+    if (rc) fprintf(stderr, "quorum train: %s\n", qr_last_error());
+    cli_args_free(&a);
+    return rc ? 1 : 0;
+}
+
 static int cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         printf("usage: quorum bench wire [options]    push/pull throughput and latency vs raw sockets\n"
@@ -141,6 +170,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "worker")) return cmd_worker(argc - 2, argv + 2);
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("quorum %s\n", qr_version());
         return 0;

@@ -78,6 +78,14 @@ static int64_t pop_token(ps_sync *s) {
     return step;
 }
 
+static void unpop_token(ps_sync *s, int64_t step) {
+    if (push_token(s, step)) return; /* makes room; then move it to the front */
+    s->ntokens--;
+    s->tokens_head = (s->tokens_head + s->tokens_cap - 1) % s->tokens_cap;
+    s->tokens[s->tokens_head] = step;
+    s->ntokens++;
+}
+
 static void answer_token(token_waiter *w, int status, int64_t step, const char *msg) {
     if (status) {
         qr__ps_reply_error(w->peer, &w->req, status, msg);
@@ -89,21 +97,45 @@ static void answer_token(token_waiter *w, int status, int64_t step, const char *
     qr_wbuf_free(&meta);
 }
 
+/* Grant tokens to waiting places in order; answer those whose TOKEN
+ * request is in. A granted place whose request has not come yet keeps its
+ * token (and its place) until it comes. */
 static void serve_waiters(ps_sync *s) {
-    while (s->waiters && s->ntokens) {
-        token_waiter *w = s->waiters;
-        s->waiters = w->next;
-        if (!s->waiters) s->waiters_tail = NULL;
-        answer_token(w, QR_OK, pop_token(s), NULL);
-        free(w);
+    token_waiter **link = &s->waiters;
+    while (*link) {
+        token_waiter *w = *link;
+        if (!w->granted) {
+            if (!s->ntokens) break; /* FIFO: nobody behind may pass */
+            w->granted = true;
+            w->token = pop_token(s);
+        }
+        if (w->has_request) {
+            answer_token(w, QR_OK, w->token, NULL);
+            *link = w->next;
+            free(w);
+        } else {
+            link = &w->next;
+        }
     }
+    s->waiters_tail = NULL;
+    for (token_waiter *w = s->waiters; w; w = w->next) s->waiters_tail = w;
+}
+
+static token_waiter *add_waiter(ps_sync *s, ps_peer *p) {
+    token_waiter *w = qr__calloc(1, sizeof *w);
+    if (!w) return NULL;
+    w->peer = p;
+    if (s->waiters_tail) s->waiters_tail->next = w;
+    else s->waiters = w;
+    s->waiters_tail = w;
+    return w;
 }
 
 static void end_waiters(ps_sync *s, int status, const char *msg) {
     while (s->waiters) {
         token_waiter *w = s->waiters;
         s->waiters = w->next;
-        answer_token(w, status, 0, msg);
+        if (w->has_request) answer_token(w, status, 0, msg);
         free(w);
     }
     s->waiters_tail = NULL;
@@ -479,6 +511,11 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr__ps_reply_error(p, f, QR_EINVAL, msg);
         return;
     }
+    /* The worker's place in the token queue, fresh or stale alike. */
+    if (!add_waiter(s, p)) {
+        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+        return;
+    }
     if (local_step < ps->global_step || s->applying) {
         s->stale_commits++;
         s->stale_by_worker[worker]++;
@@ -486,6 +523,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
                  "step %lld had its %d gradients", worker, (long long)local_step,
                  (long long)local_step, s->R);
         qr__ps_reply_error(p, f, QR_ESTALE, msg);
+        serve_waiters(s);
         return;
     }
     for (int i = 0; i < s->nquorum; i++)
@@ -499,6 +537,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_wbuf_i64(&out, ps->global_step);
     qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
+    serve_waiters(s);
     if (s->nquorum == s->R) start_apply(ps);
 }
 
@@ -509,16 +548,17 @@ void qr__coord_token(ps_peer *p, const qr_frame *f) {
         qr__ps_reply_error(p, f, QR_EABORTED, s->abort_msg);
         return;
     }
-    token_waiter *w = qr__calloc(1, sizeof *w);
+    /* This worker's oldest place without a request; a worker that asks
+     * without having committed (after a restart, say) queues anew. */
+    token_waiter *w = s->waiters;
+    while (w && (w->peer != p || w->has_request)) w = w->next;
+    if (!w) w = add_waiter(s, p);
     if (!w) {
         qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
         return;
     }
-    w->peer = p;
+    w->has_request = true;
     w->req = *f;
-    if (s->waiters_tail) s->waiters_tail->next = w;
-    else s->waiters = w;
-    s->waiters_tail = w;
     serve_waiters(s);
 }
 
@@ -558,11 +598,14 @@ void qr__coord_worker_joined(qr_ps *ps, int worker) {
 void qr__coord_peer_lost(ps_peer *p) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
+    /* Its places leave the queue; a token it was granted but never
+     * collected goes back to the front, as if never dequeued. */
     token_waiter **link = &s->waiters;
     s->waiters_tail = NULL;
     while (*link) {
         token_waiter *w = *link;
         if (w->peer == p) {
+            if (w->granted) unpop_token(s, w->token);
             *link = w->next;
             free(w);
         } else {
@@ -570,6 +613,7 @@ void qr__coord_peer_lost(ps_peer *p) {
             link = &w->next;
         }
     }
+    serve_waiters(s);
     if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
     int w = p->worker_index;
     if (--s->live[w] > 0) return;

@@ -66,9 +66,16 @@ typedef struct quorum_member {
     uint32_t worker, seq;
 } quorum_member;
 
+/* A worker's place in the token queue. It is taken when the worker's push
+ * is committed (as if TensorFlow's dequeue followed apply_gradients with
+ * no gap), granted a token in FIFO order, and answered when the worker's
+ * TOKEN request arrives. */
 typedef struct token_waiter {
     struct token_waiter *next;
     ps_peer *peer;
+    bool granted;
+    int64_t token;    /* the step of the granted token */
+    bool has_request; /* the TOKEN request has arrived: reply to req */
     qr_frame req;
 } token_waiter;
 

@@ -1,17 +1,24 @@
 /*
  * train.c - the worker training loop (see train.h).
  *
- * Asynchronous training: each step a worker pulls every parameter, samples
- * a minibatch with its own seeded generator, computes the mean gradient
- * and pushes it; the push to ps 0 advances the global step. Training ends
- * when the global step reaches the limit (or a ps answers "stopped",
- * meaning the chief has ended the run).
+ * Every step a worker pulls every parameter, samples a minibatch with its
+ * own seeded generator (seed * 7919 + worker index), computes the mean
+ * gradient and pushes it.
+ *   async: the push to ps 0 advances the global step; training ends when
+ *          it reaches the limit or a ps answers "stopped" (the chief ended
+ *          the run).
+ *   sync:  the push is tagged with the worker's local step; then the worker
+ *          takes a token (the barrier) and its step from it; training ends
+ *          at the token that carries the last step.
+ * qr_train_local is the single-process reference of sync training.
  */
 #include "train/train.h"
 
 #include "common/config.h"
 #include "model/data.h"
+#include "model/init.h"
 #include "model/model.h"
+#include "optim/optim.h"
 
 #include <cblas.h>
 #include <cjson/cJSON.h>
@@ -19,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 void qr_train_opts_default(qr_train_opts *o) {
@@ -31,7 +39,9 @@ void qr_train_opts_default(qr_train_opts *o) {
     o->batch_size = 64;
     o->epochs = 1;
     o->seed = 1;
-    snprintf(o->mode, sizeof o->mode, "async");
+    o->slow_worker = -1;
+    o->slow_ms = 0;
+    o->virtual_workers = 1;
 }
 
 static int parse_hidden(qr_train_opts *o, const char *value) {
@@ -87,10 +97,19 @@ int qr_train_opts_set(qr_train_opts *o, const char *key, const char *value) {
         if ((rc = qr__parse_int64(value, 0, INT64_MAX, &iv)))
             return qr__fail(rc, "--seed: %s", qr_last_error());
         o->seed = (uint64_t)iv;
-    } else if (!strcmp(k, "mode")) {
-        if (strcmp(value, "async"))
-            return qr__fail(QR_EINVAL, "--mode '%s': this build supports: async", value);
-        snprintf(o->mode, sizeof o->mode, "%s", value);
+    } else if (!strcmp(k, "slow-worker")) {
+        int w, ms;
+        char extra;
+        if (sscanf(value, "%d:%d%c", &w, &ms, &extra) != 2 || w < 0 || ms < 0)
+            return qr__fail(QR_EINVAL, "--slow-worker '%s': expected INDEX:MILLISECONDS", value);
+        o->slow_worker = w;
+        o->slow_ms = ms;
+    } else if (!strcmp(k, "local")) {
+        o->local = !strcmp(value, "true") || !strcmp(value, "1");
+    } else if (!strcmp(k, "virtual-workers")) {
+        if ((rc = qr__parse_int64(value, 1, 1024, &iv)))
+            return qr__fail(rc, "--virtual-workers: %s", qr_last_error());
+        o->virtual_workers = (int)iv;
     } else if (!strcmp(k, "json")) {
         o->json = !strcmp(value, "true") || !strcmp(value, "1");
     } else if (!strcmp(k, "quiet")) {
@@ -112,9 +131,10 @@ const char *qr_train_opts_help(void) {
            "                          steps of batch-size examples (default 1)\n"
            "  --steps N               global steps instead of epochs\n"
            "  --seed N                seed of initialization and sampling (default 1)\n"
-           "  --mode async            training regime (default async)\n"
            "  --json                  print a JSON summary as the last line of stdout\n"
-           "  --quiet                 no progress line\n";
+           "  --quiet                 no progress line\n"
+           "  --slow-worker I:MS      (testing) worker I sleeps MS milliseconds every step\n"
+           "  (--mode, --replicas-to-aggregate, --reduction, --init-tokens: see options)\n";
 }
 
 /* Hash of every variable's bytes in id order: two runs that end with the
@@ -139,11 +159,13 @@ static void print_progress(bool tty, int64_t step, int64_t total, double loss, d
 
 static void print_summary(const qr_train_opts *o, const qr_config *cfg, int nps, int nworkers,
                           const qr_train_result *r) {
+    const char *mode = qr__config_str(cfg, "mode");
+    double steps_per_sec = r->wall_seconds > 0 ? (double)r->global_step / r->wall_seconds : 0;
     fprintf(stderr,
-            "trained %s on %s: test accuracy %.4f (loss %.4f) after %lld global steps, "
-            "%.0f examples/s, %.1f s\n",
-            o->model, o->data, r->test_accuracy, r->test_loss, (long long)r->global_step,
-            r->examples_per_sec, r->wall_seconds);
+            "trained %s on %s (%s): test accuracy %.4f (loss %.4f) after %lld global steps, "
+            "%.1f steps/s, %.0f examples/s, %.1f s\n",
+            o->model, o->data, mode, r->test_accuracy, r->test_loss, (long long)r->global_step,
+            steps_per_sec, r->examples_per_sec, r->wall_seconds);
     if (!o->json) return;
     cJSON *j = cJSON_CreateObject();
     char digest[32];
@@ -151,82 +173,66 @@ static void print_summary(const qr_train_opts *o, const qr_config *cfg, int nps,
     cJSON_AddNumberToObject(j, "test_accuracy", r->test_accuracy);
     cJSON_AddNumberToObject(j, "test_loss", r->test_loss);
     cJSON_AddNumberToObject(j, "global_step", (double)r->global_step);
+    cJSON_AddNumberToObject(j, "global_steps_per_sec", steps_per_sec);
     cJSON_AddNumberToObject(j, "examples_per_sec", r->examples_per_sec);
     cJSON_AddNumberToObject(j, "wall_seconds", r->wall_seconds);
     cJSON_AddStringToObject(j, "model", o->model);
     cJSON_AddStringToObject(j, "data", o->data);
-    cJSON_AddStringToObject(j, "mode", o->mode);
+    cJSON_AddStringToObject(j, "mode", mode);
     cJSON_AddStringToObject(j, "optimizer", qr__config_str(cfg, "optimizer"));
     cJSON_AddNumberToObject(j, "batch_size", o->batch_size);
     cJSON_AddNumberToObject(j, "ps", nps);
     cJSON_AddNumberToObject(j, "workers", nworkers);
     cJSON_AddStringToObject(j, "params_digest", digest);
-    char *s = cJSON_PrintUnformatted(j);
-    if (s) printf("%s\n", s);
+    if (r->sync_stats[0]) {
+        cJSON *stats = cJSON_Parse(r->sync_stats);
+        if (stats) cJSON_AddItemToObject(j, "sync", stats);
+    }
+    char *text = cJSON_PrintUnformatted(j);
+    if (text) printf("%s\n", text);
     fflush(stdout);
-    free(s);
+    free(text);
     cJSON_Delete(j);
 }
 
+/* What every way of training shares: the data, the model, the batch. */
 typedef struct trainer {
     qr_dataset train, test;
     qr_model *model;
-    qr_worker *worker;
     int nparams;
-    int *ids;
-    float **params; /* the worker's copies */
-    float **grads;
     float *bx;
     int32_t *by;
 } trainer;
 
 static void trainer_free(trainer *t) {
-    qr_worker_free(t->worker);
     qr_model_free(t->model);
     qr_dataset_free(&t->train);
     qr_dataset_free(&t->test);
-    if (t->grads)
-        for (int i = 0; i < t->nparams; i++) free(t->grads[i]);
-    free(t->grads);
-    free(t->params);
-    free(t->ids);
     free(t->bx);
     free(t->by);
 }
 
-static int trainer_setup(trainer *t, const qr_cluster *cluster, int index, const qr_config *cfg,
-                         const qr_train_opts *o) {
+static int trainer_setup(trainer *t, const qr_train_opts *o) {
     int rc = qr_data_load(o->data, o->data_dir[0] ? o->data_dir : NULL, &t->train, &t->test);
     if (rc) return rc;
     if (t->train.n < 1) return qr__fail(QR_EINVAL, "the training set '%s' is empty", o->data);
     rc = qr_model_create(&t->model, o->model, t->train.dim, o->hidden, o->nhidden,
                          t->train.nclasses, o->batch_size);
-    if (!rc) rc = qr_worker_create(&t->worker, cluster, index, cfg);
     if (rc) return rc;
     t->nparams = qr_model_num_params(t->model);
-    t->ids = qr__calloc((size_t)t->nparams, sizeof *t->ids);
-    t->params = qr__calloc((size_t)t->nparams, sizeof *t->params);
-    t->grads = qr__calloc((size_t)t->nparams, sizeof *t->grads);
     t->bx = qr__calloc((size_t)o->batch_size * (size_t)t->train.dim, sizeof *t->bx);
     t->by = qr__calloc((size_t)o->batch_size, sizeof *t->by);
-    if (!t->ids || !t->params || !t->grads || !t->bx || !t->by) return QR_ENOMEM;
-    for (int i = 0; i < t->nparams; i++) {
-        const char *name, *init;
-        int ndim;
-        int64_t shape[2];
-        qr_model_param_info(t->model, i, &name, &ndim, shape, &init);
-        /* Every worker declares the same seeds; only the chief's are used. */
-        rc = qr_worker_declare(t->worker, name, ndim, shape, init, o->seed * 1000003u + (uint64_t)i,
-                               -1.0f, &t->ids[i]);
-        if (rc) return rc;
-        int64_t n = qr_worker_var_size(t->worker, t->ids[i]);
-        t->grads[i] = qr__aligned_alloc((size_t)n * sizeof(float));
-        if (!t->grads[i]) return QR_ENOMEM;
-    }
-    rc = qr_worker_initialize(t->worker);
-    if (rc) return rc;
-    for (int i = 0; i < t->nparams; i++) t->params[i] = qr_worker_var_data(t->worker, t->ids[i]);
-    return QR_OK;
+    return t->bx && t->by ? QR_OK : QR_ENOMEM;
+}
+
+/* Parameter i's seed: the same in every worker and in --local. */
+static uint64_t param_seed(const qr_train_opts *o, int i) {
+    return o->seed * 1000003u + (uint64_t)i;
+}
+
+/* Worker w's minibatch generator. */
+static void worker_rng(qr_rng *rng, const qr_train_opts *o, int w) {
+    qr_rng_seed(rng, o->seed * 7919u + (uint64_t)w);
 }
 
 static void sample_batch(trainer *t, qr_rng *rng, int batch) {
@@ -239,65 +245,201 @@ static void sample_batch(trainer *t, qr_rng *rng, int batch) {
     }
 }
 
+/* Global steps of the run: --steps, or --epochs over the training set; a
+ * synchronous step consumes R batches, an asynchronous one a single batch. */
+static int64_t total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step) {
+    if (o->steps) return o->steps;
+    double per_step = (double)o->batch_size * batches_per_step;
+    return QR_MAX(1, (int64_t)ceil(o->epochs * (double)ntrain / per_step));
+}
+
+static int sync_replicas(const qr_config *cfg, int nworkers) {
+    int64_t r = qr__config_int(cfg, "replicas-to-aggregate");
+    return r > 0 ? (int)r : nworkers;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
                     const qr_train_opts *o, qr_train_result *res) {
     /* One BLAS thread per worker: several workers share the cores. */
     openblas_set_num_threads(1);
     memset(res, 0, sizeof *res);
-    trainer t = {0};
-    int rc = trainer_setup(&t, cluster, task_index, cfg, o);
-    if (rc) {
-        qr__error_prefix("worker %d: ", task_index);
-        trainer_free(&t);
-        return rc;
-    }
     bool chief = task_index == 0;
-    int64_t total = o->steps;
-    if (!total) total = (int64_t)ceil(o->epochs * (double)t.train.n / o->batch_size);
+    bool sync = !strcmp(qr__config_str(cfg, "mode"), "sync");
+    trainer t = {0};
+    qr_worker *w = NULL;
+    int *ids = NULL;
+    float **params = NULL, **grads = NULL;
+    int rc = trainer_setup(&t, o);
+    if (!rc) rc = qr_worker_create(&w, cluster, task_index, cfg);
+    if (!rc) {
+        ids = qr__calloc((size_t)t.nparams, sizeof *ids);
+        params = qr__calloc((size_t)t.nparams, sizeof *params);
+        grads = qr__calloc((size_t)t.nparams, sizeof *grads);
+        if (!ids || !params || !grads) rc = QR_ENOMEM;
+    }
+    for (int i = 0; !rc && i < t.nparams; i++) {
+        const char *name, *init;
+        int ndim;
+        int64_t shape[2];
+        qr_model_param_info(t.model, i, &name, &ndim, shape, &init);
+        /* Every worker declares the same seeds; only the chief's are used. */
+        rc = qr_worker_declare(w, name, ndim, shape, init, param_seed(o, i), -1.0f, &ids[i]);
+        if (!rc) {
+            grads[i] = qr__aligned_alloc((size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
+            if (!grads[i]) rc = QR_ENOMEM;
+        }
+    }
+    int64_t total = total_steps(o, t.train.n, sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster)) : 1);
+    if (!rc && chief) rc = qr_worker_set_step_limit(w, total);
+    if (!rc) rc = qr_worker_initialize(w);
+    for (int i = 0; !rc && i < t.nparams; i++) params[i] = qr_worker_var_data(w, ids[i]);
+
     qr_rng rng;
-    qr_rng_seed(&rng, o->seed * 7919u + (uint64_t)task_index);
+    worker_rng(&rng, o, task_index);
     bool tty = isatty(2) && !o->quiet;
     double start = qr__now_sec(), last_print = start, loss_avg = NAN;
     int64_t step = 0;
-    for (;;) {
-        rc = qr_worker_pull(t.worker, 0, NULL, NULL);
+    if (!rc && sync) rc = qr_worker_local_step(w, &step);
+    while (!rc && step < total) {
+        rc = qr_worker_pull(w, 0, NULL, NULL);
         if (rc) break;
         sample_batch(&t, &rng, o->batch_size);
         double loss;
-        rc = qr_model_loss_grad(t.model, (const float *const *)t.params, t.grads, t.bx, t.by,
+        rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
                                 o->batch_size, &loss);
         if (rc) break;
         loss_avg = isnan(loss_avg) ? loss : 0.95 * loss_avg + 0.05 * loss;
-        rc = qr_worker_push(t.worker, t.nparams, t.ids, (const float *const *)t.grads,
-                            QR_PUSH_STEP, &step);
+        if (o->slow_worker == task_index && o->slow_ms > 0) sleep_ms(o->slow_ms);
+        int64_t global = 0;
+        rc = qr_worker_push(w, t.nparams, ids, (const float *const *)grads, QR_PUSH_STEP, &global);
+        if (rc == QR_ESTALE) {
+            /* Too late for its step (a backup worker, or TensorFlow's
+             * wasted round); it still takes a token and goes on. */
+            res->stale_pushes++;
+            rc = QR_OK;
+        }
         if (rc) break;
         res->local_steps++;
+        if (sync) rc = qr_worker_take_token(w, &step);
+        else step = global;
         double now = qr__now_sec();
-        if (chief && !o->quiet && now - last_print > (tty ? 0.2 : 5.0)) {
+        if (!rc && chief && !o->quiet && now - last_print > (tty ? 0.2 : 5.0)) {
             print_progress(tty, step, total, loss_avg,
                            (double)step * o->batch_size / (now - start), false);
             last_print = now;
         }
-        if (step >= total) break;
     }
-    /* Another worker's chief ended the run: not an error for this one. */
+    /* A stop means the chief ended the run: not an error for the others. */
     if (rc == QR_ESTOPPED && !chief) rc = QR_OK;
     res->wall_seconds = qr__now_sec() - start;
     res->global_step = step;
-    res->examples_per_sec = (double)step * o->batch_size / res->wall_seconds;
+    int per_step = sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster)) : 1;
+    res->examples_per_sec = (double)step * o->batch_size * per_step / res->wall_seconds;
     if (!rc && chief) {
-        if (!o->quiet)
-            print_progress(tty, step, total, loss_avg, res->examples_per_sec, true);
-        rc = qr_worker_pull(t.worker, 0, NULL, NULL);
+        if (!o->quiet) print_progress(tty, step, total, loss_avg, res->examples_per_sec, true);
+        rc = qr_worker_pull(w, 0, NULL, NULL);
         if (!rc)
-            rc = qr_model_evaluate(t.model, (const float *const *)t.params, &t.test,
+            rc = qr_model_evaluate(t.model, (const float *const *)params, &t.test,
                                    &res->test_accuracy, &res->test_loss);
-        res->params_digest = params_digest(t.worker, t.nparams);
-        int stop_rc = qr_worker_stop_cluster(t.worker);
+        res->params_digest = params_digest(w, t.nparams);
+        if (!rc && sync) rc = qr_worker_sync_stats(w, res->sync_stats, sizeof res->sync_stats);
+        int stop_rc = qr_worker_stop_cluster(w);
         if (!rc) rc = stop_rc;
         if (!rc) print_summary(o, cfg, qr_cluster_num_ps(cluster), qr_cluster_num_workers(cluster), res);
     }
     if (rc) qr__error_prefix("worker %d: ", task_index);
+    if (grads)
+        for (int i = 0; i < t.nparams; i++) free(grads[i]);
+    free(grads);
+    free(params);
+    free(ids);
+    qr_worker_free(w);
+    trainer_free(&t);
+    return rc;
+}
+
+int qr_train_local(const qr_config *cfg, const qr_train_opts *o, qr_train_result *res) {
+    openblas_set_num_threads(1);
+    memset(res, 0, sizeof *res);
+    int n = o->virtual_workers;
+    trainer t = {0};
+    qr_optim *opt = NULL;
+    int rc = trainer_setup(&t, o);
+    if (!rc) rc = qr_optim_create(&opt, cfg);
+    int np = t.nparams;
+    float **params = qr__calloc((size_t)QR_MAX(np, 1), sizeof *params);
+    int64_t *sizes = qr__calloc((size_t)QR_MAX(np, 1), sizeof *sizes);
+    qr_optim_slots **slots = qr__calloc((size_t)QR_MAX(np, 1), sizeof *slots);
+    float **grads = qr__calloc((size_t)QR_MAX(np * n, 1), sizeof *grads); /* [worker][param] */
+    qr_rng *rngs = qr__calloc((size_t)n, sizeof *rngs);
+    if (!rc && (!params || !sizes || !slots || !grads || !rngs)) rc = QR_ENOMEM;
+    for (int i = 0; !rc && i < np; i++) {
+        const char *name, *init;
+        int ndim;
+        int64_t shape[2];
+        qr_model_param_info(t.model, i, &name, &ndim, shape, &init);
+        sizes[i] = ndim == 2 ? shape[0] * shape[1] : shape[0];
+        int64_t dim = shape[ndim - 1];
+        params[i] = qr__aligned_alloc((size_t)sizes[i] * sizeof(float));
+        if (!params[i]) rc = QR_ENOMEM;
+        if (!rc) rc = qr_init_fill(params[i], sizes[i], ndim, shape, init, param_seed(o, i));
+        /* The same slots, viewed the same way, as the ps creates. */
+        if (!rc) rc = qr_optim_slots_create(opt, sizes[i] / dim, dim, &slots[i]);
+        for (int w = 0; !rc && w < n; w++) {
+            grads[w * np + i] = qr__aligned_alloc((size_t)sizes[i] * sizeof(float));
+            if (!grads[w * np + i]) rc = QR_ENOMEM;
+        }
+    }
+    for (int w = 0; w < n; w++) worker_rng(&rngs[w], o, w);
+    int64_t total = total_steps(o, t.train.n, n);
+    const float **srcs = qr__calloc((size_t)n, sizeof *srcs);
+    if (!srcs) rc = QR_ENOMEM;
+    bool mean = !strcmp(qr__config_str(cfg, "reduction"), "mean");
+    double start = qr__now_sec();
+    for (int64_t s = 0; !rc && s < total; s++) {
+        for (int w = 0; !rc && w < n; w++) {
+            sample_batch(&t, &rngs[w], o->batch_size);
+            double loss;
+            rc = qr_model_loss_grad(t.model, (const float *const *)params, &grads[w * np], t.bx,
+                                    t.by, o->batch_size, &loss);
+        }
+        /* As the ps does: reduce in worker order into worker 0's buffer,
+         * then one apply with the optimizer's step s + 1. */
+        for (int i = 0; !rc && i < np; i++) {
+            for (int w = 0; w < n; w++) srcs[w] = grads[w * np + i];
+            qr_optim_reduce(grads[i], srcs, n, sizes[i], mean ? (float)n : 1.0f);
+            rc = qr_optim_apply_dense(opt, slots[i], params[i], grads[i], sizes[i], -1.0f, s + 1);
+        }
+        res->global_step = s + 1;
+    }
+    res->wall_seconds = qr__now_sec() - start;
+    res->examples_per_sec = (double)res->global_step * o->batch_size * n / res->wall_seconds;
+    if (!rc)
+        rc = qr_model_evaluate(t.model, (const float *const *)params, &t.test, &res->test_accuracy,
+                               &res->test_loss);
+    if (!rc) {
+        uint64_t h = QR_FNV_INIT;
+        for (int i = 0; i < np; i++) h = qr__fnv1a(params[i], (size_t)sizes[i] * 4, h);
+        res->params_digest = h;
+        print_summary(o, cfg, 0, n, res);
+    }
+    for (int i = 0; i < np; i++) {
+        if (params) free(params[i]);
+        if (slots) qr_optim_slots_free(slots[i]);
+    }
+    for (int k = 0; grads && k < np * n; k++) free(grads[k]);
+    free(srcs);
+    free(params);
+    free(sizes);
+    free(slots);
+    free(grads);
+    free(rngs);
+    qr_optim_free(opt);
     trainer_free(&t);
     return rc;
 }

@@ -23,9 +23,12 @@ typedef struct qr_train_opts {
     double epochs;              /* used when steps == 0 */
     int64_t steps;              /* global steps; 0 = from epochs */
     uint64_t seed;
-    char mode[16];              /* "async" */
     bool json;                  /* print the JSON summary line on stdout */
     bool quiet;                 /* no progress line */
+    int slow_worker;            /* test option: this worker sleeps ... */
+    int slow_ms;                /* ... this long every step (-1: none) */
+    bool local;                 /* quorum train --local */
+    int virtual_workers;        /* workers simulated by --local */
 } qr_train_opts;
 
 void qr_train_opts_default(qr_train_opts *o);
@@ -39,6 +42,8 @@ typedef struct qr_train_result {
     double test_accuracy, test_loss;
     int64_t global_step;
     int64_t local_steps;
+    int64_t stale_pushes;       /* this worker's pushes dropped as stale */
+    char sync_stats[4096];      /* ps 0's statistics (JSON), sync mode */
     double examples_per_sec;
     double wall_seconds;
     uint64_t params_digest;
@@ -48,5 +53,11 @@ typedef struct qr_train_result {
  * (worker 0) fills res with the evaluation and prints the summary. */
 int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
                     const qr_train_opts *opts, qr_train_result *res);
+
+/* The single-process reference of synchronous training: opts->virtual_workers
+ * workers computed in turn, their gradients reduced in worker order and
+ * applied with the same code the ps runs. With the same seed, a cluster
+ * run with R = N and init-tokens 0 ends with bit-identical parameters. */
+int qr_train_local(const qr_config *cfg, const qr_train_opts *opts, qr_train_result *res);
 
 #endif
