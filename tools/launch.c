@@ -4,9 +4,13 @@
  * Picks free loopback ports, starts P ps tasks and W workers as child
  * processes of this same binary (each a real `quorum ps` / `quorum
  * worker`, given the cluster by flags), and supervises them:
- *   - the run succeeds when every child exits 0;
- *   - when one child fails, the others are stopped (SIGTERM, then SIGKILL
- *     after a grace period) and the failure is reported with its exit;
+ *   - the run succeeds when the chief and every ps exit 0;
+ *   - when a ps or the chief fails, the others are stopped (SIGTERM, then
+ *     SIGKILL after a grace period) and the failure is reported with its
+ *     exit;
+ *   - when another worker fails, it is reported and training goes on
+ *     without it: the ps tier decides whether it can (async, or sync with
+ *     backup workers), and says so if it cannot;
  *   - Ctrl-C / SIGTERM to the launcher stops every child the same way;
  *   - children get PR_SET_PDEATHSIG, so a killed launcher leaves nothing.
  * Only the chief writes to stdout, so with --json its summary is the last
@@ -33,6 +37,7 @@ typedef struct child {
     pid_t pid;
     char name[32];
     bool exited;
+    bool reported;
     int status;
 } child;
 
@@ -113,6 +118,11 @@ static bool failed(const child *c) {
     return !WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0;
 }
 
+/* Non-chief workers may come and go; everything else is essential. */
+static bool essential(const child *c) {
+    return strncmp(c->name, "worker ", 7) || !strcmp(c->name, "worker 0");
+}
+
 /* Reap children that have exited; returns how many are still running. */
 static int reap(child *kids, int n) {
     int running = 0;
@@ -164,6 +174,12 @@ int cmd_launch(int argc, char **argv) {
         return rc;
     }
     int nps = a.launch_ps ? a.launch_ps : 1, nworkers = a.launch_workers ? a.launch_workers : 1;
+    if (!strcmp(qr__config_str(a.cfg, "mode"), "sync") &&
+        qr_sync_check_config(a.cfg, nworkers, NULL, NULL)) {
+        fprintf(stderr, "quorum launch: %s\n", qr_last_error());
+        cli_args_free(&a);
+        return 2;
+    }
     cli_args_free(&a);
 
     /* Pass everything but --ps/--workers through to the tasks. */
@@ -221,8 +237,17 @@ int cmd_launch(int argc, char **argv) {
             break;
         }
         int bad = -1;
-        for (int i = 0; i < n && bad < 0; i++)
-            if (kids[i].exited && failed(&kids[i])) bad = i;
+        for (int i = 0; i < n && bad < 0; i++) {
+            if (!kids[i].exited || !failed(&kids[i])) continue;
+            if (essential(&kids[i])) {
+                bad = i;
+            } else if (!kids[i].reported) {
+                char why[160];
+                describe_exit(&kids[i], why, sizeof why);
+                fprintf(stderr, "quorum launch: %s; training goes on without it\n", why);
+                kids[i].reported = true;
+            }
+        }
         if (bad >= 0) {
             char why[160];
             describe_exit(&kids[bad], why, sizeof why);
@@ -234,7 +259,7 @@ int cmd_launch(int argc, char **argv) {
         sleep_ms(20);
     }
     for (int i = 0; i < n && exit_code == 0; i++) {
-        if (failed(&kids[i])) {
+        if (failed(&kids[i]) && essential(&kids[i])) {
             char why[160];
             describe_exit(&kids[i], why, sizeof why);
             fprintf(stderr, "quorum launch: %s\n", why);

@@ -17,6 +17,10 @@ bool qr__config_is_set(const qr_config *cfg, const char *key);
 /* Copy every explicitly set key of src into dst. */
 int qr__config_merge(qr_config *dst, const qr_config *src);
 
+/* Check the synchronous-replica options against the number of workers
+ * (R >= 1, init-tokens >= R - N) and resolve R and init-tokens. */
+int qr_sync_check_config(const qr_config *cfg, int nworkers, int *R, int *init_tokens);
+
 /* Iterate the known keys (for --help and docs): returns false past the end. */
 bool qr__config_key_at(int i, const char **name, const char **def,
                        const char **help);

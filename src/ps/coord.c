@@ -454,7 +454,8 @@ int qr__coord_init(qr_ps *ps) {
     uv_timer_init(&ps->loop, &s->timer);
     s->timer.data = ps;
     s->timer_on = true;
-    uv_timer_start(&s->timer, on_timer, 1000, 1000);
+    uint64_t period = (uint64_t)QR_MAX(50, QR_MIN(1000, QR_MIN(s->report_ms, s->timeout_ms) / 4));
+    uv_timer_start(&s->timer, on_timer, period, period);
     uv_unref((uv_handle_t *)&s->timer);
     s->step_started_ns = qr__now_ns();
     return QR_OK;

@@ -712,7 +712,10 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     if (!rc && global_step && step_req) *global_step = step_req->step;
     free_requests(reqs, nreq);
     free(reqs);
-    if (rc || !w->sync) return rc;
+    /* Sync: a push some ps found stale is still committed, so that ps 0
+     * counts it and gives the worker its place in the token queue (it
+     * will find it stale too). */
+    if (!w->sync || (rc && rc != QR_ESTALE)) return rc;
 
     /* Every ps holds this push's gradients: now ps 0 may count it. */
     wk_request *c = request_new(w, 0, QR_MSG_COMMIT);
@@ -733,7 +736,9 @@ int qr_worker_take_token(qr_worker *w, int64_t *step) {
     wk_request *r = request_new(w, 0, QR_MSG_TOKEN);
     if (!r) return QR_ENOMEM;
     qr_wbuf_u32(&r->meta, (uint32_t)w->index);
-    int rc = run_requests(w, &r, 1, w->sync_timeout_ms);
+    /* ps 0 ends a stalled wait after sync-timeout-ms with its report; this
+     * deadline is only the safety net for a ps 0 that cannot answer. */
+    int rc = run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
     if (!rc) {
         w->local_step = r->step;
         if (step) *step = r->step;

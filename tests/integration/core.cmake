@@ -15,3 +15,6 @@ qr_integration_test(integration_optimizers_digits test_optimizers.py digits)
 # sanitizers, which skip tests labelled slow (scripts/test.sh --sanitize).
 qr_integration_test(integration_optimizers_fashion test_optimizers.py fashion-mnist)
 set_tests_properties(integration_optimizers_fashion PROPERTIES LABELS slow)
+foreach(case determinism digits fashion slow kill)
+  qr_integration_test(integration_sync_${case} test_sync.py ${case})
+endforeach()

@@ -1,0 +1,295 @@
+/*
+ * test_sync_scenarios.c - synchronous replicas, trace by trace.
+ *
+ * Each scenario drives several worker handles step by step against a real
+ * ps (on a thread, over loopback sockets), in an order the test fixes, and
+ * checks the variable, the steps and the statistics against values worked
+ * out by hand in the comments. The variable is "w" = [0, 0], the optimizer
+ * SGD with lr 1, so after a step w -= mean(gradients of its quorum).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <time.h>
+
+#include "cluster_fixture.h"
+
+typedef struct scenario {
+    cluster_fixture f;
+    qr_worker *w[FIX_MAX_WORKERS];
+    int id[FIX_MAX_WORKERS];
+} scenario;
+
+/* A 1-ps cluster of n workers in sync mode with R and init_tokens (-1 =
+ * default); every worker declares w = [0, 0] and is initialized. */
+static void start(scenario *s, int n, int R, int init_tokens) {
+    fix_init(&s->f, 1, n);
+    char buf[32];
+    qr_config_set(s->f.cfg, "mode", "sync");
+    qr_config_set(s->f.cfg, "lr", "1");
+    snprintf(buf, sizeof buf, "%d", R);
+    qr_config_set(s->f.cfg, "replicas-to-aggregate", buf);
+    snprintf(buf, sizeof buf, "%d", init_tokens);
+    qr_config_set(s->f.cfg, "init-tokens", buf);
+    assert_int_equal(fix_start_ps(&s->f, 0), QR_OK);
+    int64_t shape[1] = {2};
+    for (int i = 0; i < n; i++) {
+        s->w[i] = fix_worker(&s->f, i);
+        assert_non_null(s->w[i]);
+        assert_int_equal(qr_worker_declare(s->w[i], "w", 1, shape, "zeros", 1, -1, &s->id[i]),
+                         QR_OK);
+        assert_int_equal(qr_worker_initialize(s->w[i]), QR_OK);
+    }
+}
+
+static void finish(scenario *s) {
+    assert_int_equal(qr_worker_stop_cluster(s->w[0]), QR_OK);
+    for (int i = 0; i < s->f.nworkers; i++) qr_worker_free(s->w[i]);
+    fix_join(&s->f);
+}
+
+static int push(scenario *s, int i, float g0, float g1) {
+    float g[2] = {g0, g1};
+    const float *grads[1] = {g};
+    return qr_worker_push(s->w[i], 1, &s->id[i], grads, 0, NULL);
+}
+
+static int64_t token(scenario *s, int i) {
+    int64_t step = -1;
+    int rc = qr_worker_take_token(s->w[i], &step);
+    if (rc) fprintf(stderr, "take_token: %s\n", qr_last_error());
+    assert_int_equal(rc, QR_OK);
+    return step;
+}
+
+static void expect_w(scenario *s, float a, float b) {
+    assert_int_equal(qr_worker_pull(s->w[0], 1, &s->id[0], NULL), QR_OK);
+    const float *w = qr_worker_var_data(s->w[0], s->id[0]);
+    if (w[0] != a || w[1] != b) fprintf(stderr, "w = [%g, %g], expected [%g, %g]\n", w[0], w[1], a, b);
+    assert_true(w[0] == a && w[1] == b);
+}
+
+static int64_t global_step(scenario *s) {
+    int64_t g = -1;
+    assert_int_equal(qr_worker_global_step(s->w[0], &g), QR_OK);
+    return g;
+}
+
+static void expect_stats(scenario *s, const char *phrase) {
+    char buf[2048];
+    assert_int_equal(qr_worker_sync_stats(s->w[0], buf, sizeof buf), QR_OK);
+    if (!strstr(buf, phrase)) fprintf(stderr, "stats %s lack %s\n", buf, phrase);
+    assert_non_null(strstr(buf, phrase));
+}
+
+/* R = N = 2 with TensorFlow's init tokens (R = 2): the second round after
+ * start-up is wasted, every gradient in it stale. */
+static void test_tensorflow_init_tokens_waste_second_round(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 2, 2);
+    assert_int_equal(push(&s, 0, 1, 0), QR_OK);
+    assert_int_equal(push(&s, 1, 0, 1), QR_OK);
+    /* step 0 = mean([1,0], [0,1]) = [0.5, 0.5] */
+    expect_w(&s, -0.5f, -0.5f);
+    assert_int_equal(global_step(&s), 1);
+    /* Both take an initial token, which carries step 0 ... */
+    assert_int_equal(token(&s, 0), 0);
+    assert_int_equal(token(&s, 1), 0);
+    /* ... so their next gradients are stale and dropped, and reported. */
+    assert_int_equal(push(&s, 0, 100, 100), QR_ESTALE);
+    assert_non_null(strstr(qr_last_error(), "dropped: stale"));
+    assert_int_equal(push(&s, 1, 100, 100), QR_ESTALE);
+    expect_w(&s, -0.5f, -0.5f);
+    /* The tokens of step 1 come next. */
+    assert_int_equal(token(&s, 0), 1);
+    assert_int_equal(token(&s, 1), 1);
+    assert_int_equal(push(&s, 0, 2, 0), QR_OK);
+    assert_int_equal(push(&s, 1, 0, 2), QR_OK);
+    /* step 1 = mean([2,0], [0,2]) = [1, 1] */
+    expect_w(&s, -1.5f, -1.5f);
+    assert_int_equal(global_step(&s), 2);
+    expect_stats(&s, "\"stale_dropped\":2");
+    expect_stats(&s, "\"in_quorum\":[2,2]");
+    finish(&s);
+}
+
+/* quorum's default init tokens, max(0, R - N) = 0 with R = N = 2: strict
+ * lockstep, no wasted round. */
+static void test_default_init_tokens_lockstep(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 2, -1);
+    assert_int_equal(push(&s, 0, 1, 0), QR_OK);
+    assert_int_equal(push(&s, 1, 0, 1), QR_OK);
+    assert_int_equal(token(&s, 0), 1);
+    assert_int_equal(token(&s, 1), 1);
+    assert_int_equal(push(&s, 0, 2, 0), QR_OK);
+    assert_int_equal(push(&s, 1, 0, 2), QR_OK);
+    expect_w(&s, -1.5f, -1.5f);
+    expect_stats(&s, "\"stale_dropped\":0");
+    finish(&s);
+}
+
+/* R = 2, N = 3 (one backup): the first two gradients make the step; the
+ * third is stale, dropped, and its worker still gets a token. */
+static void test_backup_worker_dropped(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 3, 2, -1);
+    assert_int_equal(push(&s, 2, 1, 0), QR_OK);
+    assert_int_equal(push(&s, 0, 0, 1), QR_OK);
+    /* step 0 = mean([1,0], [0,1]); worker 1 is late */
+    assert_int_equal(push(&s, 1, 10, 10), QR_ESTALE);
+    expect_w(&s, -0.5f, -0.5f);
+    for (int i = 0; i < 3; i++) assert_int_equal(token(&s, i), 1);
+    expect_stats(&s, "\"in_quorum\":[1,0,1]");
+    expect_stats(&s, "\"stale_by_worker\":[0,1,0]");
+    finish(&s);
+}
+
+/* R = 3, N = 2: the default init tokens are R - N = 1, so a worker
+ * computes a second batch for step 0. The step reduces in (worker, seq)
+ * order: worker 0's two pushes, then worker 1's. */
+static void test_fewer_workers_than_replicas(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 3, -1);
+    assert_int_equal(push(&s, 0, 3, 0), QR_OK);
+    assert_int_equal(push(&s, 1, 3, 3), QR_OK);
+    assert_int_equal(global_step(&s), 0); /* 2 of 3 */
+    assert_int_equal(token(&s, 0), 0);    /* the initial token */
+    assert_int_equal(push(&s, 0, 0, 3), QR_OK);
+    /* step 0 = ([3,0] + [0,3] + [3,3]) / 3 = [2, 2] */
+    expect_w(&s, -2.0f, -2.0f);
+    assert_int_equal(global_step(&s), 1);
+    assert_int_equal(token(&s, 1), 1);
+    assert_int_equal(token(&s, 0), 1);
+    expect_stats(&s, "\"in_quorum\":[2,1]");
+    finish(&s);
+}
+
+/* Fewer initial tokens than R - N cannot finish step 0: refused. */
+static void test_too_few_init_tokens_refused(void **state) {
+    (void)state;
+    cluster_fixture f;
+    fix_init(&f, 1, 2);
+    qr_config_set(f.cfg, "mode", "sync");
+    qr_config_set(f.cfg, "replicas-to-aggregate", "3");
+    qr_config_set(f.cfg, "init-tokens", "0");
+    assert_int_equal(fix_start_ps(&f, 0), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(),
+                           "too few tokens to finish the first step: 0 (given) vs 1 (needed)"));
+    qr_config_free(f.cfg);
+}
+
+/* R = 2, N = 3, worker 2 slow: tokens are not tied to workers, so the fast
+ * worker 0 takes the token released for worker 2 and makes step 1 alone. */
+static void test_fast_worker_takes_slow_workers_token(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 3, 2, -1);
+    assert_int_equal(push(&s, 0, 1, 0), QR_OK);
+    assert_int_equal(push(&s, 1, 0, 1), QR_OK);
+    /* step 0 = [0.5, 0.5]; 3 tokens of step 1: workers 0 and 1 hold a place
+     * for two, the third is free */
+    assert_int_equal(token(&s, 0), 1);
+    assert_int_equal(push(&s, 0, 2, 0), QR_OK);
+    assert_int_equal(token(&s, 0), 1); /* worker 2's token */
+    assert_int_equal(push(&s, 0, 0, 2), QR_OK);
+    /* step 1 = mean([2,0], [0,2]) = [1, 1], both from worker 0 */
+    expect_w(&s, -1.5f, -1.5f);
+    assert_int_equal(global_step(&s), 2);
+    /* Worker 1 comes back with its step-1 token: its gradient is stale. */
+    assert_int_equal(token(&s, 1), 1);
+    assert_int_equal(push(&s, 1, 50, 50), QR_ESTALE);
+    /* The slow worker's step-0 gradient is stale too; it gets a step-2 token. */
+    assert_int_equal(push(&s, 2, 70, 70), QR_ESTALE);
+    assert_int_equal(token(&s, 2), 2);
+    expect_w(&s, -1.5f, -1.5f);
+    expect_stats(&s, "\"in_quorum\":[3,1,0]");
+    finish(&s);
+}
+
+typedef struct take_arg {
+    qr_worker *w;
+    int rc;
+    char msg[1024];
+} take_arg;
+
+static void *take_thread(void *p) {
+    take_arg *a = p;
+    int64_t step;
+    a->rc = qr_worker_take_token(a->w, &step);
+    snprintf(a->msg, sizeof a->msg, "%s", qr_last_error());
+    return NULL;
+}
+
+/* The chief ends training while a worker waits for a token: the wait ends
+ * with "stopped" and nothing stays blocked. */
+static void test_stop_ends_token_waits(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 2, -1);
+    assert_int_equal(push(&s, 1, 1, 1), QR_OK);
+    take_arg a = {.w = s.w[1]};
+    pthread_t t;
+    pthread_create(&t, NULL, take_thread, &a);
+    nanosleep(&(struct timespec){0, 200 * 1000000}, NULL);
+    assert_int_equal(qr_worker_stop_cluster(s.w[0]), QR_OK);
+    pthread_join(t, NULL);
+    assert_int_equal(a.rc, QR_ESTOPPED);
+    for (int i = 0; i < 2; i++) qr_worker_free(s.w[i]);
+    fix_join(&s.f);
+    assert_int_equal(s.f.run_status[0], QR_OK);
+}
+
+/* A worker disappears with R = N = 2: the ps reports which worker is
+ * missing, and after sync-timeout-ms ends the waits with that report. */
+static void test_missing_worker_stall_report_and_abort(void **state) {
+    (void)state;
+    scenario s;
+    fix_init(&s.f, 1, 2);
+    qr_config_set(s.f.cfg, "mode", "sync");
+    qr_config_set(s.f.cfg, "lr", "1");
+    qr_config_set(s.f.cfg, "sync-timeout-ms", "1500");
+    qr_config_set(s.f.cfg, "stall-report-ms", "500");
+    assert_int_equal(fix_start_ps(&s.f, 0), QR_OK);
+    int64_t shape[1] = {2};
+    for (int i = 0; i < 2; i++) {
+        s.w[i] = fix_worker(&s.f, i);
+        assert_int_equal(qr_worker_declare(s.w[i], "w", 1, shape, "zeros", 1, -1, &s.id[i]), QR_OK);
+        assert_int_equal(qr_worker_initialize(s.w[i]), QR_OK);
+    }
+    qr_worker_free(s.w[1]); /* worker 1 is gone */
+    assert_int_equal(push(&s, 0, 1, 1), QR_OK);
+    take_arg a = {.w = s.w[0]};
+    pthread_t t;
+    pthread_create(&t, NULL, take_thread, &a);
+    pthread_join(t, NULL);
+    assert_int_equal(a.rc, QR_EABORTED);
+    fprintf(stderr, "abort message: %s\n", a.msg);
+    assert_non_null(strstr(a.msg, "only 1 of 2 workers are alive"));
+    assert_non_null(strstr(a.msg, "worker 1 (disconnected"));
+    assert_non_null(strstr(a.msg, "with 1 of 2 gradients"));
+    qr_worker_free(s.w[0]);
+    fix_join(&s.f);
+    assert_int_equal(s.f.run_status[0], QR_EABORTED);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tensorflow_init_tokens_waste_second_round),
+        cmocka_unit_test(test_default_init_tokens_lockstep),
+        cmocka_unit_test(test_backup_worker_dropped),
+        cmocka_unit_test(test_fewer_workers_than_replicas),
+        cmocka_unit_test(test_too_few_init_tokens_refused),
+        cmocka_unit_test(test_fast_worker_takes_slow_workers_token),
+        cmocka_unit_test(test_stop_ends_token_waits),
+        cmocka_unit_test(test_missing_worker_stall_report_and_abort),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
