@@ -44,6 +44,9 @@ double qr__now_sec(void);
 /* Allocation that reports QR_ENOMEM through qr__fail; NULL on failure. */
 void *qr__calloc(size_t n, size_t size);
 void *qr__aligned_alloc(size_t size); /* 64-byte aligned, zeroed */
+/* 64-byte aligned, not zeroed: for buffers about to be overwritten whole
+ * (zeroing a large buffer costs as much as the copy that follows). */
+void *qr__aligned_alloc_uninit(size_t size);
 char *qr__strdup(const char *s);
 
 /* Parsing helpers used by config, flags and the cluster spec: strict

@@ -72,6 +72,13 @@ void *qr__aligned_alloc(size_t size) {
     return p;
 }
 
+void *qr__aligned_alloc_uninit(size_t size) {
+    size_t rounded = (size + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) qr__fail(QR_ENOMEM, "out of memory allocating %zu bytes", size);
+    return p;
+}
+
 char *qr__strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *p = qr__calloc(1, n);

@@ -146,8 +146,9 @@ struct qr_ps {
 };
 
 /* server.c */
-void qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
-                  const qr_iov *iov, int niov, qr_send_cb cb, void *ctx);
+/* Queue a reply. Returns QR_OK if queued; on failure cb has already run. */
+int qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
+                 const qr_iov *iov, int niov, qr_send_cb cb, void *ctx);
 void qr__ps_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg);
 void qr__ps_begin_stop(qr_ps *ps);
 void qr__ps_finish_if_idle(qr_ps *ps);

@@ -33,8 +33,8 @@ static void on_reply_sent(qr_conn *c, int status, void *ctx) {
         qr_conn_resume(c);
 }
 
-void qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
-                  const qr_iov *iov, int niov, qr_send_cb cb, void *ctx) {
+int qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
+                 const qr_iov *iov, int niov, qr_send_cb cb, void *ctx) {
     qr_frame f = {0};
     f.type = (uint8_t)(req->type | QR_MSG_REPLY);
     f.request_id = req->request_id;
@@ -44,9 +44,10 @@ void qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *me
     if (rc) {
         qr__log(QR_LOG_DEBUG, "reply to %s not sent: %s", qr_conn_peer(p->conn), qr_last_error());
         if (cb) cb(p->conn, rc, ctx);
-        return;
+        return rc;
     }
     if (qr_conn_pending_bytes(p->conn) > PEER_MAX_PENDING) qr_conn_pause(p->conn);
+    return QR_OK;
 }
 
 void qr__ps_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg) {
@@ -81,7 +82,7 @@ static int ensure_recv(ps_peer *p, size_t bytes) {
     if (bytes <= p->recv_cap) return QR_OK;
     free(p->recv);
     p->recv_cap = 0;
-    p->recv = qr__aligned_alloc(bytes);
+    p->recv = qr__aligned_alloc_uninit(bytes); /* received whole */
     if (!p->recv) return QR_ENOMEM;
     p->recv_cap = bytes;
     return QR_OK;
@@ -272,10 +273,17 @@ static void pull_message(ps_peer *p, const qr_frame *f) {
         refs->t[i] = qr_tensor_ref(v->value);
         iov[i] = (qr_iov){v->value->data, (size_t)v->n * sizeof(float)};
     }
-    if (meta.oom)
-        on_pull_sent(p->conn, QR_ENOMEM, refs), qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
-    else
-        qr__ps_reply(p, f, QR_OK, &meta, iov, n, on_pull_sent, refs);
+    if (meta.oom) {
+        on_pull_sent(p->conn, QR_ENOMEM, refs);
+        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+    } else if (qr__ps_reply(p, f, QR_OK, &meta, iov, n, on_pull_sent, refs) == QR_OK &&
+               qr_conn_all_written(p->conn)) {
+        /* The kernel has the bytes already (the usual case when the reply
+         * fits the socket buffer): drop the references now, so a push
+         * handled before the deferred callback need not copy the tensor. */
+        for (int i = 0; i < n; i++) qr_tensor_unref(refs->t[i]);
+        refs->n = 0;
+    }
     qr_wbuf_free(&meta);
     free(iov);
 }
@@ -705,6 +713,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc) rc = qr__sync_init(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);
+        qr_optim_free(ps->optim);
         qr_config_free(ps->cfg);
         qr_cluster_free(ps->cluster);
         free(ps);

@@ -8,10 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-qr_tensor *qr_tensor_new(int64_t n) {
+static qr_tensor *tensor_alloc(int64_t n, bool zeroed) {
     qr_tensor *t = qr__calloc(1, sizeof *t);
     if (!t) return NULL;
-    t->data = qr__aligned_alloc((size_t)n * sizeof(float));
+    size_t bytes = (size_t)n * sizeof(float);
+    t->data = zeroed ? qr__aligned_alloc(bytes) : qr__aligned_alloc_uninit(bytes);
     if (!t->data) {
         free(t);
         return NULL;
@@ -19,6 +20,10 @@ qr_tensor *qr_tensor_new(int64_t n) {
     t->n = n;
     t->refs = 1;
     return t;
+}
+
+qr_tensor *qr_tensor_new(int64_t n) {
+    return tensor_alloc(n, true);
 }
 
 qr_tensor *qr_tensor_ref(qr_tensor *t) {
@@ -84,7 +89,7 @@ int qr_store_add(qr_store *s, qr_var *v) {
 
 int qr_var_prepare_write(qr_var *v) {
     if (v->value->refs == 1) return QR_OK;
-    qr_tensor *copy = qr_tensor_new(v->n);
+    qr_tensor *copy = tensor_alloc(v->n, false); /* overwritten just below */
     if (!copy) return QR_ENOMEM;
     memcpy(copy->data, v->value->data, (size_t)v->n * sizeof(float));
     qr_tensor_unref(v->value);

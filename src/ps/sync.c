@@ -93,7 +93,7 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
     sp->local_step = local_step;
     sp->nitems = p->nitems;
     sp->items = qr__calloc((size_t)QR_MAX(p->nitems, 1), sizeof *sp->items);
-    sp->data = qr__aligned_alloc(f->payload_len);
+    sp->data = qr__aligned_alloc_uninit(f->payload_len); /* received whole */
     if (!sp->items || !sp->data) {
         qr__sync_push_free(sp);
         return QR_ENOMEM;

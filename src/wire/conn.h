@@ -94,6 +94,10 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
                  const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx);
 /* Bytes queued for writing and not yet sent (for backpressure). */
 size_t qr_conn_pending_bytes(const qr_conn *c);
+/* True if everything sent so far has reached the kernel: the payload
+ * buffers of the sends are no longer read, even though their callbacks
+ * have not run yet (libuv defers them to the next loop iteration). */
+bool qr_conn_all_written(const qr_conn *c);
 
 /* Stop / resume reading from the peer: a ps pauses a peer whose replies
  * pile up unsent (libuv itself applies no backpressure). */

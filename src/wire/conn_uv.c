@@ -422,6 +422,10 @@ bool qr_conn_paused(const qr_conn *c) {
     return c->paused;
 }
 
+bool qr_conn_all_written(const qr_conn *c) {
+    return uv_stream_get_write_queue_size(&c->h.stream) == 0;
+}
+
 size_t qr_conn_pending_bytes(const qr_conn *c) {
     return c->pending_bytes;
 }
