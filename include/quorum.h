@@ -195,6 +195,9 @@ QR_API int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst);
  * the push. *global_step (may be NULL) receives the global step after it.
  */
 #define QR_PUSH_STEP 1u
+/* Async only: the arrays are deltas that the ps adds to its weights as they
+ * are, with no optimizer (local SGD pushes w_local - w_pulled this way). */
+#define QR_PUSH_DELTA 4u
 QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
                           const float *const *grads, unsigned flags,
                           int64_t *global_step);
@@ -215,10 +218,18 @@ QR_API int qr_worker_local_step(const qr_worker *w, int64_t *step);
  * that the ps tasks stop by themselves when training is over even if the
  * chief is gone. */
 QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
-/* ps 0's statistics of synchronous training as a JSON object ("{}" in
- * async mode): steps, stale_dropped, in_quorum and stale_by_worker per
- * worker, mean_wait_ms, max_wait_ms, ... */
-QR_API int qr_worker_sync_stats(qr_worker *w, char *buf, size_t len);
+/* The cluster's training statistics as one JSON object, written to buf:
+ * "staleness", the histogram of async push staleness summed over the ps
+ * tasks (buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+); and in sync
+ * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker
+ * per worker, mean_wait_ms, max_wait_ms, tokens_queued. */
+QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);
+
+/* ---- asynchronous training with bounded staleness (max-staleness k) ----
+ * Call before each step: blocks while this worker is more than k steps
+ * ahead of the slowest live worker (k = 0: bulk synchronous). Returns at
+ * once when no bound is set. */
+QR_API int qr_worker_wait_bound(qr_worker *w);
 
 /* Read the global step held by ps 0. */
 QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);

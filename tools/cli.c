@@ -14,7 +14,7 @@
 
 /* Flags that may stand alone, meaning "true". */
 static const char *bool_flags[] = {"json", "quiet", "nesterov", "centered",
-                                   "apply-sparse-rmsprop", "local"};
+                                   "apply-sparse-rmsprop", "local", "staleness-lr-scale"};
 
 static void normalize(char *k) {
     for (; *k; k++)

@@ -55,6 +55,13 @@ static const key_spec keys[] = {
      "sync: how often a waiting step is reported (which workers are missing)"},
     {"sync-stats-file", KEY_STRING, "", 0, 0, 0, NULL,
      "sync: ps 0 writes one JSON line per step here (quorum, stale, wait)"},
+    {"max-staleness", KEY_INT, "-1", -1, 1 << 30, 0, NULL,
+     "async: a worker more than this many steps ahead of the slowest live worker waits "
+     "(-1: no bound; 0: bulk synchronous)"},
+    {"staleness-lr-scale", KEY_BOOL, "false", 0, 0, 0, NULL,
+     "async: scale the learning rate of a gradient by 1/(1 + its staleness)"},
+    {"moving-average-decay", KEY_FLOAT, "0", 0, 1, 0, NULL,
+     "keep exponential moving averages of the variables on the ps (0: off)"},
     /* optimizer */
     {"optimizer", KEY_ENUM, "sgd", 0, 0, 0,
      "sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl", "optimizer applied on the ps"},

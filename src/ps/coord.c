@@ -360,7 +360,7 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
     ps_sync *s = &ps->sync;
     uint64_t now = qr__now_ns();
     int live = 0;
-    for (int w = 0; w < s->N; w++) live += s->live[w] > 0;
+    for (int w = 0; w < s->N; w++) live += ps->worker_conns[w] > 0;
     size_t off = 0;
 #define ADD(...) off += (size_t)snprintf(buf + off, off < len ? len - off : 0, __VA_ARGS__)
     if (live < s->R)
@@ -378,10 +378,10 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
         for (int i = 0; i < s->nquorum; i++) in |= (int)s->quorum[i].worker == w;
         if (in) continue;
         missing++;
-        if (s->live[w])
+        if (ps->worker_conns[w])
             ADD(" worker %d (connected, no gradient for this step yet);", w);
-        else if (s->lost_ns[w])
-            ADD(" worker %d (disconnected %.1f s ago);", w, (double)(now - s->lost_ns[w]) / 1e9);
+        else if (ps->worker_lost_ns[w])
+            ADD(" worker %d (disconnected %.1f s ago);", w, (double)(now - ps->worker_lost_ns[w]) / 1e9);
         else
             ADD(" worker %d (never connected);", w);
     }
@@ -429,11 +429,9 @@ int qr__coord_init(qr_ps *ps) {
     int nlinks = ps->cluster->nps - 1;
     s->quorum = qr__calloc((size_t)s->R, sizeof *s->quorum);
     s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
-    s->live = qr__calloc((size_t)s->N, sizeof *s->live);
-    s->lost_ns = qr__calloc((size_t)s->N, sizeof *s->lost_ns);
     s->in_quorum = qr__calloc((size_t)s->N, sizeof *s->in_quorum);
     s->stale_by_worker = qr__calloc((size_t)s->N, sizeof *s->stale_by_worker);
-    if (!s->quorum || !s->links || !s->live || !s->lost_ns || !s->in_quorum || !s->stale_by_worker)
+    if (!s->quorum || !s->links || !s->in_quorum || !s->stale_by_worker)
         return QR_ENOMEM;
     for (int i = 0; i < nlinks; i++) {
         coord_link *l = &s->links[i];
@@ -563,10 +561,8 @@ void qr__coord_token(ps_peer *p, const qr_frame *f) {
     serve_waiters(s);
 }
 
-void qr__coord_stats(ps_peer *p, const qr_frame *f) {
-    qr_ps *ps = p->ps;
+void qr__coord_stats_json(qr_ps *ps, cJSON *j) {
     ps_sync *s = &ps->sync;
-    cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "replicas_to_aggregate", s->R);
     cJSON_AddNumberToObject(j, "total_num_replicas", s->N);
     cJSON_AddNumberToObject(j, "init_tokens", s->init_tokens);
@@ -583,17 +579,6 @@ void qr__coord_stats(ps_peer *p, const qr_frame *f) {
                             s->steps_done ? (double)s->wait_ns_total / 1e6 / (double)s->steps_done : 0);
     cJSON_AddNumberToObject(j, "max_wait_ms", (double)s->wait_ns_max / 1e6);
     cJSON_AddNumberToObject(j, "tokens_queued", s->ntokens);
-    char *text = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    qr_wbuf out = {0};
-    if (text) qr_wbuf_bytes(&out, text, strlen(text));
-    free(text);
-    qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
-    qr_wbuf_free(&out);
-}
-
-void qr__coord_worker_joined(qr_ps *ps, int worker) {
-    ps->sync.live[worker]++;
 }
 
 void qr__coord_peer_lost(ps_peer *p) {
@@ -617,11 +602,9 @@ void qr__coord_peer_lost(ps_peer *p) {
     serve_waiters(s);
     if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
     int w = p->worker_index;
-    if (--s->live[w] > 0) return;
-    s->lost_ns[w] = qr__now_ns();
-    if (ps->stopping) return;
+    if (ps->worker_conns[w] > 0 || ps->stopping) return; /* server.c counted it */
     int live = 0;
-    for (int i = 0; i < s->N; i++) live += s->live[i] > 0;
+    for (int i = 0; i < s->N; i++) live += ps->worker_conns[i] > 0;
     bool done = s->step_limit > 0 && ps->global_step >= s->step_limit;
     if (!done)
         qr__log(QR_LOG_WARN, "worker %d disconnected at step %lld; %d of %d workers alive "

@@ -55,6 +55,7 @@ typedef struct ps_peer {
     push_item *items;
     int nitems, items_cap;
     sync_push *incoming; /* synchronous push being received */
+    uint32_t push_worker; /* the worker index the current push names */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     float *recv;         /* receive buffer for async gradients, grown as needed */
@@ -110,14 +111,23 @@ typedef struct ps_sync {
     bool aborted;
     char abort_msg[1024];
     int64_t step_limit;  /* from the chief; 0 = unknown */
-    int *live;           /* connections per worker index */
-    uint64_t *lost_ns;   /* when each worker's last connection closed */
     /* statistics */
     uint64_t steps_done, stale_commits;
     uint64_t *in_quorum, *stale_by_worker; /* per worker */
     uint64_t wait_ns_total, wait_ns_max;
     FILE *stats_file;
 } ps_sync;
+
+/* Bounded staleness (async, ps 0): a worker waiting to start a step. */
+typedef struct bound_waiter {
+    struct bound_waiter *next;
+    ps_peer *peer;
+    qr_frame req;
+    int64_t clock; /* the step it wants to start (its completed steps) */
+} bound_waiter;
+
+/* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
+#define QR_STALENESS_BUCKETS 9
 
 struct qr_ps {
     uv_loop_t loop;
@@ -143,6 +153,15 @@ struct qr_ps {
     int linger_ms;
     char name[32];
     ps_sync sync;
+    /* workers: open connections per worker index, and when the last closed */
+    int *worker_conns;
+    uint64_t *worker_lost_ns;
+    /* async */
+    bool staleness_lr_scale;
+    uint64_t staleness_hist[QR_STALENESS_BUCKETS];
+    int64_t max_staleness;   /* ps 0: the bound k, or -1 */
+    int64_t *clock;          /* ps 0: step pushes per worker */
+    bound_waiter *bound_waiters;
 };
 
 /* server.c */
@@ -167,14 +186,24 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
  * the other pushes of step <= s. */
 int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
 
+/* bound.c: bounded staleness on ps 0 (async) */
+int qr__bound_init(qr_ps *ps);
+void qr__bound_free(qr_ps *ps);
+void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* A worker's step push arrived, or a worker left: release who may go. */
+void qr__bound_update(qr_ps *ps);
+void qr__bound_peer_lost(ps_peer *p);
+void qr__bound_stop(qr_ps *ps);
+
 /* coord.c: ps 0 */
 int qr__coord_init(qr_ps *ps);
 void qr__coord_free(qr_ps *ps);
 void qr__coord_ready(qr_ps *ps, int64_t step_limit);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_token(ps_peer *p, const qr_frame *f);
-void qr__coord_stats(ps_peer *p, const qr_frame *f);
-void qr__coord_worker_joined(qr_ps *ps, int worker);
+/* Add the coordinator's statistics to a cJSON object. */
+struct cJSON;
+void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);
 /* The ps is stopping: end every token wait with "stopped", close links. */
 void qr__coord_stop(qr_ps *ps);

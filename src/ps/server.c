@@ -21,6 +21,7 @@
  */
 #include "ps/ps_internal.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,9 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     uint32_t seq = qr_rbuf_u32(&r);
     if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated");
     bool sync = f->flags & QR_PUSH_SYNC;
+    p->push_worker = worker;
+    if (sync && (f->flags & QR_PUSH_DELTA))
+        return qr__fail(QR_EINVAL, "PUSH: delta pushes are for async training");
     if (sync != p->ps->sync.on)
         return qr__fail(QR_EINVAL, "PUSH: a %s push, but this ps trains in %s mode",
                         sync ? "synchronous" : "asynchronous", p->ps->sync.on ? "sync" : "async");
@@ -167,6 +171,13 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return qr_conn_expect(p->conn, &iov, 1);
 }
 
+static int staleness_bucket(uint64_t s) {
+    if (s < 4) return (int)s;
+    int b = 4;
+    for (uint64_t lim = 8; s >= lim && b < QR_STALENESS_BUCKETS - 1; lim *= 2) b++;
+    return b;
+}
+
 static void push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     /* Check every gradient before touching any variable. */
@@ -192,12 +203,28 @@ static void push_message(ps_peer *p, const qr_frame *f) {
         }
     }
     int64_t t = ps->applied_steps + 1;
+    bool delta = f->flags & QR_PUSH_DELTA;
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         if (it->skip) continue;
         const float *g = (const float *)((uint8_t *)p->recv + it->offset);
         qr_var *v = it->var;
-        int rc = qr_optim_apply_dense(ps->optim, v->slots, v->value->data, g, v->n, v->lr, t);
+        /* Staleness: how many updates this variable took since the worker
+         * pulled the version its gradient was computed at. */
+        uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
+        ps->staleness_hist[staleness_bucket(staleness)]++;
+        if (delta) {
+            float *w = v->value->data;
+            for (int64_t k = 0; k < v->n; k++) w[k] += g[k];
+            v->version++;
+            continue;
+        }
+        float lr = v->lr;
+        if (ps->staleness_lr_scale && staleness) {
+            float base = lr >= 0 ? lr : qr_optim_lr(ps->optim);
+            lr = base / (float)(1 + staleness);
+        }
+        int rc = qr_optim_apply_dense(ps->optim, v->slots, v->value->data, g, v->n, lr, t);
         if (rc) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
@@ -209,7 +236,11 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     }
     if (f->flags & QR_PUSH_STEP) {
         ps->applied_steps++;
-        if (ps->index == 0) ps->global_step++;
+        if (ps->index == 0) {
+            ps->global_step++;
+            if (p->push_worker < (uint32_t)ps->cluster->nworkers) ps->clock[p->push_worker]++;
+            qr__bound_update(ps);
+        }
     }
     qr_wbuf meta = {0};
     qr_wbuf_i64(&meta, ps->global_step);
@@ -472,6 +503,25 @@ static int small_header(ps_peer *p, const qr_frame *f, const uint8_t *meta, uint
     return QR_OK;
 }
 
+/* The ps's statistics as one JSON object: the staleness histogram of
+ * async pushes here, and on ps 0 of a sync run the coordinator's figures. */
+static void stats_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "ps", ps->index);
+    cJSON *hist = cJSON_AddArrayToObject(j, "staleness");
+    for (int i = 0; i < QR_STALENESS_BUCKETS; i++)
+        cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)ps->staleness_hist[i]));
+    if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    qr_wbuf out = {0};
+    if (text) qr_wbuf_bytes(&out, text, strlen(text));
+    free(text);
+    qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+}
+
 /* COMMIT and TOKEN go to ps 0, in synchronous mode. */
 static int coord_only(ps_peer *p, const qr_frame *f) {
     if (!p->ps->sync.on)
@@ -514,6 +564,12 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         case QR_MSG_TOKEN: rc = coord_only(p, f) ? QR_EINVAL : small_header(p, f, meta, 4); break;
         case QR_MSG_STATS: rc = small_header(p, f, meta, 0); break;
         case QR_MSG_APPLY: rc = apply_header(p, f, meta); break;
+        case QR_MSG_CLOCK:
+            if (ps->sync.on || ps->index != 0 || ps->max_staleness < 0)
+                rc = qr__fail(QR_EINVAL, "CLOCK goes to ps 0 of an async run with max-staleness");
+            else
+                rc = small_header(p, f, meta, 12);
+            break;
         case QR_MSG_STEP: rc = small_header(p, f, meta, 0); break;
         case QR_MSG_STOP: rc = small_header(p, f, meta, 0); break;
         case QR_MSG_PUSH: rc = push_header(p, f, meta); break;
@@ -561,7 +617,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
             p->worker_index = (int)index;
             qr__log(QR_LOG_DEBUG, "worker %d connected from %s (%s)", p->worker_index,
                     qr_conn_peer(c), qr_conn_kind(c));
-            if (ps->sync.on && ps->index == 0) qr__coord_worker_joined(ps, p->worker_index);
+            ps->worker_conns[p->worker_index]++;
         }
         qr__ps_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
         break;
@@ -580,14 +636,8 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     }
     case QR_MSG_COMMIT: qr__coord_commit(p, f, meta); break;
     case QR_MSG_TOKEN: qr__coord_token(p, f); break;
-    case QR_MSG_STATS:
-        if (ps->sync.on && ps->index == 0) {
-            qr__coord_stats(p, f);
-        } else {
-            qr_wbuf_bytes(&out, "{}", 2);
-            qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
-        }
-        break;
+    case QR_MSG_STATS: stats_message(p, f); break;
+    case QR_MSG_CLOCK: qr__bound_clock(p, f, meta); break;
     case QR_MSG_APPLY: qr__sync_apply_message(p, f, meta); break;
     case QR_MSG_STEP:
         qr_wbuf_i64(&out, ps->global_step);
@@ -635,7 +685,11 @@ static void on_lost(qr_conn *c, int status) {
     if (p->worker_index >= 0 && !ps->stopping)
         qr__log(QR_LOG_DEBUG, "worker %d (%s) disconnected: %s", p->worker_index,
                 qr_conn_peer(c), qr_strerror(status));
+    if (p->role == QR_ROLE_WORKER && p->worker_index >= 0 &&
+        --ps->worker_conns[p->worker_index] == 0)
+        ps->worker_lost_ns[p->worker_index] = qr__now_ns();
     if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
+    if (!ps->sync.on && ps->index == 0) qr__bound_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
     else ps->peers = p->next;
     if (p->next) p->next->prev = p->prev;
@@ -684,6 +738,7 @@ void qr__ps_begin_stop(qr_ps *ps) {
     if (ps->stopping) return;
     ps->stopping = true;
     if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
+    if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;
     uv_timer_start(&ps->linger_timer, on_linger_timeout, (uint64_t)ps->linger_ms, 0);
@@ -720,6 +775,11 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
         return rc;
     }
     ps->skip_nonfinite = !strcmp(qr__config_str(ps->cfg, "nonfinite"), "skip");
+    ps->staleness_lr_scale = qr__config_bool(ps->cfg, "staleness-lr-scale");
+    ps->worker_conns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_conns);
+    ps->worker_lost_ns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_lost_ns);
+    if (!ps->worker_conns || !ps->worker_lost_ns) rc = QR_ENOMEM;
+    if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
     ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
@@ -730,7 +790,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     ps->stop_async.data = ps;
     uv_timer_init(&ps->loop, &ps->linger_timer);
     ps->linger_timer.data = ps;
-    if (ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
+    if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
 
     const char *addr_str = ps->cluster->ps[ps->index];
     qr_addr addr;
@@ -776,6 +836,9 @@ void qr_ps_free(qr_ps *ps) {
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
     qr__sync_free(ps);
+    qr__bound_free(ps);
+    free(ps->worker_conns);
+    free(ps->worker_lost_ns);
     qr_store_free(&ps->store);
     qr_optim_free(ps->optim);
     qr_config_free(ps->cfg);

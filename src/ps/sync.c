@@ -73,8 +73,6 @@ void qr__sync_free(qr_ps *ps) {
     free(s->quorum);
     free(s->tokens);
     free(s->links);
-    free(s->live);
-    free(s->lost_ns);
     free(s->in_quorum);
     free(s->stale_by_worker);
     if (s->stats_file) fclose(s->stats_file);

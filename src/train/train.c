@@ -42,6 +42,8 @@ void qr_train_opts_default(qr_train_opts *o) {
     o->slow_worker = -1;
     o->slow_ms = 0;
     o->virtual_workers = 1;
+    o->accumulate = 1;
+    o->local_steps = 1;
 }
 
 static int parse_hidden(qr_train_opts *o, const char *value) {
@@ -104,6 +106,13 @@ int qr_train_opts_set(qr_train_opts *o, const char *key, const char *value) {
             return qr__fail(QR_EINVAL, "--slow-worker '%s': expected INDEX:MILLISECONDS", value);
         o->slow_worker = w;
         o->slow_ms = ms;
+    } else if (!strcmp(k, "accumulate") || !strcmp(k, "local-steps")) {
+        if ((rc = qr__parse_int64(value, 1, 1 << 20, &iv)))
+            return qr__fail(rc, "--%s: %s", k, qr_last_error());
+        if (!strcmp(k, "accumulate")) o->accumulate = (int)iv;
+        else o->local_steps = (int)iv;
+        if (o->accumulate > 1 && o->local_steps > 1)
+            return qr__fail(QR_EINVAL, "--accumulate and --local-steps do not combine");
     } else if (!strcmp(k, "local")) {
         o->local = !strcmp(value, "true") || !strcmp(value, "1");
     } else if (!strcmp(k, "virtual-workers")) {
@@ -133,6 +142,10 @@ const char *qr_train_opts_help(void) {
            "  --seed N                seed of initialization and sampling (default 1)\n"
            "  --json                  print a JSON summary as the last line of stdout\n"
            "  --quiet                 no progress line\n"
+           "  --accumulate K          async: sum K batches' gradients at the pulled weights,\n"
+           "                          push once\n"
+           "  --local-steps K         async: K plain SGD steps on a local copy (lr: --lr,\n"
+           "                          default 0.05), then push the delta w_local - w_pulled\n"
            "  --slow-worker I:MS      (testing) worker I sleeps MS milliseconds every step\n"
            "  (--mode, --replicas-to-aggregate, --reduction, --init-tokens: see options)\n";
 }
@@ -184,9 +197,17 @@ static void print_summary(const qr_train_opts *o, const qr_config *cfg, int nps,
     cJSON_AddNumberToObject(j, "ps", nps);
     cJSON_AddNumberToObject(j, "workers", nworkers);
     cJSON_AddStringToObject(j, "params_digest", digest);
-    if (r->sync_stats[0]) {
-        cJSON *stats = cJSON_Parse(r->sync_stats);
-        if (stats) cJSON_AddItemToObject(j, "sync", stats);
+    cJSON *stats = r->stats[0] ? cJSON_Parse(r->stats) : NULL;
+    if (stats && !strcmp(mode, "sync")) {
+        cJSON_AddItemToObject(j, "sync", stats);
+    } else if (stats) {
+        /* async: how many updates each gradient missed, as a histogram */
+        cJSON *st = cJSON_AddObjectToObject(j, "staleness");
+        static const char *buckets[] = {"0", "1", "2", "3", "4-7", "8-15", "16-31", "32-63", "64+"};
+        cJSON_AddItemToObject(st, "buckets", cJSON_CreateStringArray(buckets, 9));
+        cJSON *counts = cJSON_GetObjectItem(stats, "staleness");
+        if (counts) cJSON_AddItemToObject(st, "counts", cJSON_Duplicate(counts, 1));
+        cJSON_Delete(stats);
     }
     char *text = cJSON_PrintUnformatted(j);
     if (text) printf("%s\n", text);
@@ -294,7 +315,23 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
             if (!grads[i]) rc = QR_ENOMEM;
         }
     }
-    int64_t total = total_steps(o, t.train.n, sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster)) : 1);
+    if (!rc && sync && (o->accumulate > 1 || o->local_steps > 1))
+        rc = qr__fail(QR_EINVAL, "--accumulate and --local-steps are for --mode async");
+    /* Batches one global step consumes. */
+    int batches = sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster))
+                       : o->accumulate * o->local_steps;
+    int64_t total = total_steps(o, t.train.n, batches);
+    /* Gradient sums (accumulate) or the pulled weights (local SGD). */
+    float **extra = NULL;
+    if (!rc && (o->accumulate > 1 || o->local_steps > 1)) {
+        extra = qr__calloc((size_t)t.nparams, sizeof *extra);
+        if (!extra) rc = QR_ENOMEM;
+        for (int i = 0; !rc && i < t.nparams; i++) {
+            extra[i] = qr__aligned_alloc((size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
+            if (!extra[i]) rc = QR_ENOMEM;
+        }
+    }
+    double local_lr = qr__config_is_set(cfg, "lr") ? qr__config_float(cfg, "lr") : 0.05;
     if (!rc && chief) rc = qr_worker_set_step_limit(w, total);
     if (!rc) rc = qr_worker_initialize(w);
     for (int i = 0; !rc && i < t.nparams; i++) params[i] = qr_worker_var_data(w, ids[i]);
@@ -306,17 +343,55 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     int64_t step = 0;
     if (!rc && sync) rc = qr_worker_local_step(w, &step);
     while (!rc && step < total) {
-        rc = qr_worker_pull(w, 0, NULL, NULL);
+        rc = qr_worker_wait_bound(w); /* max-staleness; returns at once if unset */
+        if (!rc) rc = qr_worker_pull(w, 0, NULL, NULL);
         if (rc) break;
-        sample_batch(&t, &rng, o->batch_size);
-        double loss;
-        rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
-                                o->batch_size, &loss);
+        unsigned flags = QR_PUSH_STEP;
+        double loss = 0;
+        if (o->local_steps > 1) {
+            /* Local SGD: k plain steps on the worker's copy, then push the
+             * delta w_local - w_pulled; the ps adds it to its weights. */
+            for (int i = 0; i < t.nparams; i++)
+                memcpy(extra[i], params[i], (size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
+            for (int k = 0; !rc && k < o->local_steps; k++) {
+                sample_batch(&t, &rng, o->batch_size);
+                rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
+                                        o->batch_size, &loss);
+                for (int i = 0; !rc && i < t.nparams; i++) {
+                    int64_t n = qr_worker_var_size(w, ids[i]);
+                    for (int64_t e = 0; e < n; e++) params[i][e] -= (float)local_lr * grads[i][e];
+                }
+            }
+            for (int i = 0; !rc && i < t.nparams; i++) {
+                int64_t n = qr_worker_var_size(w, ids[i]);
+                for (int64_t e = 0; e < n; e++) grads[i][e] = params[i][e] - extra[i][e];
+            }
+            flags |= QR_PUSH_DELTA;
+        } else if (o->accumulate > 1) {
+            /* Accumulation: k batches' gradients at the pulled weights,
+             * summed, pushed once; the ps applies the sum. */
+            for (int k = 0; !rc && k < o->accumulate; k++) {
+                sample_batch(&t, &rng, o->batch_size);
+                rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
+                                        o->batch_size, &loss);
+                for (int i = 0; !rc && i < t.nparams; i++) {
+                    int64_t n = qr_worker_var_size(w, ids[i]);
+                    for (int64_t e = 0; e < n; e++)
+                        extra[i][e] = k ? extra[i][e] + grads[i][e] : grads[i][e];
+                }
+            }
+            for (int i = 0; !rc && i < t.nparams; i++)
+                memcpy(grads[i], extra[i], (size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
+        } else {
+            sample_batch(&t, &rng, o->batch_size);
+            rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
+                                    o->batch_size, &loss);
+        }
         if (rc) break;
         loss_avg = isnan(loss_avg) ? loss : 0.95 * loss_avg + 0.05 * loss;
         if (o->slow_worker == task_index && o->slow_ms > 0) sleep_ms(o->slow_ms);
         int64_t global = 0;
-        rc = qr_worker_push(w, t.nparams, ids, (const float *const *)grads, QR_PUSH_STEP, &global);
+        rc = qr_worker_push(w, t.nparams, ids, (const float *const *)grads, flags, &global);
         if (rc == QR_ESTALE) {
             /* Too late for its step (a backup worker, or TensorFlow's
              * wasted round); it still takes a token and goes on. */
@@ -338,8 +413,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     if (rc == QR_ESTOPPED && !chief) rc = QR_OK;
     res->wall_seconds = qr__now_sec() - start;
     res->global_step = step;
-    int per_step = sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster)) : 1;
-    res->examples_per_sec = (double)step * o->batch_size * per_step / res->wall_seconds;
+    res->examples_per_sec = (double)step * o->batch_size * batches / res->wall_seconds;
     if (!rc && chief) {
         if (!o->quiet) print_progress(tty, step, total, loss_avg, res->examples_per_sec, true);
         rc = qr_worker_pull(w, 0, NULL, NULL);
@@ -347,14 +421,17 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
             rc = qr_model_evaluate(t.model, (const float *const *)params, &t.test,
                                    &res->test_accuracy, &res->test_loss);
         res->params_digest = params_digest(w, t.nparams);
-        if (!rc && sync) rc = qr_worker_sync_stats(w, res->sync_stats, sizeof res->sync_stats);
+        if (!rc) rc = qr_worker_stats(w, res->stats, sizeof res->stats);
         int stop_rc = qr_worker_stop_cluster(w);
         if (!rc) rc = stop_rc;
         if (!rc) print_summary(o, cfg, qr_cluster_num_ps(cluster), qr_cluster_num_workers(cluster), res);
     }
     if (rc) qr__error_prefix("worker %d: ", task_index);
-    if (grads)
-        for (int i = 0; i < t.nparams; i++) free(grads[i]);
+    for (int i = 0; i < t.nparams; i++) {
+        if (grads) free(grads[i]);
+        if (extra) free(extra[i]);
+    }
+    free(extra);
     free(grads);
     free(params);
     free(ids);

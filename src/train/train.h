@@ -27,6 +27,8 @@ typedef struct qr_train_opts {
     bool quiet;                 /* no progress line */
     int slow_worker;            /* test option: this worker sleeps ... */
     int slow_ms;                /* ... this long every step (-1: none) */
+    int accumulate;             /* async: batches summed into one push (>= 1) */
+    int local_steps;            /* async: local SGD steps before a delta push (>= 1) */
     bool local;                 /* quorum train --local */
     int virtual_workers;        /* workers simulated by --local */
 } qr_train_opts;
@@ -43,7 +45,7 @@ typedef struct qr_train_result {
     int64_t global_step;
     int64_t local_steps;
     int64_t stale_pushes;       /* this worker's pushes dropped as stale */
-    char sync_stats[4096];      /* ps 0's statistics (JSON), sync mode */
+    char stats[4096];           /* the cluster statistics (JSON), from qr_worker_stats */
     double examples_per_sec;
     double wall_seconds;
     uint64_t params_digest;

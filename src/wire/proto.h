@@ -39,6 +39,7 @@
  *                   u64 version (of the variable the gradient was computed at)
  *              payload: the gradients, in order
  *              flags: QR_PUSH_STEP (async: advance the global step),
+ *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
  *                     QR_PUSH_SYNC (hold for the step's quorum)
  *              reply: i64 global_step (async) or the ps's step (sync);
  *                     status QR_ESTALE if the gradient is stale
@@ -54,7 +55,11 @@
  *              free: i64 the token's step
  *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
  *              u32 seq per member: reduce these pushes and apply the step
- *   STATS      (to ps 0) reply: meta = JSON text of the sync statistics
+ *   STATS      reply: meta = JSON text of the ps's statistics
+ *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
+ *              i64 clock (steps the worker has pushed). The reply, sent
+ *              when clock - (fewest steps of any live worker) <= k:
+ *              i64 that fewest
  */
 #ifndef QR_PROTO_H
 #define QR_PROTO_H
@@ -81,12 +86,13 @@ typedef enum qr_msg_type {
     QR_MSG_TOKEN = 9,
     QR_MSG_APPLY = 10,
     QR_MSG_STATS = 11,
-    QR_MSG_TYPE_MAX = 11,
+    QR_MSG_CLOCK = 12,
+    QR_MSG_TYPE_MAX = 12,
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 
 #define QR_CREATE_CHECK_ONLY 1u
-/* PUSH flags: QR_PUSH_STEP (1) is public, in quorum.h. */
+/* PUSH flags: QR_PUSH_STEP (1) and QR_PUSH_DELTA (4) are public, in quorum.h. */
 #define QR_PUSH_SYNC 2u
 
 #define QR_ROLE_WORKER 1

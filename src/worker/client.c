@@ -25,6 +25,8 @@
 #include "model/init.h"
 #include "wire/conn.h"
 
+#include <cjson/cJSON.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +106,8 @@ struct qr_worker {
     int64_t local_step;  /* sync: the step this worker computes for */
     uint32_t push_seq;   /* numbers this worker's pushes */
     int64_t step_limit;  /* the chief tells ps 0 at initialize */
+    int64_t steps_pushed; /* async: successful step pushes (the clock) */
+    int64_t max_staleness;
 };
 
 /* ---- requests ------------------------------------------------------------ */
@@ -411,6 +415,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     w->timeout_ms = (int)qr__config_int(w->cfg, "timeout-ms");
     w->sync_timeout_ms = (int)qr__config_int(w->cfg, "sync-timeout-ms");
     w->sync = !strcmp(qr__config_str(w->cfg, "mode"), "sync");
+    w->max_staleness = qr__config_int(w->cfg, "max-staleness");
     w->conn_opt.socket_buffer_bytes = (int)qr__config_int(w->cfg, "socket-buffer-kb") * 1024;
     w->conn_opt.max_payload = UINT64_MAX >> 1;
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
@@ -665,6 +670,8 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     int rc = check_ids(w, "push", n, ids);
     if (rc) return rc;
     if (n > 0 && !grads) return qr__fail(QR_EINVAL, "push: grads is NULL");
+    if (w->sync && (flags & QR_PUSH_DELTA))
+        return qr__fail(QR_EINVAL, "push: delta pushes are for async training");
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
     if (!reqs) return QR_ENOMEM;
     int nreq = 0;
@@ -684,7 +691,7 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
         }
         reqs[nreq++] = r;
         if (p == 0) step_req = r;
-        r->flags = w->sync ? QR_PUSH_SYNC : (flags & QR_PUSH_STEP) ? QR_PUSH_STEP : 0;
+        r->flags = w->sync ? QR_PUSH_SYNC : (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
         r->payload = qr__calloc((size_t)QR_MAX(count, 1), sizeof *r->payload);
         if (!r->payload) {
             rc = QR_ENOMEM;
@@ -710,6 +717,7 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     }
     if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
     if (!rc && global_step && step_req) *global_step = step_req->step;
+    if (!rc && step_to_ps0) w->steps_pushed++;
     free_requests(reqs, nreq);
     free(reqs);
     /* Sync: a push some ps found stale is still committed, so that ps 0
@@ -759,22 +767,71 @@ int qr_worker_set_step_limit(qr_worker *w, int64_t last_step) {
     return QR_OK;
 }
 
-int qr_worker_sync_stats(qr_worker *w, char *buf, size_t len) {
-    if (!w || !buf || len < 3) return qr__fail(QR_EINVAL, "qr_worker_sync_stats: bad arguments");
-    wk_request *r = request_new(w, 0, QR_MSG_STATS);
+int qr_worker_wait_bound(qr_worker *w) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_wait_bound: worker is NULL");
+    if (w->sync || w->max_staleness < 0) return QR_OK;
+    wk_request *r = request_new(w, 0, QR_MSG_CLOCK);
     if (!r) return QR_ENOMEM;
-    r->want_meta = true;
-    int rc = run_requests(w, &r, 1, w->timeout_ms);
-    if (!rc) {
-        if (r->reply_meta_len + 1 > len) rc = qr__fail(QR_ETOOBIG, "sync stats need %zu bytes",
-                                                       r->reply_meta_len + 1);
-        else {
-            memcpy(buf, r->reply_meta, r->reply_meta_len);
-            buf[r->reply_meta_len] = 0;
+    qr_wbuf_u32(&r->meta, (uint32_t)w->index);
+    qr_wbuf_i64(&r->meta, w->steps_pushed);
+    int rc = run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
+    request_free(r);
+    return rc;
+}
+
+/* Sum the arrays named key of every ps's statistics into total[]. */
+static void add_array(cJSON *total, const cJSON *part, const char *key) {
+    cJSON *a = cJSON_GetObjectItem(total, key);
+    const cJSON *b = cJSON_GetObjectItem(part, key);
+    if (!cJSON_IsArray(a) || !cJSON_IsArray(b)) return;
+    int n = QR_MIN(cJSON_GetArraySize(a), cJSON_GetArraySize(b));
+    for (int i = 0; i < n; i++) {
+        cJSON *x = cJSON_GetArrayItem(a, i);
+        cJSON_SetNumberValue(x, x->valuedouble + cJSON_GetArrayItem(b, i)->valuedouble);
+    }
+}
+
+int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
+    if (!w || !buf || len < 3) return qr__fail(QR_EINVAL, "qr_worker_stats: bad arguments");
+    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (!reqs) return QR_ENOMEM;
+    int rc = QR_OK;
+    for (int p = 0; p < w->nps; p++) {
+        reqs[p] = request_new(w, p, QR_MSG_STATS);
+        if (!reqs[p]) rc = QR_ENOMEM;
+        else reqs[p]->want_meta = true;
+    }
+    if (!rc) rc = run_requests(w, reqs, w->nps, w->timeout_ms);
+    cJSON *total = NULL;
+    for (int p = 0; !rc && p < w->nps; p++) {
+        cJSON *part = cJSON_ParseWithLength((const char *)reqs[p]->reply_meta,
+                                            reqs[p]->reply_meta_len);
+        if (!part) {
+            rc = qr__fail(QR_EPROTO, "ps %d sent statistics that are not JSON", p);
+            break;
+        }
+        if (!total) {
+            total = part;
+            cJSON_DeleteItemFromObject(total, "ps");
+        } else {
+            add_array(total, part, "staleness");
+            cJSON_Delete(part);
         }
     }
-    free(r->reply_meta);
-    request_free(r);
+    if (!rc) {
+        char *text = cJSON_PrintUnformatted(total);
+        if (!text) rc = QR_ENOMEM;
+        else if (strlen(text) + 1 > len)
+            rc = qr__fail(QR_ETOOBIG, "statistics need %zu bytes", strlen(text) + 1);
+        else
+            memcpy(buf, text, strlen(text) + 1);
+        free(text);
+    }
+    cJSON_Delete(total);
+    for (int p = 0; p < w->nps; p++)
+        if (reqs[p]) free(reqs[p]->reply_meta);
+    free_requests(reqs, w->nps);
+    free(reqs);
     return rc;
 }
 

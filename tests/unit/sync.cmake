@@ -1,2 +1,4 @@
-# Synchronous replicas: exact traces through the C API.
+# Training regimes through the C API: synchronous replicas (exact traces)
+# and the asynchronous modes.
 qr_unit_test(test_sync_scenarios ${CMAKE_CURRENT_LIST_DIR}/test_sync_scenarios.c)
+qr_unit_test(test_async_modes ${CMAKE_CURRENT_LIST_DIR}/test_async_modes.c)

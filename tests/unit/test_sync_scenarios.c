@@ -80,7 +80,7 @@ static int64_t global_step(scenario *s) {
 
 static void expect_stats(scenario *s, const char *phrase) {
     char buf[2048];
-    assert_int_equal(qr_worker_sync_stats(s->w[0], buf, sizeof buf), QR_OK);
+    assert_int_equal(qr_worker_stats(s->w[0], buf, sizeof buf), QR_OK);
     if (!strstr(buf, phrase)) fprintf(stderr, "stats %s lack %s\n", buf, phrase);
     assert_non_null(strstr(buf, phrase));
 }

@@ -1,0 +1,56 @@
+"""test_async_modes.py - asynchronous training's modes in real runs:
+gradient accumulation, local SGD, bounded staleness (0 = bulk synchronous,
+and 2) and the staleness learning-rate scale each train the MLP on digits to
+>= 0.95; under a staleness bound a SIGKILLed worker holds nobody back.
+Usage: test_async_modes.py QUORUM_BINARY"""
+
+import os
+import sys
+import time
+
+from qrtest import Proc, last_json
+
+quorum = sys.argv[1]
+base = ["launch", "--ps", "2", "--workers", "3", "--data", "digits", "--epochs", "40",
+        "--seed", "4", "--json", "--quiet"]
+modes = {
+    # The ps applies the sum of K gradients: K times the step of one. A step
+    # consumes K batches, so K times fewer steps make an epoch.
+    "accumulate": ["--accumulate", "4", "--lr", "0.05", "--epochs", "80"],
+    "local-sgd": ["--local-steps", "4", "--lr", "0.1", "--epochs", "80"],
+    "bulk-synchronous": ["--max-staleness", "0", "--lr", "0.1"],
+    "bounded-staleness": ["--max-staleness", "2", "--lr", "0.1"],
+    "staleness-lr-scale": ["--staleness-lr-scale", "--lr", "0.1"],
+}
+for name, extra in modes.items():
+    rc, out, err = Proc([quorum] + base + extra).wait(300)
+    assert rc == 0, "%s: launch exited %d\n%s" % (name, rc, err[-3000:])
+    s = last_json(out)
+    counts = s["staleness"]["counts"]
+    print("%-19s accuracy %.4f, %d steps, staleness histogram %s" % (
+        name, s["test_accuracy"], s["global_step"], counts))
+    assert s["test_accuracy"] >= 0.95, (name, s)
+    assert sum(counts) > 0
+    if name == "bulk-synchronous":
+        # Nobody starts step c+1 before everybody finished step c; a push
+        # can only miss the other workers' pushes of about one round.
+        assert sum(counts[5:]) == 0, counts
+
+# A bound of 1 with a worker killed mid-run: the others finish.
+steps = 12000
+p = Proc([quorum] + base[:-2] + ["--steps", str(steps), "--max-staleness", "1", "--lr", "0.1",
+                                 "--json", "--quiet"])
+time.sleep(1.0)
+assert p.alive(), "the run ended before the kill"
+victim = None
+for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
+    args = open("/proc/%s/cmdline" % pid).read().split("\0")
+    if args[1] == "worker" and args[args.index("--task_index") + 1] == "1":
+        victim = int(pid)
+assert victim, "worker 1 not found"
+os.kill(victim, 9)
+rc, out, err = p.wait(300)
+assert rc == 0, err[-3000:]
+assert "worker 1 (pid %d) was killed by signal 9" % victim in err
+assert last_json(out)["global_step"] == steps
+print("PASS: async modes train; a dead worker does not hold a staleness bound")

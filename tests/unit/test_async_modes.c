@@ -1,0 +1,166 @@
+/*
+ * test_async_modes.c - asynchronous training's extras, through the C API
+ * against a real ps: delta pushes (local SGD), staleness stamping and the
+ * 1/(1 + staleness) learning-rate scale, the staleness histogram, and the
+ * staleness bound (max-staleness) with a worker that waits and one that
+ * leaves. SGD with lr 1 on w = [0, 0], values worked out by hand.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <time.h>
+
+#include "cluster_fixture.h"
+
+typedef struct run {
+    cluster_fixture f;
+    qr_worker *w[2];
+    int id[2];
+} run;
+
+static void start(run *r, const char *key, const char *value) {
+    fix_init(&r->f, 1, 2);
+    qr_config_set(r->f.cfg, "lr", "1");
+    if (key) qr_config_set(r->f.cfg, key, value);
+    assert_int_equal(fix_start_ps(&r->f, 0), QR_OK);
+    int64_t shape[1] = {2};
+    for (int i = 0; i < 2; i++) {
+        r->w[i] = fix_worker(&r->f, i);
+        assert_int_equal(qr_worker_declare(r->w[i], "w", 1, shape, "zeros", 1, -1, &r->id[i]),
+                         QR_OK);
+        assert_int_equal(qr_worker_initialize(r->w[i]), QR_OK);
+    }
+}
+
+static void finish(run *r) {
+    assert_int_equal(qr_worker_stop_cluster(r->w[0]), QR_OK);
+    for (int i = 0; i < 2; i++) qr_worker_free(r->w[i]);
+    fix_join(&r->f);
+}
+
+static int push(run *r, int i, float a, float b, unsigned flags) {
+    float g[2] = {a, b};
+    const float *grads[1] = {g};
+    return qr_worker_push(r->w[i], 1, &r->id[i], grads, flags, NULL);
+}
+
+static const float *pull(run *r, int i) {
+    assert_int_equal(qr_worker_pull(r->w[i], 1, &r->id[i], NULL), QR_OK);
+    return qr_worker_var_data(r->w[i], r->id[i]);
+}
+
+static void expect_stats(run *r, const char *phrase) {
+    char buf[2048];
+    assert_int_equal(qr_worker_stats(r->w[0], buf, sizeof buf), QR_OK);
+    if (!strstr(buf, phrase)) fprintf(stderr, "stats %s lack %s\n", buf, phrase);
+    assert_non_null(strstr(buf, phrase));
+}
+
+/* A delta is added as it is; a gradient goes through the optimizer. */
+static void test_delta_push(void **state) {
+    (void)state;
+    run r;
+    start(&r, NULL, NULL);
+    assert_int_equal(push(&r, 0, 0.25f, -2, QR_PUSH_STEP | QR_PUSH_DELTA), QR_OK);
+    const float *w = pull(&r, 0);
+    assert_true(w[0] == 0.25f && w[1] == -2.0f);
+    assert_int_equal(push(&r, 0, 1, 1, QR_PUSH_STEP), QR_OK); /* SGD: w -= 1 * g */
+    w = pull(&r, 0);
+    assert_true(w[0] == -0.75f && w[1] == -3.0f);
+    finish(&r);
+}
+
+/* Worker 1 pulls, worker 0 pushes twice, worker 1 pushes: its gradient
+ * is 2 updates stale, recorded as such, and scaled by 1/(1 + 2). */
+static void test_staleness_stamped_and_lr_scaled(void **state) {
+    (void)state;
+    run r;
+    start(&r, "staleness-lr-scale", "true");
+    pull(&r, 1);
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK); /* fresh: w = [-1, 0] */
+    pull(&r, 0);
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK); /* fresh: w = [-2, 0] */
+    assert_int_equal(push(&r, 1, 0, 3, QR_PUSH_STEP), QR_OK); /* stale 2: w -= 3/3 */
+    const float *w = pull(&r, 0);
+    assert_true(w[0] == -2.0f && w[1] == -1.0f);
+    expect_stats(&r, "\"staleness\":[2,0,1,0,0,0,0,0,0]");
+    finish(&r);
+}
+
+static void test_staleness_unscaled_by_default(void **state) {
+    (void)state;
+    run r;
+    start(&r, NULL, NULL);
+    pull(&r, 1);
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK);
+    assert_int_equal(push(&r, 1, 0, 3, QR_PUSH_STEP), QR_OK); /* stale 1, full lr */
+    const float *w = pull(&r, 0);
+    assert_true(w[0] == -1.0f && w[1] == -3.0f);
+    expect_stats(&r, "\"staleness\":[1,1,0,0,0,0,0,0,0]");
+    finish(&r);
+}
+
+typedef struct wait_arg {
+    qr_worker *w;
+    volatile int done;
+    int rc;
+} wait_arg;
+
+static void *wait_thread(void *p) {
+    wait_arg *a = p;
+    a->rc = qr_worker_wait_bound(a->w);
+    a->done = 1;
+    return NULL;
+}
+
+static void sleep_ms(int ms) {
+    nanosleep(&(struct timespec){0, ms * 1000000L}, NULL);
+}
+
+/* max-staleness 1: worker 0 may run one step ahead of worker 1, not two;
+ * it goes on when worker 1 pushes, and when worker 1 leaves. */
+static void test_staleness_bound(void **state) {
+    (void)state;
+    run r;
+    start(&r, "max-staleness", "1");
+    assert_int_equal(qr_worker_wait_bound(r.w[0]), QR_OK); /* 0 - 0 <= 1 */
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK);
+    assert_int_equal(qr_worker_wait_bound(r.w[0]), QR_OK); /* 1 - 0 <= 1 */
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK);
+    /* 2 - 0 > 1: worker 0 waits ... */
+    wait_arg a = {.w = r.w[0]};
+    pthread_t t;
+    pthread_create(&t, NULL, wait_thread, &a);
+    sleep_ms(300);
+    assert_false(a.done);
+    /* ... until worker 1 makes a step: 2 - 1 <= 1. */
+    assert_int_equal(push(&r, 1, 0, 1, QR_PUSH_STEP), QR_OK);
+    pthread_join(t, NULL);
+    assert_int_equal(a.rc, QR_OK);
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK);
+    /* 3 - 1 > 1 again; now worker 1 leaves, and holds nobody back. */
+    a.done = 0;
+    pthread_create(&t, NULL, wait_thread, &a);
+    sleep_ms(300);
+    assert_false(a.done);
+    qr_worker_free(r.w[1]);
+    r.w[1] = NULL;
+    pthread_join(t, NULL);
+    assert_int_equal(a.rc, QR_OK);
+    assert_int_equal(qr_worker_stop_cluster(r.w[0]), QR_OK);
+    qr_worker_free(r.w[0]);
+    fix_join(&r.f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_delta_push),
+        cmocka_unit_test(test_staleness_stamped_and_lr_scaled),
+        cmocka_unit_test(test_staleness_unscaled_by_default),
+        cmocka_unit_test(test_staleness_bound),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
