@@ -188,6 +188,12 @@ QR_API float *qr_worker_var_data(qr_worker *w, int var_id);
  */
 QR_API int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst);
 
+/* Like qr_worker_pull, but the exponential moving averages the ps keeps
+ * with option moving-average-decay (TensorFlow's ExponentialMovingAverage
+ * with num_updates = the global step). QR_ENOTFOUND for a variable without
+ * one. */
+QR_API int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst);
+
 /*
  * Push gradients for n variables (grads[i] for ids[i], each of the
  * variable's size). The ps applies them with its optimizer as they arrive.

@@ -62,6 +62,8 @@ static const key_spec keys[] = {
      "async: scale the learning rate of a gradient by 1/(1 + its staleness)"},
     {"moving-average-decay", KEY_FLOAT, "0", 0, 1, 0, NULL,
      "keep exponential moving averages of the variables on the ps (0: off)"},
+    {"moving-average-vars", KEY_STRING, "", 0, 0, 0, NULL,
+     "comma-separated names of the variables to average (default: all)"},
     /* optimizer */
     {"optimizer", KEY_ENUM, "sgd", 0, 0, 0,
      "sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl", "optimizer applied on the ps"},

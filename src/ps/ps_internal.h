@@ -161,6 +161,8 @@ struct qr_ps {
     uint64_t staleness_hist[QR_STALENESS_BUCKETS];
     int64_t max_staleness;   /* ps 0: the bound k, or -1 */
     int64_t *clock;          /* ps 0: step pushes per worker */
+    float average_decay;     /* moving averages: 0 = off */
+    char *average_vars;      /* names to average ("" = all) */
     bound_waiter *bound_waiters;
 };
 

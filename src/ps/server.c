@@ -236,6 +236,13 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     }
     if (f->flags & QR_PUSH_STEP) {
         ps->applied_steps++;
+        if (ps->average_decay > 0) {
+            for (int i = 0; i < p->nitems; i++)
+                if (qr_var_update_average(p->items[i].var, ps->average_decay, ps->applied_steps)) {
+                    qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory updating an average");
+                    return;
+                }
+        }
         if (ps->index == 0) {
             ps->global_step++;
             if (p->push_worker < (uint32_t)ps->cluster->nworkers) ps->clock[p->push_worker]++;
@@ -262,6 +269,10 @@ static int pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         if (r.bad) return qr__fail(QR_EPROTO, "PULL meta is truncated at item %u", i);
         qr_var *v;
         if ((rc = lookup(p, "PULL", id, &v))) return rc;
+        if ((f->flags & QR_PULL_AVERAGES) && !v->average)
+            return qr__fail(QR_ENOTFOUND, "PULL: variable '%s' has no moving average "
+                            "(moving-average-decay is 0, or moving-average-vars leaves it out)",
+                            v->name);
         p->items[i] = (push_item){.var = v};
     }
     p->nitems = (int)count;
@@ -301,8 +312,9 @@ static void pull_message(ps_peer *p, const qr_frame *f) {
         qr_wbuf_u64(&meta, v->version);
         /* The reply holds a reference: a later apply copies instead of
          * changing bytes that are still being written. */
-        refs->t[i] = qr_tensor_ref(v->value);
-        iov[i] = (qr_iov){v->value->data, (size_t)v->n * sizeof(float)};
+        qr_tensor *t = (f->flags & QR_PULL_AVERAGES) ? v->average : v->value;
+        refs->t[i] = qr_tensor_ref(t);
+        iov[i] = (qr_iov){t->data, (size_t)v->n * sizeof(float)};
     }
     if (meta.oom) {
         on_pull_sent(p->conn, QR_ENOMEM, refs);
@@ -448,6 +460,14 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         if (rc) break;
         described += (uint64_t)n * 4;
         iov[niov++] = (qr_iov){v->value->data, (size_t)n * 4};
+        if (ps->average_decay > 0 &&
+            (!ps->average_vars[0] || qr__list_has(ps->average_vars, ',', name))) {
+            v->average = qr_tensor_new(n); /* filled with the initial values below */
+            if (!v->average) {
+                rc = QR_ENOMEM;
+                break;
+            }
+        }
     }
     if (!rc) rc = check_end("CREATE", &r, described, f->payload_len);
     if (!rc && largest_existing) {
@@ -475,6 +495,8 @@ static void create_message(ps_peer *p, const qr_frame *f) {
         }
     }
     for (int i = 0; i < p->ncreated; i++) {
+        qr_var *v = p->created[i];
+        if (v->average) memcpy(v->average->data, v->value->data, (size_t)v->n * sizeof(float));
         if (qr_store_add(&ps->store, p->created[i])) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: CREATE: %s", ps->name, qr_last_error());
@@ -776,6 +798,9 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     }
     ps->skip_nonfinite = !strcmp(qr__config_str(ps->cfg, "nonfinite"), "skip");
     ps->staleness_lr_scale = qr__config_bool(ps->cfg, "staleness-lr-scale");
+    ps->average_decay = (float)qr__config_float(ps->cfg, "moving-average-decay");
+    ps->average_vars = qr__strdup(qr__config_str(ps->cfg, "moving-average-vars"));
+    if (!ps->average_vars) rc = QR_ENOMEM;
     ps->worker_conns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_conns);
     ps->worker_lost_ns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_lost_ns);
     if (!ps->worker_conns || !ps->worker_lost_ns) rc = QR_ENOMEM;
@@ -839,6 +864,7 @@ void qr_ps_free(qr_ps *ps) {
     qr__bound_free(ps);
     free(ps->worker_conns);
     free(ps->worker_lost_ns);
+    free(ps->average_vars);
     qr_store_free(&ps->store);
     qr_optim_free(ps->optim);
     qr_config_free(ps->cfg);

@@ -40,6 +40,7 @@ void qr_tensor_unref(qr_tensor *t) {
 void qr_var_free(qr_var *v) {
     if (!v) return;
     qr_tensor_unref(v->value);
+    qr_tensor_unref(v->average);
     qr_optim_slots_free(v->slots);
     free(v->sync_srcs);
     free(v->name);
@@ -87,13 +88,30 @@ int qr_store_add(qr_store *s, qr_var *v) {
     return QR_OK;
 }
 
-int qr_var_prepare_write(qr_var *v) {
-    if (v->value->refs == 1) return QR_OK;
-    qr_tensor *copy = tensor_alloc(v->n, false); /* overwritten just below */
+/* Make *t exclusively owned, copying it if a reply in flight holds it. */
+static int make_exclusive(qr_tensor **t) {
+    if ((*t)->refs == 1) return QR_OK;
+    qr_tensor *copy = tensor_alloc((*t)->n, false); /* overwritten just below */
     if (!copy) return QR_ENOMEM;
-    memcpy(copy->data, v->value->data, (size_t)v->n * sizeof(float));
-    qr_tensor_unref(v->value);
-    v->value = copy;
+    memcpy(copy->data, (*t)->data, (size_t)(*t)->n * sizeof(float));
+    qr_tensor_unref(*t);
+    *t = copy;
+    return QR_OK;
+}
+
+int qr_var_prepare_write(qr_var *v) {
+    return make_exclusive(&v->value);
+}
+
+int qr_var_update_average(qr_var *v, float decay, int64_t num_updates) {
+    if (!v->average) return QR_OK;
+    int rc = make_exclusive(&v->average);
+    if (rc) return rc;
+    float d = (float)(1 + num_updates) / (float)(10 + num_updates);
+    if (decay < d) d = decay;
+    float *avg = v->average->data;
+    const float *val = v->value->data;
+    for (int64_t i = 0; i < v->n; i++) avg[i] -= (1.0f - d) * (avg[i] - val[i]);
     return QR_OK;
 }
 

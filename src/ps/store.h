@@ -35,6 +35,7 @@ typedef struct qr_var {
     int64_t n;          /* elements */
     float lr;           /* < 0: the optimizer's learning rate */
     qr_tensor *value;
+    qr_tensor *average; /* exponential moving average, or NULL */
     uint64_t version;   /* applies so far */
     qr_optim_slots *slots;
     uint64_t nonfinite_skipped;
@@ -66,6 +67,12 @@ void qr_var_free(qr_var *v);
 /* Make v's tensor exclusively owned (copy-on-write) so it can be updated
  * in place. */
 int qr_var_prepare_write(qr_var *v);
+
+/* TensorFlow's ExponentialMovingAverage, after an update of v:
+ *   d = min(decay, (1 + num_updates) / (10 + num_updates))
+ *   average -= (1 - d) * (average - value)
+ * (copy-on-write, like the value). */
+int qr_var_update_average(qr_var *v, float decay, int64_t num_updates);
 
 /* "[784,256]" into buf. */
 void qr_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);

@@ -198,6 +198,8 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         rc = qr_var_prepare_write(v);
         if (!rc) rc = qr_optim_apply_dense(ps->optim, v->slots, v->value->data, sum, v->n, v->lr,
                                            step + 1);
+        if (!rc && ps->average_decay > 0)
+            rc = qr_var_update_average(v, ps->average_decay, step + 1);
         if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
         v->version++;
     }

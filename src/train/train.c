@@ -185,6 +185,8 @@ static void print_summary(const qr_train_opts *o, const qr_config *cfg, int nps,
     snprintf(digest, sizeof digest, "%016llx", (unsigned long long)r->params_digest);
     cJSON_AddNumberToObject(j, "test_accuracy", r->test_accuracy);
     cJSON_AddNumberToObject(j, "test_loss", r->test_loss);
+    if (r->test_accuracy_averaged >= 0)
+        cJSON_AddNumberToObject(j, "test_accuracy_averaged", r->test_accuracy_averaged);
     cJSON_AddNumberToObject(j, "global_step", (double)r->global_step);
     cJSON_AddNumberToObject(j, "global_steps_per_sec", steps_per_sec);
     cJSON_AddNumberToObject(j, "examples_per_sec", r->examples_per_sec);
@@ -289,6 +291,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     /* One BLAS thread per worker: several workers share the cores. */
     openblas_set_num_threads(1);
     memset(res, 0, sizeof *res);
+    res->test_accuracy_averaged = -1;
     bool chief = task_index == 0;
     bool sync = !strcmp(qr__config_str(cfg, "mode"), "sync");
     trainer t = {0};
@@ -421,6 +424,17 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
             rc = qr_model_evaluate(t.model, (const float *const *)params, &t.test,
                                    &res->test_accuracy, &res->test_loss);
         res->params_digest = params_digest(w, t.nparams);
+        res->test_accuracy_averaged = -1;
+        if (!rc && qr__config_float(cfg, "moving-average-decay") > 0 &&
+            !qr__config_str(cfg, "moving-average-vars")[0]) {
+            /* Evaluate the averaged weights too (the copies are refreshed
+             * from the ps by any later pull). */
+            double loss;
+            rc = qr_worker_pull_averages(w, 0, NULL, NULL);
+            if (!rc)
+                rc = qr_model_evaluate(t.model, (const float *const *)params, &t.test,
+                                       &res->test_accuracy_averaged, &loss);
+        }
         if (!rc) rc = qr_worker_stats(w, res->stats, sizeof res->stats);
         int stop_rc = qr_worker_stop_cluster(w);
         if (!rc) rc = stop_rc;
@@ -443,6 +457,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
 int qr_train_local(const qr_config *cfg, const qr_train_opts *o, qr_train_result *res) {
     openblas_set_num_threads(1);
     memset(res, 0, sizeof *res);
+    res->test_accuracy_averaged = -1;
     int n = o->virtual_workers;
     trainer t = {0};
     qr_optim *opt = NULL;

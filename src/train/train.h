@@ -42,6 +42,7 @@ const char *qr_train_opts_help(void);
 
 typedef struct qr_train_result {
     double test_accuracy, test_loss;
+    double test_accuracy_averaged; /* with the moving averages; -1 if off */
     int64_t global_step;
     int64_t local_steps;
     int64_t stale_pushes;       /* this worker's pushes dropped as stale */

@@ -44,6 +44,7 @@
  *              reply: i64 global_step (async) or the ps's step (sync);
  *                     status QR_ESTALE if the gradient is stale
  *   PULL       req: u32 count, then u32 var_id each
+ *              flags: QR_PULL_AVERAGES = the moving averages instead
  *              reply: u32 count, then per item: u32 var_id, u32 kind,
  *                     u64 nbytes, u64 version; payload: the values
  *   STEP       req: (empty)   reply: i64 global_step
@@ -92,6 +93,7 @@ typedef enum qr_msg_type {
 } qr_msg_type;
 
 #define QR_CREATE_CHECK_ONLY 1u
+#define QR_PULL_AVERAGES 1u
 /* PUSH flags: QR_PUSH_STEP (1) and QR_PUSH_DELTA (4) are public, in quorum.h. */
 #define QR_PUSH_SYNC 2u
 

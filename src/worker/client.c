@@ -370,7 +370,7 @@ static void free_requests(wk_request **reqs, int n) {
     for (int i = 0; i < n; i++) request_free(reqs[i]);
 }
 
-static int pull_vars(qr_worker *w, int n, const int *ids, float **dst);
+static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags);
 
 /* ---- public API -------------------------------------------------------- */
 
@@ -578,7 +578,7 @@ int qr_worker_initialize(qr_worker *w) {
         }
         if (!rc) rc = create_on_ps(w, false);
         if (!rc) rc = ready_request(w, true, NULL);
-        if (!rc) rc = pull_vars(w, 0, NULL, NULL); /* a restarted chief gets current values */
+        if (!rc) rc = pull_vars(w, 0, NULL, NULL, 0); /* a restarted chief gets current values */
     } else {
         uint64_t deadline = qr__now_ns() + (uint64_t)qr__config_int(w->cfg, "init-timeout-ms") * 1000000ull;
         uint32_t ready = 0;
@@ -623,7 +623,7 @@ static int check_ids(qr_worker *w, const char *what, int n, const int *ids) {
 }
 
 /* Pull without argument checks (ids already valid; n == 0 means all). */
-static int pull_vars(qr_worker *w, int n, const int *ids, float **dst) {
+static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags) {
     int total = n ? n : w->nvars;
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
     if (!reqs) return QR_ENOMEM;
@@ -638,6 +638,7 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst) {
             break;
         }
         reqs[nreq++] = r;
+        r->flags = flags;
         r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
         r->dst = qr__calloc((size_t)count, sizeof *r->dst);
         if (!r->var_ids || !r->dst) {
@@ -662,7 +663,12 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst) {
 
 int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst) {
     int rc = check_ids(w, "pull", n, ids);
-    return rc ? rc : pull_vars(w, n, ids, dst);
+    return rc ? rc : pull_vars(w, n, ids, dst, 0);
+}
+
+int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst) {
+    int rc = check_ids(w, "pull_averages", n, ids);
+    return rc ? rc : pull_vars(w, n, ids, dst, QR_PULL_AVERAGES);
 }
 
 int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grads,

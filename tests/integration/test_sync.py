@@ -58,6 +58,12 @@ elif case == "digits":
         print(extra, "accuracy %.4f, %d steps, stale %d" % (
             s["test_accuracy"], s["global_step"], s["sync"]["stale_dropped"]))
         assert s["test_accuracy"] >= 0.95, s
+    # With moving averages the chief also evaluates the averaged weights.
+    s, _ = launch(["--ps", "2", "--workers", "3", "--mode", "sync", "--data", "digits",
+                   "--epochs", "60", "--lr", "0.2", "--seed", "2", "--moving-average-decay", "0.99"])
+    print("moving averages: accuracy %.4f, averaged %.4f" % (
+        s["test_accuracy"], s["test_accuracy_averaged"]))
+    assert s["test_accuracy_averaged"] >= 0.95, s
     print("PASS: sync digits >= 0.95")
 
 elif case == "fashion":

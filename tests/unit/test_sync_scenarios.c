@@ -23,10 +23,14 @@ typedef struct scenario {
     int id[FIX_MAX_WORKERS];
 } scenario;
 
+/* An extra option for the next start() (moving averages). */
+static const char *extra_key, *extra_value;
+
 /* A 1-ps cluster of n workers in sync mode with R and init_tokens (-1 =
  * default); every worker declares w = [0, 0] and is initialized. */
 static void start(scenario *s, int n, int R, int init_tokens) {
     fix_init(&s->f, 1, n);
+    if (extra_key) qr_config_set(s->f.cfg, extra_key, extra_value);
     char buf[32];
     qr_config_set(s->f.cfg, "mode", "sync");
     qr_config_set(s->f.cfg, "lr", "1");
@@ -280,6 +284,46 @@ static void test_missing_worker_stall_report_and_abort(void **state) {
     assert_int_equal(s.f.run_status[0], QR_EABORTED);
 }
 
+/* Moving averages: after each step, with num_updates = the new global
+ * step t, d = min(decay, (1 + t) / (10 + t)) and avg -= (1 - d)(avg - w). */
+static void test_moving_averages(void **state) {
+    (void)state;
+    scenario s;
+    extra_key = "moving-average-decay";
+    extra_value = "0.9";
+    start(&s, 1, 1, -1);
+    extra_key = NULL;
+    float avg[2] = {0, 0}, w[2] = {0, 0};
+    const float g[2][2] = {{1, 2}, {1, 0}};
+    for (int t = 1; t <= 2; t++) {
+        assert_int_equal(push(&s, 0, g[t - 1][0], g[t - 1][1]), QR_OK);
+        assert_int_equal(token(&s, 0), t);
+        float d = (float)(1 + t) / (float)(10 + t); /* 2/11, then 3/12: below 0.9 */
+        for (int i = 0; i < 2; i++) {
+            w[i] -= g[t - 1][i];
+            avg[i] -= (1.0f - d) * (avg[i] - w[i]);
+        }
+    }
+    /* t = 1: avg = -(9/11)[1, 2]; t = 2: w = [-2, -2], avg moves 3/4 of the way */
+    float got[2];
+    float *dst[1] = {got};
+    assert_int_equal(qr_worker_pull_averages(s.w[0], 1, &s.id[0], dst), QR_OK);
+    for (int i = 0; i < 2; i++) assert_float_equal(got[i], avg[i], 1e-6);
+    expect_w(&s, -2.0f, -2.0f);
+    finish(&s);
+}
+
+static void test_no_moving_average_refused(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 1, 1, -1);
+    float got[2];
+    float *dst[1] = {got};
+    assert_int_equal(qr_worker_pull_averages(s.w[0], 1, &s.id[0], dst), QR_ENOTFOUND);
+    assert_non_null(strstr(qr_last_error(), "variable 'w' has no moving average"));
+    finish(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tensorflow_init_tokens_waste_second_round),
@@ -290,6 +334,8 @@ int main(void) {
         cmocka_unit_test(test_fast_worker_takes_slow_workers_token),
         cmocka_unit_test(test_stop_ends_token_waits),
         cmocka_unit_test(test_missing_worker_stall_report_and_abort),
+        cmocka_unit_test(test_moving_averages),
+        cmocka_unit_test(test_no_moving_average_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
