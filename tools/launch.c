@@ -1,7 +1,9 @@
 /*
  * launch.c - `quorum launch`: a whole cluster on this machine.
  *
- * Picks free loopback ports, starts P ps tasks and W workers as child
+ * Gives every task an address (Unix sockets in a private temporary
+ * directory, or free loopback TCP ports with --transport tcp), starts P ps
+ * tasks and W workers as child
  * processes of this same binary (each a real `quorum ps` / `quorum
  * worker`, given the cluster by flags), and supervises them:
  *   - the run succeeds when the chief and every ps exit 0;
@@ -62,16 +64,33 @@ static int free_port(void) {
     return port;
 }
 
-static int build_hosts(int n, char *buf, size_t len) {
+/* n addresses: "unix:DIR/JOBi.sock" when dir is set (no port can be taken
+ * by another process between choosing and binding it), else free ports. */
+static int build_hosts(const char *dir, const char *job, int n, char *buf, size_t len) {
     size_t off = 0;
     buf[0] = 0;
     for (int i = 0; i < n; i++) {
-        int port = free_port();
-        if (port < 0) return -1;
-        off += (size_t)snprintf(buf + off, len - off, "%s127.0.0.1:%d", i ? "," : "", port);
+        if (dir) {
+            off += (size_t)snprintf(buf + off, len - off, "%sunix:%s/%s%d.sock", i ? "," : "",
+                                    dir, job, i);
+        } else {
+            int port = free_port();
+            if (port < 0) return -1;
+            off += (size_t)snprintf(buf + off, len - off, "%s127.0.0.1:%d", i ? "," : "", port);
+        }
         if (off >= len) return -1;
     }
     return 0;
+}
+
+/* Remove the socket files a killed ps may have left, then the directory. */
+static void remove_socket_dir(const char *dir, int nps) {
+    char path[4200];
+    for (int i = 0; i < nps; i++) {
+        snprintf(path, sizeof path, "%s/ps%d.sock", dir, i);
+        unlink(path);
+    }
+    rmdir(dir);
 }
 
 static pid_t spawn(const char *self, const char *job, int index, const char *ps_hosts,
@@ -159,7 +178,8 @@ int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: quorum launch --ps P --workers W [training options] [options]\n\n"
-                   "Start P ps tasks and W workers on this machine (loopback, Unix sockets)\n"
+                   "Start P ps tasks and W workers on this machine (Unix sockets in a private\n"
+                   "temporary directory; loopback TCP with --transport tcp)\n"
                    "and train. Every other option is passed to every task.\n\n"
                    "training:\n%s\noptions:\n",
                    qr_train_opts_help());
@@ -174,6 +194,7 @@ int cmd_launch(int argc, char **argv) {
         return rc;
     }
     int nps = a.launch_ps ? a.launch_ps : 1, nworkers = a.launch_workers ? a.launch_workers : 1;
+    bool tcp = !strcmp(qr__config_str(a.cfg, "transport"), "tcp");
     if (!strcmp(qr__config_str(a.cfg, "mode"), "sync") &&
         qr_sync_check_config(a.cfg, nworkers, NULL, NULL)) {
         fprintf(stderr, "quorum launch: %s\n", qr_last_error());
@@ -196,11 +217,23 @@ int cmd_launch(int argc, char **argv) {
         pass[npass++] = argv[i];
     }
 
-    char ps_hosts[4096], worker_hosts[4096], self[4096];
+    char ps_hosts[8192], worker_hosts[8192], self[4096], dir_buf[128];
+    const char *dir = NULL;
+    if (!tcp) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(dir_buf, sizeof dir_buf, "%s/quorum-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        dir = mkdtemp(dir_buf);
+        if (!dir) {
+            fprintf(stderr, "quorum launch: cannot create %s: %s\n", dir_buf, strerror(errno));
+            free(pass);
+            return 1;
+        }
+    }
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0 || build_hosts(nps, ps_hosts, sizeof ps_hosts) ||
-        build_hosts(nworkers, worker_hosts, sizeof worker_hosts)) {
+    if (len <= 0 || build_hosts(dir, "ps", nps, ps_hosts, sizeof ps_hosts) ||
+        build_hosts(dir, "worker", nworkers, worker_hosts, sizeof worker_hosts)) {
         fprintf(stderr, "quorum launch: cannot find free loopback ports or this program's path\n");
+        if (dir) remove_socket_dir(dir, nps);
         free(pass);
         return 1;
     }
@@ -267,5 +300,6 @@ int cmd_launch(int argc, char **argv) {
         }
     }
     free(kids);
+    if (dir) remove_socket_dir(dir, nps);
     return exit_code;
 }

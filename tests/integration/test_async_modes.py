@@ -52,5 +52,7 @@ os.kill(victim, 9)
 rc, out, err = p.wait(300)
 assert rc == 0, err[-3000:]
 assert "worker 1 (pid %d) was killed by signal 9" % victim in err
-assert last_json(out)["global_step"] == steps
+# Async: the chief stops at its first push that sees the limit reached;
+# the others may have pushed in the same moment.
+assert last_json(out)["global_step"] >= steps
 print("PASS: async modes train; a dead worker does not hold a staleness bound")
