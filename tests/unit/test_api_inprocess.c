@@ -11,95 +11,37 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <pthread.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include "cluster_fixture.h"
 
-#include "cluster/cluster.h"
-#include "quorum.h"
-
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    bind(fd, (struct sockaddr *)&sa, sizeof sa);
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-typedef struct cluster_fixture {
-    int nps;
-    char ps_addr[2][64];
-    char worker_addr[2][64];
-    qr_ps *ps[2];
-    pthread_t thread[2];
-    int run_status[2];
-    qr_config *cfg;
-} cluster_fixture;
-
-static void *ps_thread(void *arg) {
-    void **a = arg;
-    qr_ps *ps = a[0];
-    int *status = a[1];
-    *status = qr_ps_run(ps);
-    free(arg);
-    return NULL;
-}
-
-static qr_cluster *spec(cluster_fixture *f, const char *job, int index) {
-    const char *ps[2] = {f->ps_addr[0], f->ps_addr[1]};
-    const char *wk[2] = {f->worker_addr[0], f->worker_addr[1]};
-    qr_cluster *c = NULL;
-    assert_int_equal(qr_cluster_create(&c, f->nps, ps, 2, wk, job, index), QR_OK);
-    return c;
-}
-
+/* nps ps tasks (and two workers) with lr 0.5 over the given transport. */
 static void start_cluster(cluster_fixture *f, int nps, const char *transport) {
-    memset(f, 0, sizeof *f);
-    f->nps = nps;
-    assert_int_equal(qr_config_new(&f->cfg), QR_OK);
+    fix_init(f, nps, 2);
     assert_int_equal(qr_config_set(f->cfg, "lr", "0.5"), QR_OK);
     assert_int_equal(qr_config_set(f->cfg, "transport", transport), QR_OK);
-    assert_int_equal(qr_config_set(f->cfg, "timeout-ms", "5000"), QR_OK);
-    assert_int_equal(qr_config_set(f->cfg, "linger-ms", "200"), QR_OK);
-    for (int i = 0; i < 2; i++) {
-        snprintf(f->ps_addr[i], sizeof f->ps_addr[i], "127.0.0.1:%d", free_port());
-        snprintf(f->worker_addr[i], sizeof f->worker_addr[i], "127.0.0.1:%d", free_port());
-    }
     for (int i = 0; i < nps; i++) {
-        qr_cluster *c = spec(f, "ps", i);
-        int rc = qr_ps_create(&f->ps[i], c, f->cfg);
+        int rc = fix_start_ps(f, i);
         if (rc) fprintf(stderr, "qr_ps_create: %s\n", qr_last_error());
         assert_int_equal(rc, QR_OK);
-        qr_cluster_free(c);
-        void **arg = malloc(2 * sizeof *arg);
-        arg[0] = f->ps[i];
-        arg[1] = &f->run_status[i];
-        pthread_create(&f->thread[i], NULL, ps_thread, arg);
     }
 }
 
 static void join_cluster(cluster_fixture *f) {
-    for (int i = 0; i < f->nps; i++) {
-        pthread_join(f->thread[i], NULL);
-        assert_int_equal(f->run_status[i], QR_OK);
-        qr_ps_free(f->ps[i]);
-    }
-    qr_config_free(f->cfg);
+    fix_join(f);
+    for (int i = 0; i < f->nps; i++) assert_int_equal(f->run_status[i], QR_OK);
 }
 
 static qr_worker *make_worker(cluster_fixture *f, int index) {
-    qr_cluster *c = spec(f, "worker", index);
-    qr_worker *w = NULL;
-    assert_int_equal(qr_worker_create(&w, c, -1, f->cfg), QR_OK);
-    qr_cluster_free(c);
+    qr_worker *w = fix_worker(f, index);
+    assert_non_null(w);
     return w;
+}
+
+/* Stop ps 0 and start a new one on the same address. */
+static void restart_ps0(cluster_fixture *f) {
+    qr_ps_stop(f->ps[0]);
+    pthread_join(f->thread[0], NULL);
+    qr_ps_free(f->ps[0]);
+    assert_int_equal(fix_start_ps(f, 0), QR_OK);
 }
 
 static void declare_model(qr_worker *w, int *ids) {
@@ -219,12 +161,7 @@ static void test_ps_not_up_times_out(void **state) {
     /* No ps is running: initialize retries with backoff, then gives up
      * with a message naming the ps and its address. */
     cluster_fixture f;
-    memset(&f, 0, sizeof f);
-    f.nps = 1;
-    snprintf(f.ps_addr[0], sizeof f.ps_addr[0], "127.0.0.1:%d", free_port());
-    snprintf(f.worker_addr[0], sizeof f.worker_addr[0], "127.0.0.1:%d", free_port());
-    snprintf(f.worker_addr[1], sizeof f.worker_addr[1], "127.0.0.1:%d", free_port());
-    assert_int_equal(qr_config_new(&f.cfg), QR_OK);
+    fix_init(&f, 1, 2); /* no ps is started */
     assert_int_equal(qr_config_set(f.cfg, "timeout-ms", "300"), QR_OK);
     qr_worker *chief = make_worker(&f, 0);
     int ids[3];
@@ -251,16 +188,7 @@ static void test_reconnects_after_ps_restart(void **state) {
     assert_int_equal(step, 1);
 
     /* The ps goes away and a new one starts on the same address. */
-    qr_ps_stop(f.ps[0]);
-    pthread_join(f.thread[0], NULL);
-    qr_ps_free(f.ps[0]);
-    qr_cluster *c = spec(&f, "ps", 0);
-    assert_int_equal(qr_ps_create(&f.ps[0], c, f.cfg), QR_OK);
-    qr_cluster_free(c);
-    void **arg = malloc(2 * sizeof *arg);
-    arg[0] = f.ps[0];
-    arg[1] = &f.run_status[0];
-    pthread_create(&f.thread[0], NULL, ps_thread, arg);
+    restart_ps0(&f);
 
     /* The worker reconnects on its own; the new ps is empty (restoring a
      * ps from a checkpoint is the supervisor's job), so its step is 0 and
@@ -283,17 +211,8 @@ static void test_nonfinite_policies(void **state) {
         start_cluster(&f, 1, "auto");
         if (skip) {
             /* Restart the ps with nonfinite=skip. */
-            qr_ps_stop(f.ps[0]);
-            pthread_join(f.thread[0], NULL);
-            qr_ps_free(f.ps[0]);
             assert_int_equal(qr_config_set(f.cfg, "nonfinite", "skip"), QR_OK);
-            qr_cluster *c = spec(&f, "ps", 0);
-            assert_int_equal(qr_ps_create(&f.ps[0], c, f.cfg), QR_OK);
-            qr_cluster_free(c);
-            void **arg = malloc(2 * sizeof *arg);
-            arg[0] = f.ps[0];
-            arg[1] = &f.run_status[0];
-            pthread_create(&f.thread[0], NULL, ps_thread, arg);
+            restart_ps0(&f);
         }
         qr_worker *chief = make_worker(&f, 0);
         int ids[3];
