@@ -170,6 +170,14 @@ QR_API int qr_worker_declare(qr_worker *w, const char *name, int ndim,
                              const int64_t *shape, const char *init,
                              uint64_t seed, float lr, int *var_id);
 
+/* Like qr_worker_declare, with the variable's own optimizer options:
+ * "key=value,..." of any optimizer option ("optimizer=adagrad,lr=0.05",
+ * "beta1=0.8"). Naming an optimizer starts from its defaults; otherwise
+ * the options override the ps's. Checked here and on the ps. */
+QR_API int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim,
+                                  const int64_t *shape, const char *init,
+                                  uint64_t seed, const char *options, int *var_id);
+
 /* The chief creates and initializes every declared variable on the ps
  * tasks and marks the cluster ready; other workers wait (up to the
  * "init-timeout-ms" option) until it has, then check that their

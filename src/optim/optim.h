@@ -45,6 +45,11 @@ typedef struct qr_optim_slots qr_optim_slots;
  * ignored. apply-threads > 1 starts a small thread pool owned by *out. */
 int qr_optim_create(qr_optim **out, const qr_config *cfg);
 void qr_optim_free(qr_optim *opt);
+/* The optimizer of one variable declared with its own options
+ * ("optimizer=adagrad,lr=0.05"): a fresh configuration if the options name
+ * an optimizer, else global's with the options on top (global may be NULL).
+ * Refuses keys that are not optimizer options. */
+int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options);
 /* "sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async", "ftrl". */
 const char *qr_optim_name(const qr_optim *opt);
 /* The optimizer's learning rate (the default when cfg had none). */

@@ -219,12 +219,13 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             v->version++;
             continue;
         }
+        const qr_optim *opt = v->optim ? v->optim : ps->optim;
         float lr = v->lr;
         if (ps->staleness_lr_scale && staleness) {
-            float base = lr >= 0 ? lr : qr_optim_lr(ps->optim);
+            float base = lr >= 0 ? lr : qr_optim_lr(opt);
             lr = base / (float)(1 + staleness);
         }
-        int rc = qr_optim_apply_dense(ps->optim, v->slots, v->value->data, g, v->n, lr, t);
+        int rc = qr_optim_apply_dense(opt, v->slots, v->value->data, g, v->n, lr, t);
         if (rc) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
@@ -387,14 +388,24 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
             break;
         }
         const uint8_t *name_bytes = qr_rbuf_bytes(&r, name_len);
+        uint32_t opts_len = qr_rbuf_u32(&r);
+        if (!r.bad && opts_len > 1024) {
+            rc = qr__fail(QR_EINVAL, "CREATE: variable id %u: options of %u bytes (1024 allowed)",
+                          id, opts_len);
+            break;
+        }
+        const uint8_t *opts_bytes = qr_rbuf_bytes(&r, opts_len);
         if (r.bad) {
             rc = qr__fail(QR_EPROTO, "CREATE meta is truncated at item %u", i);
             break;
         }
-        char name[QR_PROTO_MAX_NAME + 1];
+        char name[QR_PROTO_MAX_NAME + 1], opts[1025];
         memcpy(name, name_bytes, name_len);
         name[name_len] = 0;
-        if (strlen(name) != name_len || !isfinite(lr) || id >= QR_MAX_VAR_ID) {
+        if (opts_len) memcpy(opts, opts_bytes, opts_len);
+        opts[opts_len] = 0;
+        if (strlen(name) != name_len || strlen(opts) != opts_len || !isfinite(lr) ||
+            id >= QR_MAX_VAR_ID) {
             rc = qr__fail(QR_EINVAL, "CREATE: variable id %u: invalid name, id or learning rate", id);
             break;
         }
@@ -407,11 +418,11 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
             qr_var *o = old ? old : same_name;
             qr_shape_str(o->ndim, o->shape, have, sizeof have);
             if (o != old || o != same_name || o->ndim != (int)ndim ||
-                memcmp(o->shape, shape, sizeof shape)) {
-                rc = qr__fail(QR_EEXIST, "CREATE: variable '%s' %s (id %u) conflicts with "
-                              "existing variable '%s' %s (id %u): do all workers declare the "
-                              "same variables in the same order?", name, want, id, o->name,
-                              have, o->id);
+                memcmp(o->shape, shape, sizeof shape) || strcmp(o->options, opts)) {
+                rc = qr__fail(QR_EEXIST, "CREATE: variable '%s' %s (id %u, options '%s') "
+                              "conflicts with existing variable '%s' %s (id %u, options '%s'): "
+                              "do all workers declare the same variables in the same order?",
+                              name, want, id, opts, o->name, have, o->id, o->options);
                 break;
             }
             if (o->mark == ps->mark) {
@@ -451,12 +462,20 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         v->n = n;
         v->lr = lr;
         v->value = qr_tensor_new(n);
+        v->options = qr__strdup(opts);
         int64_t dim = shape[ndim - 1], rows = n / dim;
-        if (!v->name || !v->value) {
+        if (!v->name || !v->value || !v->options) {
             rc = QR_ENOMEM;
             break;
         }
-        rc = qr_optim_slots_create(ps->optim, rows, dim, &v->slots);
+        if (opts[0]) {
+            rc = qr_optim_create_for_var(&v->optim, ps->cfg, opts);
+            if (rc) {
+                qr__error_prefix("CREATE: variable '%s': ", name);
+                break;
+            }
+        }
+        rc = qr_optim_slots_create(v->optim ? v->optim : ps->optim, rows, dim, &v->slots);
         if (rc) break;
         described += (uint64_t)n * 4;
         iov[niov++] = (qr_iov){v->value->data, (size_t)n * 4};

@@ -42,6 +42,8 @@ void qr_var_free(qr_var *v) {
     qr_tensor_unref(v->value);
     qr_tensor_unref(v->average);
     qr_optim_slots_free(v->slots);
+    qr_optim_free(v->optim);
+    free(v->options);
     free(v->sync_srcs);
     free(v->name);
     free(v);

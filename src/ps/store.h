@@ -37,6 +37,8 @@ typedef struct qr_var {
     qr_tensor *value;
     qr_tensor *average; /* exponential moving average, or NULL */
     uint64_t version;   /* applies so far */
+    qr_optim *optim;    /* its own optimizer, or NULL for the ps's */
+    char *options;      /* the options it was declared with ("" if none) */
     qr_optim_slots *slots;
     uint64_t nonfinite_skipped;
     uint64_t mark; /* last message that named it: catches duplicates */

@@ -113,6 +113,15 @@ int qr_train_opts_set(qr_train_opts *o, const char *key, const char *value) {
         else o->local_steps = (int)iv;
         if (o->accumulate > 1 && o->local_steps > 1)
             return qr__fail(QR_EINVAL, "--accumulate and --local-steps do not combine");
+    } else if (!strcmp(k, "var-opt")) {
+        const char *colon = strchr(value, ':');
+        if (!colon || colon == value || !colon[1] || strchr(colon + 1, ':'))
+            return qr__fail(QR_EINVAL, "--var-opt '%s': expected NAME:key=value,...", value);
+        if (o->nvar_opts == 16) return qr__fail(QR_EINVAL, "--var-opt: at most 16 of them");
+        snprintf(o->var_opt_name[o->nvar_opts], sizeof o->var_opt_name[0], "%.*s",
+                 (int)(colon - value), value);
+        snprintf(o->var_opt[o->nvar_opts], sizeof o->var_opt[0], "%s", colon + 1);
+        o->nvar_opts++;
     } else if (!strcmp(k, "local")) {
         o->local = !strcmp(value, "true") || !strcmp(value, "1");
     } else if (!strcmp(k, "virtual-workers")) {
@@ -146,6 +155,8 @@ const char *qr_train_opts_help(void) {
            "                          push once\n"
            "  --local-steps K         async: K plain SGD steps on a local copy (lr: --lr,\n"
            "                          default 0.05), then push the delta w_local - w_pulled\n"
+           "  --var-opt NAME:K=V,...  a variable's own optimizer options, e.g.\n"
+           "                          layer0/weights:optimizer=adagrad,lr=0.05 (repeatable)\n"
            "  --slow-worker I:MS      (testing) worker I sleeps MS milliseconds every step\n"
            "  (--mode, --replicas-to-aggregate, --reduction, --init-tokens: see options)\n";
 }
@@ -312,7 +323,10 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         int64_t shape[2];
         qr_model_param_info(t.model, i, &name, &ndim, shape, &init);
         /* Every worker declares the same seeds; only the chief's are used. */
-        rc = qr_worker_declare(w, name, ndim, shape, init, param_seed(o, i), -1.0f, &ids[i]);
+        const char *opts = "";
+        for (int k = 0; k < o->nvar_opts; k++)
+            if (!strcmp(o->var_opt_name[k], name)) opts = o->var_opt[k];
+        rc = qr_worker_declare_opts(w, name, ndim, shape, init, param_seed(o, i), opts, &ids[i]);
         if (!rc) {
             grads[i] = qr__aligned_alloc((size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
             if (!grads[i]) rc = QR_ENOMEM;
@@ -324,6 +338,19 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     int batches = sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster))
                        : o->accumulate * o->local_steps;
     int64_t total = total_steps(o, t.train.n, batches);
+    for (int k = 0; !rc && k < o->nvar_opts; k++) {
+        bool found = false;
+        for (int i = 0; i < t.nparams; i++) {
+            const char *name, *init;
+            int ndim;
+            int64_t shape[2];
+            qr_model_param_info(t.model, i, &name, &ndim, shape, &init);
+            found |= !strcmp(name, o->var_opt_name[k]);
+        }
+        if (!found)
+            rc = qr__fail(QR_EINVAL, "--var-opt: the model has no variable '%s' (it has "
+                          "layer0/weights, layer0/bias, layer1/weights, ...)", o->var_opt_name[k]);
+    }
     /* Gradient sums (accumulate) or the pulled weights (local SGD). */
     float **extra = NULL;
     if (!rc && (o->accumulate > 1 || o->local_steps > 1)) {

@@ -29,6 +29,10 @@ typedef struct qr_train_opts {
     int slow_ms;                /* ... this long every step (-1: none) */
     int accumulate;             /* async: batches summed into one push (>= 1) */
     int local_steps;            /* async: local SGD steps before a delta push (>= 1) */
+    /* --var-opt NAME:key=value,... : a variable's own optimizer options */
+    int nvar_opts;
+    char var_opt_name[16][128];
+    char var_opt[16][512];
     bool local;                 /* quorum train --local */
     int virtual_workers;        /* workers simulated by --local */
 } qr_train_opts;

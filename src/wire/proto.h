@@ -27,7 +27,8 @@
  *                   u32 task_index, u32 mode (0 = async, 1 = sync)
  *   CREATE     req: u32 count, then per variable:
  *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
- *                   u32 name_len, name bytes
+ *                   u32 name_len, name bytes, u32 options_len, options
+ *                   bytes (the variable's optimizer options, may be empty)
  *              payload: each variable's initial values, in order
  *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
  *                     that the same variables exist (non-chief workers)

@@ -23,6 +23,7 @@
 #include "cluster/placement.h"
 #include "common/config.h"
 #include "model/init.h"
+#include "optim/optim.h"
 #include "wire/conn.h"
 
 #include <cjson/cJSON.h>
@@ -35,6 +36,7 @@
 typedef struct wk_var {
     char *name;
     char *init;
+    char *options; /* its own optimizer options ("" if none) */
     int ndim;
     int64_t shape[QR_PROTO_MAX_NDIM];
     int64_t n;
@@ -371,6 +373,8 @@ static void free_requests(wk_request **reqs, int n) {
 }
 
 static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags);
+static int declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
+                   const char *init, uint64_t seed, float lr, const char *options, int *var_id);
 
 /* ---- public API -------------------------------------------------------- */
 
@@ -436,6 +440,7 @@ void qr_worker_free(qr_worker *w) {
     for (int i = 0; i < w->nvars; i++) {
         free(w->vars[i].name);
         free(w->vars[i].init);
+        free(w->vars[i].options);
         free(w->vars[i].data);
     }
     free(w->vars);
@@ -447,6 +452,16 @@ void qr_worker_free(qr_worker *w) {
 
 int qr_worker_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
                       const char *init, uint64_t seed, float lr, int *var_id) {
+    return declare(w, name, ndim, shape, init, seed, lr, "", var_id);
+}
+
+int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim, const int64_t *shape,
+                           const char *init, uint64_t seed, const char *options, int *var_id) {
+    return declare(w, name, ndim, shape, init, seed, -1.0f, options ? options : "", var_id);
+}
+
+static int declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
+                   const char *init, uint64_t seed, float lr, const char *options, int *var_id) {
     if (!w || !name || !shape)
         return qr__fail(QR_EINVAL, "qr_worker_declare: worker, name and shape are required");
     if (w->placed)
@@ -470,6 +485,13 @@ int qr_worker_declare(qr_worker *w, const char *name, int ndim, const int64_t *s
     if (!init) init = "zeros";
     int rc = qr_init_validate(init);
     if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
+    if (options[0]) {
+        /* Checked here, where the caller can fix it; the ps checks again. */
+        qr_optim *check = NULL;
+        rc = qr_optim_create_for_var(&check, w->cfg, options);
+        qr_optim_free(check);
+        if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
+    }
     for (int i = 0; i < w->nvars; i++)
         if (!strcmp(w->vars[i].name, name))
             return qr__fail(QR_EEXIST, "declare: variable '%s' is declared twice", name);
@@ -484,10 +506,12 @@ int qr_worker_declare(qr_worker *w, const char *name, int ndim, const int64_t *s
     memset(v, 0, sizeof *v);
     v->name = qr__strdup(name);
     v->init = qr__strdup(init);
+    v->options = qr__strdup(options);
     v->data = qr__aligned_alloc((size_t)n * sizeof(float));
-    if (!v->name || !v->init || !v->data) {
+    if (!v->name || !v->init || !v->options || !v->data) {
         free(v->name);
         free(v->init);
+        free(v->options);
         free(v->data);
         return QR_ENOMEM;
     }
@@ -543,6 +567,8 @@ static int create_on_ps(qr_worker *w, bool check_only) {
             qr_wbuf_f32(&r->meta, v->lr);
             qr_wbuf_u32(&r->meta, (uint32_t)strlen(v->name));
             qr_wbuf_bytes(&r->meta, v->name, strlen(v->name));
+            qr_wbuf_u32(&r->meta, (uint32_t)strlen(v->options));
+            qr_wbuf_bytes(&r->meta, v->options, strlen(v->options));
             if (!check_only && r->payload)
                 r->payload[r->npayload++] = (qr_iov){v->data, (size_t)v->n * 4};
         }

@@ -63,12 +63,15 @@ def read_reply(sock):
 
 
 def create_meta(items):
-    """items: list of (var_id, shape, lr, name)."""
+    """items: list of (var_id, shape, lr, name[, options])."""
     meta = struct.pack("<I", len(items))
-    for var_id, shape, lr, name in items:
+    for item in items:
+        var_id, shape, lr, name = item[:4]
+        options = (item[4] if len(item) > 4 else "").encode()
         meta += struct.pack("<II", var_id, len(shape))
         meta += b"".join(struct.pack("<q", d) for d in shape)
         meta += struct.pack("<fI", lr, len(name)) + name.encode()
+        meta += struct.pack("<I", len(options)) + options
     return meta
 
 

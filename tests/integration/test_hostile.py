@@ -131,6 +131,12 @@ try:
     expect_error(s, frame(CREATE, 12, create_meta([(1, [2], -1.0, "x")]),
                           floats([1, float("nan")])),
                  "ENONFINITE", "NaN", "a CREATE with NaN values")
+    expect_error(s, frame(CREATE, 13, create_meta([(1, [2], -1.0, "x", "beta1=7")]),
+                          floats([1, 2])),
+                 "EINVAL", "option beta1: 7 is out of range", "a CREATE with bad variable options")
+    expect_error(s, frame(CREATE, 14, create_meta([(1, [2], -1.0, "x", "timeout-ms=5")]),
+                          floats([1, 2])),
+                 "EINVAL", "'timeout-ms' is not an optimizer option", "a CREATE with a foreign option")
 
     # --- 2. precise checks on a real variable -------------------------------
     probe = 1000

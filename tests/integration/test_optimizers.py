@@ -42,5 +42,18 @@ for name in names:
     print("%-10s %s: test accuracy %.4f in %.1f s" % (name, data, acc, summary["wall_seconds"]))
     if acc < TARGET[data]:
         failures.append("%s: accuracy %.4f < %.2f" % (name, acc, TARGET[data]))
+if data == "digits" and len(names) == len(SETTINGS):
+    # Per-variable optimizers: Adagrad on the first layer, Adam on the
+    # output bias, the ps's momentum on the rest.
+    proc = Proc([quorum, "launch", "--ps", "2", "--workers", "3", "--data", data, "--epochs",
+                 "40", "--optimizer", "momentum", "--lr", "0.01", "--seed", "3", "--json",
+                 "--quiet", "--var-opt", "layer0/weights:optimizer=adagrad,lr=0.05",
+                 "--var-opt", "layer2/bias:optimizer=adam,lr=0.001"])
+    rc, out, err = proc.wait(timeout=600)
+    assert rc == 0, err[-2000:]
+    acc = last_json(out)["test_accuracy"]
+    print("mixed per-variable optimizers: test accuracy %.4f" % acc)
+    if acc < TARGET[data]:
+        failures.append("mixed: accuracy %.4f" % acc)
 assert not failures, "\n".join(failures)
 print("PASS: %d optimizers reach %.2f on %s" % (len(names), TARGET[data], data))

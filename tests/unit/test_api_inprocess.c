@@ -238,6 +238,60 @@ static void test_nonfinite_policies(void **state) {
     }
 }
 
+/* Variables with their own optimizer options; the ps's is SGD, lr 0.5. */
+static void test_per_variable_optimizer_options(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 1, "auto");
+    qr_worker *chief = make_worker(&f, 0);
+    int64_t shape[1] = {2};
+    int plain, mom, own_lr;
+    assert_int_equal(qr_worker_declare(chief, "plain", 1, shape, "zeros", 1, -1, &plain), QR_OK);
+    assert_int_equal(qr_worker_declare_opts(chief, "mom", 1, shape, "zeros", 1,
+                                            "optimizer=momentum,momentum=0.5,lr=0.1", &mom),
+                     QR_OK);
+    assert_int_equal(qr_worker_declare_opts(chief, "own_lr", 1, shape, "zeros", 1, "lr=0.25",
+                                            &own_lr), QR_OK);
+    /* Bad options are refused at once, naming the problem. */
+    assert_int_equal(qr_worker_declare_opts(chief, "bad", 1, shape, "zeros", 1, "beta1=2", NULL),
+                     QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "option beta1: 2 is out of range"));
+    assert_int_equal(qr_worker_declare_opts(chief, "bad", 1, shape, "zeros", 1, "momentum=0.5",
+                                            NULL), QR_EINVAL); /* sgd has no momentum */
+    assert_non_null(strstr(qr_last_error(), "option momentum does not apply"));
+    assert_int_equal(qr_worker_declare_opts(chief, "bad", 1, shape, "zeros", 1, "lr", NULL),
+                     QR_EINVAL);
+    assert_int_equal(qr_worker_initialize(chief), QR_OK);
+    float g[2] = {1, 2};
+    const float *grads[3] = {g, g, g};
+    int ids[3] = {plain, mom, own_lr};
+    for (int step = 0; step < 2; step++)
+        assert_int_equal(qr_worker_push(chief, 3, ids, grads, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(chief, 0, NULL, NULL), QR_OK);
+    const float *p = qr_worker_var_data(chief, plain);
+    const float *m = qr_worker_var_data(chief, mom);
+    const float *o = qr_worker_var_data(chief, own_lr);
+    for (int i = 0; i < 2; i++) {
+        assert_true(p[i] == -2 * 0.5f * g[i]); /* SGD, lr 0.5, twice */
+        assert_true(o[i] == -2 * 0.25f * g[i]); /* SGD, its own lr 0.25 */
+        /* Momentum 0.5, lr 0.1: accum = g, then 1.5 g; var = -0.1 g - 0.15 g */
+        assert_float_equal(m[i], -0.25f * g[i], 1e-6);
+    }
+    /* Another worker declaring different options for a variable is refused. */
+    qr_worker *other = make_worker(&f, 1);
+    assert_int_equal(qr_worker_declare(other, "plain", 1, shape, "zeros", 1, -1, NULL), QR_OK);
+    assert_int_equal(qr_worker_declare_opts(other, "mom", 1, shape, "zeros", 1,
+                                            "optimizer=momentum,lr=0.1", NULL), QR_OK);
+    assert_int_equal(qr_worker_declare_opts(other, "own_lr", 1, shape, "zeros", 1, "lr=0.25",
+                                            NULL), QR_OK);
+    assert_int_equal(qr_worker_initialize(other), QR_EEXIST);
+    assert_non_null(strstr(qr_last_error(), "options 'optimizer=momentum,momentum=0.5,lr=0.1'"));
+    qr_worker_free(other);
+    assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+    qr_worker_free(chief);
+    join_cluster(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pull_unix_one_ps),
@@ -246,6 +300,7 @@ int main(void) {
         cmocka_unit_test(test_ps_not_up_times_out),
         cmocka_unit_test(test_reconnects_after_ps_restart),
         cmocka_unit_test(test_nonfinite_policies),
+        cmocka_unit_test(test_per_variable_optimizer_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

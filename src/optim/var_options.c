@@ -1,0 +1,60 @@
+/*
+ * var_options.c - a variable's own optimizer settings.
+ *
+ * A variable may be declared with "key=value,key=value" options for its
+ * optimizer ("optimizer=adagrad,lr=0.05", "beta1=0.8"). Naming an
+ * optimizer starts a fresh configuration for that variable, so the global
+ * options of another optimizer do not apply. Otherwise the variable's
+ * options override the global ones. Either way the result is validated as
+ * a whole, as qr_optim_create validates the global configuration.
+ */
+#include "common/config.h"
+#include "optim/optim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Keys a variable may set: the optimizer's, nothing about transport. */
+static const char *const var_keys = "optimizer|lr|momentum|nesterov|beta1|beta2|epsilon|decay|"
+                                    "centered|initial-accumulator|l1|l2|lr-power|"
+                                    "apply-sparse-rmsprop";
+
+int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options) {
+    *out = NULL;
+    if (strlen(options) > 1024)
+        return qr__fail(QR_EINVAL, "variable options are longer than 1024 bytes");
+    char *copy = qr__strdup(options);
+    qr_config *cfg = NULL;
+    int rc = copy ? qr_config_new(&cfg) : QR_ENOMEM;
+    bool own_optimizer = strstr(options, "optimizer=") != NULL;
+    /* apply-threads is the ps's, whatever the variable's optimizer. */
+    if (!rc && global) {
+        if (own_optimizer) {
+            if (qr__config_is_set(global, "apply-threads"))
+                rc = qr_config_set(cfg, "apply-threads", qr__config_str(global, "apply-threads"));
+        } else {
+            rc = qr__config_merge(cfg, global);
+        }
+    }
+    for (char *save = NULL, *item = copy ? strtok_r(copy, ",", &save) : NULL; !rc && item;
+         item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq || eq == item) {
+            rc = qr__fail(QR_EINVAL, "variable options: '%s' is not key=value", item);
+            break;
+        }
+        *eq = 0;
+        for (char *c = item; *c; c++)
+            if (*c == '_') *c = '-';
+        if (!qr__list_has(var_keys, '|', item)) {
+            rc = qr__fail(QR_EINVAL, "variable options: '%s' is not an optimizer option "
+                          "(one of %s)", item, var_keys);
+            break;
+        }
+        rc = qr_config_set(cfg, item, eq + 1);
+    }
+    if (!rc) rc = qr_optim_create(out, cfg);
+    qr_config_free(cfg);
+    free(copy);
+    return rc;
+}
