@@ -245,6 +245,16 @@ QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);
  * once when no bound is set. */
 QR_API int qr_worker_wait_bound(qr_worker *w);
 
+/* Async: push a sparse gradient of one variable of shape (..., dim) viewed
+ * as (rows, dim): nrows row indices and nrows x dim values. Only those rows
+ * and their optimizer slots change; duplicate indices are summed first
+ * (TensorFlow's sparse applies, lazy for Adam). An index out of range or a
+ * NaN/Inf value is refused and nothing changes. flags as for
+ * qr_worker_push (QR_PUSH_DELTA adds the rows as they are). */
+QR_API int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows,
+                                 const int64_t *indices, const float *rows,
+                                 unsigned flags, int64_t *global_step);
+
 /* Read the global step held by ps 0. */
 QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);
 

@@ -28,6 +28,7 @@ typedef struct push_item {
     uint64_t offset; /* into the request's gradient buffer */
     uint64_t version; /* the variable's version the gradient was computed at */
     bool skip;        /* non-finite, with nonfinite=skip */
+    int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
 } push_item;
 
 /* A synchronous push: one worker's gradients for one step, held on the

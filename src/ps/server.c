@@ -148,10 +148,21 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated at item %u", i);
         qr_var *v;
         if ((rc = lookup(p, "PUSH", id, &v))) return rc;
-        if (kind != 0)
+        int64_t nrows = -1;
+        if (kind == QR_GRAD_SPARSE) {
+            if (sync)
+                return qr__fail(QR_EINVAL, "PUSH: variable '%s': sparse gradients are for async "
+                                "training", v->name);
+            uint64_t row_bytes = 8 + 4 * (uint64_t)v->shape[v->ndim - 1];
+            if (nbytes % row_bytes)
+                return qr__fail(QR_ESHAPE, "PUSH: sparse gradient of '%s': %llu bytes is not a "
+                                "whole number of (index, row of %lld floats) pairs", v->name,
+                                (unsigned long long)nbytes, (long long)v->shape[v->ndim - 1]);
+            nrows = (int64_t)(nbytes / row_bytes);
+        } else if (kind != QR_GRAD_DENSE) {
             return qr__fail(QR_EINVAL, "PUSH: variable '%s': gradient kind %u is not supported "
-                            "(0 = dense)", v->name, kind);
-        if (nbytes != (uint64_t)v->n * sizeof(float)) {
+                            "(0 dense, 1 sparse rows)", v->name, kind);
+        } else if (nbytes != (uint64_t)v->n * sizeof(float)) {
             char shape[128];
             qr_shape_str(v->ndim, v->shape, shape, sizeof shape);
             return qr__fail(QR_ESHAPE,
@@ -159,7 +170,7 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
                             "has %llu bytes", v->name, shape, (long long)v->n,
                             (unsigned long long)nbytes);
         }
-        p->items[i] = (push_item){.var = v, .offset = offset, .version = version};
+        p->items[i] = (push_item){.var = v, .offset = offset, .version = version, .nrows = nrows};
         offset += nbytes;
     }
     p->nitems = (int)count;
@@ -184,7 +195,27 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         const float *g = (const float *)((uint8_t *)p->recv + it->offset);
-        if (qr_optim_all_finite(g, it->var->n)) continue;
+        int64_t count = it->var->n;
+        if (it->nrows >= 0) {
+            /* Sparse: every index in range, before anything changes. */
+            int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
+            const uint8_t *idx = (const uint8_t *)p->recv + it->offset;
+            for (int64_t k = 0; k < it->nrows; k++) {
+                int64_t row;
+                memcpy(&row, idx + 8 * k, 8);
+                if (row < 0 || row >= rows) {
+                    char msg[400];
+                    snprintf(msg, sizeof msg, "%s: PUSH: sparse gradient of '%s': row index "
+                             "%lld is out of range [0, %lld); nothing was applied", ps->name,
+                             it->var->name, (long long)row, (long long)rows);
+                    qr__ps_reply_error(p, f, QR_EINVAL, msg);
+                    return;
+                }
+            }
+            g = (const float *)(idx + 8 * it->nrows);
+            count = it->nrows * it->var->shape[it->var->ndim - 1];
+        }
+        if (qr_optim_all_finite(g, count)) continue;
         if (!ps->skip_nonfinite) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
@@ -213,6 +244,38 @@ static void push_message(ps_peer *p, const qr_frame *f) {
          * pulled the version its gradient was computed at. */
         uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
         ps->staleness_hist[staleness_bucket(staleness)]++;
+        if (it->nrows >= 0) {
+            int64_t dim = v->shape[v->ndim - 1];
+            const uint8_t *raw = (const uint8_t *)p->recv + it->offset;
+            /* The indices sit wherever the payload put them: copy them to
+             * an aligned array for the optimizer. */
+            int64_t *idx = malloc((size_t)QR_MAX(it->nrows, 1) * 8);
+            if (!idx) {
+                qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a sparse gradient");
+                return;
+            }
+            memcpy(idx, raw, (size_t)it->nrows * 8);
+            const qr_optim *sopt = v->optim ? v->optim : ps->optim;
+            int rc = delta ? QR_OK
+                           : qr_optim_apply_sparse(sopt, v->slots, v->value->data, v->n / dim, dim,
+                                                   idx, (const float *)(raw + 8 * it->nrows),
+                                                   it->nrows, v->lr, t);
+            if (delta)
+                for (int64_t k = 0; k < it->nrows; k++)
+                    for (int64_t e = 0; e < dim; e++)
+                        v->value->data[idx[k] * dim + e] +=
+                            ((const float *)(raw + 8 * it->nrows))[k * dim + e];
+            free(idx);
+            if (rc) {
+                char msg[400];
+                snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
+                         qr_last_error());
+                qr__ps_reply_error(p, f, rc, msg);
+                return;
+            }
+            v->version++;
+            continue;
+        }
         if (delta) {
             float *w = v->value->data;
             for (int64_t k = 0; k < v->n; k++) w[k] += g[k];

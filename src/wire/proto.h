@@ -36,8 +36,12 @@
  *                   i64 step_limit (the run's last global step; 0 = unknown)
  *              reply: u32 ready, i64 global_step
  *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq, then
- *                   per item: u32 var_id, u32 kind (0 = dense), u64 nbytes,
+ *                   per item: u32 var_id, u32 kind, u64 nbytes,
  *                   u64 version (of the variable the gradient was computed at)
+ *              kind 0, dense: the gradient, the variable's size in floats
+ *              kind 1, sparse rows of a (rows, dim) variable, dim its last
+ *                   dimension: K i64 row indices, then K x dim floats
+ *                   (nbytes = K * (8 + 4 dim)); async only
  *              payload: the gradients, in order
  *              flags: QR_PUSH_STEP (async: advance the global step),
  *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
@@ -97,6 +101,9 @@ typedef enum qr_msg_type {
 #define QR_PULL_AVERAGES 1u
 /* PUSH flags: QR_PUSH_STEP (1) and QR_PUSH_DELTA (4) are public, in quorum.h. */
 #define QR_PUSH_SYNC 2u
+
+#define QR_GRAD_DENSE 0u
+#define QR_GRAD_SPARSE 1u
 
 #define QR_ROLE_WORKER 1
 #define QR_ROLE_COORDINATOR 2

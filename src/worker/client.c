@@ -769,6 +769,55 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     return rc;
 }
 
+int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t *indices,
+                          const float *rows, unsigned flags, int64_t *global_step) {
+    int rc = check_ids(w, "push_sparse", 1, &var_id);
+    if (rc) return rc;
+    if (w->sync) return qr__fail(QR_EINVAL, "push_sparse: sparse gradients are for async training");
+    if (nrows < 0 || nrows > (1ll << 31) || (nrows > 0 && (!indices || !rows)))
+        return qr__fail(QR_EINVAL, "push_sparse: bad row count or NULL arrays");
+    wk_var *v = &w->vars[var_id];
+    int64_t dim = v->shape[v->ndim - 1];
+    wk_request *reqs[2] = {NULL, NULL};
+    int nreq = 0;
+    uint32_t seq = ++w->push_seq;
+    bool step = flags & QR_PUSH_STEP;
+    /* The rows go to the variable's ps; the step flag rides on a push to
+     * ps 0, an empty one if the variable lives elsewhere. */
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        int p = pass == 0 ? v->ps : 0;
+        if (pass == 1 && (!step || v->ps == 0)) break;
+        wk_request *r = request_new(w, p, QR_MSG_PUSH);
+        if (!r) return QR_ENOMEM;
+        reqs[nreq++] = r;
+        r->flags = (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
+        bool carries = pass == 0;
+        qr_wbuf_u32(&r->meta, carries ? 1 : 0);
+        qr_wbuf_i64(&r->meta, w->local_step);
+        qr_wbuf_u32(&r->meta, (uint32_t)w->index);
+        qr_wbuf_u32(&r->meta, seq);
+        if (!carries) continue;
+        if (v->ps != 0) r->flags &= (uint16_t)~QR_PUSH_STEP;
+        qr_wbuf_u32(&r->meta, (uint32_t)var_id);
+        qr_wbuf_u32(&r->meta, QR_GRAD_SPARSE);
+        qr_wbuf_u64(&r->meta, (uint64_t)nrows * (8 + 4 * (uint64_t)dim));
+        qr_wbuf_u64(&r->meta, v->version);
+        r->payload = qr__calloc(2, sizeof *r->payload);
+        if (!r->payload) rc = QR_ENOMEM;
+        else {
+            r->payload[0] = (qr_iov){(void *)indices, (size_t)nrows * 8};
+            r->payload[1] = (qr_iov){(void *)rows, (size_t)(nrows * dim) * 4};
+            r->npayload = 2;
+        }
+    }
+    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
+    wk_request *step_req = reqs[v->ps == 0 ? 0 : 1];
+    if (!rc && step) w->steps_pushed++;
+    if (!rc && global_step && step_req) *global_step = step_req->step;
+    free_requests(reqs, nreq);
+    return rc;
+}
+
 int qr_worker_take_token(qr_worker *w, int64_t *step) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_take_token: worker is NULL");
     if (!w->sync) return qr__fail(QR_EINVAL, "take_token: this worker trains in async mode");

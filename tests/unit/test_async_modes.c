@@ -155,12 +155,73 @@ static void test_staleness_bound(void **state) {
     fix_join(&r.f);
 }
 
+/* Sparse gradients of a (4, 2) variable: SGD with lr 1 on the touched
+ * rows only, duplicate indices summed; bad ones refused, nothing changed. */
+static void test_sparse_push(void **state) {
+    (void)state;
+    cluster_fixture f;
+    fix_init(&f, 2, 1);
+    qr_config_set(f.cfg, "lr", "1");
+    assert_int_equal(fix_start_ps(&f, 0), QR_OK);
+    assert_int_equal(fix_start_ps(&f, 1), QR_OK);
+    qr_worker *w = fix_worker(&f, 0);
+    int64_t shape[2] = {4, 2}, pad_shape[1] = {8};
+    int pad, table, lazy;
+    /* "pad" fills ps 0, so the table lives on ps 1 and the step flag rides
+     * on an empty push to ps 0. */
+    assert_int_equal(qr_worker_declare(w, "pad", 1, pad_shape, "zeros", 1, -1, &pad), QR_OK);
+    assert_int_equal(qr_worker_declare(w, "table", 2, shape, "zeros", 1, -1, &table), QR_OK);
+    assert_int_equal(qr_worker_declare_opts(w, "lazy", 2, shape, "constant:1", 1,
+                                            "optimizer=adam_async,lr=0.1", &lazy), QR_OK);
+    assert_int_equal(qr_worker_initialize(w), QR_OK);
+
+    int64_t idx[3] = {2, 0, 2};
+    float rows[6] = {1, 1, 2, 2, 3, 3};
+    int64_t step = -1;
+    assert_int_equal(qr_worker_push_sparse(w, table, 3, idx, rows, QR_PUSH_STEP, &step), QR_OK);
+    assert_int_equal(step, 1);
+    assert_int_equal(qr_worker_pull(w, 1, &table, NULL), QR_OK);
+    const float *t = qr_worker_var_data(w, table);
+    const float want[8] = {-2, -2, 0, 0, -4, -4, 0, 0}; /* row 2: -(1 + 3) */
+    assert_memory_equal(t, want, sizeof want);
+
+    int64_t bad_idx[1] = {4};
+    assert_int_equal(qr_worker_push_sparse(w, table, 1, bad_idx, rows, 0, NULL), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "row index 4 is out of range [0, 4)"));
+    float nan_rows[2] = {1, 0.0f / 0.0f};
+    assert_int_equal(qr_worker_push_sparse(w, table, 1, idx, nan_rows, 0, NULL), QR_ENONFINITE);
+    assert_int_equal(qr_worker_push_sparse(w, table, 0, NULL, NULL, 0, NULL), QR_OK);
+    /* A sparse delta is added as it is. */
+    int64_t one[1] = {3};
+    float delta[2] = {0.5f, -0.5f};
+    assert_int_equal(qr_worker_push_sparse(w, table, 1, one, delta, QR_PUSH_DELTA, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(w, 1, &table, NULL), QR_OK);
+    const float want2[8] = {-2, -2, 0, 0, -4, -4, 0.5f, -0.5f};
+    assert_memory_equal(t, want2, sizeof want2);
+
+    /* Lazy AdamAsync: only row 1 moves (by about lr, Adam's first step). */
+    int64_t r1[1] = {1};
+    float g1[2] = {5, -5};
+    assert_int_equal(qr_worker_push_sparse(w, lazy, 1, r1, g1, 0, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(w, 1, &lazy, NULL), QR_OK);
+    const float *l = qr_worker_var_data(w, lazy);
+    for (int r = 0; r < 4; r++)
+        for (int e = 0; e < 2; e++) {
+            float expect = r != 1 ? 1.0f : e == 0 ? 0.9f : 1.1f;
+            assert_float_equal(l[r * 2 + e], expect, 1e-5);
+        }
+    assert_int_equal(qr_worker_stop_cluster(w), QR_OK);
+    qr_worker_free(w);
+    fix_join(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delta_push),
         cmocka_unit_test(test_staleness_stamped_and_lr_scaled),
         cmocka_unit_test(test_staleness_unscaled_by_default),
         cmocka_unit_test(test_staleness_bound),
+        cmocka_unit_test(test_sparse_push),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
