@@ -182,6 +182,13 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return qr_conn_expect(p->conn, &iov, 1);
 }
 
+static void reply_ok_step(ps_peer *p, const qr_frame *f, int64_t global_step) {
+    qr_wbuf meta = {0};
+    qr_wbuf_i64(&meta, global_step);
+    qr__ps_reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
 static int staleness_bucket(uint64_t s) {
     if (s < 4) return (int)s;
     int b = 4;
@@ -235,6 +242,16 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     }
     int64_t t = ps->applied_steps + 1;
     bool delta = f->flags & QR_PUSH_DELTA;
+    /* Everything is checked and every tensor to write is exclusive: a
+     * dense apply cannot fail now. Acknowledge before applying, so the
+     * worker's next request travels while the ps applies. Nothing else is
+     * served until the apply is done (one loop thread), so every later
+     * request of every worker sees it. Sparse items and moving averages
+     * may still need memory, so they are acknowledged after. */
+    bool ack_first = ps->average_decay == 0;
+    for (int i = 0; i < p->nitems; i++) ack_first &= p->items[i].nrows < 0;
+    if (ack_first)
+        reply_ok_step(p, f, ps->global_step + ((f->flags & QR_PUSH_STEP) && ps->index == 0));
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         if (it->skip) continue;
@@ -293,7 +310,8 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
                      qr_last_error());
-            qr__ps_reply_error(p, f, rc, msg);
+            if (ack_first) qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", msg);
+            else qr__ps_reply_error(p, f, rc, msg);
             return;
         }
         v->version++;
@@ -313,10 +331,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             qr__bound_update(ps);
         }
     }
-    qr_wbuf meta = {0};
-    qr_wbuf_i64(&meta, ps->global_step);
-    qr__ps_reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
-    qr_wbuf_free(&meta);
+    if (!ack_first) reply_ok_step(p, f, ps->global_step);
 }
 
 static int pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
