@@ -11,13 +11,13 @@ import time
 from qrtest import Proc, last_json
 
 quorum = sys.argv[1]
-base = ["launch", "--ps", "2", "--workers", "3", "--data", "digits", "--epochs", "40",
+base = ["launch", "--ps", "2", "--workers", "3", "--data", "digits", "--epochs", "60",
         "--seed", "4", "--json", "--quiet"]
 modes = {
     # The ps applies the sum of K gradients: K times the step of one. A step
     # consumes K batches, so K times fewer steps make an epoch.
-    "accumulate": ["--accumulate", "4", "--lr", "0.05", "--epochs", "80"],
-    "local-sgd": ["--local-steps", "4", "--lr", "0.1", "--epochs", "80"],
+    "accumulate": ["--accumulate", "4", "--lr", "0.05", "--epochs", "160"],
+    "local-sgd": ["--local-steps", "4", "--lr", "0.1", "--epochs", "160"],
     "bulk-synchronous": ["--max-staleness", "0", "--lr", "0.1"],
     "bounded-staleness": ["--max-staleness", "2", "--lr", "0.1"],
     "staleness-lr-scale": ["--staleness-lr-scale", "--lr", "0.1"],

@@ -14,14 +14,16 @@ SETTINGS = {
     "momentum": ["--lr", "0.01"],
     "adagrad": ["--lr", "0.05"],
     "rmsprop": ["--lr", "0.0005"],
-    "adam": ["--lr", "0.001"],
-    "adam_async": ["--lr", "0.001"],
+    "adam": ["--lr", "0.0005"],
+    "adam_async": ["--lr", "0.0005"],
     # A tiny initial accumulator keeps the random initialization (see
     # docs/OPTIMIZERS.md, "FTRL on deep networks").
     "ftrl": ["--lr", "0.05", "--initial-accumulator", "1e-6"],
 }
-EPOCHS = {"digits": {}, "fashion-mnist": {"sgd": "10"}}
-DEFAULT_EPOCHS = {"digits": "40", "fashion-mnist": "6"}
+# Async runs are not reproducible (arrival order varies), so each setting
+# was chosen to clear the target by about 0.02 over repeated runs.
+EPOCHS = {"digits": {}, "fashion-mnist": {"sgd": "15"}}
+DEFAULT_EPOCHS = {"digits": "60", "fashion-mnist": "10"}
 TARGET = {"digits": 0.95, "fashion-mnist": 0.85}
 
 quorum, data = sys.argv[1], sys.argv[2]

@@ -53,7 +53,7 @@ if case == "determinism":
 
 elif case == "digits":
     for extra in (["--workers", "3"], ["--workers", "3", "--replicas-to-aggregate", "2"]):
-        s, _ = launch(["--ps", "2", "--mode", "sync", "--data", "digits", "--epochs", "60",
+        s, _ = launch(["--ps", "2", "--mode", "sync", "--data", "digits", "--epochs", "80",
                        "--lr", "0.2", "--seed", "2"] + extra)
         print(extra, "accuracy %.4f, %d steps, stale %d" % (
             s["test_accuracy"], s["global_step"], s["sync"]["stale_dropped"]))

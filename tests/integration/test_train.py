@@ -8,7 +8,7 @@ import sys
 from qrtest import Proc, last_json
 
 quorum, data = sys.argv[1], sys.argv[2]
-epochs, target = {"digits": ("40", 0.95), "fashion-mnist": ("10", 0.85)}[data]
+epochs, target = {"digits": ("60", 0.95), "fashion-mnist": ("15", 0.85)}[data]
 proc = Proc([quorum, "launch", "--ps", "2", "--workers", "3", "--model", "mlp",
              "--hidden", "256,128", "--data", data, "--epochs", epochs,
              "--lr", "0.1", "--batch-size", "64", "--seed", "7", "--json", "--quiet"])
