@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct wk_var {
     char *name;
@@ -420,6 +421,11 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     w->sync_timeout_ms = (int)qr__config_int(w->cfg, "sync-timeout-ms");
     w->sync = !strcmp(qr__config_str(w->cfg, "mode"), "sync");
     w->max_staleness = qr__config_int(w->cfg, "max-staleness");
+    /* Pushes are named (worker, seq) on the ps. A restarted worker must not
+     * reuse the names of pushes its predecessor left pending, so numbering
+     * starts anywhere in [0, 2^31): only the order of one worker's own
+     * pushes matters (for the reduction), and it stays increasing. */
+    w->push_seq = (uint32_t)((qr__now_ns() ^ ((uint64_t)getpid() << 16)) & 0x7fffffffu);
     w->conn_opt.socket_buffer_bytes = (int)qr__config_int(w->cfg, "socket-buffer-kb") * 1024;
     w->conn_opt.max_payload = UINT64_MAX >> 1;
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
