@@ -87,8 +87,8 @@ static const key_spec keys[] = {
      "AdamAsync: sparse applies use RMSProp"},
     {"nonfinite", KEY_ENUM, "error", 0, 0, 0, "error|skip",
      "a gradient with NaN/Inf: refuse it with an error, or skip and count it"},
-    {"apply-threads", KEY_INT, "1", 1, 64, 0, NULL,
-     "threads for optimizer applies of large tensors on a ps"},
+    {"apply-threads", KEY_INT, "1", 0, 64, 0, NULL,
+     "threads for optimizer applies of large tensors on a ps (0: the cores, at most 4)"},
 };
 #undef INF
 

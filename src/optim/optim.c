@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const qr_optim_ops *const all_ops[] = {
     &qr__optim_sgd,  &qr__optim_momentum,   &qr__optim_adagrad, &qr__optim_rmsprop,
@@ -68,6 +69,10 @@ int qr_optim_create(qr_optim **out, const qr_config *cfg) {
                       ops->name, (double)opt->hp.lr);
     if (rc == QR_OK) {
         opt->nthreads = (int)qr__config_int(cfg, "apply-threads");
+        /* 0 = one per core, at most 4. The default is 1: on this project's
+         * 2-core machine a second apply thread showed no measurable gain
+         * (16 MiB push+pull: 9.1-10.8 ms either way). */
+        if (opt->nthreads == 0) opt->nthreads = (int)QR_MIN(4, QR_MAX(1, sysconf(_SC_NPROCESSORS_ONLN)));
         if (opt->nthreads < 1) opt->nthreads = 1;
         if (opt->nthreads > 1) rc = qr__optim_pool_create(&opt->pool, opt->nthreads);
     }
@@ -205,6 +210,28 @@ static void dense_part(void *arg, int part, int nparts) {
     int64_t lo = blocks * part / nparts * 16, hi = blocks * (part + 1) / nparts * 16;
     if (hi > j->n) hi = j->n;
     if (lo < hi) dense_range(j, lo, hi);
+}
+
+typedef struct finite_job {
+    const float *x;
+    int64_t n;
+    bool bad[64];
+} finite_job;
+
+static void finite_part(void *arg, int part, int nparts) {
+    finite_job *j = arg;
+    int64_t lo = j->n * part / nparts, hi = j->n * (part + 1) / nparts;
+    j->bad[part] = !qr_optim_all_finite(j->x + lo, hi - lo);
+}
+
+bool qr_optim_all_finite_par(const qr_optim *opt, const float *x, int64_t n) {
+    finite_job j = {.x = x, .n = n};
+    if (!opt || !opt->pool || n < opt->parallel_min || opt->nthreads > 64 ||
+        !qr__optim_pool_run(opt->pool, finite_part, &j))
+        return qr_optim_all_finite(x, n);
+    for (int i = 0; i < opt->nthreads; i++)
+        if (j.bad[i]) return false;
+    return true;
 }
 
 int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,

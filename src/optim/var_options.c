@@ -27,15 +27,10 @@ int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char 
     qr_config *cfg = NULL;
     int rc = copy ? qr_config_new(&cfg) : QR_ENOMEM;
     bool own_optimizer = strstr(options, "optimizer=") != NULL;
-    /* apply-threads is the ps's, whatever the variable's optimizer. */
-    if (!rc && global) {
-        if (own_optimizer) {
-            if (qr__config_is_set(global, "apply-threads"))
-                rc = qr_config_set(cfg, "apply-threads", qr__config_str(global, "apply-threads"));
-        } else {
-            rc = qr__config_merge(cfg, global);
-        }
-    }
+    if (!rc && global && !own_optimizer) rc = qr__config_merge(cfg, global);
+    /* A variable's own optimizer applies on the ps's loop thread: a thread
+     * pool per such variable would multiply threads for little gain. */
+    if (!rc) rc = qr_config_set(cfg, "apply-threads", "1");
     for (char *save = NULL, *item = copy ? strtok_r(copy, ",", &save) : NULL; !rc && item;
          item = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(item, '=');

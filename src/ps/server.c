@@ -222,7 +222,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             g = (const float *)(idx + 8 * it->nrows);
             count = it->nrows * it->var->shape[it->var->ndim - 1];
         }
-        if (qr_optim_all_finite(g, count)) continue;
+        if (qr_optim_all_finite_par(ps->optim, g, count)) continue;
         if (!ps->skip_nonfinite) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
