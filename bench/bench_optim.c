@@ -157,17 +157,27 @@ static void add_point(cJSON *results, const char *optim, const char *kind, int t
     }
 }
 
+/* The optimizer under test and, with threads, a pool of the same size
+ * for the bound kernel, so both sides use the same number of threads. */
+static int make_optim_and_pool(const char *name, int threads, qr_optim **opt,
+                               qr_optim_pool **pool) {
+    *pool = NULL;
+    int rc = make_optim(name, threads, opt);
+    if (rc) return rc;
+    if (threads > 1 && (rc = qr__optim_pool_create(pool, threads))) {
+        qr_optim_free(*opt);
+        *opt = NULL;
+    }
+    return rc;
+}
+
 /* ---- dense ------------------------------------------------------------------ */
 
 static int bench_dense(const bench_opts *o, const char *name, int threads, cJSON *results) {
     qr_optim *opt;
-    int rc = make_optim(name, threads, &opt);
+    qr_optim_pool *pool;
+    int rc = make_optim_and_pool(name, threads, &opt, &pool);
     if (rc) return rc;
-    qr_optim_pool *pool = NULL;
-    if (threads > 1 && (rc = qr__optim_pool_create(&pool, threads))) {
-        qr_optim_free(opt);
-        return rc;
-    }
     qr_rng rng;
     qr_rng_seed(&rng, 1);
     int64_t n = o->n;
@@ -219,13 +229,9 @@ typedef struct sparse_data {
 static int bench_sparse(const bench_opts *o, const sparse_data *d, const char *name, int threads,
                         cJSON *results) {
     qr_optim *opt;
-    int rc = make_optim(name, threads, &opt);
+    qr_optim_pool *pool;
+    int rc = make_optim_and_pool(name, threads, &opt, &pool);
     if (rc) return rc;
-    qr_optim_pool *pool = NULL;
-    if (threads > 1 && (rc = qr__optim_pool_create(&pool, threads))) {
-        qr_optim_free(opt);
-        return rc;
-    }
     qr_optim_slots *s = NULL;
     if ((rc = qr_optim_slots_create(opt, o->rows, o->dim, &s))) goto out;
     int ns = qr_optim_row_slots(opt);

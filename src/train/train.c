@@ -279,6 +279,14 @@ static void sample_batch(trainer *t, qr_rng *rng, int batch) {
     }
 }
 
+/* One minibatch from rng and the mean loss and gradients at params. */
+static int batch_grad(trainer *t, qr_rng *rng, int batch, float **params, float **grads,
+                      double *loss) {
+    sample_batch(t, rng, batch);
+    return qr_model_loss_grad(t->model, (const float *const *)params, grads, t->bx, t->by, batch,
+                              loss);
+}
+
 /* Global steps of the run: --steps, or --epochs over the training set; a
  * synchronous step consumes R batches, an asynchronous one a single batch. */
 static int64_t total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step) {
@@ -384,9 +392,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
             for (int i = 0; i < t.nparams; i++)
                 memcpy(extra[i], params[i], (size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
             for (int k = 0; !rc && k < o->local_steps; k++) {
-                sample_batch(&t, &rng, o->batch_size);
-                rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
-                                        o->batch_size, &loss);
+                rc = batch_grad(&t, &rng, o->batch_size, params, grads, &loss);
                 for (int i = 0; !rc && i < t.nparams; i++) {
                     int64_t n = qr_worker_var_size(w, ids[i]);
                     for (int64_t e = 0; e < n; e++) params[i][e] -= (float)local_lr * grads[i][e];
@@ -401,9 +407,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
             /* Accumulation: k batches' gradients at the pulled weights,
              * summed, pushed once; the ps applies the sum. */
             for (int k = 0; !rc && k < o->accumulate; k++) {
-                sample_batch(&t, &rng, o->batch_size);
-                rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
-                                        o->batch_size, &loss);
+                rc = batch_grad(&t, &rng, o->batch_size, params, grads, &loss);
                 for (int i = 0; !rc && i < t.nparams; i++) {
                     int64_t n = qr_worker_var_size(w, ids[i]);
                     for (int64_t e = 0; e < n; e++)
@@ -413,9 +417,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
             for (int i = 0; !rc && i < t.nparams; i++)
                 memcpy(grads[i], extra[i], (size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
         } else {
-            sample_batch(&t, &rng, o->batch_size);
-            rc = qr_model_loss_grad(t.model, (const float *const *)params, grads, t.bx, t.by,
-                                    o->batch_size, &loss);
+            rc = batch_grad(&t, &rng, o->batch_size, params, grads, &loss);
         }
         if (rc) break;
         loss_avg = isnan(loss_avg) ? loss : 0.95 * loss_avg + 0.05 * loss;
@@ -522,10 +524,8 @@ int qr_train_local(const qr_config *cfg, const qr_train_opts *o, qr_train_result
     double start = qr__now_sec();
     for (int64_t s = 0; !rc && s < total; s++) {
         for (int w = 0; !rc && w < n; w++) {
-            sample_batch(&t, &rngs[w], o->batch_size);
             double loss;
-            rc = qr_model_loss_grad(t.model, (const float *const *)params, &grads[w * np], t.bx,
-                                    t.by, o->batch_size, &loss);
+            rc = batch_grad(&t, &rngs[w], o->batch_size, params, &grads[w * np], &loss);
         }
         /* As the ps does: reduce in worker order into worker 0's buffer,
          * then one apply with the optimizer's step s + 1. */
