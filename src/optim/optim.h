@@ -119,10 +119,9 @@ int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name,
                            float *init);
 
 /* True if every x[i] is finite (no NaN, no +-Inf). One vectorised pass,
- * stopping at the first bad block; the ps calls it before applying. */
+ * stopping at the first bad block; the ps runs it on each piece of a
+ * gradient as the piece arrives, while it is still in cache. */
 bool qr_optim_all_finite(const float *x, int64_t n);
-/* The same check, split over opt's threads for a large tensor. */
-bool qr_optim_all_finite_par(const qr_optim *opt, const float *x, int64_t n);
 
 /* dst = (srcs[0] + ... + srcs[k-1]) / divisor, summed in exactly that
  * order (dst may be srcs[0]). The reduction of a synchronous step. */

@@ -7,6 +7,8 @@
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
  *             token barrier, the global step, stall reports, statistics,
  *             and ps 0's links to the other ps tasks
+ *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
+ *   recv_pool.c   the receive buffers pushes land in, reused hot-first
  * Everything runs on the ps loop thread.
  */
 #ifndef QR_PS_INTERNAL_H
@@ -27,9 +29,43 @@ typedef struct push_item {
     qr_var *var;
     uint64_t offset; /* into the request's gradient buffer */
     uint64_t version; /* the variable's version the gradient was computed at */
+    bool nonfinite;   /* its gradient holds a NaN or Inf (grad_check.c) */
     bool skip;        /* non-finite, with nonfinite=skip */
     int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
 } push_item;
+
+/* Idle receive buffers, most recently returned last (recv_pool.c). */
+#define QR_RECV_POOL_MAX_IDLE 8
+typedef struct recv_buf {
+    float *data;
+    size_t cap;
+} recv_buf;
+typedef struct recv_pool {
+    recv_buf idle[QR_RECV_POOL_MAX_IDLE];
+    int nidle;
+    size_t idle_bytes;
+} recv_pool;
+/* A buffer of at least `bytes` (its capacity in *cap), the hottest idle
+ * one if any fits. NULL (with the error set) when out of memory. */
+float *qr__recv_pool_get(recv_pool *pool, size_t bytes, size_t *cap);
+/* Give a buffer back (data may be NULL). */
+void qr__recv_pool_put(recv_pool *pool, float *data, size_t cap);
+void qr__recv_pool_free(recv_pool *pool);
+
+/* The NaN/Inf check of the push being received: items[next..] are not
+ * fully scanned yet, and the payload bytes before `done` are. */
+typedef struct grad_check {
+    const uint8_t *base; /* the payload's buffer */
+    push_item *items;
+    int nitems, next;
+    uint64_t done;
+} grad_check;
+
+/* Start checking a payload received into base; clears items' nonfinite. */
+void qr__grad_check_start(grad_check *gc, const void *base, push_item *items, int nitems);
+/* The first `got` payload bytes are in: scan what is new. Called with the
+ * payload's length, it finishes the check. */
+void qr__grad_check_advance(grad_check *gc, uint64_t got);
 
 /* A synchronous push: one worker's gradients for one step, held on the
  * ps until the step's quorum is decided (then reduced, or dropped). */
@@ -39,7 +75,8 @@ typedef struct sync_push {
     int64_t local_step;
     int nitems;
     push_item *items;
-    float *data; /* the payload, received here in place */
+    float *data; /* the payload, received here in place (from ps->recv_pool) */
+    size_t data_cap;
 } sync_push;
 
 typedef struct ps_peer {
@@ -59,7 +96,8 @@ typedef struct ps_peer {
     uint32_t push_worker; /* the worker index the current push names */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
-    float *recv;         /* receive buffer for async gradients, grown as needed */
+    grad_check check;    /* of the push being received (items NULL: none) */
+    float *recv;         /* this request's receive buffer, from ps->recv_pool */
     size_t recv_cap;
 } ps_peer;
 
@@ -144,6 +182,7 @@ struct qr_ps {
     qr_store store;
     ps_peer *peers;
     int npeers;
+    recv_pool recv_pool;
     uint64_t mark;
     int64_t global_step;   /* meaningful on ps 0 */
     int64_t applied_steps; /* step pushes applied here: Adam's t */
@@ -177,7 +216,7 @@ void qr__ps_finish_if_idle(qr_ps *ps);
 
 /* sync.c: every ps */
 int qr__sync_init(qr_ps *ps);
-void qr__sync_push_free(sync_push *sp);
+void qr__sync_push_free(qr_ps *ps, sync_push *sp);
 void qr__sync_free(qr_ps *ps);
 /* A synchronous push's meta was checked (items in p->items): receive its
  * payload into a buffer of its own. */

@@ -79,14 +79,20 @@ static int ensure_items(ps_peer *p, uint32_t n) {
     return QR_OK;
 }
 
-static int ensure_recv(ps_peer *p, size_t bytes) {
-    if (bytes <= p->recv_cap) return QR_OK;
-    free(p->recv);
+/* The request's receive buffer, from the ps's pool; given back as soon
+ * as the request is done with it (release_recv), so the next push, from
+ * any worker, lands in the same hot buffer. */
+static int take_recv(ps_peer *p, size_t bytes) {
+    if (p->recv && bytes <= p->recv_cap) return QR_OK;
+    qr__recv_pool_put(&p->ps->recv_pool, p->recv, p->recv_cap);
+    p->recv = qr__recv_pool_get(&p->ps->recv_pool, bytes, &p->recv_cap);
+    return p->recv ? QR_OK : QR_ENOMEM;
+}
+
+static void release_recv(ps_peer *p) {
+    qr__recv_pool_put(&p->ps->recv_pool, p->recv, p->recv_cap);
+    p->recv = NULL;
     p->recv_cap = 0;
-    p->recv = qr__aligned_alloc_uninit(bytes); /* received whole */
-    if (!p->recv) return QR_ENOMEM;
-    p->recv_cap = bytes;
-    return QR_OK;
 }
 
 static int check_count(const char *what, uint32_t count) {
@@ -176,10 +182,12 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     p->nitems = (int)count;
     rc = check_end("PUSH", &r, offset, f->payload_len);
     if (!rc && sync) return qr__sync_push_header(p, f, worker, seq, local_step);
-    if (!rc) rc = ensure_recv(p, offset);
+    if (!rc) rc = take_recv(p, offset);
     if (rc) return rc;
     qr_iov iov = {p->recv, offset};
-    return qr_conn_expect(p->conn, &iov, 1);
+    rc = qr_conn_expect(p->conn, &iov, 1);
+    if (!rc) qr__grad_check_start(&p->check, p->recv, p->items, p->nitems);
+    return rc;
 }
 
 static void reply_ok_step(ps_peer *p, const qr_frame *f, int64_t global_step) {
@@ -198,11 +206,12 @@ static int staleness_bucket(uint64_t s) {
 
 static void push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
-    /* Check every gradient before touching any variable. */
+    /* Check every gradient before touching any variable. The NaN/Inf scan
+     * ran while the payload arrived; this finishes it. */
+    qr__grad_check_advance(&p->check, f->payload_len);
+    p->check.items = NULL;
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
-        const float *g = (const float *)((uint8_t *)p->recv + it->offset);
-        int64_t count = it->var->n;
         if (it->nrows >= 0) {
             /* Sparse: every index in range, before anything changes. */
             int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
@@ -219,10 +228,8 @@ static void push_message(ps_peer *p, const qr_frame *f) {
                     return;
                 }
             }
-            g = (const float *)(idx + 8 * it->nrows);
-            count = it->nrows * it->var->shape[it->var->ndim - 1];
         }
-        if (qr_optim_all_finite_par(ps->optim, g, count)) continue;
+        if (!it->nonfinite) continue;
         if (!ps->skip_nonfinite) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
@@ -569,7 +576,7 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (!rc) rc = check_end("CREATE", &r, described, f->payload_len);
     if (!rc && largest_existing) {
         /* Values of variables that exist already are read and dropped. */
-        rc = ensure_recv(p, largest_existing);
+        rc = take_recv(p, largest_existing);
         for (int i = 0; i < niov && !rc; i++)
             if (!iov[i].base) iov[i].base = p->recv;
     }
@@ -667,8 +674,9 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     p->err = QR_OK;
     p->nitems = 0;
+    p->check.items = NULL;
     drop_created(p);
-    qr__sync_push_free(p->incoming);
+    qr__sync_push_free(p->ps, p->incoming);
     p->incoming = NULL;
     int rc;
     if (f->type & QR_MSG_REPLY)
@@ -709,6 +717,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     if (p->err) {
         qr__ps_reply_error(p, f, p->err, p->errmsg);
+        release_recv(p);
         return;
     }
     qr_rbuf r;
@@ -774,7 +783,14 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_PULL: pull_message(p, f); break;
     case QR_MSG_CREATE: create_message(p, f); break;
     }
+    release_recv(p); /* every request is done with its payload by now */
     qr_wbuf_free(&out);
+}
+
+/* More of a push's payload is in: check the new part while it is hot. */
+static void on_payload(qr_conn *c, uint64_t got) {
+    ps_peer *p = qr_conn_data(c);
+    if (p->check.items) qr__grad_check_advance(&p->check, got);
 }
 
 static void on_accepted(qr_listener *l, qr_conn *c) {
@@ -814,9 +830,9 @@ static void on_lost(qr_conn *c, int status) {
     if (p->next) p->next->prev = p->prev;
     ps->npeers--;
     drop_created(p);
-    qr__sync_push_free(p->incoming);
+    qr__sync_push_free(p->ps, p->incoming);
     free(p->items);
-    free(p->recv);
+    release_recv(p);
     free(p);
     qr__ps_finish_if_idle(ps);
 }
@@ -905,7 +921,8 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
     ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
-    ps->events = (qr_conn_events){.header = on_header, .message = on_message, .lost = on_lost,
+    ps->events = (qr_conn_events){.header = on_header, .payload = on_payload,
+                                  .message = on_message, .lost = on_lost,
                                   .accepted = on_accepted};
     uv_loop_init(&ps->loop);
     uv_async_init(&ps->loop, &ps->stop_async, on_stop_async);
@@ -959,6 +976,7 @@ void qr_ps_free(qr_ps *ps) {
     uv_loop_close(&ps->loop);
     qr__sync_free(ps);
     qr__bound_free(ps);
+    qr__recv_pool_free(&ps->recv_pool);
     free(ps->worker_conns);
     free(ps->worker_lost_ns);
     free(ps->average_vars);

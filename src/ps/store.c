@@ -40,6 +40,7 @@ void qr_tensor_unref(qr_tensor *t) {
 void qr_var_free(qr_var *v) {
     if (!v) return;
     qr_tensor_unref(v->value);
+    qr_tensor_unref(v->spare);
     qr_tensor_unref(v->average);
     qr_optim_slots_free(v->slots);
     qr_optim_free(v->optim);
@@ -102,7 +103,17 @@ static int make_exclusive(qr_tensor **t) {
 }
 
 int qr_var_prepare_write(qr_var *v) {
-    return make_exclusive(&v->value);
+    qr_tensor *old = v->value;
+    if (old->refs == 1) return QR_OK;
+    /* Copy into the spare if no reply reads it any more (ours is the last
+     * reference), else into a new tensor. */
+    qr_tensor *copy = v->spare && v->spare->refs == 1 ? v->spare : tensor_alloc(v->n, false);
+    if (!copy) return QR_ENOMEM;
+    if (copy != v->spare) qr_tensor_unref(v->spare);
+    memcpy(copy->data, old->data, (size_t)v->n * sizeof(float));
+    v->value = copy;
+    v->spare = old; /* keeps the variable's reference; the replies hold theirs */
+    return QR_OK;
 }
 
 int qr_var_update_average(qr_var *v, float decay, int64_t num_updates) {

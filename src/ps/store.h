@@ -9,6 +9,13 @@
  * with, never a torn mix (DESIGN.md, "a queued write must keep its
  * buffers unchanged"). The store is used only from the ps loop thread, so
  * the counts need no atomics.
+ *
+ * A variable that had to copy keeps the tensor it left behind as a spare:
+ * once the replies reading it are done, the next copy goes there instead
+ * of into a fresh allocation. Large variables pulled by several workers at
+ * once copy often (a 16 MiB reply outlives a 4 MiB socket buffer), and a
+ * fresh 16 MiB tensor costs 4096 page faults before the copy even starts;
+ * double buffering turns that into a plain memcpy.
  */
 #ifndef QR_PS_STORE_H
 #define QR_PS_STORE_H
@@ -35,6 +42,7 @@ typedef struct qr_var {
     int64_t n;          /* elements */
     float lr;           /* < 0: the optimizer's learning rate */
     qr_tensor *value;
+    qr_tensor *spare;   /* the value before the last copy-on-write, or NULL */
     qr_tensor *average; /* exponential moving average, or NULL */
     uint64_t version;   /* applies so far */
     qr_optim *optim;    /* its own optimizer, or NULL for the ps's */

@@ -51,10 +51,10 @@ int qr__sync_init(qr_ps *ps) {
     return QR_OK;
 }
 
-void qr__sync_push_free(sync_push *sp) {
+void qr__sync_push_free(qr_ps *ps, sync_push *sp) {
     if (!sp) return;
     free(sp->items);
-    free(sp->data);
+    qr__recv_pool_put(&ps->recv_pool, sp->data, sp->data_cap);
     free(sp);
 }
 
@@ -62,7 +62,7 @@ void qr__sync_free(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     while (s->pending) {
         sync_push *next = s->pending->next;
-        qr__sync_push_free(s->pending);
+        qr__sync_push_free(ps, s->pending);
         s->pending = next;
     }
     while (s->waiters) {
@@ -91,15 +91,17 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
     sp->local_step = local_step;
     sp->nitems = p->nitems;
     sp->items = qr__calloc((size_t)QR_MAX(p->nitems, 1), sizeof *sp->items);
-    sp->data = qr__aligned_alloc_uninit(f->payload_len); /* received whole */
+    sp->data = qr__recv_pool_get(&p->ps->recv_pool, f->payload_len, &sp->data_cap);
     if (!sp->items || !sp->data) {
-        qr__sync_push_free(sp);
+        qr__sync_push_free(p->ps, sp);
         return QR_ENOMEM;
     }
     memcpy(sp->items, p->items, (size_t)p->nitems * sizeof *sp->items);
     p->incoming = sp;
     qr_iov iov = {sp->data, f->payload_len};
-    return qr_conn_expect(p->conn, &iov, 1);
+    int rc = qr_conn_expect(p->conn, &iov, 1);
+    if (!rc) qr__grad_check_start(&p->check, sp->data, sp->items, sp->nitems);
+    return rc;
 }
 
 static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq) {
@@ -113,13 +115,15 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     ps_sync *s = &ps->sync;
     sync_push *sp = p->incoming;
     p->incoming = NULL;
+    qr__grad_check_advance(&p->check, f->payload_len); /* it ran as the payload arrived */
+    p->check.items = NULL;
     char msg[512];
     if (sp->local_step < s->step) {
         s->stale_pushes++;
         snprintf(msg, sizeof msg, "dropped: stale: a gradient of step %lld from worker %u, but "
                  "%s is at step %lld", (long long)sp->local_step, sp->worker, ps->name,
                  (long long)s->step);
-        qr__sync_push_free(sp);
+        qr__sync_push_free(ps, sp);
         qr__ps_reply_error(p, f, QR_ESTALE, msg);
         return;
     }
@@ -127,18 +131,17 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         snprintf(msg, sizeof msg, "%s: PUSH: worker %u's push %u for step %lld: %s", ps->name,
                  sp->worker, sp->seq, (long long)sp->local_step,
                  sp->local_step > s->step ? "that step has not started" : "pushed twice");
-        qr__sync_push_free(sp);
+        qr__sync_push_free(ps, sp);
         qr__ps_reply_error(p, f, QR_EINVAL, msg);
         return;
     }
     for (int i = 0; i < sp->nitems; i++) {
         push_item *it = &sp->items[i];
-        float *g = (float *)((uint8_t *)sp->data + it->offset);
-        if (qr_optim_all_finite(g, it->var->n)) continue;
+        if (!it->nonfinite) continue;
         if (!ps->skip_nonfinite) {
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
                      "Inf; the push was refused", ps->name, it->var->name);
-            qr__sync_push_free(sp);
+            qr__sync_push_free(ps, sp);
             qr__ps_reply_error(p, f, QR_ENONFINITE, msg);
             return;
         }
@@ -211,7 +214,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         sync_push *sp = *link;
         if (sp->local_step <= step) {
             *link = sp->next;
-            qr__sync_push_free(sp);
+            qr__sync_push_free(ps, sp);
         } else {
             link = &sp->next;
         }

@@ -44,6 +44,10 @@ typedef struct qr_conn_events {
     /* Header and meta arrived. meta is valid until `message` returns.
      * Return QR_OK, or an error to close the connection. */
     int (*header)(qr_conn *c, const qr_frame *f, const uint8_t *meta);
+    /* Optional: more of an expected payload has landed; `got` bytes of it
+     * are in the buffers now. Lets the owner work on a large payload while
+     * the rest is still on the wire (the ps checks gradients this way). */
+    void (*payload)(qr_conn *c, uint64_t got);
     /* The whole message arrived (payload in the expected buffers). */
     void (*message)(qr_conn *c, const qr_frame *f, const uint8_t *meta);
     /* The connection is gone; c is freed right after this returns. */

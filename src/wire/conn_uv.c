@@ -236,6 +236,7 @@ static void payload_advance(qr_conn *c, size_t n) {
     if (!c->discard) {
         c->iov_off += n;
         skip_full_iovs(c);
+        if (c->ev->payload) c->ev->payload(c, c->payload_got);
     }
     if (c->payload_got == c->frame.payload_len) message_done(c);
 }

@@ -40,8 +40,32 @@ static void test_copy_on_write(void **state) {
     assert_memory_equal(v->value->data, in_flight->data, 8 * sizeof(float));
     v->value->data[3] = 100.0f;
     assert_true(in_flight->data[3] == 3.0f); /* the reply's bytes are untouched */
+    /* The old tensor is the variable's spare now: the reply and the spare. */
+    assert_ptr_equal(v->spare, in_flight);
+    assert_int_equal(in_flight->refs, 2);
+
+    /* A second reply while the first is still being written: the spare is
+     * busy, so the next copy goes to a new tensor and the busy one is let
+     * go (the first reply still holds it). */
+    qr_tensor *second = qr_tensor_ref(v->value);
+    assert_int_equal(qr_var_prepare_write(v), QR_OK);
+    assert_ptr_not_equal(v->value, second);
+    assert_ptr_not_equal(v->value, in_flight);
+    assert_ptr_equal(v->spare, second);
     assert_int_equal(in_flight->refs, 1);
+    assert_true(v->value->data[3] == 100.0f);
     qr_tensor_unref(in_flight);
+
+    /* Both replies done: the next copy reuses the spare's memory. */
+    float *spare_data = second->data;
+    qr_tensor *third = qr_tensor_ref(v->value);
+    qr_tensor_unref(second);
+    v->value->data[5] = -7.0f;
+    assert_int_equal(qr_var_prepare_write(v), QR_OK);
+    assert_ptr_equal(v->value->data, spare_data);
+    assert_true(v->value->data[3] == 100.0f && v->value->data[5] == -7.0f);
+    assert_ptr_equal(v->spare, third);
+    qr_tensor_unref(third);
     qr_var_free(v);
 }
 

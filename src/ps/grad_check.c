@@ -1,0 +1,55 @@
+/*
+ * grad_check.c - checks the floats of a pushed gradient for NaN and Inf
+ * while the push is still arriving.
+ *
+ * A ps must know that every gradient of a push is finite before it
+ * changes any variable (bad input never corrupts state), so the check is
+ * a full pass over the payload. Done after the whole message is in, that
+ * pass reads megabytes back from L3 or memory while the worker waits for
+ * its answer. Done here, on each piece right after the kernel copied it
+ * into the receive buffer, it reads from L2 and mostly fills time the ps
+ * would spend waiting for the next piece anyway.
+ *
+ * The float region of an item is its whole gradient for a dense item and
+ * the rows after the int64 indices for a sparse one (indices are checked
+ * once the message is complete). Every offset is a multiple of 4, so a
+ * region is scanned in whole floats up to the last complete one received.
+ */
+#include "ps/ps_internal.h"
+
+#include "optim/optim.h"
+
+static void float_region(const push_item *it, uint64_t *lo, uint64_t *hi) {
+    const qr_var *v = it->var;
+    if (it->nrows >= 0) {
+        uint64_t dim = (uint64_t)v->shape[v->ndim - 1];
+        *lo = it->offset + 8 * (uint64_t)it->nrows;
+        *hi = *lo + 4 * dim * (uint64_t)it->nrows;
+    } else {
+        *lo = it->offset;
+        *hi = it->offset + 4 * (uint64_t)v->n;
+    }
+}
+
+void qr__grad_check_start(grad_check *gc, const void *base, push_item *items, int nitems) {
+    *gc = (grad_check){.base = base, .items = items, .nitems = nitems};
+    for (int i = 0; i < nitems; i++) items[i].nonfinite = false;
+}
+
+void qr__grad_check_advance(grad_check *gc, uint64_t got) {
+    while (gc->next < gc->nitems) {
+        push_item *it = &gc->items[gc->next];
+        uint64_t lo, hi;
+        float_region(it, &lo, &hi);
+        if (gc->done < lo) gc->done = lo;
+        uint64_t end = QR_MIN(got, hi);
+        end -= (end - QR_MIN(end, gc->done)) % 4; /* whole floats only */
+        if (end > gc->done && !it->nonfinite) {
+            const float *x = (const float *)(gc->base + gc->done);
+            it->nonfinite = !qr_optim_all_finite(x, (int64_t)((end - gc->done) / 4));
+        }
+        if (end > gc->done) gc->done = end;
+        if (gc->done < hi) return; /* the rest of this item is still on the wire */
+        gc->next++;
+    }
+}
