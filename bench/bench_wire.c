@@ -935,7 +935,7 @@ static void usage(FILE *f) {
             "  --json             print one JSON object: {\"results\": [...], \"summary\": {...}}\n"
             "  --help             this text\n"
             "\n"
-            "The default grid (216 points) takes about 3 minutes on 2 shared cores.\n"
+            "The default grid (216 points) takes 2 to 3 minutes on 2 shared cores.\n"
             "Targets: push+pull >= %.1f x raw for 1 MiB and larger; 64 B pull round trip\n"
             "<= %.1f x raw.\n",
             MAX_PS, MAX_WORKERS, MIN_OPS, LARGE_ROUNDS, TARGET_PUSHPULL_RATIO,
