@@ -43,13 +43,18 @@ void qr__grad_check_advance(grad_check *gc, uint64_t got) {
         float_region(it, &lo, &hi);
         if (gc->done < lo) gc->done = lo;
         uint64_t end = QR_MIN(got, hi);
-        end -= (end - QR_MIN(end, gc->done)) % 4; /* whole floats only */
-        if (end > gc->done && !it->nonfinite) {
+        if (end > gc->done) {
+            end -= (end - gc->done) % 4; /* whole floats only */
             const float *x = (const float *)(gc->base + gc->done);
-            it->nonfinite = !qr_optim_all_finite(x, (int64_t)((end - gc->done) / 4));
+            if (!it->nonfinite) it->nonfinite = !qr_optim_all_finite(x, (int64_t)(end - gc->done) / 4);
+            gc->done = end;
         }
-        if (end > gc->done) gc->done = end;
         if (gc->done < hi) return; /* the rest of this item is still on the wire */
         gc->next++;
     }
+}
+
+void qr__grad_check_finish(grad_check *gc, uint64_t payload_len) {
+    if (gc->items) qr__grad_check_advance(gc, payload_len);
+    gc->items = NULL;
 }

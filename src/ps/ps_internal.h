@@ -63,9 +63,11 @@ typedef struct grad_check {
 
 /* Start checking a payload received into base; clears items' nonfinite. */
 void qr__grad_check_start(grad_check *gc, const void *base, push_item *items, int nitems);
-/* The first `got` payload bytes are in: scan what is new. Called with the
- * payload's length, it finishes the check. */
+/* The first `got` payload bytes are in: scan what is new. */
 void qr__grad_check_advance(grad_check *gc, uint64_t got);
+/* The whole payload is in: scan whatever is left (normally nothing, the
+ * last `payload` event did it) and detach, so items[].nonfinite is final. */
+void qr__grad_check_finish(grad_check *gc, uint64_t payload_len);
 
 /* A synchronous push: one worker's gradients for one step, held on the
  * ps until the step's quorum is decided (then reduced, or dropped). */

@@ -24,14 +24,20 @@
 /* Sizes are rounded up so that pushes of slightly different sizes share. */
 #define POOL_GRAIN ((size_t)64 << 10)
 
+/* Take idle[i] out of the pool, keeping the others in order. */
+static recv_buf remove_at(recv_pool *pool, int i) {
+    recv_buf b = pool->idle[i];
+    for (int j = i; j < pool->nidle - 1; j++) pool->idle[j] = pool->idle[j + 1];
+    pool->nidle--;
+    pool->idle_bytes -= b.cap;
+    return b;
+}
+
 float *qr__recv_pool_get(recv_pool *pool, size_t bytes, size_t *cap) {
     /* The most recently returned buffer that is large enough. */
     for (int i = pool->nidle - 1; i >= 0; i--) {
         if (pool->idle[i].cap < bytes) continue;
-        recv_buf b = pool->idle[i];
-        for (int j = i; j < pool->nidle - 1; j++) pool->idle[j] = pool->idle[j + 1];
-        pool->nidle--;
-        pool->idle_bytes -= b.cap;
+        recv_buf b = remove_at(pool, i);
         *cap = b.cap;
         return b.data;
     }
@@ -46,10 +52,7 @@ float *qr__recv_pool_get(recv_pool *pool, size_t bytes, size_t *cap) {
 }
 
 static void drop_coldest(recv_pool *pool) {
-    pool->idle_bytes -= pool->idle[0].cap;
-    free(pool->idle[0].data);
-    for (int j = 0; j < pool->nidle - 1; j++) pool->idle[j] = pool->idle[j + 1];
-    pool->nidle--;
+    free(remove_at(pool, 0).data);
 }
 
 void qr__recv_pool_put(recv_pool *pool, float *data, size_t cap) {

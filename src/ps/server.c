@@ -82,17 +82,16 @@ static int ensure_items(ps_peer *p, uint32_t n) {
 /* The request's receive buffer, from the ps's pool; given back as soon
  * as the request is done with it (release_recv), so the next push, from
  * any worker, lands in the same hot buffer. */
-static int take_recv(ps_peer *p, size_t bytes) {
-    if (p->recv && bytes <= p->recv_cap) return QR_OK;
-    qr__recv_pool_put(&p->ps->recv_pool, p->recv, p->recv_cap);
-    p->recv = qr__recv_pool_get(&p->ps->recv_pool, bytes, &p->recv_cap);
-    return p->recv ? QR_OK : QR_ENOMEM;
-}
-
 static void release_recv(ps_peer *p) {
     qr__recv_pool_put(&p->ps->recv_pool, p->recv, p->recv_cap);
     p->recv = NULL;
     p->recv_cap = 0;
+}
+
+static int take_recv(ps_peer *p, size_t bytes) {
+    release_recv(p); /* a request takes one buffer; none is held between requests */
+    p->recv = qr__recv_pool_get(&p->ps->recv_pool, bytes, &p->recv_cap);
+    return p->recv ? QR_OK : QR_ENOMEM;
 }
 
 static int check_count(const char *what, uint32_t count) {
@@ -208,8 +207,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     /* Check every gradient before touching any variable. The NaN/Inf scan
      * ran while the payload arrived; this finishes it. */
-    qr__grad_check_advance(&p->check, f->payload_len);
-    p->check.items = NULL;
+    qr__grad_check_finish(&p->check, f->payload_len);
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         if (it->nrows >= 0) {

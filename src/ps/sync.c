@@ -115,8 +115,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     ps_sync *s = &ps->sync;
     sync_push *sp = p->incoming;
     p->incoming = NULL;
-    qr__grad_check_advance(&p->check, f->payload_len); /* it ran as the payload arrived */
-    p->check.items = NULL;
+    qr__grad_check_finish(&p->check, f->payload_len); /* it ran as the payload arrived */
     char msg[512];
     if (sp->local_step < s->step) {
         s->stale_pushes++;
