@@ -151,7 +151,7 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         uint64_t nbytes = qr_rbuf_u64(&r);
         uint64_t version = qr_rbuf_u64(&r);
         if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated at item %u", i);
-        qr_var *v;
+        qr_var *v = NULL;
         if ((rc = lookup(p, "PUSH", id, &v))) return rc;
         int64_t nrows = -1;
         if (kind == QR_GRAD_SPARSE) {
@@ -351,7 +351,7 @@ static int pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     for (uint32_t i = 0; i < count; i++) {
         uint32_t id = qr_rbuf_u32(&r);
         if (r.bad) return qr__fail(QR_EPROTO, "PULL meta is truncated at item %u", i);
-        qr_var *v;
+        qr_var *v = NULL;
         if ((rc = lookup(p, "PULL", id, &v))) return rc;
         if ((f->flags & QR_PULL_AVERAGES) && !v->average)
             return qr__fail(QR_ENOTFOUND, "PULL: variable '%s' has no moving average "

@@ -2,11 +2,12 @@
  * conn_uv.c - the libuv implementation of conn.h over TCP and Unix-domain
  * stream sockets.
  *
- * Receive state machine, one message at a time:
+ * Receive state machine, one message at a time (META includes the pad
+ * after the meta, TRAILER is the pad after the payload; proto.h):
  *
- *     HEADER --32 bytes--> META --meta_len bytes--> PAYLOAD --payload_len--+
- *       ^                                                                  |
- *       +-------------------------- `message` event <---------------------+
+ *     HEADER --32--> META --meta+pad--> PAYLOAD --payload_len--> TRAILER --pad--+
+ *       ^                                                                        |
+ *       +------------------------------ `message` event <-----------------------+
  *
  * Two ways bytes come in. While a large payload is being received, the
  * alloc callback hands libuv the remaining part of the current destination
@@ -33,7 +34,7 @@
  * buffer: the extra copy is cheaper than another read() call. */
 #define IN_PLACE_MIN (16 * 1024)
 
-typedef enum { RX_HEADER, RX_META, RX_PAYLOAD } rx_state;
+typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
 
 struct qr_conn {
     union {
@@ -57,14 +58,15 @@ struct qr_conn {
     uint8_t hdr[QR_PROTO_HEADER_LEN];
     size_t hdr_got;
     qr_frame frame;
-    uint8_t *meta;
-    size_t meta_cap, meta_got;
+    uint8_t *meta; /* meta_len bytes, then its pad */
+    size_t meta_cap, meta_got, meta_want;
     qr_iov *iov;
     int niov, iov_cap, iov_idx;
     size_t iov_off;
     bool discard;
     uint64_t payload_got;
-    uint8_t *staging;
+    uint32_t trailer_left;
+    uint8_t *staging; /* 64-byte aligned, like the payload destinations */
     bool in_place;
 
     size_t pending_bytes;
@@ -92,9 +94,11 @@ typedef struct send_req {
     qr_send_cb cb;
     void *ctx;
     size_t bytes;
-    uint8_t hdr[QR_PROTO_HEADER_LEN];
-    uint8_t meta[]; /* copy of the meta bytes */
+    uint8_t head[]; /* header, a copy of the meta, and the pad: one buffer */
 } send_req;
+
+/* The pad after a payload is written from here. */
+static const uint8_t zero_pad[QR_PROTO_ALIGN];
 
 static int from_uv(int uv_status) {
     switch (uv_status) {
@@ -130,7 +134,7 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     ignore_sigpipe();
     qr_conn *c = qr__calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->staging = malloc(STAGING_BYTES);
+    c->staging = qr__aligned_alloc_uninit(STAGING_BYTES);
     if (!c->staging) {
         free(c);
         qr__fail(QR_ENOMEM, "out of memory for a connection");
@@ -197,6 +201,7 @@ static void rx_reset(qr_conn *c) {
     c->iov_off = 0;
     c->discard = false;
     c->payload_got = 0;
+    c->trailer_left = 0;
 }
 
 int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
@@ -231,6 +236,14 @@ static void skip_full_iovs(qr_conn *c) {
     }
 }
 
+/* The payload is in: skip its pad, if any, before the message is done
+ * (the next header starts after it). */
+static void payload_done(qr_conn *c) {
+    c->trailer_left = qr_proto_pad(c->frame.payload_len);
+    if (c->trailer_left) c->state = RX_TRAILER;
+    else message_done(c);
+}
+
 static void payload_advance(qr_conn *c, size_t n) {
     c->payload_got += n;
     if (!c->discard) {
@@ -238,7 +251,7 @@ static void payload_advance(qr_conn *c, size_t n) {
         skip_full_iovs(c);
         if (c->ev->payload) c->ev->payload(c, c->payload_got);
     }
-    if (c->payload_got == c->frame.payload_len) message_done(c);
+    if (c->payload_got == c->frame.payload_len) payload_done(c);
 }
 
 static void start_payload(qr_conn *c) {
@@ -255,7 +268,7 @@ static void start_payload(qr_conn *c) {
     c->iov_idx = 0;
     c->iov_off = 0;
     if (!c->discard) skip_full_iovs(c);
-    if (c->frame.payload_len == 0) message_done(c);
+    if (c->frame.payload_len == 0) payload_done(c);
 }
 
 static void header_done(qr_conn *c) {
@@ -264,8 +277,9 @@ static void header_done(qr_conn *c) {
         conn_close_with(c, QR_EPROTO);
         return;
     }
-    if (c->frame.meta_len > c->meta_cap) {
-        size_t cap = QR_MAX(c->frame.meta_len, 256u);
+    c->meta_want = c->frame.meta_len + qr_proto_pad(QR_PROTO_HEADER_LEN + (uint64_t)c->frame.meta_len);
+    if (c->meta_want > c->meta_cap) {
+        size_t cap = QR_MAX(c->meta_want, 256u);
         uint8_t *m = realloc(c->meta, cap);
         if (!m) {
             conn_close_with(c, QR_ENOMEM);
@@ -276,7 +290,7 @@ static void header_done(qr_conn *c) {
     }
     c->state = RX_META;
     c->meta_got = 0;
-    if (c->frame.meta_len == 0) start_payload(c);
+    if (c->meta_want == 0) start_payload(c);
 }
 
 /* Walk the state machine over n bytes received into the staging buffer. */
@@ -291,10 +305,10 @@ static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
             if (c->hdr_got == QR_PROTO_HEADER_LEN) header_done(c);
             break;
         case RX_META:
-            take = QR_MIN(n, c->frame.meta_len - c->meta_got);
+            take = QR_MIN(n, c->meta_want - c->meta_got);
             memcpy(c->meta + c->meta_got, p, take);
             c->meta_got += take;
-            if (c->meta_got == c->frame.meta_len) start_payload(c);
+            if (c->meta_got == c->meta_want) start_payload(c);
             break;
         case RX_PAYLOAD:
             take = (size_t)QR_MIN((uint64_t)n, c->frame.payload_len - c->payload_got);
@@ -304,6 +318,11 @@ static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
                 memcpy((uint8_t *)v->base + c->iov_off, p, take);
             }
             payload_advance(c, take);
+            break;
+        case RX_TRAILER:
+            take = QR_MIN(n, c->trailer_left);
+            c->trailer_left -= (uint32_t)take;
+            if (c->trailer_left == 0) message_done(c);
             break;
         default:
             return;
@@ -369,22 +388,26 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
         return qr__fail(QR_EPEERLOST, "connection to %s is not open", c->peer);
     if (meta_len > QR_PROTO_MAX_META)
         return qr__fail(QR_ETOOBIG, "meta of %u bytes exceeds the limit", meta_len);
-    send_req *r = malloc(sizeof *r + meta_len);
+    size_t head_len = QR_PROTO_HEADER_LEN + meta_len;
+    head_len += qr_proto_pad(head_len);
+    send_req *r = malloc(sizeof *r + head_len);
     if (!r) return qr__fail(QR_ENOMEM, "out of memory for a send");
     qr_frame hdr = *f;
     hdr.meta_len = meta_len;
     hdr.payload_len = 0;
     for (int i = 0; i < npayload; i++) hdr.payload_len += payload[i].len;
-    qr_proto_encode_header(&hdr, r->hdr);
-    if (meta_len) memcpy(r->meta, meta, meta_len);
+    uint32_t tail_len = qr_proto_pad(hdr.payload_len);
+    qr_proto_encode_header(&hdr, r->head);
+    if (meta_len) memcpy(r->head + QR_PROTO_HEADER_LEN, meta, meta_len);
+    memset(r->head + QR_PROTO_HEADER_LEN + meta_len, 0, head_len - QR_PROTO_HEADER_LEN - meta_len);
     r->c = c;
     r->cb = cb;
     r->ctx = ctx;
-    r->bytes = QR_PROTO_HEADER_LEN + meta_len + hdr.payload_len;
+    r->bytes = head_len + hdr.payload_len + tail_len;
 
     uv_buf_t small[16];
     uv_buf_t *bufs = small;
-    int n = 0, cap = 2 + npayload;
+    int n = 0, cap = 2 + npayload; /* head, payload buffers, pad */
     if (cap > (int)QR_ARRAY_LEN(small)) {
         bufs = malloc((size_t)cap * sizeof *bufs);
         if (!bufs) {
@@ -392,10 +415,10 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
             return qr__fail(QR_ENOMEM, "out of memory for a send");
         }
     }
-    bufs[n++] = uv_buf_init((char *)r->hdr, QR_PROTO_HEADER_LEN);
-    if (meta_len) bufs[n++] = uv_buf_init((char *)r->meta, meta_len);
+    bufs[n++] = uv_buf_init((char *)r->head, (unsigned)head_len);
     for (int i = 0; i < npayload; i++)
         if (payload[i].len) bufs[n++] = uv_buf_init(payload[i].base, (unsigned)payload[i].len);
+    if (tail_len) bufs[n++] = uv_buf_init((char *)zero_pad, tail_len);
     /* uv_write copies the array of buffers, not the bytes. */
     int rc = uv_write(&r->req, &c->h.stream, bufs, (unsigned)n, on_write);
     if (bufs != small) free(bufs);

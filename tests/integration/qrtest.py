@@ -12,7 +12,8 @@ import subprocess
 import time
 
 MAGIC = 0x4D525551
-VERSION = 1
+VERSION = 2
+ALIGN = 64  # payload start and message end fall on multiples of this
 HELLO, CREATE, READY, PUSH, PULL, STEP, STOP = 1, 2, 3, 4, 5, 6, 7
 COMMIT, TOKEN, APPLY, STATS = 8, 9, 10, 11
 REPLY = 0x80
@@ -37,8 +38,14 @@ def header(mtype, request_id, meta_len, payload_len, flags=0, status=0,
                        status, meta_len, reserved, payload_len)
 
 
+def pad(length):
+    """The zero bytes that follow `length` bytes of a message (proto.h)."""
+    return b"\x00" * (-length % ALIGN)
+
+
 def frame(mtype, request_id, meta=b"", payload=b"", flags=0):
-    return header(mtype, request_id, len(meta), len(payload), flags) + meta + payload
+    return (header(mtype, request_id, len(meta), len(payload), flags) + meta +
+            pad(32 + len(meta)) + payload + pad(len(payload)))
 
 
 def recv_exact(sock, n):
@@ -57,8 +64,8 @@ def read_reply(sock):
     magic, version, mtype, flags, rid, status, meta_len, reserved, payload_len = \
         struct.unpack("<IBBHIiIIQ", h)
     assert magic == MAGIC and version == VERSION, "bad reply header"
-    meta = recv_exact(sock, meta_len)
-    payload = recv_exact(sock, payload_len)
+    meta = recv_exact(sock, meta_len + len(pad(32 + meta_len)))[:meta_len]
+    payload = recv_exact(sock, payload_len + len(pad(payload_len)))[:payload_len]
     return mtype, rid, status, meta, payload
 
 

@@ -19,7 +19,7 @@ import sys
 
 from qrtest import (CREATE, PULL, PUSH, READY, REPLY, STATUS, STEP, Proc, connect,
                     create_meta, floats, frame, free_port, header, last_json,
-                    push_meta, read_reply, ready_meta, recv_exact, unfloats)
+                    pad, push_meta, read_reply, ready_meta, recv_exact, unfloats)
 
 quorum = sys.argv[1]
 ps_port, worker_port = free_port(), free_port()
@@ -86,6 +86,7 @@ try:
     expect_closed(b"QURM\x01\x04", "a truncated header", hang_up=True)
     expect_closed(header(PUSH, 1, 0, 0, magic=0x12345678), "a bad magic")
     expect_closed(header(PUSH, 1, 0, 0, version=7), "an unknown version")
+    expect_closed(header(PUSH, 1, 0, 0, version=1), "the unpadded version 1 layout")
     expect_closed(header(0x42, 1, 0, 0), "an unknown message type")
     expect_closed(header(PUSH, 1, 0, 0, reserved=5), "a non-zero reserved field")
     expect_closed(header(PUSH, 1, 1 << 24, 0), "oversized meta")
@@ -115,7 +116,7 @@ try:
 
     # --- malformed requests with a sound header get an error reply -------
     s = connect(ps_port)
-    expect_error(s, header(PUSH, 5, 4, 0) + struct.pack("<I", 5), "EPROTO",
+    expect_error(s, header(PUSH, 5, 4, 0) + struct.pack("<I", 5) + pad(36), "EPROTO",
                  "PUSH meta is truncated", "a truncated PUSH meta")
     expect_error(s, frame(PUSH, 6, push_meta([(1, 16)]), b"\x00" * 16), "ENOTREADY",
                  "no variable with id 1", "a push before initialization")
