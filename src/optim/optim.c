@@ -232,6 +232,27 @@ int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
     return QR_OK;
 }
 
+bool qr_optim_stateless(const qr_optim *opt) {
+    return opt && opt->ops->apply_dense_to && opt->nslots == 0;
+}
+
+int qr_optim_apply_dense_to(const qr_optim *opt, float *out, const float *var,
+                            const float *grad, int64_t n, float lr) {
+    if (!qr_optim_stateless(opt))
+        return qr__fail(QR_EINVAL, "optimizer %s keeps slots: it cannot apply out of place",
+                        opt ? opt->ops->name : "(null)");
+    if (isnan(lr) || isinf(lr))
+        return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
+                        opt->ops->name, (double)lr);
+    if (n < 0) return qr__fail(QR_EINVAL, "optimizer %s: %lld elements", opt->ops->name, (long long)n);
+    if (n > 0 && (!out || !var || !grad))
+        return qr__fail(QR_EINVAL, "optimizer %s: out, var and grad must not be NULL",
+                        opt->ops->name);
+    qr_optim_call c = {.hp = &opt->hp, .lr = lr < 0 ? (float)opt->hp.lr : lr};
+    if (n > 0) opt->ops->apply_dense_to(&c, out, var, grad, n);
+    return QR_OK;
+}
+
 /* Rows: the row kernel on each of nrows distinct rows through pointers. */
 typedef struct rows_job {
     const qr_optim_call *c;

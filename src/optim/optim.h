@@ -90,6 +90,19 @@ int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
                          int64_t global_step);
 
 /*
+ * Out-of-place dense apply, for an optimizer that keeps no slots (SGD):
+ *     out[n] = var[n] - update(grad[n]),  var unchanged.
+ * Bit-identical to qr_optim_apply_dense on the same inputs. A ps uses it
+ * to write the next value of a variable that a pull reply is still
+ * reading into a second tensor, instead of copying the tensor and then
+ * updating the copy. QR_EINVAL for an optimizer with slots (see
+ * qr_optim_stateless). out must not overlap var or grad.
+ */
+bool qr_optim_stateless(const qr_optim *opt);
+int qr_optim_apply_dense_to(const qr_optim *opt, float *out, const float *var,
+                            const float *grad, int64_t n, float lr);
+
+/*
  * Sparse apply on a dense (rows, dim) variable: grad is (nidx, dim), row i
  * of grad belongs to row indices[i] of var. Duplicate indices are summed
  * first (in the order they appear); only the touched rows of var and of the

@@ -108,6 +108,10 @@ struct qr_optim_ops {
     int (*init)(qr_optim *opt, const qr_config *cfg);
     qr_optim_kernel apply_dense;       /* kernel of dense applies */
     qr_optim_kernel apply_sparse_rows; /* kernel run on each touched row */
+    /* Optional, slot-free optimizers only: out[n] = var[n] - update(g[n]),
+     * the same arithmetic as apply_dense (qr_optim_apply_dense_to). */
+    void (*apply_dense_to)(const qr_optim_call *c, float *out, const float *var,
+                           const float *g, int64_t n);
     /* Optional: per-call constants from the global step or the variable's
      * scalar slots (c->lr is already set). */
     int (*begin)(const qr_optim *opt, qr_optim_slots *s, int64_t global_step,

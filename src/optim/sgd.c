@@ -12,9 +12,21 @@ QR_OPTIM_LOOP static void sgd_run(float *restrict var, const float *restrict g, 
     for (int64_t i = 0; i < n; i++) var[i] -= g[i] * lr;
 }
 
+/* The same expression out of place (optim.h, qr_optim_apply_dense_to):
+ * bit-identical to sgd_run. */
+QR_OPTIM_LOOP static void sgd_run_to(float *restrict out, const float *restrict var,
+                                     const float *restrict g, int64_t n, float lr) {
+    for (int64_t i = 0; i < n; i++) out[i] = var[i] - g[i] * lr;
+}
+
 static void sgd_kernel(const qr_optim_call *c, float *var, float *const *slot, const float *g,
                        int64_t n) {
     sgd_run(var, g, n, c->lr);
+}
+
+static void sgd_kernel_to(const qr_optim_call *c, float *out, const float *var, const float *g,
+                          int64_t n) {
+    sgd_run_to(out, var, g, n, c->lr);
 }
 
 static int sgd_init(qr_optim *opt, const qr_config *cfg) {
@@ -28,4 +40,5 @@ const qr_optim_ops qr__optim_sgd = {
     .init = sgd_init,
     .apply_dense = sgd_kernel,
     .apply_sparse_rows = sgd_kernel,
+    .apply_dense_to = sgd_kernel_to,
 };

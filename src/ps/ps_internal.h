@@ -32,6 +32,7 @@ typedef struct push_item {
     bool nonfinite;   /* its gradient holds a NaN or Inf (grad_check.c) */
     bool skip;        /* non-finite, with nonfinite=skip */
     int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
+    bool to_spare;    /* computed into the variable's spare, then swapped in */
 } push_item;
 
 /* Idle receive buffers, most recently returned last (recv_pool.c). */

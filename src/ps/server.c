@@ -239,14 +239,22 @@ static void push_message(ps_peer *p, const qr_frame *f) {
         it->skip = true;
         it->var->nonfinite_skipped++;
     }
+    bool delta = f->flags & QR_PUSH_DELTA;
     for (int i = 0; i < p->nitems; i++) {
-        if (!p->items[i].skip && qr_var_prepare_write(p->items[i].var)) {
+        push_item *it = &p->items[i];
+        if (it->skip) continue;
+        /* A tensor a pull reply still reads is not copied and then updated
+         * (two passes over it) when the update can be written straight
+         * into the spare instead (one pass). */
+        qr_var *v = it->var;
+        it->to_spare = it->nrows < 0 && v->value->refs > 1 &&
+                       (delta || qr_optim_stateless(v->optim ? v->optim : ps->optim));
+        if (it->to_spare ? qr_var_prepare_spare(v) : qr_var_prepare_write(v)) {
             qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
             return;
         }
     }
     int64_t t = ps->applied_steps + 1;
-    bool delta = f->flags & QR_PUSH_DELTA;
     /* Everything is checked and every tensor to write is exclusive: a
      * dense apply cannot fail now. Acknowledge before applying, so the
      * worker's next request travels while the ps applies. Nothing else is
@@ -299,8 +307,10 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             continue;
         }
         if (delta) {
-            float *w = v->value->data;
-            for (int64_t k = 0; k < v->n; k++) w[k] += g[k];
+            const float *w = v->value->data;
+            float *out = it->to_spare ? v->spare->data : v->value->data;
+            for (int64_t k = 0; k < v->n; k++) out[k] = w[k] + g[k];
+            if (it->to_spare) qr_var_swap_spare(v);
             v->version++;
             continue;
         }
@@ -310,7 +320,10 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             float base = lr >= 0 ? lr : qr_optim_lr(opt);
             lr = base / (float)(1 + staleness);
         }
-        int rc = qr_optim_apply_dense(opt, v->slots, v->value->data, g, v->n, lr, t);
+        int rc = it->to_spare
+                     ? qr_optim_apply_dense_to(opt, v->spare->data, v->value->data, g, v->n, lr)
+                     : qr_optim_apply_dense(opt, v->slots, v->value->data, g, v->n, lr, t);
+        if (!rc && it->to_spare) qr_var_swap_spare(v);
         if (rc) {
             char msg[400];
             snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,

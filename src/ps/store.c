@@ -116,6 +116,21 @@ int qr_var_prepare_write(qr_var *v) {
     return QR_OK;
 }
 
+int qr_var_prepare_spare(qr_var *v) {
+    if (v->spare && v->spare->refs == 1) return QR_OK;
+    qr_tensor *t = tensor_alloc(v->n, false); /* overwritten by the caller */
+    if (!t) return QR_ENOMEM;
+    qr_tensor_unref(v->spare); /* the replies reading it keep it alive */
+    v->spare = t;
+    return QR_OK;
+}
+
+void qr_var_swap_spare(qr_var *v) {
+    qr_tensor *old = v->value;
+    v->value = v->spare;
+    v->spare = old;
+}
+
 int qr_var_update_average(qr_var *v, float decay, int64_t num_updates) {
     if (!v->average) return QR_OK;
     int rc = make_exclusive(&v->average);

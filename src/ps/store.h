@@ -78,6 +78,16 @@ void qr_var_free(qr_var *v);
  * in place. */
 int qr_var_prepare_write(qr_var *v);
 
+/* The cheaper route when a reply still reads v's tensor and the update
+ * can be computed out of place (SGD, a delta: next = f(value, g)):
+ * qr_var_prepare_spare makes v->spare a tensor no reply reads (allocating
+ * one if needed), the caller writes the next value into it, and
+ * qr_var_swap_spare makes it the value. That skips the copy of the whole
+ * tensor that qr_var_prepare_write would make first: one pass over memory
+ * instead of two. */
+int qr_var_prepare_spare(qr_var *v);
+void qr_var_swap_spare(qr_var *v);
+
 /* TensorFlow's ExponentialMovingAverage, after an update of v:
  *   d = min(decay, (1 + num_updates) / (10 + num_updates))
  *   average -= (1 - d) * (average - value)

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "cluster_fixture.h"
@@ -57,6 +59,70 @@ static void expect_stats(run *r, const char *phrase) {
     assert_int_equal(qr_worker_stats(r->w[0], buf, sizeof buf), QR_OK);
     if (!strstr(buf, phrase)) fprintf(stderr, "stats %s lack %s\n", buf, phrase);
     assert_non_null(strstr(buf, phrase));
+}
+
+/* A push that lands while a pull reply of the same variable is still being
+ * written: with 64 KiB socket buffers a 16 MiB reply takes many writes, so
+ * the ps computes the update into the variable's spare tensor
+ * (qr_var_prepare_spare) instead of touching the tensor the reply reads.
+ * The reply must hold the values of one moment, never a mix, and the update
+ * must land exactly (gradients and deltas, lr 1). */
+typedef struct big_pull {
+    qr_worker *w;
+    int id;
+    int rc;
+} big_pull;
+
+static void *big_pull_thread(void *p) {
+    big_pull *b = p;
+    b->rc = qr_worker_pull(b->w, 1, &b->id, NULL);
+    return NULL;
+}
+
+static void expect_all(const float *x, int64_t n, float a, float b, const char *what) {
+    float first = x[0];
+    if (first != a && first != b) fail_msg("%s: value %g, want %g or %g", what, first, a, b);
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] != first) fail_msg("%s: element %lld is %g, element 0 is %g (a torn reply)",
+                                    what, (long long)i, x[i], first);
+}
+
+static void test_push_while_pull_in_flight(void **state) {
+    (void)state;
+    run r;
+    const int64_t n = 4 << 20; /* 16 MiB */
+    fix_init(&r.f, 1, 2);
+    qr_config_set(r.f.cfg, "lr", "1");
+    qr_config_set(r.f.cfg, "socket-buffer-kb", "64");
+    assert_int_equal(fix_start_ps(&r.f, 0), QR_OK);
+    int64_t shape[1] = {n};
+    for (int i = 0; i < 2; i++) {
+        r.w[i] = fix_worker(&r.f, i);
+        assert_int_equal(qr_worker_declare(r.w[i], "big", 1, shape, "zeros", 1, -1, &r.id[i]),
+                         QR_OK);
+        assert_int_equal(qr_worker_initialize(r.w[i]), QR_OK);
+    }
+    float *g = malloc((size_t)n * sizeof *g);
+    const float *grads[1] = {g};
+    float expect = 0.0f;
+    for (int round = 0; round < 6; round++) {
+        unsigned flags = round % 2 ? QR_PUSH_DELTA : 0;
+        float step = (float)(round + 1);
+        for (int64_t i = 0; i < n; i++) g[i] = step;
+        big_pull b = {r.w[1], r.id[1], -1};
+        pthread_t t;
+        assert_int_equal(pthread_create(&t, NULL, big_pull_thread, &b), 0);
+        assert_int_equal(qr_worker_push(r.w[0], 1, &r.id[0], grads, flags, NULL), QR_OK);
+        float after = flags ? expect + step : expect - step;
+        pthread_join(t, NULL);
+        assert_int_equal(b.rc, QR_OK);
+        expect_all(qr_worker_var_data(r.w[1], r.id[1]), n, expect, after, "the concurrent pull");
+        assert_int_equal(qr_worker_pull(r.w[0], 1, &r.id[0], NULL), QR_OK);
+        expect_all(qr_worker_var_data(r.w[0], r.id[0]), n, after, after, "the pull after");
+        expect = after;
+    }
+    free(g);
+    finish(&r);
 }
 
 /* A delta is added as it is; a gradient goes through the optimizer. */
@@ -218,6 +284,7 @@ static void test_sparse_push(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delta_push),
+        cmocka_unit_test(test_push_while_pull_in_flight),
         cmocka_unit_test(test_staleness_stamped_and_lr_scaled),
         cmocka_unit_test(test_staleness_unscaled_by_default),
         cmocka_unit_test(test_staleness_bound),

@@ -293,6 +293,57 @@ static void test_threads_bit_identical(void **state) {
     }
 }
 
+/* The out-of-place apply a ps uses for a tensor a pull still reads:
+ * bit-identical to the in-place apply, input left alone, and refused by
+ * every optimizer that keeps slots (their state could not follow). */
+static void test_apply_dense_to(void **state) {
+    (void)state;
+    const int64_t n = 1001; /* odd: the vector loop's tail runs too */
+    float *var = malloc(n * sizeof *var), *g = malloc(n * sizeof *g);
+    float *inplace = malloc(n * sizeof *inplace), *out = malloc(n * sizeof *out);
+    for (int64_t i = 0; i < n; i++) {
+        var[i] = 0.37f * (float)(i % 17) - 2.0f;
+        g[i] = 1.0f / (float)(i + 3) - 0.1f;
+    }
+    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+        qr_optim *opt;
+        char kv[64];
+        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        assert_int_equal(try_make(&opt, kv, "lr=0.013", NULL), QR_OK);
+        bool sgd = !strcmp(all_names[i], "sgd");
+        assert_int_equal(qr_optim_stateless(opt), sgd);
+        if (!sgd) {
+            assert_int_equal(qr_optim_apply_dense_to(opt, out, var, g, n, -1), QR_EINVAL);
+            assert_non_null(strstr(qr_last_error(), "slots"));
+            qr_optim_free(opt);
+            continue;
+        }
+        qr_optim_slots *slots;
+        assert_int_equal(qr_optim_slots_create(opt, n, 1, &slots), QR_OK);
+        for (int lr_kind = 0; lr_kind < 2; lr_kind++) {
+            float lr = lr_kind ? 0.5f : -1.0f; /* the variable's, then the optimizer's */
+            memcpy(inplace, var, n * sizeof *var);
+            assert_int_equal(qr_optim_apply_dense(opt, slots, inplace, g, n, lr, 1), QR_OK);
+            float *saved = malloc(n * sizeof *saved);
+            memcpy(saved, var, n * sizeof *var);
+            assert_int_equal(qr_optim_apply_dense_to(opt, out, var, g, n, lr), QR_OK);
+            assert_memory_equal(out, inplace, n * sizeof *out);
+            assert_memory_equal(var, saved, n * sizeof *var); /* input untouched */
+            assert_memory_not_equal(out, var, n * sizeof *out);
+            free(saved);
+        }
+        assert_int_equal(qr_optim_apply_dense_to(opt, out, var, g, n, NAN), QR_EINVAL);
+        assert_int_equal(qr_optim_apply_dense_to(opt, NULL, var, g, n, -1), QR_EINVAL);
+        qr_optim_slots_free(slots);
+        qr_optim_free(opt);
+    }
+    assert_false(qr_optim_stateless(NULL));
+    free(var);
+    free(g);
+    free(inplace);
+    free(out);
+}
+
 /* Two threads applying two big variables with one shared optimizer: one
  * gets the pool, the other runs alone; both must be right. */
 typedef struct {
@@ -385,6 +436,7 @@ int main(void) {
         cmocka_unit_test(test_bad_calls_change_nothing),
         cmocka_unit_test(test_all_finite),
         cmocka_unit_test(test_threads_bit_identical),
+        cmocka_unit_test(test_apply_dense_to),
         cmocka_unit_test(test_concurrent_applies),
         cmocka_unit_test(test_apply_rows),
     };

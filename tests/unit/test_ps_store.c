@@ -69,6 +69,45 @@ static void test_copy_on_write(void **state) {
     qr_var_free(v);
 }
 
+/* The out-of-place route (qr_var_prepare_spare + qr_var_swap_spare):
+ * the next value is written into a spare no reply reads, never into the
+ * tensor a reply holds, and a spare's memory is reused once free. */
+static void test_write_into_spare(void **state) {
+    (void)state;
+    qr_var *v = make_var(0, "w", 8);
+    /* No spare yet: one is made. */
+    qr_tensor *reply1 = qr_tensor_ref(v->value);
+    assert_int_equal(qr_var_prepare_spare(v), QR_OK);
+    assert_non_null(v->spare);
+    assert_ptr_not_equal(v->spare, reply1);
+    assert_int_equal(v->spare->refs, 1);
+    for (int i = 0; i < 8; i++) v->spare->data[i] = v->value->data[i] + 10.0f;
+    qr_var_swap_spare(v);
+    assert_true(v->value->data[2] == 12.0f);
+    assert_true(reply1->data[2] == 2.0f); /* the reply's bytes are untouched */
+    assert_ptr_equal(v->spare, reply1);
+
+    /* The spare is still read by reply1 and the value by reply2: a new
+     * spare again, and the busy one is let go (reply1 keeps it alive). */
+    qr_tensor *reply2 = qr_tensor_ref(v->value);
+    assert_int_equal(qr_var_prepare_spare(v), QR_OK);
+    assert_ptr_not_equal(v->spare, reply1);
+    assert_ptr_not_equal(v->spare, reply2);
+    assert_int_equal(reply1->refs, 1);
+    assert_true(reply1->data[2] == 2.0f);
+    qr_tensor_unref(reply1);
+    for (int i = 0; i < 8; i++) v->spare->data[i] = v->value->data[i] + 1.0f;
+    qr_var_swap_spare(v);
+    assert_true(v->value->data[2] == 13.0f && reply2->data[2] == 12.0f);
+
+    /* reply2 done: its tensor, now the spare, is reused as is. */
+    qr_tensor_unref(reply2);
+    float *spare_data = v->spare->data;
+    assert_int_equal(qr_var_prepare_spare(v), QR_OK);
+    assert_ptr_equal(v->spare->data, spare_data);
+    qr_var_free(v);
+}
+
 static void test_store_ids_and_names(void **state) {
     (void)state;
     qr_store s;
@@ -103,6 +142,7 @@ static void test_shape_str(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_copy_on_write),
+        cmocka_unit_test(test_write_into_spare),
         cmocka_unit_test(test_store_ids_and_names),
         cmocka_unit_test(test_shape_str),
     };
