@@ -98,6 +98,13 @@ float qr_optim_lr(const qr_optim *opt) {
     return opt ? (float)opt->hp.lr : 0.0f;
 }
 
+float qr_optim_decayed_lr(float lr, int64_t step, double rate, int64_t steps, bool staircase) {
+    if (steps <= 0 || step <= 0) return lr;
+    double exponent = (double)step / (double)steps;
+    if (staircase) exponent = floor(exponent);
+    return (float)((double)lr * pow(rate, exponent));
+}
+
 /* ---- slots --------------------------------------------------------------- */
 
 int qr_optim_slots_create(const qr_optim *opt, int64_t rows, int64_t dim,

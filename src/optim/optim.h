@@ -54,6 +54,10 @@ int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char 
 const char *qr_optim_name(const qr_optim *opt);
 /* The optimizer's learning rate (the default when cfg had none). */
 float qr_optim_lr(const qr_optim *opt);
+/* TensorFlow's exponential_decay: lr * rate^(step / steps), the exponent
+ * rounded down to an integer when staircase. step is the number of steps
+ * already applied (0 for the first). steps <= 0 leaves lr unchanged. */
+float qr_optim_decayed_lr(float lr, int64_t step, double rate, int64_t steps, bool staircase);
 
 /*
  * Slots for a dense variable of rows*dim elements, viewed as (rows, dim)

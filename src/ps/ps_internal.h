@@ -194,6 +194,10 @@ struct qr_ps {
     int exit_status;       /* what qr_ps_run returns */
     bool skip_nonfinite;
     int linger_ms;
+    /* learning-rate schedule: exponential decay over the steps applied here */
+    double lr_decay_rate;
+    int64_t lr_decay_steps; /* 0 = no decay */
+    bool lr_decay_staircase;
     char name[32];
     ps_sync sync;
     /* workers: open connections per worker index, and when the last closed */
@@ -210,6 +214,10 @@ struct qr_ps {
 };
 
 /* server.c */
+/* The learning rate of one apply to v: the variable's own or its
+ * optimizer's, decayed by the schedule at `step` (steps applied before
+ * this one). */
+float qr__ps_lr(const qr_ps *ps, const qr_var *v, const qr_optim *opt, int64_t step);
 /* Queue a reply. Returns QR_OK if queued; on failure cb has already run. */
 int qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
                  const qr_iov *iov, int niov, qr_send_cb cb, void *ctx);

@@ -196,6 +196,12 @@ static void reply_ok_step(ps_peer *p, const qr_frame *f, int64_t global_step) {
     qr_wbuf_free(&meta);
 }
 
+float qr__ps_lr(const qr_ps *ps, const qr_var *v, const qr_optim *opt, int64_t step) {
+    float lr = v->lr >= 0 ? v->lr : qr_optim_lr(opt);
+    return qr_optim_decayed_lr(lr, step, ps->lr_decay_rate, ps->lr_decay_steps,
+                               ps->lr_decay_staircase);
+}
+
 static int staleness_bucket(uint64_t s) {
     if (s < 4) return (int)s;
     int b = 4;
@@ -289,7 +295,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             int rc = delta ? QR_OK
                            : qr_optim_apply_sparse(sopt, v->slots, v->value->data, v->n / dim, dim,
                                                    idx, (const float *)(raw + 8 * it->nrows),
-                                                   it->nrows, v->lr, t);
+                                                   it->nrows, qr__ps_lr(ps, v, sopt, t - 1), t);
             if (delta)
                 for (int64_t k = 0; k < it->nrows; k++)
                     for (int64_t e = 0; e < dim; e++)
@@ -315,11 +321,8 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             continue;
         }
         const qr_optim *opt = v->optim ? v->optim : ps->optim;
-        float lr = v->lr;
-        if (ps->staleness_lr_scale && staleness) {
-            float base = lr >= 0 ? lr : qr_optim_lr(opt);
-            lr = base / (float)(1 + staleness);
-        }
+        float lr = qr__ps_lr(ps, v, opt, t - 1);
+        if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
         int rc = it->to_spare
                      ? qr_optim_apply_dense_to(opt, v->spare->data, v->value->data, g, v->n, lr)
                      : qr_optim_apply_dense(opt, v->slots, v->value->data, g, v->n, lr, t);
@@ -922,6 +925,9 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     }
     ps->skip_nonfinite = !strcmp(qr__config_str(ps->cfg, "nonfinite"), "skip");
     ps->staleness_lr_scale = qr__config_bool(ps->cfg, "staleness-lr-scale");
+    ps->lr_decay_rate = qr__config_float(ps->cfg, "lr-decay-rate");
+    ps->lr_decay_steps = qr__config_int(ps->cfg, "lr-decay-steps");
+    ps->lr_decay_staircase = qr__config_bool(ps->cfg, "lr-decay-staircase");
     ps->average_decay = (float)qr__config_float(ps->cfg, "moving-average-decay");
     ps->average_vars = qr__strdup(qr__config_str(ps->cfg, "moving-average-vars"));
     if (!ps->average_vars) rc = QR_ENOMEM;

@@ -198,9 +198,10 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         float *sum = (float *)v->sync_srcs[0]; /* owned by the pending push */
         qr_optim_reduce(sum, v->sync_srcs, v->nsync, v->n, divisor);
         rc = qr_var_prepare_write(v);
+        const qr_optim *opt = v->optim ? v->optim : ps->optim;
         if (!rc)
-            rc = qr_optim_apply_dense(v->optim ? v->optim : ps->optim, v->slots, v->value->data,
-                                      sum, v->n, v->lr, step + 1);
+            rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
+                                      qr__ps_lr(ps, v, opt, step), step + 1);
         if (!rc && ps->average_decay > 0)
             rc = qr_var_update_average(v, ps->average_decay, step + 1);
         if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);

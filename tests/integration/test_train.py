@@ -9,9 +9,15 @@ from qrtest import Proc, last_json
 
 quorum, data = sys.argv[1], sys.argv[2]
 epochs, target = {"digits": ("60", 0.95), "fashion-mnist": ("15", 0.85)}[data]
+# On Fashion-MNIST the lr decays to a tenth over the run's ~14,000 steps.
+# At a constant 0.1 the last iterate is noisy: the accuracy is 0.88-0.89
+# typically, but one CI run ended at 0.849 and one of 8 runs beside a CPU
+# hog at 0.862; with the decay 14 runs beside a hog gave 0.8836-0.8875.
+decay = {"digits": [],
+         "fashion-mnist": ["--lr-decay-rate", "0.1", "--lr-decay-steps", "14000"]}[data]
 proc = Proc([quorum, "launch", "--ps", "2", "--workers", "3", "--model", "mlp",
              "--hidden", "256,128", "--data", data, "--epochs", epochs,
-             "--lr", "0.1", "--batch-size", "64", "--seed", "7", "--json", "--quiet"])
+             "--lr", "0.1", "--batch-size", "64", "--seed", "7", "--json", "--quiet"] + decay)
 rc, out, err = proc.wait(timeout=600)
 assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
 summary = last_json(out)

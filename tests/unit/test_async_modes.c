@@ -23,10 +23,13 @@ typedef struct run {
     int id[2];
 } run;
 
-static void start(run *r, const char *key, const char *value) {
+/* A 1-ps cluster of 2 workers, SGD with lr 1, options key, value, ...,
+ * NULL on top; both workers declare w = [0, 0]. */
+static void start_with(run *r, const char *const *options) {
     fix_init(&r->f, 1, 2);
     qr_config_set(r->f.cfg, "lr", "1");
-    if (key) qr_config_set(r->f.cfg, key, value);
+    for (int k = 0; options && options[k]; k += 2)
+        assert_int_equal(qr_config_set(r->f.cfg, options[k], options[k + 1]), QR_OK);
     assert_int_equal(fix_start_ps(&r->f, 0), QR_OK);
     int64_t shape[1] = {2};
     for (int i = 0; i < 2; i++) {
@@ -35,6 +38,11 @@ static void start(run *r, const char *key, const char *value) {
                          QR_OK);
         assert_int_equal(qr_worker_initialize(r->w[i]), QR_OK);
     }
+}
+
+static void start(run *r, const char *key, const char *value) {
+    const char *const options[] = {key, value, NULL};
+    start_with(r, key ? options : NULL);
 }
 
 static void finish(run *r) {
@@ -153,6 +161,30 @@ static void test_staleness_stamped_and_lr_scaled(void **state) {
     const float *w = pull(&r, 0);
     assert_true(w[0] == -2.0f && w[1] == -1.0f);
     expect_stats(&r, "\"staleness\":[2,0,1,0,0,0,0,0,0]");
+    finish(&r);
+}
+
+/* The learning-rate schedule counts the step pushes applied on the ps:
+ * the s-th (0-based) uses lr 0.5^(s / 2), and a push without the step
+ * flag does not advance s. With staleness-lr-scale the factors multiply. */
+static void test_lr_decay(void **state) {
+    (void)state;
+    run r;
+    static const char *const options[] = {"lr-decay-rate", "0.5", "lr-decay-steps", "2",
+                                          "staleness-lr-scale", "true", NULL};
+    start_with(&r, options);
+    const float half_root = 0.70710678f; /* 0.5^(1/2) */
+    pull(&r, 1);
+    pull(&r, 0);
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK); /* s = 0: lr 1 */
+    assert_float_equal(pull(&r, 0)[0], -1.0f, 1e-6);
+    assert_int_equal(push(&r, 0, 1, 0, QR_PUSH_STEP), QR_OK); /* s = 1: lr 0.5^(1/2) */
+    assert_float_equal(pull(&r, 0)[0], -1.0f - half_root, 1e-6);
+    assert_int_equal(push(&r, 0, 1, 0, 0), QR_OK); /* no step flag: s stays 2, lr 0.5 */
+    assert_float_equal(pull(&r, 0)[0], -1.5f - half_root, 1e-6);
+    /* Worker 1 pulled before all three: staleness 3, lr 0.5 / (1 + 3) */
+    assert_int_equal(push(&r, 1, 0, 8, QR_PUSH_STEP), QR_OK);
+    assert_float_equal(pull(&r, 0)[1], -1.0f, 1e-6);
     finish(&r);
 }
 
@@ -287,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_push_while_pull_in_flight),
         cmocka_unit_test(test_staleness_stamped_and_lr_scaled),
         cmocka_unit_test(test_staleness_unscaled_by_default),
+        cmocka_unit_test(test_lr_decay),
         cmocka_unit_test(test_staleness_bound),
         cmocka_unit_test(test_sparse_push),
     };

@@ -89,7 +89,7 @@ static void test_mlp_learns_digits(void **state) {
     qr_model *m;
     assert_int_equal(qr_model_create(&m, "mlp", train.dim, hidden, 1, train.nclasses, BATCH),
                      QR_OK);
-    double t0 = qr__now_sec(), first, last;
+    double t0 = qr__now_sec(), first = 0, last = 0;
     double acc = train_sgd(m, &train, &test, 30, 0.1f, 1, &first, &last);
     print_message("mlp(64) on digits: train loss %.3f -> %.3f, test accuracy %.4f in %.2f s\n",
                   first, last, acc, qr__now_sec() - t0);
@@ -107,7 +107,7 @@ static void test_softmax_learns_digits(void **state) {
     qr_model *m;
     assert_int_equal(qr_model_create(&m, "softmax", train.dim, NULL, 0, train.nclasses, BATCH),
                      QR_OK);
-    double first, last;
+    double first = 0, last = 0;
     double acc = train_sgd(m, &train, &test, 30, 0.2f, 2, &first, &last);
     print_message("softmax on digits: train loss %.3f -> %.3f, test accuracy %.4f\n", first, last,
                   acc);

@@ -296,6 +296,20 @@ static void test_threads_bit_identical(void **state) {
 /* The out-of-place apply a ps uses for a tensor a pull still reads:
  * bit-identical to the in-place apply, input left alone, and refused by
  * every optimizer that keeps slots (their state could not follow). */
+/* tf.compat.v1.train.exponential_decay: lr * rate^(step / steps), floored
+ * exponent with staircase, no decay when steps is 0. */
+static void test_decayed_lr(void **state) {
+    (void)state;
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 0, 0.5, 10, false), 0.1f, 0);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 10, 0.5, 10, false), 0.05f, 1e-8);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 15, 0.5, 10, false), 0.1 * pow(0.5, 1.5), 1e-8);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 15, 0.5, 10, true), 0.05f, 1e-8);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 19, 0.5, 10, true), 0.05f, 1e-8);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 20, 0.5, 10, true), 0.025f, 1e-8);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 1000, 0.5, 0, false), 0.1f, 0);
+    assert_float_equal(qr_optim_decayed_lr(0.1f, 1000, 1.0, 10, false), 0.1f, 0);
+}
+
 static void test_apply_dense_to(void **state) {
     (void)state;
     const int64_t n = 1001; /* odd: the vector loop's tail runs too */
@@ -436,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_bad_calls_change_nothing),
         cmocka_unit_test(test_all_finite),
         cmocka_unit_test(test_threads_bit_identical),
+        cmocka_unit_test(test_decayed_lr),
         cmocka_unit_test(test_apply_dense_to),
         cmocka_unit_test(test_concurrent_applies),
         cmocka_unit_test(test_apply_rows),

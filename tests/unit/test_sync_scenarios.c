@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdbool.h>
 #include <time.h>
 
 #include "cluster_fixture.h"
@@ -23,14 +24,15 @@ typedef struct scenario {
     int id[FIX_MAX_WORKERS];
 } scenario;
 
-/* An extra option for the next start() (moving averages). */
-static const char *extra_key, *extra_value;
+/* Extra options for the next start(): key, value, ..., NULL. */
+static const char *const *extra;
 
 /* A 1-ps cluster of n workers in sync mode with R and init_tokens (-1 =
  * default); every worker declares w = [0, 0] and is initialized. */
 static void start(scenario *s, int n, int R, int init_tokens) {
     fix_init(&s->f, 1, n);
-    if (extra_key) qr_config_set(s->f.cfg, extra_key, extra_value);
+    for (int k = 0; extra && extra[k]; k += 2)
+        assert_int_equal(qr_config_set(s->f.cfg, extra[k], extra[k + 1]), QR_OK);
     char buf[32];
     qr_config_set(s->f.cfg, "mode", "sync");
     qr_config_set(s->f.cfg, "lr", "1");
@@ -289,10 +291,10 @@ static void test_missing_worker_stall_report_and_abort(void **state) {
 static void test_moving_averages(void **state) {
     (void)state;
     scenario s;
-    extra_key = "moving-average-decay";
-    extra_value = "0.9";
+    static const char *const average[] = {"moving-average-decay", "0.9", NULL};
+    extra = average;
     start(&s, 1, 1, -1);
-    extra_key = NULL;
+    extra = NULL;
     float avg[2] = {0, 0}, w[2] = {0, 0};
     const float g[2][2] = {{1, 2}, {1, 0}};
     for (int t = 1; t <= 2; t++) {
@@ -311,6 +313,36 @@ static void test_moving_averages(void **state) {
     for (int i = 0; i < 2; i++) assert_float_equal(got[i], avg[i], 1e-6);
     expect_w(&s, -2.0f, -2.0f);
     finish(&s);
+}
+
+/* The learning-rate schedule in sync mode counts global steps: step s
+ * (0-based) applies the mean gradient with lr * 0.5^(s / 2), and with
+ * staircase lr * 0.5^floor(s / 2). R = N = 2, lr 1, g = [1, 0] from each. */
+static void run_decay(bool staircase, const float *expect) {
+    scenario s;
+    static const char *const smooth[] = {"lr-decay-rate", "0.5", "lr-decay-steps", "2", NULL};
+    static const char *const stairs[] = {"lr-decay-rate", "0.5", "lr-decay-steps", "2",
+                                         "lr-decay-staircase", "true", NULL};
+    extra = staircase ? stairs : smooth;
+    start(&s, 2, 2, -1);
+    extra = NULL;
+    for (int step = 0; step < 4; step++) {
+        for (int i = 0; i < 2; i++) assert_int_equal(push(&s, i, 1, 0), QR_OK);
+        for (int i = 0; i < 2; i++) assert_int_equal(token(&s, i), step + 1);
+        assert_int_equal(qr_worker_pull(s.w[0], 1, &s.id[0], NULL), QR_OK);
+        assert_float_equal(qr_worker_var_data(s.w[0], s.id[0])[0], expect[step], 1e-6);
+    }
+    finish(&s);
+}
+
+static void test_lr_decay(void **state) {
+    (void)state;
+    /* w after each step: the running sum of -lr(s) */
+    const float r = 0.70710678f; /* 0.5^(1/2) */
+    const float smooth[4] = {-1, -1 - r, -1.5f - r, -1.5f - 1.5f * r};
+    const float stairs[4] = {-1, -2, -2.5f, -3};
+    run_decay(false, smooth);
+    run_decay(true, stairs);
 }
 
 static void test_no_moving_average_refused(void **state) {
@@ -335,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_stop_ends_token_waits),
         cmocka_unit_test(test_missing_worker_stall_report_and_abort),
         cmocka_unit_test(test_moving_averages),
+        cmocka_unit_test(test_lr_decay),
         cmocka_unit_test(test_no_moving_average_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
