@@ -209,14 +209,36 @@ static void dense_range(const dense_job *j, int64_t lo, int64_t hi) {
     j->kernel(j->c, j->var + lo, slot, j->g + lo, hi - lo);
 }
 
+/* Part `part` of nparts of n elements, as [*lo, *hi). Boundaries on
+ * 16-float (64-byte) multiples: no cache line is written by two threads,
+ * and each chunk starts aligned like the tensor. */
+static void part_range(int64_t n, int part, int nparts, int64_t *lo, int64_t *hi) {
+    int64_t blocks = (n + 15) / 16;
+    *lo = blocks * part / nparts * 16;
+    *hi = QR_MIN(blocks * (part + 1) / nparts * 16, n);
+}
+
 static void dense_part(void *arg, int part, int nparts) {
     const dense_job *j = arg;
-    /* Chunk boundaries on 16-float (64-byte) multiples: no cache line is
-     * written by two threads, and each chunk starts aligned like the tensor. */
-    int64_t blocks = (j->n + 15) / 16;
-    int64_t lo = blocks * part / nparts * 16, hi = blocks * (part + 1) / nparts * 16;
-    if (hi > j->n) hi = j->n;
+    int64_t lo, hi;
+    part_range(j->n, part, nparts, &lo, &hi);
     if (lo < hi) dense_range(j, lo, hi);
+}
+
+/* Out of place: out = update(var, g), one chunk per thread. */
+typedef struct dense_to_job {
+    const qr_optim_call *c;
+    const qr_optim_ops *ops;
+    float *out;
+    const float *var, *g;
+    int64_t n;
+} dense_to_job;
+
+static void dense_to_part(void *arg, int part, int nparts) {
+    const dense_to_job *j = arg;
+    int64_t lo, hi;
+    part_range(j->n, part, nparts, &lo, &hi);
+    if (lo < hi) j->ops->apply_dense_to(j->c, j->out + lo, j->var + lo, j->g + lo, hi - lo);
 }
 
 int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
@@ -256,7 +278,12 @@ int qr_optim_apply_dense_to(const qr_optim *opt, float *out, const float *var,
         return qr__fail(QR_EINVAL, "optimizer %s: out, var and grad must not be NULL",
                         opt->ops->name);
     qr_optim_call c = {.hp = &opt->hp, .lr = lr < 0 ? (float)opt->hp.lr : lr};
-    if (n > 0) opt->ops->apply_dense_to(&c, out, var, grad, n);
+    dense_to_job j = {&c, opt->ops, out, var, grad, n};
+    if (opt->pool && n >= opt->parallel_min && qr__optim_pool_run(opt->pool, dense_to_part, &j)) {
+        /* done by the pool */
+    } else if (n > 0) {
+        dense_to_part(&j, 0, 1);
+    }
     return QR_OK;
 }
 

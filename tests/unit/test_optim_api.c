@@ -293,9 +293,6 @@ static void test_threads_bit_identical(void **state) {
     }
 }
 
-/* The out-of-place apply a ps uses for a tensor a pull still reads:
- * bit-identical to the in-place apply, input left alone, and refused by
- * every optimizer that keeps slots (their state could not follow). */
 /* tf.compat.v1.train.exponential_decay: lr * rate^(step / steps), floored
  * exponent with staircase, no decay when steps is 0. */
 static void test_decayed_lr(void **state) {
@@ -310,6 +307,9 @@ static void test_decayed_lr(void **state) {
     assert_float_equal(qr_optim_decayed_lr(0.1f, 1000, 1.0, 10, false), 0.1f, 0);
 }
 
+/* The out-of-place apply a ps uses for a tensor a pull still reads:
+ * bit-identical to the in-place apply, input left alone, and refused by
+ * every optimizer that keeps slots (their state could not follow). */
 static void test_apply_dense_to(void **state) {
     (void)state;
     const int64_t n = 1001; /* odd: the vector loop's tail runs too */
@@ -352,6 +352,21 @@ static void test_apply_dense_to(void **state) {
         qr_optim_free(opt);
     }
     assert_false(qr_optim_stateless(NULL));
+    /* Split over a pool of 3 threads: every element still written once,
+     * the same bits as the one-thread in-place apply. */
+    qr_optim *pooled;
+    assert_int_equal(try_make(&pooled, "optimizer=sgd", "lr=0.013", "apply-threads=3", NULL),
+                     QR_OK);
+    qr__optim_set_parallel_min(pooled, 1000);
+    qr_optim_slots *slots;
+    assert_int_equal(qr_optim_slots_create(pooled, n, 1, &slots), QR_OK);
+    memcpy(inplace, var, n * sizeof *var);
+    assert_int_equal(qr_optim_apply_dense(pooled, slots, inplace, g, n, -1, 1), QR_OK);
+    memset(out, 0xff, n * sizeof *out); /* NaNs where a part would be skipped */
+    assert_int_equal(qr_optim_apply_dense_to(pooled, out, var, g, n, -1), QR_OK);
+    assert_memory_equal(out, inplace, n * sizeof *out);
+    qr_optim_slots_free(slots);
+    qr_optim_free(pooled);
     free(var);
     free(g);
     free(inplace);
