@@ -24,7 +24,10 @@ SETTINGS = {
 }
 # Async runs are not reproducible (arrival order varies), so each setting
 # was chosen to clear the target by about 0.02 over repeated runs.
-EPOCHS = {"digits": {}, "fashion-mnist": {"sgd": "15"}}
+# FTRL at 10 epochs ended at 0.858-0.875 over 6 runs (beside a CPU hog);
+# 15 epochs gave 0.878-0.882. Decaying FTRL's lr does not help: its
+# accumulators decay it already (0.839 with a tenfold decay).
+EPOCHS = {"digits": {}, "fashion-mnist": {"sgd": "15", "ftrl": "15"}}
 DEFAULT_EPOCHS = {"digits": "60", "fashion-mnist": "10"}
 TARGET = {"digits": 0.95, "fashion-mnist": 0.85}
 
