@@ -31,9 +31,9 @@
  * push+pull 2S per op) / wall time from the first start to the last
  * finish; latency is the mean time of one op as a worker sees it. Rounds
  * alternate baseline and quorum (--repeat of each, at most 2 for push and
- * pull from 16 MiB on, back to back, so both see the same machine) and each side reports
- * its fastest round: the 2 cores are shared, and the best round is the
- * least disturbed one. Many short rounds beat a few long ones here: on
+ * pull from 16 MiB on, back to back, so both see the same machine) and
+ * each side reports its fastest round: the 2 cores are shared, and the
+ * best round is the least disturbed one. Many short rounds beat a few long ones here: on
  * this VM one 30 ms round of the same point varies 2x with scheduling,
  * while the best of 10 such rounds moved by under 10% between groups of
  * rounds (measured: 1 MiB push+pull, ratios 0.80-0.85 across four groups
