@@ -121,6 +121,23 @@ static int cmp_i64(const void *a, const void *b) {
  * measured back to back, so a neighbour's burst on the shared machine
  * disturbs both alike; the best times alone can come from different
  * moments. */
+/* The times of every measured repetition of an apply and of its bound,
+ * and the best of each (start them at 1e30). */
+typedef struct rep_times {
+    double best_apply, best_bound;
+    double apply[1000], bound[1000];
+} rep_times;
+
+/* Repetition r (0 = warm-up, not kept): the apply ran from t0 to t1, the
+ * bound from t1 to t2. */
+static void rep_record(rep_times *t, int r, double t0, double t1, double t2) {
+    if (r == 0) return;
+    t->best_apply = QR_MIN(t->best_apply, t1 - t0);
+    t->best_bound = QR_MIN(t->best_bound, t2 - t1);
+    t->apply[r - 1] = t1 - t0;
+    t->bound[r - 1] = t2 - t1;
+}
+
 static double median_ratio(const double *t_apply, const double *t_bound, int n) {
     double r[1000];
     for (int i = 0; i < n; i++) r[i] = t_bound[i] / t_apply[i];
@@ -193,23 +210,18 @@ static int bench_dense(const bench_opts *o, const char *name, int threads, cJSON
     for (int j = 0; j < ns; j++) qr_optim_slot(s, j, NULL, &w[j + 1], NULL);
     bound_job bj = {w, ns + 1, g, n, NULL, 0, 0};
 
-    double best = 1e30, best_bound = 1e30, ta[1000], tb[1000];
+    rep_times t = {.best_apply = 1e30, .best_bound = 1e30};
     for (int r = 0; r <= o->reps; r++) { /* r == 0: warm-up */
         double t0 = qr__now_sec();
         if ((rc = qr_optim_apply_dense(opt, s, var, g, n, -1, r + 1))) goto out;
         double t1 = qr__now_sec();
         if (!(pool && qr__optim_pool_run(pool, bound_dense_part, &bj))) bound_dense_range(&bj, 0, n);
-        double t2 = qr__now_sec();
-        if (r > 0) {
-            best = QR_MIN(best, t1 - t0);
-            best_bound = QR_MIN(best_bound, t2 - t1);
-            ta[r - 1] = t1 - t0;
-            tb[r - 1] = t2 - t1;
-        }
+        rep_record(&t, r, t0, t1, qr__now_sec());
     }
     double bytes = (double)n * 4.0 * (double)((ns + 2) + (ns + 1)); /* reads + writes */
-    add_point(results, name, "dense", threads, (double)n / best, 0, bytes / best / 1e9,
-              bytes / best_bound / 1e9, median_ratio(ta, tb, o->reps), o->json);
+    add_point(results, name, "dense", threads, (double)n / t.best_apply, 0,
+              bytes / t.best_apply / 1e9, bytes / t.best_bound / 1e9,
+              median_ratio(t.apply, t.bound, o->reps), o->json);
 out:
     qr_optim_slots_free(s);
     free(var);
@@ -241,8 +253,8 @@ static int bench_sparse(const bench_opts *o, const sparse_data *d, const char *n
     /* the bound reads its rows from the first nuniq gradient rows */
     bound_job bj = {w, ns + 1, d->g, 0, d->uniq, d->nuniq, o->dim};
 
-    double best = 1e30, best_bound = 1e30, ta[1000], tb[1000];
-    for (int r = 0; r <= o->reps; r++) {
+    rep_times t = {.best_apply = 1e30, .best_bound = 1e30};
+    for (int r = 0; r <= o->reps; r++) { /* r == 0: warm-up */
         double t0 = qr__now_sec();
         rc = qr_optim_apply_sparse(opt, s, d->var, o->rows, o->dim, d->idx, d->g, o->nidx, -1,
                                    r + 1);
@@ -250,21 +262,15 @@ static int bench_sparse(const bench_opts *o, const sparse_data *d, const char *n
         double t1 = qr__now_sec();
         if (!(pool && qr__optim_pool_run(pool, bound_rows_part, &bj)))
             bound_rows_range(&bj, 0, d->nuniq);
-        double t2 = qr__now_sec();
-        if (r > 0) {
-            best = QR_MIN(best, t1 - t0);
-            best_bound = QR_MIN(best_bound, t2 - t1);
-            ta[r - 1] = t1 - t0;
-            tb[r - 1] = t2 - t1;
-        }
+        rep_record(&t, r, t0, t1, qr__now_sec());
     }
     /* bytes of the row updates (distinct rows); the gradient is read once */
     double row_bytes = (double)d->nuniq * (double)o->dim * 4.0 * (double)(2 * (ns + 1));
     double grad_bytes = (double)d->nuniq * (double)o->dim * 4.0;
     double bytes = row_bytes + grad_bytes;
-    add_point(results, name, "sparse", threads, (double)o->nidx * (double)o->dim / best,
-              (double)o->nidx / best, bytes / best / 1e9, bytes / best_bound / 1e9,
-              median_ratio(ta, tb, o->reps), o->json);
+    add_point(results, name, "sparse", threads, (double)o->nidx * (double)o->dim / t.best_apply,
+              (double)o->nidx / t.best_apply, bytes / t.best_apply / 1e9,
+              bytes / t.best_bound / 1e9, median_ratio(t.apply, t.bound, o->reps), o->json);
 out:
     qr_optim_slots_free(s);
     qr__optim_pool_free(pool);
