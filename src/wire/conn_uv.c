@@ -385,9 +385,9 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
          * skip it. libuv's epoll watch is level-triggered, so bytes that
          * did arrive are still reported on the next turn of the loop. */
         c->skip_read = (size_t)nread == c->in_place_len && c->state == RX_HEADER;
-    }
-    else
+    } else {
         process_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
+    }
 }
 
 static int start_reading(qr_conn *c) {
