@@ -33,12 +33,14 @@
 /* Below this many bytes still to come, a payload goes through the staging
  * buffer: the extra copy is cheaper than another read() call. */
 #define IN_PLACE_MIN (16 * 1024)
-/* After a message with a payload of STAGING_BYTES or more, the next read
- * into the staging buffer asks for only this much. A connection that
- * carries one large tensor usually carries another next, and a full
- * 64 KiB staging read would pull its first 64 KiB through the staging
- * buffer and copy it again: at 1 MiB that is 6% more bytes copied. 4 KiB
- * still holds the header and meta of any common request. */
+/* After a message with a payload of STAGING_BYTES or more, the next two
+ * reads into the staging buffer ask for only this much. A connection that
+ * carries one large tensor usually carries another soon: right after it
+ * (pushes in a row), or after one small message in between (a push, then
+ * a pull request; a push's small answer, then a pull's large one). A full
+ * 64 KiB staging read would pull the tensor's first 64 KiB through the
+ * staging buffer and copy it again: at 1 MiB that is 6% more bytes
+ * copied. 4 KiB still holds the header and meta of any common request. */
 #define HEAD_READ_BYTES (4 * 1024)
 
 typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
@@ -62,7 +64,9 @@ struct qr_conn {
     char peer[160];
 
     rx_state state;
-    bool expect_large; /* the last payload was large: read heads short */
+    /* Bit 0: the last message's payload was large; bit 1: the one before
+     * it. Either set: read heads short. */
+    uint8_t large_recent;
     uint8_t hdr[QR_PROTO_HEADER_LEN];
     size_t hdr_got;
     qr_frame frame;
@@ -234,7 +238,7 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
 
 static void message_done(qr_conn *c) {
     qr_frame f = c->frame;
-    c->expect_large = f.payload_len >= STAGING_BYTES;
+    c->large_recent = (uint8_t)(((c->large_recent << 1) | (f.payload_len >= STAGING_BYTES)) & 3);
     if (c->ev->message) c->ev->message(c, &f, c->meta);
     if (!c->closing) rx_reset(c);
 }
@@ -363,7 +367,7 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
         return;
     }
     buf->base = (char *)c->staging;
-    buf->len = c->expect_large ? HEAD_READ_BYTES : STAGING_BYTES;
+    buf->len = c->large_recent ? HEAD_READ_BYTES : STAGING_BYTES;
 }
 
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
