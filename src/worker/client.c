@@ -789,7 +789,9 @@ int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t
     uint32_t seq = ++w->push_seq;
     bool step = flags & QR_PUSH_STEP;
     /* The rows go to the variable's ps; the step flag rides on a push to
-     * ps 0, an empty one if the variable lives elsewhere. */
+     * ps 0, an empty one if the variable lives elsewhere. The rows keep the
+     * flag too: it advances the steps applied on their ps (Adam's t, the
+     * learning-rate decay); only ps 0 counts the global step. */
     for (int pass = 0; pass < 2 && !rc; pass++) {
         int p = pass == 0 ? v->ps : 0;
         if (pass == 1 && (!step || v->ps == 0)) break;
@@ -803,7 +805,6 @@ int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t
         qr_wbuf_u32(&r->meta, (uint32_t)w->index);
         qr_wbuf_u32(&r->meta, seq);
         if (!carries) continue;
-        if (v->ps != 0) r->flags &= (uint16_t)~QR_PUSH_STEP;
         qr_wbuf_u32(&r->meta, (uint32_t)var_id);
         qr_wbuf_u32(&r->meta, QR_GRAD_SPARSE);
         qr_wbuf_u64(&r->meta, (uint64_t)nrows * (8 + 4 * (uint64_t)dim));

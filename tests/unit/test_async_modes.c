@@ -3,7 +3,8 @@
  * against a real ps: delta pushes (local SGD), staleness stamping and the
  * 1/(1 + staleness) learning-rate scale, the staleness histogram, and the
  * staleness bound (max-staleness) with a worker that waits and one that
- * leaves. SGD with lr 1 on w = [0, 0], values worked out by hand.
+ * leaves, and sparse pushes (their step flag advancing the steps applied on
+ * the ps that holds them). SGD with lr 1, values worked out by hand.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -313,6 +314,41 @@ static void test_sparse_push(void **state) {
     fix_join(&f);
 }
 
+/* A step-flagged sparse push to a variable on ps 1 advances ps 1's
+ * applied steps (the learning-rate decay and Adam's t there) as a dense
+ * one does, and the global step once. lr = 0.5^s with s the steps applied
+ * on the variable's ps before the push. */
+static void test_sparse_push_advances_its_ps(void **state) {
+    (void)state;
+    cluster_fixture f;
+    fix_init(&f, 2, 1);
+    static const char *const options[] = {"lr", "1", "lr-decay-rate", "0.5", "lr-decay-steps",
+                                          "1", NULL};
+    for (int k = 0; options[k]; k += 2)
+        assert_int_equal(qr_config_set(f.cfg, options[k], options[k + 1]), QR_OK);
+    assert_int_equal(fix_start_ps(&f, 0), QR_OK);
+    assert_int_equal(fix_start_ps(&f, 1), QR_OK);
+    qr_worker *w = fix_worker(&f, 0);
+    int64_t shape[2] = {2, 1}, pad_shape[1] = {8};
+    int pad, table;
+    assert_int_equal(qr_worker_declare(w, "pad", 1, pad_shape, "zeros", 1, -1, &pad), QR_OK);
+    assert_int_equal(qr_worker_declare(w, "table", 2, shape, "zeros", 1, -1, &table), QR_OK);
+    assert_int_equal(qr_worker_initialize(w), QR_OK);
+    int64_t row[1] = {0};
+    float g[1] = {1};
+    int64_t step = -1;
+    assert_int_equal(qr_worker_push_sparse(w, table, 1, row, g, QR_PUSH_STEP, &step), QR_OK);
+    assert_int_equal(step, 1);
+    assert_int_equal(qr_worker_push_sparse(w, table, 1, row, g, QR_PUSH_STEP, &step), QR_OK);
+    assert_int_equal(step, 2);
+    assert_int_equal(qr_worker_pull(w, 1, &table, NULL), QR_OK);
+    /* s = 0 then s = 1 on ps 1: -1 - 0.5. (Stuck at s = 0 it would be -2.) */
+    assert_float_equal(qr_worker_var_data(w, table)[0], -1.5f, 1e-6);
+    assert_int_equal(qr_worker_stop_cluster(w), QR_OK);
+    qr_worker_free(w);
+    fix_join(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delta_push),
@@ -322,6 +358,7 @@ int main(void) {
         cmocka_unit_test(test_lr_decay),
         cmocka_unit_test(test_staleness_bound),
         cmocka_unit_test(test_sparse_push),
+        cmocka_unit_test(test_sparse_push_advances_its_ps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
