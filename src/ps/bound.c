@@ -71,7 +71,7 @@ void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&r, meta, f->meta_len);
     uint32_t worker = qr_rbuf_u32(&r);
     int64_t clock = qr_rbuf_i64(&r);
-    if ((int)worker >= ps->cluster->nworkers || clock < 0) {
+    if (!qr__is_worker(worker, ps->cluster->nworkers) || clock < 0) {
         qr__ps_reply_error(p, f, QR_EINVAL, "CLOCK: no such worker, or a negative clock");
         return;
     }

@@ -213,6 +213,12 @@ struct qr_ps {
     bound_waiter *bound_waiters;
 };
 
+/* Does a worker index read off the wire name one of n workers? Compared
+ * unsigned: cast to int, indices of 2^31 and up would pass as negative. */
+static inline bool qr__is_worker(uint32_t index, int n) {
+    return n > 0 && index < (uint32_t)n;
+}
+
 /* server.c */
 /* The learning rate of one apply to v: the variable's own or its
  * optimizer's, decayed by the schedule at `step` (steps applied before

@@ -510,6 +510,14 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         }
         char want[128];
         qr_shape_str((int)ndim, shape, want, sizeof want);
+        /* Before anything is allocated: a 64-byte request must not make
+         * the ps reserve gigabytes it then never gets the values for. */
+        if (!check_only && described + (uint64_t)n * 4 > f->payload_len) {
+            rc = qr__fail(QR_EPROTO, "CREATE: variable '%s' %s needs %llu bytes of initial "
+                          "values but the payload has %llu bytes in all", name, want,
+                          (unsigned long long)n * 4, (unsigned long long)f->payload_len);
+            break;
+        }
         qr_var *old = qr_store_get(&ps->store, id);
         qr_var *same_name = qr_store_find_name(&ps->store, name);
         if (old || same_name) {
@@ -742,7 +750,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         uint32_t role = qr_rbuf_u32(&r);
         uint32_t index = qr_rbuf_u32(&r);
         uint32_t mode = qr_rbuf_u32(&r);
-        if (role == QR_ROLE_WORKER && (int)index >= ps->cluster->nworkers) {
+        if (role == QR_ROLE_WORKER && !qr__is_worker(index, ps->cluster->nworkers)) {
             qr__ps_reply_error(p, f, QR_EINVAL, "HELLO: no such worker index");
             break;
         }

@@ -81,7 +81,7 @@ void qr__sync_free(qr_ps *ps) {
 
 int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
                          int64_t local_step) {
-    if ((int)worker >= p->ps->sync.N)
+    if (!qr__is_worker(worker, p->ps->sync.N))
         return qr__fail(QR_EINVAL, "PUSH: worker %u is not in the cluster (%d workers)", worker,
                         p->ps->sync.N);
     sync_push *sp = qr__calloc(1, sizeof *sp);

@@ -4,6 +4,9 @@
    payload, random bytes) each close only their own connection; malformed
    requests with a sound header get an error reply and the connection
    keeps working. After every attack a fresh client is served.
+   Inputs tests/fuzz/fuzz_ps.c found crashing or bloating the ps are
+   checked here by name: a HELLO from worker index 2^31 + x, and a CREATE
+   that claims 4 GiB of values but carries 8 bytes (peak RSS must stay low).
 2. Precise checks: a push with the wrong shape, to an unknown variable,
    with NaN, or naming a variable twice is refused with the right status
    and a message naming the problem, and the variable is unchanged; a good
@@ -17,7 +20,7 @@ import socket
 import struct
 import sys
 
-from qrtest import (CREATE, PULL, PUSH, READY, REPLY, STATUS, STEP, Proc, connect,
+from qrtest import (CREATE, HELLO, PULL, PUSH, READY, REPLY, STATUS, STEP, Proc, connect,
                     create_meta, floats, frame, free_port, header, last_json,
                     pad, push_meta, read_reply, ready_meta, recv_exact, unfloats)
 
@@ -62,6 +65,14 @@ def expect_closed(data, what, hang_up=False):
     s.close()
     ps_serves()
     print("ok: %s closes the connection" % what)
+
+
+def peak_rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM for pid %d" % pid)
 
 
 def request(s, data):
@@ -128,7 +139,19 @@ try:
     expect_error(s, frame(CREATE, 10, create_meta([(1, [1 << 20, 1 << 20], -1.0, "x")])),
                  "EINVAL", "dimension 1", "a CREATE of 2^40 elements")
     expect_error(s, frame(CREATE, 11, create_meta([(1, [4], -1.0, "x")]), floats([1, 2])),
-                 "EPROTO", "describes 16 payload bytes but carries 8", "a CREATE short of values")
+                 "EPROTO", "needs 16 bytes of initial values but the payload has 8",
+                 "a CREATE short of values")
+    # 4 GiB of values claimed by a 192-byte request: refused before the ps
+    # allocates (and zeroes) anything. Found by tests/fuzz/fuzz_ps.c.
+    expect_error(s, frame(CREATE, 15, create_meta([(1, [1 << 30], -1.0, "x")]), floats([1, 2])),
+                 "EPROTO", "needs 4294967296 bytes", "a CREATE of 4 GiB carrying 8 bytes")
+    peak_kb = peak_rss_kb(ps.p.pid)
+    assert peak_kb < 512 * 1024, "the ps's peak RSS reached %d KiB" % peak_kb
+    print("ok: the ps's peak RSS stayed at %d KiB" % peak_kb)
+    # A worker index of 2^31 or more is no negative array index. (It was:
+    # the ps crashed. Found by tests/fuzz/fuzz_ps.c.)
+    expect_error(s, frame(HELLO, 16, struct.pack("<III", 1, 0x86000000, 0)), "EINVAL",
+                 "no such worker index", "a HELLO from worker 2^31 + ...")
     expect_error(s, frame(CREATE, 12, create_meta([(1, [2], -1.0, "x")]),
                           floats([1, float("nan")])),
                  "ENONFINITE", "NaN", "a CREATE with NaN values")
