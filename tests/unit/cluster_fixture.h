@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +23,7 @@
 #define FIX_MAX_PS 2
 #define FIX_MAX_WORKERS 4
 
-static int fix_free_port(void) {
+static inline int fix_free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
@@ -47,14 +48,14 @@ typedef struct fix_ps_arg {
     int *status;
 } fix_ps_arg;
 
-static void *fix_ps_thread(void *arg) {
+static inline void *fix_ps_thread(void *arg) {
     fix_ps_arg *a = arg;
     *a->status = qr_ps_run(a->ps);
     free(a);
     return NULL;
 }
 
-static qr_cluster *fix_spec(cluster_fixture *f, const char *job, int index) {
+static inline qr_cluster *fix_spec(cluster_fixture *f, const char *job, int index) {
     const char *ps[FIX_MAX_PS], *wk[FIX_MAX_WORKERS];
     for (int i = 0; i < f->nps; i++) ps[i] = f->ps_addr[i];
     for (int i = 0; i < f->nworkers; i++) wk[i] = f->worker_addr[i];
@@ -66,21 +67,32 @@ static qr_cluster *fix_spec(cluster_fixture *f, const char *job, int index) {
 
 /* Set up addresses and the options every task shares; the caller may add
  * options to f->cfg before fix_start_ps. */
-static void fix_init(cluster_fixture *f, int nps, int nworkers) {
+static inline void fix_init(cluster_fixture *f, int nps, int nworkers) {
     memset(f, 0, sizeof *f);
     f->nps = nps;
     f->nworkers = nworkers;
     qr_config_new(&f->cfg);
     qr_config_set(f->cfg, "timeout-ms", "5000");
     qr_config_set(f->cfg, "linger-ms", "300");
+    /* Each port is free when asked for but released at once, so the
+     * kernel may hand the same one out twice: draw again until distinct. */
+    int ports[FIX_MAX_PS + FIX_MAX_WORKERS];
+    for (int i = 0; i < nps + nworkers; i++) {
+        bool fresh;
+        do {
+            ports[i] = fix_free_port();
+            fresh = true;
+            for (int j = 0; j < i; j++) fresh &= ports[j] != ports[i];
+        } while (!fresh);
+    }
     for (int i = 0; i < nps; i++)
-        snprintf(f->ps_addr[i], sizeof f->ps_addr[i], "127.0.0.1:%d", fix_free_port());
+        snprintf(f->ps_addr[i], sizeof f->ps_addr[i], "127.0.0.1:%d", ports[i]);
     for (int i = 0; i < nworkers; i++)
-        snprintf(f->worker_addr[i], sizeof f->worker_addr[i], "127.0.0.1:%d", fix_free_port());
+        snprintf(f->worker_addr[i], sizeof f->worker_addr[i], "127.0.0.1:%d", ports[nps + i]);
 }
 
 /* Create and run ps task i; returns qr_ps_create's status. */
-static int fix_start_ps(cluster_fixture *f, int i) {
+static inline int fix_start_ps(cluster_fixture *f, int i) {
     qr_cluster *c = fix_spec(f, "ps", i);
     int rc = qr_ps_create(&f->ps[i], c, f->cfg);
     qr_cluster_free(c);
@@ -92,7 +104,7 @@ static int fix_start_ps(cluster_fixture *f, int i) {
     return QR_OK;
 }
 
-static qr_worker *fix_worker(cluster_fixture *f, int index) {
+static inline qr_worker *fix_worker(cluster_fixture *f, int index) {
     qr_cluster *c = fix_spec(f, "worker", index);
     qr_worker *w = NULL;
     if (qr_worker_create(&w, c, -1, f->cfg)) fprintf(stderr, "worker: %s\n", qr_last_error());
@@ -101,7 +113,7 @@ static qr_worker *fix_worker(cluster_fixture *f, int index) {
 }
 
 /* Wait for every ps thread to end; frees them and the options. */
-static void fix_join(cluster_fixture *f) {
+static inline void fix_join(cluster_fixture *f) {
     for (int i = 0; i < f->nps; i++) {
         if (!f->ps[i]) continue;
         pthread_join(f->thread[i], NULL);

@@ -1,0 +1,51 @@
+"""seeds.py - writes the starting corpus of fuzz_ps: one well-formed
+request of every kind the ps serves, against the variables fuzz_ps.c
+creates (ids 0 "dense" [4, 3], 1 "table" [8, 2], 2 "adam" [5]), and one
+input with several requests back to back. libFuzzer mutates from these, so
+it starts past the header checks.
+Usage: seeds.py DIR"""
+
+import os
+import struct
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
+from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, floats,  # noqa: E402
+                    frame, push_meta, ready_meta)
+
+CLOCK = 12
+PUSH_STEP, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 4, 1
+
+
+def sparse_push(var_id, rows, dim):
+    meta = struct.pack("<IqII", 1, 0, 0, 0)
+    nbytes = len(rows) * (8 + 4 * dim)
+    meta += struct.pack("<IIQQ", var_id, 1, nbytes, 0)
+    payload = b"".join(struct.pack("<q", r) for r in rows)
+    payload += floats([0.5] * (len(rows) * dim))
+    return frame(PUSH, 6, meta, payload, flags=PUSH_STEP)
+
+
+seeds = {
+    "step": frame(STEP, 1),
+    "hello": frame(HELLO, 2, struct.pack("<III", 1, 0, 0)),
+    "ready": frame(READY, 3, ready_meta(0)),
+    "pull": frame(PULL, 4, struct.pack("<IIII", 3, 0, 1, 2)),
+    "push_dense": frame(PUSH, 5, push_meta([(0, 48)]), floats([0.25] * 12), flags=PUSH_STEP),
+    "push_sparse": sparse_push(1, [3, 0, 3], 2),
+    "push_adam": frame(PUSH, 7, push_meta([(2, 20)]), floats([1.0] * 5)),
+    "push_delta": frame(PUSH, 8, push_meta([(0, 48), (2, 20)]), floats([0.1] * 17),
+                        flags=PUSH_DELTA),
+    "create": frame(CREATE, 9, create_meta([(3, [2], -1.0, "fresh", "optimizer=momentum")]),
+                    floats([1.0, 2.0])),
+    "create_check": frame(CREATE, 10, create_meta([(0, [4, 3], -1.0, "dense")]),
+                          floats([0.0] * 12), flags=CREATE_CHECK_ONLY),
+    "stats": frame(STATS, 11),
+    "clock": frame(CLOCK, 12, struct.pack("<Iq", 0, 1)),
+}
+seeds["pipelined"] = seeds["hello"] + seeds["push_dense"] + seeds["pull"] + seeds["step"]
+
+os.makedirs(sys.argv[1], exist_ok=True)
+for name, data in seeds.items():
+    with open(os.path.join(sys.argv[1], name), "wb") as f:
+        f.write(data)
