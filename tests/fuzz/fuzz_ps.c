@@ -5,6 +5,9 @@
  * One ps runs on a thread of this process (tests/unit/cluster_fixture.h)
  * with three variables made by a real worker: "dense" [4, 3] (SGD),
  * "table" [8, 2] (sparse pushes land here) and "adam" [5] (Adam, slots).
+ * fuzz_ps runs it async with max-staleness 2 (so CLOCK is served);
+ * fuzz_ps_sync, built from this file with FUZZ_SYNC, as synchronous
+ * replicas of 2 workers (COMMIT, TOKEN, held pushes, step applies).
  * Each input is sent as it is on a fresh TCP connection, which is then
  * half-closed and drained until the ps closes it. Then a STEP request on
  * another connection must be answered: a ps that crashed fails the run
@@ -32,7 +35,13 @@ static bool running;
 static int ps_port;
 
 static void start_cluster(void) {
+#ifdef FUZZ_SYNC
+    fix_init(&fix, 1, 2);
+    qr_config_set(fix.cfg, "mode", "sync");
+#else
     fix_init(&fix, 1, 1);
+    qr_config_set(fix.cfg, "max-staleness", "2");
+#endif
     qr_config_set(fix.cfg, "lr", "0.1");
     qr_config_set(fix.cfg, "linger-ms", "0");
     if (fix_start_ps(&fix, 0)) {

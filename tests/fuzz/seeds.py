@@ -1,8 +1,8 @@
-"""seeds.py - writes the starting corpus of fuzz_ps: one well-formed
-request of every kind the ps serves, against the variables fuzz_ps.c
-creates (ids 0 "dense" [4, 3], 1 "table" [8, 2], 2 "adam" [5]), and one
-input with several requests back to back. libFuzzer mutates from these, so
-it starts past the header checks.
+"""seeds.py - writes the starting corpus of fuzz_ps and fuzz_ps_sync: one
+well-formed request of every kind a ps serves, async and sync, against the
+variables fuzz_ps.c creates (ids 0 "dense" [4, 3], 1 "table" [8, 2],
+2 "adam" [5]), and inputs with several requests back to back. libFuzzer
+mutates from these, so it starts past the header checks.
 Usage: seeds.py DIR"""
 
 import os
@@ -13,8 +13,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, floats,  # noqa: E402
                     frame, push_meta, ready_meta)
 
-CLOCK = 12
-PUSH_STEP, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 4, 1
+COMMIT, TOKEN, APPLY, CLOCK = 8, 9, 10, 12
+PUSH_STEP, PUSH_SYNC, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 2, 4, 1
 
 
 def sparse_push(var_id, rows, dim):
@@ -42,8 +42,17 @@ seeds = {
                           floats([0.0] * 12), flags=CREATE_CHECK_ONLY),
     "stats": frame(STATS, 11),
     "clock": frame(CLOCK, 12, struct.pack("<Iq", 0, 1)),
+    # sync mode
+    "hello_sync": frame(HELLO, 13, struct.pack("<III", 1, 0, 1)),
+    "push_sync": frame(PUSH, 14, push_meta([(0, 48)], local_step=0, worker=0, seq=1),
+                       floats([0.25] * 12), flags=PUSH_SYNC),
+    "commit": frame(COMMIT, 15, struct.pack("<IIq", 0, 1, 0)),
+    "token": frame(TOKEN, 16, struct.pack("<I", 0)),
+    "apply": frame(APPLY, 17, struct.pack("<qIII", 0, 1, 0, 1)),
 }
 seeds["pipelined"] = seeds["hello"] + seeds["push_dense"] + seeds["pull"] + seeds["step"]
+seeds["sync_step"] = (seeds["hello_sync"] + seeds["push_sync"] + seeds["commit"] +
+                      seeds["token"] + seeds["pull"])
 
 os.makedirs(sys.argv[1], exist_ok=True)
 for name, data in seeds.items():
