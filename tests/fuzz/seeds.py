@@ -1,10 +1,14 @@
-"""seeds.py - writes the starting corpus of fuzz_ps and fuzz_ps_sync: one
-well-formed request of every kind a ps serves, async and sync, against the
-variables fuzz_ps.c creates (ids 0 "dense" [4, 3], 1 "table" [8, 2],
-2 "adam" [5]), and inputs with several requests back to back. libFuzzer
-mutates from these, so it starts past the header checks.
-Usage: seeds.py DIR"""
+"""seeds.py - writes the starting corpus of a fuzz target into DIR.
 
+ps (fuzz_ps, fuzz_ps_sync): one well-formed request of every kind a ps
+serves, async and sync, against the variables fuzz_ps.c creates (ids
+0 "dense" [4, 3], 1 "table" [8, 2], 2 "adam" [5]), and inputs with several
+requests back to back, so libFuzzer starts past the header checks.
+data (fuzz_data): a small valid file for each loader, behind the byte that
+picks it (0 libsvm, 1 and 2 digits csv, 3 IDX images, 4 IDX labels).
+Usage: seeds.py DIR [ps|data]"""
+
+import gzip
 import os
 import struct
 import sys
@@ -53,6 +57,17 @@ seeds = {
 seeds["pipelined"] = seeds["hello"] + seeds["push_dense"] + seeds["pull"] + seeds["step"]
 seeds["sync_step"] = (seeds["hello_sync"] + seeds["push_sync"] + seeds["commit"] +
                       seeds["token"] + seeds["pull"])
+
+data_seeds = {
+    "libsvm": b"\x00+1 1:0.5 3:1\n-1 2:0.25 7:-3e-2\n\n+1 4:1\n",
+    "libsvm_gz": b"\x00" + gzip.compress(b"+1 1:0.5 3:1\n-1 2:0.25\n"),
+    "digits": b"\x010,1,2,16,3\n4,5,6,7,1\n",
+    "digits65": b"\x02" + (",".join(["3"] * 64) + ",7\n").encode() * 2,
+    "idx_images": b"\x03" + struct.pack(">IIII", 0x803, 2, 2, 2) + bytes([0, 255, 3, 4, 5, 6, 7, 8]),
+    "idx_labels": b"\x04" + struct.pack(">II", 0x801, 3) + bytes([1, 2, 9]),
+}
+if len(sys.argv) > 2 and sys.argv[2] == "data":
+    seeds = data_seeds
 
 os.makedirs(sys.argv[1], exist_ok=True)
 for name, data in seeds.items():
