@@ -191,7 +191,8 @@ QR_API float *qr_worker_var_data(qr_worker *w, int var_id);
 
 /*
  * Pull n variables (all of them if n == 0 and ids == NULL). dst[i] receives
- * variable ids[i]; if dst is NULL, each lands in the worker's local copy.
+ * variable ids[i]; if dst is NULL, each lands in the worker's local copy,
+ * and so does any variable whose dst[i] is NULL.
  * Requests to different ps tasks travel in parallel.
  */
 QR_API int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst);

@@ -682,7 +682,8 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
             int id = n ? ids[i] : i;
             if (w->vars[id].ps != p) continue;
             r->var_ids[r->nvars] = id;
-            r->dst[r->nvars] = dst ? dst[i] : w->vars[id].data;
+            /* A NULL entry, like a NULL array, means the worker's copy. */
+            r->dst[r->nvars] = dst && dst[i] ? dst[i] : w->vars[id].data;
             r->nvars++;
             qr_wbuf_u32(&r->meta, (uint32_t)id);
         }

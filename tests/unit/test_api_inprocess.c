@@ -84,6 +84,14 @@ static void run_push_pull(int nps, const char *transport) {
     float *dst[1] = {mine};
     assert_int_equal(qr_worker_pull(chief, 1, &ids[1], dst), QR_OK);
     assert_memory_equal(mine, b, sizeof mine);
+    /* A NULL entry lands in the worker's copy (it was written to address
+     * 0 + offset: found by tests/fuzz/fuzz_worker.c). */
+    float theirs[3] = {0};
+    float *mixed[2] = {NULL, theirs};
+    memset(qr_worker_var_data(chief, ids[0]), 0, 6 * sizeof(float));
+    assert_int_equal(qr_worker_pull(chief, 2, ids, mixed), QR_OK);
+    for (int i = 0; i < 6; i++) assert_true(w[i] == 1.0f - 0.5f * gw[i]);
+    assert_memory_equal(theirs, b, sizeof theirs);
 
     /* A second worker sees the same values and the same step. */
     qr_worker *other = make_worker(&f, 1);
