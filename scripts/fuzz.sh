@@ -2,8 +2,9 @@
 # fuzz.sh [SECONDS] - build the libFuzzer targets with clang (into
 # build-fuzz) and run each for SECONDS (default 300); 0 only replays the
 # corpus (CI does that). fuzz_ps throws bytes at a live async ps,
-# fuzz_ps_sync at a sync one (tests/fuzz/fuzz_ps.c); fuzz_data feeds the
-# dataset loaders arbitrary files (tests/fuzz/fuzz_data.c).
+# fuzz_ps_sync at a sync one (tests/fuzz/fuzz_ps.c); fuzz_worker answers a
+# real worker's requests with them (fuzz_worker.c); fuzz_data feeds the
+# dataset loaders arbitrary files (fuzz_data.c).
 # The corpus: what tests/fuzz/seeds.py writes, the inputs of past findings
 # against the ps (tests/fuzz/regressions) and whatever earlier runs kept in
 # build-fuzz/corpus-TARGET. A crash, hang or memory blow-up is saved as
@@ -12,19 +13,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
-targets="fuzz_ps fuzz_ps_sync fuzz_data"
+targets="fuzz_ps fuzz_ps_sync fuzz_worker fuzz_data"
 export QR_BUILD_DIR=build-fuzz QR_EXTRA_PACKAGES="clang libclang-rt-14-dev" CC=clang
 QR_BUILD_TARGETS="$targets" scripts/setup.sh -DQR_FUZZ=ON
 if [ "$seconds" = 0 ]; then limit=(-runs=0); else limit=(-max_total_time="$seconds"); fi
 for target in $targets; do
     corpus=build-fuzz/corpus-$target
     mkdir -p "$corpus"
-    if [ "$target" = fuzz_data ]; then
-        /usr/bin/python3 tests/fuzz/seeds.py "$corpus" data
-    else
-        /usr/bin/python3 tests/fuzz/seeds.py "$corpus" ps
-        cp tests/fuzz/regressions/* "$corpus"/
-    fi
+    case $target in
+    fuzz_data) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" data ;;
+    fuzz_worker) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" worker ;;
+    *) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" ps
+       cp tests/fuzz/regressions/* "$corpus"/ ;;
+    esac
     # allocator_may_return_null: a refused huge allocation is the ps's to
     # handle (it answers ENOMEM), not a finding.
     (cd build-fuzz &&

@@ -6,7 +6,10 @@ serves, async and sync, against the variables fuzz_ps.c creates (ids
 requests back to back, so libFuzzer starts past the header checks.
 data (fuzz_data): a small valid file for each loader, behind the byte that
 picks it (0 libsvm, 1 and 2 digits csv, 3 IDX images, 4 IDX labels).
-Usage: seeds.py DIR [ps|data]"""
+worker (fuzz_worker): a correct reply to each request fuzz_worker.c makes,
+behind the byte that picks the request (0 pull, 1 push, 2 step, 3 stats,
+4 sparse push), and an error reply.
+Usage: seeds.py DIR [ps|data|worker]"""
 
 import gzip
 import os
@@ -15,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, floats,  # noqa: E402
-                    frame, push_meta, ready_meta)
+                    frame, header, pad, push_meta, ready_meta)
 
 COMMIT, TOKEN, APPLY, CLOCK = 8, 9, 10, 12
 PUSH_STEP, PUSH_SYNC, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 2, 4, 1
@@ -66,8 +69,20 @@ data_seeds = {
     "idx_images": b"\x03" + struct.pack(">IIII", 0x803, 2, 2, 2) + bytes([0, 255, 3, 4, 5, 6, 7, 8]),
     "idx_labels": b"\x04" + struct.pack(">II", 0x801, 3) + bytes([1, 2, 9]),
 }
+REPLY_BIT = 0x80
+pull_reply_meta = struct.pack("<IIIQQ", 1, 0, 0, 48, 1)
+worker_seeds = {
+    "pull": b"\x00" + frame(PULL | REPLY_BIT, 1, pull_reply_meta, floats([0.5] * 12)),
+    "push": b"\x01" + frame(PUSH | REPLY_BIT, 1, struct.pack("<q", 5)),
+    "step": b"\x02" + frame(STEP | REPLY_BIT, 1, struct.pack("<q", 5)),
+    "stats": b"\x03" + frame(STATS | REPLY_BIT, 1, b'{"staleness":[1,0,0,0,0,0,0,0,0]}'),
+    "sparse": b"\x04" + frame(PUSH | REPLY_BIT, 1, struct.pack("<q", 5)),
+    "error": b"\x00" + header(PULL | REPLY_BIT, 1, 9, 0, status=-1) + b"bad thing" + pad(41),
+}
 if len(sys.argv) > 2 and sys.argv[2] == "data":
     seeds = data_seeds
+elif len(sys.argv) > 2 and sys.argv[2] == "worker":
+    seeds = worker_seeds
 
 os.makedirs(sys.argv[1], exist_ok=True)
 for name, data in seeds.items():
