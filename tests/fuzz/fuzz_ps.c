@@ -122,8 +122,8 @@ static bool ps_answers(void) {
         if (ok) got += (size_t)n;
     }
     qr_frame r;
-    ok = ok && qr_proto_decode_header(rep, 1 << 20, &r) == QR_OK && r.type == (QR_MSG_STEP | QR_MSG_REPLY) &&
-         r.request_id == 7 && r.status == QR_OK;
+    ok = ok && qr_proto_decode_header(rep, 1 << 20, &r) == QR_OK &&
+         r.type == (QR_MSG_STEP | QR_MSG_REPLY) && r.request_id == 7 && r.status == QR_OK;
     close(fd);
     return ok;
 }
