@@ -4,7 +4,8 @@
 # corpus (CI does that). fuzz_ps throws bytes at a live async ps,
 # fuzz_ps_sync at a sync one (tests/fuzz/fuzz_ps.c); fuzz_worker answers a
 # real worker's requests with them (fuzz_worker.c); fuzz_data feeds the
-# dataset loaders arbitrary files (fuzz_data.c).
+# dataset loaders arbitrary files (fuzz_data.c); fuzz_config the cluster
+# spec and option parsers arbitrary text (fuzz_config.c).
 # The corpus: what tests/fuzz/seeds.py writes, the inputs of past findings
 # against the ps (tests/fuzz/regressions) and whatever earlier runs kept in
 # build-fuzz/corpus-TARGET. A crash, hang or memory blow-up is saved as
@@ -13,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
-targets="fuzz_ps fuzz_ps_sync fuzz_worker fuzz_data"
+targets="fuzz_ps fuzz_ps_sync fuzz_worker fuzz_data fuzz_config"
 export QR_BUILD_DIR=build-fuzz QR_EXTRA_PACKAGES="clang libclang-rt-14-dev" CC=clang
 QR_BUILD_TARGETS="$targets" scripts/setup.sh -DQR_FUZZ=ON
 if [ "$seconds" = 0 ]; then limit=(-runs=0); else limit=(-max_total_time="$seconds"); fi
@@ -23,6 +24,7 @@ for target in $targets; do
     case $target in
     fuzz_data) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" data ;;
     fuzz_worker) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" worker ;;
+    fuzz_config) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" config ;;
     *) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" ps
        cp tests/fuzz/regressions/* "$corpus"/ ;;
     esac

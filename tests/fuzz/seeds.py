@@ -9,7 +9,9 @@ picks it (0 libsvm, 1 and 2 digits csv, 3 IDX images, 4 IDX labels).
 worker (fuzz_worker): a correct reply to each request fuzz_worker.c makes,
 behind the byte that picks the request (0 pull, 1 push, 2 step, 3 stats,
 4 sparse push), and an error reply.
-Usage: seeds.py DIR [ps|data|worker]"""
+config (fuzz_config): a TF_CONFIG document, cluster flags, and option lines
+ending in a variable's optimizer options.
+Usage: seeds.py DIR [ps|data|worker|config]"""
 
 import gzip
 import os
@@ -79,10 +81,14 @@ worker_seeds = {
     "sparse": b"\x04" + frame(PUSH | REPLY_BIT, 1, struct.pack("<q", 5)),
     "error": b"\x00" + header(PULL | REPLY_BIT, 1, 9, 0, status=-1) + b"bad thing" + pad(41),
 }
-if len(sys.argv) > 2 and sys.argv[2] == "data":
-    seeds = data_seeds
-elif len(sys.argv) > 2 and sys.argv[2] == "worker":
-    seeds = worker_seeds
+config_seeds = {
+    "tf_config": b'\x00{"cluster":{"ps":["127.0.0.1:2222"],"worker":["127.0.0.1:2223",'
+                 b'"unix:/tmp/x.sock"]},"task":{"type":"worker","index":1}}',
+    "flags": b"\x01127.0.0.1:1,127.0.0.1:2\nlocalhost:3\nworker\n\x00",
+    "options": b"\x02lr=0.5\noptimizer=adam\nbeta1=0.8\noptimizer=ftrl,l1=0.1,lr-power=-0.5",
+}
+kind = sys.argv[2] if len(sys.argv) > 2 else "ps"
+seeds = {"ps": seeds, "data": data_seeds, "worker": worker_seeds, "config": config_seeds}[kind]
 
 os.makedirs(sys.argv[1], exist_ok=True)
 for name, data in seeds.items():
