@@ -510,8 +510,8 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         }
         char want[128];
         qr_shape_str((int)ndim, shape, want, sizeof want);
-        /* Before anything is allocated: a 64-byte request must not make
-         * the ps reserve gigabytes it then never gets the values for. */
+        /* Before anything is allocated: a request of a few hundred bytes
+         * must not make the ps zero gigabytes it never gets values for. */
         if (!check_only && described + (uint64_t)n * 4 > f->payload_len) {
             rc = qr__fail(QR_EPROTO, "CREATE: variable '%s' %s needs %llu bytes of initial "
                           "values but the payload has %llu bytes in all", name, want,

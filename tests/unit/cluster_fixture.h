@@ -2,7 +2,8 @@
  * cluster_fixture.h - a real cluster inside one test process: ps tasks on
  * threads (qr_ps_run), workers as handles on the test's threads, all over
  * real loopback sockets on free ports. Header-only; each test includes it
- * once.
+ * once. The functions are static inline so that a program using only some
+ * of them (the fuzz targets) builds without unused-function warnings.
  */
 #ifndef QR_TEST_CLUSTER_FIXTURE_H
 #define QR_TEST_CLUSTER_FIXTURE_H
