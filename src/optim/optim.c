@@ -176,18 +176,23 @@ int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name, float 
 /* ---- applies ------------------------------------------------------------- */
 
 /* Checks common to every apply, then the optimizer's per-call constants. */
+/* The call's hyperparameters and learning rate (< 0: the optimizer's). */
+static int call_init(const qr_optim *opt, float lr, qr_optim_call *c) {
+    if (isnan(lr) || isinf(lr))
+        return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
+                        opt->ops->name, (double)lr);
+    *c = (qr_optim_call){.hp = &opt->hp, .lr = lr < 0 ? (float)opt->hp.lr : lr};
+    return QR_OK;
+}
+
 static int begin_call(const qr_optim *opt, qr_optim_slots *s, float lr, int64_t global_step,
                       bool sparse, qr_optim_call *c) {
     if (!opt || !s) return qr__fail(QR_EINVAL, "optimizer apply: opt and slots must not be NULL");
     if (s->ops != opt->ops || s->nslots != opt->nslots)
         return qr__fail(QR_EINVAL, "optimizer %s: the slots were made for optimizer %s",
                         opt->ops->name, s->ops->name);
-    if (isnan(lr) || isinf(lr))
-        return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
-                        opt->ops->name, (double)lr);
-    c->hp = &opt->hp;
-    c->lr = lr < 0 ? (float)opt->hp.lr : lr;
-    c->alpha = 0.0f;
+    int rc = call_init(opt, lr, c);
+    if (rc) return rc;
     c->sparse = sparse;
     return opt->ops->begin ? opt->ops->begin(opt, s, global_step, c) : QR_OK;
 }
@@ -270,14 +275,13 @@ int qr_optim_apply_dense_to(const qr_optim *opt, float *out, const float *var,
     if (!qr_optim_stateless(opt))
         return qr__fail(QR_EINVAL, "optimizer %s keeps slots: it cannot apply out of place",
                         opt ? opt->ops->name : "(null)");
-    if (isnan(lr) || isinf(lr))
-        return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
-                        opt->ops->name, (double)lr);
+    qr_optim_call c;
+    int rc = call_init(opt, lr, &c);
+    if (rc) return rc;
     if (n < 0) return qr__fail(QR_EINVAL, "optimizer %s: %lld elements", opt->ops->name, (long long)n);
     if (n > 0 && (!out || !var || !grad))
         return qr__fail(QR_EINVAL, "optimizer %s: out, var and grad must not be NULL",
                         opt->ops->name);
-    qr_optim_call c = {.hp = &opt->hp, .lr = lr < 0 ? (float)opt->hp.lr : lr};
     dense_to_job j = {&c, opt->ops, out, var, grad, n};
     if (opt->pool && n >= opt->parallel_min && qr__optim_pool_run(opt->pool, dense_to_part, &j)) {
         /* done by the pool */

@@ -503,10 +503,10 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr__ps_reply_error(p, f, QR_ENOTREADY, "COMMIT: the chief has not initialized yet");
         return;
     }
-    if (!qr__is_worker(worker, s->N) || local_step > ps->global_step) {
+    bool known = qr__is_worker(worker, s->N);
+    if (!known || local_step > ps->global_step) {
         snprintf(msg, sizeof msg, "COMMIT: worker %u, step %lld: %s", worker,
-                 (long long)local_step,
-                 !qr__is_worker(worker, s->N) ? "no such worker" : "that step has not started");
+                 (long long)local_step, !known ? "no such worker" : "that step has not started");
         qr__ps_reply_error(p, f, QR_EINVAL, msg);
         return;
     }

@@ -219,6 +219,11 @@ static inline bool qr__is_worker(uint32_t index, int n) {
     return n > 0 && index < (uint32_t)n;
 }
 
+/* The optimizer that applies to v: its own, else the ps's. */
+static inline const qr_optim *qr__var_optim(const qr_ps *ps, const qr_var *v) {
+    return v->optim ? v->optim : ps->optim;
+}
+
 /* server.c */
 /* The learning rate of one apply to v: the variable's own or its
  * optimizer's, decayed by the schedule at `step` (steps applied before

@@ -254,7 +254,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
          * into the spare instead (one pass). */
         qr_var *v = it->var;
         it->to_spare = it->nrows < 0 && v->value->refs > 1 &&
-                       (delta || qr_optim_stateless(v->optim ? v->optim : ps->optim));
+                       (delta || qr_optim_stateless(qr__var_optim(ps, v)));
         if (it->to_spare ? qr_var_prepare_spare(v) : qr_var_prepare_write(v)) {
             qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
             return;
@@ -291,7 +291,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
                 return;
             }
             memcpy(idx, raw, (size_t)it->nrows * 8);
-            const qr_optim *sopt = v->optim ? v->optim : ps->optim;
+            const qr_optim *sopt = qr__var_optim(ps, v);
             int rc = delta ? QR_OK
                            : qr_optim_apply_sparse(sopt, v->slots, v->value->data, v->n / dim, dim,
                                                    idx, (const float *)(raw + 8 * it->nrows),
@@ -320,7 +320,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
             v->version++;
             continue;
         }
-        const qr_optim *opt = v->optim ? v->optim : ps->optim;
+        const qr_optim *opt = qr__var_optim(ps, v);
         float lr = qr__ps_lr(ps, v, opt, t - 1);
         if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
         int rc = it->to_spare
@@ -582,7 +582,7 @@ static int create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
                 break;
             }
         }
-        rc = qr_optim_slots_create(v->optim ? v->optim : ps->optim, rows, dim, &v->slots);
+        rc = qr_optim_slots_create(qr__var_optim(ps, v), rows, dim, &v->slots);
         if (rc) break;
         described += (uint64_t)n * 4;
         iov[niov++] = (qr_iov){v->value->data, (size_t)n * 4};

@@ -198,7 +198,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         float *sum = (float *)v->sync_srcs[0]; /* owned by the pending push */
         qr_optim_reduce(sum, v->sync_srcs, v->nsync, v->n, divisor);
         rc = qr_var_prepare_write(v);
-        const qr_optim *opt = v->optim ? v->optim : ps->optim;
+        const qr_optim *opt = qr__var_optim(ps, v);
         if (!rc)
             rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
                                       qr__ps_lr(ps, v, opt, step), step + 1);

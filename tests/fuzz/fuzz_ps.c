@@ -18,13 +18,9 @@
  * Build and run: scripts/fuzz.sh [seconds]. Seeds: tests/fuzz/seeds.py.
  */
 #include "../unit/cluster_fixture.h"
+#include "fuzz_io.h"
 
 #include "wire/proto.h"
-
-#include <errno.h>
-#include <poll.h>
-#include <stdbool.h>
-#include <stdint.h>
 
 /* The longest the ps may take to answer or close: far above any real
  * answer, so only a hang trips it. */
@@ -72,15 +68,6 @@ static int connect_ps(void) {
     return -1;
 }
 
-/* Wait for fd to be ready for `events`; false on timeout. */
-static bool wait_fd(int fd, short events) {
-    struct pollfd p = {.fd = fd, .events = events};
-    int n;
-    do n = poll(&p, 1, FUZZ_TIMEOUT_MS);
-    while (n < 0 && errno == EINTR);
-    return n > 0;
-}
-
 /* Send the input while reading whatever comes back (a ps answers as it
  * reads, and a full socket both ways would stall us both), then
  * half-close and read until the ps closes or goes quiet. */
@@ -102,7 +89,7 @@ static void send_input(const uint8_t *data, size_t size) {
         if (p.revents & (POLLERR | POLLHUP)) break;
     }
     shutdown(fd, SHUT_WR);
-    while (open && wait_fd(fd, POLLIN) && read(fd, sink, sizeof sink) > 0) {
+    while (open && fuzz_wait(fd, POLLIN, FUZZ_TIMEOUT_MS) && read(fd, sink, sizeof sink) > 0) {
     }
     close(fd);
 }
@@ -114,13 +101,8 @@ static bool ps_answers(void) {
     qr_frame f = {.type = QR_MSG_STEP, .request_id = 7};
     uint8_t req[QR_PROTO_ALIGN] = {0}, rep[QR_PROTO_HEADER_LEN]; /* header and its pad */
     qr_proto_encode_header(&f, req);
-    bool ok = send(fd, req, sizeof req, MSG_NOSIGNAL) == (ssize_t)sizeof req;
-    size_t got = 0;
-    while (ok && got < sizeof rep) {
-        ssize_t n = wait_fd(fd, POLLIN) ? read(fd, rep + got, sizeof rep - got) : -1;
-        ok = n > 0;
-        if (ok) got += (size_t)n;
-    }
+    bool ok = fuzz_send_all(fd, req, sizeof req) &&
+              fuzz_read_n(fd, rep, sizeof rep, FUZZ_TIMEOUT_MS);
     qr_frame r;
     ok = ok && qr_proto_decode_header(rep, 1 << 20, &r) == QR_OK &&
          r.type == (QR_MSG_STEP | QR_MSG_REPLY) && r.request_id == 7 && r.status == QR_OK;

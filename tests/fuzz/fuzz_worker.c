@@ -12,13 +12,13 @@
  * past its timeout.
  */
 #include "cluster/cluster.h"
+#include "fuzz_io.h"
 #include "quorum.h"
 #include "wire/proto.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -38,31 +38,9 @@ static uint8_t *reply_bytes;
 static size_t reply_len;
 static bool init_pull_answered; /* qr_worker_initialize pulls once: answer it right */
 
-/* Read exactly n bytes (into buf if not NULL); false on EOF, error or a
- * second without data. */
-static bool read_n(int fd, uint8_t *buf, size_t n) {
-    uint8_t scratch[4096];
-    while (n) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 1000) <= 0) return false;
-        size_t want = buf ? n : (n < sizeof scratch ? n : sizeof scratch);
-        ssize_t k = read(fd, buf ? buf : scratch, want);
-        if (k <= 0) return false;
-        if (buf) buf += k;
-        n -= (size_t)k;
-    }
-    return true;
-}
-
-static void send_all(int fd, const void *data, size_t n) {
-    const uint8_t *p = data;
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k <= 0) return;
-        p += k;
-        n -= (size_t)k;
-    }
-}
+/* A request the worker has started sends the rest at once; a second
+ * without bytes means it has gone quiet. */
+#define READ_TIMEOUT_MS 1000
 
 /* A well-formed OK reply with meta and a payload of zeros. */
 static void reply_ok(int fd, const qr_frame *req, const void *meta, uint32_t meta_len,
@@ -74,7 +52,7 @@ static void reply_ok(int fd, const qr_frame *req, const void *meta, uint32_t met
     if (meta_len) memcpy(out + QR_PROTO_HEADER_LEN, meta, meta_len);
     size_t len = QR_PROTO_HEADER_LEN + meta_len;
     len += qr_proto_pad(len) + payload_len;
-    send_all(fd, out, len + qr_proto_pad(len));
+    fuzz_send_all(fd, out, len + qr_proto_pad(len));
 }
 
 /* Serve one connection: the handshake properly, anything else with the
@@ -83,12 +61,12 @@ static void serve(int fd) {
     for (;;) {
         uint8_t head[QR_PROTO_HEADER_LEN];
         qr_frame req;
-        if (!read_n(fd, head, sizeof head) ||
+        if (!fuzz_read_n(fd, head, sizeof head, READ_TIMEOUT_MS) ||
             qr_proto_decode_header(head, 1u << 30, &req) != QR_OK)
             return;
         uint64_t meta_all = req.meta_len + qr_proto_pad(QR_PROTO_HEADER_LEN + req.meta_len);
         uint64_t payload_all = req.payload_len + qr_proto_pad(req.payload_len);
-        if (!read_n(fd, NULL, meta_all + payload_all)) return;
+        if (!fuzz_read_n(fd, NULL, meta_all + payload_all, READ_TIMEOUT_MS)) return;
         pthread_mutex_lock(&reply_mu);
         bool init_pull = req.type == QR_MSG_PULL && !init_pull_answered;
         init_pull_answered |= init_pull;
@@ -110,7 +88,7 @@ static void serve(int fd) {
             pthread_mutex_unlock(&reply_mu);
             if (!out) abort();
             if (len >= 12) memcpy(out + 8, &req.request_id, 4); /* little-endian */
-            send_all(fd, out, len);
+            fuzz_send_all(fd, out, len);
             free(out);
             return;
         }

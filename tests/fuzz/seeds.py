@@ -27,9 +27,7 @@ PUSH_STEP, PUSH_SYNC, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 2, 4, 1
 
 
 def sparse_push(var_id, rows, dim):
-    meta = struct.pack("<IqII", 1, 0, 0, 0)
-    nbytes = len(rows) * (8 + 4 * dim)
-    meta += struct.pack("<IIQQ", var_id, 1, nbytes, 0)
+    meta = push_meta([(var_id, len(rows) * (8 + 4 * dim), 1)])
     payload = b"".join(struct.pack("<q", r) for r in rows)
     payload += floats([0.5] * (len(rows) * dim))
     return frame(PUSH, 6, meta, payload, flags=PUSH_STEP)

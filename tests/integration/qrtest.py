@@ -83,10 +83,13 @@ def create_meta(items):
 
 
 def push_meta(items, local_step=0, worker=0, seq=0):
-    """items: list of (var_id, nbytes)."""
+    """items: list of (var_id, nbytes) or (var_id, nbytes, kind): kind 0
+    dense (the default), 1 sparse rows."""
     meta = struct.pack("<IqII", len(items), local_step, worker, seq)
-    for var_id, nbytes in items:
-        meta += struct.pack("<IIQQ", var_id, 0, nbytes, 0)
+    for item in items:
+        var_id, nbytes = item[:2]
+        kind = item[2] if len(item) > 2 else 0
+        meta += struct.pack("<IIQQ", var_id, kind, nbytes, 0)
     return meta
 
 
