@@ -117,7 +117,7 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
     for (int i = 0; i < argc; i++) args[n++] = argv[i];
     args[n] = NULL;
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
-    execv(self, args);
+    execv(self, args); /* inherits OPENBLAS_NUM_THREADS=1 (quorum.c, main) */
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", self, strerror(errno));
     _exit(127);
 }

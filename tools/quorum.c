@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *cluster_help =
     "  --ps_hosts H:P,...      addresses of the ps tasks (or unix:/path)\n"
@@ -160,7 +161,22 @@ static int cmd_bench(int argc, char **argv) {
     return 2;
 }
 
+/* quorum computes on one BLAS thread everywhere (train.c: several tasks
+ * share the cores; a ps and the benchmarks make no BLAS call). OpenBLAS
+ * reads OPENBLAS_NUM_THREADS only when it loads, and without it starts a
+ * thread pool whose threads spin on sched_yield for a while (measured:
+ * ~0.1 s of a core per process, and during the first points of `quorum
+ * bench wire` it ran beside the baseline). So the variable is set and the
+ * binary run again, once, before anything else happens. If that exec
+ * fails, quorum goes on as it is. */
+static void one_blas_thread(char **argv) {
+    if (getenv("OPENBLAS_NUM_THREADS")) return;
+    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+    execv("/proc/self/exe", argv);
+}
+
 int main(int argc, char **argv) {
+    one_blas_thread(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

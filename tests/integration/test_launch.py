@@ -63,6 +63,10 @@ time.sleep(3)
 assert p.alive(), "launch ended early"
 children = [int(x) for x in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split()]
 assert len(children) == 3, children
+for pid in children:
+    # No OpenBLAS thread pool spinning in the tasks (launch.c).
+    env = open("/proc/%d/environ" % pid, "rb").read().split(b"\0")
+    assert b"OPENBLAS_NUM_THREADS=1" in env, "child %d: OpenBLAS threads not set to 1" % pid
 p.p.terminate()
 rc, out, err = p.wait(60)
 assert rc == 130, (rc, err)
