@@ -36,6 +36,9 @@ static const key_spec keys[] = {
      "how long a worker waits for the chief to initialize the variables"},
     {"socket-buffer-kb", KEY_INT, "4096", 64, 1048576, 0, NULL,
      "SO_SNDBUF/SO_RCVBUF of every connection"},
+    {"peer-timeout-ms", KEY_INT, "10000", 2000, 86400000, 0, NULL,
+     "TCP: a peer whose machine answers nothing for this long is lost (keepalive probes "
+     "while idle, TCP_USER_TIMEOUT while data waits)"},
     {"max-message-mb", KEY_INT, "2048", 1, 65536, 0, NULL,
      "largest message a ps accepts; larger ones close the connection"},
     {"linger-ms", KEY_INT, "3000", 0, 600000, 0, NULL,

@@ -839,7 +839,10 @@ static void on_lost(qr_conn *c, int status) {
     qr_ps *ps = p->ps;
     /* A worker that finished and one that died look alike here (both close
      * the socket); liveness tracking of workers belongs to the step service. */
-    if (p->worker_index >= 0 && !ps->stopping)
+    if (p->worker_index >= 0 && status == QR_ETIMEDOUT)
+        qr__log(QR_LOG_WARN, "worker %d (%s) stopped answering (peer-timeout-ms): treated as "
+                "gone", p->worker_index, qr_conn_peer(c));
+    else if (p->worker_index >= 0 && !ps->stopping)
         qr__log(QR_LOG_DEBUG, "worker %d (%s) disconnected: %s", p->worker_index,
                 qr_conn_peer(c), qr_strerror(status));
     if (p->role == QR_ROLE_WORKER && p->worker_index >= 0 &&
@@ -945,6 +948,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
+    ps->conn_opt.peer_timeout_ms = (int)qr__config_int(ps->cfg, "peer-timeout-ms");
     ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
     ps->events = (qr_conn_events){.header = on_header, .payload = on_payload,
                                   .message = on_message, .lost = on_lost,

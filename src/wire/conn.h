@@ -59,6 +59,7 @@ typedef struct qr_conn_events {
 typedef struct qr_conn_options {
     int socket_buffer_bytes; /* SO_SNDBUF/SO_RCVBUF; 0 = system default */
     uint64_t max_payload;    /* larger incoming messages close the connection */
+    int peer_timeout_ms;     /* TCP: silent this long = lost (conn_uv.c, set_liveness); 0 = off */
 } qr_conn_options;
 
 typedef void (*qr_send_cb)(qr_conn *c, int status, void *ctx);

@@ -21,6 +21,8 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,8 +194,38 @@ void qr_conn_close(qr_conn *c) {
     if (c) conn_close_with(c, QR_ESTOPPED);
 }
 
+/* A TCP peer whose process dies is seen at once (its kernel closes the
+ * connection), but one whose machine or network goes away sends nothing:
+ * an idle connection would stay open forever, and one with data waiting
+ * for an acknowledgement for about 15 minutes of retransmissions. Within
+ * peer_timeout_ms either way: keepalive probes start after half of it of
+ * silence and a few unanswered ones close the connection; TCP_USER_TIMEOUT
+ * bounds how long sent data may stay unacknowledged. A live peer's kernel
+ * answers probes even while its process computes, so a slow worker is
+ * never mistaken for a dead one. Unix sockets need none of this: a peer on
+ * this machine cannot vanish without its end being closed. */
+static void set_liveness(qr_conn *c) {
+    int ms = c->opt.peer_timeout_ms;
+    uv_os_fd_t fd;
+    if (!c->is_tcp || ms <= 0 || uv_fileno(&c->h.handle, &fd)) return;
+    int total = QR_MAX(ms / 1000, 2); /* keepalive counts whole seconds */
+    int idle = total / 2;
+    int interval = QR_MAX((total - idle) / 5, 1);
+    int probes = QR_MAX((total - idle) / interval, 1);
+    int on = 1;
+    unsigned int user_timeout = (unsigned int)ms;
+    if (setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on) ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle) ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval) ||
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes) ||
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout))
+        qr__log(QR_LOG_WARN, "connection to %s: cannot set keepalive (%s); a vanished peer "
+                "may go unnoticed", c->peer, strerror(errno));
+}
+
 static void tune_socket(qr_conn *c) {
     if (c->is_tcp) uv_tcp_nodelay(&c->h.tcp, 1);
+    set_liveness(c);
     int size = c->opt.socket_buffer_bytes;
     if (size > 0) {
         /* Small default buffers make 1 MiB transfers 3-5x slower on Unix

@@ -427,6 +427,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
      * pushes matters (for the reduction), and it stays increasing. */
     w->push_seq = (uint32_t)((qr__now_ns() ^ ((uint64_t)getpid() << 16)) & 0x7fffffffu);
     w->conn_opt.socket_buffer_bytes = (int)qr__config_int(w->cfg, "socket-buffer-kb") * 1024;
+    w->conn_opt.peer_timeout_ms = (int)qr__config_int(w->cfg, "peer-timeout-ms");
     w->conn_opt.max_payload = UINT64_MAX >> 1;
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
                                  .message = reply_message, .lost = on_lost};

@@ -3,6 +3,7 @@ quorum wire format (to play a hostile or precise client), and running
 quorum processes with a deadline, killing only our own children (by pid
 or by the process group we created), never by name."""
 
+import atexit
 import json
 import os
 import signal
@@ -118,6 +119,20 @@ def connect(port, timeout=10.0):
             time.sleep(0.05)
 
 
+_started = []
+
+
+def _kill_started():
+    for proc in _started:
+        proc.kill()
+
+
+# A test that fails (an assert, an exception) between starting a process
+# and waiting for it must not leave it running: every Proc still alive when
+# the test's interpreter exits is killed, with its process group.
+atexit.register(_kill_started)
+
+
 class Proc:
     """A child process in its own session, so that it and anything it
     starts can be killed together by process group at the end."""
@@ -126,6 +141,7 @@ class Proc:
         self.args = args
         self.p = subprocess.Popen(args, stdout=stdout, stderr=subprocess.PIPE,
                                   text=True, env=env, start_new_session=True)
+        _started.append(self)
 
     def wait(self, timeout):
         try:
