@@ -55,7 +55,8 @@ static const key_spec keys[] = {
     {"sync-timeout-ms", KEY_INT, "600000", 100, 86400000, 0, NULL,
      "sync: a step with no progress this long aborts training with a stall report"},
     {"stall-report-ms", KEY_INT, "10000", 100, 86400000, 0, NULL,
-     "sync: how often a waiting step is reported (which workers are missing)"},
+     "sync: how often a waiting step is reported (which workers are missing); async with "
+     "max-staleness: how often a bound wait is (who waits for whom)"},
     {"sync-stats-file", KEY_STRING, "", 0, 0, 0, NULL,
      "sync: ps 0 writes one JSON line per step here (quorum, stale, wait)"},
     {"max-staleness", KEY_INT, "-1", -1, 1 << 30, 0, NULL,

@@ -8,16 +8,76 @@
  * so no worker runs more than k steps ahead of the slowest. k = 0 is bulk
  * synchronous: every step waits for every live worker, without a quorum.
  * A worker whose connections are all closed is not live and holds nobody
- * back; a wait also ends at stop ("stopped").
+ * back; a wait also ends at stop ("stopped"). A worker that is connected
+ * but makes no progress (hung, stopped, far slower) holds the others as
+ * long as it stays so; every stall-report-ms, ps 0 logs who waits for
+ * whom, so the run says which worker to look at instead of going quiet.
  */
 #include "ps/ps_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
+
+static void on_report_timer(uv_timer_t *t);
 
 int qr__bound_init(qr_ps *ps) {
     ps->max_staleness = qr__config_int(ps->cfg, "max-staleness");
     ps->clock = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->clock);
-    return ps->clock ? QR_OK : QR_ENOMEM;
+    if (!ps->clock) return QR_ENOMEM;
+    if (ps->max_staleness >= 0) {
+        int64_t report_ms = qr__config_int(ps->cfg, "stall-report-ms");
+        uint64_t period = (uint64_t)QR_MAX(50, QR_MIN(1000, report_ms / 4));
+        uv_timer_init(&ps->loop, &ps->bound_timer);
+        ps->bound_timer.data = ps;
+        ps->bound_timer_on = true;
+        uv_timer_start(&ps->bound_timer, on_report_timer, period, period);
+        uv_unref((uv_handle_t *)&ps->bound_timer); /* does not keep the loop alive */
+    }
+    return QR_OK;
+}
+
+static void on_timer_closed(uv_handle_t *h) {
+    (void)h;
+}
+
+void qr__bound_close(qr_ps *ps) {
+    if (ps->bound_timer_on && !uv_is_closing((uv_handle_t *)&ps->bound_timer))
+        uv_close((uv_handle_t *)&ps->bound_timer, on_timer_closed);
+}
+
+/* "worker 1 (step 17), worker 3 (step 16)": the live workers more than
+ * max-staleness steps behind `clock`, the ones b waits for. */
+static void laggards(const qr_ps *ps, int64_t clock, char *buf, size_t len) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int w = 0; w < ps->cluster->nworkers && used < len; w++) {
+        if (ps->worker_conns[w] == 0 || clock - ps->clock[w] <= ps->max_staleness) continue;
+        int n = snprintf(buf + used, len - used, "%sworker %d (step %lld)", used ? ", " : "", w,
+                         (long long)ps->clock[w]);
+        if (n < 0) break;
+        used += (size_t)n;
+    }
+}
+
+static void on_report_timer(uv_timer_t *t) {
+    qr_ps *ps = t->data;
+    if (ps->stopping || !ps->bound_waiters) return;
+    uint64_t now = qr__now_ns();
+    uint64_t report_ns = (uint64_t)qr__config_int(ps->cfg, "stall-report-ms") * 1000000;
+    if (now - ps->bound_report_ns < report_ns) return;
+    const bound_waiter *longest = ps->bound_waiters;
+    int nwaiting = 0;
+    for (const bound_waiter *b = ps->bound_waiters; b; b = b->next, nwaiting++)
+        if (b->since_ns < longest->since_ns) longest = b;
+    if (now - longest->since_ns < report_ns) return;
+    char behind[512];
+    laggards(ps, longest->clock, behind, sizeof behind);
+    qr__log(QR_LOG_WARN, "bounded staleness: worker %u has waited %.1f s to start step %lld "
+            "for %s, more than max-staleness %lld steps behind (%d worker(s) waiting)",
+            longest->worker, (double)(now - longest->since_ns) / 1e9,
+            (long long)longest->clock, behind[0] ? behind : "(nobody now)",
+            (long long)ps->max_staleness, nwaiting);
+    ps->bound_report_ns = now;
 }
 
 void qr__bound_free(qr_ps *ps) {
@@ -82,7 +142,9 @@ void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     }
     b->peer = p;
     b->req = *f;
+    b->worker = worker;
     b->clock = clock;
+    b->since_ns = qr__now_ns();
     b->next = ps->bound_waiters;
     ps->bound_waiters = b;
     qr__bound_update(ps);
@@ -105,6 +167,7 @@ void qr__bound_peer_lost(ps_peer *p) {
 }
 
 void qr__bound_stop(qr_ps *ps) {
+    qr__bound_close(ps);
     while (ps->bound_waiters) {
         bound_waiter *b = ps->bound_waiters;
         ps->bound_waiters = b->next;

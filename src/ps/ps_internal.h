@@ -165,7 +165,9 @@ typedef struct bound_waiter {
     struct bound_waiter *next;
     ps_peer *peer;
     qr_frame req;
+    uint32_t worker;
     int64_t clock; /* the step it wants to start (its completed steps) */
+    uint64_t since_ns;
 } bound_waiter;
 
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
@@ -211,6 +213,9 @@ struct qr_ps {
     float average_decay;     /* moving averages: 0 = off */
     char *average_vars;      /* names to average ("" = all) */
     bound_waiter *bound_waiters;
+    uv_timer_t bound_timer;   /* stall reports of the waits (bound.c) */
+    bool bound_timer_on;
+    uint64_t bound_report_ns; /* when the last one was logged */
 };
 
 /* Does a worker index read off the wire name one of n workers? Compared
@@ -258,6 +263,8 @@ void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__bound_update(qr_ps *ps);
 void qr__bound_peer_lost(ps_peer *p);
 void qr__bound_stop(qr_ps *ps);
+/* Close the stall-report timer (the ps is stopping or being freed). */
+void qr__bound_close(qr_ps *ps);
 
 /* coord.c: ps 0 */
 int qr__coord_init(qr_ps *ps);

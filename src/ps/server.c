@@ -838,7 +838,8 @@ static void on_lost(qr_conn *c, int status) {
     if (!p) return;
     qr_ps *ps = p->ps;
     /* A worker that finished and one that died look alike here (both close
-     * the socket); liveness tracking of workers belongs to the step service. */
+     * the socket). One whose machine vanished closes nothing: the
+     * transport's keepalive declares it lost (QR_ETIMEDOUT), worth a word. */
     if (p->worker_index >= 0 && status == QR_ETIMEDOUT)
         qr__log(QR_LOG_WARN, "worker %d (%s) stopped answering (peer-timeout-ms): treated as "
                 "gone", p->worker_index, qr_conn_peer(c));
@@ -945,7 +946,6 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     ps->worker_conns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_conns);
     ps->worker_lost_ns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_lost_ns);
     if (!ps->worker_conns || !ps->worker_lost_ns) rc = QR_ENOMEM;
-    if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
     ps->conn_opt.peer_timeout_ms = (int)qr__config_int(ps->cfg, "peer-timeout-ms");
@@ -959,6 +959,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     uv_timer_init(&ps->loop, &ps->linger_timer);
     ps->linger_timer.data = ps;
     if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
+    if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
 
     const char *addr_str = ps->cluster->ps[ps->index];
     qr_addr addr;
@@ -1001,6 +1002,7 @@ void qr_ps_free(qr_ps *ps) {
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
     close_loop_handles(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
+    if (!ps->sync.on && ps->index == 0) qr__bound_close(ps);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
     qr__sync_free(ps);

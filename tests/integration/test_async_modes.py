@@ -1,10 +1,12 @@
 """test_async_modes.py - asynchronous training's modes in real runs:
 gradient accumulation, local SGD, bounded staleness (0 = bulk synchronous,
 and 2) and the staleness learning-rate scale each train the MLP on digits to
->= 0.95; under a staleness bound a SIGKILLed worker holds nobody back.
+>= 0.95; under a staleness bound a SIGKILLed worker holds nobody back, and a
+SIGSTOPped one is named in ps 0's stall reports until it goes on.
 Usage: test_async_modes.py QUORUM_BINARY"""
 
 import os
+import signal
 import sys
 import time
 
@@ -55,4 +57,30 @@ assert "worker 1 (pid %d) was killed by signal 9" % victim in err
 # Async: the chief stops at its first push that sees the limit reached;
 # the others may have pushed in the same moment.
 assert last_json(out)["global_step"] >= steps
-print("PASS: async modes train; a dead worker does not hold a staleness bound")
+print("ok: a killed worker holds nobody back")
+
+# A bound of 1 with a worker stopped (SIGSTOP: connected, silent) for 2.5 s:
+# the others wait for it, ps 0 says so every stall-report-ms naming it, and
+# once it goes on the run finishes.
+p = Proc([quorum] + base[:-2] + ["--steps", str(steps), "--max-staleness", "1", "--lr", "0.1",
+                                 "--stall-report-ms", "500", "--json", "--quiet"])
+time.sleep(1.0)
+assert p.alive(), "the run ended before the stop"
+sleeper = None
+for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
+    args = open("/proc/%s/cmdline" % pid).read().split("\0")
+    if args[1] == "worker" and args[args.index("--task_index") + 1] == "1":
+        sleeper = int(pid)
+assert sleeper, "worker 1 not found"
+os.kill(sleeper, signal.SIGSTOP)
+time.sleep(2.5)
+os.kill(sleeper, signal.SIGCONT)
+rc, out, err = p.wait(300)
+assert rc == 0, err[-3000:]
+reports = [l for l in err.splitlines() if "bounded staleness: worker" in l]
+assert reports, "no stall report while worker 1 was stopped:\n" + err[-3000:]
+assert all("for worker 1 (step" in l for l in reports), reports
+assert last_json(out)["global_step"] >= steps
+print("ok: %d stall report(s) named the stopped worker, e.g. %s" % (len(reports), reports[0]))
+print("PASS: async modes train; a dead worker does not hold a staleness bound; a stalled one "
+      "is reported")
