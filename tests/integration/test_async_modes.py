@@ -38,18 +38,24 @@ for name, extra in modes.items():
         # can only miss the other workers' pushes of about one round.
         assert sum(counts[5:]) == 0, counts
 
+
+def bounded_run_with_worker_1(extra=()):
+    """Start a launch under a staleness bound of 1; a second into it,
+    return (the launcher, worker 1's pid)."""
+    p = Proc([quorum] + base[:-2] + ["--steps", str(steps), "--max-staleness", "1",
+                                     "--lr", "0.1", "--json", "--quiet"] + list(extra))
+    time.sleep(1.0)
+    assert p.alive(), "the run ended within a second"
+    for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
+        args = open("/proc/%s/cmdline" % pid).read().split("\0")
+        if args[1] == "worker" and args[args.index("--task_index") + 1] == "1":
+            return p, int(pid)
+    raise AssertionError("worker 1 not found")
+
+
 # A bound of 1 with a worker killed mid-run: the others finish.
 steps = 12000
-p = Proc([quorum] + base[:-2] + ["--steps", str(steps), "--max-staleness", "1", "--lr", "0.1",
-                                 "--json", "--quiet"])
-time.sleep(1.0)
-assert p.alive(), "the run ended before the kill"
-victim = None
-for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
-    args = open("/proc/%s/cmdline" % pid).read().split("\0")
-    if args[1] == "worker" and args[args.index("--task_index") + 1] == "1":
-        victim = int(pid)
-assert victim, "worker 1 not found"
+p, victim = bounded_run_with_worker_1()
 os.kill(victim, 9)
 rc, out, err = p.wait(300)
 assert rc == 0, err[-3000:]
@@ -62,16 +68,7 @@ print("ok: a killed worker holds nobody back")
 # A bound of 1 with a worker stopped (SIGSTOP: connected, silent) for 2.5 s:
 # the others wait for it, ps 0 says so every stall-report-ms naming it, and
 # once it goes on the run finishes.
-p = Proc([quorum] + base[:-2] + ["--steps", str(steps), "--max-staleness", "1", "--lr", "0.1",
-                                 "--stall-report-ms", "500", "--json", "--quiet"])
-time.sleep(1.0)
-assert p.alive(), "the run ended before the stop"
-sleeper = None
-for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
-    args = open("/proc/%s/cmdline" % pid).read().split("\0")
-    if args[1] == "worker" and args[args.index("--task_index") + 1] == "1":
-        sleeper = int(pid)
-assert sleeper, "worker 1 not found"
+p, sleeper = bounded_run_with_worker_1(["--stall-report-ms", "500"])
 os.kill(sleeper, signal.SIGSTOP)
 time.sleep(2.5)
 os.kill(sleeper, signal.SIGCONT)
