@@ -246,6 +246,14 @@ static void push_message(ps_peer *p, const qr_frame *f) {
         it->var->nonfinite_skipped++;
     }
     bool delta = f->flags & QR_PUSH_DELTA;
+    /* A tensor still referenced by a pull reply must be copied before it
+     * changes. Replies lent to the kernel (conn.h) hold it until their
+     * worker is known to have read them: ask every connection now, so a
+     * reply read since does not cost a copy. */
+    bool shared = false;
+    for (int i = 0; i < p->nitems; i++) shared |= !p->items[i].skip && p->items[i].var->value->refs > 1;
+    if (shared)
+        for (ps_peer *q = ps->peers; q; q = q->next) qr_conn_reclaim(q->conn);
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         if (it->skip) continue;

@@ -41,6 +41,7 @@ void qr_var_free(qr_var *v) {
     if (!v) return;
     qr_tensor_unref(v->value);
     qr_tensor_unref(v->spare);
+    for (int i = 0; i < v->nretired; i++) qr_tensor_unref(v->retired[i]);
     qr_tensor_unref(v->average);
     qr_optim_slots_free(v->slots);
     qr_optim_free(v->optim);
@@ -102,14 +103,32 @@ static int make_exclusive(qr_tensor **t) {
     return QR_OK;
 }
 
+/* A tensor of v's size that no reply reads, for v's next value: the
+ * spare if free, else a retired one that came free, else a new one (its
+ * contents are garbage; NULL when out of memory). A busy spare is retired
+ * on the way, while there is room: replies lent to the kernel (conn.h)
+ * hold tensors until the worker has read them, and with several workers
+ * pulling a large variable, several versions are out at once. */
+static qr_tensor *take_free_tensor(qr_var *v) {
+    qr_tensor *t = v->spare;
+    v->spare = NULL;
+    if (t && t->refs == 1) return t;
+    if (t && v->nretired < QR_VAR_MAX_RETIRED) v->retired[v->nretired++] = t;
+    else qr_tensor_unref(t); /* the replies reading it keep it alive */
+    for (int i = 0; i < v->nretired; i++) {
+        if (v->retired[i]->refs > 1) continue;
+        t = v->retired[i];
+        v->retired[i] = v->retired[--v->nretired];
+        return t;
+    }
+    return tensor_alloc(v->n, false);
+}
+
 int qr_var_prepare_write(qr_var *v) {
     qr_tensor *old = v->value;
     if (old->refs == 1) return QR_OK;
-    /* Copy into the spare if no reply reads it any more (ours is the last
-     * reference), else into a new tensor. */
-    qr_tensor *copy = v->spare && v->spare->refs == 1 ? v->spare : tensor_alloc(v->n, false);
+    qr_tensor *copy = take_free_tensor(v);
     if (!copy) return QR_ENOMEM;
-    if (copy != v->spare) qr_tensor_unref(v->spare);
     memcpy(copy->data, old->data, (size_t)v->n * sizeof(float));
     v->value = copy;
     v->spare = old; /* keeps the variable's reference; the replies hold theirs */
@@ -118,9 +137,8 @@ int qr_var_prepare_write(qr_var *v) {
 
 int qr_var_prepare_spare(qr_var *v) {
     if (v->spare && v->spare->refs == 1) return QR_OK;
-    qr_tensor *t = tensor_alloc(v->n, false); /* overwritten by the caller */
+    qr_tensor *t = take_free_tensor(v); /* overwritten by the caller */
     if (!t) return QR_ENOMEM;
-    qr_tensor_unref(v->spare); /* the replies reading it keep it alive */
     v->spare = t;
     return QR_OK;
 }

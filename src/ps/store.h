@@ -34,6 +34,11 @@ qr_tensor *qr_tensor_new(int64_t n);
 qr_tensor *qr_tensor_ref(qr_tensor *t);
 void qr_tensor_unref(qr_tensor *t);
 
+/* At most this many busy former spares a variable keeps for reuse: with
+ * the value and the spare, a variable pulled by several workers at once
+ * holds up to 2 + QR_VAR_MAX_RETIRED tensors of its size. */
+#define QR_VAR_MAX_RETIRED 4
+
 typedef struct qr_var {
     uint32_t id;
     char *name;
@@ -43,6 +48,10 @@ typedef struct qr_var {
     float lr;           /* < 0: the optimizer's learning rate */
     qr_tensor *value;
     qr_tensor *spare;   /* the value before the last copy-on-write, or NULL */
+    /* Former spares still read by replies when a new one was needed, kept
+     * to be reused once free (store.c, take_free_tensor). */
+    qr_tensor *retired[QR_VAR_MAX_RETIRED];
+    int nretired;
     qr_tensor *average; /* exponential moving average, or NULL */
     uint64_t version;   /* applies so far */
     qr_optim *optim;    /* its own optimizer, or NULL for the ps's */

@@ -97,6 +97,11 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n);
  * fails, cb never runs. */
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
                  const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx);
+/* A large payload to a Unix socket is lent to the kernel, not copied
+ * (conn_uv.c, "sending"): its callback runs once the peer has read it,
+ * which the connection checks when the peer next sends something. This
+ * checks now, running the callbacks of sends read since. */
+void qr_conn_reclaim(qr_conn *c);
 /* Bytes queued for writing and not yet sent (for backpressure). */
 size_t qr_conn_pending_bytes(const qr_conn *c);
 /* True if everything sent so far has reached the kernel: the payload

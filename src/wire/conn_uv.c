@@ -18,8 +18,10 @@
  * payload), which keeps small round trips at raw-socket cost.
  */
 #include "wire/conn.h"
+#include "wire/splice.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -44,6 +46,14 @@
  * staging buffer and copy it again: at 1 MiB that is 6% more bytes
  * copied. 4 KiB still holds the header and meta of any common request. */
 #define HEAD_READ_BYTES (4 * 1024)
+
+/* A message with at least this much payload goes to a Unix socket by
+ * splice (splice.h) instead of writev: one copy of the bytes fewer per
+ * transfer (measured: push+pull of 1-64 MiB at 0.98 of the raw socket
+ * loop on average instead of 0.82). Within one send, buffers this large
+ * are spliced and smaller ones (header, meta, pad) written. */
+#define SPLICE_MIN_PAYLOAD (1 << 20)
+#define SPLICE_MIN_BUFFER (64 * 1024)
 
 typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
 
@@ -87,6 +97,18 @@ struct qr_conn {
 
     size_t pending_bytes;
     bool paused;
+
+    /* Spliced sends (see "sending"). The socket is watched for room by a
+     * poll handle on a dup of its fd, since libuv's stream owns the
+     * original's watch. */
+    qr_splicer splicer;
+    bool splice_ready;
+    bool splice_polling;
+    uv_poll_t splice_poll;
+    int splice_fd;
+    struct send_req *splicing, *splicing_tail; /* in order; the head is moving */
+    struct send_req *lent, *lent_tail; /* in the socket, pages not read yet */
+    int open_handles; /* the stream, and splice_poll once set up */
 };
 
 struct qr_listener {
@@ -110,6 +132,11 @@ typedef struct send_req {
     qr_send_cb cb;
     void *ctx;
     size_t bytes;
+    /* spliced sends: the buffers, and how far into them */
+    struct send_req *next;
+    uv_buf_t *bufs;
+    int nbufs, cur;
+    size_t off;
     uint8_t head[]; /* header, a copy of the meta, and the pad: one buffer */
 } send_req;
 
@@ -162,6 +189,9 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     c->ev = ev;
     c->data = data;
     c->state = RX_HEADER;
+    c->splicer.pipe[0] = c->splicer.pipe[1] = -1;
+    c->splice_fd = -1;
+    c->open_handles = 1;
     if (is_tcp)
         uv_tcp_init(loop, &c->h.tcp);
     else
@@ -177,16 +207,50 @@ static void conn_free(qr_conn *c) {
     free(c);
 }
 
+static void conn_release(qr_conn *c) {
+    if (--c->open_handles == 0) conn_free(c);
+}
+
+/* Spliced sends end with the connection: their callbacks run (with the
+ * close status) before `lost`, as every send's does. */
+static void fail_spliced(qr_conn *c, int status) {
+    send_req *lists[2] = {c->splicing, c->lent};
+    c->splicing = c->splicing_tail = c->lent = c->lent_tail = NULL;
+    for (int i = 0; i < 2; i++) {
+        for (send_req *r = lists[i], *next; r; r = next) {
+            next = r->next;
+            c->pending_bytes -= r->bytes;
+            if (r->cb) r->cb(c, status ? status : QR_EPEERLOST, r->ctx);
+            free(r->bufs);
+            free(r);
+        }
+    }
+}
+
 static void on_close(uv_handle_t *h) {
     qr_conn *c = h->data;
+    fail_spliced(c, c->close_status);
     if (c->ev->lost) c->ev->lost(c, c->close_status);
-    conn_free(c);
+    conn_release(c);
+}
+
+static void on_splice_poll_closed(uv_handle_t *h) {
+    conn_release(h->data);
 }
 
 static void conn_close_with(qr_conn *c, int status) {
     if (c->closing) return;
     c->closing = true;
     c->close_status = status;
+    if (c->splice_ready) {
+        /* Every descriptor of the socket and the pipe is closed before
+         * this returns, so the kernel drops the pages lent to them: the
+         * buffers of the failed sends may be reused at once. */
+        uv_close((uv_handle_t *)&c->splice_poll, on_splice_poll_closed);
+        close(c->splice_fd);
+        c->splice_fd = -1;
+        qr_splicer_close(&c->splicer);
+    }
     uv_close(&c->h.handle, on_close);
 }
 
@@ -402,9 +466,12 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     buf->len = c->large_recent ? HEAD_READ_BYTES : STAGING_BYTES;
 }
 
+static void reclaim_lent(qr_conn *c);
+
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     qr_conn *c = s->data;
     if (c->closing) return;
+    reclaim_lent(c); /* the peer speaks: it may have read what was lent */
     if (nread == UV_ENOBUFS) return; /* our own skip_read: not an error */
     if (nread < 0) {
         if (nread != UV_EOF)
@@ -433,6 +500,129 @@ static int start_reading(qr_conn *c) {
 }
 
 /* ---- sending ------------------------------------------------------------ */
+
+/*
+ * Two paths. Most messages go through uv_write (writev from the caller's
+ * buffers; libuv queues what the socket cannot take yet). A message with
+ * a large payload to a Unix socket is spliced instead (splice.h): its
+ * pages are lent to the kernel, so its callback - which frees the caller
+ * to change or release the buffers - runs only once the peer has read
+ * every byte written so far (the socket's unread count is zero), checked
+ * whenever the peer sends something and after each spliced message. For a
+ * ps that is when the worker's next request arrives: until then a pull
+ * reply keeps its tensor, and an apply copies (store.h).
+ *
+ * The two paths never interleave: a message is spliced only when libuv's
+ * queue is empty, and while spliced messages are still moving every later
+ * message of the connection follows them through this path.
+ */
+
+static void on_splice_writable(uv_poll_t *h, int status, int events);
+static void reclaim_lent(qr_conn *c);
+
+/* Give the callbacks of lent sends once the peer has read everything. */
+void qr_conn_reclaim(qr_conn *c) {
+    reclaim_lent(c);
+}
+
+static void reclaim_lent(qr_conn *c) {
+    if (!c->lent || c->closing) return;
+    long unread = qr_splice_unread(c->splice_fd);
+    if (unread != 0) return;
+    send_req *r = c->lent;
+    c->lent = c->lent_tail = NULL;
+    for (send_req *next; r; r = next) {
+        next = r->next;
+        c->pending_bytes -= r->bytes;
+        if (r->cb) r->cb(c, QR_OK, r->ctx);
+        free(r->bufs);
+        free(r);
+    }
+}
+
+/* Write buf[*off, len) to the non-blocking socket: 0 done, 1 full, -errno. */
+static int write_some(int fd, const uv_buf_t *b, size_t *off) {
+    while (*off < b->len) {
+        ssize_t n = write(fd, b->base + *off, b->len - *off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return errno == EAGAIN ? 1 : -errno;
+        *off += (size_t)n;
+    }
+    return 0;
+}
+
+/* Move the spliced sends along as far as the socket lets us. Callbacks
+ * of lent sends may run at the end, unless called from qr_conn_send
+ * (a send's callback never runs inside the call that made it). */
+static void pump_spliced(qr_conn *c, bool may_reclaim) {
+    while (c->splicing && !c->closing) {
+        send_req *r = c->splicing;
+        while (r->cur < r->nbufs) {
+            const uv_buf_t *b = &r->bufs[r->cur];
+            int rc = b->len >= SPLICE_MIN_BUFFER
+                         ? qr_splicer_send(&c->splicer, c->splice_fd, b->base, b->len, &r->off)
+                         : write_some(c->splice_fd, b, &r->off);
+            if (rc == 1) {
+                if (!c->splice_polling &&
+                    uv_poll_start(&c->splice_poll, UV_WRITABLE, on_splice_writable) == 0)
+                    c->splice_polling = true;
+                return;
+            }
+            if (rc < 0) {
+                qr__log(QR_LOG_DEBUG, "send to %s failed: %s", c->peer, strerror(-rc));
+                conn_close_with(c, rc == -EPIPE || rc == -ECONNRESET ? QR_EPEERLOST : QR_EIO);
+                return;
+            }
+            r->cur++;
+            r->off = 0;
+        }
+        c->splicing = r->next;
+        if (!c->splicing) c->splicing_tail = NULL;
+        r->next = NULL;
+        if (c->lent_tail) c->lent_tail->next = r;
+        else c->lent = r;
+        c->lent_tail = r;
+    }
+    if (c->splice_polling && !c->closing) {
+        uv_poll_stop(&c->splice_poll);
+        c->splice_polling = false;
+    }
+    if (may_reclaim) reclaim_lent(c);
+}
+
+static void on_splice_writable(uv_poll_t *h, int status, int events) {
+    (void)events;
+    qr_conn *c = h->data;
+    if (status < 0) {
+        conn_close_with(c, from_uv(status));
+        return;
+    }
+    pump_spliced(c, true);
+}
+
+/* Set the splice path up on first use; false if it cannot be had (then
+ * the connection writes as usual). */
+static bool splice_setup(qr_conn *c) {
+    if (c->splice_ready) return true;
+    uv_os_fd_t fd;
+    if (c->is_tcp || !qr_splice_works() || uv_fileno(&c->h.handle, &fd)) return false;
+    int dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0) return false;
+    if (qr_splicer_open(&c->splicer) != QR_OK) {
+        close(dup_fd);
+        return false;
+    }
+    if (uv_poll_init(c->loop, &c->splice_poll, dup_fd)) {
+        qr_splicer_close(&c->splicer);
+        close(dup_fd);
+        return false;
+    }
+    c->splice_poll.data = c;
+    c->splice_fd = dup_fd;
+    c->splice_ready = true;
+    c->open_handles++;
+    return true;
+}
 
 static void on_write(uv_write_t *req, int status) {
     send_req *r = (send_req *)req;
@@ -480,6 +670,29 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
     for (int i = 0; i < npayload; i++)
         if (payload[i].len) bufs[n++] = uv_buf_init(payload[i].base, (unsigned)payload[i].len);
     if (tail_len) bufs[n++] = uv_buf_init((char *)zero_pad, tail_len);
+    bool splice = c->splicing != NULL ||
+                  (hdr.payload_len >= SPLICE_MIN_PAYLOAD &&
+                   uv_stream_get_write_queue_size(&c->h.stream) == 0 && splice_setup(c));
+    if (splice) {
+        r->bufs = malloc((size_t)n * sizeof *bufs);
+        if (!r->bufs) {
+            if (bufs != small) free(bufs);
+            free(r);
+            return qr__fail(QR_ENOMEM, "out of memory for a send");
+        }
+        memcpy(r->bufs, bufs, (size_t)n * sizeof *bufs);
+        if (bufs != small) free(bufs);
+        r->nbufs = n;
+        r->cur = 0;
+        r->off = 0;
+        r->next = NULL;
+        if (c->splicing_tail) c->splicing_tail->next = r;
+        else c->splicing = r;
+        c->splicing_tail = r;
+        c->pending_bytes += r->bytes;
+        pump_spliced(c, false);
+        return QR_OK;
+    }
     /* uv_write copies the array of buffers, not the bytes. */
     int rc = uv_write(&r->req, &c->h.stream, bufs, (unsigned)n, on_write);
     if (bufs != small) free(bufs);
@@ -508,7 +721,7 @@ bool qr_conn_paused(const qr_conn *c) {
 }
 
 bool qr_conn_all_written(const qr_conn *c) {
-    return uv_stream_get_write_queue_size(&c->h.stream) == 0;
+    return uv_stream_get_write_queue_size(&c->h.stream) == 0 && !c->splicing && !c->lent;
 }
 
 size_t qr_conn_pending_bytes(const qr_conn *c) {

@@ -3,7 +3,8 @@
  * tasks on threads, workers on the test's thread, real sockets (Unix and
  * TCP). Checks exact values after SGD applies, the global step, pulls into
  * caller buffers, placement over two ps, declaration checks between
- * workers, error paths, and the clean stop.
+ * workers, error paths, the clean stop, and that a large pull (spliced,
+ * zero-copy) is always one whole version of the variable.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -300,6 +301,90 @@ static void test_per_variable_optimizer_options(void **state) {
     join_cluster(&f);
 }
 
+/* Large pull replies over a Unix socket are spliced: the kernel reads
+ * the tensor's own pages while the worker copies them out, and the ps must
+ * not change them until the worker has read them all (conn_uv.c). Worker
+ * B adds 1 to every element of a 2 MiB variable, again and again, while
+ * worker A pulls it: each pull must be one version whole (every element
+ * equal). A reply whose pages were given back early would show a mix:
+ * with the check of the unread count taken out, 3 runs of 3 failed. 2 MiB
+ * fits the socket buffer, so a whole reply is lent at once and the window
+ * for such a mistake is wide. */
+#define BIG_N ((int64_t)1 << 19)
+#define BIG_PUSHES 400
+
+typedef struct pusher {
+    qr_worker *w;
+    int id;
+    int failures;
+    char error[256];
+    volatile int done;
+} pusher;
+
+static void *push_ones(void *arg) {
+    pusher *p = arg;
+    float *ones = malloc((size_t)BIG_N * sizeof(float));
+    for (int64_t i = 0; ones && i < BIG_N; i++) ones[i] = 1.0f;
+    const float *grads[1] = {ones};
+    for (int k = 0; ones && k < BIG_PUSHES; k++) {
+        if (qr_worker_push(p->w, 1, &p->id, grads, QR_PUSH_DELTA, NULL) != QR_OK) {
+            p->failures++;
+            snprintf(p->error, sizeof p->error, "%s", qr_last_error());
+        }
+    }
+    if (!ones) p->failures++;
+    free(ones);
+    __atomic_store_n(&p->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void test_large_pulls_are_whole_versions(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 1, "unix");
+    qr_worker *a = make_worker(&f, 0), *b = make_worker(&f, 1);
+    int64_t shape[1] = {BIG_N};
+    int id_a, id_b;
+    assert_int_equal(qr_worker_declare(a, "big", 1, shape, "zeros", 1, -1, &id_a), QR_OK);
+    assert_int_equal(qr_worker_declare(b, "big", 1, shape, "zeros", 1, -1, &id_b), QR_OK);
+    assert_int_equal(qr_worker_initialize(a), QR_OK);
+    assert_int_equal(qr_worker_initialize(b), QR_OK);
+    pusher p = {.w = b, .id = id_b};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, push_ones, &p), 0);
+    int pulls = 0, torn = 0;
+    float last = 0;
+    while (!__atomic_load_n(&p.done, __ATOMIC_ACQUIRE)) {
+        assert_int_equal(qr_worker_pull(a, 1, &id_a, NULL), QR_OK);
+        const float *x = qr_worker_var_data(a, id_a);
+        int64_t i = 1;
+        while (i < BIG_N && x[i] == x[0]) i++;
+        if (i < BIG_N) {
+            if (!torn)
+                fprintf(stderr, "pull %d: element 0 is %g but element %lld is %g\n", pulls,
+                        (double)x[0], (long long)i, (double)x[i]);
+            torn++;
+        }
+        assert_true(x[0] >= last); /* versions only go forward */
+        last = x[0];
+        pulls++;
+    }
+    pthread_join(t, NULL);
+    if (p.failures) fprintf(stderr, "push failed: %s\n", p.error);
+    assert_int_equal(p.failures, 0);
+    assert_int_equal(torn, 0);
+    assert_int_equal(qr_worker_pull(a, 1, &id_a, NULL), QR_OK);
+    const float *x = qr_worker_var_data(a, id_a);
+    for (int64_t i = 0; i < BIG_N; i++)
+        if (x[i] != (float)BIG_PUSHES) fail_msg("element %lld is %g", (long long)i, (double)x[i]);
+    fprintf(stderr, "%d whole pulls while %d pushes went in\n", pulls, BIG_PUSHES);
+    assert_true(pulls > 1);
+    assert_int_equal(qr_worker_stop_cluster(a), QR_OK);
+    qr_worker_free(b);
+    qr_worker_free(a);
+    join_cluster(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pull_unix_one_ps),
@@ -309,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_reconnects_after_ps_restart),
         cmocka_unit_test(test_nonfinite_policies),
         cmocka_unit_test(test_per_variable_optimizer_options),
+        cmocka_unit_test(test_large_pulls_are_whole_versions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,15 +45,19 @@ static void test_copy_on_write(void **state) {
     assert_int_equal(in_flight->refs, 2);
 
     /* A second reply while the first is still being written: the spare is
-     * busy, so the next copy goes to a new tensor and the busy one is let
-     * go (the first reply still holds it). */
+     * busy, so the next copy goes to a new tensor and the busy one is
+     * retired: kept (a reference of the variable's) to be reused once the
+     * first reply lets go of it. */
     qr_tensor *second = qr_tensor_ref(v->value);
     assert_int_equal(qr_var_prepare_write(v), QR_OK);
     assert_ptr_not_equal(v->value, second);
     assert_ptr_not_equal(v->value, in_flight);
     assert_ptr_equal(v->spare, second);
-    assert_int_equal(in_flight->refs, 1);
+    assert_int_equal(v->nretired, 1);
+    assert_ptr_equal(v->retired[0], in_flight);
+    assert_int_equal(in_flight->refs, 2);
     assert_true(v->value->data[3] == 100.0f);
+    float *retired_data = in_flight->data;
     qr_tensor_unref(in_flight);
 
     /* Both replies done: the next copy reuses the spare's memory. */
@@ -65,7 +69,18 @@ static void test_copy_on_write(void **state) {
     assert_ptr_equal(v->value->data, spare_data);
     assert_true(v->value->data[3] == 100.0f && v->value->data[5] == -7.0f);
     assert_ptr_equal(v->spare, third);
+
+    /* A fourth reply while the third still holds the spare: the retired
+     * tensor, free now, takes the copy (no new memory) and the busy spare
+     * is retired in its place. */
+    qr_tensor *fourth = qr_tensor_ref(v->value);
+    assert_int_equal(qr_var_prepare_write(v), QR_OK);
+    assert_ptr_equal(v->value->data, retired_data);
+    assert_true(v->value->data[5] == -7.0f);
+    assert_int_equal(v->nretired, 1);
+    assert_ptr_equal(v->retired[0], third);
     qr_tensor_unref(third);
+    qr_tensor_unref(fourth);
     qr_var_free(v);
 }
 
@@ -88,12 +103,13 @@ static void test_write_into_spare(void **state) {
     assert_ptr_equal(v->spare, reply1);
 
     /* The spare is still read by reply1 and the value by reply2: a new
-     * spare again, and the busy one is let go (reply1 keeps it alive). */
+     * spare again, and the busy one is retired for later reuse. */
     qr_tensor *reply2 = qr_tensor_ref(v->value);
     assert_int_equal(qr_var_prepare_spare(v), QR_OK);
     assert_ptr_not_equal(v->spare, reply1);
     assert_ptr_not_equal(v->spare, reply2);
-    assert_int_equal(reply1->refs, 1);
+    assert_int_equal(reply1->refs, 2);
+    assert_ptr_equal(v->retired[0], reply1);
     assert_true(reply1->data[2] == 2.0f);
     qr_tensor_unref(reply1);
     for (int i = 0; i < 8; i++) v->spare->data[i] = v->value->data[i] + 1.0f;
