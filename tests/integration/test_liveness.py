@@ -47,6 +47,13 @@ def set_up():
         ip("-n", ns, "link", "set", "lo", "up")
 
 
+def connected(ns, peer):
+    """Has ns an established TCP connection with address peer?"""
+    out = subprocess.run(["ip", "netns", "exec", ns, "ss", "-Htn", "state", "established",
+                          "dst", peer], capture_output=True, text=True).stdout
+    return bool(out.strip())
+
+
 def tear_down():
     for ns in (ns_a, ns_b):
         ip("netns", "del", ns, check=False)  # takes its end of the veth pair along
@@ -74,7 +81,18 @@ try:
     ps = start(ns_a, "ps", 0)
     chief = start(ns_a, "worker", 0, ["--json"])
     other = start(ns_b, "worker", 1)
-    time.sleep(2.0)
+    # Cut only once worker 1 is connected to the ps and training (on a
+    # loaded machine it may take a while to start; cut before it connects
+    # and there is nothing to notice).
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if connected(ns_a, addr_b):
+            break
+        assert other.alive() and chief.alive(), "a worker ended before training started"
+        time.sleep(0.1)
+    else:
+        raise AssertionError("worker 1 never connected to the ps")
+    time.sleep(1.0)
     assert chief.alive() and other.alive(), "training ended before the link went down"
     ip("-n", ns_b, "link", "set", link_b, "down")
     cut = time.time()
