@@ -562,10 +562,14 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
             int rc = b->len >= SPLICE_MIN_BUFFER
                          ? qr_splicer_send(&c->splicer, c->splice_fd, b->base, b->len, &r->off)
                          : write_some(c->splice_fd, b, &r->off);
-            if (rc == 1) {
-                if (!c->splice_polling &&
-                    uv_poll_start(&c->splice_poll, UV_WRITABLE, on_splice_writable) == 0)
+            if (rc == 1) { /* the socket is full: go on when it has room */
+                if (!c->splice_polling) {
+                    if (uv_poll_start(&c->splice_poll, UV_WRITABLE, on_splice_writable)) {
+                        conn_close_with(c, QR_EIO); /* else nothing would ever wake it */
+                        return;
+                    }
                     c->splice_polling = true;
+                }
                 return;
             }
             if (rc < 0) {
