@@ -175,7 +175,6 @@ int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name, float 
 
 /* ---- applies ------------------------------------------------------------- */
 
-/* Checks common to every apply, then the optimizer's per-call constants. */
 /* The call's hyperparameters and learning rate (< 0: the optimizer's). */
 static int call_init(const qr_optim *opt, float lr, qr_optim_call *c) {
     if (isnan(lr) || isinf(lr))
@@ -185,6 +184,7 @@ static int call_init(const qr_optim *opt, float lr, qr_optim_call *c) {
     return QR_OK;
 }
 
+/* Checks common to every apply, then the optimizer's per-call constants. */
 static int begin_call(const qr_optim *opt, qr_optim_slots *s, float lr, int64_t global_step,
                       bool sparse, qr_optim_call *c) {
     if (!opt || !s) return qr__fail(QR_EINVAL, "optimizer apply: opt and slots must not be NULL");

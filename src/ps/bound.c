@@ -26,6 +26,7 @@ int qr__bound_init(qr_ps *ps) {
     if (!ps->clock) return QR_ENOMEM;
     if (ps->max_staleness >= 0) {
         int64_t report_ms = qr__config_int(ps->cfg, "stall-report-ms");
+        ps->bound_report_every_ns = (uint64_t)report_ms * 1000000;
         uint64_t period = (uint64_t)QR_MAX(50, QR_MIN(1000, report_ms / 4));
         uv_timer_init(&ps->loop, &ps->bound_timer);
         ps->bound_timer.data = ps;
@@ -63,7 +64,7 @@ static void on_report_timer(uv_timer_t *t) {
     qr_ps *ps = t->data;
     if (ps->stopping || !ps->bound_waiters) return;
     uint64_t now = qr__now_ns();
-    uint64_t report_ns = (uint64_t)qr__config_int(ps->cfg, "stall-report-ms") * 1000000;
+    uint64_t report_ns = ps->bound_report_every_ns;
     if (now - ps->bound_report_ns < report_ns) return;
     const bound_waiter *longest = ps->bound_waiters;
     int nwaiting = 0;

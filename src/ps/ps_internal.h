@@ -216,6 +216,7 @@ struct qr_ps {
     uv_timer_t bound_timer;   /* stall reports of the waits (bound.c) */
     bool bound_timer_on;
     uint64_t bound_report_ns; /* when the last one was logged */
+    uint64_t bound_report_every_ns; /* stall-report-ms */
 };
 
 /* Does a worker index read off the wire name one of n workers? Compared

@@ -1010,7 +1010,7 @@ void qr_ps_free(qr_ps *ps) {
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
     close_loop_handles(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
-    if (!ps->sync.on && ps->index == 0) qr__bound_close(ps);
+    qr__bound_close(ps);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
     qr__sync_free(ps);

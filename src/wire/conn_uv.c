@@ -211,20 +211,25 @@ static void conn_release(qr_conn *c) {
     if (--c->open_handles == 0) conn_free(c);
 }
 
+/* Run the callbacks of a detached list of spliced sends, and free them. */
+static void finish_spliced(qr_conn *c, send_req *list, int status) {
+    for (send_req *r = list, *next; r; r = next) {
+        next = r->next;
+        c->pending_bytes -= r->bytes;
+        if (r->cb) r->cb(c, status, r->ctx);
+        free(r->bufs);
+        free(r);
+    }
+}
+
 /* Spliced sends end with the connection: their callbacks run (with the
  * close status) before `lost`, as every send's does. */
 static void fail_spliced(qr_conn *c, int status) {
-    send_req *lists[2] = {c->splicing, c->lent};
+    send_req *splicing = c->splicing, *lent = c->lent;
     c->splicing = c->splicing_tail = c->lent = c->lent_tail = NULL;
-    for (int i = 0; i < 2; i++) {
-        for (send_req *r = lists[i], *next; r; r = next) {
-            next = r->next;
-            c->pending_bytes -= r->bytes;
-            if (r->cb) r->cb(c, status ? status : QR_EPEERLOST, r->ctx);
-            free(r->bufs);
-            free(r);
-        }
-    }
+    if (!status) status = QR_EPEERLOST;
+    finish_spliced(c, splicing, status);
+    finish_spliced(c, lent, status);
 }
 
 static void on_close(uv_handle_t *h) {
@@ -466,12 +471,10 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     buf->len = c->large_recent ? HEAD_READ_BYTES : STAGING_BYTES;
 }
 
-static void reclaim_lent(qr_conn *c);
-
 static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     qr_conn *c = s->data;
     if (c->closing) return;
-    reclaim_lent(c); /* the peer speaks: it may have read what was lent */
+    qr_conn_reclaim(c); /* the peer speaks: it may have read what was lent */
     if (nread == UV_ENOBUFS) return; /* our own skip_read: not an error */
     if (nread < 0) {
         if (nread != UV_EOF)
@@ -518,26 +521,13 @@ static int start_reading(qr_conn *c) {
  */
 
 static void on_splice_writable(uv_poll_t *h, int status, int events);
-static void reclaim_lent(qr_conn *c);
 
 /* Give the callbacks of lent sends once the peer has read everything. */
 void qr_conn_reclaim(qr_conn *c) {
-    reclaim_lent(c);
-}
-
-static void reclaim_lent(qr_conn *c) {
-    if (!c->lent || c->closing) return;
-    long unread = qr_splice_unread(c->splice_fd);
-    if (unread != 0) return;
-    send_req *r = c->lent;
+    if (!c->lent || c->closing || qr_splice_unread(c->splice_fd) != 0) return;
+    send_req *lent = c->lent;
     c->lent = c->lent_tail = NULL;
-    for (send_req *next; r; r = next) {
-        next = r->next;
-        c->pending_bytes -= r->bytes;
-        if (r->cb) r->cb(c, QR_OK, r->ctx);
-        free(r->bufs);
-        free(r);
-    }
+    finish_spliced(c, lent, QR_OK);
 }
 
 /* Write buf[*off, len) to the non-blocking socket: 0 done, 1 full, -errno. */
@@ -591,7 +581,7 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
         uv_poll_stop(&c->splice_poll);
         c->splice_polling = false;
     }
-    if (may_reclaim) reclaim_lent(c);
+    if (may_reclaim) qr_conn_reclaim(c);
 }
 
 static void on_splice_writable(uv_poll_t *h, int status, int events) {
