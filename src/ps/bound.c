@@ -136,6 +136,15 @@ void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr__ps_reply_error(p, f, QR_EINVAL, "CLOCK: no such worker, or a negative clock");
         return;
     }
+    int waits = 0;
+    for (const bound_waiter *o = ps->bound_waiters; o; o = o->next) waits += o->peer == p;
+    if (waits >= PEER_MAX_WAITS) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "CLOCK: this connection has %d CLOCK requests waiting already "
+                 "(at most %d)", waits, PEER_MAX_WAITS);
+        qr__ps_reply_error(p, f, QR_EINVAL, msg);
+        return;
+    }
     bound_waiter *b = qr__calloc(1, sizeof *b);
     if (!b) {
         qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");

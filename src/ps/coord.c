@@ -121,14 +121,23 @@ static void serve_waiters(ps_sync *s) {
     for (token_waiter *w = s->waiters; w; w = w->next) s->waiters_tail = w;
 }
 
-static token_waiter *add_waiter(ps_sync *s, ps_peer *p) {
+/* Queues a place for p at the back; QR_EINVAL when p holds
+ * PEER_MAX_WAITS places already, QR_ENOMEM when out of memory (the error
+ * is set either way). */
+static int add_waiter(ps_sync *s, ps_peer *p, token_waiter **out) {
+    int held = 0;
+    for (const token_waiter *o = s->waiters; o; o = o->next) held += o->peer == p;
+    if (held >= PEER_MAX_WAITS)
+        return qr__fail(QR_EINVAL, "this connection holds %d places in the token queue already "
+                        "(at most %d)", held, PEER_MAX_WAITS);
     token_waiter *w = qr__calloc(1, sizeof *w);
-    if (!w) return NULL;
+    if (!w) return QR_ENOMEM;
     w->peer = p;
     if (s->waiters_tail) s->waiters_tail->next = w;
     else s->waiters = w;
     s->waiters_tail = w;
-    return w;
+    *out = w;
+    return QR_OK;
 }
 
 static void end_waiters(ps_sync *s, int status, const char *msg) {
@@ -511,8 +520,11 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     /* The worker's place in the token queue, fresh or stale alike. */
-    if (!add_waiter(s, p)) {
-        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+    token_waiter *place;
+    int rc = add_waiter(s, p, &place);
+    if (rc) {
+        snprintf(msg, sizeof msg, "COMMIT: %s", qr_last_error());
+        qr__ps_reply_error(p, f, rc, msg);
         return;
     }
     if (local_step < ps->global_step || s->applying) {
@@ -551,9 +563,11 @@ void qr__coord_token(ps_peer *p, const qr_frame *f) {
      * without having committed (after a restart, say) queues anew. */
     token_waiter *w = s->waiters;
     while (w && (w->peer != p || w->has_request)) w = w->next;
-    if (!w) w = add_waiter(s, p);
-    if (!w) {
-        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+    int rc = w ? QR_OK : add_waiter(s, p, &w);
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "TOKEN: %s", qr_last_error());
+        qr__ps_reply_error(p, f, rc, msg);
         return;
     }
     w->has_request = true;

@@ -25,6 +25,13 @@
  * drain: bounds the memory a slow or hostile reader can pin. */
 #define PEER_MAX_PENDING (256ull << 20)
 
+/* A connection may hold at most this many requests the ps answers later
+ * (TOKEN places and requests, CLOCK waits). A worker's calls block, so a
+ * live one has one or two; without a bound, a client that keeps asking
+ * for what will not come soon grows the ps's memory without end, since a
+ * waiting request has no reply queued for PEER_MAX_PENDING to count. */
+#define PEER_MAX_WAITS 16
+
 typedef struct push_item {
     qr_var *var;
     uint64_t offset; /* into the request's gradient buffer */
