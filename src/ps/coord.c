@@ -121,9 +121,9 @@ static void serve_waiters(ps_sync *s) {
     for (token_waiter *w = s->waiters; w; w = w->next) s->waiters_tail = w;
 }
 
-/* Queues a place for p at the back; QR_EINVAL when p holds
- * PEER_MAX_WAITS places already, QR_ENOMEM when out of memory (the error
- * is set either way). */
+/* Queues a place for p at the back (in *out unless out is NULL);
+ * QR_EINVAL when p holds PEER_MAX_WAITS places already, QR_ENOMEM when
+ * out of memory (the error is set either way). */
 static int add_waiter(ps_sync *s, ps_peer *p, token_waiter **out) {
     int held = 0;
     for (const token_waiter *o = s->waiters; o; o = o->next) held += o->peer == p;
@@ -136,7 +136,7 @@ static int add_waiter(ps_sync *s, ps_peer *p, token_waiter **out) {
     if (s->waiters_tail) s->waiters_tail->next = w;
     else s->waiters = w;
     s->waiters_tail = w;
-    *out = w;
+    if (out) *out = w;
     return QR_OK;
 }
 
@@ -520,8 +520,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     /* The worker's place in the token queue, fresh or stale alike. */
-    token_waiter *place;
-    int rc = add_waiter(s, p, &place);
+    int rc = add_waiter(s, p, NULL);
     if (rc) {
         snprintf(msg, sizeof msg, "COMMIT: %s", qr_last_error());
         qr__ps_reply_error(p, f, rc, msg);
