@@ -59,6 +59,10 @@
 #define SPLICE_MIN_PAYLOAD (512 * 1024)
 #define SPLICE_MIN_BUFFER (64 * 1024)
 
+/* Sends up to this size may be written at once, without a write request
+ * (qr_conn_send). */
+#define TRY_WRITE_MAX (64 * 1024)
+
 typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
 
 struct qr_conn {
@@ -691,8 +695,34 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
         pump_spliced(c, false);
         return QR_OK;
     }
+    /* A small send nobody waits on (no callback) goes straight into the
+     * socket when nothing is queued before it. Through uv_write it would
+     * complete a turn of the loop later and then stop its write watcher
+     * with an epoll_ctl: two system calls and a loop turn more on each
+     * request of a worker's round trip. Whatever the socket does not
+     * take at once follows through uv_write, in order. */
+    uv_buf_t *left = bufs;
+    int nleft = n;
+    if (!cb && r->bytes <= TRY_WRITE_MAX && uv_stream_get_write_queue_size(&c->h.stream) == 0) {
+        int sent = uv_try_write(&c->h.stream, bufs, (unsigned)n);
+        if (sent == (int)r->bytes) {
+            if (bufs != small) free(bufs);
+            free(r);
+            return QR_OK;
+        }
+        for (size_t skip = sent > 0 ? (size_t)sent : 0; skip > 0;) {
+            size_t take = QR_MIN(skip, (size_t)left->len);
+            left->base += take;
+            left->len -= take;
+            skip -= take;
+            if (left->len == 0) {
+                left++;
+                nleft--;
+            }
+        }
+    }
     /* uv_write copies the array of buffers, not the bytes. */
-    int rc = uv_write(&r->req, &c->h.stream, bufs, (unsigned)n, on_write);
+    int rc = uv_write(&r->req, &c->h.stream, left, (unsigned)nleft, on_write);
     if (bufs != small) free(bufs);
     if (rc) {
         free(r);
@@ -851,7 +881,8 @@ static void on_connection(uv_stream_t *server, int status) {
     }
     tune_socket(c);
     if (l->ev->accepted) l->ev->accepted(l, c);
-    if (start_reading(c)) conn_close_with(c, QR_EIO);
+    /* The owner may have paused or closed it already. */
+    if (!c->paused && !c->closing && start_reading(c)) conn_close_with(c, QR_EIO);
 }
 
 static void on_listener_close(uv_handle_t *h) {

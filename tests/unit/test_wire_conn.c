@@ -1,0 +1,211 @@
+/*
+ * test_wire_conn.c - the transport (src/wire/conn_uv.c) end to end on one
+ * libuv loop: a listener and a client over a Unix socket and over TCP.
+ *
+ * The case here is the one a worker makes all the time: small sends with
+ * no callback, which qr_conn_send writes straight into the socket when
+ * nothing is queued, handing only what the socket did not take to
+ * uv_write. The reader is paused while the client sends more than the
+ * socket buffers hold, so some send is cut in the middle (often inside
+ * one of its payload buffers) and the rest of it, and every send after
+ * it, must follow in order. Each message carries a numbered pattern in
+ * three payload buffers of odd sizes; the reader checks every byte and
+ * the order once it resumes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "wire/conn.h"
+
+#define MESSAGES 64
+#define PIECES 3
+static const size_t piece_len[PIECES] = {1000, 40000, 19004}; /* 60004 bytes a message */
+#define PAYLOAD (1000 + 40000 + 19004)
+
+typedef struct side {
+    uv_loop_t loop;
+    qr_conn *server, *client;
+    bool connected;
+    int received, lost;
+    uint8_t *in;               /* the message being received */
+    uint8_t *out[MESSAGES][PIECES];
+    bool bad;
+    char why[200];
+} side;
+
+static uint8_t pattern(int msg, size_t i) {
+    return (uint8_t)(msg * 31 + i * 7 + (i >> 9));
+}
+
+static void on_connected(qr_conn *c, int status) {
+    side *s = qr_conn_data(c);
+    s->connected = status == QR_OK;
+}
+
+static void on_accepted(qr_listener *l, qr_conn *c) {
+    side *s = qr_listener_data(l);
+    s->server = c;
+    qr_conn_set_data(c, s);
+    qr_conn_pause(c); /* read nothing until the client has sent everything */
+}
+
+static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    (void)meta;
+    side *s = qr_conn_data(c);
+    if (f->payload_len != PAYLOAD) {
+        s->bad = true;
+        snprintf(s->why, sizeof s->why, "message %d: payload of %llu bytes", s->received,
+                 (unsigned long long)f->payload_len);
+        return QR_OK;
+    }
+    qr_iov iov = {s->in, PAYLOAD};
+    return qr_conn_expect(c, &iov, 1);
+}
+
+static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    side *s = qr_conn_data(c);
+    int k = s->received++;
+    if (s->bad) return;
+    if (f->request_id != (uint32_t)k + 1 || f->meta_len != 4 || memcmp(meta, &k, 4)) {
+        s->bad = true;
+        snprintf(s->why, sizeof s->why, "message %d arrived as request %u", k, f->request_id);
+        return;
+    }
+    size_t at = 0;
+    for (int p = 0; p < PIECES; p++)
+        for (size_t i = 0; i < piece_len[p]; i++, at++)
+            if (s->in[at] != pattern(k, at)) {
+                s->bad = true;
+                snprintf(s->why, sizeof s->why, "message %d: byte %zu is %u, not %u", k, at,
+                         s->in[at], pattern(k, at));
+                return;
+            }
+}
+
+static void on_lost(qr_conn *c, int status) {
+    side *s = qr_conn_data(c);
+    if (status != QR_ESTOPPED)
+        fprintf(stderr, "%s lost: %s\n", c == s->client ? "client" : "server", qr_strerror(status));
+    s->lost++;
+}
+
+static void tick(uv_timer_t *t) {
+    (void)t;
+}
+
+static bool both_ends_up(const side *s) {
+    return (s->connected && s->server) || s->lost;
+}
+
+static bool all_in(const side *s) {
+    return s->received == MESSAGES || s->bad || s->lost;
+}
+
+/* Turn the loop until done(s) or 10 s pass (a 10 ms ticker keeps each
+ * turn from sleeping longer). */
+static bool turn_until(side *s, bool (*done)(const side *)) {
+    uv_timer_t ticker;
+    uv_timer_init(&s->loop, &ticker);
+    uv_timer_start(&ticker, tick, 10, 10);
+    uint64_t end = uv_now(&s->loop) + 10000;
+    while (!done(s) && uv_now(&s->loop) < end) uv_run(&s->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&ticker, NULL);
+    uv_run(&s->loop, UV_RUN_NOWAIT);
+    return done(s);
+}
+
+static void small_sends_survive_a_full_socket(const char *address) {
+    side *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    uv_loop_init(&s->loop);
+    s->in = malloc(PAYLOAD);
+    assert_non_null(s->in);
+    qr_conn_events ev = {.connected = on_connected, .header = on_header,
+                         .message = on_message, .lost = on_lost, .accepted = on_accepted};
+    /* Small buffers: the sends below outgrow them many times over. */
+    qr_conn_options opt = {.socket_buffer_bytes = 64 * 1024, .max_payload = 1 << 20};
+    qr_addr addr;
+    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
+    qr_listener *l = NULL;
+    assert_int_equal(qr_listen(&s->loop, &addr, !strncmp(address, "127.", 4), &opt, &ev, s, &l),
+                     QR_OK);
+    assert_int_equal(qr_connect(&s->loop, &addr, false, &opt, &ev, s, &s->client), QR_OK);
+    assert_true(turn_until(s, both_ends_up));
+    assert_true(s->connected && s->server);
+
+    size_t queued_max = 0;
+    for (int k = 0; k < MESSAGES; k++) {
+        qr_iov iov[PIECES];
+        size_t at = 0;
+        for (int p = 0; p < PIECES; p++) {
+            s->out[k][p] = malloc(piece_len[p]);
+            assert_non_null(s->out[k][p]);
+            for (size_t i = 0; i < piece_len[p]; i++) s->out[k][p][i] = pattern(k, at + i);
+            at += piece_len[p];
+            iov[p] = (qr_iov){s->out[k][p], piece_len[p]};
+        }
+        qr_frame f = {.type = QR_MSG_PUSH, .request_id = (uint32_t)k + 1};
+        assert_int_equal(qr_conn_send(s->client, &f, &k, 4, iov, PIECES, NULL, NULL), QR_OK);
+        queued_max = QR_MAX(queued_max, qr_conn_pending_bytes(s->client));
+    }
+    /* The socket filled up: the later sends waited in libuv's queue. */
+    assert_true(queued_max > 0);
+
+    qr_conn_resume(s->server);
+    turn_until(s, all_in);
+    if (s->bad) fail_msg("%s: %s", address, s->why);
+    assert_int_equal(s->lost, 0);
+    assert_int_equal(s->received, MESSAGES);
+
+    qr_conn_close(s->client);
+    qr_conn_close(s->server);
+    qr_listener_close(l);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    assert_int_equal(s->lost, 2);
+    assert_int_equal(uv_loop_close(&s->loop), 0);
+    for (int k = 0; k < MESSAGES; k++)
+        for (int p = 0; p < PIECES; p++) free(s->out[k][p]);
+    free(s->in);
+    free(s);
+}
+
+static void test_unix(void **state) {
+    (void)state;
+    char address[96];
+    snprintf(address, sizeof address, "unix:/tmp/qr-test-conn-%d.sock", (int)getpid());
+    small_sends_survive_a_full_socket(address);
+}
+
+static void test_tcp(void **state) {
+    (void)state;
+    /* A port the kernel picks as free (tests may run in parallel). */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sin;
+    assert_true(fd >= 0 && !bind(fd, (struct sockaddr *)&sin, sizeof sin) &&
+                !getsockname(fd, (struct sockaddr *)&sin, &len));
+    close(fd);
+    char address[64];
+    snprintf(address, sizeof address, "127.0.0.1:%d", ntohs(sin.sin_port));
+    small_sends_survive_a_full_socket(address);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unix),
+        cmocka_unit_test(test_tcp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
