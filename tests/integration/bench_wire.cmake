@@ -19,7 +19,18 @@ for r in results:
 assert {r["transport"] for r in results} == {"unix", "tcp"}, "both transports"
 assert {r["op"] for r in results} == {"push", "pull", "pushpull"}, "all three ops"
 assert "summary" in doc
-print("bench_wire_smoke: %d points ok" % len(results))
+assert doc["baseline"] == "raw", doc["baseline"]
+# --baseline-apply: the raw server applies SGD too. The targets are set
+# against plain raw sockets, so this run must not claim them.
+out = subprocess.run([sys.argv[1], "--baseline-apply", "--transports", "unix", "--ps", "1",
+                      "--workers", "1", "--sizes", "1M", "--ops", "pushpull", "--repeat", "1",
+                      "--seconds", "0.01", "--json"],
+                     check=True, stdout=subprocess.PIPE, timeout=60).stdout
+doc = json.loads(out)
+assert doc["baseline"] == "raw+apply", doc["baseline"]
+assert doc["results"][0]["baseline_gbps"] > 0, doc["results"]
+assert "pushpull_target_met" not in doc["summary"]["transports"]["unix"], doc["summary"]
+print("bench_wire_smoke: %d points ok, --baseline-apply ok" % len(results))
 ]=])
 add_test(NAME bench_wire_smoke
          COMMAND ${QR_PYTHON} -c "${qr_bench_wire_check}" $<TARGET_FILE:quorum-bench-wire>)
