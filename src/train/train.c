@@ -154,7 +154,8 @@ const char *qr_train_opts_help(void) {
            "  --accumulate K          async: sum K batches' gradients at the pulled weights,\n"
            "                          push once\n"
            "  --local-steps K         async: K plain SGD steps on a local copy (lr: --lr,\n"
-           "                          default 0.05), then push the delta w_local - w_pulled\n"
+           "                          default 0.05, decayed by the lr-decay-* schedule at the\n"
+           "                          global step), then push the delta w_local - w_pulled\n"
            "  --var-opt NAME:K=V,...  a variable's own optimizer options, e.g.\n"
            "                          layer0/weights:optimizer=adagrad,lr=0.05 (repeatable)\n"
            "  --slow-worker I:MS      (testing) worker I sleeps MS milliseconds every step\n"
@@ -370,6 +371,9 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         }
     }
     double local_lr = qr__config_is_set(cfg, "lr") ? qr__config_float(cfg, "lr") : 0.05;
+    double decay_rate = qr__config_float(cfg, "lr-decay-rate");
+    int64_t decay_steps = qr__config_int(cfg, "lr-decay-steps");
+    bool decay_staircase = qr__config_bool(cfg, "lr-decay-staircase");
     if (!rc && chief) rc = qr_worker_set_step_limit(w, total);
     if (!rc) rc = qr_worker_initialize(w);
     for (int i = 0; !rc && i < t.nparams; i++) params[i] = qr_worker_var_data(w, ids[i]);
@@ -391,11 +395,15 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
              * delta w_local - w_pulled; the ps adds it to its weights. */
             for (int i = 0; i < t.nparams; i++)
                 memcpy(extra[i], params[i], (size_t)qr_worker_var_size(w, ids[i]) * sizeof(float));
+            /* The ps's learning-rate schedule, at the global step: the
+             * ps adds deltas as they come, so the decay happens here. */
+            float lr = qr_optim_decayed_lr((float)local_lr, step, decay_rate, decay_steps,
+                                           decay_staircase);
             for (int k = 0; !rc && k < o->local_steps; k++) {
                 rc = batch_grad(&t, &rng, o->batch_size, params, grads, &loss);
                 for (int i = 0; !rc && i < t.nparams; i++) {
                     int64_t n = qr_worker_var_size(w, ids[i]);
-                    for (int64_t e = 0; e < n; e++) params[i][e] -= (float)local_lr * grads[i][e];
+                    for (int64_t e = 0; e < n; e++) params[i][e] -= lr * grads[i][e];
                 }
             }
             for (int i = 0; !rc && i < t.nparams; i++) {

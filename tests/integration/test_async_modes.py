@@ -1,7 +1,8 @@
 """test_async_modes.py - asynchronous training's modes in real runs:
 gradient accumulation, local SGD, bounded staleness (0 = bulk synchronous,
 and 2) and the staleness learning-rate scale each train the MLP on digits to
->= 0.95; under a staleness bound a SIGKILLed worker holds nobody back, and a
+>= 0.95; local SGD's steps follow the learning-rate schedule; under a
+staleness bound a SIGKILLed worker holds nobody back, and a
 SIGSTOPped one is named in ps 0's stall reports until it goes on.
 Usage: test_async_modes.py QUORUM_BINARY"""
 
@@ -37,6 +38,18 @@ for name, extra in modes.items():
         # Nobody starts step c+1 before everybody finished step c; a push
         # can only miss the other workers' pushes of about one round.
         assert sum(counts[5:]) == 0, counts
+
+# Local SGD follows the learning-rate schedule: the ps adds deltas as they
+# come, so the workers decay their local lr by the global step. With a
+# schedule that divides lr by 10^6 every 5 steps, learning stops after the
+# first few steps (accuracy 0.42-0.61 over seeds 4-6); a worker that
+# ignored it reaches 0.97 as in the local-sgd run above.
+rc, out, err = Proc([quorum] + base + modes["local-sgd"] + [
+    "--lr-decay-rate", "0.000001", "--lr-decay-steps", "5"]).wait(300)
+assert rc == 0, err[-3000:]
+s = last_json(out)
+print("local-sgd, lr decayed away: accuracy %.4f, %d steps" % (s["test_accuracy"], s["global_step"]))
+assert s["test_accuracy"] < 0.8, s
 
 
 def bounded_run_with_worker_1(extra=()):
