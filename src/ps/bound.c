@@ -37,13 +37,9 @@ int qr__bound_init(qr_ps *ps) {
     return QR_OK;
 }
 
-static void on_timer_closed(uv_handle_t *h) {
-    (void)h;
-}
-
 void qr__bound_close(qr_ps *ps) {
     if (ps->bound_timer_on && !uv_is_closing((uv_handle_t *)&ps->bound_timer))
-        uv_close((uv_handle_t *)&ps->bound_timer, on_timer_closed);
+        uv_close((uv_handle_t *)&ps->bound_timer, NULL); /* embedded in ps: nothing to free */
 }
 
 /* "worker 1 (step 17), worker 3 (step 16)": the live workers more than
