@@ -140,6 +140,12 @@ int qr_optim_row_slot_info(const qr_optim *opt, int j, const char **name,
  * gradient as the piece arrives, while it is still in cache. */
 bool qr_optim_all_finite(const float *x, int64_t n);
 
+/* SGD written into the gradient's buffer: g[i] = var[i] - g[i] * lr,
+ * bit-identical to an in-place SGD apply (lr = -1: var + g, a delta).
+ * Returns whether every result is finite (false for a NaN or Inf in g or
+ * an overflow). g and var must not overlap. */
+bool qr_optim_sgd_into_grad(float *g, const float *var, int64_t n, float lr);
+
 /* dst = (srcs[0] + ... + srcs[k-1]) / divisor, summed in exactly that
  * order (dst may be srcs[0]). The reduction of a synchronous step. */
 void qr_optim_reduce(float *dst, const float *const *srcs, int k, int64_t n, float divisor);

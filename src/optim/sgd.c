@@ -8,6 +8,8 @@
  */
 #include "optim/optim_internal.h"
 
+#include <string.h>
+
 QR_OPTIM_LOOP static void sgd_run(float *restrict var, const float *restrict g, int64_t n, float lr) {
     for (int64_t i = 0; i < n; i++) var[i] -= g[i] * lr;
 }
@@ -17,6 +19,27 @@ QR_OPTIM_LOOP static void sgd_run(float *restrict var, const float *restrict g, 
 QR_OPTIM_LOOP static void sgd_run_to(float *restrict out, const float *restrict var,
                                      const float *restrict g, int64_t n, float lr) {
     for (int64_t i = 0; i < n; i++) out[i] = var[i] - g[i] * lr;
+}
+
+/* A ps applying a large push while it arrives (ps/fused_apply.c) turns
+ * the gradient's own buffer into the variable's next value, one pass
+ * instead of a NaN scan plus an in-place apply. The expression is
+ * sgd_run's, so the result is bit-identical to it; lr = -1 gives var + g
+ * exactly (a local SGD delta). The magnitude bits of every result are
+ * max-reduced as they are written: any NaN or Inf, in the gradient or
+ * from an overflow, shows as a value above the largest finite float. */
+QR_OPTIM_LOOP bool qr_optim_sgd_into_grad(float *restrict g, const float *restrict var,
+                                          int64_t n, float lr) {
+    uint32_t top = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float next = var[i] - g[i] * lr;
+        g[i] = next;
+        uint32_t bits;
+        memcpy(&bits, &next, sizeof bits);
+        bits &= 0x7fffffffu;
+        top = bits > top ? bits : top;
+    }
+    return top <= 0x7f7fffffu;
 }
 
 static void sgd_kernel(const qr_optim_call *c, float *var, float *const *slot, const float *g,

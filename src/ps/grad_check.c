@@ -14,6 +14,8 @@
  * the rows after the int64 indices for a sparse one (indices are checked
  * once the message is complete). Every offset is a multiple of 4, so a
  * region is scanned in whole floats up to the last complete one received.
+ * An item applied as it arrives (fused_apply.c) is not scanned: its apply
+ * runs on the same pieces and checks every value it writes.
  */
 #include "ps/ps_internal.h"
 
@@ -31,8 +33,8 @@ static void float_region(const push_item *it, uint64_t *lo, uint64_t *hi) {
     }
 }
 
-void qr__grad_check_start(grad_check *gc, const void *base, push_item *items, int nitems) {
-    *gc = (grad_check){.base = base, .items = items, .nitems = nitems};
+void qr__grad_check_start(grad_check *gc, push_item *items, int nitems) {
+    *gc = (grad_check){.items = items, .nitems = nitems};
     for (int i = 0; i < nitems; i++) items[i].nonfinite = false;
 }
 
@@ -45,8 +47,11 @@ void qr__grad_check_advance(grad_check *gc, uint64_t got) {
         uint64_t end = QR_MIN(got, hi);
         if (end > gc->done) {
             end -= (end - gc->done) % 4; /* whole floats only */
-            const float *x = (const float *)(gc->base + gc->done);
-            if (!it->nonfinite) it->nonfinite = !qr_optim_all_finite(x, (int64_t)(end - gc->done) / 4);
+            const float *x = (const float *)(it->data + (gc->done - it->offset));
+            if (it->fused) /* the apply checks its results as it writes them */
+                qr__fused_advance(it, (int64_t)(gc->done - lo) / 4, (int64_t)(end - lo) / 4);
+            else if (!it->nonfinite)
+                it->nonfinite = !qr_optim_all_finite(x, (int64_t)(end - gc->done) / 4);
             gc->done = end;
         }
         if (gc->done < hi) return; /* the rest of this item is still on the wire */

@@ -8,6 +8,8 @@
  *             token barrier, the global step, stall reports, statistics,
  *             and ps 0's links to the other ps tasks
  *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
+ *   fused_apply.c large async SGD pushes applied as they arrive, the
+ *                 gradient's buffer becoming the variable's next value
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
  * Everything runs on the ps loop thread.
  */
@@ -34,12 +36,20 @@
 
 typedef struct push_item {
     qr_var *var;
-    uint64_t offset; /* into the request's gradient buffer */
+    uint64_t offset; /* of its bytes in the request's payload */
+    uint8_t *data;   /* where those bytes land */
     uint64_t version; /* the variable's version the gradient was computed at */
     bool nonfinite;   /* its gradient holds a NaN or Inf (grad_check.c) */
     bool skip;        /* non-finite, with nonfinite=skip */
     int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
     bool to_spare;    /* computed into the variable's spare, then swapped in */
+    /* Applied as it arrives (fused_apply.c): it has its own receive
+     * buffer, which holds the variable's next value once all is in. */
+    bool fused;
+    float fused_lr;    /* fixed when the header arrived; -1 for a delta */
+    float *own;        /* its buffer, from the pool; NULL when none */
+    size_t own_cap;
+    qr_tensor *shell;  /* for the new value, when a reply reads the old */
 } push_item;
 
 /* Idle receive buffers, most recently returned last (recv_pool.c). */
@@ -63,19 +73,46 @@ void qr__recv_pool_free(recv_pool *pool);
 /* The NaN/Inf check of the push being received: items[next..] are not
  * fully scanned yet, and the payload bytes before `done` are. */
 typedef struct grad_check {
-    const uint8_t *base; /* the payload's buffer */
-    push_item *items;
+    push_item *items; /* each item's bytes land at its `data` */
     int nitems, next;
     uint64_t done;
 } grad_check;
 
-/* Start checking a payload received into base; clears items' nonfinite. */
-void qr__grad_check_start(grad_check *gc, const void *base, push_item *items, int nitems);
+/* Start checking a payload whose items land at their `data`; clears the
+ * items' nonfinite. */
+void qr__grad_check_start(grad_check *gc, push_item *items, int nitems);
 /* The first `got` payload bytes are in: scan what is new. */
 void qr__grad_check_advance(grad_check *gc, uint64_t got);
 /* The whole payload is in: scan whatever is left (normally nothing, the
  * last `payload` event did it) and detach, so items[].nonfinite is final. */
 void qr__grad_check_finish(grad_check *gc, uint64_t payload_len);
+
+/* fused_apply.c. An async dense push of a variable of this many bytes or
+ * more, applied by SGD (or a delta), is applied while it arrives. */
+#define QR_FUSED_MIN_BYTES ((uint64_t)8 << 20)
+bool qr__fused_eligible(const qr_ps *ps, const push_item *it, bool delta);
+/* Give the item its own receive buffer and claim its variable; it->data
+ * points there. QR_ENOMEM if no buffer. */
+int qr__fused_begin(qr_ps *ps, push_item *it, bool delta);
+/* Floats [from, to) of the item's gradient are in: turn them into the
+ * variable's next value (sets it->nonfinite on a NaN, Inf or overflow). */
+void qr__fused_advance(push_item *it, int64_t from, int64_t to);
+/* Before the push is acknowledged: what installing needs (QR_ENOMEM). */
+int qr__fused_prepare(push_item *it);
+/* The next value becomes the variable's value; cannot fail. */
+void qr__fused_install(push_item *it);
+/* Give the item's buffers back and release its variable (idempotent). */
+void qr__fused_end(qr_ps *ps, push_item *it);
+/* Another push changing v while v's fused push is under way: the floats
+ * already computed from the old value must follow. A dense SGD step (lr)
+ * or delta (lr = -1) g is applied to them too (when can_follow); for any
+ * other change (sparse rows, an optimizer with slots), save
+ * what they were computed from (v->fused_done floats) before it and
+ * rebase them on the difference after it. */
+bool qr__fused_can_follow(const qr_ps *ps, const push_item *it, bool delta);
+void qr__fused_follow(qr_var *v, const float *g, float lr);
+void qr__fused_save(const qr_var *v, float *save);
+void qr__fused_rebase(qr_var *v, const float *save);
 
 /* A synchronous push: one worker's gradients for one step, held on the
  * ps until the step's quorum is decided (then reduced, or dropped). */
@@ -215,6 +252,8 @@ struct qr_ps {
     /* async */
     bool staleness_lr_scale;
     uint64_t staleness_hist[QR_STALENESS_BUCKETS];
+    uint64_t fused_pushes;  /* items applied as they arrived (fused_apply.c) */
+    uint64_t fused_rebases; /* applies that rebased such an item's results */
     int64_t max_staleness;   /* ps 0: the bound k, or -1 */
     int64_t *clock;          /* ps 0: step pushes per worker */
     float average_decay;     /* moving averages: 0 = off */

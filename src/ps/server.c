@@ -83,6 +83,7 @@ static int ensure_items(ps_peer *p, uint32_t n) {
  * as the request is done with it (release_recv), so the next push, from
  * any worker, lands in the same hot buffer. */
 static void release_recv(ps_peer *p) {
+    for (int i = 0; i < p->nitems; i++) qr__fused_end(p->ps, &p->items[i]);
     qr__recv_pool_put(&p->ps->recv_pool, p->recv, p->recv_cap);
     p->recv = NULL;
     p->recv_cap = 0;
@@ -122,6 +123,52 @@ static int lookup(ps_peer *p, const char *what, uint32_t id, qr_var **out) {
     v->mark = p->ps->mark;
     *out = v;
     return QR_OK;
+}
+
+/* Where an async push's payload lands: the items applied as they arrive
+ * (fused_apply.c) each in a buffer of their own, the others one after
+ * another in the request's buffer. */
+static int expect_push(ps_peer *p, const qr_frame *f) {
+    bool delta = f->flags & QR_PUSH_DELTA;
+    uint64_t shared = 0;
+    int nfused = 0;
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        uint64_t end = i + 1 < p->nitems ? p->items[i + 1].offset : f->payload_len;
+        if (qr__fused_eligible(p->ps, it, delta)) nfused++;
+        else shared += end - it->offset;
+    }
+    /* A push of fused items only needs no request buffer. */
+    int rc = QR_OK;
+    if (shared || nfused < p->nitems) rc = take_recv(p, shared);
+    else release_recv(p);
+    qr_iov *iov = qr__calloc((size_t)p->nitems, sizeof *iov);
+    if (rc || !iov) {
+        free(iov);
+        return QR_ENOMEM;
+    }
+    int niov = 0;
+    uint64_t at = 0;
+    for (int i = 0; i < p->nitems && !rc; i++) {
+        push_item *it = &p->items[i];
+        uint64_t bytes = (i + 1 < p->nitems ? p->items[i + 1].offset : f->payload_len) - it->offset;
+        if (qr__fused_eligible(p->ps, it, delta)) {
+            rc = qr__fused_begin(p->ps, it, delta);
+            if (!rc) iov[niov++] = (qr_iov){it->data, bytes};
+            continue;
+        }
+        it->data = (uint8_t *)p->recv + at;
+        at += bytes;
+        if (!bytes) continue;
+        if (niov && (uint8_t *)iov[niov - 1].base + iov[niov - 1].len == it->data)
+            iov[niov - 1].len += bytes; /* next to the previous item */
+        else
+            iov[niov++] = (qr_iov){it->data, bytes};
+    }
+    if (!rc) rc = qr_conn_expect(p->conn, iov, niov);
+    free(iov);
+    if (!rc) qr__grad_check_start(&p->check, p->items, p->nitems);
+    return rc;
 }
 
 static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -181,12 +228,7 @@ static int push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     p->nitems = (int)count;
     rc = check_end("PUSH", &r, offset, f->payload_len);
     if (!rc && sync) return qr__sync_push_header(p, f, worker, seq, local_step);
-    if (!rc) rc = take_recv(p, offset);
-    if (rc) return rc;
-    qr_iov iov = {p->recv, offset};
-    rc = qr_conn_expect(p->conn, &iov, 1);
-    if (!rc) qr__grad_check_start(&p->check, p->recv, p->items, p->nitems);
-    return rc;
+    return rc ? rc : expect_push(p, f);
 }
 
 static void reply_ok_step(ps_peer *p, const qr_frame *f, int64_t global_step) {
@@ -209,6 +251,54 @@ static int staleness_bucket(uint64_t s) {
     return b;
 }
 
+/* Apply one checked item of an async push to its variable (after the
+ * tensors it writes were made exclusive); a dense SGD-style apply reports
+ * its learning rate in *lr_used. On failure msg says why. */
+static int apply_item(qr_ps *ps, push_item *it, bool delta, uint64_t staleness, int64_t t,
+                      float *lr_used, char *msg, size_t msgsz) {
+    qr_var *v = it->var;
+    const float *g = (const float *)it->data;
+    int rc;
+    if (it->nrows >= 0) {
+        int64_t dim = v->shape[v->ndim - 1];
+        const uint8_t *raw = it->data;
+        /* The indices sit wherever the payload put them: copy them to an
+         * aligned array for the optimizer. */
+        int64_t *idx = malloc((size_t)QR_MAX(it->nrows, 1) * 8);
+        if (!idx) {
+            snprintf(msg, msgsz, "out of memory applying a sparse gradient");
+            return QR_ENOMEM;
+        }
+        if (it->nrows) memcpy(idx, raw, (size_t)it->nrows * 8);
+        const float *rows = (const float *)(raw + 8 * it->nrows);
+        const qr_optim *sopt = qr__var_optim(ps, v);
+        rc = delta ? QR_OK
+                   : qr_optim_apply_sparse(sopt, v->slots, v->value->data, v->n / dim, dim, idx,
+                                           rows, it->nrows, qr__ps_lr(ps, v, sopt, t - 1), t);
+        if (delta)
+            for (int64_t k = 0; k < it->nrows; k++)
+                for (int64_t e = 0; e < dim; e++) v->value->data[idx[k] * dim + e] += rows[k * dim + e];
+        free(idx);
+    } else if (delta) {
+        const float *w = v->value->data;
+        float *out = it->to_spare ? v->spare->data : v->value->data;
+        for (int64_t k = 0; k < v->n; k++) out[k] = w[k] + g[k];
+        if (it->to_spare) qr_var_swap_spare(v);
+        rc = QR_OK;
+    } else {
+        const qr_optim *opt = qr__var_optim(ps, v);
+        float lr = qr__ps_lr(ps, v, opt, t - 1);
+        if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
+        *lr_used = lr;
+        rc = it->to_spare
+                 ? qr_optim_apply_dense_to(opt, v->spare->data, v->value->data, g, v->n, lr)
+                 : qr_optim_apply_dense(opt, v->slots, v->value->data, g, v->n, lr, t);
+        if (!rc && it->to_spare) qr_var_swap_spare(v);
+    }
+    if (rc) snprintf(msg, msgsz, "%s: applying to '%s': %s", ps->name, v->name, qr_last_error());
+    return rc;
+}
+
 static void push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     /* Check every gradient before touching any variable. The NaN/Inf scan
@@ -219,7 +309,7 @@ static void push_message(ps_peer *p, const qr_frame *f) {
         if (it->nrows >= 0) {
             /* Sparse: every index in range, before anything changes. */
             int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
-            const uint8_t *idx = (const uint8_t *)p->recv + it->offset;
+            const uint8_t *idx = it->data;
             for (int64_t k = 0; k < it->nrows; k++) {
                 int64_t row;
                 memcpy(&row, idx + 8 * k, 8);
@@ -254,19 +344,37 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     for (int i = 0; i < p->nitems; i++) shared |= !p->items[i].skip && p->items[i].var->value->refs > 1;
     if (shared)
         for (ps_peer *q = ps->peers; q; q = q->next) qr_conn_reclaim(q->conn);
+    size_t save_floats = 0; /* for rebasing another push's fused apply */
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         if (it->skip) continue;
+        qr_var *v = it->var;
+        if (it->fused) {
+            if (qr__fused_prepare(it)) {
+                qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
+                return;
+            }
+            continue;
+        }
+        if (v->fused_out && !qr__fused_can_follow(ps, it, delta))
+            save_floats = QR_MAX(save_floats, (size_t)v->fused_done);
         /* A tensor a pull reply still reads is not copied and then updated
          * (two passes over it) when the update can be written straight
          * into the spare instead (one pass). */
-        qr_var *v = it->var;
         it->to_spare = it->nrows < 0 && v->value->refs > 1 &&
                        (delta || qr_optim_stateless(qr__var_optim(ps, v)));
         if (it->to_spare ? qr_var_prepare_spare(v) : qr_var_prepare_write(v)) {
             qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
             return;
         }
+    }
+    size_t save_cap = 0;
+    float *save = save_floats ? qr__recv_pool_get(&ps->recv_pool, save_floats * sizeof *save,
+                                                  &save_cap)
+                              : NULL;
+    if (save_floats && !save) {
+        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
+        return;
     }
     int64_t t = ps->applied_steps + 1;
     /* Everything is checked and every tensor to write is exclusive: a
@@ -282,69 +390,38 @@ static void push_message(ps_peer *p, const qr_frame *f) {
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
         if (it->skip) continue;
-        const float *g = (const float *)((uint8_t *)p->recv + it->offset);
         qr_var *v = it->var;
         /* Staleness: how many updates this variable took since the worker
          * pulled the version its gradient was computed at. */
         uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
         ps->staleness_hist[staleness_bucket(staleness)]++;
-        if (it->nrows >= 0) {
-            int64_t dim = v->shape[v->ndim - 1];
-            const uint8_t *raw = (const uint8_t *)p->recv + it->offset;
-            /* The indices sit wherever the payload put them: copy them to
-             * an aligned array for the optimizer. */
-            int64_t *idx = malloc((size_t)QR_MAX(it->nrows, 1) * 8);
-            if (!idx) {
-                qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory applying a sparse gradient");
-                return;
-            }
-            memcpy(idx, raw, (size_t)it->nrows * 8);
-            const qr_optim *sopt = qr__var_optim(ps, v);
-            int rc = delta ? QR_OK
-                           : qr_optim_apply_sparse(sopt, v->slots, v->value->data, v->n / dim, dim,
-                                                   idx, (const float *)(raw + 8 * it->nrows),
-                                                   it->nrows, qr__ps_lr(ps, v, sopt, t - 1), t);
-            if (delta)
-                for (int64_t k = 0; k < it->nrows; k++)
-                    for (int64_t e = 0; e < dim; e++)
-                        v->value->data[idx[k] * dim + e] +=
-                            ((const float *)(raw + 8 * it->nrows))[k * dim + e];
-            free(idx);
-            if (rc) {
-                char msg[400];
-                snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
-                         qr_last_error());
-                qr__ps_reply_error(p, f, rc, msg);
-                return;
-            }
+        if (it->fused) { /* computed while it arrived */
+            qr__fused_install(it);
             v->version++;
+            ps->fused_pushes++;
             continue;
         }
-        if (delta) {
-            const float *w = v->value->data;
-            float *out = it->to_spare ? v->spare->data : v->value->data;
-            for (int64_t k = 0; k < v->n; k++) out[k] = w[k] + g[k];
-            if (it->to_spare) qr_var_swap_spare(v);
-            v->version++;
-            continue;
+        /* Another push's fused apply read v's value, which this changes. */
+        bool follow = v->fused_out && v->fused_done > 0;
+        bool direct = qr__fused_can_follow(ps, it, delta);
+        if (follow && !direct) qr__fused_save(v, save);
+        char msg[400];
+        float lr = 0;
+        int rc = apply_item(ps, it, delta, staleness, t, &lr, msg, sizeof msg);
+        if (follow && !rc) {
+            if (direct) qr__fused_follow(v, (const float *)it->data, delta ? -1.0f : lr);
+            else qr__fused_rebase(v, save);
+            ps->fused_rebases++;
         }
-        const qr_optim *opt = qr__var_optim(ps, v);
-        float lr = qr__ps_lr(ps, v, opt, t - 1);
-        if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
-        int rc = it->to_spare
-                     ? qr_optim_apply_dense_to(opt, v->spare->data, v->value->data, g, v->n, lr)
-                     : qr_optim_apply_dense(opt, v->slots, v->value->data, g, v->n, lr, t);
-        if (!rc && it->to_spare) qr_var_swap_spare(v);
         if (rc) {
-            char msg[400];
-            snprintf(msg, sizeof msg, "%s: applying to '%s': %s", ps->name, v->name,
-                     qr_last_error());
+            qr__recv_pool_put(&ps->recv_pool, save, save_cap);
             if (ack_first) qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", msg);
             else qr__ps_reply_error(p, f, rc, msg);
             return;
         }
         v->version++;
     }
+    qr__recv_pool_put(&ps->recv_pool, save, save_cap);
     if (f->flags & QR_PUSH_STEP) {
         ps->applied_steps++;
         if (ps->average_decay > 0) {
@@ -668,6 +745,8 @@ static void stats_message(ps_peer *p, const qr_frame *f) {
     cJSON *hist = cJSON_AddArrayToObject(j, "staleness");
     for (int i = 0; i < QR_STALENESS_BUCKETS; i++)
         cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)ps->staleness_hist[i]));
+    cJSON_AddNumberToObject(j, "applied_on_arrival", (double)ps->fused_pushes);
+    cJSON_AddNumberToObject(j, "rebased_on_arrival", (double)ps->fused_rebases);
     if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
@@ -865,8 +944,8 @@ static void on_lost(qr_conn *c, int status) {
     ps->npeers--;
     drop_created(p);
     qr__sync_push_free(p->ps, p->incoming);
+    release_recv(p); /* before the items it reads */
     free(p->items);
-    release_recv(p);
     free(p);
     qr__ps_finish_if_idle(ps);
 }

@@ -149,6 +149,23 @@ void qr_var_swap_spare(qr_var *v) {
     v->spare = old;
 }
 
+float *qr_var_replace_value(qr_var *v, qr_tensor *t, size_t *bytes) {
+    float *freed = NULL;
+    qr_tensor *spare = v->spare;
+    if (spare && spare->refs == 1) {
+        freed = spare->data;
+        *bytes = (size_t)spare->n * sizeof(float);
+        free(spare);
+    } else if (spare && v->nretired < QR_VAR_MAX_RETIRED) {
+        v->retired[v->nretired++] = spare;
+    } else {
+        qr_tensor_unref(spare); /* the replies reading it keep it alive */
+    }
+    v->spare = v->value; /* keeps the variable's reference; the replies hold theirs */
+    v->value = t;
+    return freed;
+}
+
 int qr_var_update_average(qr_var *v, float decay, int64_t num_updates) {
     if (!v->average) return QR_OK;
     int rc = make_exclusive(&v->average);

@@ -59,6 +59,11 @@ typedef struct qr_var {
     qr_optim_slots *slots;
     uint64_t nonfinite_skipped;
     uint64_t mark; /* last message that named it: catches duplicates */
+    /* A large push being applied as it arrives (ps/fused_apply.c): its
+     * results so far, fused_out[0..fused_done), computed from this value;
+     * NULL when there is none. */
+    float *fused_out;
+    int64_t fused_done;
     /* sync: the gradients of the step being applied, in quorum order */
     const float **sync_srcs;
     int nsync, sync_cap;
@@ -101,6 +106,13 @@ void qr_var_swap_spare(qr_var *v);
  *   d = min(decay, (1 + num_updates) / (10 + num_updates))
  *   average -= (1 - d) * (average - value)
  * (copy-on-write, like the value). */
+/* Make t (n floats, refs 1) v's value while pull replies still read the
+ * current one. The old value becomes the spare, to be reused once they are
+ * done (a busy spare is retired). Returns storage nothing uses any more,
+ * with its size in *bytes, for the caller to reuse: a free spare's, or
+ * NULL when there was none. */
+float *qr_var_replace_value(qr_var *v, qr_tensor *t, size_t *bytes);
+
 int qr_var_update_average(qr_var *v, float decay, int64_t num_updates);
 
 /* "[784,256]" into buf. */

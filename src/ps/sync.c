@@ -100,7 +100,9 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
     p->incoming = sp;
     qr_iov iov = {sp->data, f->payload_len};
     int rc = qr_conn_expect(p->conn, &iov, 1);
-    if (!rc) qr__grad_check_start(&p->check, sp->data, sp->items, sp->nitems);
+    for (int i = 0; !rc && i < sp->nitems; i++)
+        sp->items[i].data = (uint8_t *)sp->data + sp->items[i].offset;
+    if (!rc) qr__grad_check_start(&p->check, sp->items, sp->nitems);
     return rc;
 }
 

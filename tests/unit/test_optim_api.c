@@ -310,15 +310,20 @@ static void test_decayed_lr(void **state) {
 /* The out-of-place apply a ps uses for a tensor a pull still reads:
  * bit-identical to the in-place apply, input left alone, and refused by
  * every optimizer that keeps slots (their state could not follow). */
+/* Values with no pattern a vector loop could hide behind. */
+static void fill_var_and_grad(float *var, float *g, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        var[i] = 0.37f * (float)(i % 17) - 2.0f;
+        g[i] = 1.0f / (float)(i + 3) - 0.1f;
+    }
+}
+
 static void test_apply_dense_to(void **state) {
     (void)state;
     const int64_t n = 1001; /* odd: the vector loop's tail runs too */
     float *var = malloc(n * sizeof *var), *g = malloc(n * sizeof *g);
     float *inplace = malloc(n * sizeof *inplace), *out = malloc(n * sizeof *out);
-    for (int64_t i = 0; i < n; i++) {
-        var[i] = 0.37f * (float)(i % 17) - 2.0f;
-        g[i] = 1.0f / (float)(i + 3) - 0.1f;
-    }
+    fill_var_and_grad(var, g, n);
     for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
         qr_optim *opt;
         char kv[64];
@@ -371,6 +376,49 @@ static void test_apply_dense_to(void **state) {
     free(g);
     free(inplace);
     free(out);
+}
+
+/* The ps's apply-on-arrival kernel (ps/fused_apply.c) must give the very
+ * bits of an in-place SGD apply, flag every non-finite result, and with
+ * lr = -1 add exactly. */
+static void test_sgd_into_grad(void **state) {
+    (void)state;
+    const int64_t n = 1001; /* odd: the vector loop's tail runs too */
+    float *var = malloc(n * sizeof *var), *g = malloc(n * sizeof *g);
+    float *want = malloc(n * sizeof *want), *io = malloc(n * sizeof *io);
+    fill_var_and_grad(var, g, n);
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, "optimizer=sgd", "lr=0.013", NULL), QR_OK);
+    qr_optim_slots *slots;
+    assert_int_equal(qr_optim_slots_create(opt, n, 1, &slots), QR_OK);
+    const float lrs[] = {0.013f, 0.5f, 3.0f};
+    for (size_t k = 0; k < QR_ARRAY_LEN(lrs); k++) {
+        memcpy(want, var, n * sizeof *var);
+        assert_int_equal(qr_optim_apply_dense(opt, slots, want, g, n, lrs[k], 1), QR_OK);
+        memcpy(io, g, n * sizeof *g);
+        assert_true(qr_optim_sgd_into_grad(io, var, n, lrs[k]));
+        assert_memory_equal(io, want, n * sizeof *io);
+    }
+    memcpy(io, g, n * sizeof *g);
+    assert_true(qr_optim_sgd_into_grad(io, var, n, -1.0f));
+    for (int64_t i = 0; i < n; i++) assert_true(io[i] == var[i] + g[i]);
+    /* A NaN or Inf anywhere, in the gradient or from an overflow, is seen;
+     * so is one in the tail after the vector loop. */
+    const int64_t where[] = {0, 517, n - 1};
+    const float bad[] = {NAN, INFINITY, -INFINITY, 3e38f};
+    for (size_t w = 0; w < QR_ARRAY_LEN(where); w++)
+        for (size_t b = 0; b < QR_ARRAY_LEN(bad); b++) {
+            memcpy(io, g, n * sizeof *g);
+            io[where[w]] = bad[b]; /* 3e38 * -3 overflows to -Inf */
+            if (qr_optim_sgd_into_grad(io, var, n, -3.0f))
+                fail_msg("value %g at %lld not flagged", (double)bad[b], (long long)where[w]);
+        }
+    qr_optim_slots_free(slots);
+    qr_optim_free(opt);
+    free(var);
+    free(g);
+    free(want);
+    free(io);
 }
 
 /* Two threads applying two big variables with one shared optimizer: one
@@ -467,6 +515,7 @@ int main(void) {
         cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_decayed_lr),
         cmocka_unit_test(test_apply_dense_to),
+        cmocka_unit_test(test_sgd_into_grad),
         cmocka_unit_test(test_concurrent_applies),
         cmocka_unit_test(test_apply_rows),
     };
