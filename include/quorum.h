@@ -235,7 +235,10 @@ QR_API int qr_worker_local_step(const qr_worker *w, int64_t *step);
 QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
 /* The cluster's training statistics as one JSON object, written to buf:
  * "staleness", the histogram of async push staleness summed over the ps
- * tasks (buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+); and in sync
+ * tasks (buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+);
+ * "applied_on_arrival", the large SGD pushes applied while they arrived,
+ * and "rebased_on_arrival", the pushes that overtook one (docs/ASYNC.md),
+ * both summed over the ps tasks; and in sync
  * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker
  * per worker, mean_wait_ms, max_wait_ms, tokens_queued. */
 QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);

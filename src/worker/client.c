@@ -869,6 +869,14 @@ int qr_worker_wait_bound(qr_worker *w) {
     return rc;
 }
 
+/* Add the number named key of a ps's statistics to total's. */
+static void add_number(cJSON *total, const cJSON *part, const char *key) {
+    cJSON *a = cJSON_GetObjectItem(total, key);
+    const cJSON *b = cJSON_GetObjectItem(part, key);
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b))
+        cJSON_SetNumberValue(a, a->valuedouble + b->valuedouble);
+}
+
 /* Sum the arrays named key of every ps's statistics into total[]. */
 static void add_array(cJSON *total, const cJSON *part, const char *key) {
     cJSON *a = cJSON_GetObjectItem(total, key);
@@ -905,6 +913,8 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
             cJSON_DeleteItemFromObject(total, "ps");
         } else {
             add_array(total, part, "staleness");
+            add_number(total, part, "applied_on_arrival");
+            add_number(total, part, "rebased_on_arrival");
             cJSON_Delete(part);
         }
     }

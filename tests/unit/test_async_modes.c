@@ -4,7 +4,8 @@
  * 1/(1 + staleness) learning-rate scale, the staleness histogram, and the
  * staleness bound (max-staleness) with a worker that waits and one that
  * leaves, and sparse pushes (their step flag advancing the steps applied on
- * the ps that holds them). SGD with lr 1, values worked out by hand.
+ * the ps that holds them), and large pushes applied as they arrive on
+ * every ps. SGD with lr 1, values worked out by hand.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -349,6 +350,46 @@ static void test_sparse_push_advances_its_ps(void **state) {
     fix_join(&f);
 }
 
+/* Pushes of a variable of 8 MiB or more are applied while they arrive
+ * (src/ps/fused_apply.c), from a real worker (whose large pushes are
+ * spliced over Unix sockets) to each of 2 ps tasks; the values are exact
+ * and qr_worker_stats sums the count over the ps tasks. */
+static void test_large_pushes_applied_on_arrival(void **state) {
+    (void)state;
+    cluster_fixture f;
+    fix_init(&f, 2, 1);
+    qr_config_set(f.cfg, "lr", "0.5");
+    for (int i = 0; i < 2; i++) assert_int_equal(fix_start_ps(&f, i), QR_OK);
+    qr_worker *w = fix_worker(&f, 0);
+    enum { N = 5 << 19 }; /* 2.5M floats: 10 MiB each */
+    int64_t shape[1] = {N};
+    int id[2];
+    assert_int_equal(qr_worker_declare(w, "a", 1, shape, "zeros", 1, -1, &id[0]), QR_OK);
+    assert_int_equal(qr_worker_declare(w, "b", 1, shape, "zeros", 1, -1, &id[1]), QR_OK);
+    assert_int_equal(qr_worker_initialize(w), QR_OK);
+    float *ga = malloc(N * sizeof *ga), *gb = malloc(N * sizeof *gb);
+    for (int64_t i = 0; i < N; i++) {
+        ga[i] = (float)(i % 5);
+        gb[i] = -2.0f;
+    }
+    const float *grads[2] = {ga, gb};
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(qr_worker_push(w, 2, id, grads, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(w, 2, id, NULL), QR_OK);
+    const float *a = qr_worker_var_data(w, id[0]), *b = qr_worker_var_data(w, id[1]);
+    for (int64_t i = 0; i < N; i++)
+        if (a[i] != -(float)(i % 5) || b[i] != 2.0f)
+            fail_msg("element %lld: a %g b %g", (long long)i, a[i], b[i]);
+    char buf[2048];
+    assert_int_equal(qr_worker_stats(w, buf, sizeof buf), QR_OK);
+    if (!strstr(buf, "\"applied_on_arrival\":4,")) fail_msg("stats: %s", buf);
+    assert_int_equal(qr_worker_stop_cluster(w), QR_OK);
+    qr_worker_free(w);
+    fix_join(&f);
+    free(ga);
+    free(gb);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_delta_push),
@@ -359,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_staleness_bound),
         cmocka_unit_test(test_sparse_push),
         cmocka_unit_test(test_sparse_push_advances_its_ps),
+        cmocka_unit_test(test_large_pushes_applied_on_arrival),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
