@@ -160,7 +160,14 @@ static int from_uv(int uv_status) {
     case UV_ECONNREFUSED:
     case UV_ENOENT:
     case UV_ECANCELED: return QR_EPEERLOST;
-    case UV_ETIMEDOUT: return QR_ETIMEDOUT;
+    /* When TCP gives up on a silent peer (keepalive, TCP_USER_TIMEOUT) the
+     * kernel reports the last ICMP or neighbour error it saw instead of
+     * ETIMEDOUT, if any: a vanished host shows as either. */
+    case UV_ETIMEDOUT:
+    case UV_EHOSTUNREACH:
+    case UV_EHOSTDOWN:
+    case UV_ENETUNREACH:
+    case UV_ENETDOWN: return QR_ETIMEDOUT;
     case UV_ENOMEM: return QR_ENOMEM;
     default: return QR_EIO;
     }
