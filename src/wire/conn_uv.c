@@ -116,7 +116,13 @@ struct qr_conn {
     int splice_fd;
     struct send_req *splicing, *splicing_tail; /* in order; the head is moving */
     struct send_req *lent, *lent_tail; /* in the socket, pages not read yet */
-    int open_handles; /* the stream, and splice_poll once set up */
+    /* Sends written whole at once whose callbacks have not run: they run
+     * from a prepare handle, just before the loop next waits (see
+     * qr_conn_send), in order after those of earlier writes. */
+    struct send_req *written, *written_tail;
+    bool defer_ready;
+    uv_prepare_t defer;
+    int open_handles; /* the stream, splice_poll and defer once set up */
 };
 
 struct qr_listener {
@@ -247,8 +253,29 @@ static void fail_spliced(qr_conn *c, int status) {
     finish_spliced(c, lent, status);
 }
 
+/* Run the callbacks of the sends written at once (they were written:
+ * QR_OK), including any such a callback adds. */
+static void finish_written(qr_conn *c) {
+    while (c->written) {
+        send_req *list = c->written;
+        c->written = c->written_tail = NULL;
+        finish_spliced(c, list, QR_OK);
+    }
+}
+
+static void on_defer(uv_prepare_t *h) {
+    qr_conn *c = h->data;
+    finish_written(c);
+    uv_prepare_stop(h);
+}
+
+static void on_defer_closed(uv_handle_t *h) {
+    conn_release(h->data);
+}
+
 static void on_close(uv_handle_t *h) {
     qr_conn *c = h->data;
+    finish_written(c);
     fail_spliced(c, c->close_status);
     if (c->ev->lost) c->ev->lost(c, c->close_status);
     conn_release(c);
@@ -271,6 +298,9 @@ static void conn_close_with(qr_conn *c, int status) {
         c->splice_fd = -1;
         qr_splicer_close(&c->splicer);
     }
+    /* The stream's close callback runs the deferred send callbacks (before
+     * `lost`), so this handle's may come after it. */
+    if (c->defer_ready) uv_close((uv_handle_t *)&c->defer, on_defer_closed);
     uv_close(&c->h.handle, on_close);
 }
 
@@ -642,6 +672,23 @@ static void on_write(uv_write_t *req, int status) {
     if (status < 0 && !c->closing) conn_close_with(c, from_uv(status));
 }
 
+/* Queue the callback of a send that is already written. */
+static void defer_callback(qr_conn *c, send_req *r) {
+    if (!c->defer_ready) {
+        uv_prepare_init(c->loop, &c->defer); /* cannot fail */
+        c->defer.data = c;
+        c->defer_ready = true;
+        c->open_handles++;
+    }
+    r->next = NULL;
+    r->bufs = NULL;
+    if (c->written_tail) c->written_tail->next = r;
+    else c->written = r;
+    c->written_tail = r;
+    c->pending_bytes += r->bytes; /* finish_spliced takes it off */
+    uv_prepare_start(&c->defer, on_defer);
+}
+
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
                  const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx) {
     if (c->closing || !c->connected)
@@ -702,19 +749,25 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
         pump_spliced(c, false);
         return QR_OK;
     }
-    /* A small send nobody waits on (no callback) goes straight into the
-     * socket when nothing is queued before it. Through uv_write it would
-     * complete a turn of the loop later and then stop its write watcher
-     * with an epoll_ctl: two system calls and a loop turn more on each
-     * request of a worker's round trip. Whatever the socket does not
-     * take at once follows through uv_write, in order. */
+    /* A small send goes straight into the socket when nothing is queued
+     * before it. Through uv_write it would complete a turn of the loop
+     * later and then stop its write watcher with an epoll_ctl: on a 64 B
+     * round trip, a system call and a loop turn more on the worker's
+     * request and on the ps's reply. A callback still runs later, never
+     * inside this call (the callers' contract): from the prepare handle,
+     * before the loop next waits. Whatever the socket does not take at
+     * once follows through uv_write, in order. */
     uv_buf_t *left = bufs;
     int nleft = n;
-    if (!cb && r->bytes <= TRY_WRITE_MAX && uv_stream_get_write_queue_size(&c->h.stream) == 0) {
+    if (r->bytes <= TRY_WRITE_MAX && uv_stream_get_write_queue_size(&c->h.stream) == 0) {
         int sent = uv_try_write(&c->h.stream, bufs, (unsigned)n);
         if (sent == (int)r->bytes) {
             if (bufs != small) free(bufs);
-            free(r);
+            if (!cb) {
+                free(r);
+                return QR_OK;
+            }
+            defer_callback(c, r);
             return QR_OK;
         }
         for (size_t skip = sent > 0 ? (size_t)sent : 0; skip > 0;) {

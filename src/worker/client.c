@@ -305,10 +305,15 @@ static void link_connect(ps_link *l) {
  * Returns the first failure, with its message. */
 static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
     uint64_t deadline = qr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    /* The loop runs only inside calls: first take in what happened while
-     * the caller was computing (a ps that closed its end, say), so no
-     * request is sent on a connection that is already gone. */
-    uv_run(&w->loop, UV_RUN_NOWAIT);
+    /* The loop runs only inside calls: before a push, first take in what
+     * happened while the caller was computing (a ps that closed its end,
+     * say), so that it is not sent on a connection already gone: a push is
+     * never repeated (it may have been applied). Other requests are, after
+     * a lost connection, so they skip this look (a system call on every
+     * small round trip). */
+    bool pushes = false;
+    for (int i = 0; i < n; i++) pushes |= reqs[i]->type == QR_MSG_PUSH;
+    if (pushes) uv_run(&w->loop, UV_RUN_NOWAIT);
     for (;;) {
         uint64_t now = qr__now_ns();
         uint64_t wake_at = deadline;

@@ -11,6 +11,11 @@
  * it, must follow in order. Each message carries a numbered pattern in
  * three payload buffers of odd sizes; the reader checks every byte and
  * the order once it resumes.
+ *
+ * Every other send has a callback, as a ps's replies do. A send written
+ * whole at once still runs its callback later, never inside
+ * qr_conn_send, once, with QR_OK, in the order of the sends, and before
+ * the connection's `lost` when it is closed right after.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,7 +48,24 @@ typedef struct side {
     uint8_t *out[MESSAGES][PIECES];
     bool bad;
     char why[200];
+    /* send callbacks */
+    bool in_send;
+    int callbacks, next_callback;
+    bool client_lost;
 } side;
+
+static void on_sent(qr_conn *c, int status, void *ctx) {
+    side *s = qr_conn_data(c);
+    int k = (int)(intptr_t)ctx;
+    if (s->bad) return;
+    s->bad = s->in_send || status != QR_OK || k != s->next_callback || s->client_lost;
+    if (s->bad)
+        snprintf(s->why, sizeof s->why, "callback of send %d (expected %d): status %d%s%s", k,
+                 s->next_callback, status, s->in_send ? ", inside qr_conn_send" : "",
+                 s->client_lost ? ", after lost" : "");
+    s->callbacks++;
+    s->next_callback = k + 2;
+}
 
 static uint8_t pattern(int msg, size_t i) {
     return (uint8_t)(msg * 31 + i * 7 + (i >> 9));
@@ -98,6 +120,7 @@ static void on_lost(qr_conn *c, int status) {
     side *s = qr_conn_data(c);
     if (status != QR_ESTOPPED)
         fprintf(stderr, "%s lost: %s\n", c == s->client ? "client" : "server", qr_strerror(status));
+    if (c == s->client) s->client_lost = true;
     s->lost++;
 }
 
@@ -157,7 +180,11 @@ static void small_sends_survive_a_full_socket(const char *address) {
             iov[p] = (qr_iov){s->out[k][p], piece_len[p]};
         }
         qr_frame f = {.type = QR_MSG_PUSH, .request_id = (uint32_t)k + 1};
-        assert_int_equal(qr_conn_send(s->client, &f, &k, 4, iov, PIECES, NULL, NULL), QR_OK);
+        s->in_send = true;
+        assert_int_equal(qr_conn_send(s->client, &f, &k, 4, iov, PIECES, k % 2 ? NULL : on_sent,
+                                      (void *)(intptr_t)k),
+                         QR_OK);
+        s->in_send = false;
         queued_max = QR_MAX(queued_max, qr_conn_pending_bytes(s->client));
     }
     /* The socket filled up: the later sends waited in libuv's queue. */
@@ -168,11 +195,23 @@ static void small_sends_survive_a_full_socket(const char *address) {
     if (s->bad) fail_msg("%s: %s", address, s->why);
     assert_int_equal(s->lost, 0);
     assert_int_equal(s->received, MESSAGES);
+    assert_int_equal(s->callbacks, MESSAGES / 2);
 
+    /* A small send with a callback, written at once, then the connection
+     * closed before the loop turns: the callback still comes, first. */
+    qr_frame f = {.type = QR_MSG_STEP, .request_id = 999};
+    s->in_send = true;
+    assert_int_equal(qr_conn_send(s->client, &f, NULL, 0, NULL, 0, on_sent,
+                                  (void *)(intptr_t)MESSAGES),
+                     QR_OK);
+    s->in_send = false;
+    assert_int_equal(s->callbacks, MESSAGES / 2);
     qr_conn_close(s->client);
     qr_conn_close(s->server);
     qr_listener_close(l);
     uv_run(&s->loop, UV_RUN_DEFAULT);
+    if (s->bad) fail_msg("%s: %s", address, s->why);
+    assert_int_equal(s->callbacks, MESSAGES / 2 + 1);
     assert_int_equal(s->lost, 2);
     assert_int_equal(uv_loop_close(&s->loop), 0);
     for (int k = 0; k < MESSAGES; k++)
