@@ -50,8 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A dense update that is a plain SGD step (or a delta): one pass, and
- * (nothing but the value changes) checkable before anything is written. */
+/* A dense plain SGD step or delta: it changes nothing but the value, so
+ * it can be computed out of place and checked before anything is
+ * written, and repeated on another buffer (qr__fused_follow). */
 static bool sgd_like(const qr_ps *ps, const push_item *it, bool delta) {
     return it->nrows < 0 && (delta || !strcmp(qr_optim_name(qr__var_optim(ps, it->var)), "sgd"));
 }
