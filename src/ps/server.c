@@ -128,15 +128,17 @@ static int lookup(ps_peer *p, const char *what, uint32_t id, qr_var **out) {
 /* Where an async push's payload lands: the items applied as they arrive
  * (fused_apply.c) each in a buffer of their own, the others one after
  * another in the request's buffer. */
+static uint64_t item_bytes(const ps_peer *p, int i, const qr_frame *f) {
+    return (i + 1 < p->nitems ? p->items[i + 1].offset : f->payload_len) - p->items[i].offset;
+}
+
 static int expect_push(ps_peer *p, const qr_frame *f) {
     bool delta = f->flags & QR_PUSH_DELTA;
     uint64_t shared = 0;
     int nfused = 0;
     for (int i = 0; i < p->nitems; i++) {
-        push_item *it = &p->items[i];
-        uint64_t end = i + 1 < p->nitems ? p->items[i + 1].offset : f->payload_len;
-        if (qr__fused_eligible(p->ps, it, delta)) nfused++;
-        else shared += end - it->offset;
+        if (qr__fused_eligible(p->ps, &p->items[i], delta)) nfused++;
+        else shared += item_bytes(p, i, f);
     }
     /* A push of fused items only needs no request buffer. */
     int rc = QR_OK;
@@ -151,7 +153,7 @@ static int expect_push(ps_peer *p, const qr_frame *f) {
     uint64_t at = 0;
     for (int i = 0; i < p->nitems && !rc; i++) {
         push_item *it = &p->items[i];
-        uint64_t bytes = (i + 1 < p->nitems ? p->items[i + 1].offset : f->payload_len) - it->offset;
+        uint64_t bytes = item_bytes(p, i, f);
         if (qr__fused_eligible(p->ps, it, delta)) {
             rc = qr__fused_begin(p->ps, it, delta);
             if (!rc) iov[niov++] = (qr_iov){it->data, bytes};

@@ -232,8 +232,9 @@ static void conn_release(qr_conn *c) {
     if (--c->open_handles == 0) conn_free(c);
 }
 
-/* Run the callbacks of a detached list of spliced sends, and free them. */
-static void finish_spliced(qr_conn *c, send_req *list, int status) {
+/* Run the callbacks of a detached list of sends (spliced, or written at
+ * once), and free them. */
+static void finish_sends(qr_conn *c, send_req *list, int status) {
     for (send_req *r = list, *next; r; r = next) {
         next = r->next;
         c->pending_bytes -= r->bytes;
@@ -249,8 +250,8 @@ static void fail_spliced(qr_conn *c, int status) {
     send_req *splicing = c->splicing, *lent = c->lent;
     c->splicing = c->splicing_tail = c->lent = c->lent_tail = NULL;
     if (!status) status = QR_EPEERLOST;
-    finish_spliced(c, splicing, status);
-    finish_spliced(c, lent, status);
+    finish_sends(c, splicing, status);
+    finish_sends(c, lent, status);
 }
 
 /* Run the callbacks of the sends written at once (they were written:
@@ -259,7 +260,7 @@ static void finish_written(qr_conn *c) {
     while (c->written) {
         send_req *list = c->written;
         c->written = c->written_tail = NULL;
-        finish_spliced(c, list, QR_OK);
+        finish_sends(c, list, QR_OK);
     }
 }
 
@@ -572,7 +573,7 @@ void qr_conn_reclaim(qr_conn *c) {
     if (!c->lent || c->closing || qr_splice_unread(c->splice_fd) != 0) return;
     send_req *lent = c->lent;
     c->lent = c->lent_tail = NULL;
-    finish_spliced(c, lent, QR_OK);
+    finish_sends(c, lent, QR_OK);
 }
 
 /* Write buf[*off, len) to the non-blocking socket: 0 done, 1 full, -errno. */
@@ -685,7 +686,7 @@ static void defer_callback(qr_conn *c, send_req *r) {
     if (c->written_tail) c->written_tail->next = r;
     else c->written = r;
     c->written_tail = r;
-    c->pending_bytes += r->bytes; /* finish_spliced takes it off */
+    c->pending_bytes += r->bytes; /* finish_sends takes it off */
     uv_prepare_start(&c->defer, on_defer);
 }
 
