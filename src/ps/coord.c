@@ -88,13 +88,10 @@ static void unpop_token(ps_sync *s, int64_t step) {
 
 static void answer_token(token_waiter *w, int status, int64_t step, const char *msg) {
     if (status) {
-        qr__ps_reply_error(w->peer, &w->req, status, msg);
+        qr__peer_reply_error(w->peer, &w->req, status, msg);
         return;
     }
-    qr_wbuf meta = {0};
-    qr_wbuf_i64(&meta, step);
-    qr__ps_reply(w->peer, &w->req, QR_OK, &meta, NULL, 0, NULL, NULL);
-    qr_wbuf_free(&meta);
+    qr__peer_reply_step(w->peer, &w->req, step);
 }
 
 /* Grant tokens to waiting places in order; answer those whose TOKEN
@@ -170,12 +167,9 @@ static void link_flush(coord_link *l) {
     }
     if (l->apply_step >= 0 && !l->apply_sent) {
         qr_wbuf meta = {0};
-        qr_wbuf_i64(&meta, l->apply_step);
-        qr_wbuf_u32(&meta, (uint32_t)ps->sync.nquorum);
-        for (int i = 0; i < ps->sync.nquorum; i++) {
-            qr_wbuf_u32(&meta, ps->sync.quorum[i].worker);
-            qr_wbuf_u32(&meta, ps->sync.quorum[i].seq);
-        }
+        qr_msg_put_apply_head(&meta, l->apply_step, (uint32_t)ps->sync.nquorum);
+        for (int i = 0; i < ps->sync.nquorum; i++)
+            qr_msg_put_member(&meta, ps->sync.quorum[i].worker, ps->sync.quorum[i].seq);
         link_send(l, QR_MSG_APPLY, &meta);
         qr_wbuf_free(&meta);
         l->apply_sent = true;
@@ -211,9 +205,7 @@ static void on_link_connected(qr_conn *c, int status) {
     l->up = true;
     l->attempts = 0;
     qr_wbuf meta = {0};
-    qr_wbuf_u32(&meta, QR_ROLE_COORDINATOR);
-    qr_wbuf_u32(&meta, 0);
-    qr_wbuf_u32(&meta, 1);
+    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = 1});
     link_send(l, QR_MSG_HELLO, &meta);
     qr_wbuf_free(&meta);
     link_flush(l);
@@ -305,8 +297,6 @@ static void write_step_stats(qr_ps *ps, int64_t step, uint64_t wait_ns, uint64_t
     fflush(s->stats_file);
 }
 
-static uint64_t stale_at_step_start;
-
 static void complete_step(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     int64_t step = ps->global_step;
@@ -315,7 +305,7 @@ static void complete_step(qr_ps *ps) {
     s->wait_ns_total += wait_ns;
     s->wait_ns_max = QR_MAX(s->wait_ns_max, wait_ns);
     for (int i = 0; i < s->nquorum; i++) s->in_quorum[s->quorum[i].worker]++;
-    write_step_stats(ps, step, wait_ns, s->stale_commits - stale_at_step_start);
+    write_step_stats(ps, step, wait_ns, s->stale_commits - s->stale_at_step_start);
     if (qr__log_enabled(QR_LOG_DEBUG)) {
         char who[256] = "";
         size_t off = 0;
@@ -325,7 +315,7 @@ static void complete_step(qr_ps *ps) {
         qr__log(QR_LOG_DEBUG, "step %lld done: workers %s, waited %.1f ms", (long long)step, who,
                 (double)wait_ns / 1e6);
     }
-    stale_at_step_start = s->stale_commits;
+    s->stale_at_step_start = s->stale_commits;
     ps->global_step = step + 1;
     s->applying = false;
     s->nquorum = 0;
@@ -495,35 +485,45 @@ void qr__coord_ready(qr_ps *ps, int64_t step_limit) {
         if (push_token(s, ps->global_step)) return;
 }
 
+int qr__coord_header(ps_peer *p, const qr_frame *f) {
+    const qr_ps *ps = p->ps;
+    if (!ps->sync.on)
+        return qr__fail(QR_EINVAL, "%s: this ps trains in async mode", qr_msg_name(f->type));
+    if (ps->index != 0)
+        return qr__fail(QR_EINVAL, "%s goes to ps 0, not ps %d", qr_msg_name(f->type), ps->index);
+    return qr__peer_check_small(f, f->type == QR_MSG_COMMIT ? QR_MSG_COMMIT_LEN : QR_MSG_TOKEN_LEN);
+}
+
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
-    uint32_t worker = qr_rbuf_u32(&r);
-    uint32_t seq = qr_rbuf_u32(&r);
-    int64_t local_step = qr_rbuf_i64(&r);
+    qr_msg_commit m;
+    qr_msg_get_commit(&r, &m);
+    uint32_t worker = m.worker, seq = m.seq;
+    int64_t local_step = m.local_step;
     char msg[512];
     if (s->aborted) {
-        qr__ps_reply_error(p, f, QR_EABORTED, s->abort_msg);
+        qr__peer_reply_error(p, f, QR_EABORTED, s->abort_msg);
         return;
     }
     if (!ps->ready) {
-        qr__ps_reply_error(p, f, QR_ENOTREADY, "COMMIT: the chief has not initialized yet");
+        qr__peer_reply_error(p, f, QR_ENOTREADY, "COMMIT: the chief has not initialized yet");
         return;
     }
     bool known = qr__is_worker(worker, s->N);
     if (!known || local_step > ps->global_step) {
         snprintf(msg, sizeof msg, "COMMIT: worker %u, step %lld: %s", worker,
                  (long long)local_step, !known ? "no such worker" : "that step has not started");
-        qr__ps_reply_error(p, f, QR_EINVAL, msg);
+        qr__peer_reply_error(p, f, QR_EINVAL, msg);
         return;
     }
     /* The worker's place in the token queue, fresh or stale alike. */
     int rc = add_waiter(s, p, NULL);
     if (rc) {
         snprintf(msg, sizeof msg, "COMMIT: %s", qr_last_error());
-        qr__ps_reply_error(p, f, rc, msg);
+        qr__peer_reply_error(p, f, rc, msg);
         return;
     }
     if (local_step < ps->global_step || s->applying) {
@@ -532,21 +532,18 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         snprintf(msg, sizeof msg, "dropped: stale: worker %u's gradient of step %lld came after "
                  "step %lld had its %d gradients", worker, (long long)local_step,
                  (long long)local_step, s->R);
-        qr__ps_reply_error(p, f, QR_ESTALE, msg);
+        qr__peer_reply_error(p, f, QR_ESTALE, msg);
         serve_waiters(s);
         return;
     }
     for (int i = 0; i < s->nquorum; i++)
         if (s->quorum[i].worker == worker && s->quorum[i].seq == seq) {
-            qr__ps_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
+            qr__peer_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
             return;
         }
     s->quorum[s->nquorum++] = (quorum_member){worker, seq};
     s->last_grad_ns = qr__now_ns();
-    qr_wbuf out = {0};
-    qr_wbuf_i64(&out, ps->global_step);
-    qr__ps_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
-    qr_wbuf_free(&out);
+    qr__peer_reply_step(p, f, ps->global_step);
     serve_waiters(s);
     if (s->nquorum == s->R) start_apply(ps);
 }
@@ -555,7 +552,7 @@ void qr__coord_token(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
     if (s->aborted) {
-        qr__ps_reply_error(p, f, QR_EABORTED, s->abort_msg);
+        qr__peer_reply_error(p, f, QR_EABORTED, s->abort_msg);
         return;
     }
     /* This worker's oldest place without a request; a worker that asks
@@ -566,7 +563,7 @@ void qr__coord_token(ps_peer *p, const qr_frame *f) {
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "TOKEN: %s", qr_last_error());
-        qr__ps_reply_error(p, f, rc, msg);
+        qr__peer_reply_error(p, f, rc, msg);
         return;
     }
     w->has_request = true;

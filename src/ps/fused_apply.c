@@ -28,7 +28,7 @@
  * in between).
  *
  * Concurrency. One push per variable is applied this way at a time (the
- * variable's fused_out names it); pushes of the same variable that start
+ * ps's list of fused items under way names it: qr__fused_of); pushes of the same variable that start
  * meanwhile take the ordinary path. If one of them completes first, it
  * changes the value the fused push has already read from, so the floats
  * computed so far must follow: a dense push's update is applied to them
@@ -57,9 +57,29 @@ static bool sgd_like(const qr_ps *ps, const push_item *it, bool delta) {
     return it->nrows < 0 && (delta || !strcmp(qr_optim_name(qr__var_optim(ps, it->var)), "sgd"));
 }
 
+/* The list is as long as the fused pushes under way, one per connection
+ * at most: a few, and usually none. It lives with the ps rather than in
+ * the variable because only this file and the apply that must follow
+ * ask for it. */
+push_item *qr__fused_of(const qr_ps *ps, const qr_var *v) {
+    for (push_item *it = ps->fused; it; it = it->next_fused)
+        if (it->var == v) return it;
+    return NULL;
+}
+
+static void unlink_fused(qr_ps *ps, push_item *it) {
+    for (push_item **link = &ps->fused; *link; link = &(*link)->next_fused)
+        if (*link == it) {
+            *link = it->next_fused;
+            break;
+        }
+    it->next_fused = NULL;
+    it->fused = false;
+}
+
 bool qr__fused_eligible(const qr_ps *ps, const push_item *it, bool delta) {
     const qr_var *v = it->var;
-    if (v->fused_out || ps->staleness_lr_scale) return false;
+    if (qr__fused_of(ps, v) || ps->staleness_lr_scale) return false;
     return (uint64_t)v->n * sizeof(float) >= QR_FUSED_MIN_BYTES && sgd_like(ps, it, delta);
 }
 
@@ -74,8 +94,9 @@ int qr__fused_begin(qr_ps *ps, push_item *it, bool delta) {
     it->fused = true;
     it->fused_lr = delta ? -1.0f : qr__ps_lr(ps, v, qr__var_optim(ps, v), ps->applied_steps);
     it->data = (uint8_t *)it->own;
-    v->fused_out = it->own;
-    v->fused_done = 0;
+    it->fused_done = 0;
+    it->next_fused = ps->fused;
+    ps->fused = it;
     return QR_OK;
 }
 
@@ -83,7 +104,7 @@ void qr__fused_advance(push_item *it, int64_t from, int64_t to) {
     qr_var *v = it->var;
     if (!qr_optim_sgd_into_grad(it->own + from, v->value->data + from, to - from, it->fused_lr))
         it->nonfinite = true;
-    v->fused_done = to;
+    it->fused_done = to;
 }
 
 int qr__fused_prepare(push_item *it) {
@@ -94,7 +115,7 @@ int qr__fused_prepare(push_item *it) {
     return it->shell ? QR_OK : QR_ENOMEM;
 }
 
-void qr__fused_install(push_item *it) {
+void qr__fused_install(qr_ps *ps, push_item *it) {
     qr_var *v = it->var;
     size_t bytes = (size_t)v->n * sizeof(float);
     if (v->value->refs > 1) { /* qr__fused_prepare made the shell */
@@ -108,34 +129,28 @@ void qr__fused_install(push_item *it) {
         it->own = old; /* the old value's storage, for the pool */
         it->own_cap = bytes;
     }
-    v->fused_out = NULL;
-    v->fused_done = 0;
-    it->fused = false;
+    unlink_fused(ps, it);
 }
 
 void qr__fused_end(qr_ps *ps, push_item *it) {
-    if (it->fused && it->var->fused_out == it->own) {
-        it->var->fused_out = NULL;
-        it->var->fused_done = 0;
-    }
+    if (it->fused) unlink_fused(ps, it);
     if (it->own) qr__recv_pool_put(&ps->recv_pool, it->own, it->own_cap);
     free(it->shell);
     it->own = NULL;
     it->shell = NULL;
-    it->fused = false;
 }
 
-void qr__fused_follow(qr_var *v, const float *g, float lr) {
-    float *next = v->fused_out;
-    for (int64_t i = 0; i < v->fused_done; i++) next[i] -= g[i] * lr;
+void qr__fused_follow(push_item *fu, const float *g, float lr) {
+    float *next = fu->own;
+    for (int64_t i = 0; i < fu->fused_done; i++) next[i] -= g[i] * lr;
 }
 
-void qr__fused_save(const qr_var *v, float *save) {
-    memcpy(save, v->value->data, (size_t)v->fused_done * sizeof(float));
+void qr__fused_save(const push_item *fu, float *save) {
+    memcpy(save, fu->var->value->data, (size_t)fu->fused_done * sizeof(float));
 }
 
-void qr__fused_rebase(qr_var *v, const float *save) {
-    float *next = v->fused_out;
-    const float *now = v->value->data;
-    for (int64_t i = 0; i < v->fused_done; i++) next[i] += now[i] - save[i];
+void qr__fused_rebase(push_item *fu, const float *save) {
+    float *next = fu->own;
+    const float *now = fu->var->value->data;
+    for (int64_t i = 0; i < fu->fused_done; i++) next[i] += now[i] - save[i];
 }

@@ -1,16 +1,27 @@
 /*
  * ps_internal.h - the state of a ps task, shared by the files that make
- * it up:
- *   server.c  connections, request decoding, async pushes, pulls, create
+ * it up. Requests flow down this list; no file calls one above it, except
+ * that server.c and coord.c share the lifecycle (a STOP, an abort):
+ *   server.c  the loop, connections, dispatch of each request by type,
+ *             start and stop
+ *   control.c HELLO, READY, STEP, STATS: the small requests about the
+ *             connection and the run
+ *   push.c    async pushes: checked, acknowledged, applied, counted
+ *   pull.c    pulls: replies that lend the variables' tensors
+ *   create.c  CREATE: the chief's variables and the others' checks
  *   sync.c    synchronous replicas on every ps: pushes held per step, and
  *             the reduce-and-apply of a step once its quorum is decided
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
  *             token barrier, the global step, stall reports, statistics,
  *             and ps 0's links to the other ps tasks
- *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
+ *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   fused_apply.c large async SGD pushes applied as they arrive, the
  *                 gradient's buffer becoming the variable's next value
+ *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
+ *   peer.c    what every request family uses: replies, request checks,
+ *             receive buffers
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
+ *   store.c   the variables and their tensors
  * Everything runs on the ps loop thread.
  */
 #ifndef QR_PS_INTERNAL_H
@@ -20,6 +31,7 @@
 #include "common/config.h"
 #include "ps/store.h"
 #include "wire/conn.h"
+#include "wire/msg.h"
 
 #include <stdio.h>
 
@@ -44,11 +56,14 @@ typedef struct push_item {
     int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
     bool to_spare;    /* computed into the variable's spare, then swapped in */
     /* Applied as it arrives (fused_apply.c): it has its own receive
-     * buffer, which holds the variable's next value once all is in. */
+     * buffer, which holds the variable's next value once all is in:
+     * own[0..fused_done) is computed so far, from the current value. */
     bool fused;
     float fused_lr;    /* fixed when the header arrived; -1 for a delta */
     float *own;        /* its buffer, from the pool; NULL when none */
     size_t own_cap;
+    int64_t fused_done;
+    struct push_item *next_fused; /* the ps's list of fused items under way */
     qr_tensor *shell;  /* for the new value, when a reply reads the old */
 } push_item;
 
@@ -100,19 +115,21 @@ void qr__fused_advance(push_item *it, int64_t from, int64_t to);
 /* Before the push is acknowledged: what installing needs (QR_ENOMEM). */
 int qr__fused_prepare(push_item *it);
 /* The next value becomes the variable's value; cannot fail. */
-void qr__fused_install(push_item *it);
+void qr__fused_install(qr_ps *ps, push_item *it);
 /* Give the item's buffers back and release its variable (idempotent). */
 void qr__fused_end(qr_ps *ps, push_item *it);
-/* Another push changing v while v's fused push is under way: the floats
- * already computed from the old value must follow. A dense SGD step (lr)
- * or delta (lr = -1) g is applied to them too (when can_follow); for any
- * other change (sparse rows, an optimizer with slots), save
- * what they were computed from (v->fused_done floats) before it and
- * rebase them on the difference after it. */
+/* The fused push under way on v, or NULL. */
+push_item *qr__fused_of(const qr_ps *ps, const qr_var *v);
+/* Another push changing v while v's fused push `fu` is under way: the
+ * floats fu has computed from the old value must follow. A dense SGD step
+ * (lr) or delta (lr = -1) g is applied to them too (when can_follow); for
+ * any other change (sparse rows, an optimizer with slots), save what they
+ * were computed from (fu->fused_done floats) before it and rebase them on
+ * the difference after it. */
 bool qr__fused_can_follow(const qr_ps *ps, const push_item *it, bool delta);
-void qr__fused_follow(qr_var *v, const float *g, float lr);
-void qr__fused_save(const qr_var *v, float *save);
-void qr__fused_rebase(qr_var *v, const float *save);
+void qr__fused_follow(push_item *fu, const float *g, float lr);
+void qr__fused_save(const push_item *fu, float *save);
+void qr__fused_rebase(push_item *fu, const float *save);
 
 /* A synchronous push: one worker's gradients for one step, held on the
  * ps until the step's quorum is decided (then reduced, or dropped). */
@@ -168,6 +185,13 @@ typedef struct token_waiter {
 
 typedef struct coord_link coord_link;
 
+/* One gradient of a sync step's reduce: member `member` pushed g for v. */
+typedef struct sync_source {
+    qr_var *var;
+    int member;
+    const float *g;
+} sync_source;
+
 /* Synchronous replicas: the configuration (every ps) and the coordinator
  * state (ps 0 only). */
 typedef struct ps_sync {
@@ -179,6 +203,8 @@ typedef struct ps_sync {
     int64_t report_ms;   /* stall report interval */
     int64_t step;        /* this ps's accumulator step */
     sync_push *pending;  /* received, waiting for their step's quorum */
+    sync_source *sources; /* the step being applied: gradients per variable */
+    int nsources, sources_cap;
     uint64_t stale_pushes; /* dropped here as stale */
 
     /* ps 0 only */
@@ -199,6 +225,7 @@ typedef struct ps_sync {
     int64_t step_limit;  /* from the chief; 0 = unknown */
     /* statistics */
     uint64_t steps_done, stale_commits;
+    uint64_t stale_at_step_start; /* stale_commits when the step began */
     uint64_t *in_quorum, *stale_by_worker; /* per worker */
     uint64_t wait_ns_total, wait_ns_max;
     FILE *stats_file;
@@ -213,6 +240,18 @@ typedef struct bound_waiter {
     int64_t clock; /* the step it wants to start (its completed steps) */
     uint64_t since_ns;
 } bound_waiter;
+
+/* Bounded staleness (bound.c): the configuration and, on ps 0 of an
+ * async run, the workers' clocks and waits. */
+typedef struct ps_bound {
+    int64_t max_staleness;   /* the bound k, or -1 */
+    int64_t *clock;          /* ps 0: step pushes per worker */
+    bound_waiter *waiters;
+    uv_timer_t timer;        /* stall reports of the waits */
+    bool timer_on;
+    uint64_t report_ns;      /* when the last one was logged */
+    uint64_t report_every_ns; /* stall-report-ms */
+} ps_bound;
 
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
 #define QR_STALENESS_BUCKETS 9
@@ -254,15 +293,10 @@ struct qr_ps {
     uint64_t staleness_hist[QR_STALENESS_BUCKETS];
     uint64_t fused_pushes;  /* items applied as they arrived (fused_apply.c) */
     uint64_t fused_rebases; /* applies that rebased such an item's results */
-    int64_t max_staleness;   /* ps 0: the bound k, or -1 */
-    int64_t *clock;          /* ps 0: step pushes per worker */
+    push_item *fused;        /* fused pushes under way (fused_apply.c) */
+    ps_bound bound;
     float average_decay;     /* moving averages: 0 = off */
     char *average_vars;      /* names to average ("" = all) */
-    bound_waiter *bound_waiters;
-    uv_timer_t bound_timer;   /* stall reports of the waits (bound.c) */
-    bool bound_timer_on;
-    uint64_t bound_report_ns; /* when the last one was logged */
-    uint64_t bound_report_every_ns; /* stall-report-ms */
 };
 
 /* Does a worker index read off the wire name one of n workers? Compared
@@ -276,17 +310,78 @@ static inline const qr_optim *qr__var_optim(const qr_ps *ps, const qr_var *v) {
     return v->optim ? v->optim : ps->optim;
 }
 
-/* server.c */
 /* The learning rate of one apply to v: the variable's own or its
  * optimizer's, decayed by the schedule at `step` (steps applied before
  * this one). */
-float qr__ps_lr(const qr_ps *ps, const qr_var *v, const qr_optim *opt, int64_t step);
-/* Queue a reply. Returns QR_OK if queued; on failure cb has already run. */
-int qr__ps_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
-                 const qr_iov *iov, int niov, qr_send_cb cb, void *ctx);
-void qr__ps_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg);
+static inline float qr__ps_lr(const qr_ps *ps, const qr_var *v, const qr_optim *opt,
+                              int64_t step) {
+    float lr = v->lr >= 0 ? v->lr : qr_optim_lr(opt);
+    return qr_optim_decayed_lr(lr, step, ps->lr_decay_rate, ps->lr_decay_steps,
+                               ps->lr_decay_staircase);
+}
+
+/* server.c: the lifecycle, which coord.c shares (a STOP, an abort). */
 void qr__ps_begin_stop(qr_ps *ps);
 void qr__ps_finish_if_idle(qr_ps *ps);
+
+/* peer.c: replies. A reply to `req` is queued on p's connection; past
+ * PEER_MAX_PENDING queued bytes the connection stops being read until its
+ * replies drain. qr__peer_reply returns QR_OK if queued; on failure cb
+ * (if any) has already run. */
+int qr__peer_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *meta,
+                   const qr_iov *iov, int niov, qr_send_cb cb, void *ctx);
+/* The callback of a reply with none of its own; one that has its own
+ * calls it at the end (it resumes a paused connection). */
+void qr__peer_reply_sent(qr_conn *c, int status, void *ctx);
+/* Status and message (sent as meta, also logged at debug level). */
+void qr__peer_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg);
+/* QR_OK with an i64 step: PUSH, STEP, COMMIT, TOKEN, CLOCK. */
+void qr__peer_reply_step(ps_peer *p, const qr_frame *req, int64_t step);
+/* Remember a failure found while checking a request's meta (qr__fail has
+ * set the message); on_message answers it once the payload has gone by. */
+void qr__peer_hold_error(ps_peer *p, int status);
+
+/* peer.c: request checks, each a qr__fail with a message naming the
+ * request and the problem. */
+/* A list of count variables: 1..QR_PROTO_MAX_ITEMS. */
+int qr__peer_check_count(const char *what, uint32_t count);
+/* The meta was read whole, no more, and describes payload_len bytes. */
+int qr__peer_check_end(const char *what, const qr_rbuf *r, uint64_t described,
+                       uint64_t payload_len);
+/* A request of exactly meta_len meta bytes and no payload. */
+int qr__peer_check_small(const qr_frame *f, uint32_t meta_len);
+/* The variable with that id, named once in this request (ps->mark). */
+int qr__peer_lookup(ps_peer *p, const char *what, uint32_t id, qr_var **out);
+/* Room for n decoded items in p->items. */
+int qr__peer_reserve_items(ps_peer *p, uint32_t n);
+
+/* peer.c: the request's receive buffer, from the ps's pool. A request
+ * takes at most one; it goes back as soon as the request is done with it
+ * (qr__peer_release_recv, which also ends the request's fused items), so
+ * the next push, from any worker, lands in the same hot buffer. */
+int qr__peer_take_recv(ps_peer *p, size_t bytes);
+void qr__peer_release_recv(ps_peer *p);
+
+/* push.c: async pushes (a sync one is handed to sync.c). */
+int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__push_message(ps_peer *p, const qr_frame *f);
+/* Staleness statistics of async pushes, as JSON fields of obj. */
+struct cJSON;
+void qr__push_stats_json(const qr_ps *ps, struct cJSON *obj);
+
+/* pull.c */
+int qr__pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__pull_message(ps_peer *p, const qr_frame *f);
+
+/* create.c */
+int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__create_message(ps_peer *p, const qr_frame *f);
+/* Free the variables a CREATE made and has not stored yet. */
+void qr__create_drop(ps_peer *p);
+
+/* control.c: HELLO, READY, STEP, STATS. */
+int qr__control_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__control_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 
 /* sync.c: every ps */
 int qr__sync_init(qr_ps *ps);
@@ -297,6 +392,8 @@ void qr__sync_free(qr_ps *ps);
 int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
                          int64_t local_step);
 void qr__sync_push_message(ps_peer *p, const qr_frame *f);
+/* APPLY comes from ps 0's coordinator link, in sync mode. */
+int qr__sync_apply_header(ps_peer *p, const qr_frame *f);
 void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
@@ -305,8 +402,12 @@ int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int 
 /* bound.c: bounded staleness on ps 0 (async) */
 int qr__bound_init(qr_ps *ps);
 void qr__bound_free(qr_ps *ps);
+int qr__bound_clock_header(ps_peer *p, const qr_frame *f);
 void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-/* A worker's step push arrived, or a worker left: release who may go. */
+/* ps 0 applied a step push of `worker` (any index off the wire): count it
+ * on its clock and release who may go. */
+void qr__bound_count_step(qr_ps *ps, uint32_t worker);
+/* A worker left: release who may go. */
 void qr__bound_update(qr_ps *ps);
 void qr__bound_peer_lost(ps_peer *p);
 void qr__bound_stop(qr_ps *ps);
@@ -317,10 +418,11 @@ void qr__bound_close(qr_ps *ps);
 int qr__coord_init(qr_ps *ps);
 void qr__coord_free(qr_ps *ps);
 void qr__coord_ready(qr_ps *ps, int64_t step_limit);
+/* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
+int qr__coord_header(ps_peer *p, const qr_frame *f);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_token(ps_peer *p, const qr_frame *f);
 /* Add the coordinator's statistics to a cJSON object. */
-struct cJSON;
 void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);
 /* The ps is stopping: end every token wait with "stopped", close links. */

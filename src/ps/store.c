@@ -46,7 +46,6 @@ void qr_var_free(qr_var *v) {
     qr_optim_slots_free(v->slots);
     qr_optim_free(v->optim);
     free(v->options);
-    free(v->sync_srcs);
     free(v->name);
     free(v);
 }

@@ -6,8 +6,8 @@
  * reference; every pull reply still being written holds another. An apply
  * to a variable whose tensor is shared first copies it (copy-on-write), so
  * a reply queued before the apply goes out with the values it was queued
- * with, never a torn mix (DESIGN.md, "a queued write must keep its
- * buffers unchanged"). The store is used only from the ps loop thread, so
+ * with, never a torn mix: a queued write must keep its buffers unchanged
+ * until it completes (qr_conn_send, wire/conn.h). The store is used only from the ps loop thread, so
  * the counts need no atomics.
  *
  * A variable that had to copy keeps the tensor it left behind as a spare:
@@ -59,14 +59,6 @@ typedef struct qr_var {
     qr_optim_slots *slots;
     uint64_t nonfinite_skipped;
     uint64_t mark; /* last message that named it: catches duplicates */
-    /* A large push being applied as it arrives (ps/fused_apply.c): its
-     * results so far, fused_out[0..fused_done), computed from this value;
-     * NULL when there is none. */
-    float *fused_out;
-    int64_t fused_done;
-    /* sync: the gradients of the step being applied, in quorum order */
-    const float **sync_srcs;
-    int nsync, sync_cap;
 } qr_var;
 
 typedef struct qr_store {
@@ -102,10 +94,6 @@ int qr_var_prepare_write(qr_var *v);
 int qr_var_prepare_spare(qr_var *v);
 void qr_var_swap_spare(qr_var *v);
 
-/* TensorFlow's ExponentialMovingAverage, after an update of v:
- *   d = min(decay, (1 + num_updates) / (10 + num_updates))
- *   average -= (1 - d) * (average - value)
- * (copy-on-write, like the value). */
 /* Make t (n floats, refs 1) v's value while pull replies still read the
  * current one. The old value becomes the spare, to be reused once they are
  * done (a busy spare is retired). Returns storage nothing uses any more,
@@ -113,6 +101,10 @@ void qr_var_swap_spare(qr_var *v);
  * NULL when there was none. */
 float *qr_var_replace_value(qr_var *v, qr_tensor *t, size_t *bytes);
 
+/* TensorFlow's ExponentialMovingAverage, after an update of v:
+ *   d = min(decay, (1 + num_updates) / (10 + num_updates))
+ *   average -= (1 - d) * (average - value)
+ * (copy-on-write, like the value). QR_ENOMEM if the copy fails. */
 int qr_var_update_average(qr_var *v, float decay, int64_t num_updates);
 
 /* "[784,256]" into buf. */

@@ -70,6 +70,7 @@ void qr__sync_free(qr_ps *ps) {
         free(s->waiters);
         s->waiters = next;
     }
+    free(s->sources);
     free(s->quorum);
     free(s->tokens);
     free(s->links);
@@ -125,7 +126,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
                  "%s is at step %lld", (long long)sp->local_step, sp->worker, ps->name,
                  (long long)s->step);
         qr__sync_push_free(ps, sp);
-        qr__ps_reply_error(p, f, QR_ESTALE, msg);
+        qr__peer_reply_error(p, f, QR_ESTALE, msg);
         return;
     }
     if (sp->local_step > s->step || find_pending(s, sp->worker, sp->seq)) {
@@ -133,7 +134,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
                  sp->worker, sp->seq, (long long)sp->local_step,
                  sp->local_step > s->step ? "that step has not started" : "pushed twice");
         qr__sync_push_free(ps, sp);
-        qr__ps_reply_error(p, f, QR_EINVAL, msg);
+        qr__peer_reply_error(p, f, QR_EINVAL, msg);
         return;
     }
     for (int i = 0; i < sp->nitems; i++) {
@@ -143,7 +144,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
                      "Inf; the push was refused", ps->name, it->var->name);
             qr__sync_push_free(ps, sp);
-            qr__ps_reply_error(p, f, QR_ENONFINITE, msg);
+            qr__peer_reply_error(p, f, QR_ENONFINITE, msg);
             return;
         }
         it->skip = true; /* counts as a zero gradient in the mean */
@@ -151,21 +152,55 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     }
     sp->next = s->pending;
     s->pending = sp;
-    qr_wbuf meta = {0};
-    qr_wbuf_i64(&meta, s->step);
-    qr__ps_reply(p, f, QR_OK, &meta, NULL, 0, NULL, NULL);
-    qr_wbuf_free(&meta);
+    qr__peer_reply_step(p, f, s->step);
 }
 
-static int add_source(qr_var *v, const float *g, int cap) {
-    if (v->sync_cap < cap) {
-        const float **grown = realloc(v->sync_srcs, (size_t)cap * sizeof *grown);
+static int add_source(ps_sync *s, qr_var *v, int member, const float *g) {
+    if (s->nsources == s->sources_cap) {
+        int cap = QR_MAX(16, 2 * s->sources_cap);
+        sync_source *grown = realloc(s->sources, (size_t)cap * sizeof *grown);
         if (!grown) return qr__fail(QR_ENOMEM, "out of memory reducing '%s'", v->name);
-        v->sync_srcs = grown;
-        v->sync_cap = cap;
+        s->sources = grown;
+        s->sources_cap = cap;
     }
-    v->sync_srcs[v->nsync++] = g;
+    s->sources[s->nsources++] = (sync_source){v, member, g};
     return QR_OK;
+}
+
+/* By variable, then in member order: the order of the reduce. */
+static int cmp_source(const void *a, const void *b) {
+    const sync_source *x = a, *y = b;
+    if (x->var->id != y->var->id) return x->var->id < y->var->id ? -1 : 1;
+    return (x->member > y->member) - (x->member < y->member);
+}
+
+/* Reduce the step's gradients of each variable (sources[0..n), sorted)
+ * in member order into the first one, and apply the optimizer once. */
+static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
+    ps_sync *s = &ps->sync;
+    qsort(s->sources, (size_t)s->nsources, sizeof *s->sources, cmp_source);
+    const float **srcs = qr__calloc((size_t)QR_MAX(s->nsources, 1), sizeof *srcs);
+    if (!srcs) return QR_ENOMEM;
+    int rc = QR_OK;
+    for (int i = 0, end; i < s->nsources && !rc; i = end) {
+        qr_var *v = s->sources[i].var;
+        int n = 0;
+        for (end = i; end < s->nsources && s->sources[end].var == v; end++)
+            srcs[n++] = s->sources[end].g;
+        float *sum = (float *)srcs[0]; /* owned by the pending push */
+        qr_optim_reduce(sum, srcs, n, v->n, divisor);
+        rc = qr_var_prepare_write(v);
+        const qr_optim *opt = qr__var_optim(ps, v);
+        if (!rc)
+            rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
+                                      qr__ps_lr(ps, v, opt, step), step + 1);
+        if (!rc && ps->average_decay > 0)
+            rc = qr_var_update_average(v, ps->average_decay, step + 1);
+        if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
+        v->version++;
+    }
+    free(srcs);
+    return rc;
 }
 
 int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
@@ -175,8 +210,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         return qr__fail(QR_EINTERNAL, "%s is at step %lld but was asked to apply step %lld "
                         "(did it restart and lose its state?)", ps->name, (long long)s->step,
                         (long long)step);
-    for (uint32_t i = 0; i < ps->store.cap; i++)
-        if (ps->store.by_id[i]) ps->store.by_id[i]->nsync = 0;
+    s->nsources = 0;
     int rc = QR_OK;
     for (int m = 0; m < n && !rc; m++) {
         sync_push *sp = find_pending(s, members[m].worker, members[m].seq);
@@ -188,27 +222,13 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         for (int i = 0; i < sp->nitems && !rc; i++) {
             push_item *it = &sp->items[i];
             if (!it->skip)
-                rc = add_source(it->var, (const float *)((uint8_t *)sp->data + it->offset), n);
+                rc = add_source(s, it->var, m, (const float *)((uint8_t *)sp->data + it->offset));
         }
     }
     /* A variable a member did not push counts as a zero in the mean: the
      * divisor is the quorum size either way. */
     float divisor = s->mean ? (float)n : 1.0f;
-    for (uint32_t i = 0; i < ps->store.cap && !rc; i++) {
-        qr_var *v = ps->store.by_id[i];
-        if (!v || !v->nsync) continue;
-        float *sum = (float *)v->sync_srcs[0]; /* owned by the pending push */
-        qr_optim_reduce(sum, v->sync_srcs, v->nsync, v->n, divisor);
-        rc = qr_var_prepare_write(v);
-        const qr_optim *opt = qr__var_optim(ps, v);
-        if (!rc)
-            rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
-                                      qr__ps_lr(ps, v, opt, step), step + 1);
-        if (!rc && ps->average_decay > 0)
-            rc = qr_var_update_average(v, ps->average_decay, step + 1);
-        if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
-        v->version++;
-    }
+    if (!rc) rc = reduce_and_apply(ps, step, divisor);
     if (rc) return rc;
     /* Everything of this step or older that is still here is stale. */
     sync_push **link = &s->pending;
@@ -226,31 +246,38 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     return QR_OK;
 }
 
+int qr__sync_apply_header(ps_peer *p, const qr_frame *f) {
+    if (!p->ps->sync.on) return qr__fail(QR_EINVAL, "APPLY: this ps trains in async mode");
+    if (p->role != QR_ROLE_COORDINATOR)
+        return qr__fail(QR_EINVAL, "APPLY comes only from ps 0's coordinator");
+    if (f->payload_len) return qr__fail(QR_EPROTO, "APPLY carries no payload");
+    return QR_OK;
+}
+
 void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
-    int64_t step = qr_rbuf_i64(&r);
-    uint32_t count = qr_rbuf_u32(&r);
-    if (r.bad || count == 0 || count > QR_PROTO_MAX_ITEMS || r.left != (size_t)count * 8) {
-        qr__ps_reply_error(p, f, QR_EPROTO, "APPLY meta is malformed");
+    int64_t step;
+    uint32_t count;
+    qr_msg_get_apply_head(&r, &step, &count);
+    if (r.bad || count == 0 || count > QR_PROTO_MAX_ITEMS ||
+        r.left != (size_t)count * QR_MSG_MEMBER_LEN) {
+        qr__peer_reply_error(p, f, QR_EPROTO, "APPLY meta is malformed");
         return;
     }
     quorum_member *members = qr__calloc(count, sizeof *members);
     if (!members) {
-        qr__ps_reply_error(p, f, QR_ENOMEM, "out of memory");
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
         return;
     }
-    for (uint32_t i = 0; i < count; i++) {
-        members[i].worker = qr_rbuf_u32(&r);
-        members[i].seq = qr_rbuf_u32(&r);
-    }
+    for (uint32_t i = 0; i < count; i++) qr_msg_get_member(&r, &members[i].worker, &members[i].seq);
     int rc = qr__sync_apply_step(p->ps, step, members, (int)count);
     free(members);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", qr_last_error());
-        qr__ps_reply_error(p, f, rc, msg);
+        qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    qr__ps_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
 }

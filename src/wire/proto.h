@@ -32,51 +32,8 @@
  * float32 tensors back to back, so they can be written with writev from
  * the variables themselves and read straight into their destinations.
  * An error reply carries its message as meta (UTF-8, not NUL-terminated).
- *
- * Meta layouts (u32/i64/... little-endian, no padding):
- *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link),
- *                   u32 task_index, u32 mode (0 = async, 1 = sync)
- *   CREATE     req: u32 count, then per variable:
- *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
- *                   u32 name_len, name bytes, u32 options_len, options
- *                   bytes (the variable's optimizer options, may be empty)
- *              payload: each variable's initial values, in order
- *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
- *                     that the same variables exist (non-chief workers)
- *   READY      req: u32 set (1 = mark the cluster ready, 0 = query),
- *                   i64 step_limit (the run's last global step; 0 = unknown)
- *              reply: u32 ready, i64 global_step
- *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq, then
- *                   per item: u32 var_id, u32 kind, u64 nbytes,
- *                   u64 version (of the variable the gradient was computed at)
- *              kind 0, dense: the gradient, the variable's size in floats
- *              kind 1, sparse rows of a (rows, dim) variable, dim its last
- *                   dimension: K i64 row indices, then K x dim floats
- *                   (nbytes = K * (8 + 4 dim)); async only
- *              payload: the gradients, in order
- *              flags: QR_PUSH_STEP (async: advance the global step),
- *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
- *                     QR_PUSH_SYNC (hold for the step's quorum)
- *              reply: i64 global_step (async) or the ps's step (sync);
- *                     status QR_ESTALE if the gradient is stale
- *   PULL       req: u32 count, then u32 var_id each
- *              flags: QR_PULL_AVERAGES = the moving averages instead
- *              reply: u32 count, then per item: u32 var_id, u32 kind,
- *                     u64 nbytes, u64 version; payload: the values
- *   STEP       req: (empty)   reply: i64 global_step
- *   STOP       req: (empty)   reply: (empty)
- *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step: the push
- *              (worker, seq) reached every ps; count it for the step.
- *              reply: i64 global_step; status QR_ESTALE if it is too late
- *   TOKEN      (to ps 0) req: u32 worker. The reply, sent when a token is
- *              free: i64 the token's step
- *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
- *              u32 seq per member: reduce these pushes and apply the step
- *   STATS      reply: meta = JSON text of the ps's statistics
- *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
- *              i64 clock (steps the worker has pushed). The reply, sent
- *              when clock - (fewest steps of any live worker) <= k:
- *              i64 that fewest
+ * The records of every message type are laid out, written and read in
+ * one place: wire/msg.h.
  */
 #ifndef QR_PROTO_H
 #define QR_PROTO_H

@@ -25,6 +25,7 @@
 #include "model/init.h"
 #include "optim/optim.h"
 #include "wire/conn.h"
+#include "wire/msg.h"
 
 #include <cjson/cJSON.h>
 
@@ -188,9 +189,9 @@ static void on_connected(qr_conn *c, int status) {
     wk_request *hello = request_new(l->w, l->index, QR_MSG_HELLO);
     if (!hello) return;
     hello->internal = true;
-    qr_wbuf_u32(&hello->meta, QR_ROLE_WORKER);
-    qr_wbuf_u32(&hello->meta, (uint32_t)l->w->index);
-    qr_wbuf_u32(&hello->meta, l->w->sync ? 1 : 0);
+    qr_msg_put_hello(&hello->meta, &(qr_msg_hello){.role = QR_ROLE_WORKER,
+                                                   .task_index = (uint32_t)l->w->index,
+                                                   .mode = l->w->sync ? 1 : 0});
     if (link_send(l, hello)) request_free(hello);
 }
 
@@ -221,13 +222,16 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_PUSH:
     case QR_MSG_STEP:
     case QR_MSG_COMMIT:
-    case QR_MSG_TOKEN: r->step = qr_rbuf_i64(&rb); break;
-    case QR_MSG_READY:
-        r->ready = qr_rbuf_u32(&rb);
-        r->step = qr_rbuf_i64(&rb);
+    case QR_MSG_TOKEN: r->step = qr_msg_get_step(&rb); break;
+    case QR_MSG_READY: {
+        qr_msg_ready m;
+        qr_msg_get_ready(&rb, &m);
+        r->ready = m.set;
+        r->step = m.step;
         break;
+    }
     case QR_MSG_PULL: {
-        uint32_t count = qr_rbuf_u32(&rb);
+        uint32_t count = qr_msg_get_count(&rb);
         if (count != (uint32_t)r->nvars)
             return qr__fail(QR_EPROTO, "ps %d answered a pull of %d variables with %u",
                             l->index, r->nvars, count);
@@ -235,13 +239,12 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         if (!iov) return QR_ENOMEM;
         uint64_t total = 0;
         for (uint32_t i = 0; i < count; i++) {
-            uint32_t id = qr_rbuf_u32(&rb);
-            (void)qr_rbuf_u32(&rb);
-            uint64_t nbytes = qr_rbuf_u64(&rb);
-            uint64_t version = qr_rbuf_u64(&rb);
+            qr_msg_var rec;
+            qr_msg_get_var(&rb, &rec);
+            uint64_t nbytes = rec.nbytes;
             wk_var *v = &l->w->vars[r->var_ids[i]];
-            v->version = version;
-            if (rb.bad || id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)v->n * 4) {
+            v->version = rec.version;
+            if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)v->n * 4) {
                 free(iov);
                 return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
                                 l->index, v->name);
@@ -569,18 +572,16 @@ static int create_on_ps(qr_worker *w, bool check_only) {
         reqs[nreq++] = r;
         r->flags = check_only ? QR_CREATE_CHECK_ONLY : 0;
         r->payload = check_only ? NULL : qr__calloc((size_t)count, sizeof *r->payload);
-        qr_wbuf_u32(&r->meta, (uint32_t)count);
+        qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < w->nvars; i++) {
             wk_var *v = &w->vars[i];
             if (v->ps != p) continue;
-            qr_wbuf_u32(&r->meta, (uint32_t)i);
-            qr_wbuf_u32(&r->meta, (uint32_t)v->ndim);
-            for (int d = 0; d < v->ndim; d++) qr_wbuf_i64(&r->meta, v->shape[d]);
-            qr_wbuf_f32(&r->meta, v->lr);
-            qr_wbuf_u32(&r->meta, (uint32_t)strlen(v->name));
-            qr_wbuf_bytes(&r->meta, v->name, strlen(v->name));
-            qr_wbuf_u32(&r->meta, (uint32_t)strlen(v->options));
-            qr_wbuf_bytes(&r->meta, v->options, strlen(v->options));
+            qr_msg_create_var rec = {.id = (uint32_t)i, .ndim = (uint32_t)v->ndim, .lr = v->lr,
+                                     .name_len = (uint32_t)strlen(v->name), .name = v->name,
+                                     .options_len = (uint32_t)strlen(v->options),
+                                     .options = v->options};
+            memcpy(rec.shape, v->shape, (size_t)v->ndim * sizeof *rec.shape);
+            qr_msg_put_create_var(&r->meta, &rec);
             if (!check_only && r->payload)
                 r->payload[r->npayload++] = (qr_iov){v->data, (size_t)v->n * 4};
         }
@@ -595,8 +596,7 @@ static int create_on_ps(qr_worker *w, bool check_only) {
 static int ready_request(qr_worker *w, bool set, uint32_t *ready) {
     wk_request *r = request_new(w, 0, QR_MSG_READY);
     if (!r) return QR_ENOMEM;
-    qr_wbuf_u32(&r->meta, set);
-    qr_wbuf_i64(&r->meta, w->step_limit);
+    qr_msg_put_ready(&r->meta, &(qr_msg_ready){.set = set, .step = w->step_limit});
     int rc = run_requests(w, &r, 1, w->timeout_ms);
     if (ready) *ready = r->ready;
     if (!rc) w->local_step = r->step;
@@ -683,7 +683,7 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
             rc = QR_ENOMEM;
             break;
         }
-        qr_wbuf_u32(&r->meta, (uint32_t)count);
+        qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < total; i++) {
             int id = n ? ids[i] : i;
             if (w->vars[id].ps != p) continue;
@@ -691,7 +691,7 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
             /* A NULL entry, like a NULL array, means the worker's copy. */
             r->dst[r->nvars] = dst && dst[i] ? dst[i] : w->vars[id].data;
             r->nvars++;
-            qr_wbuf_u32(&r->meta, (uint32_t)id);
+            qr_msg_put_id(&r->meta, (uint32_t)id);
         }
     }
     if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
@@ -742,10 +742,10 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
             rc = QR_ENOMEM;
             break;
         }
-        qr_wbuf_u32(&r->meta, (uint32_t)count);
-        qr_wbuf_i64(&r->meta, w->local_step);
-        qr_wbuf_u32(&r->meta, (uint32_t)w->index);
-        qr_wbuf_u32(&r->meta, seq);
+        qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)count,
+                                                           .local_step = w->local_step,
+                                                           .worker = (uint32_t)w->index,
+                                                           .seq = seq});
         for (int i = 0; i < n; i++) {
             wk_var *v = &w->vars[ids[i]];
             if (v->ps != p) continue;
@@ -753,10 +753,9 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
                 rc = qr__fail(QR_EINVAL, "push: gradient %d ('%s') is NULL", i, v->name);
                 break;
             }
-            qr_wbuf_u32(&r->meta, (uint32_t)ids[i]);
-            qr_wbuf_u32(&r->meta, 0);
-            qr_wbuf_u64(&r->meta, (uint64_t)v->n * 4);
-            qr_wbuf_u64(&r->meta, v->version);
+            qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)ids[i], .kind = QR_GRAD_DENSE,
+                                                   .nbytes = (uint64_t)v->n * 4,
+                                                   .version = v->version});
             r->payload[r->npayload++] = (qr_iov){(void *)grads[i], (size_t)v->n * 4};
         }
     }
@@ -773,9 +772,8 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     /* Every ps holds this push's gradients: now ps 0 may count it. */
     wk_request *c = request_new(w, 0, QR_MSG_COMMIT);
     if (!c) return QR_ENOMEM;
-    qr_wbuf_u32(&c->meta, (uint32_t)w->index);
-    qr_wbuf_u32(&c->meta, seq);
-    qr_wbuf_i64(&c->meta, w->local_step);
+    qr_msg_put_commit(&c->meta, &(qr_msg_commit){.worker = (uint32_t)w->index, .seq = seq,
+                                                 .local_step = w->local_step});
     rc = run_requests(w, &c, 1, w->timeout_ms);
     if (!rc && global_step) *global_step = c->step;
     request_free(c);
@@ -807,15 +805,14 @@ int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t
         reqs[nreq++] = r;
         r->flags = (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
         bool carries = pass == 0;
-        qr_wbuf_u32(&r->meta, carries ? 1 : 0);
-        qr_wbuf_i64(&r->meta, w->local_step);
-        qr_wbuf_u32(&r->meta, (uint32_t)w->index);
-        qr_wbuf_u32(&r->meta, seq);
+        qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = carries ? 1 : 0,
+                                                           .local_step = w->local_step,
+                                                           .worker = (uint32_t)w->index,
+                                                           .seq = seq});
         if (!carries) continue;
-        qr_wbuf_u32(&r->meta, (uint32_t)var_id);
-        qr_wbuf_u32(&r->meta, QR_GRAD_SPARSE);
-        qr_wbuf_u64(&r->meta, (uint64_t)nrows * (8 + 4 * (uint64_t)dim));
-        qr_wbuf_u64(&r->meta, v->version);
+        qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)var_id, .kind = QR_GRAD_SPARSE,
+                                               .nbytes = (uint64_t)nrows * (8 + 4 * (uint64_t)dim),
+                                               .version = v->version});
         r->payload = qr__calloc(2, sizeof *r->payload);
         if (!r->payload) rc = QR_ENOMEM;
         else {
@@ -838,7 +835,7 @@ int qr_worker_take_token(qr_worker *w, int64_t *step) {
     if (!w->initialized) return qr__fail(QR_ENOTREADY, "take_token: call qr_worker_initialize first");
     wk_request *r = request_new(w, 0, QR_MSG_TOKEN);
     if (!r) return QR_ENOMEM;
-    qr_wbuf_u32(&r->meta, (uint32_t)w->index);
+    qr_msg_put_worker(&r->meta, (uint32_t)w->index);
     /* ps 0 ends a stalled wait after sync-timeout-ms with its report; this
      * deadline is only the safety net for a ps 0 that cannot answer. */
     int rc = run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
@@ -867,8 +864,8 @@ int qr_worker_wait_bound(qr_worker *w) {
     if (w->sync || w->max_staleness < 0) return QR_OK;
     wk_request *r = request_new(w, 0, QR_MSG_CLOCK);
     if (!r) return QR_ENOMEM;
-    qr_wbuf_u32(&r->meta, (uint32_t)w->index);
-    qr_wbuf_i64(&r->meta, w->steps_pushed);
+    qr_msg_put_clock(&r->meta, &(qr_msg_clock){.worker = (uint32_t)w->index,
+                                               .clock = w->steps_pushed});
     int rc = run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
     request_free(r);
     return rc;

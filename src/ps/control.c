@@ -1,0 +1,90 @@
+/*
+ * control.c - the small requests about the connection and the run:
+ *   HELLO  who the peer is (a worker and its index, or ps 0's
+ *          coordinator link), and that it trains in this ps's mode
+ *   READY  the chief marks the cluster initialized; others ask whether it is
+ *   STEP   the global step (ps 0)
+ *   STATS  the ps's statistics as one JSON object
+ * Each carries a few fixed bytes of meta and no payload.
+ */
+#include "ps/ps_internal.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+int qr__control_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    switch (f->type) {
+    case QR_MSG_HELLO: return qr__peer_check_small(f, QR_MSG_HELLO_LEN);
+    case QR_MSG_READY: return qr__peer_check_small(f, QR_MSG_READY_LEN);
+    default: return qr__peer_check_small(f, 0); /* STEP, STATS */
+    }
+}
+
+static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
+    qr_ps *ps = p->ps;
+    qr_msg_hello m;
+    qr_msg_get_hello(r, &m);
+    if (m.role == QR_ROLE_WORKER && !qr__is_worker(m.task_index, ps->cluster->nworkers)) {
+        qr__peer_reply_error(p, f, QR_EINVAL, "HELLO: no such worker index");
+        return;
+    }
+    if (m.role == QR_ROLE_WORKER && (m.mode != 0) != ps->sync.on) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s: worker %u trains in %s mode but the ps in %s mode: "
+                 "give every task the same --mode", ps->name, m.task_index,
+                 m.mode ? "sync" : "async", ps->sync.on ? "sync" : "async");
+        qr__peer_reply_error(p, f, QR_EINVAL, msg);
+        return;
+    }
+    p->role = (int)m.role;
+    if (m.role == QR_ROLE_WORKER) {
+        p->worker_index = (int)m.task_index;
+        qr__log(QR_LOG_DEBUG, "worker %d connected from %s (%s)", p->worker_index,
+                qr_conn_peer(p->conn), qr_conn_kind(p->conn));
+        ps->worker_conns[p->worker_index]++;
+    }
+    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
+
+static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
+    qr_ps *ps = p->ps;
+    qr_msg_ready m;
+    qr_msg_get_ready(r, &m);
+    if (m.set && !ps->ready) {
+        ps->ready = true;
+        if (ps->sync.on && ps->index == 0) qr__coord_ready(ps, m.step);
+    }
+    qr_wbuf out = {0};
+    qr_msg_put_ready(&out, &(qr_msg_ready){.set = ps->ready, .step = ps->global_step});
+    qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+}
+
+/* The staleness histogram of async pushes here, and on ps 0 of a sync
+ * run the coordinator's figures. */
+static void stats_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "ps", ps->index);
+    qr__push_stats_json(ps, j);
+    if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    qr_wbuf out = {0};
+    if (text) qr_wbuf_bytes(&out, text, strlen(text));
+    free(text);
+    qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+}
+
+void qr__control_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    switch (f->type) {
+    case QR_MSG_HELLO: hello_message(p, f, &r); break;
+    case QR_MSG_READY: ready_message(p, f, &r); break;
+    case QR_MSG_STEP: qr__peer_reply_step(p, f, p->ps->global_step); break;
+    case QR_MSG_STATS: stats_message(p, f); break;
+    }
+}

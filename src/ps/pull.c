@@ -1,0 +1,86 @@
+/*
+ * pull.c - PULL: the current values (or moving averages) of variables of
+ * this ps, sent from the variables' own tensors without a copy.
+ *
+ * The reply holds a reference on each tensor it sends (store.h): an apply
+ * that comes while the reply is still being written copies the tensor
+ * instead of changing bytes the worker has not read yet, so a pull always
+ * returns one whole version of each variable.
+ */
+#include "ps/ps_internal.h"
+
+#include <stdlib.h>
+
+int qr__pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t count = qr_msg_get_count(&r);
+    if (r.bad) return qr__fail(QR_EPROTO, "PULL meta is truncated");
+    int rc = qr__peer_check_count("PULL", count);
+    if (!rc) rc = qr__peer_reserve_items(p, count);
+    if (rc) return rc;
+    p->ps->mark++;
+    for (uint32_t i = 0; i < count; i++) {
+        uint32_t id = qr_msg_get_id(&r);
+        if (r.bad) return qr__fail(QR_EPROTO, "PULL meta is truncated at item %u", i);
+        qr_var *v = NULL;
+        if ((rc = qr__peer_lookup(p, "PULL", id, &v))) return rc;
+        if ((f->flags & QR_PULL_AVERAGES) && !v->average)
+            return qr__fail(QR_ENOTFOUND, "PULL: variable '%s' has no moving average "
+                            "(moving-average-decay is 0, or moving-average-vars leaves it out)",
+                            v->name);
+        p->items[i] = (push_item){.var = v};
+    }
+    p->nitems = (int)count;
+    return qr__peer_check_end("PULL", &r, 0, f->payload_len);
+}
+
+/* The tensors a reply lends, released when it has been read. */
+typedef struct pull_refs {
+    int n;
+    qr_tensor *t[];
+} pull_refs;
+
+static void on_pull_sent(qr_conn *c, int status, void *ctx) {
+    pull_refs *refs = ctx;
+    for (int i = 0; i < refs->n; i++) qr_tensor_unref(refs->t[i]);
+    free(refs);
+    qr__peer_reply_sent(c, status, NULL);
+}
+
+void qr__pull_message(ps_peer *p, const qr_frame *f) {
+    int n = p->nitems;
+    pull_refs *refs = malloc(sizeof *refs + (size_t)n * sizeof(qr_tensor *));
+    qr_iov *iov = malloc((size_t)n * sizeof *iov);
+    if (!refs || !iov) {
+        free(refs);
+        free(iov);
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory answering a pull");
+        return;
+    }
+    qr_wbuf meta = {0};
+    qr_msg_put_count(&meta, (uint32_t)n);
+    refs->n = n;
+    for (int i = 0; i < n; i++) {
+        qr_var *v = p->items[i].var;
+        uint64_t bytes = (uint64_t)v->n * sizeof(float);
+        qr_msg_put_var(&meta, &(qr_msg_var){.id = v->id, .kind = QR_GRAD_DENSE, .nbytes = bytes,
+                                            .version = v->version});
+        qr_tensor *t = (f->flags & QR_PULL_AVERAGES) ? v->average : v->value;
+        refs->t[i] = qr_tensor_ref(t);
+        iov[i] = (qr_iov){t->data, (size_t)bytes};
+    }
+    if (meta.oom) {
+        on_pull_sent(p->conn, QR_ENOMEM, refs);
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
+    } else if (qr__peer_reply(p, f, QR_OK, &meta, iov, n, on_pull_sent, refs) == QR_OK &&
+               qr_conn_all_written(p->conn)) {
+        /* The kernel has the bytes already (the usual case when the reply
+         * fits the socket buffer): drop the references now, so a push
+         * handled before the deferred callback need not copy the tensor. */
+        for (int i = 0; i < n; i++) qr_tensor_unref(refs->t[i]);
+        refs->n = 0;
+    }
+    qr_wbuf_free(&meta);
+    free(iov);
+}

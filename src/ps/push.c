@@ -1,0 +1,392 @@
+/*
+ * push.c - PUSH: a worker's gradients (or deltas) for variables of this
+ * ps, applied as they come (async). A synchronous push is checked here
+ * the same way, then handed to sync.c to wait for its step's quorum.
+ *
+ * A push goes through these phases, each a function below:
+ *   header   decode and check every item against its variable, and say
+ *            where the payload lands (push_header, expect_payload)
+ *   check    once the payload is in: NaN/Inf (scanned as it arrived) and
+ *            sparse row indices, before any variable changes
+ *   prepare  make every tensor the apply writes exclusive (a pull reply
+ *            may still read it): after this a dense apply cannot fail
+ *   ack      acknowledge before applying when nothing can fail any more,
+ *            so the worker's next request travels while the ps applies
+ *   apply    the optimizer (or the delta) on each item, the staleness
+ *            recorded, a fused push installed
+ *   count    a step push advances the steps applied here, the moving
+ *            averages, and on ps 0 the global step and the worker's clock
+ * Nothing else is served until the apply is done (one loop thread), so
+ * every later request of every worker sees it.
+ */
+#include "ps/ps_internal.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- header ------------------------------------------------------------ */
+
+/* The bytes of item i of the request's payload. */
+static uint64_t item_bytes(const ps_peer *p, int i, const qr_frame *f) {
+    return (i + 1 < p->nitems ? p->items[i + 1].offset : f->payload_len) - p->items[i].offset;
+}
+
+/* Where an async push's payload lands: the items applied as they arrive
+ * (fused_apply.c) each in a buffer of their own, the others one after
+ * another in the request's buffer. */
+static int expect_payload(ps_peer *p, const qr_frame *f) {
+    bool delta = f->flags & QR_PUSH_DELTA;
+    uint64_t shared = 0;
+    int nfused = 0;
+    for (int i = 0; i < p->nitems; i++) {
+        if (qr__fused_eligible(p->ps, &p->items[i], delta)) nfused++;
+        else shared += item_bytes(p, i, f);
+    }
+    /* A push of fused items only needs no request buffer. */
+    int rc = QR_OK;
+    if (shared || nfused < p->nitems) rc = qr__peer_take_recv(p, shared);
+    else qr__peer_release_recv(p);
+    qr_iov *iov = qr__calloc((size_t)p->nitems, sizeof *iov);
+    if (rc || !iov) {
+        free(iov);
+        return QR_ENOMEM;
+    }
+    int niov = 0;
+    uint64_t at = 0;
+    for (int i = 0; i < p->nitems && !rc; i++) {
+        push_item *it = &p->items[i];
+        uint64_t bytes = item_bytes(p, i, f);
+        if (qr__fused_eligible(p->ps, it, delta)) {
+            rc = qr__fused_begin(p->ps, it, delta);
+            if (!rc) iov[niov++] = (qr_iov){it->data, bytes};
+            continue;
+        }
+        it->data = (uint8_t *)p->recv + at;
+        at += bytes;
+        if (!bytes) continue;
+        if (niov && (uint8_t *)iov[niov - 1].base + iov[niov - 1].len == it->data)
+            iov[niov - 1].len += bytes; /* next to the previous item */
+        else
+            iov[niov++] = (qr_iov){it->data, bytes};
+    }
+    if (!rc) rc = qr_conn_expect(p->conn, iov, niov);
+    free(iov);
+    if (!rc) qr__grad_check_start(&p->check, p->items, p->nitems);
+    return rc;
+}
+
+/* One item's record against its variable: a dense gradient of the
+ * variable's size, or whole sparse rows (async only). *nrows: the rows of
+ * a sparse item, -1 for a dense one. */
+static int check_item(const qr_msg_var *rec, const qr_var *v, bool sync, int64_t *nrows) {
+    *nrows = -1;
+    if (rec->kind == QR_GRAD_SPARSE) {
+        if (sync)
+            return qr__fail(QR_EINVAL, "PUSH: variable '%s': sparse gradients are for async "
+                            "training", v->name);
+        uint64_t row_bytes = 8 + 4 * (uint64_t)v->shape[v->ndim - 1];
+        if (rec->nbytes % row_bytes)
+            return qr__fail(QR_ESHAPE, "PUSH: sparse gradient of '%s': %llu bytes is not a "
+                            "whole number of (index, row of %lld floats) pairs", v->name,
+                            (unsigned long long)rec->nbytes, (long long)v->shape[v->ndim - 1]);
+        *nrows = (int64_t)(rec->nbytes / row_bytes);
+        return QR_OK;
+    }
+    if (rec->kind != QR_GRAD_DENSE)
+        return qr__fail(QR_EINVAL, "PUSH: variable '%s': gradient kind %u is not supported "
+                        "(0 dense, 1 sparse rows)", v->name, rec->kind);
+    if (rec->nbytes != (uint64_t)v->n * sizeof(float)) {
+        char shape[128];
+        qr_shape_str(v->ndim, v->shape, shape, sizeof shape);
+        return qr__fail(QR_ESHAPE,
+                        "PUSH: variable '%s' has shape %s (%lld floats) but the gradient "
+                        "has %llu bytes", v->name, shape, (long long)v->n,
+                        (unsigned long long)rec->nbytes);
+    }
+    return QR_OK;
+}
+
+int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_push_head head;
+    qr_msg_get_push_head(&r, &head);
+    if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated");
+    bool sync = f->flags & QR_PUSH_SYNC;
+    p->push_worker = head.worker;
+    if (sync && (f->flags & QR_PUSH_DELTA))
+        return qr__fail(QR_EINVAL, "PUSH: delta pushes are for async training");
+    if (sync != p->ps->sync.on)
+        return qr__fail(QR_EINVAL, "PUSH: a %s push, but this ps trains in %s mode",
+                        sync ? "synchronous" : "asynchronous", p->ps->sync.on ? "sync" : "async");
+    /* A push of no variables is allowed: it only advances the step. */
+    int rc = head.count ? qr__peer_check_count("PUSH", head.count) : QR_OK;
+    if (!rc) rc = qr__peer_reserve_items(p, head.count);
+    if (rc) return rc;
+    uint64_t offset = 0;
+    p->ps->mark++;
+    for (uint32_t i = 0; i < head.count; i++) {
+        qr_msg_var rec;
+        qr_msg_get_var(&r, &rec);
+        if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated at item %u", i);
+        qr_var *v = NULL;
+        int64_t nrows;
+        if ((rc = qr__peer_lookup(p, "PUSH", rec.id, &v))) return rc;
+        if ((rc = check_item(&rec, v, sync, &nrows))) return rc;
+        p->items[i] = (push_item){.var = v, .offset = offset, .version = rec.version,
+                                  .nrows = nrows};
+        offset += rec.nbytes;
+    }
+    p->nitems = (int)head.count;
+    rc = qr__peer_check_end("PUSH", &r, offset, f->payload_len);
+    if (rc) return rc;
+    if (sync) return qr__sync_push_header(p, f, head.worker, head.seq, head.local_step);
+    return expect_payload(p, f);
+}
+
+/* ---- check ------------------------------------------------------------- */
+
+/* A sparse item's row indices, all in range. */
+static int check_rows(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz) {
+    int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
+    for (int64_t k = 0; k < it->nrows; k++) {
+        int64_t row;
+        memcpy(&row, it->data + 8 * k, 8);
+        if (row < 0 || row >= rows) {
+            snprintf(msg, msgsz, "%s: PUSH: sparse gradient of '%s': row index %lld is out of "
+                     "range [0, %lld); nothing was applied", ps->name, it->var->name,
+                     (long long)row, (long long)rows);
+            return QR_EINVAL;
+        }
+    }
+    return QR_OK;
+}
+
+/* Every gradient is usable, or the push is refused whole (replied here).
+ * A NaN/Inf gradient with nonfinite=skip is marked to be skipped. */
+static int check_items(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    /* The NaN/Inf scan ran while the payload arrived; this finishes it. */
+    qr__grad_check_finish(&p->check, f->payload_len);
+    char msg[400];
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        int rc = it->nrows >= 0 ? check_rows(ps, it, msg, sizeof msg) : QR_OK;
+        if (rc) {
+            qr__peer_reply_error(p, f, rc, msg);
+            return rc;
+        }
+        if (!it->nonfinite) continue;
+        if (!ps->skip_nonfinite) {
+            snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
+                     "Inf; nothing was applied (set nonfinite=skip to skip such gradients)",
+                     ps->name, it->var->name);
+            qr__peer_reply_error(p, f, QR_ENONFINITE, msg);
+            return QR_ENONFINITE;
+        }
+        it->skip = true;
+        it->var->nonfinite_skipped++;
+    }
+    return QR_OK;
+}
+
+/* ---- prepare ------------------------------------------------------------ */
+
+/* What the apply phase carries from one item to the next. */
+typedef struct push_apply {
+    bool delta;       /* add to the weights, no optimizer */
+    int64_t t;        /* the step this apply is (Adam's t): applied_steps + 1 */
+    bool ack_first;   /* acknowledged before the apply */
+    float *save;      /* for rebasing another push's fused apply */
+    size_t save_cap;
+} push_apply;
+
+/* Make every tensor the push writes exclusive, and everything a fused
+ * item needs to be installed, so that a dense apply cannot fail after. */
+static int prepare_tensors(ps_peer *p, const qr_frame *f, push_apply *a) {
+    qr_ps *ps = p->ps;
+    /* A tensor still referenced by a pull reply must be copied before it
+     * changes. Replies lent to the kernel (conn.h) hold it until their
+     * worker is known to have read them: ask every connection now, so a
+     * reply read since does not cost a copy. */
+    bool shared = false;
+    for (int i = 0; i < p->nitems; i++) shared |= !p->items[i].skip && p->items[i].var->value->refs > 1;
+    if (shared)
+        for (ps_peer *q = ps->peers; q; q = q->next) qr_conn_reclaim(q->conn);
+    size_t save_floats = 0;
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        if (it->skip) continue;
+        qr_var *v = it->var;
+        if (it->fused) {
+            if (qr__fused_prepare(it)) goto oom;
+            continue;
+        }
+        push_item *fu = qr__fused_of(ps, v);
+        if (fu && !qr__fused_can_follow(ps, it, a->delta))
+            save_floats = QR_MAX(save_floats, (size_t)fu->fused_done);
+        /* A tensor a pull reply still reads is not copied and then updated
+         * (two passes over it) when the update can be written straight
+         * into the spare instead (one pass). */
+        it->to_spare = it->nrows < 0 && v->value->refs > 1 &&
+                       (a->delta || qr_optim_stateless(qr__var_optim(ps, v)));
+        if (it->to_spare ? qr_var_prepare_spare(v) : qr_var_prepare_write(v)) goto oom;
+    }
+    if (save_floats) {
+        a->save = qr__recv_pool_get(&ps->recv_pool, save_floats * sizeof *a->save, &a->save_cap);
+        if (!a->save) goto oom;
+    }
+    return QR_OK;
+oom:
+    qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory applying a gradient");
+    return QR_ENOMEM;
+}
+
+/* Sparse items and moving averages may still need memory while they are
+ * applied: a push with either is acknowledged after. */
+static bool can_ack_first(const ps_peer *p) {
+    if (p->ps->average_decay != 0) return false;
+    for (int i = 0; i < p->nitems; i++)
+        if (p->items[i].nrows >= 0) return false;
+    return true;
+}
+
+/* ---- apply ---------------------------------------------------------------- */
+
+static int staleness_bucket(uint64_t s) {
+    if (s < 4) return (int)s;
+    int b = 4;
+    for (uint64_t lim = 8; s >= lim && b < QR_STALENESS_BUCKETS - 1; lim *= 2) b++;
+    return b;
+}
+
+/* Sparse rows: the optimizer's sparse apply, or the rows added (delta). */
+static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
+    qr_var *v = it->var;
+    int64_t dim = v->shape[v->ndim - 1];
+    /* The indices sit wherever the payload put them: copy them to an
+     * aligned array for the optimizer. */
+    int64_t *idx = malloc((size_t)QR_MAX(it->nrows, 1) * 8);
+    if (!idx) return qr__fail(QR_ENOMEM, "out of memory applying a sparse gradient");
+    if (it->nrows) memcpy(idx, it->data, (size_t)it->nrows * 8);
+    const float *rows = (const float *)(it->data + 8 * it->nrows);
+    int rc = QR_OK;
+    if (delta) {
+        for (int64_t k = 0; k < it->nrows; k++)
+            for (int64_t e = 0; e < dim; e++) v->value->data[idx[k] * dim + e] += rows[k * dim + e];
+    } else {
+        const qr_optim *opt = qr__var_optim(ps, v);
+        rc = qr_optim_apply_sparse(opt, v->slots, v->value->data, v->n / dim, dim, idx, rows,
+                                   it->nrows, qr__ps_lr(ps, v, opt, t - 1), t);
+    }
+    free(idx);
+    return rc;
+}
+
+/* A dense gradient or delta, into the value or its spare (then swapped
+ * in); a gradient's learning rate in *lr_used. */
+static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness, int64_t t,
+                       float *lr_used) {
+    qr_var *v = it->var;
+    const float *g = (const float *)it->data;
+    float *out = it->to_spare ? v->spare->data : v->value->data;
+    int rc = QR_OK;
+    if (delta) {
+        const float *w = v->value->data;
+        for (int64_t k = 0; k < v->n; k++) out[k] = w[k] + g[k];
+    } else {
+        const qr_optim *opt = qr__var_optim(ps, v);
+        float lr = qr__ps_lr(ps, v, opt, t - 1);
+        if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
+        *lr_used = lr;
+        rc = it->to_spare ? qr_optim_apply_dense_to(opt, out, v->value->data, g, v->n, lr)
+                          : qr_optim_apply_dense(opt, v->slots, out, g, v->n, lr, t);
+    }
+    if (!rc && it->to_spare) qr_var_swap_spare(v);
+    return rc;
+}
+
+/* One checked, prepared item of an async push applied to its variable,
+ * and any fused push of the same variable made to follow. */
+static int apply_item(qr_ps *ps, push_item *it, push_apply *a) {
+    qr_var *v = it->var;
+    /* Staleness: how many updates this variable took since the worker
+     * pulled the version its gradient was computed at. */
+    uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
+    ps->staleness_hist[staleness_bucket(staleness)]++;
+    if (it->fused) { /* computed while it arrived */
+        qr__fused_install(ps, it);
+        v->version++;
+        ps->fused_pushes++;
+        return QR_OK;
+    }
+    /* Another push's fused apply read v's value, which this changes. */
+    push_item *fu = qr__fused_of(ps, v);
+    bool follow = fu && fu->fused_done > 0;
+    bool direct = qr__fused_can_follow(ps, it, a->delta);
+    if (follow && !direct) qr__fused_save(fu, a->save);
+    float lr = 0;
+    int rc = it->nrows >= 0 ? apply_sparse(ps, it, a->delta, a->t)
+                            : apply_dense(ps, it, a->delta, staleness, a->t, &lr);
+    if (rc) return qr__fail(rc, "%s: applying to '%s': %s", ps->name, v->name, qr_last_error());
+    if (follow) {
+        if (direct) qr__fused_follow(fu, (const float *)it->data, a->delta ? -1.0f : lr);
+        else qr__fused_rebase(fu, a->save);
+        ps->fused_rebases++;
+    }
+    v->version++;
+    return QR_OK;
+}
+
+/* ---- count ---------------------------------------------------------------- */
+
+/* A step push was applied: the steps applied here (Adam's t, the lr
+ * schedule), the moving averages, and on ps 0 the global step. */
+static int count_step(ps_peer *p) {
+    qr_ps *ps = p->ps;
+    ps->applied_steps++;
+    for (int i = 0; i < p->nitems && ps->average_decay > 0; i++)
+        if (qr_var_update_average(p->items[i].var, ps->average_decay, ps->applied_steps))
+            return qr__fail(QR_ENOMEM, "out of memory updating an average");
+    if (ps->index == 0) {
+        ps->global_step++;
+        qr__bound_count_step(ps, p->push_worker);
+    }
+    return QR_OK;
+}
+
+/* ---- the push ------------------------------------------------------------- */
+
+void qr__push_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    bool step = f->flags & QR_PUSH_STEP;
+    push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
+    if (check_items(p, f) || prepare_tensors(p, f, &a)) return;
+    a.ack_first = can_ack_first(p);
+    if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
+    int rc = QR_OK;
+    for (int i = 0; i < p->nitems && !rc; i++)
+        if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);
+    qr__recv_pool_put(&ps->recv_pool, a.save, a.save_cap);
+    if (!rc && step) rc = count_step(p);
+    if (rc && a.ack_first) {
+        qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", qr_last_error());
+        return;
+    }
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", qr_last_error());
+        qr__peer_reply_error(p, f, rc, msg);
+        return;
+    }
+    if (!a.ack_first) qr__peer_reply_step(p, f, ps->global_step);
+}
+
+void qr__push_stats_json(const qr_ps *ps, cJSON *j) {
+    cJSON *hist = cJSON_AddArrayToObject(j, "staleness");
+    for (int i = 0; i < QR_STALENESS_BUCKETS; i++)
+        cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)ps->staleness_hist[i]));
+    cJSON_AddNumberToObject(j, "applied_on_arrival", (double)ps->fused_pushes);
+    cJSON_AddNumberToObject(j, "rebased_on_arrival", (double)ps->fused_rebases);
+}

@@ -1,0 +1,161 @@
+/*
+ * msg.c - write and read the meta records laid out in msg.h. Each pair of
+ * functions below is the whole definition of one record: the put writes
+ * the fields in the order the table gives, the get reads them back in the
+ * same order. Pure functions over buffers, like proto.c.
+ */
+#include "wire/msg.h"
+
+void qr_msg_put_count(qr_wbuf *b, uint32_t count) {
+    qr_wbuf_u32(b, count);
+}
+
+uint32_t qr_msg_get_count(qr_rbuf *r) {
+    return qr_rbuf_u32(r);
+}
+
+void qr_msg_put_step(qr_wbuf *b, int64_t step) {
+    qr_wbuf_i64(b, step);
+}
+
+int64_t qr_msg_get_step(qr_rbuf *r) {
+    return qr_rbuf_i64(r);
+}
+
+void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
+    qr_wbuf_u32(b, m->role);
+    qr_wbuf_u32(b, m->task_index);
+    qr_wbuf_u32(b, m->mode);
+}
+
+void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
+    m->role = qr_rbuf_u32(r);
+    m->task_index = qr_rbuf_u32(r);
+    m->mode = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_ready(qr_wbuf *b, const qr_msg_ready *m) {
+    qr_wbuf_u32(b, m->set);
+    qr_wbuf_i64(b, m->step);
+}
+
+void qr_msg_get_ready(qr_rbuf *r, qr_msg_ready *m) {
+    m->set = qr_rbuf_u32(r);
+    m->step = qr_rbuf_i64(r);
+}
+
+void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m) {
+    qr_wbuf_u32(b, m->count);
+    qr_wbuf_i64(b, m->local_step);
+    qr_wbuf_u32(b, m->worker);
+    qr_wbuf_u32(b, m->seq);
+}
+
+void qr_msg_get_push_head(qr_rbuf *r, qr_msg_push_head *m) {
+    m->count = qr_rbuf_u32(r);
+    m->local_step = qr_rbuf_i64(r);
+    m->worker = qr_rbuf_u32(r);
+    m->seq = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_var(qr_wbuf *b, const qr_msg_var *m) {
+    qr_wbuf_u32(b, m->id);
+    qr_wbuf_u32(b, m->kind);
+    qr_wbuf_u64(b, m->nbytes);
+    qr_wbuf_u64(b, m->version);
+}
+
+void qr_msg_get_var(qr_rbuf *r, qr_msg_var *m) {
+    m->id = qr_rbuf_u32(r);
+    m->kind = qr_rbuf_u32(r);
+    m->nbytes = qr_rbuf_u64(r);
+    m->version = qr_rbuf_u64(r);
+}
+
+void qr_msg_put_id(qr_wbuf *b, uint32_t id) {
+    qr_wbuf_u32(b, id);
+}
+
+uint32_t qr_msg_get_id(qr_rbuf *r) {
+    return qr_rbuf_u32(r);
+}
+
+void qr_msg_put_create_var(qr_wbuf *b, const qr_msg_create_var *m) {
+    qr_wbuf_u32(b, m->id);
+    qr_wbuf_u32(b, m->ndim);
+    for (uint32_t d = 0; d < m->ndim; d++) qr_wbuf_i64(b, m->shape[d]);
+    qr_wbuf_f32(b, m->lr);
+    qr_wbuf_u32(b, m->name_len);
+    qr_wbuf_bytes(b, m->name, m->name_len);
+    qr_wbuf_u32(b, m->options_len);
+    qr_wbuf_bytes(b, m->options, m->options_len);
+}
+
+qr_msg_create_bad qr_msg_get_create_var(qr_rbuf *r, qr_msg_create_var *m) {
+    *m = (qr_msg_create_var){0};
+    m->id = qr_rbuf_u32(r);
+    m->ndim = qr_rbuf_u32(r);
+    /* Lengths are checked before the bytes they count are read: a record
+     * never makes the reader skip beyond what the limits allow. */
+    if (!r->bad && (m->ndim < 1 || m->ndim > QR_PROTO_MAX_NDIM)) return QR_MSG_CREATE_BAD_NDIM;
+    for (uint32_t d = 0; d < m->ndim && !r->bad; d++) m->shape[d] = qr_rbuf_i64(r);
+    m->lr = qr_rbuf_f32(r);
+    m->name_len = qr_rbuf_u32(r);
+    if (!r->bad && (m->name_len < 1 || m->name_len > QR_PROTO_MAX_NAME))
+        return QR_MSG_CREATE_BAD_NAME_LEN;
+    m->name = (const char *)qr_rbuf_bytes(r, m->name_len);
+    m->options_len = qr_rbuf_u32(r);
+    if (!r->bad && m->options_len > QR_MSG_MAX_OPTIONS) return QR_MSG_CREATE_BAD_OPTIONS_LEN;
+    m->options = (const char *)qr_rbuf_bytes(r, m->options_len);
+    return QR_MSG_CREATE_OK;
+}
+
+void qr_msg_put_commit(qr_wbuf *b, const qr_msg_commit *m) {
+    qr_wbuf_u32(b, m->worker);
+    qr_wbuf_u32(b, m->seq);
+    qr_wbuf_i64(b, m->local_step);
+}
+
+void qr_msg_get_commit(qr_rbuf *r, qr_msg_commit *m) {
+    m->worker = qr_rbuf_u32(r);
+    m->seq = qr_rbuf_u32(r);
+    m->local_step = qr_rbuf_i64(r);
+}
+
+void qr_msg_put_worker(qr_wbuf *b, uint32_t worker) {
+    qr_wbuf_u32(b, worker);
+}
+
+uint32_t qr_msg_get_worker(qr_rbuf *r) {
+    return qr_rbuf_u32(r);
+}
+
+void qr_msg_put_clock(qr_wbuf *b, const qr_msg_clock *m) {
+    qr_wbuf_u32(b, m->worker);
+    qr_wbuf_i64(b, m->clock);
+}
+
+void qr_msg_get_clock(qr_rbuf *r, qr_msg_clock *m) {
+    m->worker = qr_rbuf_u32(r);
+    m->clock = qr_rbuf_i64(r);
+}
+
+void qr_msg_put_apply_head(qr_wbuf *b, int64_t step, uint32_t count) {
+    qr_wbuf_i64(b, step);
+    qr_wbuf_u32(b, count);
+}
+
+void qr_msg_get_apply_head(qr_rbuf *r, int64_t *step, uint32_t *count) {
+    *step = qr_rbuf_i64(r);
+    *count = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_member(qr_wbuf *b, uint32_t worker, uint32_t seq) {
+    qr_wbuf_u32(b, worker);
+    qr_wbuf_u32(b, seq);
+}
+
+void qr_msg_get_member(qr_rbuf *r, uint32_t *worker, uint32_t *seq) {
+    *worker = qr_rbuf_u32(r);
+    *seq = qr_rbuf_u32(r);
+}

@@ -1,0 +1,167 @@
+/*
+ * msg.h - the meta records of every request and reply: the one place
+ * that writes them (qr_msg_put_*) and reads them (qr_msg_get_*), for the
+ * worker and the ps alike. A change of a layout is a change of this file
+ * and msg.c only; the table below is the layout these functions write.
+ *
+ * All fields little-endian, no padding. u32 count prefixes a list.
+ *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link),
+ *                   u32 task_index, u32 mode (0 = async, 1 = sync)
+ *   CREATE     req: u32 count, then per variable (qr_msg_create_var):
+ *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
+ *                   u32 name_len, name bytes, u32 options_len, options
+ *                   bytes (the variable's optimizer options, may be empty)
+ *              payload: each variable's initial values, in order
+ *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
+ *                     that the same variables exist (non-chief workers)
+ *   READY      req: u32 set (1 = mark the cluster ready, 0 = query),
+ *                   i64 step_limit (the run's last global step; 0 = unknown)
+ *              reply: u32 ready, i64 global_step
+ *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq
+ *                   (qr_msg_push_head), then per item a qr_msg_var:
+ *                   u32 var_id, u32 kind, u64 nbytes,
+ *                   u64 version (of the variable the gradient was computed at)
+ *              kind 0, dense: the gradient, the variable's size in floats
+ *              kind 1, sparse rows of a (rows, dim) variable, dim its last
+ *                   dimension: K i64 row indices, then K x dim floats
+ *                   (nbytes = K * (8 + 4 dim)); async only
+ *              payload: the gradients, in order
+ *              flags: QR_PUSH_STEP (async: advance the global step),
+ *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
+ *                     QR_PUSH_SYNC (hold for the step's quorum)
+ *              reply: i64 global_step (async) or the ps's step (sync);
+ *                     status QR_ESTALE if the gradient is stale
+ *   PULL       req: u32 count, then u32 var_id each
+ *              flags: QR_PULL_AVERAGES = the moving averages instead
+ *              reply: u32 count, then per item a qr_msg_var (kind 0);
+ *                     payload: the values
+ *   STEP       req: (empty)   reply: i64 global_step
+ *   STOP       req: (empty)   reply: (empty)
+ *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step: the push
+ *              (worker, seq) reached every ps; count it for the step.
+ *              reply: i64 global_step; status QR_ESTALE if it is too late
+ *   TOKEN      (to ps 0) req: u32 worker. The reply, sent when a token is
+ *              free: i64 the token's step
+ *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
+ *              u32 seq per member: reduce these pushes and apply the step
+ *   STATS      reply: meta = JSON text of the ps's statistics
+ *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
+ *              i64 clock (steps the worker has pushed). The reply, sent
+ *              when clock - (fewest steps of any live worker) <= k:
+ *              i64 that fewest
+ *
+ * A qr_msg_get_* never reads past the meta: a short record sets r->bad
+ * and yields zeros (qr_rbuf), so a decoder checks r->bad once at the end.
+ * Writers never fail: an allocation failure sets the qr_wbuf's oom.
+ */
+#ifndef QR_WIRE_MSG_H
+#define QR_WIRE_MSG_H
+
+#include "wire/proto.h"
+
+/* Sizes of the fixed-size requests' meta, checked by the ps before it
+ * reads them. */
+#define QR_MSG_HELLO_LEN 12
+#define QR_MSG_READY_LEN 12
+#define QR_MSG_COMMIT_LEN 16
+#define QR_MSG_TOKEN_LEN 4
+#define QR_MSG_CLOCK_LEN 12
+#define QR_MSG_PUSH_HEAD_LEN 20
+#define QR_MSG_VAR_LEN 24
+
+/* A list's length: PULL, its reply, CREATE. */
+void qr_msg_put_count(qr_wbuf *b, uint32_t count);
+uint32_t qr_msg_get_count(qr_rbuf *r);
+
+/* A step (i64): the reply of PUSH, STEP, COMMIT, TOKEN and CLOCK. */
+void qr_msg_put_step(qr_wbuf *b, int64_t step);
+int64_t qr_msg_get_step(qr_rbuf *r);
+
+typedef struct qr_msg_hello {
+    uint32_t role;       /* QR_ROLE_WORKER or QR_ROLE_COORDINATOR */
+    uint32_t task_index; /* the worker's index (0 from the coordinator) */
+    uint32_t mode;       /* 0 async, 1 sync */
+} qr_msg_hello;
+void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m);
+void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
+
+typedef struct qr_msg_ready {
+    uint32_t set;       /* request: 1 marks the cluster ready; reply: ready */
+    int64_t step;       /* request: the step limit; reply: the global step */
+} qr_msg_ready;
+void qr_msg_put_ready(qr_wbuf *b, const qr_msg_ready *m);
+void qr_msg_get_ready(qr_rbuf *r, qr_msg_ready *m);
+
+typedef struct qr_msg_push_head {
+    uint32_t count;     /* qr_msg_var records that follow */
+    int64_t local_step;
+    uint32_t worker, seq;
+} qr_msg_push_head;
+void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m);
+void qr_msg_get_push_head(qr_rbuf *r, qr_msg_push_head *m);
+
+/* One variable's part of a PUSH request or a PULL reply's payload. */
+typedef struct qr_msg_var {
+    uint32_t id;
+    uint32_t kind;      /* QR_GRAD_DENSE or QR_GRAD_SPARSE */
+    uint64_t nbytes;    /* of the payload */
+    uint64_t version;
+} qr_msg_var;
+void qr_msg_put_var(qr_wbuf *b, const qr_msg_var *m);
+void qr_msg_get_var(qr_rbuf *r, qr_msg_var *m);
+
+/* A PULL request's variable id. */
+void qr_msg_put_id(qr_wbuf *b, uint32_t id);
+uint32_t qr_msg_get_id(qr_rbuf *r);
+
+/* One variable of a CREATE request. name and options are not
+ * NUL-terminated: on reading they point into the meta. */
+typedef struct qr_msg_create_var {
+    uint32_t id;
+    uint32_t ndim;
+    int64_t shape[QR_PROTO_MAX_NDIM];
+    float lr;
+    uint32_t name_len;
+    const char *name;
+    uint32_t options_len;
+    const char *options;
+} qr_msg_create_var;
+/* Largest options string a CREATE record may carry. */
+#define QR_MSG_MAX_OPTIONS 1024
+void qr_msg_put_create_var(qr_wbuf *b, const qr_msg_create_var *m);
+/* What qr_msg_get_create_var found out of range; reading stops there, so
+ * the fields after it are zero. */
+typedef enum qr_msg_create_bad {
+    QR_MSG_CREATE_OK = 0,
+    QR_MSG_CREATE_BAD_NDIM,        /* ndim outside 1..QR_PROTO_MAX_NDIM */
+    QR_MSG_CREATE_BAD_NAME_LEN,    /* name_len outside 1..QR_PROTO_MAX_NAME */
+    QR_MSG_CREATE_BAD_OPTIONS_LEN, /* options_len over QR_MSG_MAX_OPTIONS */
+} qr_msg_create_bad;
+qr_msg_create_bad qr_msg_get_create_var(qr_rbuf *r, qr_msg_create_var *m);
+
+typedef struct qr_msg_commit {
+    uint32_t worker, seq;
+    int64_t local_step;
+} qr_msg_commit;
+void qr_msg_put_commit(qr_wbuf *b, const qr_msg_commit *m);
+void qr_msg_get_commit(qr_rbuf *r, qr_msg_commit *m);
+
+/* TOKEN: the worker asking. */
+void qr_msg_put_worker(qr_wbuf *b, uint32_t worker);
+uint32_t qr_msg_get_worker(qr_rbuf *r);
+
+typedef struct qr_msg_clock {
+    uint32_t worker;
+    int64_t clock;
+} qr_msg_clock;
+void qr_msg_put_clock(qr_wbuf *b, const qr_msg_clock *m);
+void qr_msg_get_clock(qr_rbuf *r, qr_msg_clock *m);
+
+/* APPLY: the step and member count, then one (worker, seq) per member. */
+void qr_msg_put_apply_head(qr_wbuf *b, int64_t step, uint32_t count);
+void qr_msg_get_apply_head(qr_rbuf *r, int64_t *step, uint32_t *count);
+void qr_msg_put_member(qr_wbuf *b, uint32_t worker, uint32_t seq);
+void qr_msg_get_member(qr_rbuf *r, uint32_t *worker, uint32_t *seq);
+#define QR_MSG_MEMBER_LEN 8
+
+#endif /* QR_WIRE_MSG_H */
