@@ -271,10 +271,9 @@ static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     if (!idx) return qr__fail(QR_ENOMEM, "out of memory applying a sparse gradient");
     if (it->nrows) memcpy(idx, it->data, (size_t)it->nrows * 8);
     const float *rows = (const float *)(it->data + 8 * it->nrows);
-    int rc = QR_OK;
+    int rc;
     if (delta) {
-        for (int64_t k = 0; k < it->nrows; k++)
-            for (int64_t e = 0; e < dim; e++) v->value->data[idx[k] * dim + e] += rows[k * dim + e];
+        rc = qr_optim_add_delta_rows(v->value->data, v->n / dim, dim, idx, rows, it->nrows);
     } else {
         const qr_optim *opt = qr__var_optim(ps, v);
         rc = qr_optim_apply_sparse(opt, v->slots, v->value->data, v->n / dim, dim, idx, rows,
@@ -293,8 +292,7 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
     float *out = it->to_spare ? v->spare->data : v->value->data;
     int rc = QR_OK;
     if (delta) {
-        const float *w = v->value->data;
-        for (int64_t k = 0; k < v->n; k++) out[k] = w[k] + g[k];
+        qr_optim_add_delta(out, v->value->data, g, v->n);
     } else {
         const qr_optim *opt = qr__var_optim(ps, v);
         float lr = qr__ps_lr(ps, v, opt, t - 1);
