@@ -612,7 +612,7 @@ void qr__coord_peer_lost(ps_peer *p) {
     serve_waiters(s);
     if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
     int w = p->worker_index;
-    if (ps->worker_conns[w] > 0 || ps->stopping) return; /* server.c counted it */
+    if (ps->worker_conns[w] > 0 || ps->stopping) return; /* control.c and server.c count them */
     int live = 0;
     for (int i = 0; i < s->N; i++) live += ps->worker_conns[i] > 0;
     bool done = s->step_limit > 0 && ps->global_step >= s->step_limit;

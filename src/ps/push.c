@@ -5,7 +5,7 @@
  *
  * A push goes through these phases, each a function below:
  *   header   decode and check every item against its variable, and say
- *            where the payload lands (push_header, expect_payload)
+ *            where the payload lands (qr__push_header, expect_payload)
  *   check    once the payload is in: NaN/Inf (scanned as it arrived) and
  *            sparse row indices, before any variable changes
  *   prepare  make every tensor the apply writes exclusive (a pull reply
