@@ -146,6 +146,28 @@ bool qr_optim_all_finite(const float *x, int64_t n);
  * an overflow). g and var must not overlap. */
 bool qr_optim_sgd_into_grad(float *g, const float *var, int64_t n, float lr);
 
+/* One plain SGD step in place: var[i] -= grad[i] * lr, the very loop of an
+ * SGD apply (bit-identical to qr_optim_apply_dense with optimizer sgd and
+ * this lr), without an optimizer object. A local-SGD worker trains its
+ * copy of the weights with it. var and grad must not overlap. */
+void qr_optim_sgd_step(float *var, const float *grad, int64_t n, float lr);
+
+/* out[i] = now[i] - before[i]: the delta a local-SGD worker pushes
+ * (w_local - w_pulled). out must not overlap now or before. */
+void qr_optim_delta(float *out, const float *now, const float *before, int64_t n);
+
+/* Add a delta (a QR_PUSH_DELTA push): out[i] = w[i] + delta[i], exactly the
+ * float sum, no optimizer, no learning rate. out may be w (in place);
+ * otherwise none of the three may overlap. */
+void qr_optim_add_delta(float *out, const float *w, const float *delta, int64_t n);
+
+/* The row-wise delta of a (rows, dim) variable: row k of delta (nidx rows
+ * of dim floats) is added to row indices[k] of var, in the order given, so
+ * a duplicated index gets both rows (first the earlier one). An index
+ * outside [0, rows) is QR_EINVAL and nothing changes. */
+int qr_optim_add_delta_rows(float *var, int64_t rows, int64_t dim, const int64_t *indices,
+                            const float *delta, int64_t nidx);
+
 /* dst = (srcs[0] + ... + srcs[k-1]) / divisor, summed in exactly that
  * order (dst may be srcs[0]). The reduction of a synchronous step. */
 void qr_optim_reduce(float *dst, const float *const *srcs, int k, int64_t n, float divisor);

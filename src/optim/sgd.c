@@ -42,6 +42,11 @@ QR_OPTIM_LOOP bool qr_optim_sgd_into_grad(float *restrict g, const float *restri
     return top <= 0x7f7fffffu;
 }
 
+/* optim.h: the worker's local SGD step, sgd_run itself. */
+void qr_optim_sgd_step(float *var, const float *grad, int64_t n, float lr) {
+    sgd_run(var, grad, n, lr);
+}
+
 static void sgd_kernel(const qr_optim_call *c, float *var, float *const *slot, const float *g,
                        int64_t n) {
     sgd_run(var, g, n, c->lr);

@@ -4,6 +4,7 @@
 # (tests/optim_ref/check_optim.py drives test_optim_ref_driver).
 qr_unit_test(test_optim_hand ${CMAKE_CURRENT_LIST_DIR}/test_optim_hand.c)
 qr_unit_test(test_optim_api ${CMAKE_CURRENT_LIST_DIR}/test_optim_api.c)
+qr_unit_test(test_optim_delta ${CMAKE_CURRENT_LIST_DIR}/test_optim_delta.c)
 
 add_executable(test_optim_ref_driver ${CMAKE_CURRENT_LIST_DIR}/test_optim_ref_driver.c)
 target_link_libraries(test_optim_ref_driver PRIVATE quorum_static)
