@@ -15,10 +15,6 @@ static bool truth(const char *value) {
     return !strcmp(value, "true") || !strcmp(value, "1");
 }
 
-static int set_int(const char *value, int64_t lo, int64_t hi, int64_t *out) {
-    return qr__parse_int64(value, lo, hi, out);
-}
-
 static int set_model(cli_args *a, const char *value) {
     if (strcmp(value, "softmax") && strcmp(value, "mlp"))
         return qr__fail(QR_EINVAL, "expected softmax or mlp");
@@ -57,7 +53,7 @@ static int set_data_dir(cli_args *a, const char *value) {
 
 static int set_batch_size(cli_args *a, const char *value) {
     int64_t v;
-    int rc = set_int(value, 1, 1 << 20, &v);
+    int rc = qr__parse_int64(value, 1, 1 << 20, &v);
     if (!rc) a->train.batch_size = (int)v;
     return rc;
 }
@@ -73,14 +69,14 @@ static int set_epochs(cli_args *a, const char *value) {
 
 static int set_steps(cli_args *a, const char *value) {
     int64_t v;
-    int rc = set_int(value, 1, INT64_MAX / 2, &v);
+    int rc = qr__parse_int64(value, 1, INT64_MAX / 2, &v);
     if (!rc) a->train.steps = v;
     return rc;
 }
 
 static int set_seed(cli_args *a, const char *value) {
     int64_t v;
-    int rc = set_int(value, 0, INT64_MAX, &v);
+    int rc = qr__parse_int64(value, 0, INT64_MAX, &v);
     if (!rc) a->train.seed = (uint64_t)v;
     return rc;
 }
@@ -95,24 +91,23 @@ static int set_quiet(cli_args *a, const char *value) {
     return QR_OK;
 }
 
-static int set_accumulate(cli_args *a, const char *value) {
+/* --accumulate K and --local-steps K: K >= 1, and not both above 1. */
+static int set_batches_per_push(cli_args *a, const char *value, int *dst) {
     int64_t v;
-    int rc = set_int(value, 1, 1 << 20, &v);
+    int rc = qr__parse_int64(value, 1, 1 << 20, &v);
     if (rc) return rc;
-    a->train.accumulate = (int)v;
-    if (a->train.local_steps > 1 && v > 1)
+    *dst = (int)v;
+    if (a->train.accumulate > 1 && a->train.local_steps > 1)
         return qr__fail(QR_EINVAL, "--accumulate and --local-steps do not combine");
     return QR_OK;
 }
 
+static int set_accumulate(cli_args *a, const char *value) {
+    return set_batches_per_push(a, value, &a->train.accumulate);
+}
+
 static int set_local_steps(cli_args *a, const char *value) {
-    int64_t v;
-    int rc = set_int(value, 1, 1 << 20, &v);
-    if (rc) return rc;
-    a->train.local_steps = (int)v;
-    if (a->train.accumulate > 1 && v > 1)
-        return qr__fail(QR_EINVAL, "--accumulate and --local-steps do not combine");
-    return QR_OK;
+    return set_batches_per_push(a, value, &a->train.local_steps);
 }
 
 static int set_var_opt(cli_args *a, const char *value) {
@@ -142,7 +137,7 @@ static int set_local(cli_args *a, const char *value) {
 
 static int set_virtual_workers(cli_args *a, const char *value) {
     int64_t v;
-    int rc = set_int(value, 1, 1024, &v);
+    int rc = qr__parse_int64(value, 1, 1024, &v);
     if (!rc) a->train.virtual_workers = (int)v;
     return rc;
 }
