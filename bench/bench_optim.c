@@ -280,11 +280,39 @@ out:
 
 /* ---- main --------------------------------------------------------------- */
 
-static int usage(const char *prog) {
-    fprintf(stderr,
+static void usage(FILE *f, const char *prog) {
+    fprintf(f,
             "usage: %s [--json] [--quick] [--n N] [--rows R] [--nidx K] [--dim D]\n"
             "          [--threads 1,2] [--reps R] [--optim sgd,adam,...] [--no-sparse]\n",
             prog);
+}
+
+/* --help: what the benchmark measures and its options. */
+static int help(const char *prog) {
+    usage(stdout, prog);
+    printf("\n"
+           "How fast a ps applies each optimizer, beside the memory-bandwidth bound for\n"
+           "the same bytes (a STREAM-triad-like kernel over the same arrays) measured in\n"
+           "the same run. Each point reports elements/s and GB/s of the best repetition,\n"
+           "the bound's GB/s and their ratio.\n"
+           "\n"
+           "options:\n"
+           "  --n N              dense: floats per tensor (default 16M)\n"
+           "  --rows R           sparse: rows of the variable (default 10M)\n"
+           "  --nidx K           sparse: rows applied, duplicates included (default 1M)\n"
+           "  --dim D            sparse: floats per row (default 64)\n"
+           "  --threads 1,2      apply threads to measure (default 1 and the cores)\n"
+           "  --reps R           repetitions of each point after a warm-up (default 5)\n"
+           "  --optim a,b        optimizers to measure (default all)\n"
+           "  --no-sparse        dense applies only\n"
+           "  --quick            small sizes for a smoke test\n"
+           "  --json             print one JSON object with every result\n"
+           "  --help             this text\n");
+    return 0;
+}
+
+static int bad_usage(const char *prog) {
+    usage(stderr, prog);
     return 2;
 }
 
@@ -298,6 +326,7 @@ int qr_bench_optim_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return help(argv[0]);
         if (!strcmp(a, "--json")) o.json = true;
         else if (!strcmp(a, "--quick")) o.quick = true;
         else if (!strcmp(a, "--no-sparse")) sparse = false;
@@ -318,15 +347,15 @@ int qr_bench_optim_main(int argc, char **argv) {
             for (char *p = argv[++i]; *p && o.nthreads < 8;) {
                 char *end;
                 long t = strtol(p, &end, 10);
-                if (end == p || t < 1 || t > 64) return usage(argv[0]);
+                if (end == p || t < 1 || t > 64) return bad_usage(argv[0]);
                 o.threads[o.nthreads++] = (int)t;
                 p = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') return usage(argv[0]);
+                if (*end && *end != ',') return bad_usage(argv[0]);
             }
         } else if (v && !strcmp(a, "--optim")) {
             o.optims = argv[++i];
         } else {
-            return usage(argv[0]);
+            return bad_usage(argv[0]);
         }
     }
     if (o.quick) {

@@ -181,8 +181,9 @@ int cmd_launch(int argc, char **argv) {
                    "Start P ps tasks and W workers on this machine (Unix sockets in a private\n"
                    "temporary directory; loopback TCP with --transport tcp)\n"
                    "and train. Every other option is passed to every task.\n\n"
-                   "training:\n%s\noptions:\n",
-                   qr_train_opts_help());
+                   "training:\n");
+            cli_print_train_help(stdout, CLI_TRAIN);
+            printf("\noptions:\n");
             cli_print_config_help(stdout);
             return 0;
         }

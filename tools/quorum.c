@@ -95,8 +95,10 @@ static int cmd_worker(int argc, char **argv) {
         printf("usage: quorum worker [cluster flags] [training options] [options]\n\n"
                "Train as one worker of a cluster. Worker 0, the chief, initializes the\n"
                "variables, evaluates at the end and stops the cluster.\n\ncluster:\n%s\n"
-               "training:\n%s\noptions:\n",
-               cluster_help, qr_train_opts_help());
+               "training:\n",
+               cluster_help);
+        cli_print_train_help(stdout, CLI_TRAIN);
+        printf("\noptions:\n");
         cli_print_config_help(stdout);
         return 0;
     }
@@ -112,9 +114,19 @@ static int cmd_worker(int argc, char **argv) {
     char tag[32];
     snprintf(tag, sizeof tag, "worker %d", index);
     qr__log_set_tag(tag);
+    /* The chief shows the progress of the run and its summary. */
+    cli_progress progress = {.tty = isatty(2)};
+    if (index == 0 && !a.quiet) {
+        a.train.on_progress = cli_show_progress;
+        a.train.progress_ctx = &progress;
+    }
     qr_train_result res;
     rc = qr_train_worker(cluster, index, a.cfg, &a.train, &res);
-    if (rc) fprintf(stderr, "quorum worker: %s\n", qr_last_error());
+    if (rc)
+        fprintf(stderr, "quorum worker: %s\n", qr_last_error());
+    else if (index == 0)
+        cli_print_summary(&a, qr__config_str(a.cfg, "mode"), qr_cluster_num_ps(cluster),
+                          qr_cluster_num_workers(cluster), &res);
     qr_cluster_free(cluster);
     cli_args_free(&a);
     return rc ? 1 : 0;
@@ -126,14 +138,15 @@ static int cmd_train(int argc, char **argv) {
                "The single-process reference of synchronous training: N workers computed\n"
                "in turn, their gradients reduced in worker order and applied with the\n"
                "code a ps runs. A cluster run with --mode sync, R = N and --init-tokens 0\n"
-               "and the same seed ends with the same params_digest.\n\ntraining:\n%s\noptions:\n",
-               qr_train_opts_help());
+               "and the same seed ends with the same params_digest.\n\ntraining:\n");
+        cli_print_train_help(stdout, CLI_TRAIN | CLI_LOCAL);
+        printf("\noptions:\n");
         cli_print_config_help(stdout);
         return 0;
     }
     cli_args a;
-    int rc = cli_parse("train", argc, argv, CLI_CONFIG | CLI_TRAIN, &a);
-    if (!rc && !a.train.local) {
+    int rc = cli_parse("train", argc, argv, CLI_CONFIG | CLI_TRAIN | CLI_LOCAL, &a);
+    if (!rc && !a.local) {
         fprintf(stderr, "quorum train: only --local is supported; use quorum launch for a cluster\n");
         rc = 2;
     }
@@ -144,6 +157,8 @@ static int cmd_train(int argc, char **argv) {
     qr_train_result res;
     rc = qr_train_local(a.cfg, &a.train, &res);
     if (rc) fprintf(stderr, "quorum train: %s\n", qr_last_error());
+    /* Synchronous whatever the mode option says: it is the sync reference. */
+    else cli_print_summary(&a, "sync", 0, a.train.virtual_workers, &res);
     cli_args_free(&a);
     return rc ? 1 : 0;
 }
@@ -188,6 +203,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        if (wants_help(argc - 2, argv + 2)) {
+            printf("usage: quorum version\n\nPrint the version of quorum and exit.\n");
+            return 0;
+        }
         printf("quorum %s\n", qr_version());
         return 0;
     }

@@ -17,6 +17,7 @@ typedef enum { KEY_INT, KEY_FLOAT, KEY_BOOL, KEY_ENUM, KEY_STRING } key_type;
 
 typedef struct {
     const char *name;
+    const char *mode; /* "sync" or "async": the only training mode it applies to; NULL: both */
     key_type type;
     const char *def;  /* "" = unset: the consumer picks (e.g. per optimizer) */
     double lo, hi;    /* range for INT and FLOAT; FLOAT lo is exclusive if lo_open */
@@ -26,81 +27,90 @@ typedef struct {
 } key_spec;
 
 #define INF 1e300
+#define ANY NULL
+#define SYNC "sync"
+#define ASYNC "async"
+/* The modes follow docs/SYNC.md and docs/ASYNC.md. stall-report-ms serves
+ * both (a stalled sync step, a bounded-staleness wait); the moving averages
+ * too. */
 static const key_spec keys[] = {
     /* transport and timeouts */
-    {"transport", KEY_ENUM, "auto", 0, 0, 0, "auto|tcp|unix",
+    {"transport", ANY, KEY_ENUM, "auto", 0, 0, 0, "auto|tcp|unix",
      "auto: Unix socket to loopback peers, TCP otherwise"},
-    {"timeout-ms", KEY_INT, "30000", 1, 86400000, 0, NULL,
+    {"timeout-ms", ANY, KEY_INT, "30000", 1, 86400000, 0, NULL,
      "deadline of one request, reconnection included"},
-    {"init-timeout-ms", KEY_INT, "120000", 1, 86400000, 0, NULL,
+    {"init-timeout-ms", ANY, KEY_INT, "120000", 1, 86400000, 0, NULL,
      "how long a worker waits for the chief to initialize the variables"},
-    {"socket-buffer-kb", KEY_INT, "4096", 64, 1048576, 0, NULL,
+    {"socket-buffer-kb", ANY, KEY_INT, "4096", 64, 1048576, 0, NULL,
      "SO_SNDBUF/SO_RCVBUF of every connection"},
-    {"peer-timeout-ms", KEY_INT, "10000", 2000, 86400000, 0, NULL,
+    {"peer-timeout-ms", ANY, KEY_INT, "10000", 2000, 86400000, 0, NULL,
      "TCP: a peer whose machine answers nothing for this long is lost (keepalive probes "
      "while idle, TCP_USER_TIMEOUT while data waits)"},
-    {"max-message-mb", KEY_INT, "2048", 1, 65536, 0, NULL,
+    {"max-message-mb", ANY, KEY_INT, "2048", 1, 65536, 0, NULL,
      "largest message a ps accepts; larger ones close the connection"},
-    {"linger-ms", KEY_INT, "3000", 0, 600000, 0, NULL,
+    {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
     /* training regime */
-    {"mode", KEY_ENUM, "async", 0, 0, 0, "async|sync",
+    {"mode", ANY, KEY_ENUM, "async", 0, 0, 0, "async|sync",
      "async: apply every push at once; sync: synchronous replicas"},
-    {"replicas-to-aggregate", KEY_INT, "0", 0, 1 << 20, 0, NULL,
+    {"replicas-to-aggregate", SYNC, KEY_INT, "0", 0, 1 << 20, 0, NULL,
      "sync: gradients that make a step (R); 0 = the number of workers"},
-    {"reduction", KEY_ENUM, "mean", 0, 0, 0, "mean|sum",
+    {"reduction", SYNC, KEY_ENUM, "mean", 0, 0, 0, "mean|sum",
      "sync: how a step's gradients are combined"},
-    {"init-tokens", KEY_INT, "-1", -1, 1 << 20, 0, NULL,
+    {"init-tokens", SYNC, KEY_INT, "-1", -1, 1 << 20, 0, NULL,
      "sync: tokens released before step 0; -1 = max(0, R - N), R reproduces TensorFlow"},
-    {"sync-timeout-ms", KEY_INT, "600000", 100, 86400000, 0, NULL,
+    {"sync-timeout-ms", SYNC, KEY_INT, "600000", 100, 86400000, 0, NULL,
      "sync: a step with no progress this long aborts training with a stall report"},
-    {"stall-report-ms", KEY_INT, "10000", 100, 86400000, 0, NULL,
+    {"stall-report-ms", ANY, KEY_INT, "10000", 100, 86400000, 0, NULL,
      "sync: how often a waiting step is reported (which workers are missing); async with "
      "max-staleness: how often a bound wait is (who waits for whom)"},
-    {"sync-stats-file", KEY_STRING, "", 0, 0, 0, NULL,
+    {"sync-stats-file", SYNC, KEY_STRING, "", 0, 0, 0, NULL,
      "sync: ps 0 writes one JSON line per step here (quorum, stale, wait)"},
-    {"max-staleness", KEY_INT, "-1", -1, 1 << 30, 0, NULL,
+    {"max-staleness", ASYNC, KEY_INT, "-1", -1, 1 << 30, 0, NULL,
      "async: a worker more than this many steps ahead of the slowest live worker waits "
      "(-1: no bound; 0: bulk synchronous)"},
-    {"staleness-lr-scale", KEY_BOOL, "false", 0, 0, 0, NULL,
+    {"staleness-lr-scale", ASYNC, KEY_BOOL, "false", 0, 0, 0, NULL,
      "async: scale the learning rate of a gradient by 1/(1 + its staleness)"},
-    {"moving-average-decay", KEY_FLOAT, "0", 0, 1, 0, NULL,
+    {"moving-average-decay", ANY, KEY_FLOAT, "0", 0, 1, 0, NULL,
      "keep exponential moving averages of the variables on the ps (0: off)"},
-    {"moving-average-vars", KEY_STRING, "", 0, 0, 0, NULL,
+    {"moving-average-vars", ANY, KEY_STRING, "", 0, 0, 0, NULL,
      "comma-separated names of the variables to average (default: all)"},
     /* optimizer */
-    {"optimizer", KEY_ENUM, "sgd", 0, 0, 0,
+    {"optimizer", ANY, KEY_ENUM, "sgd", 0, 0, 0,
      "sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl", "optimizer applied on the ps"},
-    {"lr", KEY_FLOAT, "", 0, INF, 1, NULL,
+    {"lr", ANY, KEY_FLOAT, "", 0, INF, 1, NULL,
      "learning rate (default: 0.05 for sgd/momentum, 0.001 otherwise)"},
-    {"lr-decay-rate", KEY_FLOAT, "1", 0, 1, 1, NULL,
+    {"lr-decay-rate", ANY, KEY_FLOAT, "1", 0, 1, 1, NULL,
      "exponential decay: lr * rate^(step / lr-decay-steps), step counted on the ps"},
-    {"lr-decay-steps", KEY_INT, "0", 0, 1ll << 40, 0, NULL,
+    {"lr-decay-steps", ANY, KEY_INT, "0", 0, 1ll << 40, 0, NULL,
      "exponential decay: steps over which lr is multiplied by lr-decay-rate (0: no decay)"},
-    {"lr-decay-staircase", KEY_BOOL, "false", 0, 0, 0, NULL,
+    {"lr-decay-staircase", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
      "exponential decay: decay in whole multiples of lr-decay-steps"},
-    {"momentum", KEY_FLOAT, "", 0, 1, 0, NULL,
+    {"momentum", ANY, KEY_FLOAT, "", 0, 1, 0, NULL,
      "momentum (momentum: 0.9; rmsprop: 0.0)"},
-    {"nesterov", KEY_BOOL, "false", 0, 0, 0, NULL, "Nesterov momentum (momentum, adam, adam_async)"},
-    {"beta1", KEY_FLOAT, "0.9", 0, 1, 0, NULL, "Adam beta1"},
-    {"beta2", KEY_FLOAT, "0.999", 0, 1, 0, NULL, "Adam beta2"},
-    {"epsilon", KEY_FLOAT, "", 0, INF, 1, NULL,
+    {"nesterov", ANY, KEY_BOOL, "false", 0, 0, 0, NULL, "Nesterov momentum (momentum, adam, adam_async)"},
+    {"beta1", ANY, KEY_FLOAT, "0.9", 0, 1, 0, NULL, "Adam beta1"},
+    {"beta2", ANY, KEY_FLOAT, "0.999", 0, 1, 0, NULL, "Adam beta2"},
+    {"epsilon", ANY, KEY_FLOAT, "", 0, INF, 1, NULL,
      "epsilon (adam/adam_async: 1e-8; rmsprop: 1e-10)"},
-    {"decay", KEY_FLOAT, "0.9", 0, 1, 0, NULL, "RMSProp decay (rho)"},
-    {"centered", KEY_BOOL, "false", 0, 0, 0, NULL, "centered RMSProp"},
-    {"initial-accumulator", KEY_FLOAT, "0.1", 0, INF, 0, NULL,
+    {"decay", ANY, KEY_FLOAT, "0.9", 0, 1, 0, NULL, "RMSProp decay (rho)"},
+    {"centered", ANY, KEY_BOOL, "false", 0, 0, 0, NULL, "centered RMSProp"},
+    {"initial-accumulator", ANY, KEY_FLOAT, "0.1", 0, INF, 0, NULL,
      "Adagrad/FTRL initial accumulator value"},
-    {"l1", KEY_FLOAT, "0", 0, INF, 0, NULL, "FTRL l1 regularization"},
-    {"l2", KEY_FLOAT, "0", 0, INF, 0, NULL, "FTRL l2 regularization"},
-    {"lr-power", KEY_FLOAT, "-0.5", -INF, 0, 0, NULL, "FTRL learning rate power (<= 0)"},
-    {"apply-sparse-rmsprop", KEY_BOOL, "false", 0, 0, 0, NULL,
+    {"l1", ANY, KEY_FLOAT, "0", 0, INF, 0, NULL, "FTRL l1 regularization"},
+    {"l2", ANY, KEY_FLOAT, "0", 0, INF, 0, NULL, "FTRL l2 regularization"},
+    {"lr-power", ANY, KEY_FLOAT, "-0.5", -INF, 0, 0, NULL, "FTRL learning rate power (<= 0)"},
+    {"apply-sparse-rmsprop", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
      "AdamAsync: sparse applies use RMSProp"},
-    {"nonfinite", KEY_ENUM, "error", 0, 0, 0, "error|skip",
+    {"nonfinite", ANY, KEY_ENUM, "error", 0, 0, 0, "error|skip",
      "a gradient with NaN/Inf: refuse it with an error, or skip and count it"},
-    {"apply-threads", KEY_INT, "1", 0, 64, 0, NULL,
+    {"apply-threads", ANY, KEY_INT, "1", 0, 64, 0, NULL,
      "threads for optimizer applies of large tensors on a ps (0: the cores, at most 4)"},
 };
 #undef INF
+#undef ANY
+#undef SYNC
+#undef ASYNC
 
 #define NKEYS ((int)QR_ARRAY_LEN(keys))
 
@@ -223,10 +233,25 @@ int qr__config_merge(qr_config *dst, const qr_config *src) {
     return QR_OK;
 }
 
-bool qr__config_key_at(int i, const char **name, const char **def, const char **help) {
+bool qr__config_key_info(int i, qr__config_key *out) {
     if (i < 0 || i >= NKEYS) return false;
-    *name = keys[i].name;
-    *def = keys[i].def;
-    *help = keys[i].help;
+    const key_spec *k = &keys[i];
+    *out = (qr__config_key){.name = k->name, .def = k->def, .help = k->help,
+                            .choices = k->type == KEY_ENUM ? k->choices : NULL,
+                            .mode = k->mode, .is_bool = k->type == KEY_BOOL};
     return true;
+}
+
+const char *qr__config_misplaced_key(const qr_config *cfg, const char *mode) {
+    for (int i = 0; cfg && i < NKEYS; i++)
+        if (cfg->values[i] && keys[i].mode && strcmp(keys[i].mode, mode)) return keys[i].name;
+    return NULL;
+}
+
+int qr__config_check_mode(const qr_config *cfg) {
+    const char *mode = qr__config_str(cfg, "mode");
+    const char *key = qr__config_misplaced_key(cfg, mode);
+    if (!key) return QR_OK;
+    return qr__fail(QR_EINVAL, "option %s applies to mode %s only, and mode is %s", key,
+                    keys[key_index(key)].mode, mode);
 }

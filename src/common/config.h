@@ -21,8 +21,26 @@ int qr__config_merge(qr_config *dst, const qr_config *src);
  * (R >= 1, init-tokens >= R - N) and resolve R and init-tokens. */
 int qr_sync_check_config(const qr_config *cfg, int nworkers, int *R, int *init_tokens);
 
-/* Iterate the known keys (for --help and docs): returns false past the end. */
-bool qr__config_key_at(int i, const char **name, const char **def,
-                       const char **help);
+/* One known key, for --help, docs and suggestions. */
+typedef struct qr__config_key {
+    const char *name;    /* "max-staleness" */
+    const char *def;     /* the default, "" if the consumer picks */
+    const char *help;
+    const char *choices; /* "async|sync" for a key with a fixed set of values, else NULL;
+                          * qr_config_set validates against this same list */
+    const char *mode;    /* "sync" or "async" if it applies to that mode only, else NULL */
+    bool is_bool;        /* true/false: "--key" alone on a command line means true */
+} qr__config_key;
+
+/* Key i of the table (0, 1, ...): returns false past the end. */
+bool qr__config_key_info(int i, qr__config_key *out);
+
+/* The first key set explicitly in cfg that applies only to the other
+ * training mode than `mode` ("sync"/"async"), or NULL: such a key would be
+ * silently ignored. Defaults never count. */
+const char *qr__config_misplaced_key(const qr_config *cfg, const char *mode);
+/* QR_EINVAL, naming the key and the mode, if cfg sets a key that does not
+ * apply to its own "mode"; QR_OK otherwise. */
+int qr__config_check_mode(const qr_config *cfg);
 
 #endif

@@ -2,9 +2,12 @@
  * train.h - the training loop a worker process runs: load the data, build
  * the model, declare its parameters, then pull / compute / push until the
  * step limit; the chief evaluates on the test split and stops the cluster.
+ * And the single-process reference of synchronous training.
  *
- * This sits on top of the public API (qr_worker_*) and the models; the CLI
- * (`quorum worker`, `quorum launch`) is its only caller.
+ * This sits on top of the public API (qr_worker_*) and the models. It
+ * prints nothing: it returns a qr_train_result and reports progress through
+ * a callback; the CLI (tools/: `quorum worker`, `quorum train --local`)
+ * parses the flags into qr_train_opts and prints what comes back.
  */
 #ifndef QR_TRAIN_H
 #define QR_TRAIN_H
@@ -12,37 +15,47 @@
 #include "common/common.h"
 
 #define QR_TRAIN_MAX_HIDDEN 8
+#define QR_TRAIN_MAX_VAR_OPTS 16
 
+/* Where a worker's training is, after a step (or at the end: final). */
+typedef struct qr_train_progress {
+    int64_t step;            /* the global step reached */
+    int64_t total;           /* the global step training ends at */
+    double loss;             /* moving average (0.95) of the minibatch loss */
+    double examples_per_sec; /* since the first step (final: the run's figure) */
+    double elapsed;          /* seconds since the first step started */
+    bool final;              /* the report after the last step */
+} qr_train_progress;
+
+typedef void (*qr_train_progress_fn)(const qr_train_progress *p, void *ctx);
+
+/* The strings are borrowed: the caller keeps them alive during a call. */
 typedef struct qr_train_opts {
-    char model[16];             /* "softmax" | "mlp" */
+    const char *model;          /* "softmax" | "mlp" */
     int hidden[QR_TRAIN_MAX_HIDDEN];
     int nhidden;
-    char data[512];             /* "fashion-mnist" | "digits" | PATH */
-    char data_dir[512];         /* "" = default location */
+    const char *data;           /* "fashion-mnist" | "digits" | PATH */
+    const char *data_dir;       /* NULL = default location */
     int batch_size;
     double epochs;              /* used when steps == 0 */
     int64_t steps;              /* global steps; 0 = from epochs */
     uint64_t seed;
-    bool json;                  /* print the JSON summary line on stdout */
-    bool quiet;                 /* no progress line */
     int slow_worker;            /* test option: this worker sleeps ... */
     int slow_ms;                /* ... this long every step (-1: none) */
     int accumulate;             /* async: batches summed into one push (>= 1) */
     int local_steps;            /* async: local SGD steps before a delta push (>= 1) */
-    /* --var-opt NAME:key=value,... : a variable's own optimizer options */
+    /* "NAME:key=value,...": a variable's own optimizer options */
     int nvar_opts;
-    char var_opt_name[16][128];
-    char var_opt[16][512];
-    bool local;                 /* quorum train --local */
-    int virtual_workers;        /* workers simulated by --local */
+    const char *var_opt[QR_TRAIN_MAX_VAR_OPTS];
+    int virtual_workers;        /* workers simulated by qr_train_local */
+    /* Called by qr_train_worker after every step and once at the end
+     * (final), if set; the callback decides what to show and how often. */
+    qr_train_progress_fn on_progress;
+    void *progress_ctx;
 } qr_train_opts;
 
+/* The defaults: mlp 256,128 on digits, batch 64, 1 epoch, seed 1. */
 void qr_train_opts_default(qr_train_opts *o);
-/* Apply a training option ("model", "hidden", "batch-size", ...).
- * Returns QR_ENOTFOUND for a key that is not a training option. */
-int qr_train_opts_set(qr_train_opts *o, const char *key, const char *value);
-/* Help lines for the training options. */
-const char *qr_train_opts_help(void);
 
 typedef struct qr_train_result {
     double test_accuracy, test_loss;
@@ -57,7 +70,8 @@ typedef struct qr_train_result {
 } qr_train_result;
 
 /* Run worker `task_index` of `cluster` to the end of training. The chief
- * (worker 0) fills res with the evaluation and prints the summary. */
+ * (worker 0) fills res with the evaluation, the digest and the cluster's
+ * statistics, then stops the cluster; the others fill the step counts. */
 int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
                     const qr_train_opts *opts, qr_train_result *res);
 

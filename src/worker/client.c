@@ -625,15 +625,17 @@ int qr_worker_initialize(qr_worker *w) {
             if (rc == QR_EPEERLOST || rc == QR_ETIMEDOUT) rc = QR_OK; /* ps not up yet */
             if (!rc && !ready) {
                 if (qr__now_ns() > deadline)
-                    return qr__fail(QR_ENOTREADY, "worker %d: the chief did not initialize the "
-                                    "variables within %lld ms", w->index,
+                    return qr__fail(QR_ENOTREADY, "the chief did not initialize the "
+                                    "variables within %lld ms",
                                     (long long)qr__config_int(w->cfg, "init-timeout-ms"));
                 nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
             }
         }
         if (!rc) rc = create_on_ps(w, true);
     }
-    if (rc) qr__error_prefix("worker %d: initialize: ", w->index);
+    /* The caller names the worker (qr_train_worker does): this prefix
+     * says which call failed, like the other qr_worker_* messages. */
+    if (rc) qr__error_prefix("initialize: ");
     else w->initialized = true;
     return rc;
 }

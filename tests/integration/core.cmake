@@ -8,6 +8,7 @@ endfunction()
 
 qr_integration_test(integration_hostile_client test_hostile.py)
 qr_integration_test(integration_launch test_launch.py)
+qr_integration_test(integration_cli test_cli.py)
 qr_integration_test(integration_train_digits test_train.py digits)
 qr_integration_test(integration_train_fashion test_train.py fashion-mnist)
 qr_integration_test(integration_optimizers_digits test_optimizers.py digits)

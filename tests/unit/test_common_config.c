@@ -1,6 +1,7 @@
 /*
  * test_common_config.c - the option table: defaults, validation of every
- * kind of value, unknown keys, '-'/'_' spelling, merging.
+ * kind of value, unknown keys, '-'/'_' spelling, merging; the options of
+ * one training mode refused in the other; the choices the table lists.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -8,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "common/config.h"
@@ -75,11 +77,72 @@ static void test_merge(void **state) {
     qr_config_free(b);
 }
 
+static void test_mode_check(void **state) {
+    (void)state;
+    qr_config *c;
+    assert_int_equal(qr_config_new(&c), QR_OK);
+    /* Defaults never count, in either mode. */
+    assert_int_equal(qr__config_check_mode(c), QR_OK);
+    assert_int_equal(qr_config_set(c, "mode", "sync"), QR_OK);
+    assert_int_equal(qr__config_check_mode(c), QR_OK);
+    /* An async option set in sync mode, even to its default value. */
+    assert_int_equal(qr_config_set(c, "max_staleness", "-1"), QR_OK);
+    assert_string_equal(qr__config_misplaced_key(c, "sync"), "max-staleness");
+    assert_null(qr__config_misplaced_key(c, "async"));
+    assert_int_equal(qr__config_check_mode(c), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "max-staleness applies to mode async only"));
+    assert_non_null(strstr(qr_last_error(), "mode is sync"));
+    qr_config_free(c);
+
+    /* Sync options in async mode; options of both modes pass. */
+    assert_int_equal(qr_config_new(&c), QR_OK);
+    assert_int_equal(qr_config_set(c, "stall-report-ms", "500"), QR_OK);
+    assert_int_equal(qr_config_set(c, "moving-average-decay", "0.9"), QR_OK);
+    assert_int_equal(qr__config_check_mode(c), QR_OK);
+    static const char *sync_only[] = {"replicas-to-aggregate", "reduction", "init-tokens",
+                                      "sync-timeout-ms", "sync-stats-file"};
+    static const char *values[] = {"1", "sum", "0", "1000", "/tmp/x"};
+    for (int i = 0; i < 5; i++) {
+        qr_config *d;
+        assert_int_equal(qr_config_new(&d), QR_OK);
+        assert_int_equal(qr_config_set(d, sync_only[i], values[i]), QR_OK);
+        assert_int_equal(qr__config_check_mode(d), QR_EINVAL);
+        assert_non_null(strstr(qr_last_error(), sync_only[i]));
+        assert_int_equal(qr_config_set(d, "mode", "sync"), QR_OK);
+        assert_int_equal(qr__config_check_mode(d), QR_OK);
+        qr_config_free(d);
+    }
+    qr_config_free(c);
+}
+
+/* The choices --help prints are those qr_config_set accepts. */
+static void test_choices(void **state) {
+    (void)state;
+    qr_config *c;
+    assert_int_equal(qr_config_new(&c), QR_OK);
+    qr__config_key k;
+    int nenum = 0;
+    for (int i = 0; qr__config_key_info(i, &k); i++) {
+        if (!k.choices) continue;
+        nenum++;
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", k.choices);
+        for (char *tok = strtok(buf, "|"); tok; tok = strtok(NULL, "|"))
+            assert_int_equal(qr_config_set(c, k.name, tok), QR_OK);
+        assert_int_equal(qr_config_set(c, k.name, "no-such-choice"), QR_EINVAL);
+        assert_non_null(strstr(qr_last_error(), k.choices));
+    }
+    assert_int_equal(nenum, 5); /* transport, mode, reduction, optimizer, nonfinite */
+    qr_config_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_and_set),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_merge),
+        cmocka_unit_test(test_mode_check),
+        cmocka_unit_test(test_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
