@@ -248,6 +248,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     qr_store_init(&ps->store);
     int rc = qr_config_new(&ps->cfg);
     if (!rc) rc = qr__config_merge(ps->cfg, cfg);
+    if (!rc) rc = qr__config_check_mode(ps->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
     if (!rc) rc = qr_optim_create(&ps->optim, ps->cfg);
     if (!rc) rc = qr__sync_init(ps);

@@ -405,6 +405,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     w->index = task_index;
     int rc = qr_config_new(&w->cfg);
     if (!rc) rc = qr__config_merge(w->cfg, cfg);
+    if (!rc) rc = qr__config_check_mode(w->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &w->cluster);
     if (!rc) {
         w->nps = w->cluster->nps;
