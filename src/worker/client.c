@@ -22,9 +22,9 @@
 #include "cluster/cluster.h"
 #include "cluster/placement.h"
 #include "common/config.h"
-#include "model/init.h"
 #include "optim/optim.h"
 #include "wire/conn.h"
+#include "worker/init.h"
 
 #include <cjson/cJSON.h>
 
