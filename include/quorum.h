@@ -84,14 +84,30 @@ QR_API const char *qr_version(void);
  * '-' or '_' alike ("lr", "optimizer", "transport", "timeout-ms", ...).
  * qr_config_set validates a known key's value at once and refuses unknown
  * keys, so a typo is an error, not a silently ignored option.
- * The full list of keys is in docs/ARCHITECTURE.md and `quorum --help`.
+ * The full list of keys, with defaults, ranges and choices, is the one
+ * table in src/common/config.c; `quorum ps --help` prints it, and README.md
+ * ("Configuration") describes the main ones.
+ *
+ * qr_ps_create and qr_worker_create copy the options they are given, so a
+ * config may be changed or freed as soon as they return.
  */
 typedef struct qr_config qr_config;
 
+/* A new config in *out with no key set (every key reads as its default).
+ * Free it with qr_config_free. QR_EINVAL if out is NULL, QR_ENOMEM. */
 QR_API int qr_config_new(qr_config **out);
+/* Free cfg and every value it holds; NULL does nothing. */
 QR_API void qr_config_free(qr_config *cfg);
+/* Set key to value, replacing an earlier value. value is copied (the
+ * caller keeps its strings). QR_EINVAL if an argument is NULL, the key is
+ * unknown, or the value does not parse or is out of range (the message
+ * names the key); QR_ENOMEM. On failure cfg is unchanged. */
 QR_API int qr_config_set(qr_config *cfg, const char *key, const char *value);
-/* Value of key (the default if unset); NULL for an unknown key. Owned by cfg. */
+/* Value of key: the one set, else the default ("" for a key that has none,
+ * such as lr, whose default depends on the optimizer). NULL for an unknown
+ * or NULL key. cfg may be NULL (defaults). The string belongs to cfg (or to
+ * the library, for a default) and stays valid until key is set again or
+ * cfg is freed. */
 QR_API const char *qr_config_get(const qr_config *cfg, const char *key);
 
 /* ------------------------------------------------------------------------ */

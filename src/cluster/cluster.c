@@ -10,7 +10,7 @@
  */
 #include "cluster/cluster.h"
 
-#include "cluster/addr.h"
+#include "common/addr.h"
 #include "common/common.h"
 
 #include <cjson/cJSON.h>

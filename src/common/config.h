@@ -18,7 +18,11 @@ bool qr__config_is_set(const qr_config *cfg, const char *key);
 int qr__config_merge(qr_config *dst, const qr_config *src);
 
 /* Check the synchronous-replica options against the number of workers
- * (R >= 1, init-tokens >= R - N) and resolve R and init-tokens. */
+ * (R >= 1, init-tokens >= R - N) and resolve R and init-tokens (either
+ * output may be NULL). Defined in ps/sync.c, which resolves them when a
+ * ps starts; declared here so that `quorum launch` can refuse a bad setup
+ * before it starts any process. It reads only options, so its body could
+ * move to config.c. */
 int qr_sync_check_config(const qr_config *cfg, int nworkers, int *R, int *init_tokens);
 
 /* One known key, for --help, docs and suggestions. */

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "model/data.h"
+#include "data/dataset.h"
 
 typedef struct qr_model qr_model;
 

@@ -1,7 +1,7 @@
 /*
  * adam_async.c - AdamAsync (Alibaba DeepRec): Adam whose bias-correction
  * powers are slots of each variable, so asynchronous applies to different
- * variables share no state (see DESIGN.md "Optimizers").
+ * variables share no state (docs/OPTIMIZERS.md, "Adam and AdamAsync").
  *
  * DeepRec ApplyAdamAsync (tensorflow/core/kernels/training_ali_ops.cc),
  * slots "m", "v" (per element, start 0), "beta1_power", "beta2_power"

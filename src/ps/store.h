@@ -21,8 +21,8 @@
 #define QR_PS_STORE_H
 
 #include "common/common.h"
+#include "common/limits.h"
 #include "optim/optim.h"
-#include "wire/proto.h"
 
 typedef struct qr_tensor {
     int refs;

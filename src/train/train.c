@@ -18,10 +18,10 @@
 #include "train/train.h"
 
 #include "common/config.h"
-#include "model/data.h"
-#include "model/init.h"
+#include "data/data.h"
 #include "model/model.h"
 #include "optim/optim.h"
+#include "worker/init.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -25,7 +25,7 @@
 #ifndef QR_CONN_H
 #define QR_CONN_H
 
-#include "cluster/addr.h"
+#include "common/addr.h"
 #include "wire/proto.h"
 
 #include <uv.h>

@@ -343,8 +343,9 @@ static void tune_socket(qr_conn *c) {
     set_liveness(c);
     int size = c->opt.socket_buffer_bytes;
     if (size > 0) {
-        /* Small default buffers make 1 MiB transfers 3-5x slower on Unix
-         * sockets (see DESIGN.md, transport facts). */
+        /* Small default buffers made 1 MiB transfers 3-5x slower on Unix
+         * sockets when this was measured; the size comes from the
+         * socket-buffer-kb option (common/config.c). */
         uv_send_buffer_size(&c->h.handle, &size);
         size = c->opt.socket_buffer_bytes;
         uv_recv_buffer_size(&c->h.handle, &size);

@@ -39,6 +39,7 @@
 #define QR_PROTO_H
 
 #include "common/common.h"
+#include "common/limits.h"
 
 #define QR_PROTO_MAGIC 0x4D525551u
 #define QR_PROTO_VERSION 2
@@ -52,9 +53,8 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
     return (uint32_t)((QR_PROTO_ALIGN - len % QR_PROTO_ALIGN) % QR_PROTO_ALIGN);
 }
 #define QR_PROTO_MAX_META (1u << 20)
-#define QR_PROTO_MAX_NDIM 8
 #define QR_PROTO_MAX_ITEMS 65536
-#define QR_PROTO_MAX_NAME 256
+/* QR_PROTO_MAX_NDIM and QR_PROTO_MAX_NAME: common/limits.h. */
 
 typedef enum qr_msg_type {
     QR_MSG_HELLO = 1,

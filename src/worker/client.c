@@ -22,10 +22,10 @@
 #include "cluster/cluster.h"
 #include "cluster/placement.h"
 #include "common/config.h"
-#include "model/init.h"
 #include "optim/optim.h"
 #include "wire/conn.h"
 #include "wire/msg.h"
+#include "worker/init.h"
 
 #include <cjson/cJSON.h>
 

@@ -8,7 +8,9 @@
  * crash or read out of bounds; gz input is tried too, since every loader
  * sniffs for gzip.
  */
-#include "model/data.h"
+#include "data/digits.h"
+#include "data/idx.h"
+#include "data/libsvm.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -174,7 +174,7 @@ def ref_adam(hp, var, s, g, lr, t, sparse):
 
 
 def ref_adam_async(hp, var, s, g, lr, t, sparse):
-    # DeepRec ApplyAdamAsync / SparseApplyAdamAsync, DESIGN.md "Optimizers"
+    # DeepRec ApplyAdamAsync / SparseApplyAdamAsync, docs/OPTIMIZERS.md "Adam and AdamAsync"
     b1, b2 = f32(hp["beta1"]), f32(hp["beta2"])
     omb1, omb2 = f32(1.0 - hp["beta1"]), f32(1.0 - hp["beta2"])
     eps = f32(hp["epsilon"])

@@ -1,4 +1,3 @@
-# Unit tests of src/cluster: the cluster spec, addresses and placement.
+# Unit tests of src/cluster: the cluster spec and placement.
 qr_unit_test(test_cluster_spec ${CMAKE_CURRENT_LIST_DIR}/test_cluster_spec.c)
-qr_unit_test(test_cluster_addr ${CMAKE_CURRENT_LIST_DIR}/test_cluster_addr.c)
 qr_unit_test(test_cluster_placement ${CMAKE_CURRENT_LIST_DIR}/test_cluster_placement.c)

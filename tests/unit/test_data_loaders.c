@@ -18,8 +18,11 @@
 #include <zlib.h>
 
 #include "common/common.h"
-#include "model/data.h"
-#include "model/init.h"
+#include "data/data.h"
+#include "data/digits.h"
+#include "data/idx.h"
+#include "data/libsvm.h"
+#include "worker/init.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 #define HEART_SCALE "/usr/share/doc/liblinear-tools/examples/heart_scale"

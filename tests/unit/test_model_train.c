@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "common/common.h"
-#include "model/data.h"
-#include "model/init.h"
+#include "data/data.h"
 #include "model/model.h"
+#include "worker/init.h"
 
 enum { BATCH = 32 };
 

@@ -5,9 +5,15 @@
  * Every address of a cluster spec goes through qr_addr_parse when the spec
  * is built, so a typo in --ps_hosts is reported before anything binds or
  * connects, with the address and the reason in the message.
+ *
+ * Why in common/: two layers read addresses. The transport (wire/) binds
+ * and connects them; the cluster spec (cluster/), which sits below wire/,
+ * checks every one when the spec is built. The grammar is a pure function
+ * of the string (no I/O, no resolving), so it lives below both rather than
+ * in wire/, where cluster/ could only reach it by an include pointing up.
  */
-#ifndef QR_CLUSTER_ADDR_H
-#define QR_CLUSTER_ADDR_H
+#ifndef QR_COMMON_ADDR_H
+#define QR_COMMON_ADDR_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -42,4 +48,4 @@ int qr_addr_local_unix_path(const qr_addr *a, char *path, size_t len);
  * two tasks given the same address in different spellings. */
 void qr_addr_key(const qr_addr *a, char *buf, size_t len);
 
-#endif /* QR_CLUSTER_ADDR_H */
+#endif /* QR_COMMON_ADDR_H */

@@ -2,8 +2,8 @@
  * readfile.h - read a whole file, gzip-compressed or plain, into memory.
  * Shared by the text loaders (digits csv, libsvm), which parse in place.
  */
-#ifndef QR_MODEL_READFILE_H
-#define QR_MODEL_READFILE_H
+#ifndef QR_DATA_READFILE_H
+#define QR_DATA_READFILE_H
 
 #include <stddef.h>
 
@@ -13,4 +13,4 @@
  * since the text parsers would silently stop at it. */
 int qr_data_read_file(const char *path, const char *what, char **buf, size_t *len);
 
-#endif /* QR_MODEL_READFILE_H */
+#endif /* QR_DATA_READFILE_H */

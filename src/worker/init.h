@@ -5,9 +5,12 @@
  *
  * The worker that creates a variable fills it with qr_init_fill from the
  * variable's seed, so the same seed gives the same values on any machine.
+ * They live in worker/ because the worker is what fills initial values;
+ * the local trainer (train/, above the worker) fills its parameters with
+ * the same functions, so both runs start from the same values.
  */
-#ifndef QR_MODEL_INIT_H
-#define QR_MODEL_INIT_H
+#ifndef QR_WORKER_INIT_H
+#define QR_WORKER_INIT_H
 
 #include <stdint.h>
 
@@ -31,4 +34,4 @@ int qr_init_validate(const char *spec);
 int qr_init_fill(float *dst, int64_t n, int ndim, const int64_t *shape, const char *spec,
                  uint64_t seed);
 
-#endif /* QR_MODEL_INIT_H */
+#endif /* QR_WORKER_INIT_H */

@@ -4,7 +4,7 @@
  * All draws go through qr_rng (xoshiro256**), and each value is computed
  * in double and rounded once, so a seed names the same floats everywhere.
  */
-#include "model/init.h"
+#include "worker/init.h"
 
 #include "common/common.h"
 

@@ -10,7 +10,7 @@
  * so a corrupt header claiming billions of elements fails as "truncated"
  * instead of first allocating what it claims.
  */
-#include "model/data.h"
+#include "data/idx.h"
 
 #include "common/common.h"
 

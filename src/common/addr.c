@@ -7,7 +7,7 @@
  * IPv6 literal without brackets) is refused here, where the message can
  * still say which flag and which element it came from.
  */
-#include "cluster/addr.h"
+#include "common/addr.h"
 
 #include "common/common.h"
 

@@ -6,10 +6,10 @@
  * read whole, and the arrays are sized from a first count of lines and
  * ':' characters (upper bounds), so parsing never reallocates.
  */
-#include "model/data.h"
+#include "data/libsvm.h"
 
 #include "common/common.h"
-#include "model/readfile.h"
+#include "data/readfile.h"
 
 #include <errno.h>
 #include <float.h>

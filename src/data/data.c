@@ -2,9 +2,11 @@
  * data.c - qr_data_load: turn a dataset spec ("fashion-mnist", "digits",
  * a directory of IDX files, a csv file) into a train and a test split.
  */
-#include "model/data.h"
+#include "data/data.h"
 
 #include "common/common.h"
+#include "data/digits.h"
+#include "data/idx.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,17 +14,10 @@
 #include <sys/stat.h>
 
 #ifndef QR_SOURCE_DATA_DIR
-#define QR_SOURCE_DATA_DIR "data" /* normally set by src/model/CMakeLists.txt */
+#define QR_SOURCE_DATA_DIR "data" /* normally set by src/data/CMakeLists.txt */
 #endif
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 #define NAMED_NCLASSES 10
-
-void qr_dataset_free(qr_dataset *d) {
-    if (!d) return;
-    free(d->x);
-    free(d->y);
-    memset(d, 0, sizeof *d);
-}
 
 static int is_file(const char *path) {
     struct stat st;

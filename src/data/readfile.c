@@ -2,7 +2,7 @@
  * readfile.c - slurp a gzip or plain file. zlib's gzread passes plain files
  * through unchanged, so one path handles "x.csv" and "x.csv.gz" alike.
  */
-#include "model/readfile.h"
+#include "data/readfile.h"
 
 #include "common/common.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_cluster_addr.c - address parsing (TCP v4/v6/names, Unix paths),
+ * test_common_addr.c - address parsing (TCP v4/v6/names, Unix paths),
  * loopback detection, canonical keys and the local Unix socket path.
  */
 #include <stdarg.h>
@@ -8,7 +8,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include "cluster/addr.h"
+#include "common/addr.h"
 #include "common/common.h"
 
 #include <stdlib.h>
