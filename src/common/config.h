@@ -19,10 +19,9 @@ int qr__config_merge(qr_config *dst, const qr_config *src);
 
 /* Check the synchronous-replica options against the number of workers
  * (R >= 1, init-tokens >= R - N) and resolve R and init-tokens (either
- * output may be NULL). Defined in ps/sync.c, which resolves them when a
- * ps starts; declared here so that `quorum launch` can refuse a bad setup
- * before it starts any process. It reads only options, so its body could
- * move to config.c. */
+ * output may be NULL). A ps resolves them with it when it starts (ps/sync.c),
+ * and `quorum launch` refuses a bad setup with it before it starts any
+ * process. */
 int qr_sync_check_config(const qr_config *cfg, int nworkers, int *R, int *init_tokens);
 
 /* One known key, for --help, docs and suggestions. */

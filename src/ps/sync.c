@@ -19,25 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int qr_sync_check_config(const qr_config *cfg, int nworkers, int *R, int *init_tokens) {
-    int r = (int)qr__config_int(cfg, "replicas-to-aggregate");
-    if (r == 0) r = nworkers;
-    if (r < 1 || nworkers < 1)
-        return qr__fail(QR_EINVAL, "sync: replicas-to-aggregate (%d) and the number of workers "
-                        "(%d) must be >= 1", r, nworkers);
-    /* N workers push N gradients, then wait for tokens: R - N more
-     * gradients are needed to finish step 0, so R - N tokens at least. */
-    int needed = QR_MAX(0, r - nworkers);
-    int64_t tokens = qr__config_int(cfg, "init-tokens");
-    int init = tokens < 0 ? needed : (int)tokens;
-    if (init < needed)
-        return qr__fail(QR_EINVAL, "too few tokens to finish the first step: %d (given) vs %d "
-                        "(needed)", init, needed);
-    if (R) *R = r;
-    if (init_tokens) *init_tokens = init;
-    return QR_OK;
-}
-
 int qr__sync_init(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     s->on = !strcmp(qr__config_str(ps->cfg, "mode"), "sync");
