@@ -35,9 +35,9 @@ static bool is_bool_flag(const char *k) {
 }
 
 static int set_cluster_flag(cli_args *a, const char *k, const char *v) {
-    if (!strcmp(k, "ps-hosts")) snprintf(a->ps_hosts, sizeof a->ps_hosts, "%s", v);
-    else if (!strcmp(k, "worker-hosts")) snprintf(a->worker_hosts, sizeof a->worker_hosts, "%s", v);
-    else if (!strcmp(k, "job-name")) snprintf(a->job_name, sizeof a->job_name, "%s", v);
+    if (!strcmp(k, "ps-hosts")) a->ps_hosts = v;
+    else if (!strcmp(k, "worker-hosts")) a->worker_hosts = v;
+    else if (!strcmp(k, "job-name")) a->job_name = v;
     else if (!strcmp(k, "task-index")) {
         int64_t i;
         if (qr__parse_int64(v, 0, 1 << 20, &i)) return QR_EINVAL;
@@ -256,6 +256,7 @@ static int check_slow_worker(const char *cmd, const cli_args *a, int nworkers) {
 
 int cli_parse(const char *cmd, int argc, char **argv, unsigned accept, cli_args *a) {
     memset(a, 0, sizeof *a);
+    a->ps_hosts = a->worker_hosts = a->job_name = "";
     a->task_index = 0;
     qr_train_opts_default(&a->train);
     if (qr_config_new(&a->cfg)) return 2;

@@ -14,9 +14,11 @@
 #include <stdio.h>
 
 typedef struct cli_args {
-    char ps_hosts[4096];
-    char worker_hosts[4096];
-    char job_name[16];
+    /* The cluster flags' values point into argv (never copied into a
+     * buffer of a fixed size: a host list may be any length). */
+    const char *ps_hosts;
+    const char *worker_hosts;
+    const char *job_name;
     int task_index;
     bool have_cluster_flags;
     qr_config *cfg;

@@ -3,18 +3,25 @@
  *
  * Gives every task an address (Unix sockets in a private temporary
  * directory, or free loopback TCP ports with --transport tcp), starts P ps
- * tasks and W workers as child
- * processes of this same binary (each a real `quorum ps` / `quorum
- * worker`, given the cluster by flags), and supervises them:
- *   - the run succeeds when the chief and every ps exit 0;
+ * tasks and W workers as child processes of this same binary (each a real
+ * `quorum ps` / `quorum worker`, given the cluster by flags), and
+ * supervises them:
  *   - when a ps or the chief fails, the others are stopped (SIGTERM, then
  *     SIGKILL after a grace period) and the failure is reported with its
  *     exit;
- *   - when another worker fails, it is reported and training goes on
- *     without it: the ps tier decides whether it can (async, or sync with
- *     backup workers), and says so if it cannot;
+ *   - when another worker fails, it is reported with what happens next:
+ *     in async mode, and in sync mode while backup workers (N - R) stand
+ *     in, training goes on without it; in sync mode past that, every step
+ *     waits for a restart of it (the launcher restarts nobody) until
+ *     sync-timeout-ms, and then the run aborts;
+ *   - once the chief and every ps have ended well, workers still running
+ *     get GRACE_MS to end, and are then stopped and reported;
  *   - Ctrl-C / SIGTERM to the launcher stops every child the same way;
  *   - children get PR_SET_PDEATHSIG, so a killed launcher leaves nothing.
+ * The exit status says how every task ended: 0 all ended well; 1 the run
+ * failed (a ps or the chief, or the launch itself); 3 training finished
+ * but some task did not end well (the last line names them); 130
+ * interrupted; 2 bad options.
  * Only the chief writes to stdout, so with --json its summary is the last
  * line of stdout.
  */
@@ -35,6 +42,9 @@
 
 #define GRACE_MS 5000
 
+/* Exit statuses of `quorum launch` (2 is a bad option, as everywhere). */
+enum { LAUNCH_OK = 0, LAUNCH_FAILED = 1, LAUNCH_TASKS_FAILED = 3, LAUNCH_INTERRUPTED = 130 };
+
 typedef struct child {
     pid_t pid;
     char name[32];
@@ -42,6 +52,15 @@ typedef struct child {
     bool reported;
     int status;
 } child;
+
+/* What the supervisor needs to know of the run. */
+typedef struct launch_plan {
+    int nps, nworkers;
+    bool tcp;
+    bool sync;
+    int replicas;            /* sync: R */
+    int64_t sync_timeout_ms;
+} launch_plan;
 
 static volatile sig_atomic_t interrupted;
 
@@ -64,31 +83,38 @@ static int free_port(void) {
     return port;
 }
 
-/* n addresses: "unix:DIR/JOBi.sock" when dir is set (no port can be taken
- * by another process between choosing and binding it), else free ports. */
-static int build_hosts(const char *dir, const char *job, int n, char *buf, size_t len) {
-    size_t off = 0;
-    buf[0] = 0;
-    for (int i = 0; i < n; i++) {
+/* n addresses, comma-separated, in a string of their own (free it):
+ * "unix:DIR/JOBi.sock" when dir is set (no port can be taken by another
+ * process between choosing and binding it), else free ports. NULL when
+ * no port or memory could be had. */
+static char *build_hosts(const char *dir, const char *job, int n) {
+    char *hosts = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&hosts, &len);
+    if (!f) return NULL;
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) {
         if (dir) {
-            off += (size_t)snprintf(buf + off, len - off, "%sunix:%s/%s%d.sock", i ? "," : "",
-                                    dir, job, i);
+            ok = fprintf(f, "%sunix:%s/%s%d.sock", i ? "," : "", dir, job, i) > 0;
         } else {
             int port = free_port();
-            if (port < 0) return -1;
-            off += (size_t)snprintf(buf + off, len - off, "%s127.0.0.1:%d", i ? "," : "", port);
+            ok = port >= 0 && fprintf(f, "%s127.0.0.1:%d", i ? "," : "", port) > 0;
         }
-        if (off >= len) return -1;
     }
-    return 0;
+    if (fclose(f) || !ok) {
+        free(hosts);
+        return NULL;
+    }
+    return hosts;
 }
 
 /* Remove the socket files a killed ps may have left, then the directory. */
 static void remove_socket_dir(const char *dir, int nps) {
-    char path[4200];
     for (int i = 0; i < nps; i++) {
-        snprintf(path, sizeof path, "%s/ps%d.sock", dir, i);
+        char *path = NULL;
+        if (asprintf(&path, "%s/ps%d.sock", dir, i) < 0) continue;
         unlink(path);
+        free(path);
     }
     rmdir(dir);
 }
@@ -103,6 +129,7 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
     char idx[16];
     snprintf(idx, sizeof idx, "%d", index);
     char **args = calloc((size_t)argc + 16, sizeof *args);
+    if (!args) _exit(127);
     int n = 0;
     args[n++] = (char *)self;
     args[n++] = (char *)job;
@@ -174,83 +201,181 @@ static void stop_all(child *kids, int n) {
     while (reap(kids, n)) sleep_ms(5);
 }
 
+/* "quorum launch: worker 2 (pid 123) exited with status 1; <what happens now>". */
+static void report_worker_lost(const child *c, const launch_plan *plan, int nlost) {
+    char why[160];
+    describe_exit(c, why, sizeof why);
+    int backups = plan->nworkers - plan->replicas;
+    if (!plan->sync || nlost <= backups) {
+        fprintf(stderr, "quorum launch: %s; training goes on without it\n", why);
+        return;
+    }
+    fprintf(stderr, "quorum launch: %s; with %d of %d workers left and %d gradients needed "
+            "per step (replicas-to-aggregate), every step now waits for a restart of it (the "
+            "launcher restarts no task) until sync-timeout-ms (%lld ms), and then the run "
+            "aborts with a report of the missing workers\n", why, plan->nworkers - nlost,
+            plan->nworkers, plan->replicas, (long long)plan->sync_timeout_ms);
+}
+
+/* Supervise the children until all have exited; returns the exit status. */
+static int supervise(child *kids, int n, const launch_plan *plan) {
+    int nlost = 0;
+    uint64_t run_ended_ms = 0; /* when the chief and every ps had ended well */
+    for (;;) {
+        int running = reap(kids, n);
+        uint64_t now_ms = qr__now_ns() / 1000000 + 1; /* never 0 */
+        if (interrupted && running) {
+            fprintf(stderr, "\nquorum launch: interrupted: stopping all tasks\n");
+            stop_all(kids, n);
+            return LAUNCH_INTERRUPTED;
+        }
+        bool essentials_done = true;
+        for (int i = 0; i < n; i++) {
+            child *c = &kids[i];
+            if (essential(c)) essentials_done &= c->exited && !failed(c);
+            if (!c->exited || !failed(c) || c->reported) continue;
+            c->reported = true;
+            if (!essential(c)) {
+                report_worker_lost(c, plan, ++nlost);
+                continue;
+            }
+            char why[160];
+            describe_exit(c, why, sizeof why);
+            fprintf(stderr, "quorum launch: %s: stopping the other tasks\n", why);
+            stop_all(kids, n);
+            return LAUNCH_FAILED;
+        }
+        if (!running) break;
+        if (essentials_done && !run_ended_ms) run_ended_ms = now_ms;
+        if (run_ended_ms && now_ms - run_ended_ms >= GRACE_MS) {
+            /* Training is over; a worker that has not ended by now would
+             * wait for nothing (the ps tasks are gone). */
+            for (int i = 0; i < n; i++)
+                if (!kids[i].exited) {
+                    kids[i].reported = true;
+                    fprintf(stderr, "quorum launch: %s (pid %d) was still running %d ms after "
+                            "the run ended: stopping it\n", kids[i].name, (int)kids[i].pid,
+                            GRACE_MS);
+                }
+            stop_all(kids, n);
+            break;
+        }
+        sleep_ms(20);
+    }
+    return LAUNCH_OK;
+}
+
+/* After a run whose chief and ps tasks ended well: 0 if every task did,
+ * else 3 and one line naming those that did not. */
+static int final_status(const child *kids, int n) {
+    char *names = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&names, &len);
+    int nbad = 0;
+    for (int i = 0; i < n; i++) {
+        if (!failed(&kids[i])) continue;
+        if (f) fprintf(f, "%s%s", nbad ? ", " : "", kids[i].name);
+        nbad++;
+    }
+    if (f) fclose(f);
+    if (nbad)
+        fprintf(stderr, "quorum launch: training finished, but %d of %d tasks did not end well: "
+                "%s\n", nbad, n, names ? names : "");
+    free(names);
+    return nbad ? LAUNCH_TASKS_FAILED : LAUNCH_OK;
+}
+
+/* Parse and check the options before any process starts. */
+static int read_plan(int argc, char **argv, launch_plan *plan) {
+    cli_args a;
+    int rc = cli_parse("launch", argc, argv, CLI_LAUNCH | CLI_CONFIG | CLI_TRAIN, &a);
+    if (!rc) {
+        plan->nps = a.launch_ps ? a.launch_ps : 1;
+        plan->nworkers = a.launch_workers ? a.launch_workers : 1;
+        plan->tcp = !strcmp(qr__config_str(a.cfg, "transport"), "tcp");
+        plan->sync = !strcmp(qr__config_str(a.cfg, "mode"), "sync");
+        plan->replicas = plan->nworkers;
+        plan->sync_timeout_ms = qr__config_int(a.cfg, "sync-timeout-ms");
+        if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {
+            fprintf(stderr, "quorum launch: %s\n", qr_last_error());
+            rc = 2;
+        }
+    }
+    cli_args_free(&a);
+    return rc;
+}
+
+/* argv without --ps and --workers: what every task is given. */
+static char **pass_through(int argc, char **argv, int *npass) {
+    char **pass = calloc((size_t)argc + 1, sizeof *pass);
+    *npass = 0;
+    for (int i = 0; pass && i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--ps") || !strcmp(s, "--workers")) {
+            i++;
+            continue;
+        }
+        if (!strncmp(s, "--ps=", 5) || !strncmp(s, "--workers=", 10)) continue;
+        pass[(*npass)++] = argv[i];
+    }
+    return pass;
+}
+
+/* The private directory of the tasks' Unix sockets (free it), or NULL
+ * with a message. */
+static char *make_socket_dir(void) {
+    const char *tmp = getenv("TMPDIR");
+    char *dir = NULL;
+    if (asprintf(&dir, "%s/quorum-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0) return NULL;
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "quorum launch: cannot create %s: %s\n", dir, strerror(errno));
+        free(dir);
+        return NULL;
+    }
+    return dir;
+}
+
 int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: quorum launch --ps P --workers W [training options] [options]\n\n"
                    "Start P ps tasks and W workers on this machine (Unix sockets in a private\n"
                    "temporary directory; loopback TCP with --transport tcp)\n"
-                   "and train. Every other option is passed to every task.\n\n"
+                   "and train. Every other option is passed to every task.\n"
+                   "Exit status: 0 every task ended well; 1 the run failed (a ps or the chief);\n"
+                   "3 training finished but some worker did not end well (named on the last\n"
+                   "line); 130 interrupted; 2 bad options.\n\n"
                    "training:\n");
             cli_print_train_help(stdout, CLI_TRAIN);
             printf("\noptions:\n");
             cli_print_config_help(stdout);
             return 0;
         }
-    /* Validate everything here, before any process starts. */
-    cli_args a;
-    int rc = cli_parse("launch", argc, argv, CLI_LAUNCH | CLI_CONFIG | CLI_TRAIN, &a);
-    if (rc) {
-        cli_args_free(&a);
-        return rc;
+    launch_plan plan = {0};
+    int rc = read_plan(argc, argv, &plan);
+    if (rc) return rc;
+    int npass = 0, n = plan.nps + plan.nworkers;
+    char **pass = pass_through(argc, argv, &npass);
+    char *dir = plan.tcp ? NULL : make_socket_dir();
+    char *self = realpath("/proc/self/exe", NULL);
+    char *ps_hosts = build_hosts(dir, "ps", plan.nps);
+    char *worker_hosts = build_hosts(dir, "worker", plan.nworkers);
+    child *kids = calloc((size_t)n, sizeof *kids);
+    if (!pass || (!plan.tcp && !dir) || !self || !ps_hosts || !worker_hosts || !kids) {
+        fprintf(stderr, "quorum launch: cannot set up the run (free loopback ports, this "
+                "program's path, a socket directory, or memory)\n");
+        rc = LAUNCH_FAILED;
+        goto done;
     }
-    int nps = a.launch_ps ? a.launch_ps : 1, nworkers = a.launch_workers ? a.launch_workers : 1;
-    bool tcp = !strcmp(qr__config_str(a.cfg, "transport"), "tcp");
-    if (!strcmp(qr__config_str(a.cfg, "mode"), "sync") &&
-        qr_sync_check_config(a.cfg, nworkers, NULL, NULL)) {
-        fprintf(stderr, "quorum launch: %s\n", qr_last_error());
-        cli_args_free(&a);
-        return 2;
-    }
-    cli_args_free(&a);
-
-    /* Pass everything but --ps/--workers through to the tasks. */
-    char **pass = calloc((size_t)argc + 1, sizeof *pass);
-    int npass = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *s = argv[i];
-        bool is_launch = !strcmp(s, "--ps") || !strcmp(s, "--workers");
-        if (is_launch) {
-            i++;
-            continue;
-        }
-        if (!strncmp(s, "--ps=", 5) || !strncmp(s, "--workers=", 10)) continue;
-        pass[npass++] = argv[i];
-    }
-
-    char ps_hosts[8192], worker_hosts[8192], self[4096], dir_buf[128];
-    const char *dir = NULL;
-    if (!tcp) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(dir_buf, sizeof dir_buf, "%s/quorum-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        dir = mkdtemp(dir_buf);
-        if (!dir) {
-            fprintf(stderr, "quorum launch: cannot create %s: %s\n", dir_buf, strerror(errno));
-            free(pass);
-            return 1;
-        }
-    }
-    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (len <= 0 || build_hosts(dir, "ps", nps, ps_hosts, sizeof ps_hosts) ||
-        build_hosts(dir, "worker", nworkers, worker_hosts, sizeof worker_hosts)) {
-        fprintf(stderr, "quorum launch: cannot find free loopback ports or this program's path\n");
-        if (dir) remove_socket_dir(dir, nps);
-        free(pass);
-        return 1;
-    }
-    self[len] = 0;
-    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers\n", nps, ps_hosts, nworkers);
-
+    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers\n", plan.nps, ps_hosts,
+            plan.nworkers);
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-
-    int n = nps + nworkers;
-    child *kids = calloc((size_t)n, sizeof *kids);
     for (int i = 0; i < n; i++) {
-        bool is_ps = i < nps;
-        int index = is_ps ? i : i - nps;
+        bool is_ps = i < plan.nps;
+        int index = is_ps ? i : i - plan.nps;
         snprintf(kids[i].name, sizeof kids[i].name, "%s %d", is_ps ? "ps" : "worker", index);
         kids[i].pid = spawn(self, is_ps ? "ps" : "worker", index, ps_hosts, worker_hosts,
                             npass, pass);
@@ -260,47 +385,15 @@ int cmd_launch(int argc, char **argv) {
             kids[i].status = 1 << 8;
         }
     }
-    free(pass);
-
-    int exit_code = 0;
-    while (reap(kids, n)) {
-        if (interrupted) {
-            fprintf(stderr, "\nquorum launch: interrupted: stopping all tasks\n");
-            stop_all(kids, n);
-            exit_code = 130;
-            break;
-        }
-        int bad = -1;
-        for (int i = 0; i < n && bad < 0; i++) {
-            if (!kids[i].exited || !failed(&kids[i])) continue;
-            if (essential(&kids[i])) {
-                bad = i;
-            } else if (!kids[i].reported) {
-                char why[160];
-                describe_exit(&kids[i], why, sizeof why);
-                fprintf(stderr, "quorum launch: %s; training goes on without it\n", why);
-                kids[i].reported = true;
-            }
-        }
-        if (bad >= 0) {
-            char why[160];
-            describe_exit(&kids[bad], why, sizeof why);
-            fprintf(stderr, "quorum launch: %s: stopping the other tasks\n", why);
-            stop_all(kids, n);
-            exit_code = 1;
-            break;
-        }
-        sleep_ms(20);
-    }
-    for (int i = 0; i < n && exit_code == 0; i++) {
-        if (failed(&kids[i]) && essential(&kids[i])) {
-            char why[160];
-            describe_exit(&kids[i], why, sizeof why);
-            fprintf(stderr, "quorum launch: %s\n", why);
-            exit_code = 1;
-        }
-    }
+    rc = supervise(kids, n, &plan);
+    if (rc == LAUNCH_OK) rc = final_status(kids, n);
+done:
+    if (dir) remove_socket_dir(dir, plan.nps);
     free(kids);
-    if (dir) remove_socket_dir(dir, nps);
-    return exit_code;
+    free(worker_hosts);
+    free(ps_hosts);
+    free(self);
+    free(dir);
+    free(pass);
+    return rc;
 }

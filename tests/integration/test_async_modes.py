@@ -71,7 +71,7 @@ steps = 12000
 p, victim = bounded_run_with_worker_1()
 os.kill(victim, 9)
 rc, out, err = p.wait(300)
-assert rc == 0, err[-3000:]
+assert rc == 3, err[-3000:]  # training finished; not every task ended well
 assert "worker 1 (pid %d) was killed by signal 9" % victim in err
 # Async: the chief stops at its first push that sees the limit reached;
 # the others may have pushed in the same moment.

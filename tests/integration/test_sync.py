@@ -110,7 +110,8 @@ elif case == "kill":
     assert victim, "worker 2 not found among %s" % children
     os.kill(victim, 9)
     rc, out, err = p.wait(600)
-    assert rc == 0, "launch exited %d after the kill:\n%s" % (rc, err[-3000:])
+    # Training finished, but not every task ended well: launch says so (3).
+    assert rc == 3, "launch exited %d after the kill:\n%s" % (rc, err[-3000:])
     s = last_json(out)
     assert s["global_step"] == steps, s
     assert "worker 2 (pid %d) was killed by signal 9" % victim in err, err[-2000:]

@@ -1,0 +1,115 @@
+"""test_launch_tasks.py - what `quorum launch` says about the tasks it
+started:
+  many        120 workers (their host list is over 5,000 bytes) all take
+              part: synchronous replicas with R = N = 120 make every step
+              wait for every one of them, and each is in every quorum
+  lost        a worker killed in an async run: training goes on, and the
+              exit status (3) and the last line name it
+  needed      a worker killed in a sync run with R = N: launch says the step
+              now waits for a restart until sync-timeout-ms, then the run
+              aborts (exit 1)
+  straggler   a worker still running after the run ended (SIGSTOPped) is
+              stopped within a bounded time and named (exit 3)
+Usage: test_launch_tasks.py QUORUM_BINARY CASE"""
+
+import os
+import signal
+import sys
+import time
+
+from qrtest import Proc, last_json
+
+quorum, case = sys.argv[1], sys.argv[2]
+
+
+def worker_pid(p, index):
+    """The pid of worker `index` among launch's children."""
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
+            try:
+                args = open("/proc/%s/cmdline" % pid).read().split("\0")
+            except OSError:
+                continue
+            if len(args) > 1 and args[1] == "worker" and \
+                    args[args.index("--task_index") + 1] == str(index):
+                return int(pid)
+        time.sleep(0.1)
+    raise AssertionError("worker %d not found" % index)
+
+
+if case == "many":
+    n, steps = 120, 3
+    t0 = time.time()
+    rc, out, err = Proc([quorum, "launch", "--ps", "1", "--workers", str(n), "--mode", "sync",
+                         "--model", "softmax", "--data", "digits", "--batch-size", "8",
+                         "--steps", str(steps), "--json", "--quiet"]).wait(400)
+    assert rc == 0, "launch of %d workers exited %d:\n%s" % (n, rc, err[-3000:])
+    hosts = [l for l in err.splitlines() if l.startswith("quorum launch: 1 ps")]
+    assert hosts and "and %d workers" % n in hosts[0], err[:2000]
+    s = last_json(out)
+    assert s["global_step"] == steps, s
+    in_quorum = s["sync"]["in_quorum"]
+    assert in_quorum == [steps] * n, in_quorum
+    print("PASS: %d workers, every one in each of the %d quorums (%.1f s)" %
+          (n, steps, time.time() - t0))
+
+elif case == "lost":
+    p = Proc([quorum, "launch", "--ps", "1", "--workers", "3", "--data", "digits",
+              "--steps", "6000", "--json", "--quiet"])
+    victim = worker_pid(p, 2)
+    time.sleep(1.0)
+    assert p.alive(), "the run ended before the kill"
+    os.kill(victim, signal.SIGKILL)
+    rc, out, err = p.wait(300)
+    assert rc == 3, "launch exited %d after a worker was killed:\n%s" % (rc, err[-3000:])
+    assert "worker 2 (pid %d) was killed by signal 9" % victim in err, err[-2000:]
+    assert "training goes on without it" in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last == "quorum launch: training finished, but 1 of 4 tasks did not end well: " \
+        "worker 2", last
+    assert last_json(out)["global_step"] >= 6000
+    # A run where nothing fails ends with 0.
+    rc, out, err = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--data", "digits",
+                         "--steps", "50", "--json", "--quiet"]).wait(120)
+    assert rc == 0, err[-2000:]
+    assert "did not end well" not in err
+    print("PASS: a lost worker makes the exit status 3 and is named")
+
+elif case == "needed":
+    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--mode", "sync",
+              "--data", "digits", "--steps", "100000", "--sync-timeout-ms", "2000",
+              "--json", "--quiet"])
+    victim = worker_pid(p, 1)
+    time.sleep(1.5)
+    assert p.alive(), "the run ended before the kill"
+    os.kill(victim, signal.SIGKILL)
+    rc, out, err = p.wait(120)
+    assert rc == 1, "launch exited %d:\n%s" % (rc, err[-3000:])
+    lost = [l for l in err.splitlines() if "worker 1 (pid %d) was killed" % victim in l]
+    assert lost, err[-3000:]
+    assert "training goes on without it" not in lost[0], lost[0]
+    assert "every step now waits for a restart of it" in lost[0], lost[0]
+    assert "sync-timeout-ms (2000 ms)" in lost[0], lost[0]
+    print("PASS: with R = N, launch says the step waits for the lost worker: " + lost[0])
+
+elif case == "straggler":
+    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--data", "digits",
+              "--steps", "3000", "--linger-ms", "500", "--json", "--quiet"])
+    sleeper = worker_pid(p, 1)
+    time.sleep(1.0)
+    assert p.alive(), "the run ended before the stop"
+    os.kill(sleeper, signal.SIGSTOP)
+    t0 = time.time()
+    rc, out, err = p.wait(120)
+    waited = time.time() - t0
+    assert rc == 3, "launch exited %d:\n%s" % (rc, err[-3000:])
+    assert "worker 1 (pid %d) was still running 5000 ms after the run ended: stopping it" \
+        % sleeper in err, err[-3000:]
+    assert err.strip().splitlines()[-1].endswith("did not end well: worker 1"), err[-500:]
+    assert not os.path.exists("/proc/%d" % sleeper) or \
+        open("/proc/%d/stat" % sleeper).read().split()[2] == "Z", "the straggler is left"
+    print("PASS: a worker still running after the run is stopped and named (%.1f s)" % waited)
+
+else:
+    sys.exit("unknown case " + case)
