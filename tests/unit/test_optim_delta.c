@@ -67,7 +67,7 @@ static void test_add_delta(void **state) {
     float w[N], delta[N], out[N], want[N];
     fill(w, N, 5);
     fill(delta, N, 6);
-    /* src/ps/server.c, apply_item: out[k] = w[k] + g[k]. */
+    /* The loop the ps ran before this kernel: out[k] = w[k] + g[k]. */
     for (int64_t k = 0; k < N; k++) want[k] = w[k] + delta[k];
     qr_optim_add_delta(out, w, delta, N);
     assert_same_bits(out, want, N);
@@ -87,7 +87,7 @@ static void test_add_delta_rows(void **state) {
     fill(rows, NIDX * DIM, 8);
     memcpy(want, var, sizeof var);
     const int64_t idx[NIDX] = {3, 49, 0, 3, 17, 3, 48}; /* row 3 three times */
-    /* src/ps/server.c, apply_item: value[idx[k] * dim + e] += rows[k * dim + e]. */
+    /* The loop the ps ran before this kernel. */
     for (int64_t k = 0; k < NIDX; k++)
         for (int64_t e = 0; e < DIM; e++) want[idx[k] * DIM + e] += rows[k * DIM + e];
     assert_int_equal(qr_optim_add_delta_rows(var, ROWS, DIM, idx, rows, NIDX), QR_OK);
