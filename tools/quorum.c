@@ -90,6 +90,30 @@ static int cmd_ps(int argc, char **argv) {
     return rc ? 1 : 0;
 }
 
+/* A worker stopped by SIGTERM says so before it goes: its training loop is
+ * not interrupted midway, and a silent death left the user guessing. The
+ * message is built before the handler is installed; the handler only
+ * writes it (async-signal-safe) and dies of the signal, so whoever waits
+ * for the process still sees what ended it. */
+static char worker_stop_msg[96];
+static size_t worker_stop_len;
+
+static void on_worker_sigterm(int sig) {
+    ssize_t unused = write(2, worker_stop_msg, worker_stop_len);
+    (void)unused;
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void say_when_terminated(int index) {
+    int n = snprintf(worker_stop_msg, sizeof worker_stop_msg,
+                     "quorum worker %d: stopped by SIGTERM\n", index);
+    worker_stop_len = n > 0 ? (size_t)n : 0;
+    struct sigaction sa = {0};
+    sa.sa_handler = on_worker_sigterm;
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static int cmd_worker(int argc, char **argv) {
     if (wants_help(argc, argv)) {
         printf("usage: quorum worker [cluster flags] [training options] [options]\n\n"
@@ -114,6 +138,7 @@ static int cmd_worker(int argc, char **argv) {
     char tag[32];
     snprintf(tag, sizeof tag, "worker %d", index);
     qr__log_set_tag(tag);
+    say_when_terminated(index);
     /* The chief shows the progress of the run and its summary. */
     cli_progress progress = {.tty = isatty(2)};
     if (index == 0 && !a.quiet) {

@@ -25,6 +25,13 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_ps *ps = p->ps;
     qr_msg_hello m;
     qr_msg_get_hello(r, &m);
+    /* One identity per connection: a second HELLO would count the peer
+     * twice among the live workers, and only once would it leave. */
+    if (p->role) {
+        qr__peer_reply_error(p, f, QR_EINVAL, "HELLO: this connection has said who it is "
+                             "already; connect again to speak for another task");
+        return;
+    }
     if (m.role == QR_ROLE_WORKER && !qr__is_worker(m.task_index, ps->cluster->nworkers)) {
         qr__peer_reply_error(p, f, QR_EINVAL, "HELLO: no such worker index");
         return;

@@ -152,6 +152,14 @@ try:
     # the ps crashed. Found by tests/fuzz/fuzz_ps.c.)
     expect_error(s, frame(HELLO, 16, struct.pack("<III", 1, 0x86000000, 0)), "EINVAL",
                  "no such worker index", "a HELLO from worker 2^31 + ...")
+    # One identity per connection: a second HELLO is refused. (It was
+    # counted as a second live worker, and only one left when the
+    # connection closed: the phantom held --max-staleness waits forever.)
+    h = connect(ps_port)
+    assert request(h, frame(HELLO, 17, struct.pack("<III", 1, 0, 0)))[2] == 0
+    expect_error(h, frame(HELLO, 18, struct.pack("<III", 1, 0, 0)), "EINVAL",
+                 "has said who it is already", "a second HELLO on one connection")
+    h.close()
     expect_error(s, frame(CREATE, 12, create_meta([(1, [2], -1.0, "x")]),
                           floats([1, float("nan")])),
                  "ENONFINITE", "NaN", "a CREATE with NaN values")

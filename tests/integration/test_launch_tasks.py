@@ -10,6 +10,7 @@ started:
               aborts (exit 1)
   straggler   a worker still running after the run ended (SIGSTOPped) is
               stopped within a bounded time and named (exit 3)
+  sigterm     a worker stopped by SIGTERM says so before it goes
 Usage: test_launch_tasks.py QUORUM_BINARY CASE"""
 
 import os
@@ -110,6 +111,19 @@ elif case == "straggler":
     assert not os.path.exists("/proc/%d" % sleeper) or \
         open("/proc/%d/stat" % sleeper).read().split()[2] == "Z", "the straggler is left"
     print("PASS: a worker still running after the run is stopped and named (%.1f s)" % waited)
+
+elif case == "sigterm":
+    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--data", "digits",
+              "--steps", "6000", "--json", "--quiet"])
+    victim = worker_pid(p, 1)
+    time.sleep(1.0)
+    assert p.alive(), "the run ended before the signal"
+    os.kill(victim, signal.SIGTERM)
+    rc, out, err = p.wait(300)
+    assert "quorum worker 1: stopped by SIGTERM" in err, err[-2000:]
+    assert "worker 1 (pid %d) was killed by signal 15" % victim in err, err[-2000:]
+    assert rc == 3, err[-2000:]
+    print("PASS: a worker stopped by SIGTERM says so")
 
 else:
     sys.exit("unknown case " + case)
