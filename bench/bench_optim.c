@@ -311,7 +311,10 @@ static int help(const char *prog) {
     return 0;
 }
 
-static int bad_usage(const char *prog) {
+/* A bad option: say which, then how to call. */
+static int bad_usage(const char *prog, const char *arg, const char *value) {
+    fprintf(stderr, "%s: %s%s%s: unknown option, missing value or bad value\n", prog, arg,
+            value ? " " : "", value ? value : "");
     usage(stderr, prog);
     return 2;
 }
@@ -347,15 +350,15 @@ int qr_bench_optim_main(int argc, char **argv) {
             for (char *p = argv[++i]; *p && o.nthreads < 8;) {
                 char *end;
                 long t = strtol(p, &end, 10);
-                if (end == p || t < 1 || t > 64) return bad_usage(argv[0]);
+                if (end == p || t < 1 || t > 64) return bad_usage(argv[0], a, v);
                 o.threads[o.nthreads++] = (int)t;
                 p = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') return bad_usage(argv[0]);
+                if (*end && *end != ',') return bad_usage(argv[0], a, v);
             }
         } else if (v && !strcmp(a, "--optim")) {
             o.optims = argv[++i];
         } else {
-            return bad_usage(argv[0]);
+            return bad_usage(argv[0], a, NULL);
         }
     }
     if (o.quick) {

@@ -196,7 +196,10 @@ static int cmd_bench(int argc, char **argv) {
         return argc < 1 ? 2 : 0;
     }
     if (!strcmp(argv[0], "wire")) return qr_bench_wire_main(argc, argv);
-    if (!strcmp(argv[0], "optim")) return qr_bench_optim_main(argc, argv);
+    if (!strcmp(argv[0], "optim")) {
+        argv[0] = "quorum bench optim"; /* its usage line names the program */
+        return qr_bench_optim_main(argc, argv);
+    }
     fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire or optim)\n", argv[0]);
     return 2;
 }
