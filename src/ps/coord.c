@@ -46,6 +46,7 @@ struct coord_link {
     int attempts;
     uint32_t next_id;
     int64_t apply_step;  /* step to apply there; -1 = none */
+    uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
     bool apply_sent;
     bool stop_wanted, stop_sent;
 };
@@ -190,6 +191,7 @@ static void link_connect(coord_link *l) {
     l->connecting = true;
     bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
     if (qr_connect(&ps->loop, &l->addr, prefer_unix, &ps->conn_opt, &link_events, l, &l->conn)) {
+        if (!l->down_ns) l->down_ns = qr__now_ns();
         l->connecting = false;
         l->conn = NULL;
         uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
@@ -204,6 +206,7 @@ static void on_link_connected(qr_conn *c, int status) {
     if (status) return; /* `lost` follows */
     l->up = true;
     l->attempts = 0;
+    l->down_ns = 0;
     qr_wbuf meta = {0};
     qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = 1});
     link_send(l, QR_MSG_HELLO, &meta);
@@ -215,6 +218,7 @@ static void on_link_lost(qr_conn *c, int status) {
     coord_link *l = qr_conn_data(c);
     l->conn = NULL;
     l->up = l->connecting = false;
+    if (!l->down_ns) l->down_ns = qr__now_ns();
     if (l->closing || l->stop_sent) {
         /* Closed by us, or gone after the stop: this link is done. */
         l->closing = true;
@@ -370,6 +374,15 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
     else
         ADD("step %lld has waited %.1f s with %d of %d gradients", (long long)ps->global_step,
             (double)(now - s->step_started_ns) / 1e9, s->nquorum, s->R);
+    /* A ps that is gone stalls every step: the workers cannot push to it,
+     * and no step can be applied without it. Say so before the workers
+     * it holds up. */
+    for (int i = 0; i < ps->cluster->nps - 1; i++) {
+        const coord_link *l = &s->links[i];
+        if (l->down_ns)
+            ADD("; ps %d is unreachable (for %.1f s): no step can be applied without it", l->index,
+                (double)(now - l->down_ns) / 1e9);
+    }
     ADD("; missing:");
     int missing = 0;
     for (int w = 0; w < s->N; w++) {

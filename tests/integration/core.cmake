@@ -19,7 +19,7 @@ qr_integration_test(integration_optimizers_digits test_optimizers.py digits)
 # sanitizers, which skip tests labelled slow (scripts/test.sh --sanitize).
 qr_integration_test(integration_optimizers_fashion test_optimizers.py fashion-mnist)
 set_tests_properties(integration_optimizers_fashion PROPERTIES LABELS slow)
-foreach(case determinism digits fashion slow kill)
+foreach(case determinism digits fashion slow kill ps_lost)
   qr_integration_test(integration_sync_${case} test_sync.py ${case})
 endforeach()
 qr_integration_test(integration_async_modes test_async_modes.py)

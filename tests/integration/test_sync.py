@@ -7,10 +7,15 @@ Usage: test_sync.py QUORUM_BINARY CASE, CASE one of:
   slow         one slowed worker of N = R + 1 is left out of the quorum: the
                fastest R workers make the steps (the summary shows it)
   kill         a SIGKILLed worker of N = R + 1 does not stop training; every
-               process exits cleanly"""
+               process exits cleanly
+  ps_lost      a SIGKILLed ps 1 (tasks started one by one, no launcher): ps 0's
+               stall report names the lost ps, and the run ends at
+               sync-timeout-ms instead of waiting forever"""
 
 import os
+import signal
 import sys
+import tempfile
 import time
 
 from qrtest import Proc, last_json
@@ -122,5 +127,29 @@ elif case == "kill":
             open("/proc/%d/stat" % pid).read().split()[2] == "Z", "pid %d left running" % pid
     print("PASS: killed worker 2 at step < %d; training finished all %d steps; quorum %s" % (
         steps, steps, s["sync"]["in_quorum"]))
+elif case == "ps_lost":
+    d = tempfile.mkdtemp(prefix="quorum-test-")
+    cluster = ["--ps_hosts", "unix:%s/ps0.sock,unix:%s/ps1.sock" % (d, d),
+               "--worker_hosts", "unix:%s/w0.sock,unix:%s/w1.sock" % (d, d)]
+    opts = ["--mode", "sync", "--stall-report-ms", "500", "--sync-timeout-ms", "4000",
+            "--timeout-ms", "3000", "--data", "digits", "--steps", "100000"]
+    tasks = [Proc([quorum, job] + cluster + ["--job_name", job, "--task_index", str(i)] + opts)
+             for job, i in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1))]
+    ps0, ps1 = tasks[0], tasks[1]
+    time.sleep(2.0)
+    assert all(t.alive() for t in tasks), "a task ended before the kill"
+    os.kill(ps1.p.pid, signal.SIGKILL)
+    rc, _, err = ps0.wait(60)
+    reports = [l for l in err.splitlines() if "stalled:" in l or "no progress" in l]
+    assert reports, "ps 0 reported no stall:\n" + err[-3000:]
+    assert all("ps 1 is unreachable" in l for l in reports), reports
+    assert rc != 0, "ps 0 exited 0 after a sync timeout"
+    for t in tasks[2:]:
+        t.wait(60)
+    for f in os.listdir(d):
+        os.unlink(os.path.join(d, f))
+    os.rmdir(d)
+    print("PASS: ps 0 named the lost ps: " + reports[-1][:300])
+
 else:
     sys.exit("unknown case " + case)
