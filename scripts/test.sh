@@ -2,6 +2,7 @@
 # test.sh - set up, build and run every test (unit and multi-process
 # integration tests). With --sanitize, builds into build-asan with
 # AddressSanitizer and UndefinedBehaviorSanitizer and runs the tests there.
+# Makes the Python environment .venv the torch test needs, once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--sanitize" ]; then
@@ -17,5 +18,20 @@ else
     scripts/setup.sh
     ctest_args=()
 fi
+# The Python environment of the tests that need more than Debian's numpy
+# (tests/unit/optim.cmake runs them with it):
+# torch 2.x CPU (Debian's python3-torch is 1.13) for the optimizer reference
+# test. pip takes torch 2.13.0 from the wheel this machine kind keeps on
+# disk; an unpinned torch would download a multi-GB CUDA build.
+venv=.venv
+if ! "$venv/bin/python" -c 'import numpy, torch' 2>/dev/null; then
+    echo "setup: creating the Python environment $venv (torch 2.13.0 CPU, numpy)"
+    /usr/bin/python3 -m venv "$venv"
+    if ! "$venv/bin/pip" install -q torch==2.13.0 numpy > "$venv/pip.log" 2>&1; then
+        cat "$venv/pip.log" >&2
+        exit 1
+    fi
+fi
+
 cd "$QR_BUILD_DIR"
 ctest --output-on-failure --timeout 900 -j1 "${ctest_args[@]}"

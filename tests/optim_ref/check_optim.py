@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """check_optim.py - quorum's optimizers against independent references.
 
 For each case below, this script draws a random variable and >= 100 steps
@@ -6,7 +6,8 @@ of random gradients (dense, sparse with duplicate indices, or a mix) from a
 fixed seed with numpy, has the C driver (tests/unit/test_optim_ref_driver.c)
 run them through libquorum, and recomputes the same steps:
 
-  * with PyTorch's torch.optim (Debian python3-torch) where PyTorch has the
+  * with PyTorch's torch.optim (torch 2.x CPU, in the environment
+    scripts/test.sh makes: .venv) where PyTorch has the
     same algorithm: SGD, momentum and Nesterov (torch.optim.SGD; TF and
     torch place lr differently, which is the same while lr is constant, so
     these cases keep lr constant), Adagrad (torch.optim.Adagrad with eps=0:
@@ -294,6 +295,8 @@ def formula_run(case, var0, steps):
 def torch_run(case, var0, steps):
     import torch
     torch.set_num_threads(1)
+    # Checked sparse gradients (torch warns when the checks are left implicit).
+    torch.sparse.check_sparse_tensor_invariants.enable()
     name = case["options"]["optimizer"]
     hp = hyper(case)
     p = torch.nn.Parameter(torch.tensor(var0.copy()))

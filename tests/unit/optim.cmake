@@ -9,7 +9,7 @@ qr_unit_test(test_optim_delta ${CMAKE_CURRENT_LIST_DIR}/test_optim_delta.c)
 add_executable(test_optim_ref_driver ${CMAKE_CURRENT_LIST_DIR}/test_optim_ref_driver.c)
 target_link_libraries(test_optim_ref_driver PRIVATE quorum_static)
 add_test(NAME test_optim_ref
-         COMMAND ${QR_PYTHON} ${PROJECT_SOURCE_DIR}/tests/optim_ref/check_optim.py
+         COMMAND ${QR_VENV_PYTHON} ${PROJECT_SOURCE_DIR}/tests/optim_ref/check_optim.py
                  --driver $<TARGET_FILE:test_optim_ref_driver>)
 set_tests_properties(test_optim_ref PROPERTIES TIMEOUT 300)
 
