@@ -210,11 +210,14 @@ static void report_worker_lost(const child *c, const launch_plan *plan, int nlos
         fprintf(stderr, "quorum launch: %s; training goes on without it\n", why);
         return;
     }
-    fprintf(stderr, "quorum launch: %s; with %d of %d workers left and %d gradients needed "
-            "per step (replicas-to-aggregate), every step now waits for a restart of it (the "
-            "launcher restarts no task) until sync-timeout-ms (%lld ms), and then the run "
-            "aborts with a report of the missing workers\n", why, plan->nworkers - nlost,
-            plan->nworkers, plan->replicas, (long long)plan->sync_timeout_ms);
+    /* Tokens are not tied to workers: the others may take up its share of
+     * the steps for a while, so say what can happen, not what will. */
+    fprintf(stderr, "quorum launch: %s; a step needs %d gradients (replicas-to-aggregate) and "
+            "%d of %d workers are left: steps go on only while the others take up its tokens, "
+            "and a step that waits for it waits up to sync-timeout-ms (%lld ms) for a restart "
+            "(the launcher restarts no task), then the run aborts with a report of the missing "
+            "workers\n", why, plan->replicas, plan->nworkers - nlost, plan->nworkers,
+            (long long)plan->sync_timeout_ms);
 }
 
 /* Supervise the children until all have exited; returns the exit status. */
@@ -367,6 +370,16 @@ int cmd_launch(int argc, char **argv) {
         rc = LAUNCH_FAILED;
         goto done;
     }
+    /* The tasks would each refuse a bad address (a socket path too long
+     * for a long TMPDIR, say): refuse it once, here, with the way out. */
+    qr_cluster *check = NULL;
+    if (qr_cluster_from_flags(&check, ps_hosts, worker_hosts, "ps", 0)) {
+        fprintf(stderr, "quorum launch: %s%s\n", qr_last_error(),
+                plan.tcp ? "" : " (use a shorter TMPDIR, or --transport tcp)");
+        rc = LAUNCH_FAILED;
+        goto done;
+    }
+    qr_cluster_free(check);
     fprintf(stderr, "quorum launch: %d ps (%s) and %d workers\n", plan.nps, ps_hosts,
             plan.nworkers);
     struct sigaction sa = {0};
