@@ -386,6 +386,14 @@ int cmd_launch(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    /* If this launcher is killed outright it cleans up nothing: its ps
+     * tasks then remove the socket directory (cli_leave_launch_dir). */
+    if (dir) {
+        char pid[24];
+        snprintf(pid, sizeof pid, "%d", (int)getpid());
+        setenv("QUORUM_LAUNCH_DIR", dir, 1);
+        setenv("QUORUM_LAUNCH_PID", pid, 1);
+    }
     for (int i = 0; i < n; i++) {
         bool is_ps = i < plan.nps;
         int index = is_ps ? i : i - plan.nps;
@@ -409,4 +417,12 @@ done:
     free(dir);
     free(pass);
     return rc;
+}
+
+void cli_leave_launch_dir(void) {
+    const char *dir = getenv("QUORUM_LAUNCH_DIR"), *pid = getenv("QUORUM_LAUNCH_PID");
+    /* Only when the launcher is gone: while it lives, the directory is its
+     * to remove, and another ps may not have bound its socket yet. rmdir
+     * removes it only once empty, so the last ps task to end does it. */
+    if (dir && pid && getppid() != (pid_t)atoi(pid)) rmdir(dir);
 }

@@ -83,8 +83,9 @@ static int cmd_ps(int argc, char **argv) {
         rc = qr_ps_run(ps);
         running_ps = NULL;
         if (rc) fprintf(stderr, "quorum ps: %s\n", qr_last_error());
-        qr_ps_free(ps);
+        qr_ps_free(ps); /* closes the listener: its socket file is gone */
     }
+    cli_leave_launch_dir();
     qr_cluster_free(cluster);
     cli_args_free(&a);
     return rc ? 1 : 0;

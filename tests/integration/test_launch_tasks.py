@@ -10,6 +10,8 @@ started:
               waits up to sync-timeout-ms for a restart, then the run aborts
   straggler   a worker still running after the run ended (SIGSTOPped) is
               stopped within a bounded time and named (exit 3)
+  orphaned    a launcher killed outright leaves no task and no socket
+              directory behind
   sigterm     a worker stopped by SIGTERM says so before it goes
   hosts       a host list over 4 KiB reaches quorum ps and worker whole (its
               301st address is refused by name); a TMPDIR too long for
@@ -19,6 +21,7 @@ Usage: test_launch_tasks.py QUORUM_BINARY CASE"""
 import os
 import signal
 import sys
+import tempfile
 import time
 
 from qrtest import Proc, last_json
@@ -147,6 +150,34 @@ elif case == "hosts":
     finally:
         os.rmdir(tmp)
     print("PASS: host lists over 4 KiB are read whole; a long TMPDIR is refused once")
+
+elif case == "orphaned":
+    # A launcher killed outright: its tasks stop (they get SIGTERM when it
+    # dies) and leave nothing behind, not even the socket directory.
+    tmp = tempfile.mkdtemp(prefix="quorum-test-")
+    p = Proc([quorum, "launch", "--ps", "2", "--workers", "2", "--data", "digits",
+              "--steps", "100000", "--quiet"], env=dict(os.environ, TMPDIR=tmp))
+    worker_pid(p, 1)
+    time.sleep(1.0)
+    children = [int(x) for x in
+                open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split()]
+    assert len(children) == 4 and os.listdir(tmp), (children, os.listdir(tmp))
+    os.kill(p.p.pid, signal.SIGKILL)
+    p.wait(30)
+    deadline = time.time() + 30
+    while time.time() < deadline and (os.listdir(tmp) or any(
+            os.path.exists("/proc/%d" % c) and
+            open("/proc/%d/stat" % c).read().split()[2] != "Z" for c in children)):
+        time.sleep(0.2)
+    left = os.listdir(tmp)
+    running = [c for c in children if os.path.exists("/proc/%d" % c) and
+               open("/proc/%d/stat" % c).read().split()[2] != "Z"]
+    for c in running:
+        os.kill(c, signal.SIGKILL)
+    os.rmdir(tmp) if not left else None
+    assert not running, "tasks left running: %s" % running
+    assert not left, "left behind in TMPDIR: %s" % left
+    print("PASS: a killed launcher leaves no task and no directory behind")
 
 elif case == "sigterm":
     p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--data", "digits",
