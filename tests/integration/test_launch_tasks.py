@@ -45,6 +45,18 @@ def worker_pid(p, index):
     raise AssertionError("worker %d not found" % index)
 
 
+def signal_worker_mid_run(args, index, sig, env=None):
+    """Start `quorum launch ARGS`, and a second into the run send worker
+    `index` the signal; return (the launcher, the worker's pid)."""
+    p = Proc([quorum, "launch"] + args, env=env)
+    pid = worker_pid(p, index)
+    time.sleep(1.0)
+    assert p.alive(), "the run ended before the signal"
+    if sig:
+        os.kill(pid, sig)
+    return p, pid
+
+
 if case == "many":
     n, steps = 120, 3
     t0 = time.time()
@@ -62,12 +74,9 @@ if case == "many":
           (n, steps, time.time() - t0))
 
 elif case == "lost":
-    p = Proc([quorum, "launch", "--ps", "1", "--workers", "3", "--data", "digits",
-              "--steps", "6000", "--json", "--quiet"])
-    victim = worker_pid(p, 2)
-    time.sleep(1.0)
-    assert p.alive(), "the run ended before the kill"
-    os.kill(victim, signal.SIGKILL)
+    p, victim = signal_worker_mid_run(["--ps", "1", "--workers", "3", "--data", "digits",
+                                       "--steps", "6000", "--json", "--quiet"], 2,
+                                      signal.SIGKILL)
     rc, out, err = p.wait(300)
     assert rc == 3, "launch exited %d after a worker was killed:\n%s" % (rc, err[-3000:])
     assert "worker 2 (pid %d) was killed by signal 9" % victim in err, err[-2000:]
@@ -87,13 +96,10 @@ elif case == "needed":
     # Tokens are not tied to workers: the survivor may take up the lost
     # one's share and finish, or a step waits and the run aborts. Either
     # way launch must not promise that training goes on.
-    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--mode", "sync",
-              "--data", "digits", "--steps", "6000", "--sync-timeout-ms", "2000",
-              "--json", "--quiet"])
-    victim = worker_pid(p, 1)
-    time.sleep(1.0)
-    assert p.alive(), "the run ended before the kill"
-    os.kill(victim, signal.SIGKILL)
+    p, victim = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--mode", "sync",
+                                       "--data", "digits", "--steps", "6000",
+                                       "--sync-timeout-ms", "2000", "--json", "--quiet"], 1,
+                                      signal.SIGKILL)
     rc, out, err = p.wait(120)
     assert rc in (1, 3), "launch exited %d:\n%s" % (rc, err[-3000:])
     lost = [l for l in err.splitlines() if "worker 1 (pid %d) was killed" % victim in l]
@@ -104,12 +110,9 @@ elif case == "needed":
     print("PASS: with R = N, launch says the step waits for the lost worker: " + lost[0])
 
 elif case == "straggler":
-    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--data", "digits",
-              "--steps", "3000", "--linger-ms", "500", "--json", "--quiet"])
-    sleeper = worker_pid(p, 1)
-    time.sleep(1.0)
-    assert p.alive(), "the run ended before the stop"
-    os.kill(sleeper, signal.SIGSTOP)
+    p, sleeper = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
+                                        "--steps", "3000", "--linger-ms", "500", "--json",
+                                        "--quiet"], 1, signal.SIGSTOP)
     t0 = time.time()
     rc, out, err = p.wait(120)
     waited = time.time() - t0
@@ -155,10 +158,9 @@ elif case == "orphaned":
     # A launcher killed outright: its tasks stop (they get SIGTERM when it
     # dies) and leave nothing behind, not even the socket directory.
     tmp = tempfile.mkdtemp(prefix="quorum-test-")
-    p = Proc([quorum, "launch", "--ps", "2", "--workers", "2", "--data", "digits",
-              "--steps", "100000", "--quiet"], env=dict(os.environ, TMPDIR=tmp))
-    worker_pid(p, 1)
-    time.sleep(1.0)
+    p, _ = signal_worker_mid_run(["--ps", "2", "--workers", "2", "--data", "digits",
+                                  "--steps", "100000", "--quiet"], 1, None,
+                                 env=dict(os.environ, TMPDIR=tmp))
     children = [int(x) for x in
                 open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split()]
     assert len(children) == 4 and os.listdir(tmp), (children, os.listdir(tmp))
@@ -180,12 +182,9 @@ elif case == "orphaned":
     print("PASS: a killed launcher leaves no task and no directory behind")
 
 elif case == "sigterm":
-    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--data", "digits",
-              "--steps", "6000", "--json", "--quiet"])
-    victim = worker_pid(p, 1)
-    time.sleep(1.0)
-    assert p.alive(), "the run ended before the signal"
-    os.kill(victim, signal.SIGTERM)
+    p, victim = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
+                                       "--steps", "6000", "--json", "--quiet"], 1,
+                                      signal.SIGTERM)
     rc, out, err = p.wait(300)
     assert "quorum worker 1: stopped by SIGTERM" in err, err[-2000:]
     assert "worker 1 (pid %d) was killed by signal 15" % victim in err, err[-2000:]
