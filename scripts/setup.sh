@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libuv1-dev libcjson-dev libopenblas-dev
           libmicrohttpd-dev libsodium-dev libcmocka-dev zlib1g-dev
-          dataset-fashion-mnist liblinear-tools
+          dataset-fashion-mnist liblinear-tools prometheus gnuplot-nox
           python3 python3-numpy python3-venv ${QR_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do

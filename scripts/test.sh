@@ -21,13 +21,13 @@ fi
 # The Python environment of the tests that need more than Debian's numpy
 # (tests/unit/optim.cmake runs them with it):
 # torch 2.x CPU (Debian's python3-torch is 1.13) for the optimizer reference
-# test. pip takes torch 2.13.0 from the wheel this machine kind keeps on
+# test; safetensors and tensorboard read checkpoints and event files back. pip takes torch 2.13.0 from the wheel this machine kind keeps on
 # disk; an unpinned torch would download a multi-GB CUDA build.
 venv=.venv
-if ! "$venv/bin/python" -c 'import numpy, torch' 2>/dev/null; then
-    echo "setup: creating the Python environment $venv (torch 2.13.0 CPU, numpy)"
+if ! "$venv/bin/python" -c 'import numpy, torch, safetensors, tensorboard' 2>/dev/null; then
+    echo "setup: creating the Python environment $venv (torch 2.13.0 CPU, numpy, safetensors, tensorboard)"
     /usr/bin/python3 -m venv "$venv"
-    if ! "$venv/bin/pip" install -q torch==2.13.0 numpy > "$venv/pip.log" 2>&1; then
+    if ! "$venv/bin/pip" install -q torch==2.13.0 numpy safetensors tensorboard > "$venv/pip.log" 2>&1; then
         cat "$venv/pip.log" >&2
         exit 1
     fi
