@@ -21,7 +21,8 @@ fi
 # The Python environment of the tests that need more than Debian's numpy
 # (tests/unit/optim.cmake runs them with it):
 # torch 2.x CPU (Debian's python3-torch is 1.13) for the optimizer reference
-# test; safetensors and tensorboard read checkpoints and event files back. pip takes torch 2.13.0 from the wheel this machine kind keeps on
+# test; safetensors and tensorboard read checkpoints and event files back.
+# pip takes torch 2.13.0 from the wheel this machine kind keeps on
 # disk; an unpinned torch would download a multi-GB CUDA build.
 venv=.venv
 if ! "$venv/bin/python" -c 'import numpy, torch, safetensors, tensorboard' 2>/dev/null; then
