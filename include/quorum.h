@@ -249,6 +249,14 @@ QR_API int qr_worker_local_step(const qr_worker *w, int64_t *step);
  * that the ps tasks stop by themselves when training is over even if the
  * chief is gone. */
 QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
+/* Where this worker is in its data stream (batches consumed, an offset:
+ * any number the caller can resume from). It rides on every push, and a
+ * checkpoint records each worker's position after its last push that the
+ * checkpoint holds. After qr_worker_initialize, qr_worker_data_position
+ * gives the position restored from the checkpoint the cluster resumed
+ * from (0 when it started fresh), so the data stream goes on where it was. */
+QR_API int qr_worker_set_data_position(qr_worker *w, uint64_t position);
+QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
 /* The cluster's training statistics as one JSON object, written to buf:
  * "staleness", the histogram of async push staleness summed over the ps
  * tasks (buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+);

@@ -75,6 +75,15 @@ static const key_spec keys[] = {
      "keep exponential moving averages of the variables on the ps (0: off)"},
     {"moving-average-vars", ANY, KEY_STRING, "", 0, 0, 0, NULL,
      "comma-separated names of the variables to average (default: all)"},
+    /* checkpoints (ps tasks; docs/CHECKPOINTS.md) */
+    {"checkpoint-dir", ANY, KEY_STRING, "", 0, 0, 0, NULL,
+     "ps: write checkpoints here, and restore the newest complete one at start (\"\": off)"},
+    {"checkpoint-secs", ANY, KEY_INT, "600", 0, 1ll << 31, 0, NULL,
+     "ps: take a checkpoint every this many seconds (0: not by time)"},
+    {"checkpoint-steps", ANY, KEY_INT, "0", 0, 1ll << 40, 0, NULL,
+     "ps: take a checkpoint every this many global steps (0: not by steps)"},
+    {"keep-checkpoints", ANY, KEY_INT, "5", 1, 1 << 20, 0, NULL,
+     "ps: complete checkpoints kept; older ones are deleted once a newer one is complete"},
     /* optimizer */
     {"optimizer", ANY, KEY_ENUM, "sgd", 0, 0, 0,
      "sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl", "optimizer applied on the ps"},

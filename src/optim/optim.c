@@ -146,6 +146,25 @@ void qr_optim_slots_free(qr_optim_slots *s) {
     free(s);
 }
 
+int qr_optim_slots_clone(const qr_optim_slots *s, qr_optim_slots **out) {
+    *out = NULL;
+    qr_optim_slots *c = qr__calloc(1, sizeof *c);
+    if (!c) return QR_ENOMEM;
+    *c = *s;
+    for (int j = 0; j < s->nslots; j++) {
+        size_t bytes = (size_t)s->len[j] * sizeof(float);
+        c->data[j] = qr__aligned_alloc_uninit(bytes);
+        if (!c->data[j]) {
+            for (int k = j; k < s->nslots; k++) c->data[k] = NULL;
+            qr_optim_slots_free(c);
+            return QR_ENOMEM;
+        }
+        memcpy(c->data[j], s->data[j], bytes);
+    }
+    *out = c;
+    return QR_OK;
+}
+
 int qr_optim_slots_count(const qr_optim_slots *s) {
     return s ? s->nslots : 0;
 }

@@ -71,6 +71,9 @@ float qr_optim_decayed_lr(float lr, int64_t step, double rate, int64_t steps, bo
 int qr_optim_slots_create(const qr_optim *opt, int64_t rows, int64_t dim,
                           qr_optim_slots **out);
 void qr_optim_slots_free(qr_optim_slots *s);
+/* A copy of s with its own storage (a checkpoint keeps the original while
+ * applies go on in the copy). */
+int qr_optim_slots_clone(const qr_optim_slots *s, qr_optim_slots **out);
 
 /* Slot inspection, for checkpoints: slots 0..count-1 in a fixed order; the
  * per-row slots first, then the per-variable scalar slots. name is TF's

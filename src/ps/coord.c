@@ -49,6 +49,8 @@ struct coord_link {
     uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
     bool apply_sent;
     bool stop_wanted, stop_sent;
+    bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
+    qr_msg_ckpt ckpt;
 };
 
 static const qr_conn_events link_events;
@@ -166,6 +168,13 @@ static void link_flush(coord_link *l) {
         if (!l->connecting && !uv_is_active((uv_handle_t *)&l->retry)) link_connect(l);
         return;
     }
+    if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
+        qr_wbuf meta = {0};
+        qr_msg_put_ckpt(&meta, &l->ckpt);
+        link_send(l, QR_MSG_CKPT, &meta);
+        qr_wbuf_free(&meta);
+        l->ckpt_wanted = false;
+    }
     if (l->apply_step >= 0 && !l->apply_sent) {
         qr_wbuf meta = {0};
         qr_msg_put_apply_head(&meta, l->apply_step, (uint32_t)ps->sync.nquorum);
@@ -219,6 +228,8 @@ static void on_link_lost(qr_conn *c, int status) {
     l->conn = NULL;
     l->up = l->connecting = false;
     if (!l->down_ns) l->down_ns = qr__now_ns();
+    l->ckpt_wanted = false;
+    qr__ckpt_link_lost(l->ps, l->index); /* a shard it was writing is lost to us */
     if (l->closing || l->stop_sent) {
         /* Closed by us, or gone after the stop: this link is done. */
         l->closing = true;
@@ -256,6 +267,8 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         l->apply_step = -1;
         l->apply_sent = false;
         complete_apply_part(ps);
+    } else if (type == QR_MSG_CKPT) {
+        qr__ckpt_link_reply(ps, l->index, f, meta);
     } else if (type == QR_MSG_STOP) {
         l->closing = true;
         qr_conn_close(c);
@@ -308,7 +321,10 @@ static void complete_step(qr_ps *ps) {
     s->steps_done++;
     s->wait_ns_total += wait_ns;
     s->wait_ns_max = QR_MAX(s->wait_ns_max, wait_ns);
-    for (int i = 0; i < s->nquorum; i++) s->in_quorum[s->quorum[i].worker]++;
+    for (int i = 0; i < s->nquorum; i++) {
+        s->in_quorum[s->quorum[i].worker]++;
+        qr__ckpt_data_pos(ps, s->quorum[i].worker, s->quorum[i].data_pos);
+    }
     write_step_stats(ps, step, wait_ns, s->stale_commits - s->stale_at_step_start);
     if (qr__log_enabled(QR_LOG_DEBUG)) {
         char who[256] = "";
@@ -331,6 +347,7 @@ static void complete_step(qr_ps *ps) {
             return;
         }
     serve_waiters(s);
+    qr__ckpt_step_done(ps);
 }
 
 static void complete_apply_part(qr_ps *ps) {
@@ -540,6 +557,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     if (local_step < ps->global_step || s->applying) {
+        qr__ckpt_data_pos(ps, worker, m.data_pos); /* its batch is spent all the same */
         s->stale_commits++;
         s->stale_by_worker[worker]++;
         snprintf(msg, sizeof msg, "dropped: stale: worker %u's gradient of step %lld came after "
@@ -554,7 +572,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
             qr__peer_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
             return;
         }
-    s->quorum[s->nquorum++] = (quorum_member){worker, seq};
+    s->quorum[s->nquorum++] = (quorum_member){worker, seq, m.data_pos};
     s->last_grad_ns = qr__now_ns();
     qr__peer_reply_step(p, f, ps->global_step);
     serve_waiters(s);
@@ -662,4 +680,11 @@ void qr__coord_stop(qr_ps *ps) {
             if (l->conn) qr_conn_close(l->conn);
         }
     }
+}
+
+void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_msg_ckpt *m) {
+    coord_link *l = &ps->sync.links[index - 1];
+    l->ckpt = *m;
+    l->ckpt_wanted = true;
+    link_flush(l);
 }

@@ -21,6 +21,8 @@
  *   peer.c    what every request family uses: replies, request checks,
  *             receive buffers
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
+ *   checkpoint.c  checkpoints (snapshot, shard written off the loop,
+ *                 manifest on ps 0) and the restore at start
  *   store.c   the variables and their tensors
  * Everything runs on the ps loop thread.
  */
@@ -158,6 +160,7 @@ typedef struct ps_peer {
     int nitems, items_cap;
     sync_push *incoming; /* synchronous push being received */
     uint32_t push_worker; /* the worker index the current push names */
+    uint64_t push_data_pos; /* and the data position it carries */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -168,6 +171,7 @@ typedef struct ps_peer {
 /* One member of a step's quorum: a worker's push, named by (worker, seq). */
 typedef struct quorum_member {
     uint32_t worker, seq;
+    uint64_t data_pos; /* the worker's data position after that push */
 } quorum_member;
 
 /* A worker's place in the token queue. It is taken when the worker's push
@@ -253,6 +257,41 @@ typedef struct ps_bound {
     uint64_t report_every_ns; /* stall-report-ms */
 } ps_bound;
 
+/* Checkpoints (checkpoint.c): the options, the one being written, and on
+ * ps 0 the shards collected for its manifest. */
+typedef struct ckpt_job ckpt_job;
+typedef struct ps_ckpt {
+    char *dir;             /* NULL: checkpoints off */
+    int64_t every_secs, every_steps;
+    int keep;
+    ckpt_job *job;         /* this ps's shard being written, or NULL */
+    uint64_t next_id;
+    /* ps 0 */
+    bool busy;             /* a checkpoint is being taken (shards, manifest) */
+    int64_t step;          /* its global step */
+    uint64_t started_ns;
+    int shards_pending;
+    struct qr_ckpt_shard *shards;
+    char failure[512];     /* the first shard's failure, "" if none */
+    int64_t last_step;     /* of the newest complete checkpoint; -1 none */
+    uint64_t last_ns;      /* when the last one was started */
+    double last_seconds;   /* how long it took, start to manifest */
+    uint64_t last_bytes;
+    double last_unix_time;
+    uint64_t written;      /* complete checkpoints this run */
+    bool want_final;       /* a stop waits for the final checkpoint */
+    bool final_started;
+    ps_peer *stop_peer;    /* ... and the STOP request to answer after it */
+    qr_frame stop_req;
+    /* ps k: the CKPT request to answer when the shard is written */
+    ps_peer *reply_peer;
+    qr_frame reply_req;
+    /* the workers' data positions (ps 0): after their last push that a
+     * checkpoint taken now holds; restored ones until they push */
+    uint64_t *data_pos;
+    int64_t restored_step; /* -1: started fresh */
+} ps_ckpt;
+
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
 #define QR_STALENESS_BUCKETS 9
 
@@ -297,6 +336,7 @@ struct qr_ps {
     ps_bound bound;
     float average_decay;     /* moving averages: 0 = off */
     char *average_vars;      /* names to average ("" = all) */
+    ps_ckpt ckpt;
 };
 
 /* Does a worker index read off the wire name one of n workers? Compared
@@ -429,5 +469,32 @@ void qr__coord_peer_lost(ps_peer *p);
 void qr__coord_stop(qr_ps *ps);
 /* A link still has a STOP to deliver. */
 bool qr__coord_links_busy(qr_ps *ps);
+
+/* checkpoint.c */
+/* Read the options; restore the newest complete checkpoint, if any. */
+int qr__ckpt_init(qr_ps *ps);
+void qr__ckpt_free(qr_ps *ps);
+/* ps 0, after the global step advanced: take a checkpoint if one is due. */
+void qr__ckpt_step_done(qr_ps *ps);
+/* ps 0 asked to stop by a worker's STOP (p, f): if a final checkpoint is
+ * to be taken, start it, keep the request and return true (the reply and
+ * the stop follow once it is written); false: stop now. */
+bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
+/* v is about to be changed by an apply. */
+int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
+/* A worker's push or commit carried its data position. */
+void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos);
+uint64_t qr__ckpt_restored_pos(const qr_ps *ps, int worker);
+/* CKPT from ps 0 (ps k), and its reply on ps 0's link. */
+int qr__ckpt_header(ps_peer *p, const qr_frame *f);
+void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
+void qr__ckpt_link_lost(qr_ps *ps, int index);
+void qr__ckpt_peer_lost(ps_peer *p);
+void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
+
+/* coord.c: queue a CKPT request on the link to ps `index` (sent before any
+ * APPLY queued after it). */
+void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_msg_ckpt *m);
 
 #endif /* QR_PS_INTERNAL_H */

@@ -115,6 +115,7 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated");
     bool sync = f->flags & QR_PUSH_SYNC;
     p->push_worker = head.worker;
+    p->push_data_pos = head.data_pos;
     if (sync && (f->flags & QR_PUSH_DELTA))
         return qr__fail(QR_EINVAL, "PUSH: delta pushes are for async training");
     if (sync != p->ps->sync.on)
@@ -219,6 +220,7 @@ static int prepare_tensors(ps_peer *p, const qr_frame *f, push_apply *a) {
         push_item *it = &p->items[i];
         if (it->skip) continue;
         qr_var *v = it->var;
+        if (qr__ckpt_before_apply(ps, v)) goto oom;
         if (it->fused) {
             if (qr__fused_prepare(it)) goto oom;
             continue;
@@ -350,6 +352,7 @@ static int count_step(ps_peer *p) {
     if (ps->index == 0) {
         ps->global_step++;
         qr__bound_count_step(ps, p->push_worker);
+        qr__ckpt_step_done(ps);
     }
     return QR_OK;
 }
@@ -367,6 +370,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     for (int i = 0; i < p->nitems && !rc; i++)
         if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);
     qr__recv_pool_put(&ps->recv_pool, a.save, a.save_cap);
+    if (!rc) qr__ckpt_data_pos(ps, p->push_worker, p->push_data_pos);
     if (!rc && step) rc = count_step(p);
     if (rc && a.ack_first) {
         qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", qr_last_error());

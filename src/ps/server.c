@@ -48,6 +48,7 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_PUSH: return qr__push_header(p, f, meta);
     case QR_MSG_PULL: return qr__pull_header(p, f, meta);
     case QR_MSG_CREATE: return qr__create_header(p, f, meta);
+    case QR_MSG_CKPT: return qr__ckpt_header(p, f);
     default: return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
     }
 }
@@ -70,8 +71,11 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
 }
 
 static void stop_message(ps_peer *p, const qr_frame *f) {
-    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
     qr__log(QR_LOG_INFO, "stop requested by %s", p->worker_index >= 0 ? "a worker" : "a peer");
+    /* An orderly stop on ps 0 writes the final checkpoint first; the
+     * reply and the stop follow it. */
+    if (qr__ckpt_final(p->ps, p, f)) return;
+    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
     qr__ps_begin_stop(p->ps);
 }
 
@@ -96,6 +100,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
             break;
         case QR_MSG_PULL: qr__pull_message(p, f); break;
         case QR_MSG_CREATE: qr__create_message(p, f); break;
+        case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
         }
     }
     qr__peer_release_recv(p); /* every request is done with its payload by now */
@@ -150,6 +155,7 @@ static void on_lost(qr_conn *c, int status) {
     if (p->next) p->next->prev = p->prev;
     ps->npeers--;
     qr__create_drop(p);
+    qr__ckpt_peer_lost(p);
     qr__sync_push_free(p->ps, p->incoming);
     qr__peer_release_recv(p); /* before the items it reads */
     free(p->items);
@@ -252,7 +258,15 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
     if (!rc) rc = qr_optim_create(&ps->optim, ps->cfg);
     if (!rc) rc = qr__sync_init(ps);
+    if (!rc) rc = read_options(ps);
+    if (!rc) rc = qr__ckpt_init(ps);
     if (rc) {
+        qr__ckpt_free(ps);
+        qr__sync_free(ps);
+        qr_store_free(&ps->store);
+        free(ps->worker_conns);
+        free(ps->worker_lost_ns);
+        free(ps->average_vars);
         qr__error_prefix("ps %d: ", ps->index);
         qr_optim_free(ps->optim);
         qr_config_free(ps->cfg);
@@ -260,7 +274,6 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
         free(ps);
         return rc;
     }
-    rc = read_options(ps);
     ps->events = (qr_conn_events){.header = on_header, .payload = on_payload,
                                   .message = on_message, .lost = on_lost,
                                   .accepted = on_accepted};
@@ -311,6 +324,7 @@ void qr_ps_free(qr_ps *ps) {
     qr__sync_free(ps);
     qr__bound_free(ps);
     qr__recv_pool_free(&ps->recv_pool);
+    qr__ckpt_free(ps);
     free(ps->worker_conns);
     free(ps->worker_lost_ns);
     free(ps->average_vars);

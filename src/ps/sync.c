@@ -170,7 +170,8 @@ static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
             srcs[n++] = s->sources[end].g;
         float *sum = (float *)srcs[0]; /* owned by the pending push */
         qr_optim_reduce(sum, srcs, n, v->n, divisor);
-        rc = qr_var_prepare_write(v);
+        rc = qr__ckpt_before_apply(ps, v);
+        if (!rc) rc = qr_var_prepare_write(v);
         const qr_optim *opt = qr__var_optim(ps, v);
         if (!rc)
             rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,

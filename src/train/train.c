@@ -61,6 +61,7 @@ typedef struct trainer {
     int nparams;
     float *bx;
     int32_t *by;
+    uint64_t drawn; /* minibatches sampled so far: the worker's data position */
 } trainer;
 
 static void trainer_free(trainer *t) {
@@ -97,12 +98,21 @@ static void worker_rng(qr_rng *rng, const qr_train_opts *o, int w) {
 
 static void sample_batch(trainer *t, qr_rng *rng, int batch) {
     int64_t dim = t->train.dim;
+    t->drawn++;
     for (int b = 0; b < batch; b++) {
         int64_t k = (int64_t)qr_rng_below(rng, (uint64_t)t->train.n);
         memcpy(t->bx + (size_t)b * (size_t)dim, t->train.x + (size_t)k * (size_t)dim,
                (size_t)dim * sizeof(float));
         t->by[b] = t->train.y[k];
     }
+}
+
+/* Resume a data stream: draw what sample_batch would have drawn for the
+ * first `batches` minibatches, without copying the examples. */
+static void skip_batches(trainer *t, qr_rng *rng, int batch, uint64_t batches) {
+    for (uint64_t i = 0; i < batches; i++)
+        for (int b = 0; b < batch; b++) qr_rng_below(rng, (uint64_t)t->train.n);
+    t->drawn += batches;
 }
 
 /* One minibatch from rng and the mean loss and gradients at params. */
@@ -222,6 +232,7 @@ static step_fn pick_strategy(const qr_train_opts *o) {
 static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res) {
     if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) sleep_ms(r->o->slow_ms);
     int64_t global = 0;
+    qr_worker_set_data_position(r->w, r->t.drawn);
     int rc = qr_worker_push(r->w, r->t.nparams, r->ids, (const float *const *)r->grads, flags,
                             &global);
     if (rc == QR_ESTALE) {
@@ -339,6 +350,11 @@ static int run_setup(worker_run *r, const qr_cluster *cluster, const qr_config *
     if (!rc) rc = qr_worker_initialize(r->w);
     for (int i = 0; !rc && i < r->t.nparams; i++) r->params[i] = qr_worker_var_data(r->w, r->ids[i]);
     worker_rng(&r->rng, r->o, r->task_index);
+    /* A cluster resumed from a checkpoint: this worker's data stream goes
+     * on after the last batch whose push the checkpoint holds. */
+    uint64_t position = 0;
+    if (!rc) rc = qr_worker_data_position(r->w, &position);
+    if (!rc) skip_batches(&r->t, &r->rng, r->o->batch_size, position);
     if (!rc && r->sync) rc = qr_worker_local_step(r->w, &r->step);
     return rc;
 }

@@ -37,11 +37,13 @@ void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
 void qr_msg_put_ready(qr_wbuf *b, const qr_msg_ready *m) {
     qr_wbuf_u32(b, m->set);
     qr_wbuf_i64(b, m->step);
+    qr_wbuf_u64(b, m->data_pos);
 }
 
 void qr_msg_get_ready(qr_rbuf *r, qr_msg_ready *m) {
     m->set = qr_rbuf_u32(r);
     m->step = qr_rbuf_i64(r);
+    m->data_pos = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m) {
@@ -49,6 +51,7 @@ void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m) {
     qr_wbuf_i64(b, m->local_step);
     qr_wbuf_u32(b, m->worker);
     qr_wbuf_u32(b, m->seq);
+    qr_wbuf_u64(b, m->data_pos);
 }
 
 void qr_msg_get_push_head(qr_rbuf *r, qr_msg_push_head *m) {
@@ -56,6 +59,7 @@ void qr_msg_get_push_head(qr_rbuf *r, qr_msg_push_head *m) {
     m->local_step = qr_rbuf_i64(r);
     m->worker = qr_rbuf_u32(r);
     m->seq = qr_rbuf_u32(r);
+    m->data_pos = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_var(qr_wbuf *b, const qr_msg_var *m) {
@@ -114,12 +118,14 @@ void qr_msg_put_commit(qr_wbuf *b, const qr_msg_commit *m) {
     qr_wbuf_u32(b, m->worker);
     qr_wbuf_u32(b, m->seq);
     qr_wbuf_i64(b, m->local_step);
+    qr_wbuf_u64(b, m->data_pos);
 }
 
 void qr_msg_get_commit(qr_rbuf *r, qr_msg_commit *m) {
     m->worker = qr_rbuf_u32(r);
     m->seq = qr_rbuf_u32(r);
     m->local_step = qr_rbuf_i64(r);
+    m->data_pos = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_worker(qr_wbuf *b, uint32_t worker) {
@@ -158,4 +164,30 @@ void qr_msg_put_member(qr_wbuf *b, uint32_t worker, uint32_t seq) {
 void qr_msg_get_member(qr_rbuf *r, uint32_t *worker, uint32_t *seq) {
     *worker = qr_rbuf_u32(r);
     *seq = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_ckpt(qr_wbuf *b, const qr_msg_ckpt *m) {
+    qr_wbuf_u32(b, m->phase);
+    qr_wbuf_u64(b, m->id);
+    qr_wbuf_i64(b, m->step);
+    qr_wbuf_u32(b, m->count);
+}
+
+void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m) {
+    m->phase = qr_rbuf_u32(r);
+    m->id = qr_rbuf_u64(r);
+    m->step = qr_rbuf_i64(r);
+    m->count = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_shard(qr_wbuf *b, const qr_msg_shard *m) {
+    qr_wbuf_u64(b, m->bytes);
+    qr_wbuf_u32(b, m->crc32);
+    qr_wbuf_u32(b, m->nvars);
+}
+
+void qr_msg_get_shard(qr_rbuf *r, qr_msg_shard *m) {
+    m->bytes = qr_rbuf_u64(r);
+    m->crc32 = qr_rbuf_u32(r);
+    m->nvars = qr_rbuf_u32(r);
 }

@@ -15,10 +15,13 @@
  *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
  *                     that the same variables exist (non-chief workers)
  *   READY      req: u32 set (1 = mark the cluster ready, 0 = query),
- *                   i64 step_limit (the run's last global step; 0 = unknown)
- *              reply: u32 ready, i64 global_step
- *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq
- *                   (qr_msg_push_head), then per item a qr_msg_var:
+ *                   i64 step_limit (the run's last global step; 0 = unknown),
+ *                   u64 0
+ *              reply: u32 ready, i64 global_step, u64 data_position (the
+ *                   asking worker's, from the checkpoint restored; 0 if none)
+ *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq,
+ *                   u64 data_position (the worker's, after this push's
+ *                   batches) (qr_msg_push_head), then per item a qr_msg_var:
  *                   u32 var_id, u32 kind, u64 nbytes,
  *                   u64 version (of the variable the gradient was computed at)
  *              kind 0, dense: the gradient, the variable's size in floats
@@ -37,14 +40,20 @@
  *                     payload: the values
  *   STEP       req: (empty)   reply: i64 global_step
  *   STOP       req: (empty)   reply: (empty)
- *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step: the push
- *              (worker, seq) reached every ps; count it for the step.
+ *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step,
+ *              u64 data_position: the push (worker, seq) reached every ps;
+ *              count it for the step.
  *              reply: i64 global_step; status QR_ESTALE if it is too late
  *   TOKEN      (to ps 0) req: u32 worker. The reply, sent when a token is
  *              free: i64 the token's step
  *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
  *              u32 seq per member: reduce these pushes and apply the step
  *   STATS      reply: meta = JSON text of the ps's statistics
+ *   CKPT       (ps 0 to ps k, checkpoints; src/ps/checkpoint.c) req: u32 phase
+ *              (1 = SNAPSHOT: take this ps's shard now and write it),
+ *              u64 id, i64 global_step, u32 count (0)
+ *              reply, once the shard is durable: u64 bytes, u32 crc32,
+ *              u32 variables
  *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
  *              i64 clock (steps the worker has pushed). The reply, sent
  *              when clock - (fewest steps of any live worker) <= k:
@@ -62,11 +71,11 @@
 /* Sizes of the fixed-size requests' meta, checked by the ps before it
  * reads them. */
 #define QR_MSG_HELLO_LEN 12
-#define QR_MSG_READY_LEN 12
-#define QR_MSG_COMMIT_LEN 16
+#define QR_MSG_READY_LEN 20
+#define QR_MSG_COMMIT_LEN 24
 #define QR_MSG_TOKEN_LEN 4
 #define QR_MSG_CLOCK_LEN 12
-#define QR_MSG_PUSH_HEAD_LEN 20
+#define QR_MSG_PUSH_HEAD_LEN 28
 #define QR_MSG_VAR_LEN 24
 
 /* A list's length: PULL, its reply, CREATE. */
@@ -88,6 +97,7 @@ void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
 typedef struct qr_msg_ready {
     uint32_t set;       /* request: 1 marks the cluster ready; reply: ready */
     int64_t step;       /* request: the step limit; reply: the global step */
+    uint64_t data_pos;  /* reply: the worker's restored data position */
 } qr_msg_ready;
 void qr_msg_put_ready(qr_wbuf *b, const qr_msg_ready *m);
 void qr_msg_get_ready(qr_rbuf *r, qr_msg_ready *m);
@@ -96,6 +106,7 @@ typedef struct qr_msg_push_head {
     uint32_t count;     /* qr_msg_var records that follow */
     int64_t local_step;
     uint32_t worker, seq;
+    uint64_t data_pos;  /* the worker's data position after this push */
 } qr_msg_push_head;
 void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m);
 void qr_msg_get_push_head(qr_rbuf *r, qr_msg_push_head *m);
@@ -142,6 +153,7 @@ qr_msg_create_bad qr_msg_get_create_var(qr_rbuf *r, qr_msg_create_var *m);
 typedef struct qr_msg_commit {
     uint32_t worker, seq;
     int64_t local_step;
+    uint64_t data_pos;
 } qr_msg_commit;
 void qr_msg_put_commit(qr_wbuf *b, const qr_msg_commit *m);
 void qr_msg_get_commit(qr_rbuf *r, qr_msg_commit *m);
@@ -163,5 +175,25 @@ void qr_msg_get_apply_head(qr_rbuf *r, int64_t *step, uint32_t *count);
 void qr_msg_put_member(qr_wbuf *b, uint32_t worker, uint32_t seq);
 void qr_msg_get_member(qr_rbuf *r, uint32_t *worker, uint32_t *seq);
 #define QR_MSG_MEMBER_LEN 8
+
+/* CKPT: ps 0's request to the other ps tasks (see the table above). */
+enum { QR_CKPT_SNAPSHOT = 1 };
+typedef struct qr_msg_ckpt {
+    uint32_t phase;
+    uint64_t id;
+    int64_t step;
+    uint32_t count; /* records that follow: none yet */
+} qr_msg_ckpt;
+#define QR_MSG_CKPT_LEN 24
+void qr_msg_put_ckpt(qr_wbuf *b, const qr_msg_ckpt *m);
+void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m);
+
+/* The reply to CKPT: the shard written. */
+typedef struct qr_msg_shard {
+    uint64_t bytes;
+    uint32_t crc32, nvars;
+} qr_msg_shard;
+void qr_msg_put_shard(qr_wbuf *b, const qr_msg_shard *m);
+void qr_msg_get_shard(qr_rbuf *r, qr_msg_shard *m);
 
 #endif /* QR_WIRE_MSG_H */

@@ -69,6 +69,7 @@ typedef struct wk_request {
     char errmsg[512];
     int64_t step;
     uint32_t ready;
+    uint64_t data_pos; /* READY: this worker's restored data position */
     bool want_meta; /* keep the reply's meta (STATS) */
     uint8_t *reply_meta;
     size_t reply_meta_len;
@@ -112,6 +113,8 @@ struct qr_worker {
     int64_t step_limit;  /* the chief tells ps 0 at initialize */
     int64_t steps_pushed; /* async: successful step pushes (the clock) */
     int64_t max_staleness;
+    uint64_t data_pos;   /* set by the caller, sent with every push */
+    uint64_t restored_pos; /* from ps 0 at initialize (a restored checkpoint) */
 };
 
 /* ---- requests ------------------------------------------------------------ */
@@ -228,6 +231,7 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         qr_msg_get_ready(&rb, &m);
         r->ready = m.set;
         r->step = m.step;
+        r->data_pos = m.data_pos;
         break;
     }
     case QR_MSG_PULL: {
@@ -601,6 +605,7 @@ static int ready_request(qr_worker *w, bool set, uint32_t *ready) {
     int rc = run_requests(w, &r, 1, w->timeout_ms);
     if (ready) *ready = r->ready;
     if (!rc) w->local_step = r->step;
+    if (!rc) w->restored_pos = r->data_pos;
     request_free(r);
     return rc;
 }
@@ -748,7 +753,8 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
         qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)count,
                                                            .local_step = w->local_step,
                                                            .worker = (uint32_t)w->index,
-                                                           .seq = seq});
+                                                           .seq = seq,
+                                                           .data_pos = w->data_pos});
         for (int i = 0; i < n; i++) {
             wk_var *v = &w->vars[ids[i]];
             if (v->ps != p) continue;
@@ -776,7 +782,8 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     wk_request *c = request_new(w, 0, QR_MSG_COMMIT);
     if (!c) return QR_ENOMEM;
     qr_msg_put_commit(&c->meta, &(qr_msg_commit){.worker = (uint32_t)w->index, .seq = seq,
-                                                 .local_step = w->local_step});
+                                                 .local_step = w->local_step,
+                                                 .data_pos = w->data_pos});
     rc = run_requests(w, &c, 1, w->timeout_ms);
     if (!rc && global_step) *global_step = c->step;
     request_free(c);
@@ -811,7 +818,8 @@ int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t
         qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = carries ? 1 : 0,
                                                            .local_step = w->local_step,
                                                            .worker = (uint32_t)w->index,
-                                                           .seq = seq});
+                                                           .seq = seq,
+                                                           .data_pos = w->data_pos});
         if (!carries) continue;
         qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)var_id, .kind = QR_GRAD_SPARSE,
                                                .nbytes = (uint64_t)nrows * (8 + 4 * (uint64_t)dim),
@@ -950,6 +958,21 @@ int qr_worker_global_step(qr_worker *w, int64_t *global_step) {
     return rc;
 }
 
+int qr_worker_set_data_position(qr_worker *w, uint64_t position) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_set_data_position: worker is NULL");
+    w->data_pos = position;
+    return QR_OK;
+}
+
+int qr_worker_data_position(const qr_worker *w, uint64_t *position) {
+    if (!w || !position)
+        return qr__fail(QR_EINVAL, "qr_worker_data_position: worker and position are required");
+    if (!w->initialized)
+        return qr__fail(QR_EINVAL, "qr_worker_data_position: call qr_worker_initialize first");
+    *position = w->restored_pos;
+    return QR_OK;
+}
+
 int qr_worker_stop_cluster(qr_worker *w) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_stop_cluster: worker is NULL");
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
@@ -958,7 +981,11 @@ int qr_worker_stop_cluster(qr_worker *w) {
     int rc = QR_OK;
     for (int p = 0; p < w->nps; p++)
         if (!reqs[p]) rc = QR_ENOMEM;
-    if (!rc) rc = run_requests(w, reqs, w->nps, w->timeout_ms);
+    /* ps 0 first: with checkpoints on, it answers once the final
+     * checkpoint, which needs every ps, is written (init-timeout-ms
+     * bounds that wait); then the others. */
+    if (!rc) rc = run_requests(w, reqs, 1, (int)qr__config_int(w->cfg, "init-timeout-ms"));
+    if (!rc && w->nps > 1) rc = run_requests(w, reqs + 1, w->nps - 1, w->timeout_ms);
     free_requests(reqs, w->nps);
     free(reqs);
     return rc;

@@ -54,7 +54,7 @@ static void test_push_layout(void **state) {
     (void)state;
     qr_wbuf b = {0};
     qr_msg_put_push_head(&b, &(qr_msg_push_head){.count = 2, .local_step = -3, .worker = 5,
-                                                 .seq = 0x01020304});
+                                                 .seq = 0x01020304, .data_pos = 1ull << 50});
     qr_msg_put_var(&b, &(qr_msg_var){.id = 9, .kind = QR_GRAD_SPARSE, .nbytes = 1ull << 40,
                                      .version = 77});
     uint8_t want[64];
@@ -63,6 +63,7 @@ static void test_push_layout(void **state) {
     le(want, &n, (uint64_t)-3, 8);
     le(want, &n, 5, 4);
     le(want, &n, 0x01020304, 4);
+    le(want, &n, 1ull << 50, 8);
     assert_int_equal(n, QR_MSG_PUSH_HEAD_LEN);
     le(want, &n, 9, 4);
     le(want, &n, 1, 4);
@@ -83,6 +84,7 @@ static void test_push_layout(void **state) {
     assert_true(h.local_step == -3);
     assert_int_equal(h.worker, 5);
     assert_int_equal(h.seq, 0x01020304);
+    assert_true(h.data_pos == 1ull << 50);
     assert_int_equal(v.id, 9);
     assert_int_equal(v.kind, QR_GRAD_SPARSE);
     assert_true(v.nbytes == 1ull << 40);
@@ -100,8 +102,9 @@ static void test_pull_and_small_layouts(void **state) {
     qr_wbuf b = {0};
     qr_msg_put_count(&b, 3);
     qr_msg_put_id(&b, 11);
-    qr_msg_put_ready(&b, &(qr_msg_ready){.set = 1, .step = 500});
-    qr_msg_put_commit(&b, &(qr_msg_commit){.worker = 2, .seq = 4, .local_step = 6});
+    qr_msg_put_ready(&b, &(qr_msg_ready){.set = 1, .step = 500, .data_pos = 501});
+    qr_msg_put_commit(&b, &(qr_msg_commit){.worker = 2, .seq = 4, .local_step = 6,
+                                           .data_pos = 7});
     qr_msg_put_worker(&b, 8);
     qr_msg_put_clock(&b, &(qr_msg_clock){.worker = 1, .clock = 10});
     qr_msg_put_step(&b, 12);
@@ -114,11 +117,13 @@ static void test_pull_and_small_layouts(void **state) {
     size_t ready_at = n;
     le(want, &n, 1, 4);
     le(want, &n, 500, 8);
+    le(want, &n, 501, 8);
     assert_int_equal(n - ready_at, QR_MSG_READY_LEN);
     size_t commit_at = n;
     le(want, &n, 2, 4);
     le(want, &n, 4, 4);
     le(want, &n, 6, 8);
+    le(want, &n, 7, 8);
     assert_int_equal(n - commit_at, QR_MSG_COMMIT_LEN);
     le(want, &n, 8, 4); /* TOKEN */
     size_t clock_at = n;
@@ -140,11 +145,13 @@ static void test_pull_and_small_layouts(void **state) {
     qr_msg_get_ready(&r, &ready);
     assert_int_equal(ready.set, 1);
     assert_true(ready.step == 500);
+    assert_true(ready.data_pos == 501);
     qr_msg_commit c;
     qr_msg_get_commit(&r, &c);
     assert_int_equal(c.worker, 2);
     assert_int_equal(c.seq, 4);
     assert_true(c.local_step == 6);
+    assert_true(c.data_pos == 7);
     assert_int_equal(qr_msg_get_worker(&r), 8);
     qr_msg_clock k;
     qr_msg_get_clock(&r, &k);
@@ -161,6 +168,36 @@ static void test_pull_and_small_layouts(void **state) {
     assert_int_equal(seq, 16);
     assert_false(r.bad);
     assert_int_equal(r.left, 0);
+    qr_wbuf_free(&b);
+}
+
+/* CKPT and its reply, the shard written. */
+static void test_ckpt_layout(void **state) {
+    (void)state;
+    qr_wbuf b = {0};
+    qr_msg_put_ckpt(&b, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = 3, .step = 1200});
+    qr_msg_put_shard(&b, &(qr_msg_shard){.bytes = 1ull << 33, .crc32 = 0xdeadbeef, .nvars = 4});
+    uint8_t want[64];
+    size_t n = 0;
+    le(want, &n, QR_CKPT_SNAPSHOT, 4);
+    le(want, &n, 3, 8);
+    le(want, &n, 1200, 8);
+    le(want, &n, 0, 4);
+    assert_int_equal(n, QR_MSG_CKPT_LEN);
+    le(want, &n, 1ull << 33, 8);
+    le(want, &n, 0xdeadbeef, 4);
+    le(want, &n, 4, 4);
+    assert_bytes(&b, want, n);
+    qr_rbuf r;
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_ckpt m;
+    qr_msg_shard s;
+    qr_msg_get_ckpt(&r, &m);
+    qr_msg_get_shard(&r, &s);
+    assert_false(r.bad);
+    assert_int_equal(r.left, 0);
+    assert_true(m.phase == QR_CKPT_SNAPSHOT && m.id == 3 && m.step == 1200 && m.count == 0);
+    assert_true(s.bytes == 1ull << 33 && s.crc32 == 0xdeadbeef && s.nvars == 4);
     qr_wbuf_free(&b);
 }
 
@@ -258,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_hello_layout),
         cmocka_unit_test(test_push_layout),
         cmocka_unit_test(test_pull_and_small_layouts),
+        cmocka_unit_test(test_ckpt_layout),
         cmocka_unit_test(test_create_layout),
         cmocka_unit_test(test_create_bad_lengths),
     };

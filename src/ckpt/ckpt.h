@@ -1,0 +1,153 @@
+/*
+ * ckpt.h - quorum's checkpoints on disk: the safetensors shard files, the
+ * manifest that makes a checkpoint exist, and the directory that holds
+ * them (listing, choosing the newest complete one, pruning).
+ *
+ * A checkpoint of global step S under DIR is the folder DIR/ckpt-S (S
+ * written with 10 digits, so names sort by step) holding one shard per ps
+ * task, shard-K-of-P.safetensors, and manifest.json, written last by ps 0:
+ * a folder without a manifest is an unfinished checkpoint and is ignored.
+ * Every file is written to a temporary name, fsynced, renamed, and its
+ * folder fsynced (durable.c), so a crash leaves either the old file or the
+ * new one. docs/CHECKPOINTS.md describes the format for users.
+ *
+ * This layer knows files only; what goes into a shard and when is the
+ * ps's business (src/ps/checkpoint.c).
+ */
+#ifndef QR_CKPT_H
+#define QR_CKPT_H
+
+#include "common/common.h"
+#include "common/limits.h"
+
+struct cJSON;
+
+/* ---- durable files (durable.c) ------------------------------------------ */
+
+/* An open temporary file that becomes `path` on qr_durable_commit. */
+typedef struct qr_durable {
+    int fd;
+    char *path, *tmp;
+    uint32_t crc;   /* zlib crc32 of everything written */
+    uint64_t bytes;
+} qr_durable;
+
+int qr_durable_open(qr_durable *d, const char *path);
+/* Write all of buf (retrying short writes); updates crc and bytes. */
+int qr_durable_write(qr_durable *d, const void *buf, size_t len);
+/* fsync, rename over path, fsync the folder. Closes d either way. */
+int qr_durable_commit(qr_durable *d);
+/* Close and remove the temporary file (after a failure). */
+void qr_durable_abandon(qr_durable *d);
+/* mkdir that accepts an existing folder. */
+int qr_mkdir(const char *path);
+/* fsync a folder, so that a rename or an unlink in it is durable. */
+int qr_fsync_dir(const char *path);
+
+/* ---- safetensors (safetensors.c) ----------------------------------------- */
+
+/* The two dtypes quorum writes: variables and slots (F32), counters (I64). */
+typedef enum { QR_DT_F32 = 0, QR_DT_I64 = 1 } qr_dtype;
+
+typedef struct qr_st_tensor {
+    const char *name;
+    qr_dtype dtype;
+    int ndim; /* 0: a scalar */
+    int64_t shape[QR_PROTO_MAX_NDIM];
+    const void *data; /* writer: the bytes, little-endian */
+    uint64_t begin, end; /* reader: the bytes' offsets in the data section */
+} qr_st_tensor;
+
+/* Bytes of one element, and of the whole tensor. */
+size_t qr_dtype_size(qr_dtype t);
+uint64_t qr_st_bytes(const qr_st_tensor *t);
+
+/* Write tensors t[0..n) (names unique) to `path` as a safetensors file,
+ * durably. metadata: a JSON object of string values (the format allows
+ * nothing else), or NULL. *crc and *bytes describe the file written. */
+int qr_st_write_file(const char *path, const qr_st_tensor *t, int n,
+                     const struct cJSON *metadata, uint32_t *crc, uint64_t *bytes);
+/* The same, calling written(ctx, i) once tensor i is written (on the
+ * calling thread), so that a caller can let go of what it held for it. */
+int qr_st_write_file_progress(const char *path, const qr_st_tensor *t, int n,
+                              const struct cJSON *metadata,
+                              void (*written)(void *ctx, int i), void *ctx, uint32_t *crc,
+                              uint64_t *bytes);
+
+/* A safetensors file opened for reading: its header parsed and checked
+ * (offsets inside the file, contiguous, sizes matching shapes). */
+typedef struct qr_st_file {
+    int fd;
+    char *path;
+    uint64_t data_start, file_bytes;
+    int n;
+    qr_st_tensor *t;        /* names point into header */
+    struct cJSON *header;   /* the parsed header */
+    struct cJSON *metadata; /* its "__metadata__" object, or NULL */
+} qr_st_file;
+
+int qr_st_open(qr_st_file *f, const char *path);
+const qr_st_tensor *qr_st_find(const qr_st_file *f, const char *name);
+/* Read tensor t's bytes into dst (qr_st_bytes(t) of them). */
+int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst);
+/* A metadata string, or NULL. */
+const char *qr_st_meta(const qr_st_file *f, const char *key);
+void qr_st_close(qr_st_file *f);
+
+/* ---- checkpoints and their folder (manifest.c) ---------------------------- */
+
+#define QR_CKPT_FORMAT "quorum-checkpoint"
+#define QR_CKPT_VERSION 1
+
+/* One shard as the manifest lists it. */
+typedef struct qr_ckpt_shard {
+    char file[64];
+    uint64_t bytes;
+    uint32_t crc32;
+    int nvars;
+} qr_ckpt_shard;
+
+typedef struct qr_ckpt_info {
+    char path[4096];  /* the checkpoint's folder */
+    int64_t step;     /* from its name; the manifest's when it has one */
+    bool complete;    /* a manifest that reads and matches the name */
+    double unix_time; /* when it was taken (manifest) */
+    char mode[8];     /* "sync" or "async" */
+    int nshards;
+    qr_ckpt_shard *shards;
+    uint64_t bytes;   /* of all shards */
+} qr_ckpt_info;
+
+void qr_ckpt_info_free(qr_ckpt_info *c);
+
+/* DIR/ckpt-STEP and DIR/ckpt-STEP/shard-K-of-P.safetensors. */
+int qr_ckpt_path(char *buf, size_t len, const char *dir, int64_t step);
+void qr_ckpt_shard_name(char *buf, size_t len, int shard, int nshards);
+
+/* Every ckpt-* folder of dir, newest first, each with its manifest read
+ * (complete = false when it has none or it does not parse). A missing dir
+ * is an empty list. */
+int qr_ckpt_list(const char *dir, qr_ckpt_info **out, int *n);
+void qr_ckpt_list_free(qr_ckpt_info *list, int n);
+
+/* Read c->path's manifest into c (c->path and c->step set). */
+int qr_ckpt_read_manifest(qr_ckpt_info *c);
+
+/* Check a complete checkpoint's files: every shard present, of the size
+ * and crc32 the manifest says, and a safetensors header that parses. On
+ * a problem: QR_EIO with a message naming the file and what is wrong. */
+int qr_ckpt_verify(const qr_ckpt_info *c);
+
+/* The newest checkpoint of dir that verifies, in *out (its folder and
+ * manifest). Newer ones that do not verify are skipped, each with a
+ * warning naming the file. QR_ENOTFOUND (no message) when there is none. */
+int qr_ckpt_latest(const char *dir, qr_ckpt_info *out);
+
+/* Write c's manifest into c->path, durably: the checkpoint now exists. */
+int qr_ckpt_write_manifest(const qr_ckpt_info *c);
+
+/* Remove the complete checkpoints of dir beyond the newest `keep`, and
+ * unfinished ones older than the newest complete one. */
+int qr_ckpt_prune(const char *dir, int keep);
+
+#endif /* QR_CKPT_H */

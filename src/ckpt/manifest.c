@@ -1,0 +1,333 @@
+/*
+ * manifest.c - the manifest that makes a checkpoint exist, and the folder
+ * of checkpoints: list them, verify one, pick the newest that verifies,
+ * prune old ones.
+ *
+ * manifest.json:
+ *   {"format": "quorum-checkpoint", "version": 1, "global_step": 1200,
+ *    "unix_time": 1795474801.5, "mode": "sync", "num_shards": 2,
+ *    "shards": [{"file": "shard-00000-of-00002.safetensors",
+ *                "bytes": 1234, "crc32": "9ae0daaf", "variables": 3}, ...]}
+ * crc32 is zlib's (the one `zlib.crc32` and `gzip` use) of the whole file.
+ */
+#include "ckpt/ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define MANIFEST "manifest.json"
+#define MAX_MANIFEST (16u << 20)
+
+int qr_ckpt_path(char *buf, size_t len, const char *dir, int64_t step) {
+    int n = snprintf(buf, len, "%s/ckpt-%010lld", dir, (long long)step);
+    if (n < 0 || (size_t)n >= len)
+        return qr__fail(QR_EINVAL, "checkpoint folder name too long under '%s'", dir);
+    return QR_OK;
+}
+
+void qr_ckpt_shard_name(char *buf, size_t len, int shard, int nshards) {
+    snprintf(buf, len, "shard-%05d-of-%05d.safetensors", shard, nshards);
+}
+
+void qr_ckpt_info_free(qr_ckpt_info *c) {
+    free(c->shards);
+    c->shards = NULL;
+    c->nshards = 0;
+}
+
+void qr_ckpt_list_free(qr_ckpt_info *list, int n) {
+    for (int i = 0; list && i < n; i++) qr_ckpt_info_free(&list[i]);
+    free(list);
+}
+
+/* ---- the manifest ---------------------------------------------------------- */
+
+int qr_ckpt_write_manifest(const qr_ckpt_info *c) {
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "format", QR_CKPT_FORMAT);
+    cJSON_AddNumberToObject(m, "version", QR_CKPT_VERSION);
+    cJSON_AddNumberToObject(m, "global_step", (double)c->step);
+    cJSON_AddNumberToObject(m, "unix_time", c->unix_time);
+    cJSON_AddStringToObject(m, "mode", c->mode);
+    cJSON_AddNumberToObject(m, "num_shards", c->nshards);
+    cJSON *shards = cJSON_AddArrayToObject(m, "shards");
+    for (int i = 0; i < c->nshards; i++) {
+        cJSON *s = cJSON_CreateObject();
+        char crc[16];
+        snprintf(crc, sizeof crc, "%08x", c->shards[i].crc32);
+        cJSON_AddStringToObject(s, "file", c->shards[i].file);
+        cJSON_AddNumberToObject(s, "bytes", (double)c->shards[i].bytes);
+        cJSON_AddStringToObject(s, "crc32", crc);
+        cJSON_AddNumberToObject(s, "variables", c->shards[i].nvars);
+        cJSON_AddItemToArray(shards, s);
+    }
+    char *text = cJSON_Print(m);
+    cJSON_Delete(m);
+    if (!text) return qr__fail(QR_ENOMEM, "out of memory writing a manifest");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", c->path, MANIFEST);
+    qr_durable d;
+    int rc = qr_durable_open(&d, path);
+    if (!rc) rc = qr_durable_write(&d, text, strlen(text));
+    if (!rc) rc = qr_durable_write(&d, "\n", 1);
+    free(text);
+    if (!rc) return qr_durable_commit(&d);
+    if (d.tmp) qr_durable_abandon(&d);
+    return rc;
+}
+
+static char *read_small_file(const char *path, size_t max, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(max + 1);
+    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
+    fclose(f);
+    if (!buf || n > max) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static bool json_int(const cJSON *o, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < (double)lo || v->valuedouble > (double)hi ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
+        return false;
+    *out = (int64_t)v->valuedouble;
+    return true;
+}
+
+/* A shard's file name must be a plain name in the checkpoint's folder. */
+static bool plain_name(const char *s) {
+    return s[0] && s[0] != '.' && !strchr(s, '/') && strlen(s) < sizeof(((qr_ckpt_shard *)0)->file);
+}
+
+static int parse_shards(qr_ckpt_info *c, const cJSON *shards, const char *path) {
+    c->shards = qr__calloc((size_t)QR_MAX(c->nshards, 1), sizeof *c->shards);
+    if (!c->shards) return QR_ENOMEM;
+    for (int i = 0; i < c->nshards; i++) {
+        const cJSON *s = cJSON_GetArrayItem(shards, i);
+        const cJSON *file = cJSON_GetObjectItemCaseSensitive(s, "file");
+        const cJSON *crc = cJSON_GetObjectItemCaseSensitive(s, "crc32");
+        int64_t bytes, nvars;
+        char *end = NULL;
+        unsigned long sum = cJSON_IsString(crc) ? strtoul(crc->valuestring, &end, 16) : 0;
+        if (!cJSON_IsString(file) || !plain_name(file->valuestring) || !end || *end ||
+            strlen(crc->valuestring) != 8 || !json_int(s, "bytes", 8, INT64_MAX / 2, &bytes) ||
+            !json_int(s, "variables", 0, 1 << 30, &nvars))
+            return qr__fail(QR_EIO, "'%s': shard %d's entry is malformed", path, i);
+        snprintf(c->shards[i].file, sizeof c->shards[i].file, "%s", file->valuestring);
+        c->shards[i].crc32 = (uint32_t)sum;
+        c->shards[i].bytes = (uint64_t)bytes;
+        c->shards[i].nvars = (int)nvars;
+        c->bytes += (uint64_t)bytes;
+    }
+    return QR_OK;
+}
+
+int qr_ckpt_read_manifest(qr_ckpt_info *c) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", c->path, MANIFEST);
+    size_t len = 0;
+    char *text = read_small_file(path, MAX_MANIFEST, &len);
+    if (!text)
+        return qr__fail(errno == ENOENT ? QR_ENOTFOUND : QR_EIO, "cannot read '%s'%s%s", path,
+                        errno ? ": " : "", errno ? strerror(errno) : "");
+    cJSON *m = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(m, "format");
+    const cJSON *mode = cJSON_GetObjectItemCaseSensitive(m, "mode");
+    const cJSON *shards = cJSON_GetObjectItemCaseSensitive(m, "shards");
+    const cJSON *time = cJSON_GetObjectItemCaseSensitive(m, "unix_time");
+    int64_t version = 0, step = 0, nshards = 0;
+    int rc = QR_OK;
+    if (!cJSON_IsObject(m) || !cJSON_IsString(format) || strcmp(format->valuestring, QR_CKPT_FORMAT))
+        rc = qr__fail(QR_EIO, "'%s' is not a quorum checkpoint manifest (torn or foreign)", path);
+    else if (!json_int(m, "version", 1, 1 << 20, &version) || version != QR_CKPT_VERSION)
+        rc = qr__fail(QR_EIO, "'%s': format version unsupported (this quorum reads %d)", path,
+                      QR_CKPT_VERSION);
+    else if (!json_int(m, "global_step", 0, INT64_MAX / 2, &step) ||
+             !json_int(m, "num_shards", 1, 1 << 16, &nshards) || !cJSON_IsArray(shards) ||
+             cJSON_GetArraySize(shards) != nshards || !cJSON_IsString(mode) ||
+             strlen(mode->valuestring) >= sizeof c->mode || !cJSON_IsNumber(time))
+        rc = qr__fail(QR_EIO, "'%s' is malformed (global_step, num_shards, shards, mode or "
+                      "unix_time missing or wrong)", path);
+    else if (step != c->step)
+        rc = qr__fail(QR_EIO, "'%s' says global step %lld, its folder %lld", path,
+                      (long long)step, (long long)c->step);
+    if (!rc) {
+        c->nshards = (int)nshards;
+        c->unix_time = time->valuedouble;
+        snprintf(c->mode, sizeof c->mode, "%s", mode->valuestring);
+        rc = parse_shards(c, shards, path);
+    }
+    cJSON_Delete(m);
+    if (rc) qr_ckpt_info_free(c);
+    c->complete = rc == QR_OK;
+    return rc;
+}
+
+/* ---- the folder ------------------------------------------------------------- */
+
+/* "ckpt-0000001200" -> 1200; -1 for any other name. */
+static int64_t step_of_name(const char *name) {
+    if (strncmp(name, "ckpt-", 5)) return -1;
+    int64_t step;
+    return qr__parse_int64(name + 5, 0, INT64_MAX / 2, &step) || strchr(name, '.') ? -1 : step;
+}
+
+static int cmp_newest_first(const void *a, const void *b) {
+    const qr_ckpt_info *x = a, *y = b;
+    return (x->step < y->step) - (x->step > y->step);
+}
+
+int qr_ckpt_list(const char *dir, qr_ckpt_info **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return QR_OK;
+        return qr__fail(QR_EIO, "cannot read checkpoint folder '%s': %s", dir, strerror(errno));
+    }
+    qr_ckpt_info *list = NULL;
+    int count = 0, cap = 0, rc = QR_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) && !rc) {
+        int64_t step = step_of_name(e->d_name);
+        if (step < 0) continue;
+        if (count == cap) {
+            cap = cap ? 2 * cap : 16;
+            qr_ckpt_info *grown = realloc(list, (size_t)cap * sizeof *grown);
+            if (!grown) {
+                rc = qr__fail(QR_ENOMEM, "out of memory listing '%s'", dir);
+                break;
+            }
+            list = grown;
+        }
+        qr_ckpt_info *c = &list[count++];
+        memset(c, 0, sizeof *c);
+        c->step = step;
+        snprintf(c->path, sizeof c->path, "%s/%s", dir, e->d_name);
+        qr_ckpt_read_manifest(c); /* complete stays false when it fails */
+    }
+    closedir(d);
+    if (rc) {
+        qr_ckpt_list_free(list, count);
+        return rc;
+    }
+    qsort(list, (size_t)count, sizeof *list, cmp_newest_first);
+    *out = list;
+    *n = count;
+    return QR_OK;
+}
+
+static int verify_shard(const qr_ckpt_info *c, const qr_ckpt_shard *s) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", c->path, s->file);
+    FILE *f = fopen(path, "rb");
+    if (!f) return qr__fail(QR_EIO, "checkpoint shard '%s' cannot be opened: %s", path, strerror(errno));
+    static const size_t chunk = 4u << 20;
+    uint8_t *buf = malloc(chunk);
+    uint32_t crc = (uint32_t)crc32(0L, Z_NULL, 0);
+    uint64_t bytes = 0;
+    size_t got;
+    while (buf && (got = fread(buf, 1, chunk, f)) > 0) {
+        crc = (uint32_t)crc32_z(crc, buf, got);
+        bytes += got;
+    }
+    bool read_error = ferror(f);
+    fclose(f);
+    free(buf);
+    if (!buf) return qr__fail(QR_ENOMEM, "out of memory verifying '%s'", path);
+    if (read_error) return qr__fail(QR_EIO, "reading checkpoint shard '%s' failed", path);
+    if (bytes != s->bytes)
+        return qr__fail(QR_EIO, "checkpoint shard '%s' has %llu bytes, the manifest says %llu "
+                        "(truncated?)", path, (unsigned long long)bytes,
+                        (unsigned long long)s->bytes);
+    if (crc != s->crc32)
+        return qr__fail(QR_EIO, "checkpoint shard '%s' has crc32 %08x, the manifest says %08x "
+                        "(corrupt)", path, crc, s->crc32);
+    qr_st_file st;
+    int rc = qr_st_open(&st, path);
+    if (!rc) qr_st_close(&st);
+    return rc;
+}
+
+int qr_ckpt_verify(const qr_ckpt_info *c) {
+    if (!c->complete)
+        return qr__fail(QR_EIO, "checkpoint '%s' has no readable %s (unfinished or torn)",
+                        c->path, MANIFEST);
+    for (int i = 0; i < c->nshards; i++) {
+        int rc = verify_shard(c, &c->shards[i]);
+        if (rc) return rc;
+    }
+    return QR_OK;
+}
+
+int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
+    qr_ckpt_info *list;
+    int n, rc = qr_ckpt_list(dir, &list, &n);
+    if (rc) return rc;
+    rc = QR_ENOTFOUND;
+    for (int i = 0; i < n; i++) {
+        if (!list[i].complete) {
+            /* The newest may be one being written right now, or one a
+             * crash interrupted: either way it is not a checkpoint. */
+            qr__log(QR_LOG_WARN, "checkpoint %s is incomplete (no readable manifest.json): "
+                    "skipped", list[i].path);
+            continue;
+        }
+        if (qr_ckpt_verify(&list[i])) {
+            qr__log(QR_LOG_WARN, "checkpoint skipped: %s", qr_last_error());
+            continue;
+        }
+        *out = list[i];
+        list[i].shards = NULL; /* moved to *out */
+        rc = QR_OK;
+        break;
+    }
+    qr_ckpt_list_free(list, n);
+    return rc;
+}
+
+/* rm -r of a checkpoint folder (it holds files only). */
+static int remove_ckpt(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) return qr__fail(QR_EIO, "cannot open '%s': %s", path, strerror(errno));
+    struct dirent *e;
+    char file[4400];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+        unlink(file);
+    }
+    closedir(d);
+    if (rmdir(path)) return qr__fail(QR_EIO, "cannot remove '%s': %s", path, strerror(errno));
+    return QR_OK;
+}
+
+int qr_ckpt_prune(const char *dir, int keep) {
+    qr_ckpt_info *list;
+    int n, rc = qr_ckpt_list(dir, &list, &n);
+    if (rc) return rc;
+    int complete = 0;
+    bool removed = false;
+    for (int i = 0; i < n; i++) {
+        bool drop = list[i].complete ? ++complete > keep : complete > 0;
+        if (!drop) continue;
+        if (remove_ckpt(list[i].path)) qr__log(QR_LOG_WARN, "pruning checkpoints: %s", qr_last_error());
+        else removed = true;
+    }
+    qr_ckpt_list_free(list, n);
+    return removed ? qr_fsync_dir(dir) : QR_OK;
+}
