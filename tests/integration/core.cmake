@@ -27,3 +27,8 @@ qr_integration_test(integration_liveness test_liveness.py)
 set_tests_properties(integration_liveness PROPERTIES SKIP_RETURN_CODE 77)
 qr_integration_test(integration_waits_bounded test_waits.py)
 qr_integration_test(integration_fused_apply test_fused_apply.py)
+# Checkpoints: resume, fallback, mismatch, async (safetensors read back
+# with the venv's Python, which scripts/test.sh makes).
+foreach(case resume fallback mismatch async)
+  qr_integration_test(integration_checkpoint_${case} test_checkpoint.py ${QR_VENV_PYTHON} ${case})
+endforeach()

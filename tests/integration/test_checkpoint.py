@@ -1,0 +1,197 @@
+"""test_checkpoint.py - checkpoints and restore with real clusters
+(`quorum launch`), and the shards read back with the safetensors library.
+
+  resume     sync, 2 ps, 2 workers, Adam, --init-tokens 0: a run stopped at
+             step 40 (its final checkpoint) and resumed to step 80 ends with
+             the params_digest of an uninterrupted 80-step run; every shard
+             of every checkpoint holds the same global step, Adam's slots
+             under TensorFlow's names, and safetensors.numpy and
+             safetensors.torch read them; periodic checkpoints every 20
+             steps, pruned to --keep-checkpoints
+  fallback   the newest checkpoint corrupted (one byte of a shard), torn
+             (a manifest cut short) or incomplete (a shard missing): each
+             time the restore warns naming the file and takes the previous
+             complete one
+  mismatch   a checkpoint restored into a model of other shapes is refused,
+             naming the variable and both shapes; a different number of ps
+             tasks is refused, naming both counts
+  async      one ps, async: resumed runs continue the global step; several
+             ps in async mode are refused with the reason
+Usage: test_checkpoint.py QUORUM_BINARY VENV_PYTHON CASE"""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from qrtest import Proc, last_json
+
+quorum, venv_python, case = sys.argv[1], sys.argv[2], sys.argv[3]
+work = tempfile.mkdtemp(prefix="qr-ckpt-test-")
+
+
+def launch(args, expect_ok=True, timeout=180):
+    p = Proc([quorum, "launch", "--quiet", "--json"] + args)
+    rc, out, err = p.wait(timeout)
+    if expect_ok:
+        assert rc == 0, "launch %s failed (%d):\n%s" % (" ".join(args), rc, err[-3000:])
+        return last_json(out), err
+    return rc, err
+
+
+def ckpts(d):
+    return sorted(glob.glob(os.path.join(d, "ckpt-*")))
+
+
+def manifest(path):
+    with open(os.path.join(path, "manifest.json")) as f:
+        return json.load(f)
+
+
+def read_shards(path):
+    """{file: {tensor: (dtype, shape, first value)}} with safetensors."""
+    code = r"""
+import json, sys
+from safetensors.numpy import load_file
+from safetensors.torch import load_file as load_torch
+out = {}
+for f in sys.argv[1:]:
+    arrays = load_file(f)
+    torch_keys = set(load_torch(f).keys())
+    assert torch_keys == set(arrays), "torch and numpy disagree on " + f
+    out[f] = {k: [str(v.dtype), list(v.shape), float(v.reshape(-1)[0]) if v.size else None]
+              for k, v in arrays.items()}
+print(json.dumps(out))
+"""
+    files = sorted(glob.glob(os.path.join(path, "shard-*.safetensors")))
+    res = subprocess.run([venv_python, "-c", code] + files, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+SYNC = ["--ps", "2", "--workers", "2", "--mode", "sync", "--init-tokens", "0",
+        "--optimizer", "adam", "--hidden", "32"]
+
+try:
+    if case == "resume":
+        whole, _ = launch(SYNC + ["--steps", "80"])
+        d = os.path.join(work, "ckpt")
+        first, err = launch(SYNC + ["--steps", "40", "--checkpoint-dir", d,
+                                    "--checkpoint-steps", "20", "--keep-checkpoints", "5"])
+        assert "no checkpoint in" in err, err
+        assert first["global_step"] == 40
+        names = [os.path.basename(c) for c in ckpts(d)]
+        assert names == ["ckpt-0000000020", "ckpt-0000000040"], names
+        second, err = launch(SYNC + ["--steps", "80", "--checkpoint-dir", d,
+                                     "--checkpoint-steps", "20", "--keep-checkpoints", "2"])
+        assert "(global step 40)" in err and "restored" in err, err
+        assert second["global_step"] == 80
+        assert second["params_digest"] == whole["params_digest"], \
+            "resumed %s, uninterrupted %s" % (second["params_digest"], whole["params_digest"])
+        assert second["params_digest"] != first["params_digest"]
+        # keep 2: the two newest stay
+        names = [os.path.basename(c) for c in ckpts(d)]
+        assert names == ["ckpt-0000000060", "ckpt-0000000080"], names
+        for c in ckpts(d):
+            m = manifest(c)
+            step = int(c.rsplit("-", 1)[1])
+            assert m["global_step"] == step and m["num_shards"] == 2 and m["mode"] == "sync"
+            shards = read_shards(c)
+            assert len(shards) == 2
+            tensors = {}
+            for f, t in shards.items():
+                assert t["global_step"][:2] == ["int64", []], t["global_step"]
+                assert t["global_step"][2] == step, (f, t["global_step"])
+                tensors.update(t)
+            for var in ("layer0/weights", "layer0/bias", "layer1/weights", "layer1/bias"):
+                assert var in tensors, sorted(tensors)
+                assert tensors[var + "/Adam"][1] == tensors[var][1]    # m
+                assert tensors[var + "/Adam_1"][1] == tensors[var][1]  # v
+            assert tensors["layer0/weights"][1] == [64, 32]
+            positions = [t for t in shards.values() if "quorum/worker_data_position" in t]
+            assert len(positions) == 1  # on ps 0's shard
+        print("ok: resumed at 40 -> 80 has the uninterrupted digest %s; shards at one step, "
+              "Adam slots named as TensorFlow's, read by safetensors numpy and torch"
+              % whole["params_digest"])
+
+    elif case == "fallback":
+        d = os.path.join(work, "ckpt")
+        launch(SYNC + ["--steps", "30", "--checkpoint-dir", d, "--checkpoint-steps", "10"])
+        assert len(ckpts(d)) == 3
+
+        def resume_from():
+            res, err = launch(SYNC + ["--steps", "31", "--checkpoint-dir", d,
+                                      "--checkpoint-steps", "1000", "--checkpoint-secs", "0"])
+            return err
+
+        newest = ckpts(d)[-1]
+        shard = os.path.join(newest, "shard-00001-of-00002.safetensors")
+        with open(shard, "r+b") as f:
+            f.seek(os.path.getsize(shard) - 3)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xff]))
+        err = resume_from()
+        assert "crc32" in err and shard in err, err
+        assert "(global step 20)" in err, err
+        print("ok: a corrupt shard is named (crc32) and step 20 restored instead")
+        # The run just wrote ckpt-31; tear its manifest.
+        newest = ckpts(d)[-1]
+        assert newest.endswith("0000000031"), ckpts(d)
+        mpath = os.path.join(newest, "manifest.json")
+        text = open(mpath).read()
+        with open(mpath, "w") as f:
+            f.write(text[:len(text) // 2])
+        err = resume_from()
+        assert mpath.rsplit("/", 1)[0] in err and "incomplete" in err, err
+        assert "(global step 20)" in err, err
+        print("ok: a torn manifest is skipped with a warning naming it")
+        # a missing shard
+        shutil.rmtree(ckpts(d)[-1])  # the one just written at 31 again
+        newest = ckpts(d)[-1]
+        os.unlink(os.path.join(newest, "shard-00000-of-00002.safetensors"))
+        err = resume_from()
+        assert "shard-00000-of-00002.safetensors" in err and "cannot be opened" in err, err
+        print("ok: a missing shard is named, and the previous checkpoint used")
+
+    elif case == "mismatch":
+        d = os.path.join(work, "ckpt")
+        launch(SYNC + ["--steps", "10", "--checkpoint-dir", d])
+        other = [a if a != "32" else "48" for a in SYNC]
+        rc, err = launch(other + ["--steps", "20", "--checkpoint-dir", d], expect_ok=False)
+        assert rc != 0
+        assert "layer0/weights" in err and "[64,48]" in err and "[64,32]" in err, err
+        print("ok: other shapes are refused naming the variable and both shapes")
+        three = [a if a != "2" else "3" for a in SYNC[:2]] + SYNC[2:]
+        rc, err = launch(three + ["--steps", "20", "--checkpoint-dir", d], expect_ok=False)
+        assert rc != 0 and "has 2 shards" in err and "3 ps tasks" in err, err
+        print("ok: another number of ps tasks is refused naming both")
+
+    elif case == "async":
+        d = os.path.join(work, "ckpt")
+        base = ["--ps", "1", "--workers", "2", "--mode", "async", "--optimizer", "adam_async",
+                "--checkpoint-dir", d, "--checkpoint-steps", "25"]
+        first, err = launch(base + ["--steps", "50"])
+        assert first["global_step"] >= 50
+        last = ckpts(d)[-1]
+        step = manifest(last)["global_step"]
+        assert step >= first["global_step"], (step, first["global_step"])  # the final one
+        tensors = read_shards(last)[os.path.join(last, "shard-00000-of-00001.safetensors")]
+        # AdamAsync keeps its powers per variable: scalar slots
+        assert tensors["layer0/weights/AdamAsync_2"][1] == [], tensors["layer0/weights/AdamAsync_2"]
+        second, err = launch(base + ["--steps", "100"])
+        assert "(global step %d)" % step in err, err
+        assert second["global_step"] >= 100
+        print("ok: async on one ps resumes at global step %d" % step)
+        rc, err = launch(["--ps", "2", "--workers", "1", "--mode", "async", "--steps", "5",
+                          "--checkpoint-dir", d], expect_ok=False)
+        assert rc != 0 and "cut agreed across them" in err, err
+        print("ok: async with 2 ps is refused with the reason")
+    else:
+        raise SystemExit("unknown case " + case)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
