@@ -29,7 +29,7 @@ static void usage(FILE *f) {
             "  ps       run one parameter-server task of a cluster\n"
             "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
             "  train    --local: the single-process reference of synchronous training\n"
-            "  bench    benchmarks: quorum bench wire | quorum bench optim\n"
+            "  bench    benchmarks: quorum bench wire | optim | ckpt\n"
             "  version  print the version\n\n"
             "`quorum <command> --help` describes a command's options.\n",
             qr_version());
@@ -193,6 +193,7 @@ static int cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
         printf("usage: quorum bench wire [options]    push/pull throughput and latency vs raw sockets\n"
                "       quorum bench optim [options]   optimizer applies vs memory bandwidth\n"
+               "       quorum bench ckpt [options]    checkpoint pause and write speed vs the disk\n"
                "`quorum bench NAME --help` lists a benchmark's options.\n");
         return argc < 1 ? 2 : 0;
     }
@@ -201,7 +202,8 @@ static int cmd_bench(int argc, char **argv) {
         argv[0] = "quorum bench optim"; /* its usage line names the program */
         return qr_bench_optim_main(argc, argv);
     }
-    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire or optim)\n", argv[0]);
+    if (!strcmp(argv[0], "ckpt")) return qr_bench_ckpt_main(argc, argv);
+    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim or ckpt)\n", argv[0]);
     return 2;
 }
 

@@ -43,7 +43,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 
 /* What a shard holds of one variable while it is written. */
 typedef struct ckpt_entry {
@@ -275,8 +277,19 @@ static void on_tensor_written(void *ctx, int index) {
     }
 }
 
+/* The writer runs at a lower priority than the ps loop: on a machine with
+ * fewer free cores than busy threads (the writer checksums and copies into
+ * the page cache at full speed), the loop would otherwise lose whole
+ * scheduler slices to it, and every push and pull would wait. Only libuv's
+ * pool threads are lowered, and only once they write a checkpoint (a ps
+ * uses the pool for nothing else). */
+static void lower_priority(void) {
+    setpriority(PRIO_PROCESS, (id_t)gettid(), 10);
+}
+
 static void write_shard(uv_work_t *w) {
     ckpt_job *j = w->data;
+    lower_priority();
     char dir[4200];
     snprintf(dir, sizeof dir, "%s", j->path);
     *strrchr(dir, '/') = '\0';
@@ -320,12 +333,15 @@ static void on_shard_written(uv_work_t *w, int status) {
 }
 
 /* Take this ps's shard at `step` and write it off the loop. */
-static int start_shard(qr_ps *ps, uint64_t id, int64_t step) {
+int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step) {
     if (ps->ckpt.job)
         return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
     ckpt_job *j;
+    uint64_t t0 = qr__now_ns();
     int rc = snapshot(ps, id, step, &j);
     if (rc) return rc;
+    ps->ckpt.last_snapshot_ms = (double)(qr__now_ns() - t0) / 1e6;
+    ps->ckpt.max_snapshot_ms = QR_MAX(ps->ckpt.max_snapshot_ms, ps->ckpt.last_snapshot_ms);
     j->work.data = j;
     rc = uv_queue_work(&ps->loop, &j->work, write_shard, on_shard_written);
     if (rc) {
@@ -349,6 +365,7 @@ typedef struct manifest_job {
 
 static void write_manifest(uv_work_t *w) {
     manifest_job *m = w->data;
+    lower_priority();
     m->status = qr_ckpt_write_manifest(&m->info);
     if (!m->status && qr_ckpt_prune(m->ps->ckpt.dir, m->keep))
         qr__log(QR_LOG_WARN, "removing old checkpoints: %s", qr_last_error());
@@ -424,26 +441,49 @@ static void shard_written(qr_ps *ps, int index, int status, const char *error,
     if (--c->shards_pending == 0) shards_complete(ps);
 }
 
+/* Collect the shards of the checkpoint at `step`: this ps's, and in sync
+ * mode the others' (async: the CUT that ckpt_cut.c sent asks for them). */
+void qr__ckpt_take(qr_ps *ps, int64_t step) {
+    ps_ckpt *c = &ps->ckpt;
+    c->step = step;
+    c->shards = qr__calloc((size_t)ps->cluster->nps, sizeof *c->shards);
+    if (!c->shards) {
+        qr__ckpt_failed(ps, "out of memory");
+        return;
+    }
+    c->shards_pending = ps->cluster->nps;
+    if (ps->sync.on) {
+        qr_wbuf meta = {0};
+        qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
+                                              .step = step});
+        for (int k = 1; k < ps->cluster->nps; k++) qr__coord_link_ckpt(ps, k, &meta);
+        qr_wbuf_free(&meta);
+    }
+    if (qr__ckpt_start_shard(ps, c->next_id, step)) {
+        char error[512];
+        snprintf(error, sizeof error, "%s", qr_last_error());
+        shard_written(ps, 0, QR_EINTERNAL, error, NULL);
+    }
+}
+
+void qr__ckpt_failed(qr_ps *ps, const char *why) {
+    ps_ckpt *c = &ps->ckpt;
+    qr__log(QR_LOG_WARN, "checkpoint at step %lld given up: %s", (long long)c->step, why);
+    /* Not again at once: a late reply of this one must not be taken for
+     * the next one's. */
+    c->retry_ns = qr__now_ns() + 1000000000ull;
+    finish_checkpoint(ps);
+}
+
 static void start_checkpoint(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->busy = true;
     c->step = ps->global_step;
     c->started_ns = c->last_ns = qr__now_ns();
     c->failure[0] = '\0';
-    c->shards = qr__calloc((size_t)ps->cluster->nps, sizeof *c->shards);
-    if (!c->shards) {
-        c->busy = false;
-        return;
-    }
-    c->shards_pending = ps->cluster->nps;
-    uint64_t id = ++c->next_id;
-    qr_msg_ckpt m = {.phase = QR_CKPT_SNAPSHOT, .id = id, .step = c->step};
-    for (int k = 1; k < ps->cluster->nps; k++) qr__coord_link_ckpt(ps, k, &m);
-    if (start_shard(ps, id, c->step)) {
-        char error[512];
-        snprintf(error, sizeof error, "%s", qr_last_error());
-        shard_written(ps, 0, QR_EINTERNAL, error, NULL);
-    }
+    c->next_id++;
+    if (!ps->sync.on && ps->cluster->nps > 1) qr__ckpt_cut_begin(ps);
+    else qr__ckpt_take(ps, ps->global_step);
 }
 
 static void finish_checkpoint(qr_ps *ps) {
@@ -476,7 +516,7 @@ static bool due(const qr_ps *ps) {
 
 void qr__ckpt_step_done(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
-    if (!c->dir || ps->index != 0 || c->busy || ps->stopping) return;
+    if (!c->dir || ps->index != 0 || c->busy || ps->stopping || qr__now_ns() < c->retry_ns) return;
     if (c->want_final) c->final_started = true;
     if (c->want_final || due(ps)) start_checkpoint(ps);
 }
@@ -501,6 +541,8 @@ bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
 }
 
 void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta) {
+    if (qr__ckpt_cut_report(ps, index, f, meta)) return;
+    if (!ps->ckpt.shards) return; /* RELEASE's reply, or a late one */
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_shard shard = {0};
@@ -517,6 +559,7 @@ void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t 
 
 void qr__ckpt_link_lost(qr_ps *ps, int index) {
     ps_ckpt *c = &ps->ckpt;
+    qr__ckpt_cut_link_lost(ps, index);
     if (!c->busy || !c->shards || c->shards[index].bytes) return;
     shard_written(ps, index, QR_EPEERLOST, "the link to it was lost while it wrote its shard",
                   NULL);
@@ -524,12 +567,22 @@ void qr__ckpt_link_lost(qr_ps *ps, int index) {
 
 /* ---- ps k: CKPT from ps 0 -------------------------------------------------------- */
 
-int qr__ckpt_header(ps_peer *p, const qr_frame *f) {
+int qr__ckpt_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->role != QR_ROLE_COORDINATOR)
         return qr__fail(QR_EINVAL, "CKPT comes from ps 0's coordinator link only");
     if (!p->ps->ckpt.dir)
         return qr__fail(QR_EINVAL, "CKPT: %s was started without --checkpoint-dir", p->ps->name);
-    return qr__peer_check_small(f, QR_MSG_CKPT_LEN);
+    if (f->meta_len < QR_MSG_CKPT_LEN || f->payload_len)
+        return qr__fail(QR_EPROTO, "CKPT: %u meta bytes, at least %d and no payload expected",
+                        f->meta_len, QR_MSG_CKPT_LEN);
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_ckpt m;
+    qr_msg_get_ckpt(&r, &m);
+    if ((uint64_t)f->meta_len != QR_MSG_CKPT_LEN + (uint64_t)m.count * QR_MSG_CUT_LEN)
+        return qr__fail(QR_EPROTO, "CKPT: %u meta bytes do not hold %u cut records",
+                        f->meta_len, m.count);
+    return QR_OK;
 }
 
 void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -538,8 +591,13 @@ void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_ckpt m;
     qr_msg_get_ckpt(&r, &m);
-    if (m.phase != QR_CKPT_SNAPSHOT || m.count != 0) {
-        qr__peer_reply_error(p, f, QR_EINVAL, "CKPT: unknown phase");
+    bool async_cut = !ps->sync.on && ps->ckpt.marks;
+    if (async_cut && m.phase >= QR_CKPT_HOLD && m.phase <= QR_CKPT_RELEASE) {
+        qr__ckpt_cut_message(p, f, &m, &r);
+        return;
+    }
+    if (m.phase != QR_CKPT_SNAPSHOT || m.count != 0 || !ps->sync.on) {
+        qr__peer_reply_error(p, f, QR_EINVAL, "CKPT: a phase this ps does not take in its mode");
         return;
     }
     if (ps->sync.on && m.step != ps->sync.step) {
@@ -549,7 +607,7 @@ void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
         return;
     }
-    if (start_shard(ps, m.id, m.step)) {
+    if (qr__ckpt_start_shard(ps, m.id, m.step)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", qr_last_error());
         qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
@@ -561,6 +619,7 @@ void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 
 void qr__ckpt_peer_lost(ps_peer *p) {
     ps_ckpt *c = &p->ps->ckpt;
+    qr__ckpt_cut_peer_lost(p);
     if (c->reply_peer == p) c->reply_peer = NULL;
     if (c->stop_peer == p) c->stop_peer = NULL;
 }
@@ -590,6 +649,8 @@ void qr__ckpt_stats_json(const qr_ps *ps, cJSON *obj) {
     cJSON_AddNumberToObject(j, "last_bytes", (double)c->last_bytes);
     cJSON_AddNumberToObject(j, "last_unix_time", c->last_unix_time);
     cJSON_AddNumberToObject(j, "restored_step", (double)c->restored_step);
+    cJSON_AddNumberToObject(j, "last_snapshot_ms", c->last_snapshot_ms);
+    cJSON_AddNumberToObject(j, "max_snapshot_ms", c->max_snapshot_ms);
 }
 
 /* ---- restore ---------------------------------------------------------------------- */
@@ -732,10 +793,6 @@ int qr__ckpt_init(qr_ps *ps) {
     c->last_step = c->restored_step = -1;
     const char *dir = qr__config_str(ps->cfg, "checkpoint-dir");
     if (!dir[0]) return QR_OK;
-    if (!ps->sync.on && ps->cluster->nps > 1)
-        return qr__fail(QR_EINVAL, "--checkpoint-dir: checkpoints of an async run with %d ps "
-                        "tasks would need a cut agreed across them, which quorum does not take "
-                        "yet; use one ps, or --mode sync", ps->cluster->nps);
     c->dir = qr__strdup(dir);
     c->every_secs = qr__config_int(ps->cfg, "checkpoint-secs");
     c->every_steps = qr__config_int(ps->cfg, "checkpoint-steps");
@@ -761,8 +818,20 @@ int qr__ckpt_init(qr_ps *ps) {
     return rc;
 }
 
+int qr__ckpt_loop_init(qr_ps *ps) {
+    if (!ps->ckpt.dir || ps->sync.on || ps->cluster->nps == 1) return QR_OK;
+    int rc = qr__ckpt_cut_init(ps);
+    if (!rc && ps->index == 0) rc = qr__coord_links_init(ps);
+    return rc;
+}
+
+void qr__ckpt_close(qr_ps *ps) {
+    qr__ckpt_cut_close(ps);
+}
+
 void qr__ckpt_free(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
+    qr__ckpt_cut_free(ps);
     free(c->dir);
     free(c->shards);
     free(c->data_pos);

@@ -70,13 +70,14 @@ static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
 }
 
 /* The staleness histogram of async pushes here, and on ps 0 of a sync
- * run the coordinator's figures. */
+ * run the coordinator's figures, and the checkpoints'. */
 static void stats_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "ps", ps->index);
     qr__push_stats_json(ps, j);
     if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
+    if (ps->index == 0) qr__ckpt_stats_json(ps, j);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     qr_wbuf out = {0};

@@ -50,7 +50,7 @@ struct coord_link {
     bool apply_sent;
     bool stop_wanted, stop_sent;
     bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
-    qr_msg_ckpt ckpt;
+    qr_wbuf ckpt;
 };
 
 static const qr_conn_events link_events;
@@ -169,10 +169,7 @@ static void link_flush(coord_link *l) {
         return;
     }
     if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
-        qr_wbuf meta = {0};
-        qr_msg_put_ckpt(&meta, &l->ckpt);
-        link_send(l, QR_MSG_CKPT, &meta);
-        qr_wbuf_free(&meta);
+        link_send(l, QR_MSG_CKPT, &l->ckpt);
         l->ckpt_wanted = false;
     }
     if (l->apply_step >= 0 && !l->apply_sent) {
@@ -217,7 +214,7 @@ static void on_link_connected(qr_conn *c, int status) {
     l->attempts = 0;
     l->down_ns = 0;
     qr_wbuf meta = {0};
-    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = 1});
+    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = l->ps->sync.on});
     link_send(l, QR_MSG_HELLO, &meta);
     qr_wbuf_free(&meta);
     link_flush(l);
@@ -453,15 +450,11 @@ static void on_timer(uv_timer_t *t) {
 
 /* ---- requests -------------------------------------------------------------- */
 
-int qr__coord_init(qr_ps *ps) {
+int qr__coord_links_init(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     int nlinks = ps->cluster->nps - 1;
-    s->quorum = qr__calloc((size_t)s->R, sizeof *s->quorum);
     s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
-    s->in_quorum = qr__calloc((size_t)s->N, sizeof *s->in_quorum);
-    s->stale_by_worker = qr__calloc((size_t)s->N, sizeof *s->stale_by_worker);
-    if (!s->quorum || !s->links || !s->in_quorum || !s->stale_by_worker)
-        return QR_ENOMEM;
+    if (!s->links) return QR_ENOMEM;
     for (int i = 0; i < nlinks; i++) {
         coord_link *l = &s->links[i];
         l->ps = ps;
@@ -472,6 +465,18 @@ int qr__coord_init(qr_ps *ps) {
         int rc = qr_addr_parse(ps->cluster->ps[i + 1], &l->addr);
         if (rc) return rc;
     }
+    return QR_OK;
+}
+
+int qr__coord_init(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    s->quorum = qr__calloc((size_t)s->R, sizeof *s->quorum);
+    s->in_quorum = qr__calloc((size_t)s->N, sizeof *s->in_quorum);
+    s->stale_by_worker = qr__calloc((size_t)s->N, sizeof *s->stale_by_worker);
+    if (!s->quorum || !s->in_quorum || !s->stale_by_worker)
+        return QR_ENOMEM;
+    int rc = qr__coord_links_init(ps);
+    if (rc) return rc;
     const char *path = qr__config_str(ps->cfg, "sync-stats-file");
     if (path[0]) {
         s->stats_file = fopen(path, "w");
@@ -500,6 +505,7 @@ void qr__coord_free(qr_ps *ps) {
         coord_link *l = &s->links[i];
         l->closing = true;
         if (!uv_is_closing((uv_handle_t *)&l->retry)) uv_close((uv_handle_t *)&l->retry, on_closed);
+        qr_wbuf_free(&l->ckpt);
         if (l->conn) qr_conn_close(l->conn);
     }
 }
@@ -682,9 +688,10 @@ void qr__coord_stop(qr_ps *ps) {
     }
 }
 
-void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_msg_ckpt *m) {
+void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta) {
     coord_link *l = &ps->sync.links[index - 1];
-    l->ckpt = *m;
+    qr_wbuf_reset(&l->ckpt);
+    qr_wbuf_bytes(&l->ckpt, meta->data, meta->len);
     l->ckpt_wanted = true;
     link_flush(l);
 }

@@ -16,8 +16,13 @@
 /* ---- replies ---------------------------------------------------------- */
 
 void qr__peer_reply_sent(qr_conn *c, int status, void *ctx) {
+    (void)status, (void)ctx;
+    qr__peer_drained(c);
+}
+
+void qr__peer_drained(qr_conn *c) {
     ps_peer *p = qr_conn_data(c);
-    if (p && qr_conn_paused(c) && qr_conn_pending_bytes(c) < PEER_MAX_PENDING / 2)
+    if (p && !p->parked && qr_conn_paused(c) && qr_conn_pending_bytes(c) < PEER_MAX_PENDING / 2)
         qr_conn_resume(c);
 }
 

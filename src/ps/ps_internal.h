@@ -23,6 +23,8 @@
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
  *   checkpoint.c  checkpoints (snapshot, shard written off the loop,
  *                 manifest on ps 0) and the restore at start
+ *   ckpt_cut.c    the consistent cut of an async checkpoint over several
+ *                 ps: pushes parked, reports, the cut decided by ps 0
  *   store.c   the variables and their tensors
  * Everything runs on the ps loop thread.
  */
@@ -161,6 +163,8 @@ typedef struct ps_peer {
     sync_push *incoming; /* synchronous push being received */
     uint32_t push_worker; /* the worker index the current push names */
     uint64_t push_data_pos; /* and the data position it carries */
+    uint32_t push_seq, push_nparts;
+    bool parked;          /* its push waits for a checkpoint's cut */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -275,10 +279,12 @@ typedef struct ps_ckpt {
     char failure[512];     /* the first shard's failure, "" if none */
     int64_t last_step;     /* of the newest complete checkpoint; -1 none */
     uint64_t last_ns;      /* when the last one was started */
+    uint64_t retry_ns;     /* none before this (one was given up) */
     double last_seconds;   /* how long it took, start to manifest */
     uint64_t last_bytes;
     double last_unix_time;
     uint64_t written;      /* complete checkpoints this run */
+    double last_snapshot_ms, max_snapshot_ms; /* the loop's part: the references */
     bool want_final;       /* a stop waits for the final checkpoint */
     bool final_started;
     ps_peer *stop_peer;    /* ... and the STOP request to answer after it */
@@ -290,6 +296,18 @@ typedef struct ps_ckpt {
      * checkpoint taken now holds; restored ones until they push */
     uint64_t *data_pos;
     int64_t restored_step; /* -1: started fresh */
+    /* async with several ps: the cut (checkpoint.c, "The async cut") */
+    qr_msg_mark *marks;     /* [workers]: each one's last push applied here */
+    bool holding;           /* whole pushes park instead of being applied */
+    bool park_failed;       /* one could not be parked: this cut is spoiled */
+    struct parked_push *parked, *parked_tail;
+    /* ps 0 */
+    bool collecting;        /* waiting for the reports of a HOLD or QUERY */
+    int reports_pending;
+    qr_wbuf *reports;       /* [nps]: each ps's last report */
+    uint64_t hold_ns;       /* when the hold began */
+    uv_timer_t poll;
+    bool poll_init;
 } ps_ckpt;
 
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
@@ -373,6 +391,9 @@ int qr__peer_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *m
 /* The callback of a reply with none of its own; one that has its own
  * calls it at the end (it resumes a paused connection). */
 void qr__peer_reply_sent(qr_conn *c, int status, void *ctx);
+/* The connection's queued replies reached the kernel (the `drained`
+ * event): read it again if it was paused for them. */
+void qr__peer_drained(qr_conn *c);
 /* Status and message (sent as meta, also logged at debug level). */
 void qr__peer_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg);
 /* QR_OK with an i64 step: PUSH, STEP, COMMIT, TOKEN, CLOCK. */
@@ -456,6 +477,12 @@ void qr__bound_close(qr_ps *ps);
 
 /* coord.c: ps 0 */
 int qr__coord_init(qr_ps *ps);
+/* Only the links to the other ps tasks (async runs that checkpoint). */
+int qr__coord_links_init(qr_ps *ps);
+/* ps 0 has links to the other ps tasks (sync, or async checkpoints). */
+static inline bool qr__ps_has_links(const qr_ps *ps) {
+    return ps->index == 0 && ps->sync.links != NULL;
+}
 void qr__coord_free(qr_ps *ps);
 void qr__coord_ready(qr_ps *ps, int64_t step_limit);
 /* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
@@ -474,6 +501,14 @@ bool qr__coord_links_busy(qr_ps *ps);
 /* Read the options; restore the newest complete checkpoint, if any. */
 int qr__ckpt_init(qr_ps *ps);
 void qr__ckpt_free(qr_ps *ps);
+/* After the loop exists: ps 0's links and timer of an async cut. */
+int qr__ckpt_loop_init(qr_ps *ps);
+void qr__ckpt_close(qr_ps *ps);
+/* An async push is complete: true if it was parked for a cut (the
+ * caller leaves its buffers alone; it is applied later). */
+bool qr__ckpt_park(ps_peer *p, const qr_frame *f);
+/* An async push was applied here. */
+void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 /* ps 0, after the global step advanced: take a checkpoint if one is due. */
 void qr__ckpt_step_done(qr_ps *ps);
 /* ps 0 asked to stop by a worker's STOP (p, f): if a final checkpoint is
@@ -486,15 +521,32 @@ int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos);
 uint64_t qr__ckpt_restored_pos(const qr_ps *ps, int worker);
 /* CKPT from ps 0 (ps k), and its reply on ps 0's link. */
-int qr__ckpt_header(ps_peer *p, const qr_frame *f);
+int qr__ckpt_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_link_lost(qr_ps *ps, int index);
 void qr__ckpt_peer_lost(ps_peer *p);
 void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
+/* checkpoint.c, for ckpt_cut.c: this ps's shard at `step`; ps 0: collect
+ * the shards of the checkpoint at `step`, or give it up. */
+int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step);
+void qr__ckpt_take(qr_ps *ps, int64_t step);
+void qr__ckpt_failed(qr_ps *ps, const char *why);
 
-/* coord.c: queue a CKPT request on the link to ps `index` (sent before any
- * APPLY queued after it). */
-void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_msg_ckpt *m);
+/* ckpt_cut.c: the consistent cut of async checkpoints over several ps. */
+int qr__ckpt_cut_init(qr_ps *ps);
+void qr__ckpt_cut_close(qr_ps *ps);
+void qr__ckpt_cut_free(qr_ps *ps);
+void qr__ckpt_cut_begin(qr_ps *ps);
+/* ps 0: a HOLD or QUERY reply; false if none was expected. */
+bool qr__ckpt_cut_report(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
+void qr__ckpt_cut_link_lost(qr_ps *ps, int index);
+/* ps k: HOLD, QUERY, CUT, RELEASE (r is positioned after the head). */
+void qr__ckpt_cut_message(ps_peer *p, const qr_frame *f, const qr_msg_ckpt *m, qr_rbuf *r);
+void qr__ckpt_cut_peer_lost(ps_peer *p);
+
+/* coord.c: queue a CKPT request (its meta) on the link to ps `index`,
+ * sent before any APPLY queued after it. */
+void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta);
 
 #endif /* QR_PS_INTERNAL_H */

@@ -116,6 +116,8 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     bool sync = f->flags & QR_PUSH_SYNC;
     p->push_worker = head.worker;
     p->push_data_pos = head.data_pos;
+    p->push_seq = head.seq;
+    p->push_nparts = head.nparts;
     if (sync && (f->flags & QR_PUSH_DELTA))
         return qr__fail(QR_EINVAL, "PUSH: delta pushes are for async training");
     if (sync != p->ps->sync.on)
@@ -363,6 +365,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     bool step = f->flags & QR_PUSH_STEP;
     push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
+    if (qr__ckpt_park(p, f)) return; /* applied when the checkpoint's cut is decided */
     if (check_items(p, f) || prepare_tensors(p, f, &a)) return;
     a.ack_first = can_ack_first(p);
     if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
@@ -370,7 +373,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     for (int i = 0; i < p->nitems && !rc; i++)
         if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);
     qr__recv_pool_put(&ps->recv_pool, a.save, a.save_cap);
-    if (!rc) qr__ckpt_data_pos(ps, p->push_worker, p->push_data_pos);
+    if (!rc) qr__ckpt_applied(ps, p);
     if (!rc && step) rc = count_step(p);
     if (rc && a.ack_first) {
         qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", qr_last_error());

@@ -48,7 +48,7 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_PUSH: return qr__push_header(p, f, meta);
     case QR_MSG_PULL: return qr__pull_header(p, f, meta);
     case QR_MSG_CREATE: return qr__create_header(p, f, meta);
-    case QR_MSG_CKPT: return qr__ckpt_header(p, f);
+    case QR_MSG_CKPT: return qr__ckpt_header(p, f, meta);
     default: return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
     }
 }
@@ -103,7 +103,8 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
         }
     }
-    qr__peer_release_recv(p); /* every request is done with its payload by now */
+    /* Every request is done with its payload by now, but a parked push. */
+    if (!p->parked) qr__peer_release_recv(p);
 }
 
 /* More of a push's payload is in: check the new part while it is hot. */
@@ -170,6 +171,7 @@ static void on_handle_closed(uv_handle_t *h) {
 }
 
 static void close_loop_handles(qr_ps *ps) {
+    qr__ckpt_close(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
         uv_close((uv_handle_t *)&ps->linger_timer, on_handle_closed);
     if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
@@ -180,8 +182,8 @@ void qr__ps_finish_if_idle(qr_ps *ps) {
     /* Done once every peer has hung up and ps 0's links have delivered
      * their STOP (or given up). */
     if (!ps->stopping || ps->npeers != 0) return;
-    if (ps->sync.on && ps->index == 0 && qr__coord_links_busy(ps)) return;
-    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
+    if (qr__ps_has_links(ps) && qr__coord_links_busy(ps)) return;
+    if (qr__ps_has_links(ps)) qr__coord_free(ps);
     close_loop_handles(ps);
 }
 
@@ -191,14 +193,14 @@ static void on_linger_timeout(uv_timer_t *t) {
         qr__log(QR_LOG_INFO, "closing %d connection(s) still open %d ms after the stop",
                 ps->npeers, ps->linger_ms);
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
-    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
+    if (qr__ps_has_links(ps)) qr__coord_free(ps);
     close_loop_handles(ps);
 }
 
 void qr__ps_begin_stop(qr_ps *ps) {
     if (ps->stopping) return;
     ps->stopping = true;
-    if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
+    if (qr__ps_has_links(ps)) qr__coord_stop(ps);
     if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;
@@ -276,6 +278,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     }
     ps->events = (qr_conn_events){.header = on_header, .payload = on_payload,
                                   .message = on_message, .lost = on_lost,
+                                  .drained = qr__peer_drained,
                                   .accepted = on_accepted};
     uv_loop_init(&ps->loop);
     uv_async_init(&ps->loop, &ps->stop_async, on_stop_async);
@@ -284,6 +287,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     ps->linger_timer.data = ps;
     if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
+    if (!rc) rc = qr__ckpt_loop_init(ps);
     if (!rc) rc = start_listening(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);
@@ -317,7 +321,7 @@ void qr_ps_free(qr_ps *ps) {
     ps->stopping = true;
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
     close_loop_handles(ps);
-    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
+    if (qr__ps_has_links(ps)) qr__coord_free(ps);
     qr__bound_close(ps);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);

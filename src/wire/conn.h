@@ -52,6 +52,10 @@ typedef struct qr_conn_events {
     void (*message)(qr_conn *c, const qr_frame *f, const uint8_t *meta);
     /* The connection is gone; c is freed right after this returns. */
     void (*lost)(qr_conn *c, int status);
+    /* Optional: spliced sends have all reached the kernel's socket (their
+     * callbacks come later, once the peer has read them and speaks
+     * again): bytes counted by qr_conn_pending_bytes went down. */
+    void (*drained)(qr_conn *c);
     /* Listeners only: a peer connected; set c's data here. */
     void (*accepted)(qr_listener *l, qr_conn *c);
 } qr_conn_events;
@@ -102,7 +106,8 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
  * which the connection checks when the peer next sends something. This
  * checks now, running the callbacks of sends read since. */
 void qr_conn_reclaim(qr_conn *c);
-/* Bytes queued for writing and not yet sent (for backpressure). */
+/* Bytes queued for writing and not yet handed to the kernel (for
+ * backpressure; spliced bytes waiting for the peer to read are not). */
 size_t qr_conn_pending_bytes(const qr_conn *c);
 /* True if everything sent so far has reached the kernel: the payload
  * buffers of the sends are no longer read, even though their callbacks

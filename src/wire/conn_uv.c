@@ -116,6 +116,7 @@ struct qr_conn {
     int splice_fd;
     struct send_req *splicing, *splicing_tail; /* in order; the head is moving */
     struct send_req *lent, *lent_tail; /* in the socket, pages not read yet */
+    size_t lent_bytes; /* of those: in the kernel already, not queued here */
     /* Sends written whole at once whose callbacks have not run: they run
      * from a prepare handle, just before the loop next waits (see
      * qr_conn_send), in order after those of earlier writes. */
@@ -249,6 +250,7 @@ static void finish_sends(qr_conn *c, send_req *list, int status) {
 static void fail_spliced(qr_conn *c, int status) {
     send_req *splicing = c->splicing, *lent = c->lent;
     c->splicing = c->splicing_tail = c->lent = c->lent_tail = NULL;
+    c->lent_bytes = 0;
     if (!status) status = QR_EPEERLOST;
     finish_sends(c, splicing, status);
     finish_sends(c, lent, status);
@@ -574,6 +576,7 @@ void qr_conn_reclaim(qr_conn *c) {
     if (!c->lent || c->closing || qr_splice_unread(c->splice_fd) != 0) return;
     send_req *lent = c->lent;
     c->lent = c->lent_tail = NULL;
+    c->lent_bytes = 0;
     finish_sends(c, lent, QR_OK);
 }
 
@@ -623,12 +626,16 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
         if (c->lent_tail) c->lent_tail->next = r;
         else c->lent = r;
         c->lent_tail = r;
+        c->lent_bytes += r->bytes;
     }
     if (c->splice_polling && !c->closing) {
         uv_poll_stop(&c->splice_poll);
         c->splice_polling = false;
     }
     if (may_reclaim) qr_conn_reclaim(c);
+    /* Not from qr_conn_send: an event never runs inside the call that
+     * caused it. */
+    if (may_reclaim && !c->closing && !c->splicing && c->ev->drained) c->ev->drained(c);
 }
 
 static void on_splice_writable(uv_poll_t *h, int status, int events) {
@@ -815,7 +822,12 @@ bool qr_conn_all_written(const qr_conn *c) {
 }
 
 size_t qr_conn_pending_bytes(const qr_conn *c) {
-    return c->pending_bytes;
+    /* Lent sends are in the kernel's socket already (their pages are
+     * borrowed, not copied), and their callbacks come only once the peer
+     * reads and speaks again: counting them would pause a connection
+     * that only its own next request could resume (a pull reply over
+     * PEER_MAX_PENDING hung the worker's next call for its whole timeout). */
+    return c->pending_bytes - c->lent_bytes;
 }
 
 /* ---- accessors ------------------------------------------------------------ */

@@ -51,6 +51,7 @@ void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m) {
     qr_wbuf_i64(b, m->local_step);
     qr_wbuf_u32(b, m->worker);
     qr_wbuf_u32(b, m->seq);
+    qr_wbuf_u32(b, m->nparts);
     qr_wbuf_u64(b, m->data_pos);
 }
 
@@ -59,6 +60,7 @@ void qr_msg_get_push_head(qr_rbuf *r, qr_msg_push_head *m) {
     m->local_step = qr_rbuf_i64(r);
     m->worker = qr_rbuf_u32(r);
     m->seq = qr_rbuf_u32(r);
+    m->nparts = qr_rbuf_u32(r);
     m->data_pos = qr_rbuf_u64(r);
 }
 
@@ -178,6 +180,32 @@ void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m) {
     m->id = qr_rbuf_u64(r);
     m->step = qr_rbuf_i64(r);
     m->count = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_cut(qr_wbuf *b, const qr_msg_cut *m) {
+    qr_wbuf_u32(b, m->include);
+    qr_wbuf_u32(b, m->seq);
+}
+
+void qr_msg_get_cut(qr_rbuf *r, qr_msg_cut *m) {
+    m->include = qr_rbuf_u32(r);
+    m->seq = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_mark(qr_wbuf *b, const qr_msg_mark *m) {
+    qr_wbuf_u32(b, m->worker);
+    qr_wbuf_u32(b, m->flags);
+    qr_wbuf_u32(b, m->seq);
+    qr_wbuf_u32(b, m->nparts);
+    qr_wbuf_u64(b, m->data_pos);
+}
+
+void qr_msg_get_mark(qr_rbuf *r, qr_msg_mark *m) {
+    m->worker = qr_rbuf_u32(r);
+    m->flags = qr_rbuf_u32(r);
+    m->seq = qr_rbuf_u32(r);
+    m->nparts = qr_rbuf_u32(r);
+    m->data_pos = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_shard(qr_wbuf *b, const qr_msg_shard *m) {

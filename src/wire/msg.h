@@ -20,7 +20,8 @@
  *              reply: u32 ready, i64 global_step, u64 data_position (the
  *                   asking worker's, from the checkpoint restored; 0 if none)
  *   PUSH       req: u32 count, i64 local_step, u32 worker, u32 seq,
- *                   u64 data_position (the worker's, after this push's
+ *                   u32 nparts (how many ps this push call went to: the
+ *                   checkpoint cut of async runs), u64 data_position (the worker's, after this push's
  *                   batches) (qr_msg_push_head), then per item a qr_msg_var:
  *                   u32 var_id, u32 kind, u64 nbytes,
  *                   u64 version (of the variable the gradient was computed at)
@@ -49,11 +50,21 @@
  *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
  *              u32 seq per member: reduce these pushes and apply the step
  *   STATS      reply: meta = JSON text of the ps's statistics
- *   CKPT       (ps 0 to ps k, checkpoints; src/ps/checkpoint.c) req: u32 phase
- *              (1 = SNAPSHOT: take this ps's shard now and write it),
- *              u64 id, i64 global_step, u32 count (0)
- *              reply, once the shard is durable: u64 bytes, u32 crc32,
- *              u32 variables
+ *   CKPT       (ps 0 to ps k, checkpoints; src/ps/checkpoint.c) req: u32 phase,
+ *              u64 id, i64 global_step, u32 count, then count cut records
+ *              (u32 include, u32 seq: worker i's pushes up to seq belong to
+ *              the checkpoint) for phase CUT, none otherwise. Phases:
+ *              SNAPSHOT (sync): take the shard now, at global_step;
+ *              HOLD, QUERY (async): park whole pushes instead of applying
+ *              them, and report; CUT (async): apply the parked pushes the
+ *              cut includes, take the shard, apply the rest, go on;
+ *              RELEASE (async): the cut is given up, apply what is parked.
+ *              reply of HOLD and QUERY: u32 count, then count marks
+ *              (u32 worker, u32 flags: 1 applied, 2 connected, 4 parked;
+ *              u32 seq, u32 nparts, u64 data_position): per worker its
+ *              last applied push, then every parked push.
+ *              reply of SNAPSHOT and CUT, once the shard is durable: u64
+ *              bytes, u32 crc32, u32 variables. RELEASE: empty.
  *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
  *              i64 clock (steps the worker has pushed). The reply, sent
  *              when clock - (fewest steps of any live worker) <= k:
@@ -75,7 +86,7 @@
 #define QR_MSG_COMMIT_LEN 24
 #define QR_MSG_TOKEN_LEN 4
 #define QR_MSG_CLOCK_LEN 12
-#define QR_MSG_PUSH_HEAD_LEN 28
+#define QR_MSG_PUSH_HEAD_LEN 32
 #define QR_MSG_VAR_LEN 24
 
 /* A list's length: PULL, its reply, CREATE. */
@@ -106,6 +117,7 @@ typedef struct qr_msg_push_head {
     uint32_t count;     /* qr_msg_var records that follow */
     int64_t local_step;
     uint32_t worker, seq;
+    uint32_t nparts;    /* ps tasks this push call went to */
     uint64_t data_pos;  /* the worker's data position after this push */
 } qr_msg_push_head;
 void qr_msg_put_push_head(qr_wbuf *b, const qr_msg_push_head *m);
@@ -177,16 +189,36 @@ void qr_msg_get_member(qr_rbuf *r, uint32_t *worker, uint32_t *seq);
 #define QR_MSG_MEMBER_LEN 8
 
 /* CKPT: ps 0's request to the other ps tasks (see the table above). */
-enum { QR_CKPT_SNAPSHOT = 1 };
+enum { QR_CKPT_SNAPSHOT = 1, QR_CKPT_HOLD = 2, QR_CKPT_QUERY = 3, QR_CKPT_CUT = 4,
+       QR_CKPT_RELEASE = 5 };
 typedef struct qr_msg_ckpt {
     uint32_t phase;
     uint64_t id;
     int64_t step;
-    uint32_t count; /* records that follow: none yet */
+    uint32_t count; /* cut records that follow (CUT) */
 } qr_msg_ckpt;
 #define QR_MSG_CKPT_LEN 24
 void qr_msg_put_ckpt(qr_wbuf *b, const qr_msg_ckpt *m);
 void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m);
+
+/* One worker's part of a cut. */
+typedef struct qr_msg_cut {
+    uint32_t include, seq;
+} qr_msg_cut;
+#define QR_MSG_CUT_LEN 8
+void qr_msg_put_cut(qr_wbuf *b, const qr_msg_cut *m);
+void qr_msg_get_cut(qr_rbuf *r, qr_msg_cut *m);
+
+/* A push as a HOLD/QUERY reply reports it. */
+#define QR_MARK_APPLIED 1u
+#define QR_MARK_CONNECTED 2u
+#define QR_MARK_PARKED 4u
+typedef struct qr_msg_mark {
+    uint32_t worker, flags, seq, nparts;
+    uint64_t data_pos;
+} qr_msg_mark;
+void qr_msg_put_mark(qr_wbuf *b, const qr_msg_mark *m);
+void qr_msg_get_mark(qr_rbuf *r, qr_msg_mark *m);
 
 /* The reply to CKPT: the shard written. */
 typedef struct qr_msg_shard {

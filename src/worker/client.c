@@ -733,6 +733,15 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     /* Async: the step flag rides on the push to ps 0. Sync: ps 0 counts
      * the push when it is committed, below. */
     bool step_to_ps0 = !w->sync && (flags & QR_PUSH_STEP);
+    /* How many ps this call reaches: each is told, so that an async
+     * checkpoint can tell a push that reached some of them from a whole
+     * one (src/ps/checkpoint.c). */
+    uint32_t nparts = 0;
+    for (int p = 0; p < w->nps; p++) {
+        bool reaches = step_to_ps0 && p == 0;
+        for (int i = 0; i < n && !reaches; i++) reaches = w->vars[ids[i]].ps == p;
+        nparts += reaches;
+    }
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0;
         for (int i = 0; i < n; i++) count += w->vars[ids[i]].ps == p;
@@ -753,7 +762,7 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
         qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)count,
                                                            .local_step = w->local_step,
                                                            .worker = (uint32_t)w->index,
-                                                           .seq = seq,
+                                                           .seq = seq, .nparts = nparts,
                                                            .data_pos = w->data_pos});
         for (int i = 0; i < n; i++) {
             wk_var *v = &w->vars[ids[i]];
@@ -819,6 +828,7 @@ int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t
                                                            .local_step = w->local_step,
                                                            .worker = (uint32_t)w->index,
                                                            .seq = seq,
+                                                           .nparts = step && v->ps != 0 ? 2 : 1,
                                                            .data_pos = w->data_pos});
         if (!carries) continue;
         qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)var_id, .kind = QR_GRAD_SPARSE,

@@ -32,3 +32,7 @@ qr_integration_test(integration_fused_apply test_fused_apply.py)
 foreach(case resume fallback mismatch async)
   qr_integration_test(integration_checkpoint_${case} test_checkpoint.py ${QR_VENV_PYTHON} ${case})
 endforeach()
+# The checkpoint benchmark end to end on a small model (a smoke test: its
+# figures are printed, not checked).
+add_test(NAME bench_ckpt_smoke COMMAND quorum bench ckpt --quick --json)
+set_tests_properties(bench_ckpt_smoke PROPERTIES TIMEOUT 120)

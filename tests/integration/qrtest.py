@@ -86,7 +86,7 @@ def create_meta(items):
 def push_meta(items, local_step=0, worker=0, seq=0):
     """items: list of (var_id, nbytes) or (var_id, nbytes, kind): kind 0
     dense (the default), 1 sparse rows."""
-    meta = struct.pack("<IqIIQ", len(items), local_step, worker, seq, 0)
+    meta = struct.pack("<IqIIIQ", len(items), local_step, worker, seq, 1, 0)
     for item in items:
         var_id, nbytes = item[:2]
         kind = item[2] if len(item) > 2 else 0

@@ -4,7 +4,8 @@
  * TCP). Checks exact values after SGD applies, the global step, pulls into
  * caller buffers, placement over two ps, declaration checks between
  * workers, error paths, the clean stop, and that a large pull (spliced,
- * zero-copy) is always one whole version of the variable.
+ * zero-copy) is always one whole version of the variable, and that a pull
+ * over PEER_MAX_PENDING (256 MiB) does not leave its connection paused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -385,6 +386,30 @@ static void test_large_pulls_are_whole_versions(void **state) {
     join_cluster(&f);
 }
 
+/* A pull reply larger than PEER_MAX_PENDING pauses the connection until
+ * it has gone out. Spliced, its bytes reach the kernel without a send
+ * callback (that comes when the worker speaks again, which it could not
+ * while paused): the worker's next request waited its whole timeout
+ * (timeout-ms 5000 here) before the `drained` event resumed reading. */
+static void test_pull_over_the_pending_limit(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 1, "unix");
+    qr_worker *w = make_worker(&f, 0);
+    int64_t big_shape[1] = {(int64_t)(300 << 20) / 4}, small_shape[1] = {16};
+    int big, small;
+    assert_int_equal(qr_worker_declare(w, "big", 1, big_shape, "zeros", 1, -1, &big), QR_OK);
+    assert_int_equal(qr_worker_declare(w, "small", 1, small_shape, "zeros", 1, -1, &small), QR_OK);
+    assert_int_equal(qr_worker_initialize(w), QR_OK);
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(qr_worker_pull(w, 1, &big, NULL), QR_OK);
+        assert_int_equal(qr_worker_pull(w, 1, &small, NULL), QR_OK);
+    }
+    assert_int_equal(qr_worker_stop_cluster(w), QR_OK);
+    qr_worker_free(w);
+    join_cluster(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pull_unix_one_ps),
@@ -395,6 +420,7 @@ int main(void) {
         cmocka_unit_test(test_nonfinite_policies),
         cmocka_unit_test(test_per_variable_optimizer_options),
         cmocka_unit_test(test_large_pulls_are_whole_versions),
+        cmocka_unit_test(test_pull_over_the_pending_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

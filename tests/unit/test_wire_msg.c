@@ -54,7 +54,8 @@ static void test_push_layout(void **state) {
     (void)state;
     qr_wbuf b = {0};
     qr_msg_put_push_head(&b, &(qr_msg_push_head){.count = 2, .local_step = -3, .worker = 5,
-                                                 .seq = 0x01020304, .data_pos = 1ull << 50});
+                                                 .seq = 0x01020304, .nparts = 3,
+                                                 .data_pos = 1ull << 50});
     qr_msg_put_var(&b, &(qr_msg_var){.id = 9, .kind = QR_GRAD_SPARSE, .nbytes = 1ull << 40,
                                      .version = 77});
     uint8_t want[64];
@@ -63,6 +64,7 @@ static void test_push_layout(void **state) {
     le(want, &n, (uint64_t)-3, 8);
     le(want, &n, 5, 4);
     le(want, &n, 0x01020304, 4);
+    le(want, &n, 3, 4);
     le(want, &n, 1ull << 50, 8);
     assert_int_equal(n, QR_MSG_PUSH_HEAD_LEN);
     le(want, &n, 9, 4);
@@ -85,6 +87,7 @@ static void test_push_layout(void **state) {
     assert_int_equal(h.worker, 5);
     assert_int_equal(h.seq, 0x01020304);
     assert_true(h.data_pos == 1ull << 50);
+    assert_int_equal(h.nparts, 3);
     assert_int_equal(v.id, 9);
     assert_int_equal(v.kind, QR_GRAD_SPARSE);
     assert_true(v.nbytes == 1ull << 40);
@@ -199,6 +202,32 @@ static void test_ckpt_layout(void **state) {
     assert_true(m.phase == QR_CKPT_SNAPSHOT && m.id == 3 && m.step == 1200 && m.count == 0);
     assert_true(s.bytes == 1ull << 33 && s.crc32 == 0xdeadbeef && s.nvars == 4);
     qr_wbuf_free(&b);
+
+    /* The async cut's records. */
+    qr_wbuf c = {0};
+    qr_msg_put_cut(&c, &(qr_msg_cut){.include = 1, .seq = 0x80000001u});
+    qr_msg_put_mark(&c, &(qr_msg_mark){.worker = 2, .flags = QR_MARK_APPLIED | QR_MARK_CONNECTED,
+                                       .seq = 9, .nparts = 3, .data_pos = 1ull << 40});
+    n = 0;
+    le(want, &n, 1, 4);
+    le(want, &n, 0x80000001u, 4);
+    assert_int_equal(n, QR_MSG_CUT_LEN);
+    le(want, &n, 2, 4);
+    le(want, &n, 3, 4);
+    le(want, &n, 9, 4);
+    le(want, &n, 3, 4);
+    le(want, &n, 1ull << 40, 8);
+    assert_bytes(&c, want, n);
+    qr_rbuf_init(&r, c.data, c.len);
+    qr_msg_cut cut;
+    qr_msg_mark mark;
+    qr_msg_get_cut(&r, &cut);
+    qr_msg_get_mark(&r, &mark);
+    assert_false(r.bad);
+    assert_true(cut.include == 1 && cut.seq == 0x80000001u);
+    assert_true(mark.worker == 2 && mark.flags == 3 && mark.seq == 9 && mark.nparts == 3 &&
+                mark.data_pos == 1ull << 40);
+    qr_wbuf_free(&c);
 }
 
 static void test_create_layout(void **state) {

@@ -1,0 +1,3 @@
+# Checkpoints: the async cut over two in-process ps tasks (a torn cut
+# would show as a != b), and the verification of damaged files.
+qr_unit_test(test_ckpt_cut ${CMAKE_CURRENT_LIST_DIR}/test_ckpt_cut.c)
