@@ -254,7 +254,9 @@ QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
  * checkpoint records each worker's position after its last push that the
  * checkpoint holds. After qr_worker_initialize, qr_worker_data_position
  * gives the position restored from the checkpoint the cluster resumed
- * from (0 when it started fresh), so the data stream goes on where it was. */
+ * from, or, for a worker restarted into a live cluster, the position after
+ * its last push that counted (0 when the cluster started fresh or keeps no
+ * checkpoints), so the data stream goes on where it was. */
 QR_API int qr_worker_set_data_position(qr_worker *w, uint64_t position);
 QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
 /* The cluster's training statistics as one JSON object, written to buf:

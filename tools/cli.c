@@ -50,9 +50,12 @@ static int set_cluster_flag(cli_args *a, const char *k, const char *v) {
 
 static int set_launch_flag(cli_args *a, const char *k, const char *v) {
     int64_t n;
-    int *dst = !strcmp(k, "ps") ? &a->launch_ps : !strcmp(k, "workers") ? &a->launch_workers : NULL;
+    int *dst = !strcmp(k, "ps")             ? &a->launch_ps
+               : !strcmp(k, "workers")      ? &a->launch_workers
+               : !strcmp(k, "max-restarts") ? &a->launch_max_restarts
+                                            : NULL;
     if (!dst) return QR_ENOTFOUND;
-    if (qr__parse_int64(v, 1, 256, &n)) return QR_EINVAL;
+    if (qr__parse_int64(v, dst == &a->launch_max_restarts ? 0 : 1, dst == &a->launch_max_restarts ? 1000 : 256, &n)) return QR_EINVAL;
     *dst = (int)n;
     return QR_OK;
 }
@@ -60,7 +63,7 @@ static int set_launch_flag(cli_args *a, const char *k, const char *v) {
 /* ---- did you mean ------------------------------------------------------ */
 
 static const char *cluster_flags[] = {"ps_hosts", "worker_hosts", "job_name", "task_index"};
-static const char *launch_flags[] = {"ps", "workers"};
+static const char *launch_flags[] = {"ps", "workers", "max-restarts"};
 
 /* Option i of those a subcommand accepts, as --help spells it; NULL past
  * the end. */

@@ -29,6 +29,7 @@ typedef struct cli_args {
     uint64_t train_given;    /* bit i: training flag i was on the command line */
     /* launch only */
     int launch_ps, launch_workers;
+    int launch_max_restarts; /* launch: restarts of failed tasks allowed */
 } cli_args;
 
 /* Option groups a subcommand accepts. CLI_LOCAL: quorum train --local's

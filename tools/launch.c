@@ -14,6 +14,14 @@
  *     in, training goes on without it; in sync mode past that, every step
  *     waits for a restart of it (the launcher restarts nobody) until
  *     sync-timeout-ms, and then the run aborts;
+ *   - with --max-restarts K, up to K failures are restarted instead (as
+ *     torchrun does): a failed worker, the chief included, is started again
+ *     alone and rejoins at the current global step (the chief does not
+ *     re-initialize what the ps tasks hold); a failed ps restarts the
+ *     whole cluster, which resumes from the newest checkpoint
+ *     (--checkpoint-dir), so that every shard and the global step come
+ *     from one moment (a ps alone would come back at its checkpoint while
+ *     the others went on: tensorflow#2461);
  *   - once the chief and every ps have ended well, workers still running
  *     get GRACE_MS to end, and are then stopped and reported;
  *   - Ctrl-C / SIGTERM to the launcher stops every child the same way;
@@ -60,6 +68,12 @@ typedef struct launch_plan {
     bool sync;
     int replicas;            /* sync: R */
     int64_t sync_timeout_ms;
+    int max_restarts;        /* --max-restarts */
+    bool checkpoints;        /* --checkpoint-dir was given */
+    /* how to start a task again */
+    const char *self, *ps_hosts, *worker_hosts;
+    int npass;
+    char **pass;
 } launch_plan;
 
 static volatile sig_atomic_t interrupted;
@@ -215,14 +229,59 @@ static void report_worker_lost(const child *c, const launch_plan *plan, int nlos
     fprintf(stderr, "quorum launch: %s; a step needs %d gradients (replicas-to-aggregate) and "
             "%d of %d workers are left: steps go on only while the others take up its tokens, "
             "and a step that waits for it waits up to sync-timeout-ms (%lld ms) for a restart "
-            "(the launcher restarts no task), then the run aborts with a report of the missing "
+            "(--max-restarts restarts it), then the run aborts with a report of the missing "
             "workers\n", why, plan->replicas, plan->nworkers - nlost, plan->nworkers,
             (long long)plan->sync_timeout_ms);
 }
 
+/* Start child i (ps tasks first, then workers), as at the start. */
+static void start_child(child *kids, int i, const launch_plan *plan) {
+    bool is_ps = i < plan->nps;
+    int index = is_ps ? i : i - plan->nps;
+    child *c = &kids[i];
+    snprintf(c->name, sizeof c->name, "%s %d", is_ps ? "ps" : "worker", index);
+    c->exited = c->reported = false;
+    c->status = 0;
+    c->pid = spawn(plan->self, is_ps ? "ps" : "worker", index, plan->ps_hosts, plan->worker_hosts,
+                   plan->npass, plan->pass);
+    if (c->pid < 0) {
+        fprintf(stderr, "quorum launch: fork failed: %s\n", strerror(errno));
+        c->exited = true;
+        c->status = 1 << 8;
+    }
+}
+
+/* A failed task, restarts left: start it again (a worker), or the whole
+ * cluster from its newest checkpoint (a ps). False: it cannot be. */
+static bool restart(child *kids, int n, int i, const launch_plan *plan, int *used) {
+    child *c = &kids[i];
+    if (*used >= plan->max_restarts) return false;
+    char why[160];
+    describe_exit(c, why, sizeof why);
+    bool is_ps = i < plan->nps;
+    if (is_ps && !plan->checkpoints) {
+        fprintf(stderr, "quorum launch: %s; not restarted: without --checkpoint-dir the other "
+                "shards could not go back to the moment it would restart at\n", why);
+        return false;
+    }
+    (*used)++;
+    if (!is_ps) {
+        fprintf(stderr, "quorum launch: %s; restarting it (restart %d of %d): it rejoins at "
+                "the current global step\n", why, *used, plan->max_restarts);
+        start_child(kids, i, plan);
+        return true;
+    }
+    fprintf(stderr, "quorum launch: %s; restarting every task (restart %d of %d): the cluster "
+            "resumes from its newest checkpoint, every shard and the global step at one "
+            "moment\n", why, *used, plan->max_restarts);
+    stop_all(kids, n);
+    for (int k = 0; k < n; k++) start_child(kids, k, plan);
+    return true;
+}
+
 /* Supervise the children until all have exited; returns the exit status. */
 static int supervise(child *kids, int n, const launch_plan *plan) {
-    int nlost = 0;
+    int nlost = 0, restarts = 0;
     uint64_t run_ended_ms = 0; /* when the chief and every ps had ended well */
     for (;;) {
         int running = reap(kids, n);
@@ -237,6 +296,12 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             if (essential(c)) essentials_done &= c->exited && !failed(c);
             if (!c->exited || !failed(c) || c->reported) continue;
+            /* Not once training is over: a straggler stopped then is not
+             * a failure to undo. */
+            if (!run_ended_ms && restart(kids, n, i, plan, &restarts)) {
+                essentials_done = false;
+                break;
+            }
             c->reported = true;
             if (!essential(c)) {
                 report_worker_lost(c, plan, ++nlost);
@@ -299,6 +364,8 @@ static int read_plan(int argc, char **argv, launch_plan *plan) {
         plan->sync = !strcmp(qr__config_str(a.cfg, "mode"), "sync");
         plan->replicas = plan->nworkers;
         plan->sync_timeout_ms = qr__config_int(a.cfg, "sync-timeout-ms");
+        plan->max_restarts = a.launch_max_restarts;
+        plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
         if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {
             fprintf(stderr, "quorum launch: %s\n", qr_last_error());
             rc = 2;
@@ -314,11 +381,13 @@ static char **pass_through(int argc, char **argv, int *npass) {
     *npass = 0;
     for (int i = 0; pass && i < argc; i++) {
         const char *s = argv[i];
-        if (!strcmp(s, "--ps") || !strcmp(s, "--workers")) {
+        if (!strcmp(s, "--ps") || !strcmp(s, "--workers") || !strcmp(s, "--max-restarts")) {
             i++;
             continue;
         }
-        if (!strncmp(s, "--ps=", 5) || !strncmp(s, "--workers=", 10)) continue;
+        if (!strncmp(s, "--ps=", 5) || !strncmp(s, "--workers=", 10) ||
+            !strncmp(s, "--max-restarts=", 15))
+            continue;
         pass[(*npass)++] = argv[i];
     }
     return pass;
@@ -341,10 +410,14 @@ static char *make_socket_dir(void) {
 int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: quorum launch --ps P --workers W [training options] [options]\n\n"
+            printf("usage: quorum launch --ps P --workers W [--max-restarts K] [training options]\n"
+                   "                     [options]\n\n"
                    "Start P ps tasks and W workers on this machine (Unix sockets in a private\n"
                    "temporary directory; loopback TCP with --transport tcp)\n"
                    "and train. Every other option is passed to every task.\n"
+                   "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
+                   "rejoining at the current step; a ps by restarting every task, which resume\n"
+                   "from the newest checkpoint (needs --checkpoint-dir).\n"
                    "Exit status: 0 every task ended well; 1 the run failed (a ps or the chief);\n"
                    "3 training finished but some worker did not end well (named on the last\n"
                    "line); 130 interrupted; 2 bad options.\n\n"
@@ -394,18 +467,12 @@ int cmd_launch(int argc, char **argv) {
         setenv("QUORUM_LAUNCH_DIR", dir, 1);
         setenv("QUORUM_LAUNCH_PID", pid, 1);
     }
-    for (int i = 0; i < n; i++) {
-        bool is_ps = i < plan.nps;
-        int index = is_ps ? i : i - plan.nps;
-        snprintf(kids[i].name, sizeof kids[i].name, "%s %d", is_ps ? "ps" : "worker", index);
-        kids[i].pid = spawn(self, is_ps ? "ps" : "worker", index, ps_hosts, worker_hosts,
-                            npass, pass);
-        if (kids[i].pid < 0) {
-            fprintf(stderr, "quorum launch: fork failed: %s\n", strerror(errno));
-            kids[i].exited = true;
-            kids[i].status = 1 << 8;
-        }
-    }
+    plan.self = self;
+    plan.ps_hosts = ps_hosts;
+    plan.worker_hosts = worker_hosts;
+    plan.npass = npass;
+    plan.pass = pass;
+    for (int i = 0; i < n; i++) start_child(kids, i, &plan);
     rc = supervise(kids, n, &plan);
     if (rc == LAUNCH_OK) rc = final_status(kids, n);
 done:

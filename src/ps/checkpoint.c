@@ -631,10 +631,8 @@ void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos) {
         ps->ckpt.data_pos[worker] = pos;
 }
 
-uint64_t qr__ckpt_restored_pos(const qr_ps *ps, int worker) {
-    if (!ps->ckpt.data_pos || ps->ckpt.restored_step < 0 || worker < 0 ||
-        worker >= ps->cluster->nworkers)
-        return 0;
+uint64_t qr__ckpt_worker_pos(const qr_ps *ps, int worker) {
+    if (!ps->ckpt.data_pos || worker < 0 || worker >= ps->cluster->nworkers) return 0;
     return ps->ckpt.data_pos[worker];
 }
 

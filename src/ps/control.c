@@ -64,7 +64,7 @@ static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     }
     qr_wbuf out = {0};
     qr_msg_put_ready(&out, &(qr_msg_ready){.set = ps->ready, .step = ps->global_step,
-                                           .data_pos = qr__ckpt_restored_pos(ps, p->worker_index)});
+                                           .data_pos = qr__ckpt_worker_pos(ps, p->worker_index)});
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
 }

@@ -519,7 +519,10 @@ bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
 int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 /* A worker's push or commit carried its data position. */
 void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos);
-uint64_t qr__ckpt_restored_pos(const qr_ps *ps, int worker);
+/* ps 0: where the worker's data stream is, as a checkpoint taken now
+ * would record it (restored from one until the worker pushes): what a
+ * worker starting (or restarted) goes on from. 0 without checkpoints. */
+uint64_t qr__ckpt_worker_pos(const qr_ps *ps, int worker);
 /* CKPT from ps 0 (ps k), and its reply on ps 0's link. */
 int qr__ckpt_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -13,12 +13,20 @@ started:
   orphaned    a launcher killed outright leaves no task and no socket
               directory behind
   sigterm     a worker stopped by SIGTERM says so before it goes
+  restart_worker  --max-restarts: a worker killed in a sync run with R = N
+              is started again, rejoins, and the run finishes (exit 0)
+  restart_chief   the chief killed in an async run is started again and does
+              not re-initialize the variables (each is created once)
+  restart_ps  a ps killed in a sync run with --init-tokens 0 restarts the
+              whole cluster from its newest checkpoint: the run finishes
+              with the params_digest of a run nothing killed
   hosts       a host list over 4 KiB reaches quorum ps and worker whole (its
               301st address is refused by name); a TMPDIR too long for
               socket paths is refused by launch, once
 Usage: test_launch_tasks.py QUORUM_BINARY CASE"""
 
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -29,8 +37,8 @@ from qrtest import Proc, last_json
 quorum, case = sys.argv[1], sys.argv[2]
 
 
-def worker_pid(p, index):
-    """The pid of worker `index` among launch's children."""
+def worker_pid(p, index, job="worker"):
+    """The pid of task `index` of `job` among launch's children."""
     deadline = time.time() + 30
     while time.time() < deadline:
         for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
@@ -38,18 +46,18 @@ def worker_pid(p, index):
                 args = open("/proc/%s/cmdline" % pid).read().split("\0")
             except OSError:
                 continue
-            if len(args) > 1 and args[1] == "worker" and \
+            if len(args) > 1 and args[1] == job and \
                     args[args.index("--task_index") + 1] == str(index):
                 return int(pid)
         time.sleep(0.1)
-    raise AssertionError("worker %d not found" % index)
+    raise AssertionError("%s %d not found" % (job, index))
 
 
-def signal_worker_mid_run(args, index, sig, env=None):
-    """Start `quorum launch ARGS`, and a second into the run send worker
-    `index` the signal; return (the launcher, the worker's pid)."""
+def signal_worker_mid_run(args, index, sig, env=None, job="worker"):
+    """Start `quorum launch ARGS`, and a second into the run send task
+    `index` of `job` the signal; return (the launcher, the task's pid)."""
     p = Proc([quorum, "launch"] + args, env=env)
-    pid = worker_pid(p, index)
+    pid = worker_pid(p, index, job)
     time.sleep(1.0)
     assert p.alive(), "the run ended before the signal"
     if sig:
@@ -108,6 +116,63 @@ elif case == "needed":
     assert "a step needs 2 gradients" in lost[0] and "1 of 2 workers are left" in lost[0], lost[0]
     assert "waits up to sync-timeout-ms (2000 ms) for a restart" in lost[0], lost[0]
     print("PASS: with R = N, launch says the step waits for the lost worker: " + lost[0])
+
+elif case == "restart_worker":
+    p, victim = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--mode", "sync",
+                                       "--data", "digits", "--steps", "6000",
+                                       "--max-restarts", "1", "--json", "--quiet"], 1,
+                                      signal.SIGKILL)
+    rc, out, err = p.wait(300)
+    assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+    assert "worker 1 (pid %d) was killed by signal 9 (Killed); restarting it (restart 1 of 1)" \
+        % victim in err, err[-3000:]
+    s = last_json(out)
+    assert s["global_step"] == 6000, s
+    print("PASS: a killed worker is restarted, rejoins, and the run ends well")
+
+elif case == "restart_chief":
+    env = dict(os.environ, QUORUM_LOG="debug")
+    p, victim = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
+                                       "--steps", "8000", "--max-restarts", "1", "--json",
+                                       "--quiet"], 0, signal.SIGKILL, env=env)
+    rc, out, err = p.wait(300)
+    assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+    assert "worker 0 (pid %d) was killed by signal 9 (Killed); restarting it" % victim in err, \
+        err[-3000:]
+    created = [l for l in err.splitlines() if "created variable 'layer0/weights'" in l]
+    assert len(created) == 1, created  # the restarted chief kept what the ps held
+    s = last_json(out)
+    assert s["global_step"] >= 8000 and s["test_accuracy"] > 0.9, s
+    print("PASS: a restarted chief rejoins without re-initializing (accuracy %.4f)"
+          % s["test_accuracy"])
+
+elif case == "restart_ps":
+    base = ["--ps", "2", "--workers", "2", "--mode", "sync", "--init-tokens", "0",
+            "--data", "digits", "--steps", "4000", "--json", "--quiet"]
+    rc, out, err = Proc([quorum, "launch"] + base).wait(300)
+    assert rc == 0, err[-3000:]
+    whole = last_json(out)
+    d = tempfile.mkdtemp(prefix="qr-restart-ps-")
+    try:
+        p, victim = signal_worker_mid_run(base + ["--checkpoint-dir", d, "--checkpoint-steps",
+                                                  "100", "--max-restarts", "1"], 1,
+                                          signal.SIGKILL, job="ps")
+        rc, out, err = p.wait(300)
+        assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+        assert "ps 1 (pid %d) was killed by signal 9 (Killed); restarting every task" % victim \
+            in err, err[-3000:]
+        restored = [l for l in err.splitlines() if "restored" in l and "global step" in l]
+        assert len(restored) == 2, restored  # both shards, one step
+        assert restored[0].rsplit("(", 1)[1] == restored[1].rsplit("(", 1)[1], restored
+        s = last_json(out)
+        assert s["global_step"] == 4000, s
+        assert s["params_digest"] == whole["params_digest"], (s["params_digest"],
+                                                              whole["params_digest"])
+        print("PASS: a killed ps restarts the cluster from %s; it ends with the digest of a "
+              "run nothing killed (%s)" % (restored[0].rsplit("(", 1)[1].rstrip(")"),
+                                          whole["params_digest"]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 elif case == "straggler":
     p, sleeper = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
