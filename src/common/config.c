@@ -48,6 +48,11 @@ static const key_spec keys[] = {
      "while idle, TCP_USER_TIMEOUT while data waits)"},
     {"max-message-mb", ANY, KEY_INT, "2048", 1, 65536, 0, NULL,
      "largest message a ps accepts; larger ones close the connection"},
+    {"heartbeat-ms", ANY, KEY_INT, "1000", 0, 600000, 0, NULL,
+     "worker: how often it tells ps 0 it is alive, from a thread of its own (0: never)"},
+    {"heartbeat-timeout-ms", ANY, KEY_INT, "5000", 100, 86400000, 0, NULL,
+     "ps 0: a worker whose heartbeats stop this long is hung (stopped, wedged): it is "
+     "treated as lost and its connections are closed"},
     {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
     /* training regime */

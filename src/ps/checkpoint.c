@@ -478,7 +478,7 @@ void qr__ckpt_failed(qr_ps *ps, const char *why) {
 static void start_checkpoint(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->busy = true;
-    c->step = ps->global_step;
+    c->step = c->started_step = ps->global_step;
     c->started_ns = c->last_ns = qr__now_ns();
     c->failure[0] = '\0';
     c->next_id++;
@@ -509,7 +509,12 @@ static void finish_checkpoint(qr_ps *ps) {
 static bool due(const qr_ps *ps) {
     const ps_ckpt *c = &ps->ckpt;
     if (ps->global_step == c->last_step) return false;
-    if (c->every_steps > 0 && ps->global_step % c->every_steps == 0) return true;
+    /* The next multiple of checkpoint-steps after the last one started: a
+     * multiple reached while one was still being written is taken as soon
+     * as that one is done, not skipped. */
+    if (c->every_steps > 0 &&
+        ps->global_step >= (c->started_step / c->every_steps + 1) * c->every_steps)
+        return true;
     return c->every_secs > 0 &&
            qr__now_ns() - c->last_ns >= (uint64_t)c->every_secs * 1000000000ull;
 }
@@ -777,6 +782,7 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
         ps->sync.step = counters[0];
         ps->applied_steps = counters[1];
         ps->ckpt.restored_step = counters[0];
+        ps->ckpt.started_step = counters[0];
         ps->ckpt.last_step = counters[0];
         qr__log(QR_LOG_INFO, "restored %u variable(s), %.1f MB, from %s (global step %lld)",
                 ps->store.count, (double)ps->store.bytes / 1e6, path, (long long)counters[0]);

@@ -25,6 +25,7 @@
  *                 manifest on ps 0) and the restore at start
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
+ *   liveness.c    ps 0: the workers' heartbeats; a silent one is hung
  *   store.c   the variables and their tensors
  * Everything runs on the ps loop thread.
  */
@@ -165,6 +166,7 @@ typedef struct ps_peer {
     uint64_t push_data_pos; /* and the data position it carries */
     uint32_t push_seq, push_nparts;
     bool parked;          /* its push waits for a checkpoint's cut */
+    int beat_worker;      /* the worker whose heartbeats come here; -1 */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -273,6 +275,7 @@ typedef struct ps_ckpt {
     /* ps 0 */
     bool busy;             /* a checkpoint is being taken (shards, manifest) */
     int64_t step;          /* its global step */
+    int64_t started_step;  /* the global step of the last one started */
     uint64_t started_ns;
     int shards_pending;
     struct qr_ckpt_shard *shards;
@@ -309,6 +312,16 @@ typedef struct ps_ckpt {
     uv_timer_t poll;
     bool poll_init;
 } ps_ckpt;
+
+/* ps 0: the workers' heartbeats (liveness.c). */
+typedef struct ps_liveness {
+    int64_t timeout_ms;    /* heartbeat-timeout-ms */
+    uint64_t *beat_ns;     /* [workers]: the last beat; 0 = none yet */
+    bool *hung;            /* [workers]: declared hung, not beaten since */
+    uint64_t hung_total;
+    uv_timer_t timer;
+    bool timer_on;
+} ps_liveness;
 
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
 #define QR_STALENESS_BUCKETS 9
@@ -355,6 +368,7 @@ struct qr_ps {
     float average_decay;     /* moving averages: 0 = off */
     char *average_vars;      /* names to average ("" = all) */
     ps_ckpt ckpt;
+    ps_liveness liveness;
 };
 
 /* Does a worker index read off the wire name one of n workers? Compared
@@ -547,6 +561,13 @@ void qr__ckpt_cut_link_lost(qr_ps *ps, int index);
 /* ps k: HOLD, QUERY, CUT, RELEASE (r is positioned after the head). */
 void qr__ckpt_cut_message(ps_peer *p, const qr_frame *f, const qr_msg_ckpt *m, qr_rbuf *r);
 void qr__ckpt_cut_peer_lost(ps_peer *p);
+
+/* liveness.c */
+int qr__liveness_init(qr_ps *ps);
+void qr__liveness_close(qr_ps *ps);
+void qr__liveness_free(qr_ps *ps);
+int qr__liveness_beat_header(ps_peer *p, const qr_frame *f);
+void qr__liveness_beat(ps_peer *p, const uint8_t *meta, uint32_t meta_len);
 
 /* coord.c: queue a CKPT request (its meta) on the link to ps `index`,
  * sent before any APPLY queued after it. */

@@ -49,6 +49,7 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_PULL: return qr__pull_header(p, f, meta);
     case QR_MSG_CREATE: return qr__create_header(p, f, meta);
     case QR_MSG_CKPT: return qr__ckpt_header(p, f, meta);
+    case QR_MSG_BEAT: return qr__liveness_beat_header(p, f);
     default: return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
     }
 }
@@ -101,6 +102,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         case QR_MSG_PULL: qr__pull_message(p, f); break;
         case QR_MSG_CREATE: qr__create_message(p, f); break;
         case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
+        case QR_MSG_BEAT: qr__liveness_beat(p, meta, f->meta_len); break; /* no reply */
         }
     }
     /* Every request is done with its payload by now, but a parked push. */
@@ -125,6 +127,7 @@ static void on_accepted(qr_listener *l, qr_conn *c) {
     p->ps = ps;
     p->conn = c;
     p->worker_index = -1;
+    p->beat_worker = -1;
     p->next = ps->peers;
     if (ps->peers) ps->peers->prev = p;
     ps->peers = p;
@@ -172,6 +175,7 @@ static void on_handle_closed(uv_handle_t *h) {
 
 static void close_loop_handles(qr_ps *ps) {
     qr__ckpt_close(ps);
+    qr__liveness_close(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
         uv_close((uv_handle_t *)&ps->linger_timer, on_handle_closed);
     if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
@@ -288,6 +292,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     if (!rc) rc = qr__ckpt_loop_init(ps);
+    if (!rc) rc = qr__liveness_init(ps);
     if (!rc) rc = start_listening(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);
@@ -329,6 +334,7 @@ void qr_ps_free(qr_ps *ps) {
     qr__bound_free(ps);
     qr__recv_pool_free(&ps->recv_pool);
     qr__ckpt_free(ps);
+    qr__liveness_free(ps);
     free(ps->worker_conns);
     free(ps->worker_lost_ns);
     free(ps->average_vars);

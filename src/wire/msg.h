@@ -65,6 +65,8 @@
  *              last applied push, then every parked push.
  *              reply of SNAPSHOT and CUT, once the shard is durable: u64
  *              bytes, u32 crc32, u32 variables. RELEASE: empty.
+ *   BEAT       (to ps 0, a worker's heartbeat thread) req: u32 worker.
+ *              No reply: the sender only writes (src/worker/heartbeat.c).
  *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
  *              i64 clock (steps the worker has pushed). The reply, sent
  *              when clock - (fewest steps of any live worker) <= k:
@@ -85,6 +87,7 @@
 #define QR_MSG_READY_LEN 20
 #define QR_MSG_COMMIT_LEN 24
 #define QR_MSG_TOKEN_LEN 4
+#define QR_MSG_BEAT_LEN 4
 #define QR_MSG_CLOCK_LEN 12
 #define QR_MSG_PUSH_HEAD_LEN 32
 #define QR_MSG_VAR_LEN 24

@@ -70,7 +70,8 @@ typedef enum qr_msg_type {
     QR_MSG_STATS = 11,
     QR_MSG_CLOCK = 12,
     QR_MSG_CKPT = 13,
-    QR_MSG_TYPE_MAX = 13,
+    QR_MSG_BEAT = 14,
+    QR_MSG_TYPE_MAX = 14,
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 

@@ -25,6 +25,7 @@
 #include "optim/optim.h"
 #include "wire/conn.h"
 #include "wire/msg.h"
+#include "worker/heartbeat.h"
 #include "worker/init.h"
 
 #include <cjson/cJSON.h>
@@ -115,6 +116,7 @@ struct qr_worker {
     int64_t max_staleness;
     uint64_t data_pos;   /* set by the caller, sent with every push */
     uint64_t restored_pos; /* from ps 0 at initialize (a restored checkpoint) */
+    qr_heartbeat *heartbeat; /* started by initialize (heartbeat-ms) */
 };
 
 /* ---- requests ------------------------------------------------------------ */
@@ -452,6 +454,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
 
 void qr_worker_free(qr_worker *w) {
     if (!w) return;
+    qr_heartbeat_stop(w->heartbeat);
     for (int i = 0; i < w->nps; i++)
         if (w->links[i].conn) qr_conn_close(w->links[i].conn);
     uv_close((uv_handle_t *)&w->wake, NULL);
@@ -643,6 +646,10 @@ int qr_worker_initialize(qr_worker *w) {
      * says which call failed, like the other qr_worker_* messages. */
     if (rc) qr__error_prefix("initialize: ");
     else w->initialized = true;
+    int64_t beat_ms = qr__config_int(w->cfg, "heartbeat-ms");
+    if (!rc && beat_ms > 0 && !w->heartbeat)
+        rc = qr_heartbeat_start(&w->heartbeat, w->cluster->ps[0], w->prefer_unix, w->index,
+                                (int)beat_ms);
     return rc;
 }
 

@@ -20,6 +20,10 @@ started:
   restart_ps  a ps killed in a sync run with --init-tokens 0 restarts the
               whole cluster from its newest checkpoint: the run finishes
               with the params_digest of a run nothing killed
+  hung        a SIGSTOPped worker (its connections open, silent) is caught by
+              its missing heartbeats within heartbeat-timeout-ms and treated
+              as lost, so a bounded-staleness run goes on without it (with
+              heartbeats off the others wait for it forever)
   hosts       a host list over 4 KiB reaches quorum ps and worker whole (its
               301st address is refused by name); a TMPDIR too long for
               socket paths is refused by launch, once
@@ -174,9 +178,26 @@ elif case == "restart_ps":
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
+elif case == "hung":
+    p, stopped = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
+                                        "--steps", "12000", "--max-staleness", "2",
+                                        "--heartbeat-timeout-ms", "2000", "--json",
+                                        "--quiet"], 1, signal.SIGSTOP)
+    t0 = time.time()
+    rc, out, err = p.wait(300)
+    assert rc == 3, "launch exited %d:\n%s" % (rc, err[-3000:])
+    hung = [l for l in err.splitlines() if "worker 1 sent no heartbeat for" in l]
+    assert hung and "treated as lost" in hung[0], err[-3000:]
+    silent = int(hung[0].split("for ")[1].split(" ms")[0])
+    assert 2000 <= silent < 4000, hung[0]
+    assert last_json(out)["global_step"] >= 12000
+    assert err.strip().splitlines()[-1].endswith("did not end well: worker 1"), err[-500:]
+    print("PASS: a SIGSTOPped worker is caught after %d ms of silence; the run goes on "
+          "(%.1f s)" % (silent, time.time() - t0))
+
 elif case == "straggler":
     p, sleeper = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
-                                        "--steps", "3000", "--linger-ms", "500", "--json",
+                                        "--steps", "8000", "--linger-ms", "500", "--json",
                                         "--quiet"], 1, signal.SIGSTOP)
     t0 = time.time()
     rc, out, err = p.wait(120)

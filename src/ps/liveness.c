@@ -1,0 +1,91 @@
+/*
+ * liveness.c - ps 0 watches the workers' heartbeats (BEAT, sent by each
+ * worker's heartbeat thread, src/worker/heartbeat.c).
+ *
+ * A dead worker is seen at once: its kernel closes its connections. A hung
+ * one (SIGSTOPped, wedged in a driver, a livelocked process) keeps them
+ * open and says nothing; before heartbeats it held a bounded-staleness
+ * wait or a synchronous step until sync-timeout-ms. Now a worker that has
+ * beaten once and then stays silent for heartbeat-timeout-ms is declared
+ * hung: ps 0 logs it and closes every connection it has from that worker,
+ * which is what a death looks like, so everything that follows a death
+ * follows (its tokens go back, the others stop waiting for its clock, the
+ * stall report names it). If it comes back (SIGCONT), its next beat says
+ * so; its calls find their connections closed and it reconnects.
+ */
+#include "ps/ps_internal.h"
+
+#include <stdlib.h>
+
+#define WATCH_PERIOD_MS 250
+
+static void close_worker(qr_ps *ps, int w) {
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->worker_index == w || p->beat_worker == w) qr_conn_close(p->conn);
+}
+
+static void on_watch(uv_timer_t *t) {
+    qr_ps *ps = t->data;
+    ps_liveness *l = &ps->liveness;
+    uint64_t now = qr__now_ns();
+    for (int w = 0; w < ps->cluster->nworkers; w++) {
+        if (!l->beat_ns[w] || l->hung[w]) continue;
+        uint64_t silent_ms = (now - l->beat_ns[w]) / 1000000;
+        if (silent_ms < (uint64_t)l->timeout_ms) continue;
+        l->hung[w] = true;
+        l->hung_total++;
+        qr__log(QR_LOG_WARN, "worker %d sent no heartbeat for %llu ms (heartbeat-timeout-ms "
+                "%lld): hung or stopped; treated as lost, its connections closed", w,
+                (unsigned long long)silent_ms, (long long)l->timeout_ms);
+        close_worker(ps, w);
+    }
+}
+
+int qr__liveness_init(qr_ps *ps) {
+    ps_liveness *l = &ps->liveness;
+    l->timeout_ms = qr__config_int(ps->cfg, "heartbeat-timeout-ms");
+    if (ps->index != 0) return QR_OK;
+    int n = QR_MAX(ps->cluster->nworkers, 1);
+    l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
+    l->hung = qr__calloc((size_t)n, sizeof *l->hung);
+    if (!l->beat_ns || !l->hung) return QR_ENOMEM;
+    uv_timer_init(&ps->loop, &l->timer);
+    l->timer.data = ps;
+    l->timer_on = true;
+    uv_timer_start(&l->timer, on_watch, WATCH_PERIOD_MS, WATCH_PERIOD_MS);
+    uv_unref((uv_handle_t *)&l->timer); /* never keeps the ps alive by itself */
+    return QR_OK;
+}
+
+void qr__liveness_close(qr_ps *ps) {
+    ps_liveness *l = &ps->liveness;
+    if (l->timer_on && !uv_is_closing((uv_handle_t *)&l->timer))
+        uv_close((uv_handle_t *)&l->timer, NULL);
+}
+
+void qr__liveness_free(qr_ps *ps) {
+    free(ps->liveness.beat_ns);
+    free(ps->liveness.hung);
+    ps->liveness.beat_ns = NULL;
+    ps->liveness.hung = NULL;
+}
+
+int qr__liveness_beat_header(ps_peer *p, const qr_frame *f) {
+    if (p->ps->index != 0) return qr__fail(QR_EINVAL, "BEAT goes to ps 0");
+    return qr__peer_check_small(f, QR_MSG_BEAT_LEN);
+}
+
+void qr__liveness_beat(ps_peer *p, const uint8_t *meta, uint32_t meta_len) {
+    qr_ps *ps = p->ps;
+    ps_liveness *l = &ps->liveness;
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, meta_len);
+    uint32_t w = qr_msg_get_worker(&r);
+    if (r.bad || !qr__is_worker(w, ps->cluster->nworkers) || !l->beat_ns) return;
+    if (p->beat_worker < 0) p->beat_worker = (int)w;
+    if (l->hung[w]) {
+        l->hung[w] = false;
+        qr__log(QR_LOG_WARN, "worker %u beats again after being declared hung", w);
+    }
+    l->beat_ns[w] = qr__now_ns();
+}

@@ -1,0 +1,16 @@
+/*
+ * heartbeat.h - the thread that tells ps 0 a worker is alive (heartbeat.c).
+ */
+#ifndef QR_WORKER_HEARTBEAT_H
+#define QR_WORKER_HEARTBEAT_H
+
+#include "common/common.h"
+
+typedef struct qr_heartbeat qr_heartbeat;
+
+/* Send BEAT(worker) to ps0 (its address) every period_ms until stopped. */
+int qr_heartbeat_start(qr_heartbeat **out, const char *ps0, bool prefer_unix, int worker,
+                       int period_ms);
+void qr_heartbeat_stop(qr_heartbeat *h);
+
+#endif
