@@ -81,11 +81,41 @@ static void *ps_main(void *arg) {
     return NULL;
 }
 
+/* Round-trip times of one phase, for its percentiles. */
+typedef struct samples {
+    double *ms;
+    long n, cap;
+} samples;
+
+static void sample_add(samples *s, double ms) {
+    if (s->n == s->cap) {
+        long cap = s->cap ? 2 * s->cap : 4096;
+        double *grown = realloc(s->ms, (size_t)cap * sizeof *grown);
+        if (!grown) return;
+        s->ms = grown;
+        s->cap = cap;
+    }
+    s->ms[s->n++] = ms;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile (0..1) of the samples (sorts them). */
+static double quantile(samples *s, double q) {
+    if (!s->n) return 0;
+    qsort(s->ms, (size_t)s->n, sizeof *s->ms, cmp_double);
+    long i = (long)(q * (double)(s->n - 1));
+    return s->ms[i];
+}
+
 /* The longest push+pull round trip of the probe over `seconds`; with
  * `step`, every push advances the global step, and with checkpoint-steps
  * 1 each step starts a checkpoint unless one is under way. */
 static int probe(qr_worker *w, int id, float *grad, double seconds, bool step, double *max_ms,
-                 long *rounds) {
+                 long *rounds, samples *s) {
     *max_ms = 0;
     *rounds = 0;
     double end = now_sec() + seconds;
@@ -98,6 +128,7 @@ static int probe(qr_worker *w, int id, float *grad, double seconds, bool step, d
         double ms = (now_sec() - t0) * 1e3;
         if (ms > *max_ms) *max_ms = ms;
         (*rounds)++;
+        sample_add(s, ms);
     }
     return QR_OK;
 }
@@ -131,6 +162,35 @@ static double disk_write_seconds(const char *path, uint64_t bytes) {
 static double json_num(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+/* The duration of one checkpoint taken while nothing else runs: wait for
+ * the one under way, make one step, wait for its checkpoint. -1 if none. */
+static double idle_checkpoint(qr_worker *w, int id, float *grad, double written) {
+    char stats[8192];
+    double deadline = now_sec() + 600, seen = written;
+    for (int phase = 0; phase < 2; phase++) {
+        double before = now_sec();
+        for (;;) {
+            if (now_sec() > deadline || qr_worker_stats(w, stats, sizeof stats)) return -1;
+            cJSON *s = cJSON_Parse(stats);
+            const cJSON *ck = cJSON_GetObjectItemCaseSensitive(s, "checkpoint");
+            double done = json_num(ck, "written"), secs = json_num(ck, "last_duration_s");
+            cJSON_Delete(s);
+            if (phase == 1 && done > seen) return secs;
+            /* phase 0: none under way once the count has been still a while */
+            if (phase == 0 && done == seen && now_sec() - before > 0.5) break;
+            if (done != seen) {
+                seen = done;
+                before = now_sec();
+            }
+            usleep(20000);
+        }
+        if (phase == 0 &&
+            qr_worker_push(w, 1, &id, (const float *const *)&grad, QR_PUSH_STEP, NULL))
+            return -1;
+    }
+    return -1;
 }
 
 static int parse(int argc, char **argv, bench_opts *o) {
@@ -244,7 +304,8 @@ int qr_bench_ckpt_main(int argc, char **argv) {
     long base_rounds = 0, during_rounds = 0;
     int rc = start(&c, &o, dir);
     if (!rc) rc = declare_model(c.w, &o, &id);
-    if (!rc) rc = probe(c.w, id, grad, o.seconds, false, &base_ms, &base_rounds);
+    samples base_s = {0}, during_s = {0};
+    if (!rc) rc = probe(c.w, id, grad, o.seconds, false, &base_ms, &base_rounds, &base_s);
     /* With checkpoints: at least `seconds`, and until two are complete (a
      * large model's take longer than one phase). */
     char stats[8192];
@@ -252,7 +313,7 @@ int qr_bench_ckpt_main(int argc, char **argv) {
     for (int round = 0; !rc; round++) {
         double ms;
         long n;
-        rc = probe(c.w, id, grad, round ? 0.25 : o.seconds, true, &ms, &n);
+        rc = probe(c.w, id, grad, round ? 0.25 : o.seconds, true, &ms, &n, &during_s);
         if (ms > during_ms) during_ms = ms;
         during_rounds += n;
         if (!rc) rc = qr_worker_stats(c.w, stats, sizeof stats);
@@ -272,25 +333,35 @@ int qr_bench_ckpt_main(int argc, char **argv) {
     const cJSON *ck = cJSON_GetObjectItemCaseSensitive(j, "checkpoint");
     double written = json_num(ck, "written"), bytes = json_num(ck, "last_bytes");
     double secs = json_num(ck, "last_duration_s"), snap_ms = json_num(ck, "max_snapshot_ms");
+    double idle_secs = idle_checkpoint(c.w, id, grad, written);
     stop(&c);
     char path[600];
     snprintf(path, sizeof path, "%s/baseline.bin", dir);
     double disk_s = bytes > 0 ? disk_write_seconds(path, (uint64_t)bytes) : -1;
     double ck_gbs = secs > 0 ? bytes / secs / 1e9 : 0, disk_gbs = disk_s > 0 ? bytes / disk_s / 1e9 : 0;
+    double idle_gbs = idle_secs > 0 ? bytes / idle_secs / 1e9 : 0;
     printf("checkpoint of a %lld MiB model in %d variables, optimizer %s: %.0f MiB per "
            "checkpoint, %.0f taken while the probe ran\n",
            (long long)o.model_mb, o.nvars, o.optimizer, bytes / (1 << 20), written);
-    printf("pause  probe push+pull, longest: %.2f ms with checkpoints (%ld rounds), %.2f ms "
-           "without (%ld rounds); the loop's part (snapshot): %.3f ms\n",
-           during_ms, during_rounds, base_ms, base_rounds, snap_ms);
-    printf("write  checkpoint %.2f GB/s, disk sequential write+fsync %.2f GB/s: ratio %.2f\n",
-           ck_gbs, disk_gbs, disk_gbs > 0 ? ck_gbs / disk_gbs : 0);
+    double p99 = quantile(&during_s, 0.99), base_p99 = quantile(&base_s, 0.99);
+    double p999 = quantile(&during_s, 0.999), base_p999 = quantile(&base_s, 0.999);
+    free(base_s.ms);
+    free(during_s.ms);
+    printf("pause  probe push+pull with checkpoints: longest %.2f ms, p99.9 %.3f, p99 %.3f "
+           "(%ld rounds); without: longest %.2f ms, p99.9 %.3f, p99 %.3f (%ld rounds); the "
+           "loop's part (snapshot): %.3f ms\n",
+           during_ms, p999, p99, during_rounds, base_ms, base_p999, base_p99, base_rounds, snap_ms);
+    printf("write  disk sequential write+fsync %.2f GB/s; a checkpoint while the probe trains "
+           "%.2f GB/s (ratio %.2f), one with training idle %.2f GB/s (ratio %.2f)\n",
+           disk_gbs, ck_gbs, disk_gbs > 0 ? ck_gbs / disk_gbs : 0, idle_gbs,
+           disk_gbs > 0 ? idle_gbs / disk_gbs : 0);
     if (o.json)
         printf("{\"model_mb\":%lld,\"checkpoint_bytes\":%.0f,\"checkpoints\":%.0f,"
-               "\"pause_ms\":%.3f,\"pause_baseline_ms\":%.3f,\"snapshot_ms\":%.3f,"
-               "\"write_gbs\":%.3f,\"disk_gbs\":%.3f}\n",
-               (long long)o.model_mb, bytes, written, during_ms, base_ms, snap_ms, ck_gbs,
-               disk_gbs);
+               "\"pause_ms\":%.3f,\"pause_baseline_ms\":%.3f,\"p99_ms\":%.3f,"
+               "\"p99_baseline_ms\":%.3f,\"snapshot_ms\":%.3f,"
+               "\"write_gbs\":%.3f,\"idle_write_gbs\":%.3f,\"disk_gbs\":%.3f}\n",
+               (long long)o.model_mb, bytes, written, during_ms, base_ms, p99, base_p99, snap_ms,
+               ck_gbs, idle_gbs, disk_gbs);
     cJSON_Delete(j);
     rm_rf(dir);
     return written >= 1 && bytes > 0 ? 0 : 1;

@@ -11,9 +11,9 @@
  *     exit;
  *   - when another worker fails, it is reported with what happens next:
  *     in async mode, and in sync mode while backup workers (N - R) stand
- *     in, training goes on without it; in sync mode past that, every step
- *     waits for a restart of it (the launcher restarts nobody) until
- *     sync-timeout-ms, and then the run aborts;
+ *     in, training goes on without it; in sync mode past that, a step that
+ *     needs it waits for its restart up to restart-wait-ms (ps 0 counts),
+ *     and then the run aborts naming it;
  *   - with --max-restarts K, up to K failures are restarted instead (as
  *     torchrun does): a failed worker, the chief included, is started again
  *     alone and rejoins at the current global step (the chief does not
@@ -67,7 +67,7 @@ typedef struct launch_plan {
     bool tcp;
     bool sync;
     int replicas;            /* sync: R */
-    int64_t sync_timeout_ms;
+    int64_t restart_wait_ms;
     int max_restarts;        /* --max-restarts */
     bool checkpoints;        /* --checkpoint-dir was given */
     /* how to start a task again */
@@ -228,10 +228,10 @@ static void report_worker_lost(const child *c, const launch_plan *plan, int nlos
      * the steps for a while, so say what can happen, not what will. */
     fprintf(stderr, "quorum launch: %s; a step needs %d gradients (replicas-to-aggregate) and "
             "%d of %d workers are left: steps go on only while the others take up its tokens, "
-            "and a step that waits for it waits up to sync-timeout-ms (%lld ms) for a restart "
+            "and a step that waits for it waits up to restart-wait-ms (%lld ms) for a restart "
             "(--max-restarts restarts it), then the run aborts with a report of the missing "
             "workers\n", why, plan->replicas, plan->nworkers - nlost, plan->nworkers,
-            (long long)plan->sync_timeout_ms);
+            (long long)plan->restart_wait_ms);
 }
 
 /* Start child i (ps tasks first, then workers), as at the start. */
@@ -363,7 +363,7 @@ static int read_plan(int argc, char **argv, launch_plan *plan) {
         plan->tcp = !strcmp(qr__config_str(a.cfg, "transport"), "tcp");
         plan->sync = !strcmp(qr__config_str(a.cfg, "mode"), "sync");
         plan->replicas = plan->nworkers;
-        plan->sync_timeout_ms = qr__config_int(a.cfg, "sync-timeout-ms");
+        plan->restart_wait_ms = qr__config_int(a.cfg, "restart-wait-ms");
         plan->max_restarts = a.launch_max_restarts;
         plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
         if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {

@@ -225,7 +225,7 @@ int qr_ckpt_list(const char *dir, qr_ckpt_info **out, int *n) {
         qr_ckpt_list_free(list, count);
         return rc;
     }
-    qsort(list, (size_t)count, sizeof *list, cmp_newest_first);
+    if (count) qsort(list, (size_t)count, sizeof *list, cmp_newest_first);
     *out = list;
     *n = count;
     return QR_OK;

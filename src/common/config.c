@@ -66,6 +66,9 @@ static const key_spec keys[] = {
      "sync: tokens released before step 0; -1 = max(0, R - N), R reproduces TensorFlow"},
     {"sync-timeout-ms", SYNC, KEY_INT, "600000", 100, 86400000, 0, NULL,
      "sync: a step with no progress this long aborts training with a stall report"},
+    {"restart-wait-ms", SYNC, KEY_INT, "60000", 100, 86400000, 0, NULL,
+     "sync: a step that waits for a worker that is gone (disconnected, or hung) aborts "
+     "after this long unless the worker comes back (a restart)"},
     {"stall-report-ms", ANY, KEY_INT, "10000", 100, 86400000, 0, NULL,
      "sync: how often a waiting step is reported (which workers are missing); async with "
      "max-staleness: how often a bound wait is (who waits for whom)"},

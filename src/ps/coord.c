@@ -426,12 +426,44 @@ static void abort_training(qr_ps *ps, const char *why) {
     stop_cluster(ps);
 }
 
+/* The worker missing from the step that has been gone longest, or -1: a
+ * step that waits for a dead worker waits for its restart, and that wait
+ * is bounded by restart-wait-ms, not by sync-timeout-ms (ten minutes by
+ * default, which is for slow workers). */
+static int lost_worker_missing(const qr_ps *ps, uint64_t *gone_ms) {
+    const ps_sync *s = &ps->sync;
+    int who = -1;
+    uint64_t now = qr__now_ns(), longest = 0;
+    for (int w = 0; w < s->N; w++) {
+        bool in = false;
+        for (int i = 0; i < s->nquorum; i++) in |= (int)s->quorum[i].worker == w;
+        if (in || ps->worker_conns[w] || !ps->worker_lost_ns[w]) continue;
+        uint64_t ms = (now - ps->worker_lost_ns[w]) / 1000000;
+        if (who < 0 || ms > longest) who = w, longest = ms;
+    }
+    *gone_ms = longest;
+    return who;
+}
+
 static void on_timer(uv_timer_t *t) {
     qr_ps *ps = t->data;
     ps_sync *s = &ps->sync;
     if (s->aborted || ps->stopping || !ps->ready) return;
     uint64_t now = qr__now_ns();
     uint64_t waited_ms = (now - s->step_started_ns) / 1000000;
+    uint64_t gone_ms = 0;
+    int lost = s->applying ? -1 : lost_worker_missing(ps, &gone_ms);
+    if (lost >= 0 && waited_ms >= (uint64_t)s->restart_wait_ms &&
+        gone_ms >= (uint64_t)s->restart_wait_ms) {
+        char report[900], why[1200];
+        stall_report(ps, report, sizeof report);
+        snprintf(why, sizeof why, "worker %d left %.1f s ago and has not come back within "
+                 "restart-wait-ms (%lld ms), and step %lld cannot do without it: %s", lost,
+                 (double)gone_ms / 1e3, (long long)s->restart_wait_ms, (long long)ps->global_step,
+                 report);
+        abort_training(ps, why);
+        return;
+    }
     if (waited_ms < (uint64_t)s->report_ms) return;
     char report[900];
     stall_report(ps, report, sizeof report);

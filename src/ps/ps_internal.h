@@ -211,6 +211,7 @@ typedef struct ps_sync {
     int init_tokens;
     int64_t timeout_ms;  /* a step that makes no progress this long aborts */
     int64_t report_ms;   /* stall report interval */
+    int64_t restart_wait_ms; /* a step waiting for a lost worker aborts after this */
     int64_t step;        /* this ps's accumulator step */
     sync_push *pending;  /* received, waiting for their step's quorum */
     sync_source *sources; /* the step being applied: gradients per variable */

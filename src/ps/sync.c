@@ -29,6 +29,7 @@ int qr__sync_init(qr_ps *ps) {
     s->mean = !strcmp(qr__config_str(ps->cfg, "reduction"), "mean");
     s->timeout_ms = qr__config_int(ps->cfg, "sync-timeout-ms");
     s->report_ms = qr__config_int(ps->cfg, "stall-report-ms");
+    s->restart_wait_ms = qr__config_int(ps->cfg, "restart-wait-ms");
     return QR_OK;
 }
 
