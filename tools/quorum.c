@@ -30,6 +30,7 @@ static void usage(FILE *f) {
             "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
             "  train    --local: the single-process reference of synchronous training\n"
             "  bench    benchmarks: quorum bench wire | optim | ckpt\n"
+            "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
             "  version  print the version\n\n"
             "`quorum <command> --help` describes a command's options.\n",
             qr_version());
@@ -232,6 +233,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "worker")) return cmd_worker(argc - 2, argv + 2);
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         if (wants_help(argc - 2, argv + 2)) {

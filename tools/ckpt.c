@@ -1,0 +1,215 @@
+/*
+ * ckpt.c - `quorum ckpt ls|show|verify DIR`: look at a folder of
+ * checkpoints without starting a cluster (src/ckpt/ reads the files).
+ *
+ *   ls      every checkpoint, newest first: step, time, size, shards,
+ *           complete or not
+ *   show    every tensor of one checkpoint (the newest complete one, or
+ *           --step N): shard, dtype, shape, and min, max, mean, NaN count
+ *   verify  every complete checkpoint (or --step N) against its manifest:
+ *           sizes, crc32, headers; exit status 1 on any problem, the newest
+ *           folder lacking a manifest included
+ */
+#include "cli.h"
+
+#include "ckpt/ckpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int usage(FILE *f, int status) {
+    fprintf(f, "usage: quorum ckpt ls DIR\n"
+               "       quorum ckpt show DIR [--step N]\n"
+               "       quorum ckpt verify DIR [--step N]\n\n"
+               "Look at the checkpoints a cluster wrote with --checkpoint-dir DIR\n"
+               "(docs/CHECKPOINTS.md). ls lists them; show prints every tensor of the\n"
+               "newest complete one (or step N) with min, max, mean and NaN count; verify\n"
+               "checks sizes, crc32 and headers against the manifests. Exit status 1 on\n"
+               "any problem, 2 on bad usage.\n");
+    return status;
+}
+
+static void when(double unix_time, char *buf, size_t len) {
+    time_t t = (time_t)unix_time;
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm);
+}
+
+static int cmd_ls(const char *dir) {
+    qr_ckpt_info *list;
+    int n;
+    if (qr_ckpt_list(dir, &list, &n)) {
+        fprintf(stderr, "quorum ckpt: %s\n", qr_last_error());
+        return 1;
+    }
+    if (!n) printf("no checkpoint in %s\n", dir);
+    else printf("%-12s %-19s %12s %7s  %s\n", "global_step", "time", "bytes", "shards", "state");
+    for (int i = 0; i < n; i++) {
+        char t[32] = "-";
+        if (list[i].complete) when(list[i].unix_time, t, sizeof t);
+        printf("%-12lld %-19s %12llu %7d  %s\n", (long long)list[i].step, t,
+               (unsigned long long)list[i].bytes, list[i].nshards,
+               list[i].complete ? "complete" : "incomplete (no readable manifest)");
+    }
+    qr_ckpt_list_free(list, n);
+    return 0;
+}
+
+/* The checkpoint of dir at `step` (-1: the newest complete one). */
+static int find(const char *dir, int64_t step, qr_ckpt_info *out) {
+    qr_ckpt_info *list;
+    int n;
+    if (qr_ckpt_list(dir, &list, &n)) {
+        fprintf(stderr, "quorum ckpt: %s\n", qr_last_error());
+        return 1;
+    }
+    int rc = 1;
+    for (int i = 0; i < n && rc; i++) {
+        if (step >= 0 ? list[i].step != step : !list[i].complete) continue;
+        if (!list[i].complete) {
+            fprintf(stderr, "quorum ckpt: %s is incomplete (no readable manifest.json)\n",
+                    list[i].path);
+            break;
+        }
+        *out = list[i];
+        list[i].shards = NULL;
+        rc = 0;
+    }
+    if (rc && step < 0) fprintf(stderr, "quorum ckpt: no complete checkpoint in %s\n", dir);
+    else if (rc && step >= 0 && n) fprintf(stderr, "quorum ckpt: no checkpoint of step %lld in %s\n",
+                                           (long long)step, dir);
+    qr_ckpt_list_free(list, n);
+    return rc;
+}
+
+static void print_tensor(const qr_st_file *f, const qr_st_tensor *t, int shard) {
+    char shape[160] = "[";
+    size_t off = 1;
+    for (int d = 0; d < t->ndim; d++)
+        off += (size_t)snprintf(shape + off, sizeof shape - off, "%s%lld", d ? "," : "",
+                                (long long)t->shape[d]);
+    snprintf(shape + off, sizeof shape - off, "]");
+    uint64_t bytes = t->end - t->begin;
+    void *data = malloc(bytes ? bytes : 1);
+    if (!data || qr_st_read(f, t, data)) {
+        printf("%-40s %5d %s %-14s (unreadable: %s)\n", t->name, shard,
+               t->dtype == QR_DT_F32 ? "F32" : "I64", shape, data ? qr_last_error() : "memory");
+        free(data);
+        return;
+    }
+    uint64_t n = bytes / qr_dtype_size(t->dtype);
+    if (t->dtype == QR_DT_I64) {
+        const int64_t *v = data;
+        if (n == 1) printf("%-40s %5d I64 %-14s value %lld\n", t->name, shard, shape, (long long)v[0]);
+        else printf("%-40s %5d I64 %-14s first %lld\n", t->name, shard, shape,
+                    n ? (long long)v[0] : 0LL);
+        free(data);
+        return;
+    }
+    const float *v = data;
+    double lo = INFINITY, hi = -INFINITY, sum = 0;
+    uint64_t nans = 0, finite = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (isnan(v[i])) {
+            nans++;
+            continue;
+        }
+        lo = v[i] < lo ? v[i] : lo;
+        hi = v[i] > hi ? v[i] : hi;
+        sum += v[i];
+        finite++;
+    }
+    printf("%-40s %5d F32 %-14s min %-12.6g max %-12.6g mean %-12.6g nan %llu\n", t->name, shard,
+           shape, finite ? lo : NAN, finite ? hi : NAN, finite ? sum / (double)finite : NAN,
+           (unsigned long long)nans);
+    free(data);
+}
+
+static int cmd_show(const char *dir, int64_t step) {
+    qr_ckpt_info c;
+    if (find(dir, step, &c)) return 1;
+    char t[32];
+    when(c.unix_time, t, sizeof t);
+    printf("%s: global step %lld, %s, %s mode, %d shard(s), %llu bytes\n", c.path,
+           (long long)c.step, t, c.mode, c.nshards, (unsigned long long)c.bytes);
+    printf("%-40s %5s %s %-14s\n", "tensor", "shard", "dtype", "shape");
+    int rc = 0;
+    for (int s = 0; s < c.nshards; s++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", c.path, c.shards[s].file);
+        qr_st_file f;
+        if (qr_st_open(&f, path)) {
+            fprintf(stderr, "quorum ckpt: %s\n", qr_last_error());
+            rc = 1;
+            continue;
+        }
+        for (int i = 0; i < f.n; i++) print_tensor(&f, &f.t[i], s);
+        qr_st_close(&f);
+    }
+    qr_ckpt_info_free(&c);
+    return rc;
+}
+
+static int cmd_verify(const char *dir, int64_t step) {
+    qr_ckpt_info *list;
+    int n;
+    if (qr_ckpt_list(dir, &list, &n)) {
+        fprintf(stderr, "quorum ckpt: %s\n", qr_last_error());
+        return 1;
+    }
+    int bad = 0, checked = 0;
+    for (int i = 0; i < n; i++) {
+        if (step >= 0 && list[i].step != step) continue;
+        checked++;
+        if (!list[i].complete) {
+            /* Only the newest may be one being written; say so either way. */
+            printf("%s: incomplete (no readable manifest.json)%s\n", list[i].path,
+                   i == 0 ? "; it may still be being written" : "");
+            bad++;
+        } else if (qr_ckpt_verify(&list[i])) {
+            printf("%s: %s\n", list[i].path, qr_last_error());
+            bad++;
+        } else {
+            printf("%s: ok (global step %lld, %d shard(s), %llu bytes)\n", list[i].path,
+                   (long long)list[i].step, list[i].nshards, (unsigned long long)list[i].bytes);
+        }
+    }
+    qr_ckpt_list_free(list, n);
+    if (!checked) {
+        fprintf(stderr, "quorum ckpt: nothing to verify in %s%s\n", dir,
+                step >= 0 ? " at that step" : "");
+        return 1;
+    }
+    return bad ? 1 : 0;
+}
+
+int cmd_ckpt(int argc, char **argv) {
+    if (argc < 1) return usage(stderr, 2);
+    if (!strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) return usage(stdout, 0);
+    const char *sub = argv[0], *dir = NULL;
+    int64_t step = -1;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return usage(stdout, 0);
+        if (!strcmp(argv[i], "--step") && i + 1 < argc) {
+            if (qr__parse_int64(argv[++i], 0, INT64_MAX / 2, &step)) {
+                fprintf(stderr, "quorum ckpt: --step %s is not a global step\n", argv[i]);
+                return 2;
+            }
+        } else if (!dir && argv[i][0] != '-') {
+            dir = argv[i];
+        } else {
+            fprintf(stderr, "quorum ckpt: unexpected argument '%s'\n", argv[i]);
+            return usage(stderr, 2);
+        }
+    }
+    if (!dir) return usage(stderr, 2);
+    if (!strcmp(sub, "ls") && step < 0) return cmd_ls(dir);
+    if (!strcmp(sub, "show")) return cmd_show(dir, step);
+    if (!strcmp(sub, "verify")) return cmd_verify(dir, step);
+    fprintf(stderr, "quorum ckpt: unknown subcommand '%s' (ls, show, verify)\n", sub);
+    return 2;
+}
