@@ -74,6 +74,21 @@ QR_API const char *qr_last_error(void);
 /* Library version string, e.g. "0.1.0". */
 QR_API const char *qr_version(void);
 
+/* Log lines. By default the library writes them to stderr as
+ * "2026-11-24T00:27:01.123Z [ps 0 pid 4242] warn: message", at the level
+ * QUORUM_LOG names (error|warn|info|debug; default info). A program that
+ * embeds it routes them itself with a callback: level, the task ("ps 0",
+ * "worker 2", or "quorum") and the message, one line, no prefix. The
+ * callback may be called from any thread the library runs (a ps loop, a
+ * worker's calls, a checkpoint writer), one call per line; NULL restores
+ * stderr. */
+enum { QR_LOG_ERROR = 0, QR_LOG_WARN = 1, QR_LOG_INFO = 2, QR_LOG_DEBUG = 3 };
+typedef void (*qr_log_fn)(int level, const char *task, const char *message, void *ctx);
+QR_API int qr_set_log_callback(qr_log_fn fn, void *ctx);
+/* Lines above this level are dropped (QR_LOG_ERROR..QR_LOG_DEBUG);
+ * overrides QUORUM_LOG. */
+QR_API int qr_set_log_level(int level);
+
 /* ------------------------------------------------------------------------ */
 /* Configuration: string keys and values, validated when set.              */
 /* ------------------------------------------------------------------------ */

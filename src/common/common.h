@@ -27,10 +27,10 @@ int qr__fail(int status, const char *fmt, ...)
 void qr__error_prefix(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 
-/* Logging to stderr. Level from QUORUM_LOG (error|warn|info|debug),
- * default info. The library logs events an operator must see (a lost
- * peer, a stall); it never exits. */
-enum { QR_LOG_ERROR = 0, QR_LOG_WARN = 1, QR_LOG_INFO = 2, QR_LOG_DEBUG = 3 };
+/* Logging (log.c): to stderr with the time, the task and the pid, or to
+ * the qr_set_log_callback of quorum.h. Levels QR_LOG_* (quorum.h). The
+ * library logs events an operator must see (a lost peer, a stall, a
+ * checkpoint); it never exits. */
 void qr__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 bool qr__log_enabled(int level);

@@ -1,6 +1,7 @@
 /*
- * util.c - logging, clocks, checked allocation, strict number parsing and
- * the seeded random generator (see common.h for why each exists).
+ * util.c - clocks, checked allocation, strict number parsing and the
+ * seeded random generator (see common.h for why each exists). Logging is
+ * in log.c.
  */
 #include "common.h"
 
@@ -11,39 +12,6 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
-
-static int log_level = -1;
-static char log_tag[64] = "quorum";
-
-static int log_level_from_env(void) {
-    const char *s = getenv("QUORUM_LOG");
-    if (!s) return QR_LOG_INFO;
-    if (!strcasecmp(s, "error")) return QR_LOG_ERROR;
-    if (!strcasecmp(s, "warn")) return QR_LOG_WARN;
-    if (!strcasecmp(s, "debug")) return QR_LOG_DEBUG;
-    return QR_LOG_INFO;
-}
-
-bool qr__log_enabled(int level) {
-    if (log_level < 0) log_level = log_level_from_env();
-    return level <= log_level;
-}
-
-void qr__log_set_tag(const char *tag) {
-    snprintf(log_tag, sizeof log_tag, "%s", tag);
-}
-
-void qr__log(int level, const char *fmt, ...) {
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    if (!qr__log_enabled(level)) return;
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    /* One fprintf per line so lines of concurrent processes do not mix. */
-    fprintf(stderr, "[%s] %s: %s\n", log_tag, names[level], line);
-}
 
 uint64_t qr__now_ns(void) {
     struct timespec ts;

@@ -410,6 +410,52 @@ static void test_pull_over_the_pending_limit(void **state) {
     join_cluster(&f);
 }
 
+/* The log callback gets the library's lines (level, task, message, no
+ * prefix) instead of stderr; the level filters them. */
+typedef struct log_seen {
+    int count, level;
+    char task[64], message[512];
+} log_seen;
+
+static void on_log(int level, const char *task, const char *message, void *ctx) {
+    log_seen *s = ctx;
+    if (!strstr(message, "starting fresh")) return;
+    s->count++;
+    s->level = level;
+    snprintf(s->task, sizeof s->task, "%s", task);
+    snprintf(s->message, sizeof s->message, "%s", message);
+}
+
+static void test_log_callback(void **state) {
+    (void)state;
+    log_seen seen = {0};
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/qr-test-log-%d", (int)getpid());
+    cluster_fixture f;
+    fix_init(&f, 1, 1);
+    assert_int_equal(qr_config_set(f.cfg, "checkpoint-dir", dir), QR_OK);
+    assert_int_equal(qr_set_log_callback(on_log, &seen), QR_OK);
+    assert_int_equal(qr_set_log_level(QR_LOG_WARN), QR_OK);
+    qr_cluster *c = fix_spec(&f, "ps", 0);
+    qr_ps *ps = NULL;
+    assert_int_equal(qr_ps_create(&ps, c, f.cfg), QR_OK); /* logs at info: dropped */
+    qr_ps_free(ps);
+    assert_int_equal(seen.count, 0);
+    assert_int_equal(qr_set_log_level(QR_LOG_INFO), QR_OK);
+    assert_int_equal(qr_ps_create(&ps, c, f.cfg), QR_OK);
+    qr_ps_free(ps);
+    assert_int_equal(seen.count, 1);
+    assert_int_equal(seen.level, QR_LOG_INFO);
+    assert_non_null(strstr(seen.message, dir));
+    assert_null(strstr(seen.message, "info:")); /* the message alone, no prefix */
+    assert_true(seen.task[0] != '\0');
+    assert_int_equal(qr_set_log_level(99), QR_EINVAL);
+    assert_int_equal(qr_set_log_callback(NULL, NULL), QR_OK);
+    qr_cluster_free(c);
+    qr_config_free(f.cfg);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_push_pull_unix_one_ps),
@@ -421,6 +467,7 @@ int main(void) {
         cmocka_unit_test(test_per_variable_optimizer_options),
         cmocka_unit_test(test_large_pulls_are_whole_versions),
         cmocka_unit_test(test_pull_over_the_pending_limit),
+        cmocka_unit_test(test_log_callback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
