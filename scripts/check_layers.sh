@@ -8,7 +8,7 @@
 #   train, bench           (tools/quorum.c runs the benchmarks)
 #   worker, ps, model
 #   wire
-#   optim, cluster, data, ckpt
+#   optim, cluster, data, ckpt, summary
 #   common
 # A file under src/X, tools/ or bench/ may include a header of its own folder,
 # of a folder in a lower layer, or the public include/quorum.h, nothing else.
@@ -36,7 +36,7 @@ declare -A layer=(
     [train]=5 [bench]=5
     [worker]=4 [ps]=4 [model]=4
     [wire]=3
-    [optim]=2 [cluster]=2 [data]=2 [ckpt]=2
+    [optim]=2 [cluster]=2 [data]=2 [ckpt]=2 [summary]=2
     [common]=1
 )
 

@@ -78,6 +78,8 @@ void cli_print_summary(const cli_args *a, const char *mode, int nps, int nworker
 int cmd_launch(int argc, char **argv);
 /* ckpt.c: `quorum ckpt ls|show|verify DIR`. */
 int cmd_ckpt(int argc, char **argv);
+/* plot.c: `quorum plot LOGDIR -o FILE.png`. */
+int cmd_plot(int argc, char **argv);
 /* A task started by `quorum launch` whose launcher has died removes the
  * launcher's socket directory if it is empty (the last ps to end does). */
 void cli_leave_launch_dir(void);

@@ -31,6 +31,7 @@ static void usage(FILE *f) {
             "  train    --local: the single-process reference of synchronous training\n"
             "  bench    benchmarks: quorum bench wire | optim | ckpt\n"
             "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
+            "  plot     draw a run's loss and throughput: quorum plot LOGDIR -o FILE.png\n"
             "  version  print the version\n\n"
             "`quorum <command> --help` describes a command's options.\n",
             qr_version());
@@ -234,6 +235,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "launch")) return cmd_launch(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cmd_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         if (wants_help(argc - 2, argv + 2)) {

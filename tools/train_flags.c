@@ -51,6 +51,20 @@ static int set_data_dir(cli_args *a, const char *value) {
     return QR_OK;
 }
 
+static int set_logdir(cli_args *a, const char *value) {
+    if (!value[0]) return qr__fail(QR_EINVAL, "expected a folder");
+    a->train.logdir = value;
+    return QR_OK;
+}
+
+static int set_summary_secs(cli_args *a, const char *value) {
+    double v;
+    if (qr__parse_float(value, &v) || !(v >= 0.05 && v <= 86400))
+        return qr__fail(QR_EINVAL, "expected seconds from 0.05 to 86400");
+    a->train.summary_secs = v;
+    return QR_OK;
+}
+
 static int set_batch_size(cli_args *a, const char *value) {
     int64_t v;
     int rc = qr__parse_int64(value, 1, 1 << 20, &v);
@@ -185,6 +199,11 @@ static const train_flag flags[] = {
     {"var-opt", "NAME:K=V,...", CLUSTER_ONLY, NULL, set_var_opt,
      "a variable's own optimizer options, e.g.\n"
      "layer0/weights:optimizer=adagrad,lr=0.05 (repeatable)"},
+    {"logdir", "DIR", CLUSTER_ONLY, NULL, set_logdir,
+     "the chief writes TensorBoard event files and\n"
+     "summaries.jsonl here (docs/SUMMARIES.md)"},
+    {"summary-secs", "S", CLUSTER_ONLY, NULL, set_summary_secs,
+     "seconds between summary points (default 120)"},
     {"slow-worker", "I:MS", CLUSTER_ONLY, NULL, set_slow_worker,
      "(testing) worker I sleeps MS milliseconds every step"},
 };

@@ -16,6 +16,7 @@
  * training.
  */
 #include "train/train.h"
+#include "train/summaries.h"
 
 #include "common/config.h"
 #include "data/data.h"
@@ -42,6 +43,7 @@ void qr_train_opts_default(qr_train_opts *o) {
     o->slow_worker = -1;
     o->slow_ms = 0;
     o->virtual_workers = 1;
+    o->summary_secs = 120; /* TensorFlow's summary service */
     o->accumulate = 1;
     o->local_steps = 1;
 }
@@ -170,6 +172,7 @@ typedef struct worker_run {
     int batches;        /* batches one global step consumes */
     int64_t step, total;
     double loss_avg;
+    train_summaries summaries; /* the chief's, with --logdir */
     /* local SGD: the ps's learning rate and schedule */
     double local_lr, decay_rate;
     int64_t decay_steps;
@@ -379,6 +382,11 @@ static int chief_finish(worker_run *r, const qr_config *cfg, qr_train_result *re
                                    &res->test_accuracy_averaged, &loss);
     }
     if (!rc) rc = qr_worker_stats(r->w, res->stats, sizeof res->stats);
+    /* The last summary point, while the ps tasks can still be asked. */
+    if (!rc)
+        rc = qr__summaries_point(&r->summaries, r->w, r->step, r->loss_avg,
+                                 (int64_t)r->o->batch_size * r->batches, true,
+                                 res->test_accuracy, res->test_loss);
     int stop_rc = qr_worker_stop_cluster(r->w);
     return rc ? rc : stop_rc;
 }
@@ -406,6 +414,8 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     worker_run r = {.o = o, .task_index = task_index, .chief = task_index == 0,
                     .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN};
     int rc = run_setup(&r, cluster, cfg);
+    if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
+    int64_t examples_per_step = (int64_t)o->batch_size * r.batches;
     step_fn compute_step = pick_strategy(o);
     double start = qr__now_sec();
     while (!rc && r.step < r.total) {
@@ -418,6 +428,9 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         r.loss_avg = isnan(r.loss_avg) ? loss : 0.95 * r.loss_avg + 0.05 * loss;
         rc = push_and_advance(&r, flags, res);
         if (!rc) report_progress(&r, start, 0, false);
+        if (!rc && r.chief)
+            rc = qr__summaries_point(&r.summaries, r.w, r.step, r.loss_avg, examples_per_step,
+                                     false, 0, 0);
     }
     /* A stop means the chief ended the run: not an error for the others. */
     if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;
@@ -426,6 +439,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     res->examples_per_sec = (double)r.step * o->batch_size * r.batches / res->wall_seconds;
     if (!rc) report_progress(&r, start, res->examples_per_sec, true);
     if (!rc && r.chief) rc = chief_finish(&r, cfg, res);
+    qr__summaries_close(&r.summaries);
     if (rc) qr__error_prefix("worker %d: ", task_index);
     run_free(&r);
     return rc;

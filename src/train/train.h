@@ -52,6 +52,10 @@ typedef struct qr_train_opts {
      * (final), if set; the callback decides what to show and how often. */
     qr_train_progress_fn on_progress;
     void *progress_ctx;
+    /* The chief writes TensorBoard event files and JSON lines here
+     * (NULL: none), a point every summary_secs seconds and at the end. */
+    const char *logdir;
+    double summary_secs;
 } qr_train_opts;
 
 /* The defaults: mlp 256,128 on digits, batch 64, 1 epoch, seed 1. */

@@ -1,3 +1,5 @@
 # Checkpoints: the async cut over two in-process ps tasks (a torn cut
 # would show as a != b), and the verification of damaged files.
 qr_unit_test(test_ckpt_cut ${CMAKE_CURRENT_LIST_DIR}/test_ckpt_cut.c)
+# TensorBoard event files: CRC-32C and the bytes of one scalar event.
+qr_unit_test(test_summary ${CMAKE_CURRENT_LIST_DIR}/test_summary.c)
