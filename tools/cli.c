@@ -53,9 +53,12 @@ static int set_launch_flag(cli_args *a, const char *k, const char *v) {
     int *dst = !strcmp(k, "ps")             ? &a->launch_ps
                : !strcmp(k, "workers")      ? &a->launch_workers
                : !strcmp(k, "max-restarts") ? &a->launch_max_restarts
+               : !strcmp(k, "metrics-port-base") ? &a->launch_metrics_base
                                             : NULL;
     if (!dst) return QR_ENOTFOUND;
-    if (qr__parse_int64(v, dst == &a->launch_max_restarts ? 0 : 1, dst == &a->launch_max_restarts ? 1000 : 256, &n)) return QR_EINVAL;
+    int64_t lo = dst == &a->launch_max_restarts ? 0 : dst == &a->launch_metrics_base ? 1024 : 1;
+    int64_t hi = dst == &a->launch_max_restarts ? 1000 : dst == &a->launch_metrics_base ? 65000 : 256;
+    if (qr__parse_int64(v, lo, hi, &n)) return QR_EINVAL;
     *dst = (int)n;
     return QR_OK;
 }
@@ -63,7 +66,7 @@ static int set_launch_flag(cli_args *a, const char *k, const char *v) {
 /* ---- did you mean ------------------------------------------------------ */
 
 static const char *cluster_flags[] = {"ps_hosts", "worker_hosts", "job_name", "task_index"};
-static const char *launch_flags[] = {"ps", "workers", "max-restarts"};
+static const char *launch_flags[] = {"ps", "workers", "max-restarts", "metrics-port-base"};
 
 /* Option i of those a subcommand accepts, as --help spells it; NULL past
  * the end. */

@@ -30,6 +30,7 @@ typedef struct cli_args {
     /* launch only */
     int launch_ps, launch_workers;
     int launch_max_restarts; /* launch: restarts of failed tasks allowed */
+    int launch_metrics_base; /* launch: metrics on ports from this one (0: off) */
 } cli_args;
 
 /* Option groups a subcommand accepts. CLI_LOCAL: quorum train --local's

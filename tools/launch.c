@@ -44,6 +44,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -69,6 +70,8 @@ typedef struct launch_plan {
     int replicas;            /* sync: R */
     int64_t restart_wait_ms;
     int max_restarts;        /* --max-restarts */
+    int metrics_base;        /* --metrics-port-base: task i serves on base + i; 0 off */
+    const char *logdir;      /* --logdir, to list the metrics ports in */
     bool checkpoints;        /* --checkpoint-dir was given */
     /* how to start a task again */
     const char *self, *ps_hosts, *worker_hosts;
@@ -134,7 +137,7 @@ static void remove_socket_dir(const char *dir, int nps) {
 }
 
 static pid_t spawn(const char *self, const char *job, int index, const char *ps_hosts,
-                   const char *worker_hosts, int argc, char **argv) {
+                   const char *worker_hosts, int argc, char **argv, int metrics_port) {
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) return pid;
@@ -156,6 +159,12 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
     args[n++] = "--task_index";
     args[n++] = idx;
     for (int i = 0; i < argc; i++) args[n++] = argv[i];
+    char port[16];
+    if (metrics_port) {
+        snprintf(port, sizeof port, "%d", metrics_port);
+        args[n++] = "--metrics-port";
+        args[n++] = port;
+    }
     args[n] = NULL;
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
     execv(self, args); /* inherits OPENBLAS_NUM_THREADS=1 (quorum.c, main) */
@@ -234,6 +243,33 @@ static void report_worker_lost(const child *c, const launch_plan *plan, int nlos
             (long long)plan->restart_wait_ms);
 }
 
+/* Say where every task serves its metrics, and write it to --logdir. */
+static void announce_metrics(const launch_plan *plan) {
+    FILE *json = NULL;
+    if (plan->logdir) {
+        char path[4200];
+        mkdir(plan->logdir, 0755);
+        snprintf(path, sizeof path, "%s/metrics_ports.json", plan->logdir);
+        json = fopen(path, "w");
+        if (!json) fprintf(stderr, "quorum launch: cannot write %s: %s\n", path, strerror(errno));
+    }
+    fprintf(stderr, "quorum launch: metrics at");
+    if (json) fprintf(json, "{");
+    for (int i = 0; i < plan->nps + plan->nworkers; i++) {
+        bool is_ps = i < plan->nps;
+        int index = is_ps ? i : i - plan->nps;
+        fprintf(stderr, "%s %s %d http://127.0.0.1:%d/metrics", i ? "," : "", is_ps ? "ps" : "worker",
+                index, plan->metrics_base + i);
+        if (json) fprintf(json, "%s\"%s %d\": %d", i ? ", " : "", is_ps ? "ps" : "worker", index,
+                          plan->metrics_base + i);
+    }
+    fprintf(stderr, "\n");
+    if (json) {
+        fprintf(json, "}\n");
+        fclose(json);
+    }
+}
+
 /* Start child i (ps tasks first, then workers), as at the start. */
 static void start_child(child *kids, int i, const launch_plan *plan) {
     bool is_ps = i < plan->nps;
@@ -243,7 +279,7 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     c->exited = c->reported = false;
     c->status = 0;
     c->pid = spawn(plan->self, is_ps ? "ps" : "worker", index, plan->ps_hosts, plan->worker_hosts,
-                   plan->npass, plan->pass);
+                   plan->npass, plan->pass, plan->metrics_base ? plan->metrics_base + i : 0);
     if (c->pid < 0) {
         fprintf(stderr, "quorum launch: fork failed: %s\n", strerror(errno));
         c->exited = true;
@@ -365,6 +401,13 @@ static int read_plan(int argc, char **argv, launch_plan *plan) {
         plan->replicas = plan->nworkers;
         plan->restart_wait_ms = qr__config_int(a.cfg, "restart-wait-ms");
         plan->max_restarts = a.launch_max_restarts;
+        plan->metrics_base = a.launch_metrics_base;
+        plan->logdir = a.train.logdir;
+        if (qr__config_int(a.cfg, "metrics-port") != 0) {
+            fprintf(stderr, "quorum launch: --metrics-port would give every task the same port; "
+                    "use --metrics-port-base N (task i serves on N + i)\n");
+            rc = 2;
+        }
         plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
         if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {
             fprintf(stderr, "quorum launch: %s\n", qr_last_error());
@@ -381,7 +424,8 @@ static char **pass_through(int argc, char **argv, int *npass) {
     *npass = 0;
     for (int i = 0; pass && i < argc; i++) {
         const char *s = argv[i];
-        if (!strcmp(s, "--ps") || !strcmp(s, "--workers") || !strcmp(s, "--max-restarts")) {
+        if (!strcmp(s, "--ps") || !strcmp(s, "--workers") || !strcmp(s, "--max-restarts") ||
+            !strcmp(s, "--metrics-port-base")) {
             i++;
             continue;
         }
@@ -418,6 +462,9 @@ int cmd_launch(int argc, char **argv) {
                    "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
                    "rejoining at the current step; a ps by restarting every task, which resume\n"
                    "from the newest checkpoint (needs --checkpoint-dir).\n"
+                   "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
+                   "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
+                   "in LOGDIR/metrics_ports.json with --logdir.\n"
                    "Exit status: 0 every task ended well; 1 the run failed (a ps or the chief);\n"
                    "3 training finished but some worker did not end well (named on the last\n"
                    "line); 130 interrupted; 2 bad options.\n\n"
@@ -467,6 +514,7 @@ int cmd_launch(int argc, char **argv) {
         setenv("QUORUM_LAUNCH_DIR", dir, 1);
         setenv("QUORUM_LAUNCH_PID", pid, 1);
     }
+    if (plan.metrics_base) announce_metrics(&plan);
     plan.self = self;
     plan.ps_hosts = ps_hosts;
     plan.worker_hosts = worker_hosts;

@@ -53,6 +53,11 @@ static const key_spec keys[] = {
     {"heartbeat-timeout-ms", ANY, KEY_INT, "5000", 100, 86400000, 0, NULL,
      "ps 0: a worker whose heartbeats stop this long is hung (stopped, wedged): it is "
      "treated as lost and its connections are closed"},
+    {"metrics-port", ANY, KEY_INT, "0", 0, 65535, 0, NULL,
+     "serve Prometheus metrics at http://metrics-bind:PORT/metrics (0: off)"},
+    {"metrics-bind", ANY, KEY_STRING, "127.0.0.1", 0, 0, 0, NULL,
+     "the IPv4 address the metrics endpoint listens on: loopback unless told otherwise "
+     "(read-only, but it says much about the run)"},
     {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
     /* training regime */

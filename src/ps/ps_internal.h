@@ -26,6 +26,8 @@
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
  *   liveness.c    ps 0: the workers' heartbeats; a silent one is hung
+ *   metrics.c     Prometheus metrics: counters, and the page written on
+ *                 the loop for the HTTP server's thread
  *   store.c   the variables and their tensors
  * Everything runs on the ps loop thread.
  */
@@ -34,10 +36,12 @@
 
 #include "cluster/cluster.h"
 #include "common/config.h"
+#include "common/metrics.h"
 #include "ps/store.h"
 #include "wire/conn.h"
 #include "wire/msg.h"
 
+#include <pthread.h>
 #include <stdio.h>
 
 /* A peer whose queued replies exceed this stops being read until they
@@ -167,6 +171,7 @@ typedef struct ps_peer {
     uint32_t push_seq, push_nparts;
     bool parked;          /* its push waits for a checkpoint's cut */
     int beat_worker;      /* the worker whose heartbeats come here; -1 */
+    uint64_t header_ns;   /* when the current request's header arrived */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -324,6 +329,23 @@ typedef struct ps_liveness {
     bool timer_on;
 } ps_liveness;
 
+/* Prometheus metrics (metrics.c): counters of the loop, and the page the
+ * loop writes for the server's thread. */
+typedef struct ps_metrics {
+    uint64_t pushes, push_bytes, pulls, pull_bytes;
+    qr_prom_hist push_latency, pull_latency;
+    uint64_t *worker_seen_ns;  /* ps 0: each worker's last push here */
+    int64_t *worker_step;      /* ps 0: the global step then */
+    bool on;                   /* --metrics-port: the server runs */
+    qr_metrics_server *server;
+    uv_async_t render;
+    pthread_mutex_t mu;        /* guards page, rendered, closing */
+    pthread_cond_t cond;
+    char *page;
+    uint64_t rendered;
+    bool closing;
+} ps_metrics;
+
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
 #define QR_STALENESS_BUCKETS 9
 
@@ -370,6 +392,7 @@ struct qr_ps {
     char *average_vars;      /* names to average ("" = all) */
     ps_ckpt ckpt;
     ps_liveness liveness;
+    ps_metrics metrics;
 };
 
 /* Does a worker index read off the wire name one of n workers? Compared
@@ -562,6 +585,13 @@ void qr__ckpt_cut_link_lost(qr_ps *ps, int index);
 /* ps k: HOLD, QUERY, CUT, RELEASE (r is positioned after the head). */
 void qr__ckpt_cut_message(ps_peer *p, const qr_frame *f, const qr_msg_ckpt *m, qr_rbuf *r);
 void qr__ckpt_cut_peer_lost(ps_peer *p);
+
+/* metrics.c */
+int qr__metrics_init(qr_ps *ps);
+void qr__metrics_close(qr_ps *ps);
+void qr__metrics_free(qr_ps *ps);
+/* A PUSH or PULL was answered: count it and its time since its header. */
+void qr__metrics_request(ps_peer *p, const qr_frame *f);
 
 /* liveness.c */
 int qr__liveness_init(qr_ps *ps);

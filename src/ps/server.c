@@ -58,6 +58,7 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
     /* What the previous request left is gone by now. */
     p->err = QR_OK;
+    p->header_ns = qr__now_ns();
     p->nitems = 0;
     p->check.items = NULL;
     qr__create_drop(p);
@@ -105,6 +106,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         case QR_MSG_BEAT: qr__liveness_beat(p, meta, f->meta_len); break; /* no reply */
         }
     }
+    if (!p->err && (f->type == QR_MSG_PUSH || f->type == QR_MSG_PULL)) qr__metrics_request(p, f);
     /* Every request is done with its payload by now, but a parked push. */
     if (!p->parked) qr__peer_release_recv(p);
 }
@@ -176,6 +178,7 @@ static void on_handle_closed(uv_handle_t *h) {
 static void close_loop_handles(qr_ps *ps) {
     qr__ckpt_close(ps);
     qr__liveness_close(ps);
+    qr__metrics_close(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
         uv_close((uv_handle_t *)&ps->linger_timer, on_handle_closed);
     if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
@@ -293,6 +296,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     if (!rc) rc = qr__ckpt_loop_init(ps);
     if (!rc) rc = qr__liveness_init(ps);
+    if (!rc) rc = qr__metrics_init(ps);
     if (!rc) rc = start_listening(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);
@@ -335,6 +339,7 @@ void qr_ps_free(qr_ps *ps) {
     qr__recv_pool_free(&ps->recv_pool);
     qr__ckpt_free(ps);
     qr__liveness_free(ps);
+    qr__metrics_free(ps);
     free(ps->worker_conns);
     free(ps->worker_lost_ns);
     free(ps->average_vars);

@@ -17,6 +17,7 @@
  */
 #include "train/train.h"
 #include "train/summaries.h"
+#include "train/worker_metrics.h"
 
 #include "common/config.h"
 #include "data/data.h"
@@ -173,6 +174,7 @@ typedef struct worker_run {
     int64_t step, total;
     double loss_avg;
     train_summaries summaries; /* the chief's, with --logdir */
+    worker_metrics metrics;    /* with --metrics-port */
     /* local SGD: the ps's learning rate and schedule */
     double local_lr, decay_rate;
     int64_t decay_steps;
@@ -236,8 +238,10 @@ static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res)
     if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) sleep_ms(r->o->slow_ms);
     int64_t global = 0;
     qr_worker_set_data_position(r->w, r->t.drawn);
+    double t0 = qr__now_sec();
     int rc = qr_worker_push(r->w, r->t.nparams, r->ids, (const float *const *)r->grads, flags,
                             &global);
+    qr__worker_metrics_call(&r->metrics, true, qr__now_sec() - t0);
     if (rc == QR_ESTALE) {
         /* Too late for its step (a backup worker, or TensorFlow's wasted
          * round); it still takes a token and goes on. */
@@ -413,7 +417,8 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     res->test_accuracy_averaged = -1;
     worker_run r = {.o = o, .task_index = task_index, .chief = task_index == 0,
                     .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN};
-    int rc = run_setup(&r, cluster, cfg);
+    int rc = qr__worker_metrics_start(&r.metrics, cfg);
+    if (!rc) rc = run_setup(&r, cluster, cfg);
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
     int64_t examples_per_step = (int64_t)o->batch_size * r.batches;
     step_fn compute_step = pick_strategy(o);
@@ -422,12 +427,18 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         unsigned flags = QR_PUSH_STEP;
         double loss = 0;
         rc = qr_worker_wait_bound(r.w); /* max-staleness; returns at once if unset */
+        double t0 = qr__now_sec();
         if (!rc) rc = qr_worker_pull(r.w, 0, NULL, NULL);
+        qr__worker_metrics_call(&r.metrics, false, qr__now_sec() - t0);
         if (!rc) rc = compute_step(&r, &loss, &flags);
         if (rc) break;
         r.loss_avg = isnan(r.loss_avg) ? loss : 0.95 * r.loss_avg + 0.05 * loss;
         rc = push_and_advance(&r, flags, res);
         if (!rc) report_progress(&r, start, 0, false);
+        double elapsed = qr__now_sec() - start;
+        qr__worker_metrics_step(&r.metrics, r.step, r.loss_avg, r.step / elapsed,
+                                (double)r.step * (double)examples_per_step / elapsed,
+                                res->stale_pushes);
         if (!rc && r.chief)
             rc = qr__summaries_point(&r.summaries, r.w, r.step, r.loss_avg, examples_per_step,
                                      false, 0, 0);
@@ -440,6 +451,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     if (!rc) report_progress(&r, start, res->examples_per_sec, true);
     if (!rc && r.chief) rc = chief_finish(&r, cfg, res);
     qr__summaries_close(&r.summaries);
+    qr__worker_metrics_stop(&r.metrics);
     if (rc) qr__error_prefix("worker %d: ", task_index);
     run_free(&r);
     return rc;

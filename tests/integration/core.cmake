@@ -40,3 +40,4 @@ set_tests_properties(bench_ckpt_smoke PROPERTIES TIMEOUT 120)
 qr_integration_test(integration_ckpt_tool test_ckpt_tool.py ${QR_VENV_PYTHON}
                     ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py)
 qr_integration_test(integration_summaries test_summaries.py ${QR_VENV_PYTHON})
+qr_integration_test(integration_metrics test_metrics.py)

@@ -1,0 +1,203 @@
+/*
+ * metrics.c - a ps task's Prometheus metrics (--metrics-port; the names
+ * and their meaning: docs/METRICS.md).
+ *
+ * The HTTP server runs on libmicrohttpd's thread, and everything it would
+ * report belongs to the loop thread, which has no locks. So a scrape does
+ * not read the ps: it asks the loop (uv_async) to write the page, and waits
+ * for it on a condition variable, at most RENDER_WAIT_MS; a loop busy longer
+ * than that (a huge apply) gets the previous page served, marked stale. The
+ * counters themselves are plain fields the loop updates as requests go by.
+ */
+#include "ps/ps_internal.h"
+
+#include "common/metrics.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RENDER_WAIT_MS 1000
+
+/* ---- counting (loop thread) ------------------------------------------------- */
+
+void qr__metrics_request(ps_peer *p, const qr_frame *f) {
+    ps_metrics *m = &p->ps->metrics;
+    uint64_t now = qr__now_ns();
+    double secs = p->header_ns ? (double)(now - p->header_ns) / 1e9 : 0;
+    if (f->type == QR_MSG_PUSH) {
+        m->pushes++;
+        m->push_bytes += f->payload_len;
+        qr_prom_observe(&m->push_latency, secs);
+        uint32_t w = p->push_worker;
+        if (m->worker_seen_ns && qr__is_worker(w, p->ps->cluster->nworkers)) {
+            m->worker_seen_ns[w] = now;
+            m->worker_step[w] = p->ps->global_step;
+        }
+    } else if (f->type == QR_MSG_PULL) {
+        uint64_t bytes = 0;
+        for (int i = 0; i < p->nitems; i++) bytes += (uint64_t)p->items[i].var->n * 4;
+        m->pulls++;
+        m->pull_bytes += bytes;
+        qr_prom_observe(&m->pull_latency, secs);
+    }
+}
+
+/* ---- the page (loop thread) ---------------------------------------------------- */
+
+static void family(FILE *f, const char *name, const char *type, const char *help, double v) {
+    qr_prom_family(f, name, type, help);
+    qr_prom_sample(f, name, NULL, v);
+}
+
+static void render(qr_ps *ps, FILE *f) {
+    ps_metrics *m = &ps->metrics;
+    char labels[64];
+    family(f, "quorum_ps_up", "gauge", "This quorum ps task is serving (always 1).", 1);
+    if (ps->index == 0)
+        family(f, "quorum_global_step", "gauge", "The global step (ps 0 holds it).",
+               (double)ps->global_step);
+    family(f, "quorum_steps_applied_total", "counter", "Step pushes (async) or steps (sync) "
+           "applied on this ps.", (double)(ps->sync.on ? ps->sync.step : ps->applied_steps));
+    family(f, "quorum_pushes_total", "counter", "PUSH requests received.", (double)m->pushes);
+    family(f, "quorum_push_bytes_total", "counter", "Bytes of gradients pushed here.",
+           (double)m->push_bytes);
+    family(f, "quorum_pulls_total", "counter", "PULL requests answered.", (double)m->pulls);
+    family(f, "quorum_pull_bytes_total", "counter", "Bytes of variables sent by pulls.",
+           (double)m->pull_bytes);
+    qr_prom_family(f, "quorum_request_seconds", "histogram",
+                   "Time from a request's header arriving to its answer being queued.");
+    qr_prom_histogram(f, "quorum_request_seconds", "op=\"push\"", &m->push_latency);
+    qr_prom_histogram(f, "quorum_request_seconds", "op=\"pull\"", &m->pull_latency);
+    if (ps->sync.on && ps->index == 0)
+        family(f, "quorum_stale_gradients_dropped_total", "counter",
+               "Synchronous gradients dropped as stale.", (double)ps->sync.stale_commits);
+    if (m->worker_seen_ns) {
+        uint64_t now = qr__now_ns();
+        qr_prom_family(f, "quorum_worker_last_push_global_step", "gauge",
+                       "The global step when the worker last pushed to this ps.");
+        for (int w = 0; w < ps->cluster->nworkers; w++) {
+            snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+            qr_prom_sample(f, "quorum_worker_last_push_global_step", labels,
+                           (double)m->worker_step[w]);
+        }
+        qr_prom_family(f, "quorum_worker_last_seen_seconds", "gauge",
+                       "Seconds since the worker's last push to this ps (-1: never).");
+        for (int w = 0; w < ps->cluster->nworkers; w++) {
+            snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+            qr_prom_sample(f, "quorum_worker_last_seen_seconds", labels,
+                           m->worker_seen_ns[w] ? (double)(now - m->worker_seen_ns[w]) / 1e9 : -1);
+        }
+        qr_prom_family(f, "quorum_worker_connected", "gauge",
+                       "Whether the worker has a connection open to this ps.");
+        for (int w = 0; w < ps->cluster->nworkers; w++) {
+            snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+            qr_prom_sample(f, "quorum_worker_connected", labels, ps->worker_conns[w] > 0);
+        }
+    }
+    if (ps->ckpt.dir && ps->index == 0) {
+        double age = ps->ckpt.last_unix_time > 0 ? (double)time(NULL) - ps->ckpt.last_unix_time : -1;
+        family(f, "quorum_checkpoint_age_seconds", "gauge",
+               "Seconds since the newest complete checkpoint was taken (-1: none yet).", age);
+        family(f, "quorum_checkpoint_duration_seconds", "gauge",
+               "How long the last checkpoint took, start to manifest.", ps->ckpt.last_seconds);
+        family(f, "quorum_checkpoints_total", "counter", "Complete checkpoints written.",
+               (double)ps->ckpt.written);
+    }
+    family(f, "quorum_variables_bytes", "gauge", "Bytes of the variables held here.",
+           (double)ps->store.bytes);
+    family(f, "quorum_process_resident_bytes", "gauge", "The ps process's resident memory.",
+           (double)qr_process_rss_bytes());
+    family(f, "quorum_connections", "gauge", "Connections open to this ps.", ps->npeers);
+}
+
+static void on_render(uv_async_t *a) {
+    qr_ps *ps = a->data;
+    ps_metrics *m = &ps->metrics;
+    char *page = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&page, &len);
+    if (f) {
+        render(ps, f);
+        fclose(f);
+    }
+    pthread_mutex_lock(&m->mu);
+    if (page) {
+        free(m->page);
+        m->page = page;
+    }
+    m->rendered++;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- the server's side -------------------------------------------------------- */
+
+static void serve(FILE *f, void *ctx) {
+    qr_ps *ps = ctx;
+    ps_metrics *m = &ps->metrics;
+    pthread_mutex_lock(&m->mu);
+    uint64_t want = m->rendered + 1;
+    bool fresh = false;
+    if (!m->closing) {
+        uv_async_send(&m->render);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += RENDER_WAIT_MS / 1000;
+        while (!m->closing && m->rendered < want &&
+               pthread_cond_timedwait(&m->cond, &m->mu, &until) == 0) {
+        }
+        fresh = m->rendered >= want;
+    }
+    if (!fresh) fprintf(f, "# the ps loop did not answer within %d ms: the last page\n",
+                        RENDER_WAIT_MS);
+    if (m->page) fputs(m->page, f);
+    pthread_mutex_unlock(&m->mu);
+}
+
+int qr__metrics_init(qr_ps *ps) {
+    ps_metrics *m = &ps->metrics;
+    int port = (int)qr__config_int(ps->cfg, "metrics-port");
+    if (ps->index == 0) {
+        m->worker_seen_ns = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *m->worker_seen_ns);
+        m->worker_step = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *m->worker_step);
+        if (!m->worker_seen_ns || !m->worker_step) return QR_ENOMEM;
+    }
+    if (!port) return QR_OK;
+    pthread_mutex_init(&m->mu, NULL);
+    pthread_cond_init(&m->cond, NULL);
+    uv_async_init(&ps->loop, &m->render, on_render);
+    m->render.data = ps;
+    m->on = true;
+    int rc = qr_metrics_start(&m->server, qr__config_str(ps->cfg, "metrics-bind"), port, serve, ps);
+    if (!rc)
+        qr__log(QR_LOG_INFO, "metrics at http://%s:%d/metrics", qr__config_str(ps->cfg, "metrics-bind"),
+                port);
+    return rc;
+}
+
+/* Before the loop's handles close: no scrape may wait for it any more. */
+void qr__metrics_close(qr_ps *ps) {
+    ps_metrics *m = &ps->metrics;
+    if (!m->on) return;
+    pthread_mutex_lock(&m->mu);
+    m->closing = true;
+    pthread_cond_broadcast(&m->cond);
+    pthread_mutex_unlock(&m->mu);
+    qr_metrics_stop(m->server); /* joins the server's thread */
+    m->server = NULL;
+    if (!uv_is_closing((uv_handle_t *)&m->render)) uv_close((uv_handle_t *)&m->render, NULL);
+}
+
+void qr__metrics_free(qr_ps *ps) {
+    ps_metrics *m = &ps->metrics;
+    free(m->worker_seen_ns);
+    free(m->worker_step);
+    m->worker_seen_ns = NULL;
+    m->worker_step = NULL;
+    if (!m->on) return;
+    free(m->page);
+    pthread_mutex_destroy(&m->mu);
+    pthread_cond_destroy(&m->cond);
+    m->on = false;
+}
