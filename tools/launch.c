@@ -17,11 +17,11 @@
  *   - with --max-restarts K, up to K failures are restarted instead (as
  *     torchrun does): a failed worker, the chief included, is started again
  *     alone and rejoins at the current global step (the chief does not
- *     re-initialize what the ps tasks hold); a failed ps restarts the
- *     whole cluster, which resumes from the newest checkpoint
- *     (--checkpoint-dir), so that every shard and the global step come
- *     from one moment (a ps alone would come back at its checkpoint while
- *     the others went on: tensorflow#2461);
+ *     re-initialize what the ps tasks hold); a failed ps is started again
+ *     alone, restores the newest checkpoint (--checkpoint-dir), and the
+ *     other ps tasks and the workers roll back to it in place
+ *     (src/ps/rollback.c), so that every shard and the global step come
+ *     from one moment (tensorflow#2461);
  *   - once the chief and every ps have ended well, workers still running
  *     get GRACE_MS to end, and are then stopped and reported;
  *   - Ctrl-C / SIGTERM to the launcher stops every child the same way;
@@ -304,14 +304,12 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
     if (!is_ps) {
         fprintf(stderr, "quorum launch: %s; restarting it (restart %d of %d): it rejoins at "
                 "the current global step\n", why, *used, plan->max_restarts);
-        start_child(kids, i, plan);
-        return true;
+    } else {
+        fprintf(stderr, "quorum launch: %s; restarting it (restart %d of %d): it restores the "
+                "newest checkpoint, and the cluster rolls back to it in place, every shard and "
+                "the global step at one moment\n", why, *used, plan->max_restarts);
     }
-    fprintf(stderr, "quorum launch: %s; restarting every task (restart %d of %d): the cluster "
-            "resumes from its newest checkpoint, every shard and the global step at one "
-            "moment\n", why, *used, plan->max_restarts);
-    stop_all(kids, n);
-    for (int k = 0; k < n; k++) start_child(kids, k, plan);
+    start_child(kids, i, plan);
     return true;
 }
 
@@ -460,8 +458,8 @@ int cmd_launch(int argc, char **argv) {
                    "temporary directory; loopback TCP with --transport tcp)\n"
                    "and train. Every other option is passed to every task.\n"
                    "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
-                   "rejoining at the current step; a ps by restarting every task, which resume\n"
-                   "from the newest checkpoint (needs --checkpoint-dir).\n"
+                   "rejoining at the current step; a ps alone, the cluster rolling back to\n"
+                   "its newest checkpoint in place (needs --checkpoint-dir).\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

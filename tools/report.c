@@ -59,6 +59,8 @@ static void print_json(const cli_args *a, const char *mode, int nps, int nworker
     cJSON_AddNumberToObject(j, "ps", nps);
     cJSON_AddNumberToObject(j, "workers", nworkers);
     cJSON_AddStringToObject(j, "params_digest", digest);
+    cJSON_AddNumberToObject(j, "rollbacks", (double)r->rollbacks);
+    cJSON_AddNumberToObject(j, "lost_pushes", (double)r->lost_pushes);
     cJSON *stats = r->stats[0] ? cJSON_Parse(r->stats) : NULL;
     if (stats && !strcmp(mode, "sync")) {
         cJSON_AddItemToObject(j, "sync", stats);

@@ -58,6 +58,13 @@ static const key_spec keys[] = {
     {"metrics-bind", ANY, KEY_STRING, "127.0.0.1", 0, 0, 0, NULL,
      "the IPv4 address the metrics endpoint listens on: loopback unless told otherwise "
      "(read-only, but it says much about the run)"},
+    {"bind", ANY, KEY_STRING, "", 0, 0, 0, NULL,
+     "ps: the address it listens on, at its port from the cluster spec (\"\": every "
+     "interface, as TensorFlow's server; the advertised name need not be a local address)"},
+    {"restart-wait-ms", ANY, KEY_INT, "60000", 100, 86400000, 0, NULL,
+     "how long a lost task is waited for to come back (a restart): a worker's call that "
+     "needs a ps that is gone; sync: a step that needs a worker that is gone "
+     "(disconnected, or hung); ps 0: a run with no worker left; ps k: ps 0 gone"},
     {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
     /* training regime */
@@ -71,9 +78,7 @@ static const key_spec keys[] = {
      "sync: tokens released before step 0; -1 = max(0, R - N), R reproduces TensorFlow"},
     {"sync-timeout-ms", SYNC, KEY_INT, "600000", 100, 86400000, 0, NULL,
      "sync: a step with no progress this long aborts training with a stall report"},
-    {"restart-wait-ms", SYNC, KEY_INT, "60000", 100, 86400000, 0, NULL,
-     "sync: a step that waits for a worker that is gone (disconnected, or hung) aborts "
-     "after this long unless the worker comes back (a restart)"},
+
     {"stall-report-ms", ANY, KEY_INT, "10000", 100, 86400000, 0, NULL,
      "sync: how often a waiting step is reported (which workers are missing); async with "
      "max-staleness: how often a bound wait is (who waits for whom)"},

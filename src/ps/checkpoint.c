@@ -456,7 +456,7 @@ void qr__ckpt_take(qr_ps *ps, int64_t step) {
         qr_wbuf meta = {0};
         qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
                                               .step = step});
-        for (int k = 1; k < ps->cluster->nps; k++) qr__coord_link_ckpt(ps, k, &meta);
+        for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta);
         qr_wbuf_free(&meta);
     }
     if (qr__ckpt_start_shard(ps, c->next_id, step)) {
@@ -808,7 +808,25 @@ int qr__ckpt_init(qr_ps *ps) {
     int rc = qr_mkdir(dir);
     if (rc) return rc;
     qr_ckpt_info info = {0};
-    rc = qr_ckpt_latest(dir, &info);
+    if (ps->restore_step == QR_RESTORE_NONE) {
+        qr__log(QR_LOG_INFO, "starting fresh, as the ps that made the cluster roll back did");
+        return QR_OK;
+    }
+    if (ps->restore_step >= 0) {
+        /* A rollback: exactly the checkpoint the restarted ps restored. */
+        rc = qr_ckpt_path(info.path, sizeof info.path, dir, ps->restore_step);
+        info.step = ps->restore_step;
+        if (!rc) rc = qr_ckpt_read_manifest(&info);
+        if (!rc) rc = qr_ckpt_verify(&info);
+        if (rc) {
+            qr__error_prefix("cannot roll back to the checkpoint of step %lld: ",
+                             (long long)ps->restore_step);
+            qr_ckpt_info_free(&info);
+            return rc;
+        }
+    } else {
+        rc = qr_ckpt_latest(dir, &info);
+    }
     if (rc == QR_ENOTFOUND) {
         qr__log(QR_LOG_INFO, "no checkpoint in %s: starting fresh", dir);
         return QR_OK;
@@ -824,9 +842,7 @@ int qr__ckpt_init(qr_ps *ps) {
 
 int qr__ckpt_loop_init(qr_ps *ps) {
     if (!ps->ckpt.dir || ps->sync.on || ps->cluster->nps == 1) return QR_OK;
-    int rc = qr__ckpt_cut_init(ps);
-    if (!rc && ps->index == 0) rc = qr__coord_links_init(ps);
-    return rc;
+    return qr__ckpt_cut_init(ps);
 }
 
 void qr__ckpt_close(qr_ps *ps) {

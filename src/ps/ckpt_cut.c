@@ -205,7 +205,7 @@ static void send_phase(qr_ps *ps, uint32_t phase, uint64_t id, int64_t step, con
     qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = phase, .id = id, .step = step,
                                          .count = cut ? (uint32_t)nw : 0});
     for (int w = 0; cut && w < nw; w++) qr_msg_put_cut(&meta, &cut[w]);
-    for (int k = 1; k < ps->cluster->nps; k++) qr__coord_link_ckpt(ps, k, &meta);
+    for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta);
     qr_wbuf_free(&meta);
 }
 

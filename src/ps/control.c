@@ -15,7 +15,12 @@
 
 int qr__control_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     switch (f->type) {
-    case QR_MSG_HELLO: return qr__peer_check_small(f, QR_MSG_HELLO_LEN);
+    case QR_MSG_HELLO: {
+        /* The coordinator's is longer: its incarnation and restored step. */
+        bool coord = f->meta_len >= 4 && meta[0] == QR_ROLE_COORDINATOR && !meta[1] && !meta[2] &&
+                     !meta[3];
+        return qr__peer_check_small(f, coord ? QR_MSG_HELLO_COORD_LEN : QR_MSG_HELLO_LEN);
+    }
     case QR_MSG_READY: return qr__peer_check_small(f, QR_MSG_READY_LEN);
     default: return qr__peer_check_small(f, 0); /* STEP, STATS */
     }
@@ -44,23 +49,39 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         qr__peer_reply_error(p, f, QR_EINVAL, msg);
         return;
     }
+    if (m.role == QR_ROLE_COORDINATOR) {
+        if (ps->index == 0) {
+            qr__peer_reply_error(p, f, QR_EINVAL, "HELLO: ps 0 is the coordinator itself");
+            return;
+        }
+        if (qr__rollback_check_coordinator(ps, &m)) return; /* this run of the ps ends */
+        ps->coordinator_lost_ns = 0;
+    }
     p->role = (int)m.role;
     if (m.role == QR_ROLE_WORKER) {
         p->worker_index = (int)m.task_index;
         qr__log(QR_LOG_DEBUG, "worker %d connected from %s (%s)", p->worker_index,
                 qr_conn_peer(p->conn), qr_conn_kind(p->conn));
         ps->worker_conns[p->worker_index]++;
+        ps->liveness.seen_workers = true;
     }
-    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+    qr_wbuf out = {0};
+    qr_msg_welcome welcome = qr__rollback_welcome(ps);
+    qr_msg_put_welcome(&out, &welcome);
+    qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
 }
 
 static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_ps *ps = p->ps;
     qr_msg_ready m;
     qr_msg_get_ready(r, &m);
-    if (m.set && !ps->ready) {
+    /* ps 0 is ready once the chief says so and every other ps is in step
+     * with it (linked: after a rollback, each has rolled back too). */
+    if (m.set && !ps->ready && qr__links_all_up(ps)) {
         ps->ready = true;
-        if (ps->sync.on && ps->index == 0) qr__coord_ready(ps, m.step);
+        ps->step_limit = m.step;
+        if (ps->sync.on && ps->index == 0) qr__coord_ready(ps);
     }
     qr_wbuf out = {0};
     qr_msg_put_ready(&out, &(qr_msg_ready){.set = ps->ready, .step = ps->global_step,

@@ -27,33 +27,14 @@
  * A stop (the chief's STOP, or a signal) ends every token wait with
  * QR_ESTOPPED.
  *
- * ps 0 reaches the other ps tasks through coord_links: connections it
- * opens itself, remade with backoff, which carry APPLY and STOP.
+ * ps 0 reaches the other ps tasks through its links (links.c), which
+ * carry APPLY and STOP.
  */
 #include "ps/ps_internal.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
-
-struct coord_link {
-    qr_ps *ps;
-    int index;
-    qr_addr addr;
-    qr_conn *conn;
-    bool up, connecting, closing;
-    uv_timer_t retry;
-    int attempts;
-    uint32_t next_id;
-    int64_t apply_step;  /* step to apply there; -1 = none */
-    uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
-    bool apply_sent;
-    bool stop_wanted, stop_sent;
-    bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
-    qr_wbuf ckpt;
-};
-
-static const qr_conn_events link_events;
 
 /* ---- tokens ---------------------------------------------------------------- */
 
@@ -150,147 +131,7 @@ static void end_waiters(ps_sync *s, int status, const char *msg) {
     s->waiters_tail = NULL;
 }
 
-/* ---- links to the other ps tasks -------------------------------------------- */
-
-static void link_connect(coord_link *l);
-
-static void link_send(coord_link *l, uint8_t type, const qr_wbuf *meta) {
-    qr_frame f = {.type = type, .request_id = ++l->next_id};
-    if (qr_conn_send(l->conn, &f, meta ? meta->data : NULL, meta ? (uint32_t)meta->len : 0, NULL,
-                     0, NULL, NULL))
-        qr__log(QR_LOG_WARN, "coordinator: sending %s to ps %d failed: %s", qr_msg_name(type),
-                l->index, qr_last_error());
-}
-
-static void link_flush(coord_link *l) {
-    qr_ps *ps = l->ps;
-    if (!l->up) {
-        if (!l->connecting && !uv_is_active((uv_handle_t *)&l->retry)) link_connect(l);
-        return;
-    }
-    if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
-        link_send(l, QR_MSG_CKPT, &l->ckpt);
-        l->ckpt_wanted = false;
-    }
-    if (l->apply_step >= 0 && !l->apply_sent) {
-        qr_wbuf meta = {0};
-        qr_msg_put_apply_head(&meta, l->apply_step, (uint32_t)ps->sync.nquorum);
-        for (int i = 0; i < ps->sync.nquorum; i++)
-            qr_msg_put_member(&meta, ps->sync.quorum[i].worker, ps->sync.quorum[i].seq);
-        link_send(l, QR_MSG_APPLY, &meta);
-        qr_wbuf_free(&meta);
-        l->apply_sent = true;
-    }
-    if (l->stop_wanted && !l->stop_sent) {
-        link_send(l, QR_MSG_STOP, NULL);
-        l->stop_sent = true;
-    }
-}
-
-static void on_link_retry(uv_timer_t *t) {
-    coord_link *l = t->data;
-    if (!l->closing) link_connect(l);
-}
-
-static void link_connect(coord_link *l) {
-    qr_ps *ps = l->ps;
-    l->connecting = true;
-    bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
-    if (qr_connect(&ps->loop, &l->addr, prefer_unix, &ps->conn_opt, &link_events, l, &l->conn)) {
-        if (!l->down_ns) l->down_ns = qr__now_ns();
-        l->connecting = false;
-        l->conn = NULL;
-        uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
-        l->attempts++;
-        uv_timer_start(&l->retry, on_link_retry, ms, 0);
-    }
-}
-
-static void on_link_connected(qr_conn *c, int status) {
-    coord_link *l = qr_conn_data(c);
-    l->connecting = false;
-    if (status) return; /* `lost` follows */
-    l->up = true;
-    l->attempts = 0;
-    l->down_ns = 0;
-    qr_wbuf meta = {0};
-    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = l->ps->sync.on});
-    link_send(l, QR_MSG_HELLO, &meta);
-    qr_wbuf_free(&meta);
-    link_flush(l);
-}
-
-static void on_link_lost(qr_conn *c, int status) {
-    coord_link *l = qr_conn_data(c);
-    l->conn = NULL;
-    l->up = l->connecting = false;
-    if (!l->down_ns) l->down_ns = qr__now_ns();
-    l->ckpt_wanted = false;
-    qr__ckpt_link_lost(l->ps, l->index); /* a shard it was writing is lost to us */
-    if (l->closing || l->stop_sent) {
-        /* Closed by us, or gone after the stop: this link is done. */
-        l->closing = true;
-        qr__ps_finish_if_idle(l->ps);
-        return;
-    }
-    if (l->ps->stopping && !l->stop_wanted) return;
-    l->apply_sent = false;    /* APPLY is idempotent: send it again */
-    if (l->apply_step >= 0 || l->stop_wanted) {
-        uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
-        l->attempts++;
-        uv_timer_start(&l->retry, on_link_retry, ms, 0);
-    }
-}
-
-static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
-    return QR_OK; /* replies carry no payload; meta is read in the message */
-}
-
-static void complete_apply_part(qr_ps *ps);
 static void abort_training(qr_ps *ps, const char *why);
-
-static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
-    coord_link *l = qr_conn_data(c);
-    qr_ps *ps = l->ps;
-    int type = f->type & ~QR_MSG_REPLY;
-    if (type == QR_MSG_APPLY && l->apply_step >= 0) {
-        if (f->status) {
-            char msg[700];
-            snprintf(msg, sizeof msg, "ps %d could not apply step %lld: %.*s", l->index,
-                     (long long)l->apply_step, (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
-            abort_training(ps, msg);
-            return;
-        }
-        l->apply_step = -1;
-        l->apply_sent = false;
-        complete_apply_part(ps);
-    } else if (type == QR_MSG_CKPT) {
-        qr__ckpt_link_reply(ps, l->index, f, meta);
-    } else if (type == QR_MSG_STOP) {
-        l->closing = true;
-        qr_conn_close(c);
-    } else if (f->status && type != QR_MSG_STOP) {
-        qr__log(QR_LOG_WARN, "coordinator: ps %d refused %s: %.*s", l->index,
-                qr_msg_name(type), (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
-    }
-}
-
-static const qr_conn_events link_events = {.connected = on_link_connected,
-                                           .header = on_link_header,
-                                           .message = on_link_message,
-                                           .lost = on_link_lost};
-
-/* Ask every other ps to stop, and stop this one. */
-static void stop_cluster(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    for (int i = 0; i < ps->cluster->nps - 1; i++) {
-        coord_link *l = &s->links[i];
-        l->stop_wanted = true;
-        l->apply_step = -1;
-        link_flush(l);
-    }
-    qr__ps_begin_stop(ps);
-}
 
 /* ---- steps ------------------------------------------------------------------ */
 
@@ -352,18 +193,26 @@ static void complete_apply_part(qr_ps *ps) {
     if (--s->applies_pending == 0) complete_step(ps);
 }
 
+/* An APPLY's answer from ps k (links.c). */
+void qr__coord_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
+                            uint32_t len) {
+    if (status) {
+        char msg[700];
+        snprintf(msg, sizeof msg, "ps %d could not apply step %lld: %.*s", k, (long long)step,
+                 (int)QR_MIN(len, 500u), meta);
+        abort_training(ps, msg);
+        return;
+    }
+    complete_apply_part(ps);
+}
+
 static void start_apply(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     qsort(s->quorum, (size_t)s->nquorum, sizeof *s->quorum, cmp_member);
     s->applying = true;
     s->applies_pending = ps->cluster->nps;
     int64_t step = ps->global_step;
-    for (int i = 0; i < ps->cluster->nps - 1; i++) {
-        coord_link *l = &s->links[i];
-        l->apply_step = step;
-        l->apply_sent = false;
-        link_flush(l);
-    }
+    qr__links_apply(ps, step);
     if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum)) {
         abort_training(ps, qr_last_error());
         return;
@@ -391,11 +240,11 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
     /* A ps that is gone stalls every step: the workers cannot push to it,
      * and no step can be applied without it. Say so before the workers
      * it holds up. */
-    for (int i = 0; i < ps->cluster->nps - 1; i++) {
-        const coord_link *l = &s->links[i];
-        if (l->down_ns)
-            ADD("; ps %d is unreachable (for %.1f s): no step can be applied without it", l->index,
-                (double)(now - l->down_ns) / 1e9);
+    for (int k = 1; k < ps->cluster->nps; k++) {
+        uint64_t down_ns = qr__link_down_ns(ps, k);
+        if (down_ns)
+            ADD("; ps %d is unreachable (for %.1f s): no step can be applied without it", k,
+                (double)(now - down_ns) / 1e9);
     }
     ADD("; missing:");
     int missing = 0;
@@ -420,10 +269,8 @@ static void abort_training(qr_ps *ps, const char *why) {
     if (s->aborted) return;
     s->aborted = true;
     snprintf(s->abort_msg, sizeof s->abort_msg, "synchronous training aborted: %s", why);
-    qr__log(QR_LOG_ERROR, "%s", s->abort_msg);
-    ps->exit_status = QR_EABORTED;
     end_waiters(s, QR_EABORTED, s->abort_msg);
-    stop_cluster(ps);
+    qr__ps_abort(ps, QR_EABORTED, s->abort_msg);
 }
 
 /* The worker missing from the step that has been gone longest, or -1: a
@@ -482,24 +329,6 @@ static void on_timer(uv_timer_t *t) {
 
 /* ---- requests -------------------------------------------------------------- */
 
-int qr__coord_links_init(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    int nlinks = ps->cluster->nps - 1;
-    s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
-    if (!s->links) return QR_ENOMEM;
-    for (int i = 0; i < nlinks; i++) {
-        coord_link *l = &s->links[i];
-        l->ps = ps;
-        l->index = i + 1;
-        l->apply_step = -1;
-        uv_timer_init(&ps->loop, &l->retry);
-        l->retry.data = l;
-        int rc = qr_addr_parse(ps->cluster->ps[i + 1], &l->addr);
-        if (rc) return rc;
-    }
-    return QR_OK;
-}
-
 int qr__coord_init(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     s->quorum = qr__calloc((size_t)s->R, sizeof *s->quorum);
@@ -507,8 +336,6 @@ int qr__coord_init(qr_ps *ps) {
     s->stale_by_worker = qr__calloc((size_t)s->N, sizeof *s->stale_by_worker);
     if (!s->quorum || !s->in_quorum || !s->stale_by_worker)
         return QR_ENOMEM;
-    int rc = qr__coord_links_init(ps);
-    if (rc) return rc;
     const char *path = qr__config_str(ps->cfg, "sync-stats-file");
     if (path[0]) {
         s->stats_file = fopen(path, "w");
@@ -529,22 +356,14 @@ static void on_closed(uv_handle_t *h) {
     (void)h;
 }
 
-void qr__coord_free(qr_ps *ps) {
+void qr__coord_close(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     if (s->timer_on && !uv_is_closing((uv_handle_t *)&s->timer))
         uv_close((uv_handle_t *)&s->timer, on_closed);
-    for (int i = 0; s->links && i < ps->cluster->nps - 1; i++) {
-        coord_link *l = &s->links[i];
-        l->closing = true;
-        if (!uv_is_closing((uv_handle_t *)&l->retry)) uv_close((uv_handle_t *)&l->retry, on_closed);
-        qr_wbuf_free(&l->ckpt);
-        if (l->conn) qr_conn_close(l->conn);
-    }
 }
 
-void qr__coord_ready(qr_ps *ps, int64_t step_limit) {
+void qr__coord_ready(qr_ps *ps) {
     ps_sync *s = &ps->sync;
-    s->step_limit = step_limit;
     s->step = ps->global_step;
     s->step_started_ns = qr__now_ns();
     if (s->tokens_seeded) return;
@@ -684,46 +503,14 @@ void qr__coord_peer_lost(ps_peer *p) {
     if (ps->worker_conns[w] > 0 || ps->stopping) return; /* control.c and server.c count them */
     int live = 0;
     for (int i = 0; i < s->N; i++) live += ps->worker_conns[i] > 0;
-    bool done = s->step_limit > 0 && ps->global_step >= s->step_limit;
+    bool done = ps->step_limit > 0 && ps->global_step >= ps->step_limit;
     if (!done)
         qr__log(QR_LOG_WARN, "worker %d disconnected at step %lld; %d of %d workers alive "
                 "(%d gradients make a step)", w, (long long)ps->global_step, live, s->N, s->R);
-    /* Training is over and nobody is left to stop the cluster (the chief
-     * may be gone): stop it from here, so no ps waits forever. */
-    if (done && live == 0) {
-        qr__log(QR_LOG_INFO, "step limit %lld reached and every worker has left: stopping",
-                (long long)s->step_limit);
-        stop_cluster(ps);
-    }
-}
-
-bool qr__coord_links_busy(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    for (int i = 0; s->links && i < ps->cluster->nps - 1; i++) {
-        coord_link *l = &s->links[i];
-        if (l->stop_wanted && !l->closing) return true;
-    }
-    return false;
 }
 
 void qr__coord_stop(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     end_waiters(s, QR_ESTOPPED, "stopped: training is over");
     if (s->timer_on) uv_timer_stop(&s->timer);
-    for (int i = 0; s->links && i < ps->cluster->nps - 1; i++) {
-        coord_link *l = &s->links[i];
-        if (!l->stop_wanted) {
-            l->closing = true;
-            uv_timer_stop(&l->retry);
-            if (l->conn) qr_conn_close(l->conn);
-        }
-    }
-}
-
-void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta) {
-    coord_link *l = &ps->sync.links[index - 1];
-    qr_wbuf_reset(&l->ckpt);
-    qr_wbuf_bytes(&l->ckpt, meta->data, meta->len);
-    l->ckpt_wanted = true;
-    link_flush(l);
 }

@@ -1,6 +1,18 @@
 /*
- * liveness.c - ps 0 watches the workers' heartbeats (BEAT, sent by each
- * worker's heartbeat thread, src/worker/heartbeat.c).
+ * liveness.c - a ps notices when the job around it has ended or lost a
+ * part, so that no ps is ever left running for a job that is over.
+ *
+ *   ps 0: a run whose step limit is reached and whose workers have all
+ *         left is over: it stops the cluster (the chief, which would have
+ *         sent STOP, may be gone). A run that has had workers and has had
+ *         none for restart-wait-ms has ended without an orderly stop: it
+ *         stops the cluster with an error. A link to another ps down for
+ *         restart-wait-ms ends the run too (links.c).
+ *   ps k: ps 0 gone for restart-wait-ms (its link closed and not made
+ *         again): this ps stops with an error.
+ *
+ * And ps 0 watches the workers' heartbeats (BEAT, sent by each worker's
+ * heartbeat thread, src/worker/heartbeat.c).
  *
  * A dead worker is seen at once: its kernel closes its connections. A hung
  * one (SIGSTOPped, wedged in a driver, a livelocked process) keeps them
@@ -24,11 +36,67 @@ static void close_worker(qr_ps *ps, int w) {
         if (p->worker_index == w || p->beat_worker == w) qr_conn_close(p->conn);
 }
 
+/* ps 0: has the job ended, in order or not? */
+static void watch_workers_left(qr_ps *ps, uint64_t now) {
+    ps_liveness *l = &ps->liveness;
+    int live = 0;
+    for (int w = 0; w < ps->cluster->nworkers; w++) {
+        live += ps->worker_conns[w] > 0;
+        l->seen_workers |= ps->worker_conns[w] > 0;
+    }
+    if (live) {
+        l->none_since_ns = 0;
+        return;
+    }
+    if (!l->seen_workers) return;
+    if (!l->none_since_ns) l->none_since_ns = now;
+    if (ps->step_limit > 0 && ps->global_step >= ps->step_limit) {
+        qr__log(QR_LOG_INFO, "step limit %lld reached and every worker has left: stopping",
+                (long long)ps->step_limit);
+        qr__ps_stop_cluster(ps);
+        return;
+    }
+    uint64_t idle_ms = (now - l->none_since_ns) / 1000000;
+    if (idle_ms >= (uint64_t)ps->restart_wait_ms) {
+        char why[512];
+        snprintf(why, sizeof why, "no worker has been connected for %.1f s (restart-wait-ms) and "
+                 "the run is at step %lld%s: the job has ended without an orderly stop; stopping "
+                 "the cluster", (double)idle_ms / 1e3, (long long)ps->global_step,
+                 ps->step_limit > 0 ? ", before its step limit" : "");
+        qr__ps_abort(ps, QR_EABORTED, why);
+    }
+}
+
+void qr__liveness_coordinator_lost(qr_ps *ps) {
+    if (!ps->stopping && !ps->coordinator_lost_ns) ps->coordinator_lost_ns = qr__now_ns();
+}
+
+/* ps k: ps 0 has been gone too long. */
+static void watch_coordinator(qr_ps *ps, uint64_t now) {
+    if (!ps->coordinator_lost_ns) return;
+    uint64_t gone_ms = (now - ps->coordinator_lost_ns) / 1000000;
+    if (gone_ms < (uint64_t)ps->restart_wait_ms) return;
+    snprintf(ps->abort_msg, sizeof ps->abort_msg, "ps 0 (%s) has been gone for %.1f s and did "
+             "not come back within restart-wait-ms: the job has ended; stopping",
+             ps->cluster->ps[0], (double)gone_ms / 1e3);
+    qr__log(QR_LOG_ERROR, "%s", ps->abort_msg);
+    ps->exit_status = QR_EABORTED;
+    ps->coordinator_lost_ns = 0;
+    qr__ps_begin_stop(ps);
+}
+
 static void on_watch(uv_timer_t *t) {
     qr_ps *ps = t->data;
     ps_liveness *l = &ps->liveness;
     uint64_t now = qr__now_ns();
-    for (int w = 0; w < ps->cluster->nworkers; w++) {
+    if (ps->stopping) return;
+    if (ps->index != 0) {
+        watch_coordinator(ps, now);
+        return;
+    }
+    watch_workers_left(ps, now);
+    qr__links_watch(ps);
+    for (int w = 0; w < ps->cluster->nworkers && !ps->stopping; w++) {
         if (!l->beat_ns[w] || l->hung[w]) continue;
         uint64_t silent_ms = (now - l->beat_ns[w]) / 1000000;
         if (silent_ms < (uint64_t)l->timeout_ms) continue;
@@ -44,11 +112,12 @@ static void on_watch(uv_timer_t *t) {
 int qr__liveness_init(qr_ps *ps) {
     ps_liveness *l = &ps->liveness;
     l->timeout_ms = qr__config_int(ps->cfg, "heartbeat-timeout-ms");
-    if (ps->index != 0) return QR_OK;
-    int n = QR_MAX(ps->cluster->nworkers, 1);
-    l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
-    l->hung = qr__calloc((size_t)n, sizeof *l->hung);
-    if (!l->beat_ns || !l->hung) return QR_ENOMEM;
+    if (ps->index == 0) {
+        int n = QR_MAX(ps->cluster->nworkers, 1);
+        l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
+        l->hung = qr__calloc((size_t)n, sizeof *l->hung);
+        if (!l->beat_ns || !l->hung) return QR_ENOMEM;
+    }
     uv_timer_init(&ps->loop, &l->timer);
     l->timer.data = ps;
     l->timer_on = true;

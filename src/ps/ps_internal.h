@@ -12,8 +12,11 @@
  *   sync.c    synchronous replicas on every ps: pushes held per step, and
  *             the reduce-and-apply of a step once its quorum is decided
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
- *             token barrier, the global step, stall reports, statistics,
- *             and ps 0's links to the other ps tasks
+ *             token barrier, the global step, stall reports, statistics
+ *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT and STOP
+ *             travel on them; they see a ps die and come back
+ *   rollback.c    a ps that comes back as a new run (restarted): the
+ *                 whole cluster rolls back to its checkpoint, in place
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   fused_apply.c large async SGD pushes applied as they arrive, the
  *                 gradient's buffer becoming the variable's next value
@@ -25,7 +28,8 @@
  *                 manifest on ps 0) and the restore at start
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
- *   liveness.c    ps 0: the workers' heartbeats; a silent one is hung
+ *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
+ *                 run with no worker left; ps k: ps 0 gone
  *   metrics.c     Prometheus metrics: counters, and the page written on
  *                 the loop for the HTTP server's thread
  *   store.c   the variables and their tensors
@@ -238,7 +242,6 @@ typedef struct ps_sync {
     uint64_t step_started_ns, last_grad_ns, last_report_ns;
     bool aborted;
     char abort_msg[1024];
-    int64_t step_limit;  /* from the chief; 0 = unknown */
     /* statistics */
     uint64_t steps_done, stale_commits;
     uint64_t stale_at_step_start; /* stale_commits when the step began */
@@ -325,6 +328,8 @@ typedef struct ps_liveness {
     uint64_t *beat_ns;     /* [workers]: the last beat; 0 = none yet */
     bool *hung;            /* [workers]: declared hung, not beaten since */
     uint64_t hung_total;
+    bool seen_workers;     /* ps 0: a worker has been connected */
+    uint64_t none_since_ns; /* ps 0: no worker connected since (0: some are) */
     uv_timer_t timer;
     bool timer_on;
 } ps_liveness;
@@ -350,12 +355,28 @@ typedef struct ps_metrics {
 #define QR_STALENESS_BUCKETS 9
 
 struct qr_ps {
+    /* Kept across a rollback (server.c, reopen): the loop, the stop any
+     * thread or signal handler may ask for, and what the ps was given. */
     uv_loop_t loop;
     uv_async_t stop_async;
-    uv_timer_t linger_timer;
     qr_cluster *cluster;
-    int index;
     qr_config *cfg;
+    /* Everything from here on is made anew by a rollback. */
+    uv_timer_t linger_timer;
+    int index;
+    uint64_t incarnation;  /* this run of the ps: new at every start and rollback */
+    uint64_t follows;      /* ps k: the coordinator incarnation whose rollback made this run (0: none) */
+    uint64_t coordinator;  /* ps k: the coordinator incarnation it met (0: none yet) */
+    uint64_t coordinator_lost_ns; /* ps k: when ps 0's link went (0: connected, or never) */
+    int64_t restore_step;  /* at start: QR_RESTORE_NEWEST, QR_RESTORE_NONE, or that step */
+    struct {
+        bool wanted;       /* the loop is ending for a rollback to `step` */
+        int64_t step;      /* -1: to nothing (no checkpoint was written yet) */
+        uint64_t follows;
+    } rollback;
+    int restart_wait_ms;
+    int64_t step_limit;    /* ps 0: the run's last global step, from the chief (0: unknown) */
+    char abort_msg[1024];  /* why exit_status is an error */
     qr_listener *listener;
     qr_conn_options conn_opt;
     qr_conn_events events;
@@ -369,6 +390,7 @@ struct qr_ps {
     int64_t applied_steps; /* step pushes applied here: Adam's t */
     bool ready;
     bool stopping;
+    bool stop_asked;       /* qr_ps_stop was called (kept over a rollback) */
     int exit_status;       /* what qr_ps_run returns */
     bool skip_nonfinite;
     int linger_ms;
@@ -513,16 +535,57 @@ void qr__bound_stop(qr_ps *ps);
 /* Close the stall-report timer (the ps is stopping or being freed). */
 void qr__bound_close(qr_ps *ps);
 
-/* coord.c: ps 0 */
-int qr__coord_init(qr_ps *ps);
-/* Only the links to the other ps tasks (async runs that checkpoint). */
-int qr__coord_links_init(qr_ps *ps);
-/* ps 0 has links to the other ps tasks (sync, or async checkpoints). */
+/* server.c: the run fails: log why, make qr_ps_run return status with
+ * that message, and stop the whole cluster. */
+void qr__ps_abort(qr_ps *ps, int status, const char *why);
+/* ps 0: STOP to every other ps, and stop this one. */
+void qr__ps_stop_cluster(qr_ps *ps);
+
+/* links.c: ps 0's links to the other ps tasks (whenever there are some). */
+int qr__links_init(qr_ps *ps);
 static inline bool qr__ps_has_links(const qr_ps *ps) {
     return ps->index == 0 && ps->sync.links != NULL;
 }
-void qr__coord_free(qr_ps *ps);
-void qr__coord_ready(qr_ps *ps, int64_t step_limit);
+/* Every link is up: connected and its HELLO answered. */
+bool qr__links_all_up(const qr_ps *ps);
+/* When the link to ps `index` went down (0: up). */
+uint64_t qr__link_down_ns(const qr_ps *ps, int index);
+/* Queue the APPLY of a sync step on every link. */
+void qr__links_apply(qr_ps *ps, int64_t step);
+/* Queue a CKPT request (its meta) on the link to ps `index`, sent before
+ * any APPLY queued after it. */
+void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta);
+void qr__links_stop_all(qr_ps *ps);
+/* ps 0's watch: a link down for restart-wait-ms ends the run. */
+void qr__links_watch(qr_ps *ps);
+/* A link still has a STOP to deliver. */
+bool qr__links_busy(qr_ps *ps);
+void qr__links_stop(qr_ps *ps);
+void qr__links_close(qr_ps *ps);
+void qr__links_free(qr_ps *ps);
+
+/* rollback.c. ps 0: ps `index` answered its link's HELLO with m, having
+ * answered `known` before (0: first answer). True if the ps rolls back
+ * (or aborts): the link must do nothing more. */
+bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_welcome *m);
+/* ps k: a coordinator's HELLO. True if this ps rolls back (or stops): the
+ * HELLO is not answered. */
+bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m);
+/* server.c: close everything but the loop; qr_ps_run then starts the ps
+ * again as ps->rollback says. */
+void qr__ps_close_for_rollback(qr_ps *ps);
+/* What this ps answers a HELLO with. */
+qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
+#define QR_RESTORE_NEWEST (-1)
+#define QR_RESTORE_NONE (-2)
+
+/* coord.c: ps 0 */
+int qr__coord_init(qr_ps *ps);
+void qr__coord_close(qr_ps *ps);
+void qr__coord_ready(qr_ps *ps);
+/* An APPLY's answer from ps k. */
+void qr__coord_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
+                            uint32_t len);
 /* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
 int qr__coord_header(ps_peer *p, const qr_frame *f);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -530,16 +593,14 @@ void qr__coord_token(ps_peer *p, const qr_frame *f);
 /* Add the coordinator's statistics to a cJSON object. */
 void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);
-/* The ps is stopping: end every token wait with "stopped", close links. */
+/* The ps is stopping: end every token wait with "stopped". */
 void qr__coord_stop(qr_ps *ps);
-/* A link still has a STOP to deliver. */
-bool qr__coord_links_busy(qr_ps *ps);
 
 /* checkpoint.c */
 /* Read the options; restore the newest complete checkpoint, if any. */
 int qr__ckpt_init(qr_ps *ps);
 void qr__ckpt_free(qr_ps *ps);
-/* After the loop exists: ps 0's links and timer of an async cut. */
+/* After the loop exists: the timer of an async cut. */
 int qr__ckpt_loop_init(qr_ps *ps);
 void qr__ckpt_close(qr_ps *ps);
 /* An async push is complete: true if it was parked for a cut (the
@@ -599,9 +660,8 @@ void qr__liveness_close(qr_ps *ps);
 void qr__liveness_free(qr_ps *ps);
 int qr__liveness_beat_header(ps_peer *p, const qr_frame *f);
 void qr__liveness_beat(ps_peer *p, const uint8_t *meta, uint32_t meta_len);
-
-/* coord.c: queue a CKPT request (its meta) on the link to ps `index`,
- * sent before any APPLY queued after it. */
-void qr__coord_link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta);
+/* ps 0's watch timer, also used by ps k: a run with no worker left, ps 0
+ * gone (liveness.c). A peer that said it is the coordinator left. */
+void qr__liveness_coordinator_lost(qr_ps *ps);
 
 #endif /* QR_PS_INTERNAL_H */

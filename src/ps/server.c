@@ -20,11 +20,18 @@
  * Stop: a STOP request (from the chief) or qr_ps_stop() closes the
  * listener, answers every later request with QR_ESTOPPED, and waits up to
  * linger-ms for the workers to hang up before the loop ends.
+ *
+ * A rollback (rollback.c) ends the run of the ps the same way, without
+ * the stop async, and qr_ps_run starts the ps again in the same loop
+ * (reopen), restoring the checkpoint the rollback names.
  */
 #include "ps/ps_internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 /* ---- dispatch -------------------------------------------------------------- */
 
@@ -154,6 +161,7 @@ static void on_lost(qr_conn *c, int status) {
     if (p->role == QR_ROLE_WORKER && p->worker_index >= 0 &&
         --ps->worker_conns[p->worker_index] == 0)
         ps->worker_lost_ns[p->worker_index] = qr__now_ns();
+    if (p->role == QR_ROLE_COORDINATOR) qr__liveness_coordinator_lost(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
     if (!ps->sync.on && ps->index == 0) qr__bound_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
@@ -175,12 +183,21 @@ static void on_handle_closed(uv_handle_t *h) {
     (void)h;
 }
 
-static void close_loop_handles(qr_ps *ps) {
+/* Close every handle of this run of the ps; the stop async stays (it is
+ * the loop's, kept across a rollback). */
+static void close_run_handles(qr_ps *ps) {
     qr__ckpt_close(ps);
     qr__liveness_close(ps);
     qr__metrics_close(ps);
+    qr__links_close(ps);
+    if (ps->sync.on && ps->index == 0) qr__coord_close(ps);
+    qr__bound_close(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
         uv_close((uv_handle_t *)&ps->linger_timer, on_handle_closed);
+}
+
+static void close_loop_handles(qr_ps *ps) {
+    close_run_handles(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
         uv_close((uv_handle_t *)&ps->stop_async, on_handle_closed);
 }
@@ -188,9 +205,8 @@ static void close_loop_handles(qr_ps *ps) {
 void qr__ps_finish_if_idle(qr_ps *ps) {
     /* Done once every peer has hung up and ps 0's links have delivered
      * their STOP (or given up). */
-    if (!ps->stopping || ps->npeers != 0) return;
-    if (qr__ps_has_links(ps) && qr__coord_links_busy(ps)) return;
-    if (qr__ps_has_links(ps)) qr__coord_free(ps);
+    if (!ps->stopping || ps->npeers != 0 || ps->rollback.wanted) return;
+    if (qr__links_busy(ps)) return;
     close_loop_handles(ps);
 }
 
@@ -200,14 +216,14 @@ static void on_linger_timeout(uv_timer_t *t) {
         qr__log(QR_LOG_INFO, "closing %d connection(s) still open %d ms after the stop",
                 ps->npeers, ps->linger_ms);
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
-    if (qr__ps_has_links(ps)) qr__coord_free(ps);
     close_loop_handles(ps);
 }
 
 void qr__ps_begin_stop(qr_ps *ps) {
     if (ps->stopping) return;
     ps->stopping = true;
-    if (qr__ps_has_links(ps)) qr__coord_stop(ps);
+    qr__links_stop(ps);
+    if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
     if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;
@@ -215,8 +231,31 @@ void qr__ps_begin_stop(qr_ps *ps) {
     qr__ps_finish_if_idle(ps);
 }
 
+void qr__ps_stop_cluster(qr_ps *ps) {
+    qr__links_stop_all(ps);
+    qr__ps_begin_stop(ps);
+}
+
+void qr__ps_abort(qr_ps *ps, int status, const char *why) {
+    if (ps->exit_status) return;
+    qr__log(QR_LOG_ERROR, "%s", why);
+    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", why);
+    ps->exit_status = status;
+    qr__ps_stop_cluster(ps);
+}
+
+void qr__ps_close_for_rollback(qr_ps *ps) {
+    qr_listener_close(ps->listener);
+    ps->listener = NULL;
+    ps->stopping = true; /* requests still in flight are answered "stopped" */
+    for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
+    close_run_handles(ps);
+}
+
 static void on_stop_async(uv_async_t *a) {
-    qr__ps_begin_stop(a->data);
+    qr_ps *ps = a->data;
+    ps->stop_asked = true;
+    qr__ps_begin_stop(ps);
 }
 
 /* The options a ps reads once, at its start. */
@@ -231,6 +270,7 @@ static int read_options(qr_ps *ps) {
     ps->worker_conns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_conns);
     ps->worker_lost_ns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_lost_ns);
     ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
+    ps->restart_wait_ms = (int)qr__config_int(ps->cfg, "restart-wait-ms");
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
     ps->conn_opt.peer_timeout_ms = (int)qr__config_int(ps->cfg, "peer-timeout-ms");
     ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
@@ -238,15 +278,117 @@ static int read_options(qr_ps *ps) {
     return QR_OK;
 }
 
+/* Every interface unless --bind says otherwise: behind NAT or a container's
+ * port mapping the advertised name is not a local address. "::" takes
+ * IPv4 too; a kernel without IPv6 gets "0.0.0.0". */
 static int start_listening(qr_ps *ps) {
     const char *addr_str = ps->cluster->ps[ps->index];
     qr_addr addr;
     int rc = qr_addr_parse(addr_str, &addr);
     if (rc) return rc;
     bool tcp_only = !strcmp(qr__config_str(ps->cfg, "transport"), "tcp");
-    rc = qr_listen(&ps->loop, &addr, tcp_only, &ps->conn_opt, &ps->events, ps, &ps->listener);
-    if (!rc) qr__log(QR_LOG_DEBUG, "listening on %s", addr_str);
+    const char *bind = qr__config_str(ps->cfg, "bind");
+    if (*bind || addr.kind == QR_ADDR_UNIX) {
+        rc = qr_listen(&ps->loop, &addr, bind, tcp_only, &ps->conn_opt, &ps->events, ps,
+                       &ps->listener);
+    } else {
+        bind = "::";
+        rc = qr_listen(&ps->loop, &addr, bind, tcp_only, &ps->conn_opt, &ps->events, ps,
+                       &ps->listener);
+        if (rc) {
+            bind = "0.0.0.0";
+            rc = qr_listen(&ps->loop, &addr, bind, tcp_only, &ps->conn_opt, &ps->events, ps,
+                           &ps->listener);
+        }
+    }
+    if (rc) return rc;
+    if (addr.kind == QR_ADDR_UNIX)
+        qr__log(QR_LOG_INFO, "listening on %s", addr_str);
+    else
+        qr__log(QR_LOG_INFO, "listening on %s (port %d on %s)%s", addr_str, addr.port,
+                *qr__config_str(ps->cfg, "bind") ? bind : "every interface",
+                qr_listener_unix_path(ps->listener) ? ", and on a Unix socket for this host"
+                                                    : "");
+    return QR_OK;
+}
+
+/* A run's random name: its incarnation (rollback.c). */
+static uint64_t new_incarnation(void) {
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x)
+        x = qr__now_ns() ^ ((uint64_t)getpid() << 32);
+    return x ? x : 1;
+}
+
+/* Free what one run of the ps holds, once its loop has run out; the
+ * loop, the stop async, the cluster and the options stay. */
+static void free_run(qr_ps *ps) {
+    qr__sync_free(ps);
+    qr__bound_free(ps);
+    qr__links_free(ps);
+    qr__recv_pool_free(&ps->recv_pool);
+    qr__ckpt_free(ps);
+    qr__liveness_free(ps);
+    qr__metrics_free(ps);
+    free(ps->worker_conns);
+    free(ps->worker_lost_ns);
+    free(ps->average_vars);
+    qr_store_free(&ps->store);
+    qr_optim_free(ps->optim);
+    ps->worker_conns = NULL;
+    ps->worker_lost_ns = NULL;
+    ps->average_vars = NULL;
+    ps->optim = NULL;
+}
+
+/* One run of the ps: its state (restored from a checkpoint, as
+ * ps->restore_step says), its handles, and its listener. On failure the
+ * caller closes what was made (qr_ps_free). */
+static int start_run(qr_ps *ps) {
+    ps->index = ps->cluster->task_index;
+    ps->incarnation = new_incarnation();
+    snprintf(ps->name, sizeof ps->name, "ps %d", ps->index);
+    qr_store_init(&ps->store);
+    ps->events = (qr_conn_events){.header = on_header, .payload = on_payload,
+                                  .message = on_message, .lost = on_lost,
+                                  .drained = qr__peer_drained,
+                                  .accepted = on_accepted};
+    uv_timer_init(&ps->loop, &ps->linger_timer);
+    ps->linger_timer.data = ps;
+    int rc = qr_optim_create(&ps->optim, ps->cfg);
+    if (!rc) rc = qr__sync_init(ps);
+    if (!rc) rc = read_options(ps);
+    if (!rc) rc = qr__ckpt_init(ps);
+    if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
+    if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
+    if (!rc && ps->index == 0 && ps->cluster->nps > 1) rc = qr__links_init(ps);
+    if (!rc) rc = qr__ckpt_loop_init(ps);
+    if (!rc) rc = qr__liveness_init(ps);
+    if (!rc) rc = qr__metrics_init(ps);
+    if (!rc) rc = start_listening(ps);
     return rc;
+}
+
+/* The rollback: end this run and start the next from the checkpoint
+ * ps->rollback names, in the same loop. Everything from linger_timer on
+ * in qr_ps is made anew (ps_internal.h). */
+static int reopen(qr_ps *ps) {
+    int64_t step = ps->rollback.step;
+    uint64_t follows = ps->rollback.follows;
+    bool stop_asked = ps->stop_asked;
+    free_run(ps);
+    size_t keep = offsetof(qr_ps, linger_timer);
+    memset((char *)ps + keep, 0, sizeof *ps - keep);
+    ps->restore_step = step >= 0 ? step : QR_RESTORE_NONE;
+    ps->follows = ps->coordinator = follows;
+    ps->stop_asked = stop_asked;
+    int rc = start_run(ps);
+    if (rc) {
+        qr__error_prefix("ps %d: rolling back: ", ps->cluster->task_index);
+        return rc;
+    }
+    if (stop_asked) qr__ps_begin_stop(ps);
+    return QR_OK;
 }
 
 int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
@@ -258,49 +400,25 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
                         "(job '%s', index %d)", cluster->job, cluster->task_index);
     qr_ps *ps = qr__calloc(1, sizeof *ps);
     if (!ps) return QR_ENOMEM;
-    ps->index = cluster->task_index;
-    snprintf(ps->name, sizeof ps->name, "ps %d", ps->index);
-    qr_store_init(&ps->store);
     int rc = qr_config_new(&ps->cfg);
     if (!rc) rc = qr__config_merge(ps->cfg, cfg);
     if (!rc) rc = qr__config_check_mode(ps->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
-    if (!rc) rc = qr_optim_create(&ps->optim, ps->cfg);
-    if (!rc) rc = qr__sync_init(ps);
-    if (!rc) rc = read_options(ps);
-    if (!rc) rc = qr__ckpt_init(ps);
     if (rc) {
-        qr__ckpt_free(ps);
-        qr__sync_free(ps);
-        qr_store_free(&ps->store);
-        free(ps->worker_conns);
-        free(ps->worker_lost_ns);
-        free(ps->average_vars);
-        qr__error_prefix("ps %d: ", ps->index);
-        qr_optim_free(ps->optim);
+        qr__error_prefix("ps %d: ", cluster->task_index);
         qr_config_free(ps->cfg);
         qr_cluster_free(ps->cluster);
         free(ps);
         return rc;
     }
-    ps->events = (qr_conn_events){.header = on_header, .payload = on_payload,
-                                  .message = on_message, .lost = on_lost,
-                                  .drained = qr__peer_drained,
-                                  .accepted = on_accepted};
     uv_loop_init(&ps->loop);
     uv_async_init(&ps->loop, &ps->stop_async, on_stop_async);
     ps->stop_async.data = ps;
-    uv_timer_init(&ps->loop, &ps->linger_timer);
-    ps->linger_timer.data = ps;
-    if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
-    if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
-    if (!rc) rc = qr__ckpt_loop_init(ps);
-    if (!rc) rc = qr__liveness_init(ps);
-    if (!rc) rc = qr__metrics_init(ps);
-    if (!rc) rc = start_listening(ps);
+    uv_unref((uv_handle_t *)&ps->stop_async); /* the listener keeps the loop alive */
+    ps->restore_step = QR_RESTORE_NEWEST;
+    rc = start_run(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);
-        ps->stopping = true;
         qr_ps_free(ps);
         return rc;
     }
@@ -310,8 +428,13 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
 
 int qr_ps_run(qr_ps *ps) {
     if (!ps) return qr__fail(QR_EINVAL, "qr_ps_run: ps is NULL");
-    uv_run(&ps->loop, UV_RUN_DEFAULT);
-    if (ps->exit_status) return qr__fail(ps->exit_status, "%s", ps->sync.abort_msg);
+    for (;;) {
+        uv_run(&ps->loop, UV_RUN_DEFAULT);
+        if (!ps->rollback.wanted) break;
+        int rc = reopen(ps);
+        if (rc) return rc;
+    }
+    if (ps->exit_status) return qr__fail(ps->exit_status, "%s", ps->abort_msg);
     return QR_OK;
 }
 
@@ -330,21 +453,9 @@ void qr_ps_free(qr_ps *ps) {
     ps->stopping = true;
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
     close_loop_handles(ps);
-    if (qr__ps_has_links(ps)) qr__coord_free(ps);
-    qr__bound_close(ps);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
-    qr__sync_free(ps);
-    qr__bound_free(ps);
-    qr__recv_pool_free(&ps->recv_pool);
-    qr__ckpt_free(ps);
-    qr__liveness_free(ps);
-    qr__metrics_free(ps);
-    free(ps->worker_conns);
-    free(ps->worker_lost_ns);
-    free(ps->average_vars);
-    qr_store_free(&ps->store);
-    qr_optim_free(ps->optim);
+    free_run(ps);
     qr_config_free(ps->cfg);
     qr_cluster_free(ps->cluster);
     free(ps);

@@ -247,6 +247,13 @@ static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res)
          * round); it still takes a token and goes on. */
         res->stale_pushes++;
         rc = QR_OK;
+    } else if (rc == QR_EPEERLOST) {
+        /* A ps died under the push: it is not repeated (it may have been
+         * applied). The next call waits for that ps to come back: the
+         * cluster then rolls back, or the wait ends the run. */
+        qr__log(QR_LOG_WARN, "push of step %lld lost: %s", (long long)r->step, qr_last_error());
+        res->lost_pushes++;
+        rc = QR_OK;
     }
     if (rc) return rc;
     res->local_steps++;
@@ -409,6 +416,35 @@ static void run_free(worker_run *r) {
     trainer_free(&r->t);
 }
 
+/* Steps until the run's last one, or a failure. */
+static int train_steps(worker_run *r, qr_train_result *res, double start) {
+    const qr_train_opts *o = r->o;
+    int64_t examples_per_step = (int64_t)o->batch_size * r->batches;
+    step_fn compute_step = pick_strategy(o);
+    int rc = QR_OK;
+    while (!rc && r->step < r->total) {
+        unsigned flags = QR_PUSH_STEP;
+        double loss = 0;
+        rc = qr_worker_wait_bound(r->w); /* max-staleness; returns at once if unset */
+        double t0 = qr__now_sec();
+        if (!rc) rc = qr_worker_pull(r->w, 0, NULL, NULL);
+        qr__worker_metrics_call(&r->metrics, false, qr__now_sec() - t0);
+        if (!rc) rc = compute_step(r, &loss, &flags);
+        if (rc) break;
+        r->loss_avg = isnan(r->loss_avg) ? loss : 0.95 * r->loss_avg + 0.05 * loss;
+        rc = push_and_advance(r, flags, res);
+        if (!rc) report_progress(r, start, 0, false);
+        double elapsed = qr__now_sec() - start;
+        qr__worker_metrics_step(&r->metrics, r->step, r->loss_avg, r->step / elapsed,
+                                (double)r->step * (double)examples_per_step / elapsed,
+                                res->stale_pushes);
+        if (!rc && r->chief)
+            rc = qr__summaries_point(&r->summaries, r->w, r->step, r->loss_avg, examples_per_step,
+                                     false, 0, 0);
+    }
+    return rc;
+}
+
 int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
                     const qr_train_opts *o, qr_train_result *res) {
     /* One BLAS thread per worker: several workers share the cores. */
@@ -420,28 +456,18 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     int rc = qr__worker_metrics_start(&r.metrics, cfg);
     if (!rc) rc = run_setup(&r, cluster, cfg);
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
-    int64_t examples_per_step = (int64_t)o->batch_size * r.batches;
-    step_fn compute_step = pick_strategy(o);
     double start = qr__now_sec();
-    while (!rc && r.step < r.total) {
-        unsigned flags = QR_PUSH_STEP;
-        double loss = 0;
-        rc = qr_worker_wait_bound(r.w); /* max-staleness; returns at once if unset */
-        double t0 = qr__now_sec();
-        if (!rc) rc = qr_worker_pull(r.w, 0, NULL, NULL);
-        qr__worker_metrics_call(&r.metrics, false, qr__now_sec() - t0);
-        if (!rc) rc = compute_step(&r, &loss, &flags);
-        if (rc) break;
-        r.loss_avg = isnan(r.loss_avg) ? loss : 0.95 * r.loss_avg + 0.05 * loss;
-        rc = push_and_advance(&r, flags, res);
-        if (!rc) report_progress(&r, start, 0, false);
-        double elapsed = qr__now_sec() - start;
-        qr__worker_metrics_step(&r.metrics, r.step, r.loss_avg, r.step / elapsed,
-                                (double)r.step * (double)examples_per_step / elapsed,
-                                res->stale_pushes);
-        if (!rc && r.chief)
-            rc = qr__summaries_point(&r.summaries, r.w, r.step, r.loss_avg, examples_per_step,
-                                     false, 0, 0);
+    if (!rc) rc = train_steps(&r, res, start);
+    /* A restarted ps made the cluster roll back to its checkpoint: this
+     * worker starts again from there, as a worker started anew would. */
+    while (rc == QR_EROLLEDBACK) {
+        qr__log(QR_LOG_INFO, "rejoining the cluster at its checkpoint");
+        run_free(&r);
+        r = (worker_run){.o = o, .task_index = task_index, .chief = r.chief, .sync = r.sync,
+                         .loss_avg = r.loss_avg, .summaries = r.summaries, .metrics = r.metrics};
+        res->rollbacks++;
+        rc = run_setup(&r, cluster, cfg);
+        if (!rc) rc = train_steps(&r, res, start);
     }
     /* A stop means the chief ended the run: not an error for the others. */
     if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;

@@ -67,6 +67,8 @@ typedef struct qr_train_result {
     int64_t global_step;
     int64_t local_steps;
     int64_t stale_pushes;       /* this worker's pushes dropped as stale */
+    int64_t lost_pushes;        /* pushes cut off by a lost ps (maybe applied, maybe not) */
+    int64_t rollbacks;          /* times the cluster rolled back under it (a ps restarted) */
     char stats[4096];           /* the cluster statistics (JSON), from qr_worker_stats */
     double examples_per_sec;
     double wall_seconds;

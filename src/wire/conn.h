@@ -68,12 +68,16 @@ typedef struct qr_conn_options {
 
 typedef void (*qr_send_cb)(qr_conn *c, int status, void *ctx);
 
-/* Listen on addr. A TCP listener on a loopback address also listens on
- * the matching Unix socket (qr_addr_local_unix_path) unless tcp_only. */
-int qr_listen(uv_loop_t *loop, const qr_addr *addr, bool tcp_only,
+/* Listen on addr, or on bind_host at addr's port when bind_host is not
+ * NULL or empty ("0.0.0.0": every interface). A TCP listener whose addr
+ * is a loopback address also listens on the matching Unix socket
+ * (qr_addr_local_unix_path) unless tcp_only. */
+int qr_listen(uv_loop_t *loop, const qr_addr *addr, const char *bind_host, bool tcp_only,
               const qr_conn_options *opt, const qr_conn_events *ev, void *data,
               qr_listener **out);
 void *qr_listener_data(const qr_listener *l);
+/* The Unix socket it also listens on, or NULL. */
+const char *qr_listener_unix_path(const qr_listener *l);
 /* Close the listener's sockets (and remove its Unix socket file). */
 void qr_listener_close(qr_listener *l);
 

@@ -964,6 +964,10 @@ static void on_listener_close(uv_handle_t *h) {
     if (--l->open_handles == 0) free(l);
 }
 
+const char *qr_listener_unix_path(const qr_listener *l) {
+    return l && l->has_pipe ? l->unix_path : NULL;
+}
+
 void qr_listener_close(qr_listener *l) {
     if (!l) return;
     if (l->has_pipe) {
@@ -988,8 +992,19 @@ static int listen_unix(qr_listener *l, const char *path) {
     return QR_OK;
 }
 
-int qr_listen(uv_loop_t *loop, const qr_addr *addr, bool tcp_only, const qr_conn_options *opt,
-              const qr_conn_events *ev, void *data, qr_listener **out) {
+/* The address to bind: bind_host (any interface: "0.0.0.0", or "::" for
+ * IPv4 and IPv6 together) at addr's port, or addr itself. */
+static int resolve_bind(const qr_addr *addr, const char *bind_host,
+                        struct sockaddr_storage *ss) {
+    if (!bind_host || !*bind_host) return resolve(addr, ss);
+    qr_addr at = *addr;
+    snprintf(at.host, sizeof at.host, "%s", bind_host);
+    return resolve(&at, ss);
+}
+
+int qr_listen(uv_loop_t *loop, const qr_addr *addr, const char *bind_host, bool tcp_only,
+              const qr_conn_options *opt, const qr_conn_events *ev, void *data,
+              qr_listener **out) {
     qr_listener *l = qr__calloc(1, sizeof *l);
     if (!l) return QR_ENOMEM;
     l->loop = loop;
@@ -1001,7 +1016,7 @@ int qr_listen(uv_loop_t *loop, const qr_addr *addr, bool tcp_only, const qr_conn
         rc = listen_unix(l, addr->path);
     } else {
         struct sockaddr_storage ss;
-        rc = resolve(addr, &ss);
+        rc = resolve_bind(addr, bind_host, &ss);
         if (rc) {
             free(l);
             return rc;
@@ -1013,7 +1028,8 @@ int qr_listen(uv_loop_t *loop, const qr_addr *addr, bool tcp_only, const qr_conn
         int urc = uv_tcp_bind(&l->tcp, (struct sockaddr *)&ss, 0);
         if (!urc) urc = uv_listen((uv_stream_t *)&l->tcp, 128, on_connection);
         if (urc) {
-            rc = qr__fail(QR_EIO, "cannot listen on %s:%d: %s", addr->host, addr->port,
+            rc = qr__fail(QR_EIO, "cannot listen on %s:%d: %s",
+                          bind_host && *bind_host ? bind_host : addr->host, addr->port,
                           uv_strerror(urc));
         } else if (!tcp_only && addr->loopback) {
             char path[108];

@@ -26,12 +26,36 @@ void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
     qr_wbuf_u32(b, m->role);
     qr_wbuf_u32(b, m->task_index);
     qr_wbuf_u32(b, m->mode);
+    if (m->role == QR_ROLE_COORDINATOR) {
+        qr_wbuf_u64(b, m->incarnation);
+        qr_wbuf_i64(b, m->restored_step);
+    }
 }
 
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
     m->role = qr_rbuf_u32(r);
     m->task_index = qr_rbuf_u32(r);
     m->mode = qr_rbuf_u32(r);
+    m->incarnation = 0;
+    m->restored_step = -1;
+    if (m->role == QR_ROLE_COORDINATOR) {
+        m->incarnation = qr_rbuf_u64(r);
+        m->restored_step = qr_rbuf_i64(r);
+    }
+}
+
+void qr_msg_put_welcome(qr_wbuf *b, const qr_msg_welcome *m) {
+    qr_wbuf_u64(b, m->incarnation);
+    qr_wbuf_i64(b, m->restored_step);
+    qr_wbuf_u64(b, m->follows);
+    qr_wbuf_u32(b, m->flags);
+}
+
+void qr_msg_get_welcome(qr_rbuf *r, qr_msg_welcome *m) {
+    m->incarnation = qr_rbuf_u64(r);
+    m->restored_step = qr_rbuf_i64(r);
+    m->follows = qr_rbuf_u64(r);
+    m->flags = qr_rbuf_u32(r);
 }
 
 void qr_msg_put_ready(qr_wbuf *b, const qr_msg_ready *m) {

@@ -6,7 +6,14 @@
  *
  * All fields little-endian, no padding. u32 count prefixes a list.
  *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link),
- *                   u32 task_index, u32 mode (0 = async, 1 = sync)
+ *                   u32 task_index, u32 mode (0 = async, 1 = sync);
+ *                   from the coordinator 16 bytes more: u64 incarnation
+ *                   (of ps 0), i64 restored_step (its checkpoint; -1 none)
+ *              reply (qr_msg_welcome): u64 incarnation (new at every start
+ *                   and every rollback of the ps), i64 restored_step (-1:
+ *                   none), u64 follows (the coordinator incarnation whose
+ *                   rollback made this one; 0: none), u32 flags (1: it
+ *                   writes checkpoints, so a restart can be rolled back to)
  *   CREATE     req: u32 count, then per variable (qr_msg_create_var):
  *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
  *                   u32 name_len, name bytes, u32 options_len, options
@@ -84,6 +91,8 @@
 /* Sizes of the fixed-size requests' meta, checked by the ps before it
  * reads them. */
 #define QR_MSG_HELLO_LEN 12
+#define QR_MSG_HELLO_COORD_LEN 28
+#define QR_MSG_WELCOME_LEN 28
 #define QR_MSG_READY_LEN 20
 #define QR_MSG_COMMIT_LEN 24
 #define QR_MSG_TOKEN_LEN 4
@@ -104,9 +113,24 @@ typedef struct qr_msg_hello {
     uint32_t role;       /* QR_ROLE_WORKER or QR_ROLE_COORDINATOR */
     uint32_t task_index; /* the worker's index (0 from the coordinator) */
     uint32_t mode;       /* 0 async, 1 sync */
+    /* The coordinator's only (role QR_ROLE_COORDINATOR): */
+    uint64_t incarnation;
+    int64_t restored_step;
 } qr_msg_hello;
 void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m);
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
+
+/* HELLO's reply: which run of the ps answered (docs/CHECKPOINTS.md,
+ * "Rollback"). */
+#define QR_WELCOME_CHECKPOINTS 1u
+typedef struct qr_msg_welcome {
+    uint64_t incarnation;
+    int64_t restored_step;
+    uint64_t follows;
+    uint32_t flags;
+} qr_msg_welcome;
+void qr_msg_put_welcome(qr_wbuf *b, const qr_msg_welcome *m);
+void qr_msg_get_welcome(qr_rbuf *r, qr_msg_welcome *m);
 
 typedef struct qr_msg_ready {
     uint32_t set;       /* request: 1 marks the cluster ready; reply: ready */

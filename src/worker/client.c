@@ -13,7 +13,19 @@
  * doubling to 1 s) while a call is waiting, so ps tasks may start after
  * the workers or restart during training. A request already sent on a
  * connection that is lost fails with QR_EPEERLOST (a push may or may not
- * have been applied; it is not silently repeated).
+ * have been applied; it is not silently repeated). Nothing but the HELLO
+ * goes on a new connection before the HELLO's answer, which says which
+ * run of the ps this is (its incarnation).
+ *
+ * Waits say what they wait for. A ps that was reached once and now refuses
+ * connections is reported at once, and a call that needs it waits up to
+ * restart-wait-ms for it to come back; every wait that lasts is reported
+ * every few seconds (report_waits). A ps that comes back as a new
+ * incarnation was restarted: the cluster rolls back to that ps's
+ * checkpoint (docs/CHECKPOINTS.md, "Rollback"), so this worker's state is
+ * gone and every later call fails with QR_EROLLEDBACK (QR_EABORTED when
+ * the ps keeps no checkpoints and has lost its variables): the caller
+ * creates the worker again to go on from the checkpoint.
  *
  * Pull replies are received straight into their destinations (the
  * worker's copy of each variable, or the caller's buffers); pushes are
@@ -82,13 +94,17 @@ struct ps_link {
     int index;
     qr_addr addr;
     qr_conn *conn;
-    enum { LINK_DOWN, LINK_CONNECTING, LINK_UP } state;
+    enum { LINK_DOWN, LINK_CONNECTING, LINK_HELLO, LINK_UP } state;
     int attempts;
     uint64_t retry_at_ns;
     wk_request *head, *tail; /* sent, awaiting reply, in order */
     char last_error[256];
     int refused;      /* the ps refused our HELLO: every request fails so */
     char refusal[512];
+    uint64_t incarnation; /* of the ps, from its first HELLO answer (0: never) */
+    uint64_t lost_ns;     /* when a connection that was up was lost (0: up, or never up) */
+    uint64_t unreached_ns; /* when connecting first failed, never up yet (0: not failing) */
+    bool refusal_reported; /* the lost ps's refusals were reported */
 };
 
 struct qr_worker {
@@ -117,6 +133,10 @@ struct qr_worker {
     uint64_t data_pos;   /* set by the caller, sent with every push */
     uint64_t restored_pos; /* from ps 0 at initialize (a restored checkpoint) */
     qr_heartbeat *heartbeat; /* started by initialize (heartbeat-ms) */
+    int restart_wait_ms; /* how long a call waits for a lost ps to come back */
+    int rolled_back;     /* QR_EROLLEDBACK or QR_EABORTED: a ps was restarted */
+    char rollback_msg[512];
+    bool stopping;       /* the run is ending: a lost ps is expected */
 };
 
 /* ---- requests ------------------------------------------------------------ */
@@ -154,6 +174,48 @@ static void request_finish(wk_request *r, int status, const char *msg) {
     }
 }
 
+/* The HELLO's answer: the link carries requests from now on, unless the ps
+ * is a new incarnation, in which case the cluster is rolling back. */
+static void hello_answered(ps_link *l, const uint8_t *meta, uint32_t len) {
+    qr_worker *w = l->w;
+    qr_msg_welcome m = {0};
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, len);
+    qr_msg_get_welcome(&rb, &m);
+    if (rb.bad) m = (qr_msg_welcome){.restored_step = -1};
+    if (l->incarnation && m.incarnation != l->incarnation) {
+        char from[64] = "nothing: it has no checkpoint yet";
+        if (m.restored_step >= 0)
+            snprintf(from, sizeof from, "its checkpoint of step %lld", (long long)m.restored_step);
+        if (m.flags & QR_WELCOME_CHECKPOINTS) {
+            w->rolled_back = QR_EROLLEDBACK;
+            snprintf(w->rollback_msg, sizeof w->rollback_msg,
+                     "ps %d (%s) is a new run that restored %s: a ps was restarted and the "
+                     "cluster rolls back to that checkpoint; create the worker again to go on "
+                     "from there", l->index,
+                     w->cluster->ps[l->index], from);
+        } else {
+            w->rolled_back = QR_EABORTED;
+            snprintf(w->rollback_msg, sizeof w->rollback_msg,
+                     "ps %d (%s) was restarted and has lost its variables: without "
+                     "--checkpoint-dir there is nothing to roll back to, training cannot go on",
+                     l->index, w->cluster->ps[l->index]);
+        }
+        qr__log(QR_LOG_WARN, "%s", w->rollback_msg);
+        return; /* the link stays in LINK_HELLO: nothing more is sent on it */
+    }
+    if (l->lost_ns)
+        qr__log(QR_LOG_INFO, "ps %d (%s) is back after %.1f s", l->index,
+                w->cluster->ps[l->index], (double)(qr__now_ns() - l->lost_ns) / 1e9);
+    else if (!l->incarnation)
+        qr__log(QR_LOG_INFO, "connected to ps %d (%s) over %s", l->index,
+                w->cluster->ps[l->index], l->conn ? qr_conn_kind(l->conn) : "?");
+    l->incarnation = m.incarnation;
+    l->lost_ns = l->unreached_ns = 0;
+    l->refusal_reported = false;
+    l->state = LINK_UP;
+}
+
 static void link_fail_pending(ps_link *l, int status, const char *why) {
     char msg[512];
     snprintf(msg, sizeof msg, "ps %d (%s): connection lost: %s", l->index,
@@ -188,9 +250,8 @@ static void on_connected(qr_conn *c, int status) {
         snprintf(l->last_error, sizeof l->last_error, "%s", qr_last_error());
         return; /* `lost` follows */
     }
-    l->state = LINK_UP;
+    l->state = LINK_HELLO;
     l->attempts = 0;
-    qr__log(QR_LOG_DEBUG, "connected to ps %d over %s", l->index, qr_conn_kind(c));
     wk_request *hello = request_new(l->w, l->index, QR_MSG_HELLO);
     if (!hello) return;
     hello->internal = true;
@@ -202,9 +263,21 @@ static void on_connected(qr_conn *c, int status) {
 
 static void on_lost(qr_conn *c, int status) {
     ps_link *l = qr_conn_data(c);
-    if (l->state == LINK_UP) {
+    qr_worker *w = l->w;
+    uint64_t now = qr__now_ns();
+    if (l->state == LINK_UP || l->state == LINK_HELLO) {
         snprintf(l->last_error, sizeof l->last_error, "%s", qr_strerror(status));
         qr__log(QR_LOG_DEBUG, "lost ps %d: %s", l->index, qr_strerror(status));
+        if (l->state == LINK_UP && !l->lost_ns) l->lost_ns = now;
+    } else if (l->lost_ns && !l->refusal_reported && !w->stopping && !w->rolled_back) {
+        /* It was reached before and now refuses: it has died or stopped.
+         * Said at once, with what follows. */
+        l->refusal_reported = true;
+        qr__log(QR_LOG_WARN, "ps %d (%s) is gone (%s): a call that needs it waits up to %.0f s "
+                "(restart-wait-ms) for it to come back", l->index, w->cluster->ps[l->index],
+                l->last_error, w->restart_wait_ms / 1e3);
+    } else if (!l->incarnation && !l->unreached_ns) {
+        l->unreached_ns = now;
     }
     l->conn = NULL;
     l->state = LINK_DOWN;
@@ -274,6 +347,8 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     wk_request *r = l->head;
     l->head = r->next;
     if (!l->head) l->tail = NULL;
+    if (f->status == QR_ESTOPPED) l->w->stopping = true;
+    if (r->type == QR_MSG_HELLO && f->status == QR_OK) hello_answered(l, meta, f->meta_len);
     if (f->status != QR_OK) {
         char msg[512];
         int n = (int)QR_MIN(f->meta_len, sizeof msg - 1);
@@ -310,10 +385,88 @@ static void link_connect(ps_link *l) {
     }
 }
 
+/* When a call gives up on r: its own deadline, or, while r's ps is lost
+ * and may be restarting, restart-wait-ms after the loss (the one bound
+ * on waiting for a restart, whatever the call). */
+static uint64_t request_deadline(const qr_worker *w, const wk_request *r, uint64_t deadline) {
+    const ps_link *l = r->link;
+    if (!r->sent && l->lost_ns) return l->lost_ns + (uint64_t)w->restart_wait_ms * 1000000ull;
+    return deadline;
+}
+
+/* End r now with status and msg. A request already sent may still be
+ * answered: its connection is dropped first, so the answer cannot land
+ * in buffers the caller owns again. */
+static void request_give_up(qr_worker *w, wk_request *r, int status, const char *msg) {
+    if (r->sent) {
+        qr_conn_close(r->link->conn);
+        while (!r->done) uv_run(&w->loop, UV_RUN_ONCE);
+        r->status = status;
+        snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    } else {
+        request_finish(r, status, msg);
+    }
+}
+
+static void give_up_message(const qr_worker *w, const wk_request *r, int timeout_ms,
+                            char *msg, size_t len) {
+    const ps_link *l = r->link;
+    if (!r->sent && l->lost_ns)
+        snprintf(msg, len, "ps %d (%s) was lost %.1f s ago and did not come back within "
+                 "restart-wait-ms (%d ms); last error: %s", l->index, w->cluster->ps[l->index],
+                 (double)(qr__now_ns() - l->lost_ns) / 1e9, w->restart_wait_ms, l->last_error);
+    else
+        snprintf(msg, len, "ps %d (%s): no %s reply within %d ms%s%s", l->index,
+                 w->cluster->ps[l->index], qr_msg_name(r->type), timeout_ms,
+                 l->last_error[0] ? "; last error: " : "", l->last_error);
+}
+
+/* Say what a call that has lasted a while waits for: once per ps. */
+static void report_waits(const qr_worker *w, wk_request **reqs, int n, uint64_t start,
+                         int timeout_ms) {
+    uint64_t now = qr__now_ns();
+    double waited = (double)(now - start) / 1e9;
+    for (int i = 0; i < n; i++) {
+        const wk_request *r = reqs[i];
+        const ps_link *l = r->link;
+        bool seen = false;
+        for (int k = 0; k < i && !seen; k++) seen = !reqs[k]->done && reqs[k]->link == l;
+        if (r->done || seen) continue;
+        const char *addr = w->cluster->ps[l->index];
+        if (!r->sent && l->lost_ns)
+            qr__log(QR_LOG_INFO, "waiting for ps %d (%s) to come back: gone for %.0f s (%s); "
+                    "giving up at %.0f s (restart-wait-ms)", l->index, addr,
+                    (double)(now - l->lost_ns) / 1e9, l->last_error, w->restart_wait_ms / 1e3);
+        else if (!r->sent)
+            qr__log(QR_LOG_INFO, "waiting for ps %d (%s) to accept connections: %.0f s so far%s%s; "
+                    "giving up after %.0f s", l->index, addr,
+                    l->unreached_ns ? (double)(now - l->unreached_ns) / 1e9 : waited,
+                    l->last_error[0] ? ", last error: " : "", l->last_error, timeout_ms / 1e3);
+        else if (r->type == QR_MSG_TOKEN)
+            qr__log(QR_LOG_INFO, "waiting %.0f s for a token of step %lld or later from ps 0: the "
+                    "step's quorum is not complete (ps 0 reports whom it waits for)", waited,
+                    (long long)w->local_step + 1);
+        else if (r->type == QR_MSG_CLOCK)
+            qr__log(QR_LOG_INFO, "waiting %.0f s at the staleness bound (max-staleness %lld) for "
+                    "the slowest worker to catch up", waited, (long long)w->max_staleness);
+        else
+            qr__log(QR_LOG_INFO, "waiting %.0f s for ps %d (%s) to answer %s", waited, l->index,
+                    addr, qr_msg_name(r->type));
+    }
+}
+
+#define WAIT_REPORT_NS (5000ull * 1000000ull) /* a lasting wait is said this often */
+
 /* Send reqs (connecting as needed) and wait for all their replies.
  * Returns the first failure, with its message. */
 static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
-    uint64_t deadline = qr__now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    if (w->rolled_back) {
+        for (int i = 0; i < n; i++) request_finish(reqs[i], w->rolled_back, w->rollback_msg);
+        return qr__fail(w->rolled_back, "%s", w->rollback_msg);
+    }
+    uint64_t start = qr__now_ns();
+    uint64_t deadline = start + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t next_report = start + WAIT_REPORT_NS;
     /* The loop runs only inside calls: before a push, first take in what
      * happened while the caller was computing (a ps that closed its end,
      * say), so that it is not sent on a connection already gone: a push is
@@ -325,25 +478,37 @@ static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) 
     if (pushes) uv_run(&w->loop, UV_RUN_NOWAIT);
     for (;;) {
         uint64_t now = qr__now_ns();
-        uint64_t wake_at = deadline;
+        uint64_t wake_at = next_report;
         int pending = 0;
         for (int i = 0; i < n; i++) {
             wk_request *r = reqs[i];
+            if (w->rolled_back && !r->done) request_give_up(w, r, w->rolled_back, w->rollback_msg);
+            uint64_t dl = request_deadline(w, r, deadline);
             /* Everything but a push may be repeated safely after a lost
              * connection; a push may have been applied, so it is not. */
             if (r->done && r->status == QR_EPEERLOST && r->type != QR_MSG_PUSH &&
-                r->retries < 3 && now < deadline) {
+                r->retries < 3 && now < dl) {
                 r->retries++;
                 r->done = r->sent = false;
                 r->status = QR_OK;
+                dl = request_deadline(w, r, deadline);
             }
             if (r->done) continue;
+            if (now >= dl) {
+                char msg[512];
+                give_up_message(w, r, timeout_ms, msg, sizeof msg);
+                request_give_up(w, r, r->link->lost_ns && !r->sent ? QR_EPEERLOST : QR_ETIMEDOUT,
+                                msg);
+                continue;
+            }
             pending++;
+            wake_at = QR_MIN(wake_at, dl);
             if (r->sent) continue;
             ps_link *l = r->link;
             if (l->state == LINK_DOWN && now >= l->retry_at_ns) link_connect(l);
             if (l->refused) {
                 request_finish(r, l->refused, l->refusal);
+                pending--;
             } else if (l->state == LINK_UP) {
                 if (link_send(l, r)) request_finish(r, QR_EPEERLOST, qr_last_error());
             } else if (l->state == LINK_DOWN) {
@@ -351,27 +516,10 @@ static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) 
             }
         }
         if (!pending) break;
-        if (now >= deadline) {
-            for (int i = 0; i < n; i++) {
-                wk_request *r = reqs[i];
-                if (r->done) continue;
-                ps_link *l = r->link;
-                char msg[512];
-                snprintf(msg, sizeof msg, "ps %d (%s): no %s reply within %d ms%s%s", l->index,
-                         w->cluster->ps[l->index], qr_msg_name(r->type), timeout_ms,
-                         l->last_error[0] ? "; last error: " : "", l->last_error);
-                if (r->sent) {
-                    /* The reply may still come: drop the connection so it
-                     * cannot land in buffers the caller owns again. */
-                    qr_conn_close(l->conn);
-                    while (!r->done) uv_run(&w->loop, UV_RUN_ONCE);
-                    r->status = QR_ETIMEDOUT;
-                    snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
-                } else {
-                    request_finish(r, QR_ETIMEDOUT, msg);
-                }
-            }
-            break;
+        if (now >= next_report) {
+            report_waits(w, reqs, n, start, timeout_ms);
+            next_report += WAIT_REPORT_NS;
+            wake_at = QR_MIN(wake_at, next_report);
         }
         uint64_t wait_ms = (wake_at > now ? (wake_at - now) / 1000000ull : 0) + 1;
         uv_timer_start(&w->wake, on_wake, wait_ms, 0);
@@ -434,6 +582,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     w->prefer_unix = strcmp(qr__config_str(w->cfg, "transport"), "tcp") != 0;
     w->timeout_ms = (int)qr__config_int(w->cfg, "timeout-ms");
     w->sync_timeout_ms = (int)qr__config_int(w->cfg, "sync-timeout-ms");
+    w->restart_wait_ms = (int)qr__config_int(w->cfg, "restart-wait-ms");
     w->sync = !strcmp(qr__config_str(w->cfg, "mode"), "sync");
     w->max_staleness = qr__config_int(w->cfg, "max-staleness");
     /* Pushes are named (worker, seq) on the ps. A restarted worker must not
@@ -601,16 +750,56 @@ static int create_on_ps(qr_worker *w, bool check_only) {
     return rc;
 }
 
-static int ready_request(qr_worker *w, bool set, uint32_t *ready) {
+static int ready_request(qr_worker *w, bool set, uint32_t *ready, int timeout_ms) {
     wk_request *r = request_new(w, 0, QR_MSG_READY);
     if (!r) return QR_ENOMEM;
     qr_msg_put_ready(&r->meta, &(qr_msg_ready){.set = set, .step = w->step_limit});
-    int rc = run_requests(w, &r, 1, w->timeout_ms);
+    int rc = run_requests(w, &r, 1, timeout_ms);
     if (ready) *ready = r->ready;
     if (!rc) w->local_step = r->step;
     if (!rc) w->restored_pos = r->data_pos;
     request_free(r);
     return rc;
+}
+
+/* Ask ps 0 until the cluster is ready: the chief marks it so (ps 0 says
+ * ready once every ps is in step with it), the others wait for that. The
+ * wait is bounded by init-timeout-ms and said every few seconds, naming
+ * what it waits for: ps 0 itself, or the chief. */
+static int wait_ready(qr_worker *w, bool set) {
+    int init_ms = (int)qr__config_int(w->cfg, "init-timeout-ms");
+    uint64_t start = qr__now_ns(), deadline = start + (uint64_t)init_ms * 1000000ull;
+    uint64_t next_report = start + WAIT_REPORT_NS;
+    bool reached = false;
+    for (;;) {
+        uint64_t now = qr__now_ns();
+        int left_ms = (int)QR_MAX(1, (int64_t)(deadline - QR_MIN(deadline, now)) / 1000000);
+        uint32_t ready = 0;
+        int rc = ready_request(w, set, &ready, QR_MIN(w->timeout_ms, left_ms));
+        if (rc && rc != QR_EPEERLOST && rc != QR_ETIMEDOUT) return rc;
+        reached |= !rc;
+        if (!rc && ready) return QR_OK;
+        now = qr__now_ns();
+        const char *waiting_for = !reached ? "ps 0 to answer"
+                                  : set ? "every ps task to be in step with ps 0"
+                                        : "the chief (worker 0) to initialize the variables";
+        if (now >= deadline) {
+            if (!reached)
+                return qr__fail(QR_ETIMEDOUT, "ps 0 (%s) could not be reached within %d ms "
+                                "(init-timeout-ms)%s%s", w->cluster->ps[0], init_ms,
+                                w->links[0].last_error[0] ? "; last error: " : "",
+                                w->links[0].last_error);
+            return qr__fail(QR_ENOTREADY, "waited %.0f s (init-timeout-ms) for %s; ps 0 "
+                            "answers, but the cluster is not ready", (double)(now - start) / 1e9,
+                            waiting_for);
+        }
+        if (now >= next_report) {
+            qr__log(QR_LOG_INFO, "waiting for %s: %.0f s so far, giving up after %.0f s",
+                    waiting_for, (double)(now - start) / 1e9, init_ms / 1e3);
+            next_report += WAIT_REPORT_NS;
+        }
+        nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
+    }
 }
 
 int qr_worker_initialize(qr_worker *w) {
@@ -624,22 +813,10 @@ int qr_worker_initialize(qr_worker *w) {
             rc = qr_init_fill(v->data, v->n, v->ndim, v->shape, v->init, v->seed);
         }
         if (!rc) rc = create_on_ps(w, false);
-        if (!rc) rc = ready_request(w, true, NULL);
+        if (!rc) rc = wait_ready(w, true);
         if (!rc) rc = pull_vars(w, 0, NULL, NULL, 0); /* a restarted chief gets current values */
     } else {
-        uint64_t deadline = qr__now_ns() + (uint64_t)qr__config_int(w->cfg, "init-timeout-ms") * 1000000ull;
-        uint32_t ready = 0;
-        while (!rc && !ready) {
-            rc = ready_request(w, false, &ready);
-            if (rc == QR_EPEERLOST || rc == QR_ETIMEDOUT) rc = QR_OK; /* ps not up yet */
-            if (!rc && !ready) {
-                if (qr__now_ns() > deadline)
-                    return qr__fail(QR_ENOTREADY, "the chief did not initialize the "
-                                    "variables within %lld ms",
-                                    (long long)qr__config_int(w->cfg, "init-timeout-ms"));
-                nanosleep(&(struct timespec){0, 20 * 1000000}, NULL);
-            }
-        }
+        rc = wait_ready(w, false);
         if (!rc) rc = create_on_ps(w, true);
     }
     /* The caller names the worker (qr_train_worker does): this prefix
@@ -994,6 +1171,7 @@ int qr_worker_stop_cluster(qr_worker *w) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_stop_cluster: worker is NULL");
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
     if (!reqs) return QR_ENOMEM;
+    w->stopping = true; /* the ps tasks going away is what this asks for */
     for (int p = 0; p < w->nps; p++) reqs[p] = request_new(w, p, QR_MSG_STOP);
     int rc = QR_OK;
     for (int p = 0; p < w->nps; p++)

@@ -137,9 +137,9 @@ class Proc:
     """A child process in its own session, so that it and anything it
     starts can be killed together by process group at the end."""
 
-    def __init__(self, args, env=None, stdout=subprocess.PIPE):
+    def __init__(self, args, env=None, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
         self.args = args
-        self.p = subprocess.Popen(args, stdout=stdout, stderr=subprocess.PIPE,
+        self.p = subprocess.Popen(args, stdout=stdout, stderr=stderr,
                                   text=True, env=env, start_new_session=True)
         _started.append(self)
 
@@ -150,7 +150,7 @@ class Proc:
             self.kill()
             out, err = self.p.communicate()
             raise AssertionError("timed out after %ss: %s\nstderr:\n%s"
-                                 % (timeout, " ".join(self.args), err[-4000:]))
+                                 % (timeout, " ".join(self.args), (err or "")[-4000:]))
         return self.p.returncode, out or "", err or ""
 
     def alive(self):

@@ -10,7 +10,8 @@ Usage: test_sync.py QUORUM_BINARY CASE, CASE one of:
                process exits cleanly
   ps_lost      a SIGKILLed ps 1 (tasks started one by one, no launcher): ps 0's
                stall report names the lost ps, and the run ends at
-               sync-timeout-ms instead of waiting forever"""
+               sync-timeout-ms instead of waiting forever; the workers give
+               up on the lost ps at restart-wait-ms"""
 
 import os
 import signal
@@ -132,7 +133,8 @@ elif case == "ps_lost":
     cluster = ["--ps_hosts", "unix:%s/ps0.sock,unix:%s/ps1.sock" % (d, d),
                "--worker_hosts", "unix:%s/w0.sock,unix:%s/w1.sock" % (d, d)]
     opts = ["--mode", "sync", "--stall-report-ms", "500", "--sync-timeout-ms", "4000",
-            "--timeout-ms", "3000", "--data", "digits", "--steps", "100000"]
+            "--restart-wait-ms", "6000", "--timeout-ms", "3000", "--data", "digits",
+            "--steps", "100000"]
     tasks = [Proc([quorum, job] + cluster + ["--job_name", job, "--task_index", str(i)] + opts)
              for job, i in (("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1))]
     ps0, ps1 = tasks[0], tasks[1]

@@ -200,13 +200,19 @@ static void test_reconnects_after_ps_restart(void **state) {
     /* The ps goes away and a new one starts on the same address. */
     restart_ps0(&f);
 
-    /* The worker reconnects on its own; the new ps is empty (restoring a
-     * ps from a checkpoint is the supervisor's job), so its step is 0 and
-     * a push names a variable it does not hold. */
+    /* The worker reconnects on its own and finds a new run of the ps,
+     * without checkpoints: its variables are lost, and the worker says so
+     * rather than going on (every later call too). */
+    assert_int_equal(qr_worker_global_step(chief, &step), QR_EABORTED);
+    assert_non_null(strstr(qr_last_error(), "was restarted and has lost its variables"));
+    assert_int_equal(qr_worker_push(chief, 1, ids, grads, 0, NULL), QR_EABORTED);
+    qr_worker_free(chief);
+    /* A worker made again sees the new ps as it is: step 0, nothing held. */
+    chief = make_worker(&f, 0);
+    declare_model(chief, ids);
     assert_int_equal(qr_worker_global_step(chief, &step), QR_OK);
     assert_int_equal(step, 0);
     assert_int_equal(qr_worker_push(chief, 1, ids, grads, 0, NULL), QR_ENOTREADY);
-    assert_non_null(strstr(qr_last_error(), "not initialized yet"));
     assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
     qr_worker_free(chief);
     join_cluster(&f);

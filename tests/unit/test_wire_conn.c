@@ -162,7 +162,7 @@ static void small_sends_survive_a_full_socket(const char *address) {
     qr_addr addr;
     assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
     qr_listener *l = NULL;
-    assert_int_equal(qr_listen(&s->loop, &addr, !strncmp(address, "127.", 4), &opt, &ev, s, &l),
+    assert_int_equal(qr_listen(&s->loop, &addr, NULL, !strncmp(address, "127.", 4), &opt, &ev, s, &l),
                      QR_OK);
     assert_int_equal(qr_connect(&s->loop, &addr, false, &opt, &ev, s, &s->client), QR_OK);
     assert_true(turn_until(s, both_ends_up));

@@ -48,6 +48,48 @@ static void test_hello_layout(void **state) {
     assert_int_equal(m.task_index, 7);
     assert_int_equal(m.mode, 1);
     qr_wbuf_free(&b);
+
+    /* The coordinator's HELLO carries its incarnation and restored step. */
+    qr_wbuf c = {0};
+    qr_msg_put_hello(&c, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = 0,
+                                         .incarnation = 0x1122334455667788ull,
+                                         .restored_step = -1});
+    uint8_t want_c[32];
+    n = 0;
+    le(want_c, &n, 2, 4);
+    le(want_c, &n, 0, 4);
+    le(want_c, &n, 0, 4);
+    le(want_c, &n, 0x1122334455667788ull, 8);
+    le(want_c, &n, (uint64_t)-1, 8);
+    assert_int_equal(n, QR_MSG_HELLO_COORD_LEN);
+    assert_bytes(&c, want_c, n);
+    qr_rbuf_init(&r, c.data, c.len);
+    qr_msg_get_hello(&r, &m);
+    assert_false(r.bad);
+    assert_int_equal(r.left, 0);
+    assert_true(m.incarnation == 0x1122334455667788ull);
+    assert_int_equal(m.restored_step, -1);
+    qr_wbuf_free(&c);
+
+    /* Its answer: the welcome. */
+    qr_wbuf w = {0};
+    qr_msg_put_welcome(&w, &(qr_msg_welcome){.incarnation = 5, .restored_step = 1200,
+                                             .follows = 9, .flags = QR_WELCOME_CHECKPOINTS});
+    uint8_t want_w[32];
+    n = 0;
+    le(want_w, &n, 5, 8);
+    le(want_w, &n, 1200, 8);
+    le(want_w, &n, 9, 8);
+    le(want_w, &n, 1, 4);
+    assert_int_equal(n, QR_MSG_WELCOME_LEN);
+    assert_bytes(&w, want_w, n);
+    qr_msg_welcome got;
+    qr_rbuf_init(&r, w.data, w.len);
+    qr_msg_get_welcome(&r, &got);
+    assert_false(r.bad);
+    assert_true(got.incarnation == 5 && got.restored_step == 1200 && got.follows == 9 &&
+                got.flags == QR_WELCOME_CHECKPOINTS);
+    qr_wbuf_free(&w);
 }
 
 static void test_push_layout(void **state) {

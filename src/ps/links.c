@@ -1,0 +1,328 @@
+/*
+ * links.c - ps 0's connections to the other ps tasks: what travels on
+ * them (the APPLY of a sync step, the CKPT requests of a checkpoint, STOP)
+ * and what they tell about those tasks: whether each one is up, and which
+ * run of it (its incarnation) answers.
+ *
+ * ps 0 opens every link at its start and keeps it open, remaking it with
+ * backoff (10 ms doubling to 1 s) whenever it is lost, so that a ps that
+ * dies is seen at once and a ps that comes back is seen at its first
+ * answer. A HELLO opens every connection, carrying ps 0's incarnation and
+ * the checkpoint it restored; nothing else is sent before its answer,
+ * which carries the other's. The answer goes to rollback.c, which decides
+ * whether the cluster must roll back (a restarted ps). A link that stays
+ * down for restart-wait-ms ends the run with an error naming the ps.
+ */
+#include "ps/ps_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct coord_link {
+    qr_ps *ps;
+    int index;
+    qr_addr addr;
+    qr_conn *conn;
+    bool connecting;
+    bool up;             /* connected and its HELLO answered */
+    bool closing;
+    uv_timer_t retry;
+    int attempts;
+    uint32_t next_id;
+    uint64_t incarnation; /* of the ps at the other end; 0 until its first answer */
+    int64_t apply_step;  /* sync: step to apply there; -1 = none */
+    uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
+    bool apply_sent;
+    bool stop_wanted, stop_sent;
+    bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
+    qr_wbuf ckpt;
+};
+
+static const qr_conn_events link_events;
+static void link_connect(coord_link *l);
+
+static coord_link *link_of(qr_ps *ps, int index) {
+    return &ps->sync.links[index - 1];
+}
+
+static void link_send(coord_link *l, uint8_t type, const qr_wbuf *meta) {
+    qr_frame f = {.type = type, .request_id = ++l->next_id};
+    if (qr_conn_send(l->conn, &f, meta ? meta->data : NULL, meta ? (uint32_t)meta->len : 0, NULL,
+                     0, NULL, NULL))
+        qr__log(QR_LOG_WARN, "sending %s to ps %d failed: %s", qr_msg_name(type), l->index,
+                qr_last_error());
+}
+
+/* Send what is wanted, in the order a ps must see it. */
+static void link_flush(coord_link *l) {
+    qr_ps *ps = l->ps;
+    if (!l->conn || l->connecting) return; /* sent once connected */
+    if (!l->up) {
+        /* Only a STOP goes before the HELLO's answer: it is for any run of
+         * the ps (a ps 0 that aborts at that answer still stops it). */
+        if (l->stop_wanted && !l->stop_sent) {
+            link_send(l, QR_MSG_STOP, NULL);
+            l->stop_sent = true;
+        }
+        return;
+    }
+    if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
+        link_send(l, QR_MSG_CKPT, &l->ckpt);
+        l->ckpt_wanted = false;
+    }
+    if (l->apply_step >= 0 && !l->apply_sent) {
+        qr_wbuf meta = {0};
+        qr_msg_put_apply_head(&meta, l->apply_step, (uint32_t)ps->sync.nquorum);
+        for (int i = 0; i < ps->sync.nquorum; i++)
+            qr_msg_put_member(&meta, ps->sync.quorum[i].worker, ps->sync.quorum[i].seq);
+        link_send(l, QR_MSG_APPLY, &meta);
+        qr_wbuf_free(&meta);
+        l->apply_sent = true;
+    }
+    if (l->stop_wanted && !l->stop_sent) {
+        link_send(l, QR_MSG_STOP, NULL);
+        l->stop_sent = true;
+    }
+}
+
+static void on_retry(uv_timer_t *t) {
+    coord_link *l = t->data;
+    if (!l->closing && !l->conn) link_connect(l);
+}
+
+static void retry_later(coord_link *l) {
+    uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
+    l->attempts++;
+    uv_timer_start(&l->retry, on_retry, ms, 0);
+}
+
+static void link_connect(coord_link *l) {
+    qr_ps *ps = l->ps;
+    l->connecting = true;
+    bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
+    if (qr_connect(&ps->loop, &l->addr, prefer_unix, &ps->conn_opt, &link_events, l, &l->conn)) {
+        if (!l->down_ns) l->down_ns = qr__now_ns();
+        l->connecting = false;
+        l->conn = NULL;
+        retry_later(l);
+    }
+}
+
+static void on_link_connected(qr_conn *c, int status) {
+    coord_link *l = qr_conn_data(c);
+    l->connecting = false;
+    if (status) return; /* `lost` follows */
+    qr_ps *ps = l->ps;
+    qr_wbuf meta = {0};
+    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = ps->sync.on,
+                                            .incarnation = ps->incarnation,
+                                            .restored_step = ps->ckpt.restored_step});
+    link_send(l, QR_MSG_HELLO, &meta);
+    qr_wbuf_free(&meta);
+    link_flush(l); /* a STOP may be waiting */
+}
+
+static void on_link_lost(qr_conn *c, int status) {
+    coord_link *l = qr_conn_data(c);
+    qr_ps *ps = l->ps;
+    if (l->up && !l->closing && !ps->stopping)
+        qr__log(QR_LOG_WARN, "lost ps %d (%s): %s; waiting up to %.0f s (restart-wait-ms) for it "
+                "to come back", l->index, ps->cluster->ps[l->index], qr_strerror(status),
+                ps->restart_wait_ms / 1e3);
+    l->conn = NULL;
+    l->up = l->connecting = false;
+    if (!l->down_ns) l->down_ns = qr__now_ns();
+    l->ckpt_wanted = false;
+    qr__ckpt_link_lost(ps, l->index); /* a shard it was writing is lost to us */
+    if (l->closing || l->stop_sent) {
+        /* Closed by us, or gone after the stop: this link is done. */
+        l->closing = true;
+        qr__ps_finish_if_idle(ps);
+        return;
+    }
+    if (ps->stopping && !l->stop_wanted) return;
+    l->apply_sent = false; /* APPLY is idempotent: send it again */
+    retry_later(l);
+}
+
+/* The HELLO's answer: the link is up, unless the other ps is a new run
+ * that makes the cluster roll back (rollback.c), which ends this one. */
+static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = l->ps;
+    if (f->status) {
+        char why[700];
+        snprintf(why, sizeof why, "ps %d (%s) refused ps 0's link: %.*s", l->index,
+                 ps->cluster->ps[l->index], (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+        qr__ps_abort(ps, QR_EABORTED, why);
+        return;
+    }
+    qr_msg_welcome m;
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, f->meta_len);
+    qr_msg_get_welcome(&rb, &m);
+    uint64_t known = l->incarnation;
+    l->incarnation = m.incarnation;
+    if (qr__rollback_check_link(ps, l->index, known, &m)) return;
+    if (l->down_ns && known)
+        qr__log(QR_LOG_INFO, "ps %d (%s) is back after %.1f s", l->index,
+                ps->cluster->ps[l->index], (double)(qr__now_ns() - l->down_ns) / 1e9);
+    else if (!known)
+        qr__log(QR_LOG_INFO, "linked to ps %d (%s)", l->index, ps->cluster->ps[l->index]);
+    l->up = true;
+    l->attempts = 0;
+    l->down_ns = 0;
+    link_flush(l);
+}
+
+static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    return QR_OK; /* replies carry no payload; meta is read in the message */
+}
+
+static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    coord_link *l = qr_conn_data(c);
+    qr_ps *ps = l->ps;
+    int type = f->type & ~QR_MSG_REPLY;
+    if (type == QR_MSG_HELLO) {
+        on_hello_answer(l, f, meta);
+    } else if (type == QR_MSG_APPLY && l->apply_step >= 0) {
+        int64_t step = l->apply_step;
+        if (!f->status) {
+            l->apply_step = -1;
+            l->apply_sent = false;
+        }
+        qr__coord_apply_answer(ps, l->index, step, f->status, (const char *)meta, f->meta_len);
+    } else if (type == QR_MSG_CKPT) {
+        qr__ckpt_link_reply(ps, l->index, f, meta);
+    } else if (type == QR_MSG_STOP) {
+        l->closing = true;
+        qr_conn_close(c);
+    } else if (f->status) {
+        qr__log(QR_LOG_WARN, "ps %d refused %s: %.*s", l->index, qr_msg_name(type),
+                (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+    }
+}
+
+static const qr_conn_events link_events = {.connected = on_link_connected,
+                                           .header = on_link_header,
+                                           .message = on_link_message,
+                                           .lost = on_link_lost};
+
+/* ---- what the rest of the ps asks of the links -------------------------- */
+
+int qr__links_init(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    int nlinks = ps->cluster->nps - 1;
+    s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
+    if (!s->links) return QR_ENOMEM;
+    for (int i = 0; i < nlinks; i++) {
+        coord_link *l = &s->links[i];
+        l->ps = ps;
+        l->index = i + 1;
+        l->apply_step = -1;
+        uv_timer_init(&ps->loop, &l->retry);
+        l->retry.data = l;
+        uv_unref((uv_handle_t *)&l->retry); /* a retry never keeps the ps alive by itself */
+        int rc = qr_addr_parse(ps->cluster->ps[i + 1], &l->addr);
+        if (rc) return rc;
+        link_connect(l);
+    }
+    return QR_OK;
+}
+
+bool qr__links_all_up(const qr_ps *ps) {
+    for (int i = 0; qr__ps_has_links(ps) && i < ps->cluster->nps - 1; i++)
+        if (!ps->sync.links[i].up) return false;
+    return true;
+}
+
+uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
+    return ps->sync.links[index - 1].down_ns;
+}
+
+void qr__links_apply(qr_ps *ps, int64_t step) {
+    for (int k = 1; k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        l->apply_step = step;
+        l->apply_sent = false;
+        link_flush(l);
+    }
+}
+
+void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta) {
+    coord_link *l = link_of(ps, index);
+    qr_wbuf_reset(&l->ckpt);
+    qr_wbuf_bytes(&l->ckpt, meta->data, meta->len);
+    l->ckpt_wanted = true;
+    link_flush(l);
+}
+
+void qr__links_stop_all(qr_ps *ps) {
+    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        l->stop_wanted = true;
+        l->apply_step = -1;
+        if (!l->conn && !l->connecting && !l->closing) link_connect(l);
+        link_flush(l);
+    }
+}
+
+/* A link down for restart-wait-ms ends the run; a lost link is reported
+ * every stall-report-ms meanwhile. Called by ps 0's watch timer. */
+void qr__links_watch(qr_ps *ps) {
+    if (!qr__ps_has_links(ps) || ps->stopping) return;
+    uint64_t now = qr__now_ns();
+    for (int k = 1; k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        if (!l->down_ns || l->closing) continue;
+        uint64_t gone_ms = (now - l->down_ns) / 1000000;
+        if (gone_ms >= (uint64_t)ps->restart_wait_ms) {
+            char why[512];
+            snprintf(why, sizeof why, "ps %d (%s) has been unreachable for %.1f s and did not "
+                     "come back within restart-wait-ms (%d ms); last error: %s", k,
+                     ps->cluster->ps[k], (double)gone_ms / 1e3, ps->restart_wait_ms,
+                     qr_last_error());
+            qr__ps_abort(ps, QR_EABORTED, why);
+            return;
+        }
+    }
+}
+
+bool qr__links_busy(qr_ps *ps) {
+    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        if (l->stop_wanted && !l->closing) return true;
+    }
+    return false;
+}
+
+/* The stop: links with no STOP to deliver close now. */
+void qr__links_stop(qr_ps *ps) {
+    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        if (!l->stop_wanted) {
+            l->closing = true;
+            uv_timer_stop(&l->retry);
+            if (l->conn) qr_conn_close(l->conn);
+        }
+    }
+}
+
+static void on_closed(uv_handle_t *h) {
+    (void)h;
+}
+
+void qr__links_close(qr_ps *ps) {
+    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        if (!l->ps) continue; /* never made (links_init failed before it) */
+        l->closing = true;
+        if (!uv_is_closing((uv_handle_t *)&l->retry)) uv_close((uv_handle_t *)&l->retry, on_closed);
+        qr_wbuf_free(&l->ckpt);
+        if (l->conn) qr_conn_close(l->conn);
+    }
+}
+
+void qr__links_free(qr_ps *ps) {
+    free(ps->sync.links);
+    ps->sync.links = NULL;
+}

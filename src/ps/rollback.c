@@ -1,0 +1,97 @@
+/*
+ * rollback.c - what happens when a ps comes back as a new run: the whole
+ * cluster rolls back, in place, to the checkpoint that ps restored.
+ *
+ * A ps restarted after a crash restores its shard from the newest
+ * checkpoint. The updates since then are lost on that shard only; going
+ * on would train a model whose shards are from different moments
+ * (tensorflow#2461). So every other ps drops its state and restores the
+ * same checkpoint, and the workers start again from its step. No process
+ * but the dead one is restarted: each ps re-enters its own start path
+ * inside qr_ps_run (server.c, reopen), and each worker finds out at its
+ * next call (QR_EROLLEDBACK, worker/client.c) and is created again.
+ *
+ * Who decides. Every run of a ps has an incarnation, a random number new
+ * at every start and every rollback, given in the answer to each HELLO
+ * with the step it restored. Two rules, over ps 0's links (links.c):
+ *
+ *   ps 0: a linked ps answers with an incarnation other than the one it
+ *         answered before, and not as a follower of this ps 0: it was
+ *         restarted. ps 0 rolls back to the step that ps restored.
+ *   ps k: a coordinator's HELLO comes from another ps 0 incarnation than
+ *         the one it met before: ps 0 was restarted, or rolled back. ps k
+ *         rolls back to the step that ps 0 restored, and follows it.
+ *
+ * A restarted ps k makes ps 0 roll back; the new ps 0 links to every ps
+ * k, which rolls back in turn, following it; their new incarnations name
+ * ps 0's as the one they follow, so ps 0 does not roll back again. A
+ * restarted ps 0 makes every ps k roll back directly. Nothing but a HELLO
+ * is sent on a link before its answer, so no request of an older run
+ * reaches a newer one, and ps 0 says the cluster is ready (READY) only
+ * once every link is up, so a worker trains only once every ps is in
+ * step with ps 0.
+ *
+ * Without --checkpoint-dir there is nothing to roll back to: a restarted
+ * ps has lost its variables, and the run is stopped with an error saying
+ * so rather than trained on a mix.
+ */
+#include "ps/ps_internal.h"
+
+#include <string.h>
+
+qr_msg_welcome qr__rollback_welcome(const qr_ps *ps) {
+    return (qr_msg_welcome){.incarnation = ps->incarnation,
+                            .restored_step = ps->ckpt.restored_step,
+                            .follows = ps->follows,
+                            .flags = ps->ckpt.dir ? QR_WELCOME_CHECKPOINTS : 0};
+}
+
+/* End this run of the ps so that qr_ps_run starts it again from the
+ * checkpoint of `step` (-1: from nothing). */
+static void roll_back(qr_ps *ps, int64_t step, uint64_t follows, const char *why) {
+    if (ps->rollback.wanted || ps->stopping) return;
+    char what[64] = "a fresh start: no checkpoint was written before it";
+    if (step >= 0) snprintf(what, sizeof what, "the checkpoint of step %lld", (long long)step);
+    qr__log(QR_LOG_WARN, "%s: rolling back to %s", why, what);
+    ps->rollback.wanted = true;
+    ps->rollback.step = step;
+    ps->rollback.follows = follows;
+    qr__ps_close_for_rollback(ps);
+}
+
+bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_welcome *m) {
+    if (!known || m->incarnation == known) return false;
+    if (m->follows == ps->incarnation) return false; /* it rolled back after this ps 0 */
+    char why[512];
+    if (!(m->flags & QR_WELCOME_CHECKPOINTS) || !ps->ckpt.dir) {
+        snprintf(why, sizeof why, "ps %d (%s) was restarted and has lost its variables: without "
+                 "--checkpoint-dir there is no checkpoint to roll the cluster back to", index,
+                 ps->cluster->ps[index]);
+        qr__ps_abort(ps, QR_EABORTED, why);
+        return true;
+    }
+    snprintf(why, sizeof why, "ps %d (%s) was restarted", index, ps->cluster->ps[index]);
+    roll_back(ps, m->restored_step, 0, why);
+    return true;
+}
+
+bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m) {
+    uint64_t known = ps->coordinator;
+    if (!known) {
+        ps->coordinator = m->incarnation; /* the first ps 0 this run meets */
+        return false;
+    }
+    if (m->incarnation == known) return false;
+    if (!ps->ckpt.dir) {
+        char why[512];
+        snprintf(why, sizeof why, "ps 0 (%s) was restarted or rolled back: without "
+                 "--checkpoint-dir this ps cannot follow it, and stops", ps->cluster->ps[0]);
+        qr__log(QR_LOG_ERROR, "%s", why);
+        snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", why);
+        ps->exit_status = QR_EABORTED;
+        qr__ps_begin_stop(ps);
+        return true;
+    }
+    roll_back(ps, m->restored_step, m->incarnation, "ps 0 is a new run (restarted, or rolled back)");
+    return true;
+}

@@ -1,0 +1,319 @@
+"""test_faults.py - tasks killed and restarted by hand (no launcher, as a
+container orchestrator would), and the end of a job seen by every task.
+
+  bind            a ps listens on every interface by default (reached at
+                  127.0.0.2 although its spec says 127.0.0.1, and started
+                  with a spec address that is not local at all, as behind
+                  NAT); --bind 127.0.0.1 restricts it
+  ps_restart_async  async, 2 ps: ps 1 SIGKILLed and started again by hand
+                  restores the newest checkpoint; ps 0 rolls back to the same
+                  step in place, the workers rejoin, the run finishes
+  ps0_restart     sync with --init-tokens 0: ps 0 SIGKILLed and started again;
+                  ps 1 rolls back to ps 0's checkpoint in place and the run
+                  ends with the params_digest of a run nothing killed
+  no_checkpoint   sync without --checkpoint-dir: a restarted ps has lost its
+                  variables; the run stops with an error that says so rather
+                  than training on a mix, and every task ends
+  ps_gone         a ps killed and never restarted: the workers say at once
+                  that it is gone, and every task ends with an error naming
+                  it once restart-wait-ms has passed
+  job_ended       ps 0 stops by itself when the step limit is reached and the
+                  chief is gone; and exits with an error when every worker
+                  has been gone for restart-wait-ms
+  late_worker     a worker started after the job ended says every few seconds
+                  what it waits for, and gives up at init-timeout-ms naming
+                  ps 0, not the chief
+Usage: test_faults.py QUORUM_BINARY CASE"""
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import time
+
+from qrtest import HELLO, REPLY, Proc, frame, free_port, last_json, read_reply
+
+quorum, case = sys.argv[1], sys.argv[2]
+
+
+class Cluster:
+    """ps and worker tasks started one by one on Unix sockets in a private
+    directory, each with its stderr in a file (they log a lot)."""
+
+    def __init__(self, nps, nworkers, opts):
+        self.dir = tempfile.mkdtemp(prefix="qr-faults-")
+        self.spec = ["--ps_hosts", ",".join("unix:%s/ps%d.sock" % (self.dir, i)
+                                            for i in range(nps)),
+                     "--worker_hosts", ",".join("unix:%s/w%d.sock" % (self.dir, i)
+                                                for i in range(nworkers))]
+        self.opts = opts
+        self.nps, self.nworkers = nps, nworkers
+        self.tasks = {}
+        self.runs = {}
+
+    def start(self, job, i, extra=()):
+        key = (job, i)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        log = open(os.path.join(self.dir, "%s%d.%d.log" % (job, i, self.runs[key])), "w")
+        p = Proc([quorum, job] + self.spec + ["--job_name", job, "--task_index", str(i)] +
+                 self.opts + list(extra), stderr=log)
+        self.tasks[key] = (p, log)
+        return p
+
+    def start_all(self):
+        for job, n in (("ps", self.nps), ("worker", self.nworkers)):
+            for i in range(n):
+                self.start(job, i)
+
+    def restart_mid_run(self, job, i, after):
+        """Once ps 0 has logged `after`, SIGKILL task (job, i) and start it
+        again by hand; then every task must end well. The chief's JSON."""
+        wait_for(lambda: after in self.log("ps", 0), 60, after)
+        self.kill(job, i)
+        self.start(job, i)
+        rc, out = self.wait("worker", 0, 120)
+        assert rc == 0, self.log("worker", 0)[-3000:]
+        for key in self.tasks:
+            if key != ("worker", 0):
+                rc, _ = self.wait(key[0], key[1], 30)
+                assert rc == 0, (key, self.log(*key)[-3000:])
+        return last_json(out)
+
+    def kill(self, job, i):
+        p = self.tasks[(job, i)][0]
+        os.kill(p.p.pid, signal.SIGKILL)
+        p.p.wait()
+
+    def wait(self, job, i, timeout):
+        p = self.tasks[(job, i)][0]
+        rc, out, _ = p.wait(timeout)
+        return rc, out
+
+    def log(self, job, i, run=None):
+        run = run or self.runs[(job, i)]
+        with open(os.path.join(self.dir, "%s%d.%d.log" % (job, i, run))) as f:
+            return f.read()
+
+    def close(self):
+        for p, _ in self.tasks.values():
+            p.kill()
+        if sys.exc_info()[0] is not None:  # failing: show what every task said
+            for name in sorted(os.listdir(self.dir)):
+                if name.endswith(".log"):
+                    with open(os.path.join(self.dir, name)) as f:
+                        print("---- %s\n%s" % (name, f.read()[-2500:]))
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def hello(host, port):
+    """A worker's HELLO to host:port; the ps's answer (status, meta)."""
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(frame(HELLO, 1, struct.pack("<III", 1, 0, 0)))
+    mtype, _, status, meta, _ = read_reply(s)
+    s.close()
+    assert mtype == HELLO | REPLY, mtype
+    return status, meta
+
+
+def serve_ps(spec_host, extra=()):
+    port = free_port()
+    p = Proc([quorum, "ps", "--ps_hosts", "%s:%d" % (spec_host, port), "--worker_hosts",
+              "127.0.0.1:%d" % free_port(), "--job_name", "ps", "--task_index", "0",
+              "--transport", "tcp", "--linger-ms", "100"] + list(extra))
+    return p, port
+
+
+def reachable(host, port, timeout=10):
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return hello(host, port)
+        except ConnectionRefusedError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+if case == "bind":
+    p, port = serve_ps("127.0.0.1")
+    status, meta = reachable("127.0.0.2", port)
+    assert status == 0 and len(meta) == 28, (status, meta)  # the welcome: incarnation, ...
+    incarnation, restored, follows, flags = struct.unpack("<QqQI", meta)
+    assert incarnation and restored == -1 and follows == 0 and flags == 0, meta
+    p.kill()
+    p.wait(10)
+    p, port = serve_ps("127.0.0.1", ["--bind", "127.0.0.1"])
+    assert reachable("127.0.0.1", port)[0] == 0
+    try:
+        hello("127.0.0.2", port)
+        raise AssertionError("--bind 127.0.0.1 still answers at 127.0.0.2")
+    except ConnectionRefusedError:
+        pass
+    p.kill()
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: before, the ps
+    # could not bind it; listening on every interface it serves at its port.
+    p, port = serve_ps("192.0.2.1")
+    assert reachable("127.0.0.1", port)[0] == 0
+    p.kill()
+    rc, _, err = p.wait(10)
+    assert "listening on 192.0.2.1:%d (port %d on every interface)" % (port, port) in err, err
+    print("PASS: every interface by default, --bind restricts, a non-local spec address serves")
+
+elif case == "ps_restart_async":
+    c = Cluster(2, 2, ["--data", "digits", "--steps", "8000", "--checkpoint-dir", "CKPT",
+                       "--checkpoint-steps", "200", "--json", "--quiet"])
+    c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
+    try:
+        c.start_all()
+        s = c.restart_mid_run("ps", 1, "written: global step 400")
+        restored = [l for l in c.log("ps", 1).splitlines() if "restored" in l]
+        step = restored[0].rsplit("(global step ", 1)[1].rstrip(")")
+        ps0 = c.log("ps", 0)
+        assert "was restarted: rolling back to the checkpoint of step %s" % step in ps0, ps0[-3000:]
+        assert "(global step %s)" % step in ps0, ps0[-3000:]
+        assert s["rollbacks"] >= 1 and s["global_step"] >= 8000, s
+        assert s["test_accuracy"] > 0.9, s
+        print("PASS: async, ps 1 restarted by hand at its checkpoint of step %s; ps 0 rolled "
+              "back to it; the run finished at accuracy %.4f" % (step, s["test_accuracy"]))
+    finally:
+        c.close()
+
+elif case == "ps0_restart":
+    base = ["--mode", "sync", "--init-tokens", "0", "--data", "digits", "--steps", "4000",
+            "--json", "--quiet"]
+    rc, out, err = Proc([quorum, "launch", "--ps", "2", "--workers", "2"] + base).wait(300)
+    assert rc == 0, err[-3000:]
+    whole = last_json(out)
+    c = Cluster(2, 2, base + ["--checkpoint-dir", "CKPT", "--checkpoint-steps", "100"])
+    c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
+    try:
+        c.start_all()
+        s = c.restart_mid_run("ps", 0, "written: global step 500")
+        ps1 = c.log("ps", 1)
+        assert "ps 0 is a new run (restarted, or rolled back): rolling back" in ps1, ps1[-3000:]
+        w1 = c.log("worker", 1)  # it saw ps 0 go: refusing, or under its push
+        assert "ps 0 (unix:%s/ps0.sock) is gone" % c.dir in w1 or \
+            "lost: ps 0 (unix:%s/ps0.sock): connection lost" % c.dir in w1, w1
+        assert s["rollbacks"] >= 1, s
+        assert s["params_digest"] == whole["params_digest"], (s, whole)
+        print("PASS: ps 0 restarted by hand; ps 1 rolled back with it; the digest is the one of "
+              "a run nothing killed (%s)" % whole["params_digest"])
+    finally:
+        c.close()
+
+elif case == "no_checkpoint":
+    c = Cluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "100000"])
+    try:
+        c.start_all()
+        wait_for(lambda: "connected to ps 1" in c.log("worker", 1), 30, "the workers")
+        time.sleep(0.5)
+        c.kill("ps", 1)
+        c.start("ps", 1)
+        t0 = time.time()
+        rc, _ = c.wait("ps", 0, 30)
+        assert rc != 0, c.log("ps", 0)[-3000:]
+        assert "ps 1 (unix:%s/ps1.sock) was restarted and has lost its variables: without " \
+            "--checkpoint-dir" % c.dir in c.log("ps", 0), c.log("ps", 0)[-3000:]
+        for job, i in (("ps", 1), ("worker", 0), ("worker", 1)):
+            c.wait(job, i, 30)
+        rc, _ = c.wait("worker", 0, 1)
+        assert rc != 0, c.log("worker", 0)[-3000:]
+        print("PASS: a restart that lost its variables stops the run (%.1f s), saying why"
+              % (time.time() - t0))
+    finally:
+        c.close()
+
+elif case == "ps_gone":
+    c = Cluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "100000",
+                       "--restart-wait-ms", "3000"])
+    try:
+        c.start_all()
+        wait_for(lambda: "connected to ps 1" in c.log("worker", 1), 30, "the workers")
+        time.sleep(0.5)
+        c.kill("ps", 1)
+        t0 = time.time()
+        gone = "ps 1 (unix:%s/ps1.sock) is gone" % c.dir
+        lost = "lost: ps 1 (unix:%s/ps1.sock): connection lost" % c.dir
+        # A worker waiting on ps 0 for a token learns it from ps 0 later;
+        # one that needs ps 1 says at once that ps 1 is gone.
+        wait_for(lambda: any(gone in c.log("worker", i) or lost in c.log("worker", i)
+                             for i in (0, 1)), 2, "a worker to say ps 1 is gone")
+        said = time.time() - t0
+        rc, _ = c.wait("ps", 0, 30)
+        ps0 = c.log("ps", 0)
+        assert rc != 0 and "ps 1 (unix:%s/ps1.sock) has been unreachable" % c.dir in ps0 and \
+            "did not come back within restart-wait-ms" in ps0, ps0[-3000:]
+        for job, i in (("worker", 0), ("worker", 1)):
+            c.wait(job, i, 30)
+        ended = time.time() - t0
+        assert ended < 20, ended
+        print("PASS: ps 1 gone said after %.2f s; every task ended %.1f s after the kill"
+              % (said, ended))
+    finally:
+        c.close()
+
+elif case == "job_ended":
+    c = Cluster(1, 2, ["--data", "digits", "--steps", "6000", "--restart-wait-ms", "2000"])
+    try:
+        c.start_all()
+        wait_for(lambda: "connected to ps 0" in c.log("worker", 1), 30, "the workers")
+        time.sleep(0.3)
+        c.kill("worker", 0)  # the chief: nobody will send STOP
+        rc, _ = c.wait("worker", 1, 120)
+        assert rc == 0, c.log("worker", 1)[-3000:]
+        t0 = time.time()
+        rc, _ = c.wait("ps", 0, 30)
+        ps0 = c.log("ps", 0)
+        assert rc == 0 and "step limit 6000 reached and every worker has left: stopping" in ps0, \
+            ps0[-3000:]
+        print("PASS: with the chief gone, ps 0 stopped %.1f s after the last worker left"
+              % (time.time() - t0))
+    finally:
+        c.close()
+    c = Cluster(1, 2, ["--data", "digits", "--steps", "1000000", "--restart-wait-ms", "2000"])
+    try:
+        c.start_all()
+        wait_for(lambda: "connected to ps 0" in c.log("worker", 1), 30, "the workers")
+        c.kill("worker", 0)
+        c.kill("worker", 1)
+        t0 = time.time()
+        rc, _ = c.wait("ps", 0, 30)
+        ps0 = c.log("ps", 0)
+        assert rc != 0 and "no worker has been connected for" in ps0, ps0[-3000:]
+        print("PASS: every worker gone: ps 0 ended %.1f s later (restart-wait-ms 2 s), exit %d"
+              % (time.time() - t0, rc))
+    finally:
+        c.close()
+
+elif case == "late_worker":
+    c = Cluster(1, 2, ["--data", "digits", "--steps", "100", "--init-timeout-ms", "7000"])
+    try:
+        t0 = time.time()
+        c.start("worker", 1)
+        rc, _ = c.wait("worker", 1, 60)
+        took = time.time() - t0
+        log = c.log("worker", 1)
+        waits = [l for l in log.splitlines() if "waiting for ps 0" in l]
+        assert rc != 0 and len(waits) >= 1, log
+        assert "could not be reached within 7000 ms (init-timeout-ms)" in log, log
+        assert "chief" not in log, log
+        assert took < 20, took
+        print("PASS: a late worker said what it waited for (%d lines) and gave up after %.1f s"
+              % (len(waits), took))
+    finally:
+        c.close()
+
+else:
+    sys.exit("unknown case " + case)
