@@ -10,8 +10,9 @@
  * answer. A HELLO opens every connection, carrying ps 0's incarnation and
  * the checkpoint it restored; nothing else is sent before its answer,
  * which carries the other's. The answer goes to rollback.c, which decides
- * whether the cluster must roll back (a restarted ps). A link that stays
- * down for restart-wait-ms ends the run with an error naming the ps.
+ * whether the cluster must roll back (a restarted ps). A link that was up
+ * and stays down for restart-wait-ms ends the run with an error naming
+ * the ps; one never up yet is a ps still starting, and is waited for.
  */
 #include "ps/ps_internal.h"
 
@@ -273,7 +274,9 @@ void qr__links_watch(qr_ps *ps) {
     uint64_t now = qr__now_ns();
     for (int k = 1; k < ps->cluster->nps; k++) {
         coord_link *l = link_of(ps, k);
-        if (!l->down_ns || l->closing) continue;
+        /* A ps never reached is still starting (pods come up minutes
+         * apart): only one that was up and went is waited for. */
+        if (!l->down_ns || l->closing || !l->incarnation) continue;
         uint64_t gone_ms = (now - l->down_ns) / 1000000;
         if (gone_ms >= (uint64_t)ps->restart_wait_ms) {
             char why[512];

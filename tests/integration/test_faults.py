@@ -20,6 +20,9 @@ container orchestrator would), and the end of a job seen by every task.
   job_ended       ps 0 stops by itself when the step limit is reached and the
                   chief is gone; and exits with an error when every worker
                   has been gone for restart-wait-ms
+  slow_start      a ps that comes up long after the others (pods start minutes
+                  apart) is waited for: restart-wait-ms bounds only the wait
+                  for a ps that was up and went
   late_worker     a worker started after the job ended says every few seconds
                   what it waits for, and gives up at init-timeout-ms naming
                   ps 0, not the chief
@@ -294,6 +297,25 @@ elif case == "job_ended":
         assert rc != 0 and "no worker has been connected for" in ps0, ps0[-3000:]
         print("PASS: every worker gone: ps 0 ended %.1f s later (restart-wait-ms 2 s), exit %d"
               % (time.time() - t0, rc))
+    finally:
+        c.close()
+
+elif case == "slow_start":
+    c = Cluster(2, 2, ["--data", "digits", "--steps", "300", "--restart-wait-ms", "1000",
+                       "--json", "--quiet"])
+    try:
+        for job, i in (("ps", 0), ("worker", 0), ("worker", 1)):
+            c.start(job, i)
+        time.sleep(2.5)  # past restart-wait-ms
+        assert c.tasks[("ps", 0)][0].alive(), c.log("ps", 0)
+        c.start("ps", 1)
+        rc, out = c.wait("worker", 0, 60)
+        assert rc == 0, c.log("worker", 0)[-3000:]
+        assert last_json(out)["global_step"] >= 300
+        for job, i in (("worker", 1), ("ps", 0), ("ps", 1)):
+            rc, _ = c.wait(job, i, 30)
+            assert rc == 0, (job, i, c.log(job, i)[-3000:])
+        print("PASS: ps 1 started 2.5 s after the others (restart-wait-ms 1 s); the run finished")
     finally:
         c.close()
 
