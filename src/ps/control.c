@@ -15,12 +15,7 @@
 
 int qr__control_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     switch (f->type) {
-    case QR_MSG_HELLO: {
-        /* The coordinator's is longer: its incarnation and restored step. */
-        bool coord = f->meta_len >= 4 && meta[0] == QR_ROLE_COORDINATOR && !meta[1] && !meta[2] &&
-                     !meta[3];
-        return qr__peer_check_small(f, coord ? QR_MSG_HELLO_COORD_LEN : QR_MSG_HELLO_LEN);
-    }
+    case QR_MSG_HELLO: return qr__peer_check_small(f, qr_msg_hello_len(meta, f->meta_len));
     case QR_MSG_READY: return qr__peer_check_small(f, QR_MSG_READY_LEN);
     default: return qr__peer_check_small(f, 0); /* STEP, STATS */
     }

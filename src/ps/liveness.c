@@ -40,10 +40,7 @@ static void close_worker(qr_ps *ps, int w) {
 static void watch_workers_left(qr_ps *ps, uint64_t now) {
     ps_liveness *l = &ps->liveness;
     int live = 0;
-    for (int w = 0; w < ps->cluster->nworkers; w++) {
-        live += ps->worker_conns[w] > 0;
-        l->seen_workers |= ps->worker_conns[w] > 0;
-    }
+    for (int w = 0; w < ps->cluster->nworkers; w++) live += ps->worker_conns[w] > 0;
     if (live) {
         l->none_since_ns = 0;
         return;
@@ -76,13 +73,12 @@ static void watch_coordinator(qr_ps *ps, uint64_t now) {
     if (!ps->coordinator_lost_ns) return;
     uint64_t gone_ms = (now - ps->coordinator_lost_ns) / 1000000;
     if (gone_ms < (uint64_t)ps->restart_wait_ms) return;
-    snprintf(ps->abort_msg, sizeof ps->abort_msg, "ps 0 (%s) has been gone for %.1f s and did "
-             "not come back within restart-wait-ms: the job has ended; stopping",
-             ps->cluster->ps[0], (double)gone_ms / 1e3);
-    qr__log(QR_LOG_ERROR, "%s", ps->abort_msg);
-    ps->exit_status = QR_EABORTED;
+    char why[512];
+    snprintf(why, sizeof why, "ps 0 (%s) has been gone for %.1f s and did not come back within "
+             "restart-wait-ms: the job has ended; stopping", ps->cluster->ps[0],
+             (double)gone_ms / 1e3);
     ps->coordinator_lost_ns = 0;
-    qr__ps_begin_stop(ps);
+    qr__ps_abort(ps, QR_EABORTED, why);
 }
 
 static void on_watch(uv_timer_t *t) {

@@ -536,7 +536,8 @@ void qr__bound_stop(qr_ps *ps);
 void qr__bound_close(qr_ps *ps);
 
 /* server.c: the run fails: log why, make qr_ps_run return status with
- * that message, and stop the whole cluster. */
+ * that message, and stop the whole cluster (ps 0; any other ps stops
+ * itself). */
 void qr__ps_abort(qr_ps *ps, int status, const char *why);
 /* ps 0: STOP to every other ps, and stop this one. */
 void qr__ps_stop_cluster(qr_ps *ps);

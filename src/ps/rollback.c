@@ -86,10 +86,7 @@ bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m) {
         char why[512];
         snprintf(why, sizeof why, "ps 0 (%s) was restarted or rolled back: without "
                  "--checkpoint-dir this ps cannot follow it, and stops", ps->cluster->ps[0]);
-        qr__log(QR_LOG_ERROR, "%s", why);
-        snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", why);
-        ps->exit_status = QR_EABORTED;
-        qr__ps_begin_stop(ps);
+        qr__ps_abort(ps, QR_EABORTED, why);
         return true;
     }
     roll_back(ps, m->restored_step, m->incarnation, "ps 0 is a new run (restarted, or rolled back)");

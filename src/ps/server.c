@@ -244,12 +244,17 @@ void qr__ps_abort(qr_ps *ps, int status, const char *why) {
     qr__ps_stop_cluster(ps);
 }
 
-void qr__ps_close_for_rollback(qr_ps *ps) {
+/* Close the listener, every connection and every handle of this run. */
+static void close_run(qr_ps *ps) {
     qr_listener_close(ps->listener);
     ps->listener = NULL;
     ps->stopping = true; /* requests still in flight are answered "stopped" */
     for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
     close_run_handles(ps);
+}
+
+void qr__ps_close_for_rollback(qr_ps *ps) {
+    close_run(ps);
 }
 
 static void on_stop_async(uv_async_t *a) {
@@ -448,11 +453,9 @@ void qr_ps_free(qr_ps *ps) {
     if (!ps) return;
     /* Close whatever is still open and let the loop run the close
      * callbacks, so the loop can be closed without leaking handles. */
-    qr_listener_close(ps->listener);
-    ps->listener = NULL;
-    ps->stopping = true;
-    for (ps_peer *p = ps->peers; p; p = p->next) qr_conn_close(p->conn);
-    close_loop_handles(ps);
+    close_run(ps);
+    if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
+        uv_close((uv_handle_t *)&ps->stop_async, on_handle_closed);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
     free_run(ps);

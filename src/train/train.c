@@ -416,6 +416,11 @@ static void run_free(worker_run *r) {
     trainer_free(&r->t);
 }
 
+static worker_run new_run(const qr_train_opts *o, int task_index, const qr_config *cfg) {
+    return (worker_run){.o = o, .task_index = task_index, .chief = task_index == 0,
+                        .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN};
+}
+
 /* Steps until the run's last one, or a failure. */
 static int train_steps(worker_run *r, qr_train_result *res, double start) {
     const qr_train_opts *o = r->o;
@@ -451,8 +456,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     openblas_set_num_threads(1);
     memset(res, 0, sizeof *res);
     res->test_accuracy_averaged = -1;
-    worker_run r = {.o = o, .task_index = task_index, .chief = task_index == 0,
-                    .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN};
+    worker_run r = new_run(o, task_index, cfg);
     int rc = qr__worker_metrics_start(&r.metrics, cfg);
     if (!rc) rc = run_setup(&r, cluster, cfg);
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
@@ -463,8 +467,11 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     while (rc == QR_EROLLEDBACK) {
         qr__log(QR_LOG_INFO, "rejoining the cluster at its checkpoint");
         run_free(&r);
-        r = (worker_run){.o = o, .task_index = task_index, .chief = r.chief, .sync = r.sync,
-                         .loss_avg = r.loss_avg, .summaries = r.summaries, .metrics = r.metrics};
+        worker_run again = new_run(o, task_index, cfg);
+        again.loss_avg = r.loss_avg; /* what goes on across the rollback */
+        again.summaries = r.summaries;
+        again.metrics = r.metrics;
+        r = again;
         res->rollbacks++;
         rc = run_setup(&r, cluster, cfg);
         if (!rc) rc = train_steps(&r, res, start);

@@ -32,6 +32,12 @@ void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
     }
 }
 
+uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, meta_len);
+    return qr_rbuf_u32(&r) == QR_ROLE_COORDINATOR ? QR_MSG_HELLO_COORD_LEN : QR_MSG_HELLO_LEN;
+}
+
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
     m->role = qr_rbuf_u32(r);
     m->task_index = qr_rbuf_u32(r);

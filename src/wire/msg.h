@@ -118,6 +118,8 @@ typedef struct qr_msg_hello {
     int64_t restored_step;
 } qr_msg_hello;
 void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m);
+/* The length of a HELLO's meta, read from its first field (the role). */
+uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len);
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
 
 /* HELLO's reply: which run of the ps answered (docs/CHECKPOINTS.md,
