@@ -217,7 +217,8 @@ QR_API int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim,
 QR_API int qr_worker_initialize(qr_worker *w);
 
 /* Number of elements and the worker's local copy of a variable (valid
- * until qr_worker_free; filled by qr_worker_pull with dst == NULL). */
+ * until qr_worker_free; filled by qr_worker_pull with dst == NULL). A
+ * table has 0 elements and no copy (NULL). */
 QR_API int64_t qr_worker_var_size(const qr_worker *w, int var_id);
 QR_API float *qr_worker_var_data(qr_worker *w, int var_id);
 
@@ -291,15 +292,47 @@ QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);
  * once when no bound is set. */
 QR_API int qr_worker_wait_bound(qr_worker *w);
 
-/* Async: push a sparse gradient of one variable of shape (..., dim) viewed
- * as (rows, dim): nrows row indices and nrows x dim values. Only those rows
- * and their optimizer slots change; duplicate indices are summed first
- * (TensorFlow's sparse applies, lazy for Adam). An index out of range or a
- * NaN/Inf value is refused and nothing changes. flags as for
- * qr_worker_push (QR_PUSH_DELTA adds the rows as they are). */
+/* ---- sparse rows and embedding tables (docs/EMBEDDINGS.md) ----
+ *
+ * An embedding table maps an id (any int64) to a row of dim floats and
+ * has no fixed size: a row is made on the ps the first time its id is
+ * pulled, from the initializer spec (as for qr_worker_declare) seeded by
+ * seed and the id alone, so a row starts the same wherever and whenever it
+ * is made. Its ids are spread over every ps task by a hash of the id; the
+ * optimizer (the ps's, or the table's own options) keeps its slots per row.
+ * Declare tables with the dense variables, before qr_worker_initialize.
+ * A table has qr_worker_var_size 0 and no local copy. */
+QR_API int qr_worker_declare_table(qr_worker *w, const char *name, int64_t dim,
+                                   const char *init, uint64_t seed, const char *options,
+                                   int *var_id);
+
+/* The rows of n ids of a table into out (n x dim floats, row i for
+ * ids[i]; ids may repeat). Each distinct id is asked for once, from the
+ * ps that holds it, all ps at once. With QR_ROWS_READ_ONLY an id not in
+ * the table reads as its initial value and is not added (evaluation). */
+#define QR_ROWS_READ_ONLY 1u
+QR_API int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
+                               float *out, unsigned flags);
+
+/* Add sparse gradient rows to the next qr_worker_push: n ids (of a table)
+ * or row indices (of a dense variable of shape (..., dim), viewed as
+ * (rows, dim)) and n x dim values. They are copied at once, duplicates
+ * summed; the next push sends them, split by ps, with its dense
+ * gradients: in sync mode, one step of dense and sparse gradients alike.
+ * Only the rows named, and their optimizer slots, change (TensorFlow's
+ * sparse applies: lazy for Adam; AdamAsync as its apply_sparse_rmsprop
+ * option says). A sync step reduces a variable's rows as option
+ * sparse-reduction says (docs/SYNC.md). An index out of range or a NaN/Inf
+ * value is refused here. */
+QR_API int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
+                              const float *rows);
+
+/* qr_worker_add_rows then qr_worker_push of no dense gradient: one
+ * variable's sparse gradient. flags as for qr_worker_push (QR_PUSH_DELTA
+ * adds the rows as they are). */
 QR_API int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows,
-                                 const int64_t *indices, const float *rows,
-                                 unsigned flags, int64_t *global_step);
+                                 const int64_t *indices, const float *rows, unsigned flags,
+                                 int64_t *global_step);
 
 /* Read the global step held by ps 0. */
 QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);

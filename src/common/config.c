@@ -74,6 +74,10 @@ static const key_spec keys[] = {
      "sync: gradients that make a step (R); 0 = the number of workers"},
     {"reduction", SYNC, KEY_ENUM, "mean", 0, 0, 0, "mean|sum",
      "sync: how a step's gradients are combined"},
+    {"sparse-reduction", SYNC, KEY_ENUM, "mean", 0, 0, 0, "mean|per_row",
+     "sync, sparse rows with reduction=mean: mean divides each summed row by the gradients "
+     "of the step (a replica that did not touch a row counts as zero); per_row divides it "
+     "by the gradients that hold the row (TensorFlow's SparseConditionalAccumulator)"},
     {"init-tokens", SYNC, KEY_INT, "-1", -1, 1 << 20, 0, NULL,
      "sync: tokens released before step 0; -1 = max(0, R - N), R reproduces TensorFlow"},
     {"sync-timeout-ms", SYNC, KEY_INT, "600000", 100, 86400000, 0, NULL,

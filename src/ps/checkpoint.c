@@ -37,6 +37,7 @@
 #include "ps/ps_internal.h"
 
 #include "ckpt/ckpt.h"
+#include "cluster/placement.h"
 
 #include <cjson/cJSON.h>
 #include <stdatomic.h>
@@ -54,6 +55,10 @@ typedef struct ckpt_entry {
     qr_optim_slots *slots;  /* the slots as they were; owned once the
                              * variable applies to a clone */
     bool owns_slots;
+    /* A table's rows, copied when the snapshot was taken: its ids, then
+     * per row its value and slots as the arena holds them. */
+    int64_t *table_ids;
+    float *table_rows[1 + QR_TABLE_MAX_SLOTS];
     int first, ntensors;    /* its tensors in the job's list */
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
@@ -99,6 +104,10 @@ static void entry_release(ckpt_entry *e) {
     qr_tensor_unref(e->value);
     qr_tensor_unref(e->average);
     if (e->owns_slots) qr_optim_slots_free(e->slots);
+    free(e->table_ids);
+    for (int i = 0; i <= QR_TABLE_MAX_SLOTS; i++) free(e->table_rows[i]);
+    memset(e->table_rows, 0, sizeof e->table_rows);
+    e->table_ids = NULL;
     e->value = e->average = NULL;
     e->slots = NULL;
 }
@@ -153,14 +162,57 @@ static void add_tensor(ckpt_job *j, const char *name, qr_dtype dt, int ndim, con
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
 }
 
+/* A table's rows, copied now: unlike a dense tensor they are updated in
+ * place, so the snapshot cannot hold a reference. The tensors: NAME
+ * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. */
+static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec) {
+    const qr_table *t = v->table;
+    uint64_t n = t->count;
+    int64_t dim = t->dim;
+    e->table_ids = malloc(QR_MAX(n, 1) * sizeof *e->table_ids);
+    for (int s = 0; s <= t->nslots; s++)
+        e->table_rows[s] = malloc(QR_MAX(n, 1) * (uint64_t)dim * sizeof(float));
+    for (int s = 0; s <= t->nslots; s++)
+        if (!e->table_rows[s]) e->table_ids = (free(e->table_ids), NULL);
+    if (!e->table_ids) return qr__fail(QR_ENOMEM, "out of memory copying table '%s' (%llu rows) "
+                                       "for a checkpoint", v->name, (unsigned long long)n);
+    if (n) memcpy(e->table_ids, t->keys, n * sizeof *e->table_ids);
+    for (uint64_t r = 0; r < n; r++) {
+        const float *row = qr_table_row(t, r);
+        for (int s = 0; s <= t->nslots; s++)
+            memcpy(e->table_rows[s] + r * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
+    }
+    int64_t shape[2] = {(int64_t)n, dim};
+    add_tensor(j, v->name, QR_DT_F32, 2, shape, e->table_rows[0]);
+    const char *ids = job_name(j, "%s/%s", v->name, "ids");
+    if (!ids) return QR_ENOMEM;
+    add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
+    cJSON *tab = cJSON_AddObjectToObject(rec, "table");
+    cJSON_AddNumberToObject(tab, "dim", (double)dim);
+    cJSON_AddStringToObject(tab, "init", t->init_text);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
+    cJSON_AddStringToObject(tab, "seed", seed);
+    cJSON_AddNumberToObject(tab, "rows", (double)n);
+    return QR_OK;
+}
+
 /* One variable's tensors (value, slots, average) and its metadata record. */
 static int snapshot_var(ckpt_job *j, qr_ps *ps, qr_var *v, cJSON *vars) {
     ckpt_entry *e = &j->entries[j->nentries++];
     e->var = v;
     e->first = j->ntensors;
-    e->value = qr_tensor_ref(v->value);
-    add_tensor(j, v->name, QR_DT_F32, v->ndim, v->shape, v->value->data);
     cJSON *rec = cJSON_CreateObject();
+    if (v->table) {
+        int rc = snapshot_table(j, e, v, rec);
+        if (rc) {
+            cJSON_Delete(rec);
+            return rc;
+        }
+    } else {
+        e->value = qr_tensor_ref(v->value);
+        add_tensor(j, v->name, QR_DT_F32, v->ndim, v->shape, v->value->data);
+    }
     cJSON_AddItemToArray(vars, rec);
     cJSON_AddStringToObject(rec, "name", v->name);
     cJSON_AddNumberToObject(rec, "id", v->id);
@@ -184,7 +236,10 @@ static int snapshot_var(ckpt_job *j, qr_ps *ps, qr_var *v, cJSON *vars) {
         if (s) name = job_name(j, "%s%s", name, suffix);
         if (!name) return QR_ENOMEM;
         /* Per-element slots have the variable's shape; scalar ones none. */
-        if (n == v->n) add_tensor(j, name, QR_DT_F32, v->ndim, v->shape, data);
+        if (v->table && s < v->table->nslots) {
+            int64_t shape[2] = {(int64_t)v->table->count, v->table->dim};
+            add_tensor(j, name, QR_DT_F32, 2, shape, e->table_rows[1 + s]);
+        } else if (n == v->n) add_tensor(j, name, QR_DT_F32, v->ndim, v->shape, data);
         else add_tensor(j, name, QR_DT_F32, 0, NULL, data);
         cJSON_AddStringToObject(slots, name, slot);
     }
@@ -211,7 +266,8 @@ static int snapshot(qr_ps *ps, uint64_t id, int64_t step, ckpt_job **out) {
     ckpt_job *j = qr__calloc(1, sizeof *j);
     if (!j) return QR_ENOMEM;
     uint32_t nvars = ps->store.count;
-    int max_tensors = (int)nvars * (2 + 4) + 4; /* value, average, slots; counters */
+    /* value, ids or average, slots; counters */
+    int max_tensors = (int)nvars * (2 + QR_TABLE_MAX_SLOTS + 2) + 4;
     j->ps = ps;
     j->id = id;
     j->step = step;
@@ -698,6 +754,97 @@ static int restore_slots(qr_ps *ps, const qr_st_file *f, qr_var *v, const cJSON 
     return QR_OK;
 }
 
+/* A table's record: its rows, ids and per-row slots, read whole and put
+ * back row by row; the per-variable scalar slots as for a dense one. */
+static int restore_table(qr_ps *ps, const qr_st_file *f, const cJSON *rec, const cJSON *tab,
+                         const qr_st_tensor *t) {
+    const char *name = cJSON_GetObjectItemCaseSensitive(rec, "name")->valuestring;
+    const cJSON *dim = cJSON_GetObjectItemCaseSensitive(tab, "dim");
+    const cJSON *init = cJSON_GetObjectItemCaseSensitive(tab, "init");
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(tab, "seed");
+    const cJSON *slots = cJSON_GetObjectItemCaseSensitive(rec, "slots");
+    char ids_name[QR_PROTO_MAX_NAME + 8];
+    snprintf(ids_name, sizeof ids_name, "%s/ids", name);
+    const qr_st_tensor *ids = qr_st_find(f, ids_name);
+    if (!cJSON_IsNumber(dim) || dim->valuedouble < 1 || dim->valuedouble > QR_TABLE_MAX_DIM ||
+        !cJSON_IsString(init) || !cJSON_IsString(seed) || t->ndim != 2 ||
+        t->shape[1] != (int64_t)dim->valuedouble || !ids || ids->dtype != QR_DT_I64 ||
+        ids->ndim != 1 || ids->shape[0] != t->shape[0])
+        return qr__fail(QR_EIO, "'%s': table '%s' is malformed (its record, its rows [n, dim] "
+                        "or its ids [n])", f->path, name);
+    char *end;
+    uint64_t useed = strtoull(seed->valuestring, &end, 10);
+    if (!seed->valuestring[0] || *end)
+        return qr__fail(QR_EIO, "'%s': table '%s': bad seed '%s'", f->path, name,
+                        seed->valuestring);
+    qr_msg_create_var m = {
+        .id = (uint32_t)cJSON_GetObjectItemCaseSensitive(rec, "id")->valuedouble,
+        .ndim = 1, .shape = {(int64_t)dim->valuedouble},
+        .lr = (float)cJSON_GetObjectItemCaseSensitive(rec, "lr")->valuedouble,
+        .kind = QR_VAR_TABLE, .init = init->valuestring,
+        .init_len = (uint32_t)strlen(init->valuestring), .seed = useed};
+    qr_var *v = qr__calloc(1, sizeof *v);
+    if (!v) return QR_ENOMEM;
+    v->id = m.id;
+    v->name = qr__strdup(name);
+    v->options = qr__strdup(cJSON_GetObjectItemCaseSensitive(rec, "options")->valuestring);
+    v->ndim = 1;
+    v->shape[0] = m.shape[0];
+    v->lr = m.lr;
+    v->version = (uint64_t)cJSON_GetObjectItemCaseSensitive(rec, "version")->valuedouble;
+    int rc = v->name && v->options ? QR_OK : QR_ENOMEM;
+    if (!rc && v->options[0]) rc = qr_optim_create_for_var(&v->optim, ps->cfg, v->options);
+    if (!rc) rc = qr_optim_slots_create(qr__var_optim(ps, v), 0, m.shape[0], &v->slots);
+    if (!rc) rc = qr__create_table(ps, v, &m);
+    if (!rc) rc = restore_slots(ps, f, v, slots);
+    uint64_t n = (uint64_t)t->shape[0];
+    int64_t d = m.shape[0];
+    int nslots = v->table ? v->table->nslots : 0;
+    int64_t *idv = NULL;
+    float *rows[1 + QR_TABLE_MAX_SLOTS] = {0};
+    if (!rc) {
+        idv = malloc(QR_MAX(n, 1) * 8);
+        rc = idv ? qr_st_read(f, ids, idv) : QR_ENOMEM;
+    }
+    for (int s = 0; s <= nslots && !rc; s++) {
+        rows[s] = malloc(QR_MAX(n, 1) * (uint64_t)d * 4);
+        if (!rows[s]) rc = QR_ENOMEM;
+        else if (s == 0) rc = qr_st_read(f, t, rows[0]);
+    }
+    /* Per-row slot tensors are named in the record's slots, in order. */
+    const cJSON *e = slots ? slots->child : NULL;
+    for (int s = 1; s <= nslots && !rc; s++, e = e ? e->next : NULL) {
+        const qr_st_tensor *st = e ? qr_st_find(f, e->string) : NULL;
+        if (!st || st->dtype != QR_DT_F32 || st->end - st->begin != n * (uint64_t)d * 4)
+            rc = qr__fail(QR_EIO, "'%s': table '%s': slot %d is missing or has the wrong size",
+                          f->path, name, s - 1);
+        else rc = qr_st_read(f, st, rows[s]);
+    }
+    for (uint64_t r = 0; r < n && !rc; r++) {
+        bool added;
+        int64_t at = qr_table_get_or_add(v->table, idv[r], &added);
+        if (at < 0) rc = QR_ENOMEM;
+        else if (!added) rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld appears twice",
+                                       f->path, name, (long long)idv[r]);
+        else if (qr_place_row(idv[r], ps->cluster->nps) != ps->index)
+            rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld does not belong on ps %d", f->path,
+                          name, (long long)idv[r], ps->index);
+        float *row = rc ? NULL : qr_table_row(v->table, (uint64_t)at);
+        for (int s = 0; s <= nslots && !rc; s++)
+            memcpy(row + s * d, rows[s] + r * (uint64_t)d, (size_t)d * 4);
+    }
+    free(idv);
+    for (int s = 0; s <= nslots; s++) free(rows[s]);
+    if (!rc && (qr_store_get(&ps->store, v->id) || qr_store_find_name(&ps->store, v->name)))
+        rc = qr__fail(QR_EIO, "'%s': variable '%s' (id %u) appears twice", f->path, v->name, v->id);
+    if (!rc) rc = qr_store_add(&ps->store, v);
+    if (rc) {
+        qr__error_prefix("restoring table '%s': ", name);
+        qr_var_free(v);
+    }
+    return rc;
+}
+
 static int restore_var(qr_ps *ps, const qr_st_file *f, const cJSON *rec) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(rec, "name");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(rec, "id");
@@ -714,6 +861,8 @@ static int restore_var(qr_ps *ps, const qr_st_file *f, const cJSON *rec) {
     const qr_st_tensor *t = qr_st_find(f, name->valuestring);
     if (!t || t->dtype != QR_DT_F32 || t->ndim < 1)
         return qr__fail(QR_EIO, "'%s': variable '%s' has no F32 tensor", f->path, name->valuestring);
+    const cJSON *table = cJSON_GetObjectItemCaseSensitive(rec, "table");
+    if (table) return restore_table(ps, f, rec, table, t);
     qr_var *v = qr__calloc(1, sizeof *v);
     if (!v) return QR_ENOMEM;
     v->id = (uint32_t)id->valuedouble;

@@ -12,6 +12,8 @@
  */
 #include "ps/ps_internal.h"
 
+#include "common/init.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +47,9 @@ static int check_record(const qr_rbuf *r, qr_msg_create_bad bad, const qr_msg_cr
     if (bad == QR_MSG_CREATE_BAD_OPTIONS_LEN)
         return qr__fail(QR_EINVAL, "CREATE: variable id %u: options of %u bytes (%d allowed)",
                         m->id, m->options_len, QR_MSG_MAX_OPTIONS);
+    if (bad == QR_MSG_CREATE_BAD_INIT_LEN)
+        return qr__fail(QR_EINVAL, "CREATE: variable id %u: initializer of %u bytes (%d "
+                        "allowed)", m->id, m->init_len, QR_MSG_MAX_INIT);
     if (r->bad) return qr__fail(QR_EPROTO, "CREATE meta is truncated at item %u", i);
     memcpy(name, m->name, m->name_len);
     name[m->name_len] = 0;
@@ -54,7 +59,49 @@ static int check_record(const qr_rbuf *r, qr_msg_create_bad bad, const qr_msg_cr
         m->id >= QR_MAX_VAR_ID)
         return qr__fail(QR_EINVAL, "CREATE: variable id %u: invalid name, id or learning rate",
                         m->id);
+    if (m->kind != QR_VAR_DENSE && m->kind != QR_VAR_TABLE)
+        return qr__fail(QR_EINVAL, "CREATE: variable '%s': kind %u (0 dense, 1 table)", name,
+                        m->kind);
+    if (m->kind == QR_VAR_TABLE) {
+        if (m->ndim != 1 || m->shape[0] > QR_TABLE_MAX_DIM)
+            return qr__fail(QR_EINVAL, "CREATE: table '%s' must have shape [dim] with dim "
+                            "at most %d", name, QR_TABLE_MAX_DIM);
+        char init[QR_MSG_MAX_INIT + 1];
+        memcpy(init, m->init, m->init_len);
+        init[m->init_len] = 0;
+        int rc = qr_init_validate(init);
+        if (rc) return qr__fail(rc, "CREATE: table '%s': %s", name, qr_last_error());
+        *n = 0;
+    }
     return QR_OK;
+}
+
+/* A table as the record describes it: the initializer and seed, the
+ * optimizer's per-row slots. */
+int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m) {
+    char init[QR_MSG_MAX_INIT + 1];
+    memcpy(init, m->init, m->init_len);
+    init[m->init_len] = 0;
+    const qr_optim *opt = qr__var_optim(ps, v);
+    int nslots = qr_optim_row_slots(opt);
+    float slot_init[QR_TABLE_MAX_SLOTS];
+    for (int j = 0; j < nslots && j < QR_TABLE_MAX_SLOTS; j++)
+        qr_optim_row_slot_info(opt, j, NULL, &slot_init[j]);
+    v->table = qr__calloc(1, sizeof *v->table);
+    if (!v->table) return QR_ENOMEM;
+    return qr_table_init(v->table, m->shape[0], nslots, slot_init, init, m->seed);
+}
+
+/* Does an existing variable's kind (and a table's initializer) match? */
+static bool same_kind(const qr_var *o, const qr_msg_create_var *m) {
+    if ((m->kind == QR_VAR_TABLE) != (o->table != NULL)) return false;
+    if (!o->table) return true;
+    char init[QR_MSG_MAX_INIT + 1];
+    memcpy(init, m->init, m->init_len);
+    init[m->init_len] = 0;
+    qr_init_spec s;
+    return !qr_init_parse(init, &s) && s.kind == o->table->init.kind && s.a == o->table->init.a &&
+           s.b == o->table->init.b && m->seed == o->table->seed;
 }
 
 /* A variable that exists already by id or name must be this one exactly
@@ -66,7 +113,7 @@ static int check_existing(qr_ps *ps, qr_var *o, const qr_msg_create_var *m, cons
     qr_shape_str(o->ndim, o->shape, have, sizeof have);
     if (o != qr_store_get(&ps->store, m->id) || o != qr_store_find_name(&ps->store, name) ||
         o->ndim != (int)m->ndim || memcmp(o->shape, shape, sizeof o->shape) ||
-        strcmp(o->options, opts))
+        strcmp(o->options, opts) || !same_kind(o, m))
         return qr__fail(QR_EEXIST, "CREATE: variable '%s' %s (id %u, options '%s') "
                         "conflicts with existing variable '%s' %s (id %u, options '%s'): "
                         "do all workers declare the same variables in the same order?",
@@ -93,18 +140,22 @@ static int new_var(ps_peer *p, const qr_msg_create_var *m, const char *name, con
     memcpy(v->shape, shape, sizeof v->shape);
     v->n = n;
     v->lr = m->lr;
-    v->value = qr_tensor_new(n);
+    bool table = m->kind == QR_VAR_TABLE;
+    v->value = table ? NULL : qr_tensor_new(n);
     v->options = qr__strdup(opts);
-    if (!v->name || !v->value || !v->options) return QR_ENOMEM;
+    if (!v->name || (!table && !v->value) || !v->options) return QR_ENOMEM;
     int rc = opts[0] ? qr_optim_create_for_var(&v->optim, ps->cfg, opts) : QR_OK;
     if (rc) {
         qr__error_prefix("CREATE: variable '%s': ", name);
         return rc;
     }
     int64_t dim = shape[m->ndim - 1];
-    rc = qr_optim_slots_create(qr__var_optim(ps, v), n / dim, dim, &v->slots);
+    /* A table's slots hold only the per-variable scalars (AdamAsync's
+     * powers); its rows' slots live beside the rows. */
+    rc = qr_optim_slots_create(qr__var_optim(ps, v), table ? 0 : n / dim, dim, &v->slots);
+    if (!rc && table) rc = qr__create_table(ps, v, m);
     if (rc) return rc;
-    if (ps->average_decay > 0 &&
+    if (!table && ps->average_decay > 0 &&
         (!ps->average_vars[0] || qr__list_has(ps->average_vars, ',', name))) {
         v->average = qr_tensor_new(n); /* filled with the initial values on arrival */
         if (!v->average) return QR_ENOMEM;
@@ -150,7 +201,7 @@ static int plan_record(ps_peer *p, const qr_frame *f, qr_rbuf *r, uint32_t i, cr
         if (plan->check_only) return QR_OK;
         plan->described += bytes;
         plan->largest_existing = QR_MAX(plan->largest_existing, bytes);
-        plan->iov[plan->niov++] = (qr_iov){NULL, (size_t)bytes};
+        if (bytes) plan->iov[plan->niov++] = (qr_iov){NULL, (size_t)bytes};
         return QR_OK;
     }
     if (plan->check_only)
@@ -159,7 +210,7 @@ static int plan_record(ps_peer *p, const qr_frame *f, qr_rbuf *r, uint32_t i, cr
     qr_var *v = NULL;
     if ((rc = new_var(p, &m, name, opts, shape, n, &v))) return rc;
     plan->described += bytes;
-    plan->iov[plan->niov++] = (qr_iov){v->value->data, (size_t)bytes};
+    if (bytes) plan->iov[plan->niov++] = (qr_iov){v->value->data, (size_t)bytes};
     return QR_OK;
 }
 
@@ -196,7 +247,7 @@ void qr__create_message(ps_peer *p, const qr_frame *f) {
     char msg[400];
     for (int i = 0; i < p->ncreated; i++) {
         qr_var *v = p->created[i];
-        if (!qr_optim_all_finite(v->value->data, v->n)) {
+        if (!v->table && !qr_optim_all_finite(v->value->data, v->n)) {
             snprintf(msg, sizeof msg, "%s: CREATE: initial value of '%s' contains NaN or Inf",
                      ps->name, v->name);
             qr__create_drop(p);
@@ -216,8 +267,12 @@ void qr__create_message(ps_peer *p, const qr_frame *f) {
             qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
             return;
         }
-        qr__log(QR_LOG_DEBUG, "created variable '%s' (id %u, %lld floats)", v->name, v->id,
-                (long long)v->n);
+        if (v->table)
+            qr__log(QR_LOG_DEBUG, "created table '%s' (id %u, dim %lld)", v->name, v->id,
+                    (long long)v->table->dim);
+        else
+            qr__log(QR_LOG_DEBUG, "created variable '%s' (id %u, %lld floats)", v->name, v->id,
+                    (long long)v->n);
     }
     free(p->created);
     p->created = NULL;

@@ -8,6 +8,7 @@
  *             connection and the run
  *   push.c    async pushes: checked, acknowledged, applied, counted
  *   pull.c    pulls: replies that lend the variables' tensors
+ *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   create.c  CREATE: the chief's variables and the others' checks
  *   sync.c    synchronous replicas on every ps: pushes held per step, and
  *             the reduce-and-apply of a step once its quorum is decided
@@ -33,6 +34,8 @@
  *   metrics.c     Prometheus metrics: counters, and the page written on
  *                 the loop for the HTTP server's thread
  *   store.c   the variables and their tensors
+ *   table.c   an embedding table's shard: rows in an arena, a hash index
+ *   rows.c    sparse rows summed by id and applied (async pushes, sync steps)
  * Everything runs on the ps loop thread.
  */
 #ifndef QR_PS_INTERNAL_H
@@ -41,6 +44,7 @@
 #include "cluster/cluster.h"
 #include "common/config.h"
 #include "common/metrics.h"
+#include "ps/rows.h"
 #include "ps/store.h"
 #include "wire/conn.h"
 #include "wire/msg.h"
@@ -204,11 +208,12 @@ typedef struct token_waiter {
 
 typedef struct coord_link coord_link;
 
-/* One gradient of a sync step's reduce: member `member` pushed g for v. */
+/* One gradient of a sync step's reduce: member `member` pushed `it` for v
+ * (dense, or sparse rows: it->nrows >= 0). */
 typedef struct sync_source {
     qr_var *var;
     int member;
-    const float *g;
+    const push_item *it;
 } sync_source;
 
 /* Synchronous replicas: the configuration (every ps) and the coordinator
@@ -217,6 +222,7 @@ typedef struct ps_sync {
     bool on;
     int R, N;            /* replicas_to_aggregate, total_num_replicas */
     bool mean;           /* reduction: mean (else sum) */
+    bool sparse_per_row; /* sparse-reduction=per_row: a row's mean over the members that hold it */
     int init_tokens;
     int64_t timeout_ms;  /* a step that makes no progress this long aborts */
     int64_t report_ms;   /* stall report interval */
@@ -338,6 +344,8 @@ typedef struct ps_liveness {
  * loop writes for the server's thread. */
 typedef struct ps_metrics {
     uint64_t pushes, push_bytes, pulls, pull_bytes;
+    /* embedding tables: rows made, rows looked up, rows pushed */
+    uint64_t rows_added, rows_looked_up, rows_pushed;
     qr_prom_hist push_latency, pull_latency;
     uint64_t *worker_seen_ns;  /* ps 0: each worker's last push here */
     int64_t *worker_step;      /* ps 0: the global step then */
@@ -485,6 +493,9 @@ void qr__peer_release_recv(ps_peer *p);
 
 /* push.c: async pushes (a sync one is handed to sync.c). */
 int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* A sparse item's ids are rows of its dense variable, or ids of its table
+ * placed on this ps; otherwise msg says which is not (QR_EINVAL). */
+int qr__push_check_rows(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz);
 void qr__push_message(ps_peer *p, const qr_frame *f);
 /* Staleness statistics of async pushes, as JSON fields of obj. */
 struct cJSON;
@@ -494,9 +505,22 @@ void qr__push_stats_json(const qr_ps *ps, struct cJSON *obj);
 int qr__pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__pull_message(ps_peer *p, const qr_frame *f);
 
+/* rows.c: apply summed sparse rows (rows.h) to v, a table or the rows of
+ * a dense variable: its optimizer at step t (Adam's t; the learning rate
+ * of t - 1 steps applied), or added as they are (delta). A table gets the
+ * rows it lacks, initialized, first. */
+int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t);
+
+/* lookup.c: LOOKUP, the rows of an embedding table. */
+#define QR_LOOKUP_MAX_IDS (1 << 24)
+int qr__lookup_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__lookup_message(ps_peer *p, const qr_frame *f);
+
 /* create.c */
 int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__create_message(ps_peer *p, const qr_frame *f);
+/* Make v (named, its optimizer and slots made) the table m describes. */
+int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m);
 /* Free the variables a CREATE made and has not stored yet. */
 void qr__create_drop(ps_peer *p);
 

@@ -21,6 +21,8 @@
  */
 #include "ps/ps_internal.h"
 
+#include "cluster/placement.h"
+
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,12 +81,9 @@ static int expect_payload(ps_peer *p, const qr_frame *f) {
 /* One item's record against its variable: a dense gradient of the
  * variable's size, or whole sparse rows (async only). *nrows: the rows of
  * a sparse item, -1 for a dense one. */
-static int check_item(const qr_msg_var *rec, const qr_var *v, bool sync, int64_t *nrows) {
+static int check_item(const qr_msg_var *rec, const qr_var *v, int64_t *nrows) {
     *nrows = -1;
     if (rec->kind == QR_GRAD_SPARSE) {
-        if (sync)
-            return qr__fail(QR_EINVAL, "PUSH: variable '%s': sparse gradients are for async "
-                            "training", v->name);
         uint64_t row_bytes = 8 + 4 * (uint64_t)v->shape[v->ndim - 1];
         if (rec->nbytes % row_bytes)
             return qr__fail(QR_ESHAPE, "PUSH: sparse gradient of '%s': %llu bytes is not a "
@@ -96,6 +95,9 @@ static int check_item(const qr_msg_var *rec, const qr_var *v, bool sync, int64_t
     if (rec->kind != QR_GRAD_DENSE)
         return qr__fail(QR_EINVAL, "PUSH: variable '%s': gradient kind %u is not supported "
                         "(0 dense, 1 sparse rows)", v->name, rec->kind);
+    if (v->table)
+        return qr__fail(QR_EINVAL, "PUSH: '%s' is an embedding table: push its gradient as "
+                        "sparse rows (ids and rows)", v->name);
     if (rec->nbytes != (uint64_t)v->n * sizeof(float)) {
         char shape[128];
         qr_shape_str(v->ndim, v->shape, shape, sizeof shape);
@@ -136,7 +138,7 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr_var *v = NULL;
         int64_t nrows;
         if ((rc = qr__peer_lookup(p, "PUSH", rec.id, &v))) return rc;
-        if ((rc = check_item(&rec, v, sync, &nrows))) return rc;
+        if ((rc = check_item(&rec, v, &nrows))) return rc;
         p->items[i] = (push_item){.var = v, .offset = offset, .version = rec.version,
                                   .nrows = nrows};
         offset += rec.nbytes;
@@ -150,8 +152,23 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 
 /* ---- check ------------------------------------------------------------- */
 
-/* A sparse item's row indices, all in range. */
-static int check_rows(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz) {
+/* A sparse item's row indices: in range of a dense variable, or ids of a
+ * table placed on this ps. Also run on sync pushes (sync.c). */
+int qr__push_check_rows(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz) {
+    if (it->var->table) {
+        for (int64_t k = 0; k < it->nrows; k++) {
+            int64_t id;
+            memcpy(&id, it->data + 8 * k, 8);
+            int home = qr_place_row(id, ps->cluster->nps);
+            if (home != ps->index) {
+                snprintf(msg, msgsz, "%s: PUSH: rows of table '%s': id %lld is placed on ps "
+                         "%d, not here; nothing was applied", ps->name, it->var->name,
+                         (long long)id, home);
+                return QR_EINVAL;
+            }
+        }
+        return QR_OK;
+    }
     int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
     for (int64_t k = 0; k < it->nrows; k++) {
         int64_t row;
@@ -175,7 +192,7 @@ static int check_items(ps_peer *p, const qr_frame *f) {
     char msg[400];
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
-        int rc = it->nrows >= 0 ? check_rows(ps, it, msg, sizeof msg) : QR_OK;
+        int rc = it->nrows >= 0 ? qr__push_check_rows(ps, it, msg, sizeof msg) : QR_OK;
         if (rc) {
             qr__peer_reply_error(p, f, rc, msg);
             return rc;
@@ -214,7 +231,8 @@ static int prepare_tensors(ps_peer *p, const qr_frame *f, push_apply *a) {
      * worker is known to have read them: ask every connection now, so a
      * reply read since does not cost a copy. */
     bool shared = false;
-    for (int i = 0; i < p->nitems; i++) shared |= !p->items[i].skip && p->items[i].var->value->refs > 1;
+    for (int i = 0; i < p->nitems; i++)
+        shared |= !p->items[i].skip && !p->items[i].var->table && p->items[i].var->value->refs > 1;
     if (shared)
         for (ps_peer *q = ps->peers; q; q = q->next) qr_conn_reclaim(q->conn);
     size_t save_floats = 0;
@@ -223,6 +241,7 @@ static int prepare_tensors(ps_peer *p, const qr_frame *f, push_apply *a) {
         if (it->skip) continue;
         qr_var *v = it->var;
         if (qr__ckpt_before_apply(ps, v)) goto oom;
+        if (v->table) continue; /* rows change in place; a checkpoint copied them */
         if (it->fused) {
             if (qr__fused_prepare(it)) goto oom;
             continue;
@@ -265,25 +284,17 @@ static int staleness_bucket(uint64_t s) {
     return b;
 }
 
-/* Sparse rows: the optimizer's sparse apply, or the rows added (delta). */
+/* Sparse rows: of a table, or of a dense variable. Duplicate ids are
+ * summed first (in the order they came), then the optimizer's sparse
+ * apply, or the rows are added (delta). */
 static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     qr_var *v = it->var;
-    int64_t dim = v->shape[v->ndim - 1];
-    /* The indices sit wherever the payload put them: copy them to an
-     * aligned array for the optimizer. */
-    int64_t *idx = malloc((size_t)QR_MAX(it->nrows, 1) * 8);
-    if (!idx) return qr__fail(QR_ENOMEM, "out of memory applying a sparse gradient");
-    if (it->nrows) memcpy(idx, it->data, (size_t)it->nrows * 8);
-    const float *rows = (const float *)(it->data + 8 * it->nrows);
-    int rc;
-    if (delta) {
-        rc = qr_optim_add_delta_rows(v->value->data, v->n / dim, dim, idx, rows, it->nrows);
-    } else {
-        const qr_optim *opt = qr__var_optim(ps, v);
-        rc = qr_optim_apply_sparse(opt, v->slots, v->value->data, v->n / dim, dim, idx, rows,
-                                   it->nrows, qr__ps_lr(ps, v, opt, t - 1), t);
-    }
-    free(idx);
+    row_sum sum;
+    int rc = row_sum_init(&sum, v->shape[v->ndim - 1], (uint64_t)it->nrows);
+    if (!rc) rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows),
+                              it->nrows);
+    if (!rc) rc = qr__rows_apply(ps, v, &sum, delta, t);
+    row_sum_free(&sum);
     return rc;
 }
 
@@ -349,7 +360,8 @@ static int count_step(ps_peer *p) {
     qr_ps *ps = p->ps;
     ps->applied_steps++;
     for (int i = 0; i < p->nitems && ps->average_decay > 0; i++)
-        if (qr_var_update_average(p->items[i].var, ps->average_decay, ps->applied_steps))
+        if (!p->items[i].var->table &&
+            qr_var_update_average(p->items[i].var, ps->average_decay, ps->applied_steps))
             return qr__fail(QR_ENOMEM, "out of memory updating an average");
     if (ps->index == 0) {
         ps->global_step++;

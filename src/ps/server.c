@@ -54,6 +54,7 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_STOP: return qr__peer_check_small(f, 0);
     case QR_MSG_PUSH: return qr__push_header(p, f, meta);
     case QR_MSG_PULL: return qr__pull_header(p, f, meta);
+    case QR_MSG_LOOKUP: return qr__lookup_header(p, f, meta);
     case QR_MSG_CREATE: return qr__create_header(p, f, meta);
     case QR_MSG_CKPT: return qr__ckpt_header(p, f, meta);
     case QR_MSG_BEAT: return qr__liveness_beat_header(p, f);
@@ -108,6 +109,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
             else qr__push_message(p, f);
             break;
         case QR_MSG_PULL: qr__pull_message(p, f); break;
+        case QR_MSG_LOOKUP: qr__lookup_message(p, f); break;
         case QR_MSG_CREATE: qr__create_message(p, f); break;
         case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
         case QR_MSG_BEAT: qr__liveness_beat(p, meta, f->meta_len); break; /* no reply */

@@ -44,6 +44,8 @@ void qr_var_free(qr_var *v) {
     for (int i = 0; i < v->nretired; i++) qr_tensor_unref(v->retired[i]);
     qr_tensor_unref(v->average);
     qr_optim_slots_free(v->slots);
+    if (v->table) qr_table_free(v->table);
+    free(v->table);
     qr_optim_free(v->optim);
     free(v->options);
     free(v->name);

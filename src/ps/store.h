@@ -23,6 +23,7 @@
 #include "common/common.h"
 #include "common/limits.h"
 #include "optim/optim.h"
+#include "ps/table.h"
 
 typedef struct qr_tensor {
     int refs;
@@ -46,7 +47,10 @@ typedef struct qr_var {
     int64_t shape[QR_PROTO_MAX_NDIM];
     int64_t n;          /* elements */
     float lr;           /* < 0: the optimizer's learning rate */
-    qr_tensor *value;
+    qr_tensor *value;   /* NULL for an embedding table */
+    /* An embedding table's shard (the rows of its ids placed on this ps),
+     * or NULL for a dense variable. A table has ndim 1, shape [dim], n 0. */
+    qr_table *table;
     qr_tensor *spare;   /* the value before the last copy-on-write, or NULL */
     /* Former spares still read by replies when a new one was needed, kept
      * to be reused once free (store.c, take_free_tensor). */

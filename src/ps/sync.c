@@ -27,6 +27,7 @@ int qr__sync_init(qr_ps *ps) {
     int rc = qr_sync_check_config(ps->cfg, s->N, &s->R, &s->init_tokens);
     if (rc) return rc;
     s->mean = !strcmp(qr__config_str(ps->cfg, "reduction"), "mean");
+    s->sparse_per_row = !strcmp(qr__config_str(ps->cfg, "sparse-reduction"), "per_row");
     s->timeout_ms = qr__config_int(ps->cfg, "sync-timeout-ms");
     s->report_ms = qr__config_int(ps->cfg, "stall-report-ms");
     s->restart_wait_ms = qr__config_int(ps->cfg, "restart-wait-ms");
@@ -121,6 +122,11 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     }
     for (int i = 0; i < sp->nitems; i++) {
         push_item *it = &sp->items[i];
+        if (it->nrows >= 0 && qr__push_check_rows(ps, it, msg, sizeof msg)) {
+            qr__sync_push_free(ps, sp);
+            qr__peer_reply_error(p, f, QR_EINVAL, msg);
+            return;
+        }
         if (!it->nonfinite) continue;
         if (!ps->skip_nonfinite) {
             snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
@@ -137,7 +143,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     qr__peer_reply_step(p, f, s->step);
 }
 
-static int add_source(ps_sync *s, qr_var *v, int member, const float *g) {
+static int add_source(ps_sync *s, qr_var *v, int member, const push_item *it) {
     if (s->nsources == s->sources_cap) {
         int cap = QR_MAX(16, 2 * s->sources_cap);
         sync_source *grown = realloc(s->sources, (size_t)cap * sizeof *grown);
@@ -145,7 +151,7 @@ static int add_source(ps_sync *s, qr_var *v, int member, const float *g) {
         s->sources = grown;
         s->sources_cap = cap;
     }
-    s->sources[s->nsources++] = (sync_source){v, member, g};
+    s->sources[s->nsources++] = (sync_source){v, member, it};
     return QR_OK;
 }
 
@@ -156,8 +162,76 @@ static int cmp_source(const void *a, const void *b) {
     return (x->member > y->member) - (x->member < y->member);
 }
 
+/* Sparse rows of one variable (sources src[0..n), in member order) summed
+ * by id and scaled: the mean over the step's gradients (a member that did
+ * not touch a row counts as zero), per row (TensorFlow's
+ * SparseConditionalAccumulator), or the sum; then the sparse apply. */
+static int reduce_rows(qr_ps *ps, qr_var *v, const sync_source *src, int n, float divisor,
+                       int64_t step) {
+    ps_sync *s = &ps->sync;
+    row_sum sum;
+    uint64_t expected = 0;
+    for (int i = 0; i < n; i++) expected += (uint64_t)src[i].it->nrows;
+    int rc = row_sum_init(&sum, v->shape[v->ndim - 1], expected);
+    for (int i = 0; i < n && !rc; i++) {
+        const push_item *it = src[i].it;
+        rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows), it->nrows);
+    }
+    if (!rc) {
+        row_sum_scale(&sum, divisor, s->mean && s->sparse_per_row);
+        rc = qr__ckpt_before_apply(ps, v);
+    }
+    if (!rc && !v->table) rc = qr_var_prepare_write(v);
+    if (!rc) rc = qr__rows_apply(ps, v, &sum, false, step + 1);
+    row_sum_free(&sum);
+    return rc;
+}
+
+/* The gradients of a dense variable (dense ones, and any sparse rows
+ * scattered into a dense sum), reduced in member order into one buffer
+ * and applied by the dense apply. */
+static int reduce_dense(qr_ps *ps, qr_var *v, const sync_source *src, int n, float divisor,
+                        int64_t step, const float **srcs) {
+    bool all_dense = true;
+    for (int i = 0; i < n; i++) all_dense &= src[i].it->nrows < 0;
+    float *sum, *own = NULL;
+    if (all_dense) {
+        for (int i = 0; i < n; i++) srcs[i] = (const float *)src[i].it->data;
+        sum = (float *)srcs[0]; /* owned by the pending push */
+        qr_optim_reduce(sum, srcs, n, v->n, divisor);
+    } else {
+        own = sum = qr__aligned_alloc((size_t)v->n * sizeof(float));
+        if (!own) return qr__fail(QR_ENOMEM, "out of memory reducing '%s'", v->name);
+        int64_t dim = v->shape[v->ndim - 1];
+        for (int i = 0; i < n; i++) {
+            const push_item *it = src[i].it;
+            const float *g = (const float *)(it->data + (it->nrows < 0 ? 0 : 8 * it->nrows));
+            if (it->nrows < 0) {
+                for (int64_t k = 0; k < v->n; k++) sum[k] += g[k];
+                continue;
+            }
+            for (int64_t r = 0; r < it->nrows; r++) {
+                int64_t row;
+                memcpy(&row, it->data + 8 * r, 8);
+                for (int64_t k = 0; k < dim; k++) sum[row * dim + k] += g[r * dim + k];
+            }
+        }
+        for (int64_t k = 0; k < v->n && divisor != 1.0f; k++) sum[k] /= divisor;
+    }
+    int rc = qr__ckpt_before_apply(ps, v);
+    if (!rc) rc = qr_var_prepare_write(v);
+    const qr_optim *opt = qr__var_optim(ps, v);
+    if (!rc)
+        rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
+                                  qr__ps_lr(ps, v, opt, step), step + 1);
+    free(own);
+    return rc;
+}
+
 /* Reduce the step's gradients of each variable (sources[0..n), sorted)
- * in member order into the first one, and apply the optimizer once. */
+ * in member order and apply the optimizer once: sparse rows only (a table,
+ * or a dense variable every member pushed rows of) by the sparse apply,
+ * anything else by the dense one. */
 static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
     ps_sync *s = &ps->sync;
     qsort(s->sources, (size_t)s->nsources, sizeof *s->sources, cmp_source);
@@ -166,18 +240,13 @@ static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
     int rc = QR_OK;
     for (int i = 0, end; i < s->nsources && !rc; i = end) {
         qr_var *v = s->sources[i].var;
-        int n = 0;
+        bool all_rows = true;
         for (end = i; end < s->nsources && s->sources[end].var == v; end++)
-            srcs[n++] = s->sources[end].g;
-        float *sum = (float *)srcs[0]; /* owned by the pending push */
-        qr_optim_reduce(sum, srcs, n, v->n, divisor);
-        rc = qr__ckpt_before_apply(ps, v);
-        if (!rc) rc = qr_var_prepare_write(v);
-        const qr_optim *opt = qr__var_optim(ps, v);
-        if (!rc)
-            rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
-                                      qr__ps_lr(ps, v, opt, step), step + 1);
-        if (!rc && ps->average_decay > 0)
+            all_rows &= s->sources[end].it->nrows >= 0;
+        rc = v->table || all_rows ? reduce_rows(ps, v, s->sources + i, end - i, divisor, step)
+                                  : reduce_dense(ps, v, s->sources + i, end - i, divisor, step,
+                                                 srcs);
+        if (!rc && !v->table && ps->average_decay > 0)
             rc = qr_var_update_average(v, ps->average_decay, step + 1);
         if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
         v->version++;
@@ -204,8 +273,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
         }
         for (int i = 0; i < sp->nitems && !rc; i++) {
             push_item *it = &sp->items[i];
-            if (!it->skip)
-                rc = add_source(s, it->var, m, (const float *)((uint8_t *)sp->data + it->offset));
+            if (!it->skip) rc = add_source(s, it->var, m, it);
         }
     }
     /* A variable a member did not push counts as a zero in the mean: the

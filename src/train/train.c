@@ -23,7 +23,7 @@
 #include "data/data.h"
 #include "model/model.h"
 #include "optim/optim.h"
-#include "worker/init.h"
+#include "common/init.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -125,6 +125,10 @@ void qr_msg_put_create_var(qr_wbuf *b, const qr_msg_create_var *m) {
     qr_wbuf_bytes(b, m->name, m->name_len);
     qr_wbuf_u32(b, m->options_len);
     qr_wbuf_bytes(b, m->options, m->options_len);
+    qr_wbuf_u32(b, m->kind);
+    qr_wbuf_u32(b, m->init_len);
+    qr_wbuf_bytes(b, m->init, m->init_len);
+    qr_wbuf_u64(b, m->seed);
 }
 
 qr_msg_create_bad qr_msg_get_create_var(qr_rbuf *r, qr_msg_create_var *m) {
@@ -143,7 +147,24 @@ qr_msg_create_bad qr_msg_get_create_var(qr_rbuf *r, qr_msg_create_var *m) {
     m->options_len = qr_rbuf_u32(r);
     if (!r->bad && m->options_len > QR_MSG_MAX_OPTIONS) return QR_MSG_CREATE_BAD_OPTIONS_LEN;
     m->options = (const char *)qr_rbuf_bytes(r, m->options_len);
+    m->kind = qr_rbuf_u32(r);
+    m->init_len = qr_rbuf_u32(r);
+    if (!r->bad && m->init_len > QR_MSG_MAX_INIT) return QR_MSG_CREATE_BAD_INIT_LEN;
+    m->init = (const char *)qr_rbuf_bytes(r, m->init_len);
+    m->seed = qr_rbuf_u64(r);
     return QR_MSG_CREATE_OK;
+}
+
+void qr_msg_put_lookup(qr_wbuf *b, const qr_msg_lookup *m) {
+    qr_wbuf_u32(b, m->var_id);
+    qr_wbuf_u32(b, 0);
+    qr_wbuf_u64(b, m->count);
+}
+
+void qr_msg_get_lookup(qr_rbuf *r, qr_msg_lookup *m) {
+    m->var_id = qr_rbuf_u32(r);
+    m->reserved = qr_rbuf_u32(r);
+    m->count = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_commit(qr_wbuf *b, const qr_msg_commit *m) {

@@ -17,8 +17,13 @@
  *   CREATE     req: u32 count, then per variable (qr_msg_create_var):
  *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
  *                   u32 name_len, name bytes, u32 options_len, options
- *                   bytes (the variable's optimizer options, may be empty)
- *              payload: each variable's initial values, in order
+ *                   bytes (the variable's optimizer options, may be empty),
+ *                   u32 kind (0 dense, 1 embedding table), u32 init_len,
+ *                   init bytes, u64 seed (a table's row initializer and
+ *                   seed: its rows are made on the ps; empty and 0 for a
+ *                   dense variable). A table has ndim 1, shape [dim], and
+ *                   goes to every ps, each holding the ids placed on it.
+ *              payload: each dense variable's initial values, in order
  *              flags: QR_CREATE_CHECK_ONLY = do not create, only check
  *                     that the same variables exist (non-chief workers)
  *   READY      req: u32 set (1 = mark the cluster ready, 0 = query),
@@ -34,8 +39,8 @@
  *                   u64 version (of the variable the gradient was computed at)
  *              kind 0, dense: the gradient, the variable's size in floats
  *              kind 1, sparse rows of a (rows, dim) variable, dim its last
- *                   dimension: K i64 row indices, then K x dim floats
- *                   (nbytes = K * (8 + 4 dim)); async only
+ *                   dimension, or of a table: K i64 row indices (ids),
+ *                   then K x dim floats (nbytes = K * (8 + 4 dim))
  *              payload: the gradients, in order
  *              flags: QR_PUSH_STEP (async: advance the global step),
  *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
@@ -46,6 +51,12 @@
  *              flags: QR_PULL_AVERAGES = the moving averages instead
  *              reply: u32 count, then per item a qr_msg_var (kind 0);
  *                     payload: the values
+ *   LOOKUP     req: u32 var_id (a table), u32 0, u64 count; payload: count
+ *                   i64 ids, distinct, each placed on this ps
+ *              flags: QR_LOOKUP_READ_ONLY = an absent id reads as its
+ *                     initial value and is not added (evaluation)
+ *              reply: u64 count; payload: count x dim floats, the rows in
+ *                     the order of the ids
  *   STEP       req: (empty)   reply: i64 global_step
  *   STOP       req: (empty)   reply: (empty)
  *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step,
@@ -177,9 +188,16 @@ typedef struct qr_msg_create_var {
     const char *name;
     uint32_t options_len;
     const char *options;
+    uint32_t kind;      /* QR_VAR_DENSE or QR_VAR_TABLE */
+    uint32_t init_len;
+    const char *init;
+    uint64_t seed;
 } qr_msg_create_var;
-/* Largest options string a CREATE record may carry. */
+#define QR_VAR_DENSE 0u
+#define QR_VAR_TABLE 1u
+/* Largest options and initializer strings a CREATE record may carry. */
 #define QR_MSG_MAX_OPTIONS 1024
+#define QR_MSG_MAX_INIT 128
 void qr_msg_put_create_var(qr_wbuf *b, const qr_msg_create_var *m);
 /* What qr_msg_get_create_var found out of range; reading stops there, so
  * the fields after it are zero. */
@@ -188,8 +206,18 @@ typedef enum qr_msg_create_bad {
     QR_MSG_CREATE_BAD_NDIM,        /* ndim outside 1..QR_PROTO_MAX_NDIM */
     QR_MSG_CREATE_BAD_NAME_LEN,    /* name_len outside 1..QR_PROTO_MAX_NAME */
     QR_MSG_CREATE_BAD_OPTIONS_LEN, /* options_len over QR_MSG_MAX_OPTIONS */
+    QR_MSG_CREATE_BAD_INIT_LEN,    /* init_len over QR_MSG_MAX_INIT */
 } qr_msg_create_bad;
 qr_msg_create_bad qr_msg_get_create_var(qr_rbuf *r, qr_msg_create_var *m);
+
+/* LOOKUP: a table's rows for the ids of the payload. */
+typedef struct qr_msg_lookup {
+    uint32_t var_id, reserved;
+    uint64_t count;
+} qr_msg_lookup;
+#define QR_MSG_LOOKUP_LEN 16
+void qr_msg_put_lookup(qr_wbuf *b, const qr_msg_lookup *m);
+void qr_msg_get_lookup(qr_rbuf *r, qr_msg_lookup *m);
 
 typedef struct qr_msg_commit {
     uint32_t worker, seq;

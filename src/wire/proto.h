@@ -71,12 +71,14 @@ typedef enum qr_msg_type {
     QR_MSG_CLOCK = 12,
     QR_MSG_CKPT = 13,
     QR_MSG_BEAT = 14,
-    QR_MSG_TYPE_MAX = 14,
+    QR_MSG_LOOKUP = 15,
+    QR_MSG_TYPE_MAX = 15,
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 
 #define QR_CREATE_CHECK_ONLY 1u
 #define QR_PULL_AVERAGES 1u
+#define QR_LOOKUP_READ_ONLY 1u
 /* PUSH flags: QR_PUSH_STEP (1) and QR_PUSH_DELTA (4) are public, in quorum.h. */
 #define QR_PUSH_SYNC 2u
 

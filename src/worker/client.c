@@ -31,14 +31,12 @@
  * worker's copy of each variable, or the caller's buffers); pushes are
  * written straight from the caller's gradient arrays.
  */
-#include "cluster/cluster.h"
+#include "worker/worker_internal.h"
+
 #include "cluster/placement.h"
-#include "common/config.h"
+#include "common/init.h"
 #include "optim/optim.h"
-#include "wire/conn.h"
-#include "wire/msg.h"
 #include "worker/heartbeat.h"
-#include "worker/init.h"
 
 #include <cjson/cJSON.h>
 
@@ -48,100 +46,9 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef struct wk_var {
-    char *name;
-    char *init;
-    char *options; /* its own optimizer options ("" if none) */
-    int ndim;
-    int64_t shape[QR_PROTO_MAX_NDIM];
-    int64_t n;
-    uint64_t seed;
-    float lr;
-    int ps;
-    uint64_t version; /* the ps's version of it at the last pull */
-    float *data; /* the worker's copy */
-} wk_var;
-
-typedef struct ps_link ps_link;
-
-typedef struct wk_request {
-    ps_link *link;
-    uint8_t type;
-    uint16_t flags;
-    uint32_t id;
-    qr_wbuf meta;
-    qr_iov *payload;
-    int npayload;
-    /* PULL: where each variable's values go */
-    int nvars;
-    int *var_ids;
-    float **dst;
-    bool sent, done, internal;
-    int retries;
-    int status;
-    char errmsg[512];
-    int64_t step;
-    uint32_t ready;
-    uint64_t data_pos; /* READY: this worker's restored data position */
-    bool want_meta; /* keep the reply's meta (STATS) */
-    uint8_t *reply_meta;
-    size_t reply_meta_len;
-    struct wk_request *next; /* in the link's queue of sent requests */
-} wk_request;
-
-struct ps_link {
-    qr_worker *w;
-    int index;
-    qr_addr addr;
-    qr_conn *conn;
-    enum { LINK_DOWN, LINK_CONNECTING, LINK_HELLO, LINK_UP } state;
-    int attempts;
-    uint64_t retry_at_ns;
-    wk_request *head, *tail; /* sent, awaiting reply, in order */
-    char last_error[256];
-    int refused;      /* the ps refused our HELLO: every request fails so */
-    char refusal[512];
-    uint64_t incarnation; /* of the ps, from its first HELLO answer (0: never) */
-    uint64_t lost_ns;     /* when a connection that was up was lost (0: up, or never up) */
-    uint64_t unreached_ns; /* when connecting first failed, never up yet (0: not failing) */
-    bool refusal_reported; /* the lost ps's refusals were reported */
-};
-
-struct qr_worker {
-    uv_loop_t loop;
-    uv_timer_t wake;
-    qr_cluster *cluster;
-    qr_config *cfg;
-    int index;
-    bool prefer_unix;
-    qr_conn_options conn_opt;
-    qr_conn_events events;
-    ps_link *links;
-    int nps;
-    wk_var *vars;
-    int nvars, vars_cap;
-    bool placed, initialized;
-    uint32_t next_id;
-    int timeout_ms;
-    int sync_timeout_ms;
-    bool sync;           /* mode=sync: synchronous replicas */
-    int64_t local_step;  /* sync: the step this worker computes for */
-    uint32_t push_seq;   /* numbers this worker's pushes */
-    int64_t step_limit;  /* the chief tells ps 0 at initialize */
-    int64_t steps_pushed; /* async: successful step pushes (the clock) */
-    int64_t max_staleness;
-    uint64_t data_pos;   /* set by the caller, sent with every push */
-    uint64_t restored_pos; /* from ps 0 at initialize (a restored checkpoint) */
-    qr_heartbeat *heartbeat; /* started by initialize (heartbeat-ms) */
-    int restart_wait_ms; /* how long a call waits for a lost ps to come back */
-    int rolled_back;     /* QR_EROLLEDBACK or QR_EABORTED: a ps was restarted */
-    char rollback_msg[512];
-    bool stopping;       /* the run is ending: a lost ps is expected */
-};
-
 /* ---- requests ------------------------------------------------------------ */
 
-static wk_request *request_new(qr_worker *w, int ps, uint8_t type) {
+wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type) {
     wk_request *r = qr__calloc(1, sizeof *r);
     if (!r) return NULL;
     r->link = &w->links[ps];
@@ -150,7 +57,7 @@ static wk_request *request_new(qr_worker *w, int ps, uint8_t type) {
     return r;
 }
 
-static void request_free(wk_request *r) {
+void wk_request_free(wk_request *r) {
     if (!r) return;
     qr_wbuf_free(&r->meta);
     free(r->payload);
@@ -170,7 +77,7 @@ static void request_finish(wk_request *r, int status, const char *msg) {
             snprintf(r->link->refusal, sizeof r->link->refusal, "%s", r->errmsg);
             r->link->refused = status;
         }
-        request_free(r);
+        wk_request_free(r);
     }
 }
 
@@ -252,13 +159,13 @@ static void on_connected(qr_conn *c, int status) {
     }
     l->state = LINK_HELLO;
     l->attempts = 0;
-    wk_request *hello = request_new(l->w, l->index, QR_MSG_HELLO);
+    wk_request *hello = wk_request_new(l->w, l->index, QR_MSG_HELLO);
     if (!hello) return;
     hello->internal = true;
     qr_msg_put_hello(&hello->meta, &(qr_msg_hello){.role = QR_ROLE_WORKER,
                                                    .task_index = (uint32_t)l->w->index,
                                                    .mode = l->w->sync ? 1 : 0});
-    if (link_send(l, hello)) request_free(hello);
+    if (link_send(l, hello)) wk_request_free(hello);
 }
 
 static void on_lost(qr_conn *c, int status) {
@@ -308,6 +215,16 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         r->step = m.step;
         r->data_pos = m.data_pos;
         break;
+    }
+    case QR_MSG_LOOKUP: {
+        uint64_t count = qr_rbuf_u64(&rb);
+        uint64_t bytes = r->rows * (uint64_t)r->rows_dim * sizeof(float);
+        if (rb.bad || count != r->rows || f->payload_len != bytes)
+            return qr__fail(QR_EPROTO, "ps %d answered a lookup of %llu rows with %llu (%llu "
+                            "bytes)", l->index, (unsigned long long)r->rows,
+                            (unsigned long long)count, (unsigned long long)f->payload_len);
+        qr_iov iov = {r->dst[0], (size_t)bytes};
+        return qr_conn_expect(c, &iov, 1);
     }
     case QR_MSG_PULL: {
         uint32_t count = qr_msg_get_count(&rb);
@@ -459,7 +376,7 @@ static void report_waits(const qr_worker *w, wk_request **reqs, int n, uint64_t 
 
 /* Send reqs (connecting as needed) and wait for all their replies.
  * Returns the first failure, with its message. */
-static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
+int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
     if (w->rolled_back) {
         for (int i = 0; i < n; i++) request_finish(reqs[i], w->rolled_back, w->rollback_msg);
         return qr__fail(w->rolled_back, "%s", w->rollback_msg);
@@ -531,13 +448,13 @@ static int run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) 
     return QR_OK;
 }
 
-static void free_requests(wk_request **reqs, int n) {
-    for (int i = 0; i < n; i++) request_free(reqs[i]);
+void wk_free_requests(wk_request **reqs, int n) {
+    for (int i = 0; i < n; i++) wk_request_free(reqs[i]);
 }
 
 static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags);
-static int declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
-                   const char *init, uint64_t seed, float lr, const char *options, int *var_id);
+static int push(qr_worker *w, int n, const int *ids, const float *const *grads, unsigned flags,
+                int64_t *global_step);
 
 /* ---- public API -------------------------------------------------------- */
 
@@ -609,6 +526,7 @@ void qr_worker_free(qr_worker *w) {
     uv_close((uv_handle_t *)&w->wake, NULL);
     uv_run(&w->loop, UV_RUN_DEFAULT);
     uv_loop_close(&w->loop);
+    wk_rows_free(w);
     for (int i = 0; i < w->nvars; i++) {
         free(w->vars[i].name);
         free(w->vars[i].init);
@@ -624,16 +542,17 @@ void qr_worker_free(qr_worker *w) {
 
 int qr_worker_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
                       const char *init, uint64_t seed, float lr, int *var_id) {
-    return declare(w, name, ndim, shape, init, seed, lr, "", var_id);
+    return wk_declare(w, name, ndim, shape, init, seed, lr, "", false, var_id);
 }
 
 int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim, const int64_t *shape,
                            const char *init, uint64_t seed, const char *options, int *var_id) {
-    return declare(w, name, ndim, shape, init, seed, -1.0f, options ? options : "", var_id);
+    return wk_declare(w, name, ndim, shape, init, seed, -1.0f, options ? options : "", false,
+                      var_id);
 }
 
-static int declare(qr_worker *w, const char *name, int ndim, const int64_t *shape,
-                   const char *init, uint64_t seed, float lr, const char *options, int *var_id) {
+int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, const char *init,
+               uint64_t seed, float lr, const char *options, bool table, int *var_id) {
     if (!w || !name || !shape)
         return qr__fail(QR_EINVAL, "qr_worker_declare: worker, name and shape are required");
     if (w->placed)
@@ -679,8 +598,10 @@ static int declare(qr_worker *w, const char *name, int ndim, const int64_t *shap
     v->name = qr__strdup(name);
     v->init = qr__strdup(init);
     v->options = qr__strdup(options);
-    v->data = qr__aligned_alloc((size_t)n * sizeof(float));
-    if (!v->name || !v->init || !v->options || !v->data) {
+    v->table = table;
+    if (table) n = 0; /* its rows live on the ps tasks only */
+    v->data = table ? NULL : qr__aligned_alloc((size_t)n * sizeof(float));
+    if (!v->name || !v->init || !v->options || (!table && !v->data)) {
         free(v->name);
         free(v->init);
         free(v->options);
@@ -704,7 +625,8 @@ static int place_variables(qr_worker *w) {
     int rc = bytes && ps_of ? QR_OK : QR_ENOMEM;
     for (int i = 0; !rc && i < w->nvars; i++) bytes[i] = w->vars[i].n * 4;
     if (!rc) rc = qr_place_greedy(w->nps, w->nvars, bytes, ps_of);
-    for (int i = 0; !rc && i < w->nvars; i++) w->vars[i].ps = ps_of[i];
+    /* A table is on every ps, by id: ps -1. */
+    for (int i = 0; !rc && i < w->nvars; i++) w->vars[i].ps = w->vars[i].table ? -1 : ps_of[i];
     free(bytes);
     free(ps_of);
     if (!rc) w->placed = true;
@@ -719,9 +641,9 @@ static int create_on_ps(qr_worker *w, bool check_only) {
     int rc = QR_OK, nreq = 0;
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0;
-        for (int i = 0; i < w->nvars; i++) count += w->vars[i].ps == p;
+        for (int i = 0; i < w->nvars; i++) count += w->vars[i].ps == p || w->vars[i].table;
         if (!count) continue;
-        wk_request *r = request_new(w, p, QR_MSG_CREATE);
+        wk_request *r = wk_request_new(w, p, QR_MSG_CREATE);
         if (!r) {
             rc = QR_ENOMEM;
             break;
@@ -732,33 +654,39 @@ static int create_on_ps(qr_worker *w, bool check_only) {
         qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < w->nvars; i++) {
             wk_var *v = &w->vars[i];
-            if (v->ps != p) continue;
+            if (v->ps != p && !v->table) continue;
             qr_msg_create_var rec = {.id = (uint32_t)i, .ndim = (uint32_t)v->ndim, .lr = v->lr,
                                      .name_len = (uint32_t)strlen(v->name), .name = v->name,
                                      .options_len = (uint32_t)strlen(v->options),
                                      .options = v->options};
             memcpy(rec.shape, v->shape, (size_t)v->ndim * sizeof *rec.shape);
+            if (v->table) {
+                rec.kind = QR_VAR_TABLE;
+                rec.init = v->init;
+                rec.init_len = (uint32_t)strlen(v->init);
+                rec.seed = v->seed;
+            }
             qr_msg_put_create_var(&r->meta, &rec);
-            if (!check_only && r->payload)
+            if (!check_only && r->payload && !v->table)
                 r->payload[r->npayload++] = (qr_iov){v->data, (size_t)v->n * 4};
         }
         if (r->meta.oom || (!check_only && !r->payload)) rc = QR_ENOMEM;
     }
-    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
-    free_requests(reqs, nreq);
+    if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
+    wk_free_requests(reqs, nreq);
     free(reqs);
     return rc;
 }
 
 static int ready_request(qr_worker *w, bool set, uint32_t *ready, int timeout_ms) {
-    wk_request *r = request_new(w, 0, QR_MSG_READY);
+    wk_request *r = wk_request_new(w, 0, QR_MSG_READY);
     if (!r) return QR_ENOMEM;
     qr_msg_put_ready(&r->meta, &(qr_msg_ready){.set = set, .step = w->step_limit});
-    int rc = run_requests(w, &r, 1, timeout_ms);
+    int rc = wk_run_requests(w, &r, 1, timeout_ms);
     if (ready) *ready = r->ready;
     if (!rc) w->local_step = r->step;
     if (!rc) w->restored_pos = r->data_pos;
-    request_free(r);
+    wk_request_free(r);
     return rc;
 }
 
@@ -810,7 +738,7 @@ int qr_worker_initialize(qr_worker *w) {
     if (w->index == 0) {
         for (int i = 0; i < w->nvars && !rc; i++) {
             wk_var *v = &w->vars[i];
-            rc = qr_init_fill(v->data, v->n, v->ndim, v->shape, v->init, v->seed);
+            if (!v->table) rc = qr_init_fill(v->data, v->n, v->ndim, v->shape, v->init, v->seed);
         }
         if (!rc) rc = create_on_ps(w, false);
         if (!rc) rc = wait_ready(w, true);
@@ -840,7 +768,7 @@ float *qr_worker_var_data(qr_worker *w, int var_id) {
     return w->vars[var_id].data;
 }
 
-static int check_ids(qr_worker *w, const char *what, int n, const int *ids) {
+int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids) {
     if (!w) return qr__fail(QR_EINVAL, "%s: worker is NULL", what);
     if (!w->initialized)
         return qr__fail(QR_ENOTREADY, "%s: call qr_worker_initialize first", what);
@@ -849,6 +777,16 @@ static int check_ids(qr_worker *w, const char *what, int n, const int *ids) {
         if (ids[i] < 0 || ids[i] >= w->nvars)
             return qr__fail(QR_ENOTFOUND, "%s: no variable with id %d (%d declared)", what,
                             ids[i], w->nvars);
+    return QR_OK;
+}
+
+/* Dense pulls and pushes name no table (whose rows go by id). */
+static int check_dense(const qr_worker *w, const char *what, int n, const int *ids) {
+    for (int i = 0; i < n; i++)
+        if (w->vars[ids[i]].table)
+            return qr__fail(QR_EINVAL, "%s: '%s' is an embedding table: use %s", what,
+                            w->vars[ids[i]].name,
+                            strcmp(what, "push") ? "qr_worker_pull_rows" : "qr_worker_add_rows");
     return QR_OK;
 }
 
@@ -862,7 +800,7 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
         int count = 0;
         for (int i = 0; i < total; i++) count += w->vars[n ? ids[i] : i].ps == p;
         if (!count) continue;
-        wk_request *r = request_new(w, p, QR_MSG_PULL);
+        wk_request *r = wk_request_new(w, p, QR_MSG_PULL);
         if (!r) {
             rc = QR_ENOMEM;
             break;
@@ -886,25 +824,36 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
             qr_msg_put_id(&r->meta, (uint32_t)id);
         }
     }
-    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
-    free_requests(reqs, nreq);
+    if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
+    wk_free_requests(reqs, nreq);
     free(reqs);
     return rc;
 }
 
 int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst) {
-    int rc = check_ids(w, "pull", n, ids);
+    int rc = wk_check_ids(w, "pull", n, ids);
+    if (!rc) rc = check_dense(w, "pull", n, ids);
     return rc ? rc : pull_vars(w, n, ids, dst, 0);
 }
 
 int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst) {
-    int rc = check_ids(w, "pull_averages", n, ids);
+    int rc = wk_check_ids(w, "pull_averages", n, ids);
+    if (!rc) rc = check_dense(w, "pull_averages", n, ids);
     return rc ? rc : pull_vars(w, n, ids, dst, QR_PULL_AVERAGES);
 }
 
 int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grads,
                    unsigned flags, int64_t *global_step) {
-    int rc = check_ids(w, "push", n, ids);
+    int rc = push(w, n, ids, grads, flags, global_step);
+    wk_rows_clear(w); /* sent, or not: the added rows are used up either way */
+    return rc;
+}
+
+static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
+                unsigned flags, int64_t *global_step) {
+    int rc = wk_check_ids(w, "push", n, ids);
+    if (!rc) rc = check_dense(w, "push", n, ids);
+    if (!rc) rc = wk_rows_prepare(w);
     if (rc) return rc;
     if (n > 0 && !grads) return qr__fail(QR_EINVAL, "push: grads is NULL");
     if (w->sync && (flags & QR_PUSH_DELTA))
@@ -922,15 +871,15 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
      * one (src/ps/checkpoint.c). */
     uint32_t nparts = 0;
     for (int p = 0; p < w->nps; p++) {
-        bool reaches = step_to_ps0 && p == 0;
+        bool reaches = (step_to_ps0 && p == 0) || wk_rows_items(w, p);
         for (int i = 0; i < n && !reaches; i++) reaches = w->vars[ids[i]].ps == p;
         nparts += reaches;
     }
     for (int p = 0; p < w->nps && !rc; p++) {
-        int count = 0;
+        int count = 0, row_items = wk_rows_items(w, p);
         for (int i = 0; i < n; i++) count += w->vars[ids[i]].ps == p;
-        if (!count && !(step_to_ps0 && p == 0)) continue;
-        wk_request *r = request_new(w, p, QR_MSG_PUSH);
+        if (!count && !row_items && !(step_to_ps0 && p == 0)) continue;
+        wk_request *r = wk_request_new(w, p, QR_MSG_PUSH);
         if (!r) {
             rc = QR_ENOMEM;
             break;
@@ -938,12 +887,12 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
         reqs[nreq++] = r;
         if (p == 0) step_req = r;
         r->flags = w->sync ? QR_PUSH_SYNC : (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
-        r->payload = qr__calloc((size_t)QR_MAX(count, 1), sizeof *r->payload);
+        r->payload = qr__calloc((size_t)QR_MAX(count + 2 * row_items, 1), sizeof *r->payload);
         if (!r->payload) {
             rc = QR_ENOMEM;
             break;
         }
-        qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)count,
+        qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)(count + row_items),
                                                            .local_step = w->local_step,
                                                            .worker = (uint32_t)w->index,
                                                            .seq = seq, .nparts = nparts,
@@ -960,11 +909,12 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
                                                    .version = v->version});
             r->payload[r->npayload++] = (qr_iov){(void *)grads[i], (size_t)v->n * 4};
         }
+        wk_rows_put(w, p, r);
     }
-    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
+    if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
     if (!rc && global_step && step_req) *global_step = step_req->step;
     if (!rc && step_to_ps0) w->steps_pushed++;
-    free_requests(reqs, nreq);
+    wk_free_requests(reqs, nreq);
     free(reqs);
     /* Sync: a push some ps found stale is still committed, so that ps 0
      * counts it and gives the worker its place in the token queue (it
@@ -972,65 +922,14 @@ int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grad
     if (!w->sync || (rc && rc != QR_ESTALE)) return rc;
 
     /* Every ps holds this push's gradients: now ps 0 may count it. */
-    wk_request *c = request_new(w, 0, QR_MSG_COMMIT);
+    wk_request *c = wk_request_new(w, 0, QR_MSG_COMMIT);
     if (!c) return QR_ENOMEM;
     qr_msg_put_commit(&c->meta, &(qr_msg_commit){.worker = (uint32_t)w->index, .seq = seq,
                                                  .local_step = w->local_step,
                                                  .data_pos = w->data_pos});
-    rc = run_requests(w, &c, 1, w->timeout_ms);
+    rc = wk_run_requests(w, &c, 1, w->timeout_ms);
     if (!rc && global_step) *global_step = c->step;
-    request_free(c);
-    return rc;
-}
-
-int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t *indices,
-                          const float *rows, unsigned flags, int64_t *global_step) {
-    int rc = check_ids(w, "push_sparse", 1, &var_id);
-    if (rc) return rc;
-    if (w->sync) return qr__fail(QR_EINVAL, "push_sparse: sparse gradients are for async training");
-    if (nrows < 0 || nrows > (1ll << 31) || (nrows > 0 && (!indices || !rows)))
-        return qr__fail(QR_EINVAL, "push_sparse: bad row count or NULL arrays");
-    wk_var *v = &w->vars[var_id];
-    int64_t dim = v->shape[v->ndim - 1];
-    wk_request *reqs[2] = {NULL, NULL};
-    int nreq = 0;
-    uint32_t seq = ++w->push_seq;
-    bool step = flags & QR_PUSH_STEP;
-    /* The rows go to the variable's ps; the step flag rides on a push to
-     * ps 0, an empty one if the variable lives elsewhere. The rows keep the
-     * flag too: it advances the steps applied on their ps (Adam's t, the
-     * learning-rate decay); only ps 0 counts the global step. */
-    for (int pass = 0; pass < 2 && !rc; pass++) {
-        int p = pass == 0 ? v->ps : 0;
-        if (pass == 1 && (!step || v->ps == 0)) break;
-        wk_request *r = request_new(w, p, QR_MSG_PUSH);
-        if (!r) return QR_ENOMEM;
-        reqs[nreq++] = r;
-        r->flags = (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
-        bool carries = pass == 0;
-        qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = carries ? 1 : 0,
-                                                           .local_step = w->local_step,
-                                                           .worker = (uint32_t)w->index,
-                                                           .seq = seq,
-                                                           .nparts = step && v->ps != 0 ? 2 : 1,
-                                                           .data_pos = w->data_pos});
-        if (!carries) continue;
-        qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)var_id, .kind = QR_GRAD_SPARSE,
-                                               .nbytes = (uint64_t)nrows * (8 + 4 * (uint64_t)dim),
-                                               .version = v->version});
-        r->payload = qr__calloc(2, sizeof *r->payload);
-        if (!r->payload) rc = QR_ENOMEM;
-        else {
-            r->payload[0] = (qr_iov){(void *)indices, (size_t)nrows * 8};
-            r->payload[1] = (qr_iov){(void *)rows, (size_t)(nrows * dim) * 4};
-            r->npayload = 2;
-        }
-    }
-    if (!rc) rc = run_requests(w, reqs, nreq, w->timeout_ms);
-    wk_request *step_req = reqs[v->ps == 0 ? 0 : 1];
-    if (!rc && step) w->steps_pushed++;
-    if (!rc && global_step && step_req) *global_step = step_req->step;
-    free_requests(reqs, nreq);
+    wk_request_free(c);
     return rc;
 }
 
@@ -1038,17 +937,17 @@ int qr_worker_take_token(qr_worker *w, int64_t *step) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_take_token: worker is NULL");
     if (!w->sync) return qr__fail(QR_EINVAL, "take_token: this worker trains in async mode");
     if (!w->initialized) return qr__fail(QR_ENOTREADY, "take_token: call qr_worker_initialize first");
-    wk_request *r = request_new(w, 0, QR_MSG_TOKEN);
+    wk_request *r = wk_request_new(w, 0, QR_MSG_TOKEN);
     if (!r) return QR_ENOMEM;
     qr_msg_put_worker(&r->meta, (uint32_t)w->index);
     /* ps 0 ends a stalled wait after sync-timeout-ms with its report; this
      * deadline is only the safety net for a ps 0 that cannot answer. */
-    int rc = run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
+    int rc = wk_run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
     if (!rc) {
         w->local_step = r->step;
         if (step) *step = r->step;
     }
-    request_free(r);
+    wk_request_free(r);
     return rc;
 }
 
@@ -1067,12 +966,12 @@ int qr_worker_set_step_limit(qr_worker *w, int64_t last_step) {
 int qr_worker_wait_bound(qr_worker *w) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_wait_bound: worker is NULL");
     if (w->sync || w->max_staleness < 0) return QR_OK;
-    wk_request *r = request_new(w, 0, QR_MSG_CLOCK);
+    wk_request *r = wk_request_new(w, 0, QR_MSG_CLOCK);
     if (!r) return QR_ENOMEM;
     qr_msg_put_clock(&r->meta, &(qr_msg_clock){.worker = (uint32_t)w->index,
                                                .clock = w->steps_pushed});
-    int rc = run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
-    request_free(r);
+    int rc = wk_run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
+    wk_request_free(r);
     return rc;
 }
 
@@ -1102,11 +1001,11 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
     if (!reqs) return QR_ENOMEM;
     int rc = QR_OK;
     for (int p = 0; p < w->nps; p++) {
-        reqs[p] = request_new(w, p, QR_MSG_STATS);
+        reqs[p] = wk_request_new(w, p, QR_MSG_STATS);
         if (!reqs[p]) rc = QR_ENOMEM;
         else reqs[p]->want_meta = true;
     }
-    if (!rc) rc = run_requests(w, reqs, w->nps, w->timeout_ms);
+    if (!rc) rc = wk_run_requests(w, reqs, w->nps, w->timeout_ms);
     cJSON *total = NULL;
     for (int p = 0; !rc && p < w->nps; p++) {
         cJSON *part = cJSON_ParseWithLength((const char *)reqs[p]->reply_meta,
@@ -1137,18 +1036,18 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
     cJSON_Delete(total);
     for (int p = 0; p < w->nps; p++)
         if (reqs[p]) free(reqs[p]->reply_meta);
-    free_requests(reqs, w->nps);
+    wk_free_requests(reqs, w->nps);
     free(reqs);
     return rc;
 }
 
 int qr_worker_global_step(qr_worker *w, int64_t *global_step) {
     if (!w || !global_step) return qr__fail(QR_EINVAL, "qr_worker_global_step: bad arguments");
-    wk_request *r = request_new(w, 0, QR_MSG_STEP);
+    wk_request *r = wk_request_new(w, 0, QR_MSG_STEP);
     if (!r) return QR_ENOMEM;
-    int rc = run_requests(w, &r, 1, w->timeout_ms);
+    int rc = wk_run_requests(w, &r, 1, w->timeout_ms);
     if (!rc) *global_step = r->step;
-    request_free(r);
+    wk_request_free(r);
     return rc;
 }
 
@@ -1172,16 +1071,16 @@ int qr_worker_stop_cluster(qr_worker *w) {
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
     if (!reqs) return QR_ENOMEM;
     w->stopping = true; /* the ps tasks going away is what this asks for */
-    for (int p = 0; p < w->nps; p++) reqs[p] = request_new(w, p, QR_MSG_STOP);
+    for (int p = 0; p < w->nps; p++) reqs[p] = wk_request_new(w, p, QR_MSG_STOP);
     int rc = QR_OK;
     for (int p = 0; p < w->nps; p++)
         if (!reqs[p]) rc = QR_ENOMEM;
     /* ps 0 first: with checkpoints on, it answers once the final
      * checkpoint, which needs every ps, is written (init-timeout-ms
      * bounds that wait); then the others. */
-    if (!rc) rc = run_requests(w, reqs, 1, (int)qr__config_int(w->cfg, "init-timeout-ms"));
-    if (!rc && w->nps > 1) rc = run_requests(w, reqs + 1, w->nps - 1, w->timeout_ms);
-    free_requests(reqs, w->nps);
+    if (!rc) rc = wk_run_requests(w, reqs, 1, (int)qr__config_int(w->cfg, "init-timeout-ms"));
+    if (!rc && w->nps > 1) rc = wk_run_requests(w, reqs + 1, w->nps - 1, w->timeout_ms);
+    wk_free_requests(reqs, w->nps);
     free(reqs);
     return rc;
 }

@@ -4,7 +4,8 @@
  *
  * One ps runs on a thread of this process (tests/unit/cluster_fixture.h)
  * with three variables made by a real worker: "dense" [4, 3] (SGD),
- * "table" [8, 2] (sparse pushes land here) and "adam" [5] (Adam, slots).
+ * "table" [8, 2] (sparse pushes land here), "adam" [5] (Adam, slots) and
+ * the embedding table "emb" (id 3, dim 2, Adagrad: per-row slots).
  * fuzz_ps runs it async with max-staleness 2 (so CLOCK is served);
  * fuzz_ps_sync, built from this file with FUZZ_SYNC, as synchronous
  * replicas of 2 workers (COMMIT, TOKEN, held pushes, step applies).
@@ -51,6 +52,7 @@ static void start_cluster(void) {
     if (!w || qr_worker_declare(w, "dense", 2, dense, "zeros", 1, -1, &id) ||
         qr_worker_declare(w, "table", 2, table, "zeros", 1, -1, &id) ||
         qr_worker_declare_opts(w, "adam", 1, adam, "zeros", 1, "optimizer=adam", &id) ||
+        qr_worker_declare_table(w, "emb", 2, "normal:0,1", 7, "optimizer=adagrad", &id) ||
         qr_worker_initialize(w)) {
         fprintf(stderr, "fuzz_ps: cannot create the variables: %s\n", qr_last_error());
         abort();

@@ -2,7 +2,8 @@
 
 ps (fuzz_ps, fuzz_ps_sync): one well-formed request of every kind a ps
 serves, async and sync, against the variables fuzz_ps.c creates (ids
-0 "dense" [4, 3], 1 "table" [8, 2], 2 "adam" [5]), and inputs with several
+0 "dense" [4, 3], 1 "table" [8, 2], 2 "adam" [5], 3 the embedding table
+"emb" of dim 2), and inputs with several
 requests back to back, so libFuzzer starts past the header checks.
 data (fuzz_data): a small valid file for each loader, behind the byte that
 picks it (0 libsvm, 1 and 2 digits csv, 3 IDX images, 4 IDX labels).
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, floats,  # noqa: E402
                     frame, header, pad, push_meta, ready_meta)
 
-COMMIT, TOKEN, APPLY, CLOCK = 8, 9, 10, 12
+COMMIT, TOKEN, APPLY, CLOCK, LOOKUP = 8, 9, 10, 12, 15
 PUSH_STEP, PUSH_SYNC, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 2, 4, 1
 
 
@@ -43,8 +44,13 @@ seeds = {
     "push_adam": frame(PUSH, 7, push_meta([(2, 20)]), floats([1.0] * 5)),
     "push_delta": frame(PUSH, 8, push_meta([(0, 48), (2, 20)]), floats([0.1] * 17),
                         flags=PUSH_DELTA),
-    "create": frame(CREATE, 9, create_meta([(3, [2], -1.0, "fresh", "optimizer=momentum")]),
+    "create": frame(CREATE, 9, create_meta([(4, [2], -1.0, "fresh", "optimizer=momentum")]),
                     floats([1.0, 2.0])),
+    "create_table": frame(CREATE, 18, create_meta([(5, [4], -1.0, "emb2", "",
+                                                    ("uniform:-1,1", 9))])),
+    "lookup": frame(LOOKUP, 19, struct.pack("<IIQ", 3, 0, 3),
+                    b"".join(struct.pack("<q", i) for i in (5, -7, 1 << 40))),
+    "push_table": sparse_push(3, [5, 5, -7], 2),
     "create_check": frame(CREATE, 10, create_meta([(0, [4, 3], -1.0, "dense")]),
                           floats([0.0] * 12), flags=CREATE_CHECK_ONLY),
     "stats": frame(STATS, 11),

@@ -71,15 +71,21 @@ def read_reply(sock):
 
 
 def create_meta(items):
-    """items: list of (var_id, shape, lr, name[, options])."""
+    """items: list of (var_id, shape, lr, name[, options[, (init, seed)]]):
+    a dense variable, or with (init, seed) an embedding table of shape
+    [dim]."""
     meta = struct.pack("<I", len(items))
     for item in items:
         var_id, shape, lr, name = item[:4]
         options = (item[4] if len(item) > 4 else "").encode()
+        table = item[5] if len(item) > 5 else None
         meta += struct.pack("<II", var_id, len(shape))
         meta += b"".join(struct.pack("<q", d) for d in shape)
         meta += struct.pack("<fI", lr, len(name)) + name.encode()
         meta += struct.pack("<I", len(options)) + options
+        init, seed = table if table else ("", 0)
+        meta += struct.pack("<II", 1 if table else 0, len(init)) + init.encode()
+        meta += struct.pack("<Q", seed)
     return meta
 
 

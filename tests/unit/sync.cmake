@@ -2,3 +2,4 @@
 # and the asynchronous modes.
 qr_unit_test(test_sync_scenarios ${CMAKE_CURRENT_LIST_DIR}/test_sync_scenarios.c)
 qr_unit_test(test_async_modes ${CMAKE_CURRENT_LIST_DIR}/test_async_modes.c)
+qr_unit_test(test_embedding ${CMAKE_CURRENT_LIST_DIR}/test_embedding.c)

@@ -132,7 +132,8 @@ static void test_choices(void **state) {
         assert_int_equal(qr_config_set(c, k.name, "no-such-choice"), QR_EINVAL);
         assert_non_null(strstr(qr_last_error(), k.choices));
     }
-    assert_int_equal(nenum, 5); /* transport, mode, reduction, optimizer, nonfinite */
+    /* transport, mode, reduction, sparse-reduction, optimizer, nonfinite */
+    assert_int_equal(nenum, 6);
     qr_config_free(c);
 }
 

@@ -22,7 +22,7 @@
 #include "data/digits.h"
 #include "data/idx.h"
 #include "data/libsvm.h"
-#include "worker/init.h"
+#include "common/init.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
 #define HEART_SCALE "/usr/share/doc/liblinear-tools/examples/heart_scale"

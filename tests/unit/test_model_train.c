@@ -17,7 +17,7 @@
 #include "common/common.h"
 #include "data/data.h"
 #include "model/model.h"
-#include "worker/init.h"
+#include "common/init.h"
 
 enum { BATCH = 32 };
 

@@ -275,10 +275,12 @@ static void test_ckpt_layout(void **state) {
 static void test_create_layout(void **state) {
     (void)state;
     qr_msg_create_var rec = {.id = 3, .ndim = 2, .shape = {784, 10}, .lr = 0.5f,
-                             .name_len = 2, .name = "w0", .options_len = 3, .options = "a=1"};
+                             .name_len = 2, .name = "w0", .options_len = 3, .options = "a=1",
+                             .kind = QR_VAR_TABLE, .init_len = 5, .init = "zeros",
+                             .seed = 0x0102030405060708ull};
     qr_wbuf b = {0};
     qr_msg_put_create_var(&b, &rec);
-    uint8_t want[64];
+    uint8_t want[96];
     size_t n = 0;
     le(want, &n, 3, 4);
     le(want, &n, 2, 4);
@@ -291,6 +293,11 @@ static void test_create_layout(void **state) {
     le(want, &n, 3, 4);
     memcpy(want + n, "a=1", 3);
     n += 3;
+    le(want, &n, 1, 4); /* kind: table */
+    le(want, &n, 5, 4);
+    memcpy(want + n, "zeros", 5);
+    n += 5;
+    le(want, &n, 0x0102030405060708ull, 8);
     assert_bytes(&b, want, n);
 
     qr_rbuf r;
@@ -307,7 +314,22 @@ static void test_create_layout(void **state) {
     assert_memory_equal(m.name, "w0", 2);
     assert_int_equal(m.options_len, 3);
     assert_memory_equal(m.options, "a=1", 3);
+    assert_int_equal(m.kind, QR_VAR_TABLE);
+    assert_int_equal(m.init_len, 5);
+    assert_memory_equal(m.init, "zeros", 5);
+    assert_true(m.seed == 0x0102030405060708ull);
     qr_wbuf_free(&b);
+
+    /* The lookup request. */
+    qr_wbuf l = {0};
+    qr_msg_put_lookup(&l, &(qr_msg_lookup){.var_id = 9, .count = 1ull << 33});
+    n = 0;
+    le(want, &n, 9, 4);
+    le(want, &n, 0, 4);
+    le(want, &n, 1ull << 33, 8);
+    assert_int_equal(n, QR_MSG_LOOKUP_LEN);
+    assert_bytes(&l, want, n);
+    qr_wbuf_free(&l);
 }
 
 /* A length out of range stops the reading there, before the bytes it

@@ -3,14 +3,15 @@
  * "zeros", "constant:C", "uniform:LO,HI", "normal:MEAN,STD",
  * "truncated_normal:MEAN,STD", "glorot_uniform".
  *
- * The worker that creates a variable fills it with qr_init_fill from the
- * variable's seed, so the same seed gives the same values on any machine.
- * They live in worker/ because the worker is what fills initial values;
- * the local trainer (train/, above the worker) fills its parameters with
- * the same functions, so both runs start from the same values.
+ * The worker that creates a dense variable fills it with qr_init_fill from
+ * the variable's seed, so the same seed gives the same values on any
+ * machine; the local trainer fills its parameters with the same function.
+ * An embedding table's rows are made on the ps that holds them, each from
+ * the seed and its own id (qr_init_row), which is why this sits in common/
+ * where both the worker and the ps reach it.
  */
-#ifndef QR_WORKER_INIT_H
-#define QR_WORKER_INIT_H
+#ifndef QR_COMMON_INIT_H
+#define QR_COMMON_INIT_H
 
 #include <stdint.h>
 
@@ -34,4 +35,17 @@ int qr_init_validate(const char *spec);
 int qr_init_fill(float *dst, int64_t n, int ndim, const int64_t *shape, const char *spec,
                  uint64_t seed);
 
-#endif /* QR_WORKER_INIT_H */
+/* A parsed spec, for filling many rows without parsing it each time. */
+typedef struct qr_init_spec {
+    int kind;
+    double a, b;
+} qr_init_spec;
+int qr_init_parse(const char *spec, qr_init_spec *out);
+
+/* One row of an embedding table: dim floats drawn from a generator seeded
+ * by (seed, id) alone, so a row's first value is the same whichever ps
+ * shard creates it and in whatever order. glorot_uniform uses fans of dim
+ * (the row seen as a 1-D variable). */
+void qr_init_row(const qr_init_spec *s, uint64_t seed, int64_t id, float *row, int64_t dim);
+
+#endif /* QR_COMMON_INIT_H */

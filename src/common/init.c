@@ -4,7 +4,7 @@
  * All draws go through qr_rng (xoshiro256**), and each value is computed
  * in double and rounded once, so a seed names the same floats everywhere.
  */
-#include "worker/init.h"
+#include "common/init.h"
 
 #include "common/common.h"
 
@@ -14,10 +14,9 @@
 
 enum init_kind { INIT_ZEROS, INIT_CONSTANT, INIT_UNIFORM, INIT_NORMAL, INIT_TRUNCATED, INIT_GLOROT };
 
-typedef struct init_spec {
-    enum init_kind kind;
-    double a, b; /* constant: a; uniform: lo, hi; normal: mean, std */
-} init_spec;
+/* qr_init_spec: kind is an init_kind; constant: a; uniform: lo, hi;
+ * normal: mean, std. */
+typedef qr_init_spec init_spec;
 
 static const struct {
     const char *name;
@@ -84,6 +83,10 @@ int qr_init_validate(const char *spec) {
     return parse_spec(spec, &s);
 }
 
+int qr_init_parse(const char *spec, qr_init_spec *out) {
+    return parse_spec(spec, out);
+}
+
 /* Uniform in [lo, hi): rounding to float can land on hi, so step back. */
 static float uniform_value(qr_rng *rng, double lo, double hi) {
     float v = (float)(lo + (hi - lo) * qr_rng_uniform(rng));
@@ -91,6 +94,9 @@ static float uniform_value(qr_rng *rng, double lo, double hi) {
     if (v < (float)lo) v = (float)lo;
     return v;
 }
+
+static void fill(const init_spec *sp, qr_rng *rng, float *dst, int64_t n, int ndim,
+                 const int64_t *shape);
 
 int qr_init_fill(float *dst, int64_t n, int ndim, const int64_t *shape, const char *spec,
                  uint64_t seed) {
@@ -112,21 +118,29 @@ int qr_init_fill(float *dst, int64_t n, int ndim, const int64_t *shape, const ch
     }
     qr_rng rng;
     qr_rng_seed(&rng, seed);
+    fill(&s, &rng, dst, n, ndim, shape);
+    return QR_OK;
+}
+
+/* Draw n values of spec s from rng. */
+static void fill(const init_spec *sp, qr_rng *rng, float *dst, int64_t n, int ndim,
+                 const int64_t *shape) {
+    init_spec s = *sp;
     switch (s.kind) {
     case INIT_ZEROS:
     case INIT_CONSTANT:
         for (int64_t i = 0; i < n; i++) dst[i] = (float)s.a;
         break;
     case INIT_UNIFORM:
-        for (int64_t i = 0; i < n; i++) dst[i] = uniform_value(&rng, s.a, s.b);
+        for (int64_t i = 0; i < n; i++) dst[i] = uniform_value(rng, s.a, s.b);
         break;
     case INIT_NORMAL:
-        for (int64_t i = 0; i < n; i++) dst[i] = (float)(s.a + s.b * qr_rng_normal(&rng));
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)(s.a + s.b * qr_rng_normal(rng));
         break;
     case INIT_TRUNCATED:
         for (int64_t i = 0; i < n; i++) {
             double z;
-            do z = qr_rng_normal(&rng);
+            do z = qr_rng_normal(rng);
             while (fabs(z) > 2.0);
             dst[i] = (float)(s.a + s.b * z);
         }
@@ -145,9 +159,16 @@ int qr_init_fill(float *dst, int64_t n, int ndim, const int64_t *shape, const ch
         }
         if (fan_in + fan_out <= 0) break; /* empty tensor: nothing to fill */
         double limit = sqrt(6.0 / (fan_in + fan_out));
-        for (int64_t i = 0; i < n; i++) dst[i] = uniform_value(&rng, -limit, limit);
+        for (int64_t i = 0; i < n; i++) dst[i] = uniform_value(rng, -limit, limit);
         break;
     }
     }
-    return QR_OK;
+}
+
+void qr_init_row(const qr_init_spec *s, uint64_t seed, int64_t id, float *row, int64_t dim) {
+    /* The id is mixed into the seed by the seeding itself (splitmix64 of
+     * a combination), so neighbouring ids get unrelated streams. */
+    qr_rng rng;
+    qr_rng_seed(&rng, seed ^ ((uint64_t)id * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull));
+    fill(s, &rng, row, dim, 1, &dim);
 }

@@ -1,0 +1,113 @@
+/*
+ * lookup.c - LOOKUP: the rows of an embedding table for a batch's ids
+ * placed on this ps (the worker has removed duplicates and split the ids
+ * by shard). A row is made on first lookup with the table's seeded
+ * initializer (table.h); a read-only lookup (evaluation) gives an absent
+ * id its initial value without adding it.
+ *
+ * The reply copies the rows into a buffer of its own: rows sit apart in
+ * the arena and may move (a removal fills the hole with the last row), so
+ * unlike a dense pull the reply cannot lend them. The copy is one pass
+ * over bytes the reply sends anyway.
+ */
+#include "ps/ps_internal.h"
+
+#include "cluster/placement.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int qr__lookup_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_lookup m;
+    qr_msg_get_lookup(&r, &m);
+    if (r.bad || r.left) return qr__fail(QR_EPROTO, "LOOKUP meta must be %d bytes, not %u",
+                                         QR_MSG_LOOKUP_LEN, f->meta_len);
+    if (f->flags & ~QR_LOOKUP_READ_ONLY)
+        return qr__fail(QR_EINVAL, "LOOKUP: unknown flags 0x%x", f->flags);
+    qr_var *v = NULL;
+    p->ps->mark++;
+    int rc = qr__peer_reserve_items(p, 1);
+    if (!rc) rc = qr__peer_lookup(p, "LOOKUP", m.var_id, &v);
+    if (rc) return rc;
+    if (!v->table)
+        return qr__fail(QR_EINVAL, "LOOKUP: '%s' is a dense variable, not an embedding table "
+                        "(pull it)", v->name);
+    if (m.count > QR_LOOKUP_MAX_IDS || m.count * 8 != f->payload_len)
+        return qr__fail(QR_EPROTO, "LOOKUP of '%s': %llu ids (at most %d) in a payload of "
+                        "%llu bytes", v->name, (unsigned long long)m.count, QR_LOOKUP_MAX_IDS,
+                        (unsigned long long)f->payload_len);
+    if (m.count * (uint64_t)v->table->dim * 4 > p->ps->conn_opt.max_payload)
+        return qr__fail(QR_ETOOBIG, "LOOKUP of '%s': %llu rows of %lld floats make a reply "
+                        "larger than max-message", v->name, (unsigned long long)m.count,
+                        (long long)v->table->dim);
+    p->items[0] = (push_item){.var = v, .nrows = (int64_t)m.count};
+    p->nitems = 1;
+    if (!f->payload_len) return QR_OK;
+    rc = qr__peer_take_recv(p, f->payload_len);
+    if (rc) return rc;
+    p->items[0].data = (uint8_t *)p->recv;
+    qr_iov iov = {p->recv, f->payload_len};
+    return qr_conn_expect(p->conn, &iov, 1);
+}
+
+static void on_lookup_sent(qr_conn *c, int status, void *ctx) {
+    free(ctx);
+    qr__peer_reply_sent(c, status, NULL);
+}
+
+void qr__lookup_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    qr_var *v = p->items[0].var;
+    qr_table *t = v->table;
+    int64_t n = p->items[0].nrows, dim = t->dim;
+    const int64_t *ids = (const int64_t *)p->items[0].data;
+    char msg[300];
+    for (int64_t i = 0; i < n; i++) {
+        if (qr_place_row(ids[i], ps->cluster->nps) != ps->index) {
+            snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': id %lld is placed on ps %d, not "
+                     "here", ps->name, v->name, (long long)ids[i],
+                     qr_place_row(ids[i], ps->cluster->nps));
+            qr__peer_reply_error(p, f, QR_EINVAL, msg);
+            return;
+        }
+    }
+    float *out = qr__aligned_alloc_uninit((size_t)QR_MAX(n * dim, 1) * sizeof(float));
+    if (!out) {
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory answering a lookup");
+        return;
+    }
+    bool read_only = f->flags & QR_LOOKUP_READ_ONLY;
+    uint64_t added = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float *dst = out + i * dim;
+        int64_t r;
+        bool add = false;
+        if (read_only) r = qr_table_find(t, ids[i]);
+        else r = qr_table_get_or_add(t, ids[i], &add);
+        if (r >= 0) {
+            memcpy(dst, qr_table_row(t, (uint64_t)r), (size_t)dim * sizeof(float));
+        } else if (read_only) {
+            qr_table_initial_value(t, ids[i], dst);
+        } else {
+            free(out);
+            snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': %s", ps->name, v->name, qr_last_error());
+            qr__peer_reply_error(p, f, QR_ENOMEM, msg);
+            return;
+        }
+        added += add;
+    }
+    ps->metrics.rows_added += added;
+    ps->metrics.rows_looked_up += (uint64_t)n;
+    qr_wbuf meta = {0};
+    qr_wbuf_u64(&meta, (uint64_t)n);
+    qr_iov iov = {out, (size_t)(n * dim) * sizeof(float)};
+    if (meta.oom) {
+        free(out);
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
+    } else {
+        qr__peer_reply(p, f, QR_OK, &meta, &iov, 1, on_lookup_sent, out);
+    }
+    qr_wbuf_free(&meta);
+}

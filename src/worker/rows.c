@@ -1,0 +1,345 @@
+/*
+ * rows.c - embedding tables and sparse rows, the worker's side
+ * (docs/EMBEDDINGS.md).
+ *
+ * A table lives on every ps: id i is on ps qr_place_row(i, nps), a hash
+ * every worker and ps computes alike. A pull of a batch's rows asks each
+ * ps only once for each distinct id (a batch of a Zipf-distributed field
+ * repeats its head ids many times), one LOOKUP per ps, all in flight
+ * together; the rows come back into scratch that the worker keeps, and are
+ * copied out to each place the caller asked for.
+ *
+ * Rows to push are added first (qr_worker_add_rows: summed by id into the
+ * worker's buffer, so the caller's arrays are free at once) and travel
+ * with the next qr_worker_push, split by ps, beside its dense gradients:
+ * in sync mode that makes one step, one quorum, of dense and sparse
+ * gradients alike. qr_worker_push_sparse is the two in one call.
+ */
+#include "worker/worker_internal.h"
+
+#include "cluster/placement.h"
+#include "common/init.h"
+#include "optim/optim.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- declare ------------------------------------------------------------- */
+
+int qr_worker_declare_table(qr_worker *w, const char *name, int64_t dim, const char *init,
+                            uint64_t seed, const char *options, int *var_id) {
+    if (!w || !name) return qr__fail(QR_EINVAL, "declare_table: worker and name are required");
+    if (dim < 1 || dim > QR_WORKER_MAX_TABLE_DIM)
+        return qr__fail(QR_ESHAPE, "declare_table '%s': dim %lld (1..%d allowed)", name,
+                        (long long)dim, QR_WORKER_MAX_TABLE_DIM);
+    if (!init) init = "zeros";
+    if (strlen(init) > QR_MSG_MAX_INIT)
+        return qr__fail(QR_EINVAL, "declare_table '%s': initializer of more than %d bytes",
+                        name, QR_MSG_MAX_INIT);
+    int id;
+    int rc = wk_declare(w, name, 1, &dim, init, seed, -1.0f, options ? options : "", true, &id);
+    if (rc) return rc;
+    if (var_id) *var_id = id;
+    return QR_OK;
+}
+
+/* ---- pull ----------------------------------------------------------------- */
+
+static int grow(void **p, uint64_t *cap, uint64_t want, size_t elem) {
+    if (want <= *cap) return QR_OK;
+    uint64_t cap2 = QR_MAX(want, *cap * 2);
+    void *q = realloc(*p, cap2 * elem);
+    if (!q) return qr__fail(QR_ENOMEM, "out of memory for %llu rows", (unsigned long long)cap2);
+    *p = q;
+    *cap = cap2;
+    return QR_OK;
+}
+
+/* The scratch for n ids of which at most n are distinct, rows of dim. */
+static int lookup_reserve(qr_worker *w, uint64_t n, int64_t dim) {
+    wk_lookup *k = &w->lookup;
+    if (!k->start) {
+        k->start = qr__calloc((size_t)w->nps + 1, sizeof *k->start);
+        if (!k->start || qr_idmap_init(&k->index, n)) return QR_ENOMEM;
+    }
+    uint64_t cap_n = k->cap_n, cap_u = k->cap_u;
+    int rc = grow((void **)&k->pos, &cap_n, n, sizeof *k->pos);
+    if (!rc && n > k->cap_u) {
+        uint64_t c;
+        c = k->cap_u; rc = grow((void **)&k->uniq, &c, n, sizeof *k->uniq);
+        c = k->cap_u; if (!rc) rc = grow((void **)&k->slot, &c, n, sizeof *k->slot);
+        c = k->cap_u; if (!rc) rc = grow((void **)&k->shard, &c, n, sizeof *k->shard);
+        c = k->cap_u; if (!rc) rc = grow((void **)&k->grouped, &c, n, sizeof *k->grouped);
+        cap_u = c;
+    }
+    if (!rc && n * (uint64_t)dim > k->cap_rows) {
+        float *rows = qr__aligned_alloc_uninit(n * (uint64_t)dim * sizeof *rows);
+        if (!rows) return QR_ENOMEM;
+        free(k->rows);
+        k->rows = rows;
+        k->cap_rows = n * (uint64_t)dim;
+    }
+    if (rc) return rc;
+    k->cap_n = cap_n;
+    k->cap_u = cap_u;
+    return QR_OK;
+}
+
+static int check_table(qr_worker *w, const char *what, int var_id, int64_t n, const void *ids,
+                       const void *rows) {
+    int rc = wk_check_ids(w, what, 1, &var_id);
+    if (rc) return rc;
+    if (n < 0 || n > QR_WORKER_MAX_ROWS || (n > 0 && (!ids || !rows)))
+        return qr__fail(QR_EINVAL, "%s: %lld rows (0..%d allowed), or a NULL array", what,
+                        (long long)n, QR_WORKER_MAX_ROWS);
+    return QR_OK;
+}
+
+int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids, float *out,
+                        unsigned flags) {
+    int rc = check_table(w, "pull_rows", var_id, n, ids, out);
+    if (rc) return rc;
+    wk_var *v = &w->vars[var_id];
+    if (!v->table)
+        return qr__fail(QR_EINVAL, "pull_rows: '%s' is a dense variable, not an embedding "
+                        "table (use qr_worker_pull)", v->name);
+    if (flags & ~QR_ROWS_READ_ONLY) return qr__fail(QR_EINVAL, "pull_rows: unknown flags 0x%x", flags);
+    if (n == 0) return QR_OK;
+    int64_t dim = v->shape[0];
+    if ((rc = lookup_reserve(w, (uint64_t)n, dim))) return rc;
+    wk_lookup *k = &w->lookup;
+    /* The distinct ids, and which one each id is. */
+    qr_idmap_clear(&k->index);
+    uint64_t nu = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bool added;
+        int64_t at = qr_idmap_insert(&k->index, k->uniq, ids[i], (uint32_t)nu, &added);
+        if (at < 0) return QR_ENOMEM;
+        if (added) k->uniq[nu++] = ids[i];
+        k->pos[i] = (uint32_t)at;
+    }
+    /* Grouped by ps (a counting sort, stable: first-seen order within). */
+    memset(k->start, 0, ((size_t)w->nps + 1) * sizeof *k->start);
+    for (uint64_t u = 0; u < nu; u++) {
+        k->shard[u] = qr_place_row(k->uniq[u], w->nps);
+        k->start[k->shard[u] + 1]++;
+    }
+    for (int p = 0; p < w->nps; p++) k->start[p + 1] += k->start[p];
+    uint64_t *fill = qr__calloc((size_t)w->nps, sizeof *fill);
+    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (!fill || !reqs) {
+        free(fill);
+        free(reqs);
+        return QR_ENOMEM;
+    }
+    for (uint64_t u = 0; u < nu; u++) {
+        int p = k->shard[u];
+        uint64_t at = k->start[p] + fill[p]++;
+        k->grouped[at] = k->uniq[u];
+        k->slot[u] = (uint32_t)at;
+    }
+    free(fill);
+    int nreq = 0;
+    for (int p = 0; p < w->nps && !rc; p++) {
+        uint64_t count = k->start[p + 1] - k->start[p];
+        if (!count) continue;
+        wk_request *r = wk_request_new(w, p, QR_MSG_LOOKUP);
+        if (!r) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        reqs[nreq++] = r;
+        r->flags = (flags & QR_ROWS_READ_ONLY) ? QR_LOOKUP_READ_ONLY : 0;
+        qr_msg_put_lookup(&r->meta, &(qr_msg_lookup){.var_id = (uint32_t)var_id, .count = count});
+        r->payload = qr__calloc(1, sizeof *r->payload);
+        r->dst = qr__calloc(1, sizeof *r->dst);
+        if (!r->payload || !r->dst || r->meta.oom) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        r->payload[0] = (qr_iov){k->grouped + k->start[p], (size_t)count * 8};
+        r->npayload = 1;
+        r->dst[0] = k->rows + k->start[p] * (uint64_t)dim;
+        r->rows = count;
+        r->rows_dim = dim;
+    }
+    if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
+    wk_free_requests(reqs, nreq);
+    free(reqs);
+    if (rc) return rc;
+    size_t row_bytes = (size_t)dim * sizeof(float);
+    for (int64_t i = 0; i < n; i++)
+        memcpy(out + i * dim, k->rows + (uint64_t)k->slot[k->pos[i]] * (uint64_t)dim, row_bytes);
+    return QR_OK;
+}
+
+/* ---- rows added to the next push -------------------------------------------- */
+
+static void rows_free(wk_rows *a) {
+    if (!a) return;
+    qr_idmap_free(&a->index);
+    free(a->ids);
+    free(a->sum);
+    free(a->split_ids);
+    free(a->split_rows);
+    free(a->start);
+    free(a);
+}
+
+void wk_rows_free(qr_worker *w) {
+    for (int i = 0; i < w->nvars; i++) {
+        rows_free(w->vars[i].added);
+        w->vars[i].added = NULL;
+    }
+    wk_lookup *k = &w->lookup;
+    qr_idmap_free(&k->index);
+    free(k->uniq);
+    free(k->pos);
+    free(k->slot);
+    free(k->shard);
+    free(k->grouped);
+    free(k->rows);
+    free(k->start);
+    memset(k, 0, sizeof *k);
+}
+
+int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
+                       const float *rows) {
+    int rc = check_table(w, "add_rows", var_id, n, ids, rows);
+    if (rc) return rc;
+    wk_var *v = &w->vars[var_id];
+    int64_t dim = v->shape[v->ndim - 1];
+    int64_t nrows = v->table ? 0 : v->n / dim;
+    for (int64_t i = 0; i < n && !v->table; i++)
+        if (ids[i] < 0 || ids[i] >= nrows)
+            return qr__fail(QR_EINVAL, "add_rows: '%s': row index %lld is out of range [0, "
+                            "%lld)", v->name, (long long)ids[i], (long long)nrows);
+    if (!qr_optim_all_finite(rows, n * dim))
+        return qr__fail(QR_ENONFINITE, "add_rows: the rows for '%s' contain NaN or Inf",
+                        v->name);
+    wk_rows *a = v->added;
+    if (!a) {
+        a = v->added = qr__calloc(1, sizeof *a);
+        if (!a || qr_idmap_init(&a->index, (uint64_t)n)) return QR_ENOMEM;
+    }
+    if (a->n + (uint64_t)n > a->cap) {
+        uint64_t cap = QR_MAX(a->n + (uint64_t)n, a->cap * 2);
+        int64_t *ids2 = realloc(a->ids, cap * sizeof *ids2);
+        if (ids2) a->ids = ids2;
+        float *sum2 = realloc(a->sum, cap * (uint64_t)dim * sizeof *sum2);
+        if (sum2) a->sum = sum2;
+        if (!ids2 || !sum2) return qr__fail(QR_ENOMEM, "add_rows: out of memory");
+        a->cap = cap;
+    }
+    /* Duplicates summed in the order they come: the same rows added in the
+     * same order give the same sums. */
+    for (int64_t i = 0; i < n; i++) {
+        bool added;
+        int64_t at = qr_idmap_insert(&a->index, a->ids, ids[i], (uint32_t)a->n, &added);
+        if (at < 0) return QR_ENOMEM;
+        float *dst = a->sum + (uint64_t)at * (uint64_t)dim;
+        if (added) {
+            a->ids[a->n++] = ids[i];
+            memcpy(dst, rows + i * dim, (size_t)dim * sizeof *dst);
+        } else {
+            for (int64_t d = 0; d < dim; d++) dst[d] += rows[i * dim + d];
+        }
+    }
+    return QR_OK;
+}
+
+/* Split every variable's added rows by ps (once per push). */
+static int rows_split(qr_worker *w, wk_var *v) {
+    wk_rows *a = v->added;
+    int64_t dim = v->shape[v->ndim - 1];
+    free(a->split_ids);
+    free(a->split_rows);
+    free(a->start);
+    a->split_ids = malloc(QR_MAX(a->n, 1) * sizeof *a->split_ids);
+    a->split_rows = malloc(QR_MAX(a->n, 1) * (uint64_t)dim * sizeof *a->split_rows);
+    a->start = qr__calloc((size_t)w->nps + 1, sizeof *a->start);
+    uint64_t *fill = qr__calloc((size_t)w->nps, sizeof *fill);
+    if (!a->split_ids || !a->split_rows || !a->start || !fill) {
+        free(fill);
+        return qr__fail(QR_ENOMEM, "push: out of memory splitting the rows of '%s'", v->name);
+    }
+    for (uint64_t i = 0; i < a->n; i++) {
+        int p = v->table ? qr_place_row(a->ids[i], w->nps) : v->ps;
+        a->start[p + 1]++;
+    }
+    for (int p = 0; p < w->nps; p++) a->start[p + 1] += a->start[p];
+    for (uint64_t i = 0; i < a->n; i++) {
+        int p = v->table ? qr_place_row(a->ids[i], w->nps) : v->ps;
+        uint64_t at = a->start[p] + fill[p]++;
+        a->split_ids[at] = a->ids[i];
+        memcpy(a->split_rows + at * (uint64_t)dim, a->sum + i * (uint64_t)dim,
+               (size_t)dim * sizeof(float));
+    }
+    free(fill);
+    return QR_OK;
+}
+
+int wk_rows_prepare(qr_worker *w) {
+    for (int i = 0; i < w->nvars; i++) {
+        wk_var *v = &w->vars[i];
+        /* Sync: every table goes to every ps in every push, with no rows if
+         * none were added, so each ps holds every member's push of a step. */
+        if (!v->added && v->table && w->sync) {
+            v->added = qr__calloc(1, sizeof *v->added);
+            if (!v->added || qr_idmap_init(&v->added->index, 0)) return QR_ENOMEM;
+        }
+        if (v->added && rows_split(w, v)) return QR_ENOMEM;
+    }
+    return QR_OK;
+}
+
+/* Does variable v carry an item to ps p in this push? */
+static bool item_for(const qr_worker *w, const wk_var *v, int p) {
+    const wk_rows *a = v->added;
+    if (!a || !a->start) return false;
+    if (w->sync && v->table) return true;
+    return a->start[p + 1] > a->start[p];
+}
+
+int wk_rows_items(const qr_worker *w, int p) {
+    int n = 0;
+    for (int i = 0; i < w->nvars; i++) n += item_for(w, &w->vars[i], p);
+    return n;
+}
+
+void wk_rows_put(qr_worker *w, int p, wk_request *r) {
+    for (int i = 0; i < w->nvars; i++) {
+        wk_var *v = &w->vars[i];
+        if (!item_for(w, v, p)) continue;
+        wk_rows *a = v->added;
+        int64_t dim = v->shape[v->ndim - 1];
+        uint64_t k = a->start[p + 1] - a->start[p];
+        qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)i, .kind = QR_GRAD_SPARSE,
+                                               .nbytes = k * (8 + 4 * (uint64_t)dim),
+                                               .version = v->version});
+        r->payload[r->npayload++] = (qr_iov){a->split_ids + a->start[p], (size_t)k * 8};
+        r->payload[r->npayload++] =
+            (qr_iov){a->split_rows + a->start[p] * (uint64_t)dim, (size_t)(k * dim) * 4};
+    }
+}
+
+void wk_rows_clear(qr_worker *w) {
+    for (int i = 0; i < w->nvars; i++) {
+        wk_rows *a = w->vars[i].added;
+        if (!a) continue;
+        qr_idmap_clear(&a->index);
+        a->n = 0;
+        free(a->start);
+        a->start = NULL;
+    }
+}
+
+int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t *indices,
+                          const float *rows, unsigned flags, int64_t *global_step) {
+    int rc = qr_worker_add_rows(w, var_id, nrows, indices, rows);
+    if (rc) {
+        wk_rows_clear(w);
+        return rc;
+    }
+    return qr_worker_push(w, 0, NULL, NULL, flags, global_step);
+}

@@ -1,0 +1,173 @@
+/*
+ * worker_internal.h - the state of a worker handle, shared by the files
+ * that make up the worker side:
+ *   client.c  connections, requests and the loop that runs them; declare,
+ *             initialize, dense pull and push, the sync calls
+ *   rows.c    embedding tables and sparse rows: declare a table, pull a
+ *             batch's rows (deduplicated, split by shard, in parallel),
+ *             rows added to the next push
+ * Everything runs on the caller's thread, inside its calls.
+ */
+#ifndef QR_WORKER_INTERNAL_H
+#define QR_WORKER_INTERNAL_H
+
+#include "cluster/cluster.h"
+#include "common/config.h"
+#include "common/idmap.h"
+#include "wire/conn.h"
+#include "wire/msg.h"
+#include "worker/heartbeat.h"
+
+typedef struct wk_var {
+    char *name;
+    char *init;
+    char *options; /* its own optimizer options ("" if none) */
+    int ndim;
+    int64_t shape[QR_PROTO_MAX_NDIM];
+    int64_t n;
+    uint64_t seed;
+    float lr;
+    int ps;
+    uint64_t version; /* the ps's version of it at the last pull */
+    float *data; /* the worker's copy (NULL for a table) */
+    bool table;  /* an embedding table: shape [dim], rows on every ps by id */
+    struct wk_rows *added; /* rows added to the next push, or NULL */
+} wk_var;
+
+/* Sparse rows added to the next push for one variable, summed by id, and
+ * at push time split by the ps each id goes to. */
+typedef struct wk_rows {
+    qr_idmap index;
+    int64_t *ids;
+    float *sum;        /* n x dim */
+    uint64_t n, cap;
+    /* the split: ids and rows of ps p at [start[p], start[p + 1]) */
+    int64_t *split_ids;
+    float *split_rows;
+    uint64_t *start;   /* nps + 1 */
+} wk_rows;
+
+/* The scratch of qr_worker_pull_rows, kept between calls (it grows to the
+ * largest batch and stays): the batch's distinct ids, each id's place
+ * among them, and the distinct ids grouped by ps with their rows. */
+typedef struct wk_lookup {
+    qr_idmap index;
+    int64_t *uniq;     /* distinct ids, first-seen order */
+    uint32_t *pos;     /* [n]: which distinct id ids[i] is */
+    uint32_t *slot;    /* [distinct]: its place in the grouped arrays */
+    int *shard;        /* [distinct]: its ps */
+    int64_t *grouped;  /* distinct ids grouped by ps */
+    float *rows;       /* their rows, in the same order */
+    uint64_t cap_n, cap_u, cap_rows;
+    uint64_t *start;   /* nps + 1 */
+} wk_lookup;
+
+typedef struct ps_link ps_link;
+
+typedef struct wk_request {
+    ps_link *link;
+    uint8_t type;
+    uint16_t flags;
+    uint32_t id;
+    qr_wbuf meta;
+    qr_iov *payload;
+    int npayload;
+    /* PULL: where each variable's values go */
+    int nvars;
+    int *var_ids;
+    float **dst;
+    bool sent, done, internal;
+    int retries;
+    int status;
+    char errmsg[512];
+    int64_t step;
+    uint64_t rows;      /* LOOKUP: rows expected, of rows_dim floats, into dst[0] */
+    int64_t rows_dim;
+    uint32_t ready;
+    uint64_t data_pos; /* READY: this worker's restored data position */
+    bool want_meta; /* keep the reply's meta (STATS) */
+    uint8_t *reply_meta;
+    size_t reply_meta_len;
+    struct wk_request *next; /* in the link's queue of sent requests */
+} wk_request;
+
+struct ps_link {
+    qr_worker *w;
+    int index;
+    qr_addr addr;
+    qr_conn *conn;
+    enum { LINK_DOWN, LINK_CONNECTING, LINK_HELLO, LINK_UP } state;
+    int attempts;
+    uint64_t retry_at_ns;
+    wk_request *head, *tail; /* sent, awaiting reply, in order */
+    char last_error[256];
+    int refused;      /* the ps refused our HELLO: every request fails so */
+    char refusal[512];
+    uint64_t incarnation; /* of the ps, from its first HELLO answer (0: never) */
+    uint64_t lost_ns;     /* when a connection that was up was lost (0: up, or never up) */
+    uint64_t unreached_ns; /* when connecting first failed, never up yet (0: not failing) */
+    bool refusal_reported; /* the lost ps's refusals were reported */
+};
+
+struct qr_worker {
+    uv_loop_t loop;
+    uv_timer_t wake;
+    qr_cluster *cluster;
+    qr_config *cfg;
+    int index;
+    bool prefer_unix;
+    qr_conn_options conn_opt;
+    qr_conn_events events;
+    ps_link *links;
+    int nps;
+    wk_var *vars;
+    int nvars, vars_cap;
+    bool placed, initialized;
+    uint32_t next_id;
+    int timeout_ms;
+    int sync_timeout_ms;
+    bool sync;           /* mode=sync: synchronous replicas */
+    int64_t local_step;  /* sync: the step this worker computes for */
+    uint32_t push_seq;   /* numbers this worker's pushes */
+    int64_t step_limit;  /* the chief tells ps 0 at initialize */
+    int64_t steps_pushed; /* async: successful step pushes (the clock) */
+    int64_t max_staleness;
+    uint64_t data_pos;   /* set by the caller, sent with every push */
+    uint64_t restored_pos; /* from ps 0 at initialize (a restored checkpoint) */
+    qr_heartbeat *heartbeat; /* started by initialize (heartbeat-ms) */
+    int restart_wait_ms; /* how long a call waits for a lost ps to come back */
+    int rolled_back;     /* QR_EROLLEDBACK or QR_EABORTED: a ps was restarted */
+    char rollback_msg[512];
+    bool stopping;       /* the run is ending: a lost ps is expected */
+    wk_lookup lookup;    /* qr_worker_pull_rows's scratch */
+};
+
+/* client.c: requests. One request goes to one ps; wk_run_requests sends
+ * a batch at once (connecting as needed) and waits for every reply,
+ * returning the first failure with its message. */
+wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type);
+void wk_request_free(wk_request *r);
+void wk_free_requests(wk_request **reqs, int n);
+int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms);
+/* The call may go on: the worker is initialized and the ids name
+ * declared variables. */
+int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids);
+
+/* client.c: declare a variable (dense, or a table). */
+int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, const char *init,
+               uint64_t seed, float lr, const char *options, bool table, int *var_id);
+
+/* rows.c: rows added to the next push, per variable. */
+#define QR_WORKER_MAX_TABLE_DIM 65536
+#define QR_WORKER_MAX_ROWS (1 << 24)
+void wk_rows_free(qr_worker *w);
+/* At the start of a push: split the added rows by ps. */
+int wk_rows_prepare(qr_worker *w);
+/* How many items of rows the push to ps p carries (0: none). */
+int wk_rows_items(const qr_worker *w, int p);
+/* Their meta records and payload (two iovs each) into r. */
+void wk_rows_put(qr_worker *w, int p, wk_request *r);
+/* The push went (or failed): the added rows are used up. */
+void wk_rows_clear(qr_worker *w);
+
+#endif /* QR_WORKER_INTERNAL_H */
