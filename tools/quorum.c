@@ -4,6 +4,7 @@
  * project that prints for the user and exits.
  */
 #include "cli.h"
+#include "data/ctr.h"
 #include "bench/bench.h"
 
 #include <signal.h>
@@ -31,11 +32,14 @@ static void usage(FILE *f) {
             "  train    --local: the single-process reference of synchronous training\n"
             "  bench    benchmarks: quorum bench wire | optim | ckpt\n"
             "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
+            "  gen-ctr  write a synthetic click data set: quorum gen-ctr --out DIR\n"
             "  plot     draw a run's loss and throughput: quorum plot LOGDIR -o FILE.png\n"
             "  version  print the version\n\n"
             "`quorum <command> --help` describes a command's options.\n",
             qr_version());
 }
+
+static int cmd_gen_ctr(int argc, char **argv);
 
 static bool wants_help(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -237,6 +241,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "ckpt")) return cmd_ckpt(argc - 2, argv + 2);
     if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
+    if (!strcmp(cmd, "gen-ctr")) return cmd_gen_ctr(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         if (wants_help(argc - 2, argv + 2)) {
             printf("usage: quorum version\n\nPrint the version of quorum and exit.\n");
@@ -252,4 +257,60 @@ int main(int argc, char **argv) {
     fprintf(stderr, "quorum: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;
+}
+
+/* quorum gen-ctr --out DIR [--rows N] [--fields F] [--seed S] */
+static int cmd_gen_ctr(int argc, char **argv) {
+    qr_ctr_gen g;
+    qr_ctr_gen_default(&g);
+    if (wants_help(argc, argv)) {
+        printf("usage: quorum gen-ctr --out DIR [--rows N] [--fields F] [--seed S]\n\n"
+               "Write a seeded synthetic click data set to DIR: train.ffm and test.ffm\n"
+               "(libffm text: label field:id:1 ...) and meta.json. Each field's ids follow a\n"
+               "Zipf distribution over up to a million values; labels come from a hidden\n"
+               "logistic model whose own test AUC is meta.json's hidden_auc, the ceiling a\n"
+               "learner is measured against (docs/EMBEDDINGS.md).\n\n"
+               "  --out DIR     where to write (created if missing)\n"
+               "  --rows N      examples, train and test together (default %lld; 20%% test)\n"
+               "  --fields F    categorical fields, 1..100 (default %d)\n"
+               "  --seed S      (default %llu)\n",
+               (long long)g.rows, g.fields, (unsigned long long)g.seed);
+        return 0;
+    }
+    const char *out = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *flag = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t v = 0;
+        int bad = 0;
+        if (!value) bad = 1;
+        else if (!strcmp(flag, "--out")) out = value;
+        else if (!strcmp(flag, "--rows")) bad = qr__parse_int64(value, 10, 1ll << 32, &v) || !(g.rows = v);
+        else if (!strcmp(flag, "--fields")) bad = qr__parse_int64(value, 1, 100, &v) || !(g.fields = (int)v);
+        else if (!strcmp(flag, "--seed")) bad = qr__parse_int64(value, 0, INT64_MAX, &v) || ((g.seed = (uint64_t)v), 0);
+        else {
+            fprintf(stderr, "quorum gen-ctr: unknown option '%s' (see --help)\n", flag);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "quorum gen-ctr: %s needs %s\n", flag,
+                    !strcmp(flag, "--out") ? "a folder"
+                    : !strcmp(flag, "--rows") ? "a number, 10..2^32"
+                    : !strcmp(flag, "--fields") ? "a number, 1..100" : "a number >= 0");
+            return 2;
+        }
+        i++;
+    }
+    if (!out) {
+        fprintf(stderr, "quorum gen-ctr: --out DIR is required\n");
+        return 2;
+    }
+    double auc = 0;
+    if (qr_ctr_generate(out, &g, &auc)) {
+        fprintf(stderr, "quorum gen-ctr: %s\n", qr_last_error());
+        return 1;
+    }
+    printf("wrote %lld examples of %d fields to %s (hidden model's test AUC %.4f)\n",
+           (long long)g.rows, g.fields, out, auc);
+    return 0;
 }

@@ -45,6 +45,10 @@ static void print_json(const cli_args *a, const char *mode, int nps, int nworker
     snprintf(digest, sizeof digest, "%016llx", (unsigned long long)r->params_digest);
     cJSON_AddNumberToObject(j, "test_accuracy", r->test_accuracy);
     cJSON_AddNumberToObject(j, "test_loss", r->test_loss);
+    if (r->test_auc >= 0) {
+        cJSON_AddNumberToObject(j, "test_auc", r->test_auc);
+        cJSON_AddNumberToObject(j, "test_logloss", r->test_logloss);
+    }
     if (r->test_accuracy_averaged >= 0)
         cJSON_AddNumberToObject(j, "test_accuracy_averaged", r->test_accuracy_averaged);
     cJSON_AddNumberToObject(j, "global_step", (double)r->global_step);
@@ -83,5 +87,7 @@ void cli_print_summary(const cli_args *a, const char *mode, int nps, int nworker
             "%.1f steps/s, %.0f examples/s, %.1f s\n",
             a->train.model, a->train.data, mode, r->test_accuracy, r->test_loss,
             (long long)r->global_step, steps_per_sec, r->examples_per_sec, r->wall_seconds);
+    if (r->test_auc >= 0)
+        fprintf(stderr, "test AUC %.4f, log loss %.4f\n", r->test_auc, r->test_logloss);
     if (a->json) print_json(a, mode, nps, nworkers, steps_per_sec, r);
 }

@@ -16,9 +16,19 @@ static bool truth(const char *value) {
 }
 
 static int set_model(cli_args *a, const char *value) {
-    if (strcmp(value, "softmax") && strcmp(value, "mlp"))
-        return qr__fail(QR_EINVAL, "expected softmax or mlp");
-    a->train.model = !strcmp(value, "mlp") ? "mlp" : "softmax";
+    static const char *models[] = {"softmax", "mlp", "logreg", "wide-deep"};
+    for (size_t i = 0; i < QR_ARRAY_LEN(models); i++)
+        if (!strcmp(value, models[i])) {
+            a->train.model = models[i];
+            return QR_OK;
+        }
+    return qr__fail(QR_EINVAL, "expected softmax, mlp, logreg or wide-deep");
+}
+
+static int set_embedding_dim(cli_args *a, const char *value) {
+    int64_t v;
+    if (qr__parse_int64(value, 1, 1024, &v)) return qr__fail(QR_EINVAL, "expected 1..1024");
+    a->train.embedding_dim = (int)v;
     return QR_OK;
 }
 
@@ -174,11 +184,19 @@ static const train_flag flags[] = {
      "the single-process reference of synchronous training"},
     {"virtual-workers", "N", CLI_LOCAL, NULL, set_virtual_workers,
      "workers computed in turn by --local (default 1)"},
-    {"model", "softmax|mlp", CLI_TRAIN, NULL, set_model, "model to train (default mlp)"},
-    {"hidden", "256,128", CLI_TRAIN, NULL, set_hidden, "hidden layer widths of the mlp"},
+    {"model", "softmax|mlp|logreg|wide-deep", CLI_TRAIN, NULL, set_model,
+     "model to train (default mlp); logreg and wide-deep are\n"
+     "click models over embedding tables (docs/EMBEDDINGS.md)"},
+    {"hidden", "256,128", CLI_TRAIN, NULL, set_hidden,
+     "hidden layer widths of the mlp (and of wide-deep's)"},
+    {"embedding-dim", "D", CLI_TRAIN, NULL, set_embedding_dim,
+     "wide-deep: the width of its embedding rows (default 8)"},
     {"data", "NAME|PATH", CLI_TRAIN, NULL, set_data,
      "fashion-mnist, digits, or a directory of IDX files\n"
-     "or a digits-style .csv(.gz) (default digits)"},
+     "or a digits-style .csv(.gz) (default digits); for\n"
+     "logreg and wide-deep, click data: a libffm or libsvm\n"
+     "file, or a directory with train* and test* files\n"
+     "(quorum gen-ctr writes one)"},
     {"data-dir", "DIR", CLI_TRAIN, NULL, set_data_dir,
      "where fashion-mnist/digits live, if not the default"},
     {"batch-size", "N", CLI_TRAIN, NULL, set_batch_size, "examples per worker step (default 64)"},

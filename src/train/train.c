@@ -47,6 +47,7 @@ void qr_train_opts_default(qr_train_opts *o) {
     o->summary_secs = 120; /* TensorFlow's summary service */
     o->accumulate = 1;
     o->local_steps = 1;
+    o->embedding_dim = 8;
 }
 
 /* Hash of every variable's bytes in id order: two runs that end with the
@@ -128,30 +129,30 @@ static int batch_grad(trainer *t, qr_rng *rng, int batch, float **params, float 
 
 /* Global steps of the run: --steps, or --epochs over the training set; a
  * synchronous step consumes R batches, an asynchronous one a single batch. */
-static int64_t total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step) {
+int64_t qr__train_total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step) {
     if (o->steps) return o->steps;
     double per_step = (double)o->batch_size * batches_per_step;
     return QR_MAX(1, (int64_t)ceil(o->epochs * (double)ntrain / per_step));
 }
 
-static int sync_replicas(const qr_config *cfg, int nworkers) {
+int qr__train_sync_replicas(const qr_config *cfg, int nworkers) {
     int64_t r = qr__config_int(cfg, "replicas-to-aggregate");
     return r > 0 ? (int)r : nworkers;
 }
 
-static void sleep_ms(int ms) {
+void qr__train_sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
 
 /* The variable a --var-opt names, and its options. */
-static bool var_opt_names(const char *spec, const char *name) {
+bool qr__train_var_opt_names(const char *spec, const char *name) {
     const char *colon = strchr(spec, ':');
     size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
     return strlen(name) == len && !strncmp(spec, name, len);
 }
 
-static const char *var_opt_options(const char *spec) {
+const char *qr__train_var_opt_options(const char *spec) {
     const char *colon = strchr(spec, ':');
     return colon ? colon + 1 : "";
 }
@@ -235,7 +236,7 @@ static step_fn pick_strategy(const qr_train_opts *o) {
 /* Push what the step computed and move to the next step: the token's step
  * (sync) or the global step ps 0 answered (async). */
 static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res) {
-    if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) sleep_ms(r->o->slow_ms);
+    if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) qr__train_sleep_ms(r->o->slow_ms);
     int64_t global = 0;
     qr_worker_set_data_position(r->w, r->t.drawn);
     double t0 = qr__now_sec();
@@ -294,7 +295,7 @@ static int declare_params(worker_run *r) {
         qr_model_param_info(r->t.model, i, &name, &ndim, shape, &init);
         const char *opts = "";
         for (int k = 0; k < r->o->nvar_opts; k++)
-            if (var_opt_names(r->o->var_opt[k], name)) opts = var_opt_options(r->o->var_opt[k]);
+            if (qr__train_var_opt_names(r->o->var_opt[k], name)) opts = qr__train_var_opt_options(r->o->var_opt[k]);
         int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init, param_seed(r->o, i), opts,
                                         &r->ids[i]);
         if (rc) return rc;
@@ -314,7 +315,7 @@ static int check_var_opts(const worker_run *r) {
             int ndim;
             int64_t shape[2];
             qr_model_param_info(r->t.model, i, &name, &ndim, shape, &init);
-            found |= var_opt_names(r->o->var_opt[k], name);
+            found |= qr__train_var_opt_names(r->o->var_opt[k], name);
         }
         if (!found) {
             const char *spec = r->o->var_opt[k], *colon = strchr(spec, ':');
@@ -354,9 +355,9 @@ static int run_setup(worker_run *r, const qr_cluster *cluster, const qr_config *
     if (!rc) rc = declare_params(r);
     if (!rc && r->sync && (r->o->accumulate > 1 || r->o->local_steps > 1))
         rc = qr__fail(QR_EINVAL, "--accumulate and --local-steps are for --mode async");
-    r->batches = r->sync ? sync_replicas(cfg, qr_cluster_num_workers(cluster))
+    r->batches = r->sync ? qr__train_sync_replicas(cfg, qr_cluster_num_workers(cluster))
                          : r->o->accumulate * r->o->local_steps;
-    r->total = total_steps(r->o, r->t.train.n, r->batches);
+    r->total = qr__train_total_steps(r->o, r->t.train.n, r->batches);
     if (!rc) rc = check_var_opts(r);
     if (!rc) rc = alloc_extra(r);
     read_local_lr(r, cfg);
@@ -456,6 +457,8 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     openblas_set_num_threads(1);
     memset(res, 0, sizeof *res);
     res->test_accuracy_averaged = -1;
+    res->test_auc = res->test_logloss = -1;
+    if (qr__train_is_ctr(o->model)) return qr__train_ctr_worker(cluster, task_index, cfg, o, res);
     worker_run r = new_run(o, task_index, cfg);
     int rc = qr__worker_metrics_start(&r.metrics, cfg);
     if (!rc) rc = run_setup(&r, cluster, cfg);
@@ -576,9 +579,13 @@ int qr_train_local(const qr_config *cfg, const qr_train_opts *o, qr_train_result
     openblas_set_num_threads(1);
     memset(res, 0, sizeof *res);
     res->test_accuracy_averaged = -1;
+    res->test_auc = res->test_logloss = -1;
+    if (qr__train_is_ctr(o->model))
+        return qr__fail(QR_EINVAL, "quorum train --local trains softmax and mlp; click models "
+                        "(%s) train on a cluster", o->model);
     local_run l = {.n = o->virtual_workers};
     int rc = local_setup(&l, cfg, o);
-    int64_t total = total_steps(o, l.t.train.n, l.n);
+    int64_t total = qr__train_total_steps(o, l.t.train.n, l.n);
     bool mean = !strcmp(qr__config_str(cfg, "reduction"), "mean");
     double start = qr__now_sec();
     for (int64_t s = 0; !rc && s < total; s++) {

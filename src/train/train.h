@@ -31,7 +31,8 @@ typedef void (*qr_train_progress_fn)(const qr_train_progress *p, void *ctx);
 
 /* The strings are borrowed: the caller keeps them alive during a call. */
 typedef struct qr_train_opts {
-    const char *model;          /* "softmax" | "mlp" */
+    const char *model;          /* "softmax" | "mlp" | "logreg" | "wide-deep" */
+    int embedding_dim;          /* click models: the embedding tables' width */
     int hidden[QR_TRAIN_MAX_HIDDEN];
     int nhidden;
     const char *data;           /* "fashion-mnist" | "digits" | PATH */
@@ -63,6 +64,7 @@ void qr_train_opts_default(qr_train_opts *o);
 
 typedef struct qr_train_result {
     double test_accuracy, test_loss;
+    double test_auc, test_logloss; /* click models (-1 otherwise) */
     double test_accuracy_averaged; /* with the moving averages; -1 if off */
     int64_t global_step;
     int64_t local_steps;
@@ -86,5 +88,15 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
  * applied with the same code the ps runs. With the same seed, a cluster
  * run with R = N and init-tokens 0 ends with bit-identical parameters. */
 int qr_train_local(const qr_config *cfg, const qr_train_opts *opts, qr_train_result *res);
+
+/* Internal, shared by train.c and train_ctr.c. */
+bool qr__train_is_ctr(const char *model);
+int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
+                         const qr_train_opts *opts, qr_train_result *res);
+bool qr__train_var_opt_names(const char *spec, const char *name);
+const char *qr__train_var_opt_options(const char *spec);
+int qr__train_sync_replicas(const qr_config *cfg, int nworkers);
+int64_t qr__train_total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step);
+void qr__train_sleep_ms(int ms);
 
 #endif

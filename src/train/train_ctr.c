@@ -1,0 +1,342 @@
+/*
+ * train_ctr.c - a worker training a click-prediction model (model/ctr.h)
+ * on click data (data/ctr.h), its embeddings as tables on the ps tier
+ * (docs/EMBEDDINGS.md).
+ *
+ * A step: pull the dense variables, sample a batch, pull the rows of its
+ * features from each table (qr_worker_pull_rows: each distinct id once,
+ * from the ps that holds it), compute the loss and the gradients, add the
+ * row gradients (qr_worker_add_rows sums them by id) and push them with the
+ * dense gradients: async, the push advances the global step; sync, it is
+ * one member of the step's quorum for every variable, then a token. The
+ * chief evaluates the test set at the end (reading rows without adding
+ * those of ids never trained on) and reports AUC and log loss.
+ */
+#include "train/train.h"
+
+#include "common/config.h"
+#include "data/ctr.h"
+#include "model/ctr.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TABLES 2
+
+typedef struct ctr_run {
+    const qr_train_opts *o;
+    int task_index;
+    bool chief, sync;
+    qr_ctr_dataset train, test;
+    qr_ctr_model *model;
+    qr_worker *w;
+    int ntables, ndense;
+    int table_id[MAX_TABLES], table_dim[MAX_TABLES];
+    int *dense_id;
+    float **dense, **dense_grad;
+    /* the batch, gathered */
+    int64_t *row_ptr, *ids;
+    int32_t *field;
+    float *val, *label, *prob;
+    int64_t cap_nnz, cur_nnz;
+    float *rows[MAX_TABLES], *row_grad[MAX_TABLES];
+    qr_rng rng;
+    uint64_t drawn;
+    int batches;
+    int64_t step, total;
+    double loss_avg;
+} ctr_run;
+
+bool qr__train_is_ctr(const char *model) {
+    return model && (!strcmp(model, "logreg") || !strcmp(model, "wide-deep"));
+}
+
+static void run_free(ctr_run *r) {
+    qr_worker_free(r->w);
+    qr_ctr_model_free(r->model);
+    qr_ctr_dataset_free(&r->train);
+    qr_ctr_dataset_free(&r->test);
+    for (int i = 0; i < r->ndense; i++) free(r->dense_grad ? r->dense_grad[i] : NULL);
+    free(r->dense_grad);
+    free(r->dense);
+    free(r->dense_id);
+    for (int j = 0; j < MAX_TABLES; j++) {
+        free(r->rows[j]);
+        free(r->row_grad[j]);
+    }
+    free(r->row_ptr);
+    free(r->ids);
+    free(r->field);
+    free(r->val);
+    free(r->label);
+    free(r->prob);
+}
+
+/* Room for a batch of nnz features. */
+static int reserve(ctr_run *r, int64_t nnz) {
+    if (nnz <= r->cap_nnz) return QR_OK;
+    int64_t cap = QR_MAX(nnz, 2 * r->cap_nnz);
+    free(r->ids);
+    free(r->field);
+    free(r->val);
+    r->ids = malloc((size_t)cap * sizeof *r->ids);
+    r->field = malloc((size_t)cap * sizeof *r->field);
+    r->val = malloc((size_t)cap * sizeof *r->val);
+    int rc = r->ids && r->field && r->val ? QR_OK : QR_ENOMEM;
+    for (int j = 0; j < r->ntables && !rc; j++) {
+        free(r->rows[j]);
+        free(r->row_grad[j]);
+        r->rows[j] = malloc((size_t)cap * (size_t)r->table_dim[j] * sizeof(float));
+        r->row_grad[j] = malloc((size_t)cap * (size_t)r->table_dim[j] * sizeof(float));
+        if (!r->rows[j] || !r->row_grad[j]) rc = QR_ENOMEM;
+    }
+    if (rc) return qr__fail(QR_ENOMEM, "out of memory for a batch of %lld features",
+                            (long long)nnz);
+    r->cap_nnz = cap;
+    return QR_OK;
+}
+
+/* Examples pick[0..n) of d, gathered into the batch arrays. */
+static int gather(ctr_run *r, const qr_ctr_dataset *d, const int64_t *pick, int n) {
+    int64_t nnz = 0;
+    for (int i = 0; i < n; i++) nnz += d->row_ptr[pick[i] + 1] - d->row_ptr[pick[i]];
+    int rc = reserve(r, nnz);
+    if (rc) return rc;
+    int64_t at = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t a = d->row_ptr[pick[i]], b = d->row_ptr[pick[i] + 1];
+        r->row_ptr[i] = at;
+        memcpy(r->ids + at, d->id + a, (size_t)(b - a) * sizeof *r->ids);
+        memcpy(r->field + at, d->field + a, (size_t)(b - a) * sizeof *r->field);
+        memcpy(r->val + at, d->val + a, (size_t)(b - a) * sizeof *r->val);
+        r->label[i] = d->label[pick[i]];
+        at += b - a;
+    }
+    r->row_ptr[n] = at;
+    r->cur_nnz = at;
+    return QR_OK;
+}
+
+/* The rows of the batch's features from every table. */
+static int pull_rows(ctr_run *r, unsigned flags) {
+    for (int j = 0; j < r->ntables; j++) {
+        int rc = qr_worker_pull_rows(r->w, r->table_id[j], r->cur_nnz, r->ids, r->rows[j], flags);
+        if (rc) return rc;
+    }
+    return QR_OK;
+}
+
+static qr_ctr_batch batch_of(const ctr_run *r, int n) {
+    return (qr_ctr_batch){.n = n, .row_ptr = r->row_ptr, .field = r->field, .val = r->val,
+                          .label = r->label};
+}
+
+/* Worker w's batch generator: the same stream after a restart. */
+static void sample(ctr_run *r, int64_t *pick, int n) {
+    r->drawn++;
+    for (int i = 0; i < n; i++) pick[i] = (int64_t)qr_rng_below(&r->rng, (uint64_t)r->train.n);
+}
+
+static int declare(ctr_run *r) {
+    r->ntables = qr_ctr_model_num_tables(r->model);
+    r->ndense = qr_ctr_model_num_dense(r->model);
+    r->dense_id = qr__calloc((size_t)r->ndense, sizeof *r->dense_id);
+    r->dense = qr__calloc((size_t)r->ndense, sizeof *r->dense);
+    r->dense_grad = qr__calloc((size_t)r->ndense, sizeof *r->dense_grad);
+    if (!r->dense_id || !r->dense || !r->dense_grad) return QR_ENOMEM;
+    const char *opts = "";
+    for (int j = 0; j < r->ntables; j++) {
+        const char *name, *init;
+        qr_ctr_model_table_info(r->model, j, &name, &r->table_dim[j], &init);
+        for (int k = 0; k < r->o->nvar_opts; k++)
+            if (qr__train_var_opt_names(r->o->var_opt[k], name))
+                opts = qr__train_var_opt_options(r->o->var_opt[k]);
+        int rc = qr_worker_declare_table(r->w, name, r->table_dim[j], init,
+                                         r->o->seed * 1000003u + 100u + (uint64_t)j, opts,
+                                         &r->table_id[j]);
+        if (rc) return rc;
+        opts = "";
+    }
+    for (int i = 0; i < r->ndense; i++) {
+        const char *name, *init;
+        int ndim;
+        int64_t shape[2];
+        qr_ctr_model_dense_info(r->model, i, &name, &ndim, shape, &init);
+        opts = "";
+        for (int k = 0; k < r->o->nvar_opts; k++)
+            if (qr__train_var_opt_names(r->o->var_opt[k], name))
+                opts = qr__train_var_opt_options(r->o->var_opt[k]);
+        int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init,
+                                        r->o->seed * 1000003u + (uint64_t)i, opts,
+                                        &r->dense_id[i]);
+        if (rc) return rc;
+        r->dense_grad[i] = qr__aligned_alloc((size_t)qr_worker_var_size(r->w, r->dense_id[i]) *
+                                             sizeof(float));
+        if (!r->dense_grad[i]) return QR_ENOMEM;
+    }
+    return QR_OK;
+}
+
+static int setup(ctr_run *r, const qr_cluster *cluster, const qr_config *cfg) {
+    const qr_train_opts *o = r->o;
+    int rc = qr__config_check_mode(cfg);
+    if (!rc && (o->accumulate > 1 || o->local_steps > 1))
+        rc = qr__fail(QR_EINVAL, "--accumulate and --local-steps are not for click models yet");
+    if (!rc) rc = qr_ctr_load(o->data, &r->train, &r->test);
+    if (!rc)
+        rc = qr_ctr_model_create(&r->model, o->model, r->train.nfields, o->embedding_dim,
+                                 o->hidden, !strcmp(o->model, "wide-deep") ? o->nhidden : 0,
+                                 o->batch_size);
+    int B = o->batch_size;
+    r->row_ptr = qr__calloc((size_t)B + 1, sizeof *r->row_ptr);
+    r->label = qr__calloc((size_t)B, sizeof *r->label);
+    r->prob = qr__calloc((size_t)B, sizeof *r->prob);
+    if (!rc && (!r->row_ptr || !r->label || !r->prob)) rc = QR_ENOMEM;
+    if (!rc) rc = qr_worker_create(&r->w, cluster, r->task_index, cfg);
+    if (!rc) rc = declare(r);
+    r->batches = r->sync ? qr__train_sync_replicas(cfg, qr_cluster_num_workers(cluster)) : 1;
+    r->total = qr__train_total_steps(o, r->train.n, r->batches);
+    if (!rc && r->chief) rc = qr_worker_set_step_limit(r->w, r->total);
+    if (!rc) rc = qr_worker_initialize(r->w);
+    for (int i = 0; !rc && i < r->ndense; i++) r->dense[i] = qr_worker_var_data(r->w, r->dense_id[i]);
+    qr_rng_seed(&r->rng, o->seed * 7919u + (uint64_t)r->task_index);
+    uint64_t position = 0;
+    if (!rc) rc = qr_worker_data_position(r->w, &position);
+    for (uint64_t b = 0; !rc && b < position; b++)
+        for (int i = 0; i < B; i++) qr_rng_below(&r->rng, (uint64_t)r->train.n);
+    r->drawn = position;
+    if (!rc && r->sync) rc = qr_worker_local_step(r->w, &r->step);
+    return rc;
+}
+
+static int train_step(ctr_run *r, int64_t *pick, qr_train_result *res) {
+    int B = r->o->batch_size;
+    int rc = qr_worker_wait_bound(r->w);
+    if (!rc) rc = qr_worker_pull(r->w, 0, NULL, NULL);
+    sample(r, pick, B);
+    if (!rc) rc = gather(r, &r->train, pick, B);
+    if (!rc) rc = pull_rows(r, 0);
+    double loss = 0;
+    qr_ctr_batch b = batch_of(r, B);
+    if (!rc)
+        rc = qr_ctr_model_run(r->model, &b, (const float *const *)r->dense,
+                              (const float *const *)r->rows, r->dense_grad, r->row_grad, &loss,
+                              NULL);
+    for (int j = 0; j < r->ntables && !rc; j++)
+        rc = qr_worker_add_rows(r->w, r->table_id[j], r->cur_nnz, r->ids, r->row_grad[j]);
+    if (rc) return rc;
+    r->loss_avg = isnan(r->loss_avg) ? loss : 0.95 * r->loss_avg + 0.05 * loss;
+    if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) qr__train_sleep_ms(r->o->slow_ms);
+    qr_worker_set_data_position(r->w, r->drawn);
+    int64_t global = 0;
+    rc = qr_worker_push(r->w, r->ndense, r->dense_id, (const float *const *)r->dense_grad,
+                        QR_PUSH_STEP, &global);
+    if (rc == QR_ESTALE) {
+        res->stale_pushes++;
+        rc = QR_OK;
+    } else if (rc == QR_EPEERLOST) {
+        qr__log(QR_LOG_WARN, "push of step %lld lost: %s", (long long)r->step, qr_last_error());
+        res->lost_pushes++;
+        rc = QR_OK;
+    }
+    if (rc) return rc;
+    res->local_steps++;
+    if (r->sync) return qr_worker_take_token(r->w, &r->step);
+    r->step = global;
+    return QR_OK;
+}
+
+static void report(const ctr_run *r, double start, bool final, double examples_per_sec) {
+    if (!r->o->on_progress) return;
+    double elapsed = qr__now_sec() - start;
+    qr_train_progress p = {.step = r->step, .total = r->total, .loss = r->loss_avg,
+                           .examples_per_sec = final ? examples_per_sec
+                                                     : (double)r->step * r->o->batch_size / elapsed,
+                           .elapsed = elapsed, .final = final};
+    r->o->on_progress(&p, r->o->progress_ctx);
+}
+
+static int train_steps(ctr_run *r, qr_train_result *res, double start) {
+    int64_t *pick = malloc((size_t)r->o->batch_size * sizeof *pick);
+    if (!pick) return QR_ENOMEM;
+    int rc = QR_OK;
+    while (!rc && r->step < r->total) {
+        rc = train_step(r, pick, res);
+        if (!rc) report(r, start, false, 0);
+    }
+    free(pick);
+    return rc;
+}
+
+/* The chief: AUC, log loss and accuracy on the test set, read-only. */
+static int evaluate(ctr_run *r, qr_train_result *res) {
+    int rc = qr_worker_pull(r->w, 0, NULL, NULL);
+    int64_t n = r->test.n;
+    float *prob = malloc((size_t)QR_MAX(n, 1) * sizeof *prob);
+    int64_t *pick = malloc((size_t)r->o->batch_size * sizeof *pick);
+    if (!prob || !pick) rc = QR_ENOMEM;
+    for (int64_t first = 0; first < n && !rc; first += r->o->batch_size) {
+        int count = (int)QR_MIN(r->o->batch_size, n - first);
+        for (int i = 0; i < count; i++) pick[i] = first + i;
+        rc = gather(r, &r->test, pick, count);
+        if (!rc) rc = pull_rows(r, QR_ROWS_READ_ONLY);
+        qr_ctr_batch b = batch_of(r, count);
+        if (!rc)
+            rc = qr_ctr_model_run(r->model, &b, (const float *const *)r->dense,
+                                  (const float *const *)r->rows, NULL, NULL, NULL, prob + first);
+    }
+    if (!rc) {
+        res->test_auc = qr_auc(prob, r->test.label, n);
+        res->test_logloss = qr_logloss(prob, r->test.label, n);
+        res->test_loss = res->test_logloss;
+        int64_t right = 0;
+        for (int64_t i = 0; i < n; i++) right += (prob[i] >= 0.5f) == (r->test.label[i] > 0.5f);
+        res->test_accuracy = n ? (double)right / (double)n : 0;
+        uint64_t h = QR_FNV_INIT;
+        for (int i = 0; i < r->ndense; i++)
+            h = qr__fnv1a(r->dense[i], (size_t)qr_worker_var_size(r->w, r->dense_id[i]) * 4, h);
+        /* and the rows of the test set's first batch, as trained */
+        res->params_digest = h;
+    }
+    free(prob);
+    free(pick);
+    return rc;
+}
+
+static ctr_run new_run(const qr_train_opts *o, int task_index, const qr_config *cfg) {
+    return (ctr_run){.o = o, .task_index = task_index, .chief = task_index == 0,
+                     .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN};
+}
+
+int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
+                         const qr_train_opts *o, qr_train_result *res) {
+    ctr_run r = new_run(o, task_index, cfg);
+    int rc = setup(&r, cluster, cfg);
+    double start = qr__now_sec();
+    if (!rc) rc = train_steps(&r, res, start);
+    while (rc == QR_EROLLEDBACK) {
+        qr__log(QR_LOG_INFO, "rejoining the cluster at its checkpoint");
+        double loss = r.loss_avg;
+        run_free(&r);
+        r = new_run(o, task_index, cfg);
+        r.loss_avg = loss;
+        res->rollbacks++;
+        rc = setup(&r, cluster, cfg);
+        if (!rc) rc = train_steps(&r, res, start);
+    }
+    if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;
+    res->wall_seconds = qr__now_sec() - start;
+    res->global_step = r.step;
+    res->examples_per_sec = (double)r.step * o->batch_size * r.batches / res->wall_seconds;
+    if (!rc) report(&r, start, true, res->examples_per_sec);
+    if (!rc && r.chief) {
+        rc = evaluate(&r, res);
+        if (!rc) rc = qr_worker_stats(r.w, res->stats, sizeof res->stats);
+        int stop_rc = qr_worker_stop_cluster(r.w);
+        if (!rc) rc = stop_rc;
+    }
+    if (rc) qr__error_prefix("worker %d: ", task_index);
+    run_free(&r);
+    return rc;
+}
