@@ -748,6 +748,8 @@ static int restore_slots(qr_ps *ps, const qr_st_file *f, qr_var *v, const cJSON 
             return qr__fail(QR_EINVAL, "variable '%s': checkpoint slot '%s' is not %s's '%s': "
                             "was it written with another optimizer?", v->name, e->string,
                             qr_optim_name(opt), name);
+        /* A table's per-row slots are read with its rows (restore_table). */
+        if (v->table && s <= v->table->nslots) continue;
         int rc = read_floats(f, e->string, data, n);
         if (rc) return rc;
     }

@@ -46,3 +46,9 @@ qr_integration_test(integration_ckpt_tool test_ckpt_tool.py ${QR_VENV_PYTHON}
                     ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py)
 qr_integration_test(integration_summaries test_summaries.py ${QR_VENV_PYTHON})
 qr_integration_test(integration_metrics test_metrics.py)
+
+# Embedding tables: click models trained to the hidden model's AUC, tables
+# in checkpoints.
+foreach(case train checkpoint)
+  qr_integration_test(integration_embeddings_${case} test_embeddings.py ${QR_VENV_PYTHON} ${case})
+endforeach()
