@@ -50,6 +50,21 @@ static void family(FILE *f, const char *name, const char *type, const char *help
     qr_prom_sample(f, name, NULL, v);
 }
 
+/* A gauge per embedding table: its rows, or its bytes. */
+static void table_family(FILE *f, const qr_ps *ps, const char *name, const char *help,
+                         bool bytes) {
+    qr_prom_family(f, name, "gauge", help);
+    for (uint32_t i = 0; i < ps->store.cap; i++) {
+        const qr_var *v = ps->store.by_id[i];
+        if (!v || !v->table) continue;
+        char value[2 * QR_PROTO_MAX_NAME], labels[3 * QR_PROTO_MAX_NAME];
+        qr_prom_label(value, sizeof value, v->name);
+        snprintf(labels, sizeof labels, "table=\"%s\"", value);
+        qr_prom_sample(f, name, labels,
+                       bytes ? (double)qr_table_bytes(v->table) : (double)v->table->count);
+    }
+}
+
 static void render(qr_ps *ps, FILE *f) {
     ps_metrics *m = &ps->metrics;
     char labels[64];
@@ -106,6 +121,22 @@ static void render(qr_ps *ps, FILE *f) {
     }
     family(f, "quorum_variables_bytes", "gauge", "Bytes of the variables held here.",
            (double)ps->store.bytes);
+    /* Embedding tables: rows held and their bytes, per table. */
+    bool tables = false;
+    for (uint32_t i = 0; i < ps->store.cap; i++) tables |= ps->store.by_id[i] && ps->store.by_id[i]->table;
+    if (tables) {
+        table_family(f, ps, "quorum_table_rows", "Rows an embedding table holds here.", false);
+        table_family(f, ps, "quorum_table_bytes",
+                     "Bytes an embedding table holds here: rows, slots, ids and index.", true);
+        family(f, "quorum_table_rows_added_total", "counter",
+               "Rows made in the embedding tables here (first lookup or push of an id).",
+               (double)ps->metrics.rows_added);
+        family(f, "quorum_table_rows_looked_up_total", "counter",
+               "Rows sent in answer to lookups.", (double)ps->metrics.rows_looked_up);
+        family(f, "quorum_table_rows_pushed_total", "counter",
+               "Distinct rows updated by sparse pushes and sync steps.",
+               (double)ps->metrics.rows_pushed);
+    }
     family(f, "quorum_process_resident_bytes", "gauge", "The ps process's resident memory.",
            (double)qr_process_rss_bytes());
     family(f, "quorum_connections", "gauge", "Connections open to this ps.", ps->npeers);

@@ -50,7 +50,7 @@ void qr_table_initial_value(const qr_table *t, int64_t id, float *out) {
 /* Room for row number t->count: its id and its place in the arena. */
 static int reserve_row(qr_table *t) {
     if (t->count == t->keys_cap) {
-        uint64_t cap = t->keys_cap ? t->keys_cap * 2 : 64;
+        uint64_t cap = t->keys_cap ? t->keys_cap + t->keys_cap / 2 : 64;
         int64_t *keys = realloc(t->keys, cap * sizeof *keys);
         if (!keys) return qr__fail(QR_ENOMEM, "out of memory growing a table to %llu rows",
                                    (unsigned long long)cap);

@@ -26,7 +26,7 @@ cases = [
     (["launch", "--ps", "0"], "--ps 0"),
     (["launch", "--optimzer", "adam"], "unknown option --optimzer"),
     (["launch", "--lr", "-1"], "option lr: -1 is out of range: must be > 0"),
-    (["launch", "--model", "cnn"], "expected softmax or mlp"),
+    (["launch", "--model", "cnn"], "expected softmax, mlp, logreg or wide-deep"),
     (["launch", "--hidden", "12,x"], "expected widths like 256,128"),
     (["worker", "--ps_hosts", "", "--worker_hosts", "127.0.0.1:1", "--job_name", "worker",
       "--task_index", "0"], "ps_hosts is empty"),
