@@ -43,6 +43,14 @@ int qr__peer_reply(ps_peer *p, const qr_frame *req, int status, const qr_wbuf *m
     return QR_OK;
 }
 
+void qr__peer_notify_stop(ps_peer *p, int status, const char *why) {
+    qr_frame req = {.type = QR_MSG_STOP, .request_id = QR_STOP_NOTICE_ID};
+    qr_wbuf meta = {0};
+    qr_wbuf_bytes(&meta, why, strlen(why));
+    qr__peer_reply(p, &req, status, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
 void qr__peer_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg) {
     qr_wbuf meta = {0};
     qr_wbuf_bytes(&meta, msg, strlen(msg));

@@ -463,6 +463,8 @@ void qr__peer_reply_sent(qr_conn *c, int status, void *ctx);
  * event): read it again if it was paused for them. */
 void qr__peer_drained(qr_conn *c);
 /* Status and message (sent as meta, also logged at debug level). */
+/* Tell a worker, unasked, that this ps stops and why (QR_STOP_NOTICE_ID). */
+void qr__peer_notify_stop(ps_peer *p, int status, const char *why);
 void qr__peer_reply_error(ps_peer *p, const qr_frame *req, int status, const char *msg);
 /* QR_OK with an i64 step: PUSH, STEP, COMMIT, TOKEN, CLOCK. */
 void qr__peer_reply_step(ps_peer *p, const qr_frame *req, int64_t step);

@@ -229,6 +229,13 @@ void qr__ps_begin_stop(qr_ps *ps) {
     if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;
+    /* Workers hear it now, not at their next request: one waiting for
+     * another ps to come back would wait out restart-wait-ms. */
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->role == QR_ROLE_WORKER)
+            qr__peer_notify_stop(p, ps->exit_status ? ps->exit_status : QR_ESTOPPED,
+                                 ps->exit_status ? ps->abort_msg
+                                                 : "the ps is stopping: training is over");
     uv_timer_start(&ps->linger_timer, on_linger_timeout, (uint64_t)ps->linger_ms, 0);
     qr__ps_finish_if_idle(ps);
 }

@@ -85,6 +85,14 @@ typedef enum qr_msg_type {
 #define QR_GRAD_DENSE 0u
 #define QR_GRAD_SPARSE 1u
 
+/* The one message a ps sends unasked: when it stops, every worker
+ * connected to it gets a STOP reply with this request id (a worker never
+ * numbers a request 0), whose status says how the run ended (QR_ESTOPPED,
+ * or the abort's status) and whose meta says why. A worker waiting for a
+ * lost ps to come back would otherwise wait out restart-wait-ms after
+ * the job has ended. */
+#define QR_STOP_NOTICE_ID 0u
+
 #define QR_ROLE_WORKER 1
 #define QR_ROLE_COORDINATOR 2
 

@@ -194,9 +194,17 @@ static void on_lost(qr_conn *c, int status) {
     link_fail_pending(l, QR_EPEERLOST, l->last_error);
 }
 
+static bool is_stop_notice(const qr_frame *f) {
+    return f->type == (QR_MSG_STOP | QR_MSG_REPLY) && f->request_id == QR_STOP_NOTICE_ID;
+}
+
 static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_link *l = qr_conn_data(c);
     wk_request *r = l->head;
+    if (is_stop_notice(f))
+        return f->payload_len ? qr__fail(QR_EPROTO, "ps %d sent a stop notice with a payload",
+                                         l->index)
+                              : QR_OK;
     if (!r || f->request_id != r->id || f->type != (r->type | QR_MSG_REPLY))
         return qr__fail(QR_EPROTO, "ps %d sent an unexpected %s reply (id %u)", l->index,
                         qr_msg_name(f->type), f->request_id);
@@ -259,8 +267,25 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     return QR_OK;
 }
 
+/* A ps stops: requests not sent yet end at once with how and why
+ * (wk_run_requests), so no call waits for a ps of a job that has ended. */
+static void stop_noticed(ps_link *l, const qr_frame *f, const uint8_t *meta) {
+    qr_worker *w = l->w;
+    w->stopping = true;
+    if (w->stop_status) return;
+    w->stop_status = f->status && f->status != QR_OK ? f->status : QR_ESTOPPED;
+    int n = (int)QR_MIN(f->meta_len, sizeof w->stop_msg - 1);
+    memcpy(w->stop_msg, meta, (size_t)n);
+    w->stop_msg[n] = 0;
+    if (!n) snprintf(w->stop_msg, sizeof w->stop_msg, "ps %d stopped", l->index);
+}
+
 static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_link *l = qr_conn_data(c);
+    if (is_stop_notice(f)) {
+        stop_noticed(l, f, meta);
+        return;
+    }
     wk_request *r = l->head;
     l->head = r->next;
     if (!l->head) l->tail = NULL;
@@ -411,6 +436,12 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
                 dl = request_deadline(w, r, deadline);
             }
             if (r->done) continue;
+            /* The cluster has stopped: what is not sent yet never will be
+             * (a STOP may still go: asking for it again is harmless). */
+            if (w->stop_status && !r->sent && r->type != QR_MSG_STOP) {
+                request_finish(r, w->stop_status, w->stop_msg);
+                continue;
+            }
             if (now >= dl) {
                 char msg[512];
                 give_up_message(w, r, timeout_ms, msg, sizeof msg);

@@ -139,6 +139,8 @@ struct qr_worker {
     int rolled_back;     /* QR_EROLLEDBACK or QR_EABORTED: a ps was restarted */
     char rollback_msg[512];
     bool stopping;       /* the run is ending: a lost ps is expected */
+    int stop_status;     /* a ps's stop notice: QR_ESTOPPED or its abort's status */
+    char stop_msg[512];
     wk_lookup lookup;    /* qr_worker_pull_rows's scratch */
 };
 

@@ -25,7 +25,7 @@ foreach(case determinism digits fashion slow kill ps_lost)
 endforeach()
 qr_integration_test(integration_async_modes test_async_modes.py)
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
-foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone job_ended slow_start
+foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
              late_worker)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()

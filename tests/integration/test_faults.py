@@ -17,6 +17,8 @@ container orchestrator would), and the end of a job seen by every task.
   ps_gone         a ps killed and never restarted: the workers say at once
                   that it is gone, and every task ends with an error naming
                   it once restart-wait-ms has passed
+  stop_notice     ps 0 gives up on a lost ps long before the workers would:
+                  its stop notice ends them at once, saying why
   job_ended       ps 0 stops by itself when the step limit is reached and the
                   chief is gone; and exits with an error when every worker
                   has been gone for restart-wait-ms
@@ -269,6 +271,33 @@ elif case == "ps_gone":
         assert ended < 20, ended
         print("PASS: ps 1 gone said after %.2f s; every task ended %.1f s after the kill"
               % (said, ended))
+    finally:
+        c.close()
+
+elif case == "stop_notice":
+    # ps 0 gives up on a lost ps 1 after 1.5 s, the workers would wait a
+    # minute for it: ps 0's stop notice ends them at once, with its reason.
+    c = Cluster(2, 2, ["--data", "digits", "--steps", "10000000"])
+    try:
+        for i in range(2):
+            c.start("ps", i, ["--restart-wait-ms", "1500"])
+        for i in range(2):
+            c.start("worker", i, ["--restart-wait-ms", "60000"])
+        wait_for(lambda: "connected to ps 1" in c.log("worker", 1), 30, "the workers")
+        time.sleep(0.5)
+        c.kill("ps", 1)
+        t0 = time.time()
+        rc, _ = c.wait("ps", 0, 30)
+        assert rc != 0 and "has been unreachable" in c.log("ps", 0), c.log("ps", 0)[-3000:]
+        for i in (0, 1):
+            rc, _ = c.wait("worker", i, 20)
+            log = c.log("worker", i)
+            assert rc != 0 and "ps 1 (unix:%s/ps1.sock) has been unreachable" % c.dir in log, \
+                log[-3000:]
+        ended = time.time() - t0
+        assert ended < 15, ended
+        print("PASS: ps 0 stopped on a lost ps 1; its notice ended both workers %.1f s after "
+              "the kill (they would have waited 60 s)" % ended)
     finally:
         c.close()
 
