@@ -205,7 +205,10 @@ QR_API int qr_worker_declare(qr_worker *w, const char *name, int ndim,
 /* Like qr_worker_declare, with the variable's own optimizer options:
  * "key=value,..." of any optimizer option ("optimizer=adagrad,lr=0.05",
  * "beta1=0.8"). Naming an optimizer starts from its defaults; otherwise
- * the options override the ps's. Checked here and on the ps. */
+ * the options override the ps's. Checked here and on the ps.
+ * "partitions=N" splits the variable along dimension 0 into N shards on N
+ * different ps tasks (the "partition-min-mb" option does so by size; see
+ * qr_worker_var_placement); the worker still sees one tensor. */
 QR_API int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim,
                                   const int64_t *shape, const char *init,
                                   uint64_t seed, const char *options, int *var_id);
@@ -221,6 +224,15 @@ QR_API int qr_worker_initialize(qr_worker *w);
  * table has 0 elements and no copy (NULL). */
 QR_API int64_t qr_worker_var_size(const qr_worker *w, int var_id);
 QR_API float *qr_worker_var_data(qr_worker *w, int var_id);
+
+/* Where a dense variable lives, after qr_worker_initialize: its number of
+ * shards (1 unless partitioned), and for the first `cap` of them the ps
+ * task (ps[k]) and the elements it holds, [offset[k], offset[k] +
+ * count[k]) of the variable (row-major; shards split dimension 0 in
+ * order). ps, offset and count may be NULL. A table returns 0: its rows
+ * are spread over every ps by id. Negative: a qr_status. */
+QR_API int qr_worker_var_placement(const qr_worker *w, int var_id, int cap, int *ps,
+                                   int64_t *offset, int64_t *count);
 
 /*
  * Pull n variables (all of them if n == 0 and ids == NULL). dst[i] receives

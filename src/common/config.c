@@ -67,6 +67,10 @@ static const key_spec keys[] = {
      "(disconnected, or hung); ps 0: a run with no worker left; ps k: ps 0 gone"},
     {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
+    {"partition-min-mb", ANY, KEY_FLOAT, "0", 0, 1e6, 0, NULL,
+     "worker: split a dense variable larger than this (MiB) along dimension 0 into shards "
+     "of at least this size, one per ps at most, pulled and pushed in parallel (TensorFlow's "
+     "min_max_variable_partitioner; 0: never; a variable's partitions=N option overrides)"},
     /* training regime */
     {"mode", ANY, KEY_ENUM, "async", 0, 0, 0, "async|sync",
      "async: apply every push at once; sync: synchronous replicas"},

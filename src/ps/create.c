@@ -116,7 +116,8 @@ static int check_existing(qr_ps *ps, qr_var *o, const qr_msg_create_var *m, cons
         strcmp(o->options, opts) || !same_kind(o, m))
         return qr__fail(QR_EEXIST, "CREATE: variable '%s' %s (id %u, options '%s') "
                         "conflicts with existing variable '%s' %s (id %u, options '%s'): "
-                        "do all workers declare the same variables in the same order?",
+                        "do all workers declare the same variables in the same order, with "
+                        "the same partitions?",
                         name, want, m->id, opts, o->name, have, o->id, o->options);
     if (o->mark == ps->mark) return qr__fail(QR_EINVAL, "CREATE names variable '%s' twice", name);
     o->mark = ps->mark;

@@ -63,6 +63,7 @@ void wk_request_free(wk_request *r) {
     free(r->payload);
     free(r->var_ids);
     free(r->dst);
+    free(r->parts);
     free(r);
 }
 
@@ -247,8 +248,9 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
             qr_msg_get_var(&rb, &rec);
             uint64_t nbytes = rec.nbytes;
             wk_var *v = &l->w->vars[r->var_ids[i]];
-            v->version = rec.version;
-            if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)v->n * 4) {
+            wk_part *part = r->parts[i];
+            part->version = rec.version;
+            if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)part->n * 4) {
                 free(iov);
                 return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
                                 l->index, v->name);
@@ -563,6 +565,7 @@ void qr_worker_free(qr_worker *w) {
         free(w->vars[i].init);
         free(w->vars[i].options);
         free(w->vars[i].data);
+        free(w->vars[i].parts);
     }
     free(w->vars);
     free(w->links);
@@ -580,6 +583,36 @@ int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim, const int64
                            const char *init, uint64_t seed, const char *options, int *var_id) {
     return wk_declare(w, name, ndim, shape, init, seed, -1.0f, options ? options : "", false,
                       var_id);
+}
+
+/* A variable's options are its optimizer's, and partitions=N, which is the
+ * worker's (placement) and never reaches the ps: split it off. */
+static int take_partitions(const char *options, char *rest, size_t restsz, int *wanted) {
+    if (strlen(options) >= restsz)
+        return qr__fail(QR_EINVAL, "variable options are longer than %zu bytes", restsz - 1);
+    rest[0] = 0;
+    *wanted = 0;
+    const char *item = options;
+    while (*item) {
+        size_t len = strcspn(item, ",");
+        static const char key[] = "partitions=";
+        if (len >= sizeof key - 1 && !strncmp(item, key, sizeof key - 1)) {
+            char value[32] = "";
+            size_t vlen = len - (sizeof key - 1);
+            memcpy(value, item + sizeof key - 1, QR_MIN(vlen, sizeof value - 1));
+            char *end = NULL;
+            long n = strtol(value, &end, 10);
+            if (!vlen || vlen >= sizeof value || *end || n < 1 || n > 65536)
+                return qr__fail(QR_EINVAL, "partitions=%.*s: want a whole number of shards "
+                                "from 1 to 65536", (int)vlen, item + sizeof key - 1);
+            *wanted = (int)n;
+        } else if (len) {
+            size_t at = strlen(rest);
+            snprintf(rest + at, restsz - at, "%s%.*s", at ? "," : "", (int)len, item);
+        }
+        item += len + (item[len] == ',');
+    }
+    return QR_OK;
 }
 
 int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, const char *init,
@@ -607,6 +640,14 @@ int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, c
     if (!init) init = "zeros";
     int rc = qr_init_validate(init);
     if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
+    char optim_options[1025];
+    int want_parts = 0;
+    rc = take_partitions(options, optim_options, sizeof optim_options, &want_parts);
+    if (!rc && want_parts && table)
+        rc = qr__fail(QR_EINVAL, "a table is spread over every ps by id already; partitions= "
+                      "is for dense variables");
+    if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
+    options = optim_options;
     if (options[0]) {
         /* Checked here, where the caller can fix it; the ps checks again. */
         qr_optim *check = NULL;
@@ -630,6 +671,7 @@ int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, c
     v->init = qr__strdup(init);
     v->options = qr__strdup(options);
     v->table = table;
+    v->want_parts = want_parts;
     if (table) n = 0; /* its rows live on the ps tasks only */
     v->data = table ? NULL : qr__aligned_alloc((size_t)n * sizeof(float));
     if (!v->name || !v->init || !v->options || (!table && !v->data)) {
@@ -649,16 +691,65 @@ int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, c
     return QR_OK;
 }
 
+/* Split dense variable v into nparts shards along dimension 0. */
+static int make_parts(wk_var *v, int nparts) {
+    v->parts = qr__calloc((size_t)nparts, sizeof *v->parts);
+    if (!v->parts) return QR_ENOMEM;
+    v->nparts = nparts;
+    int64_t row = v->n / v->shape[0], at = 0;
+    for (int k = 0; k < nparts; k++) {
+        int64_t rows = qr_partition_rows(v->shape[0], nparts, k);
+        v->parts[k] = (wk_part){.ps = -1, .offset = at * row, .n = rows * row};
+        at += rows;
+    }
+    char shard_name[16];
+    int len = snprintf(shard_name, sizeof shard_name, "/part_%d", nparts - 1);
+    if (nparts > 1 && strlen(v->name) + (size_t)len > QR_PROTO_MAX_NAME)
+        return qr__fail(QR_EINVAL, "'%s' in %d shards: the shard names (NAME/part_K) would "
+                        "have more than %d bytes", v->name, nparts, QR_PROTO_MAX_NAME);
+    return QR_OK;
+}
+
+/* Which ps holds what: a table every ps (by id); a dense variable one ps,
+ * or, partitioned, one shard on each of several, by least-loaded greedy
+ * placement in declaration order (cluster/placement.h). Every worker
+ * computes the same from the same declarations and options. */
 static int place_variables(qr_worker *w) {
     if (w->placed) return QR_OK;
-    int64_t *bytes = qr__calloc((size_t)w->nvars, sizeof *bytes);
-    int *ps_of = qr__calloc((size_t)w->nvars, sizeof *ps_of);
-    int rc = bytes && ps_of ? QR_OK : QR_ENOMEM;
-    for (int i = 0; !rc && i < w->nvars; i++) bytes[i] = w->vars[i].n * 4;
-    if (!rc) rc = qr_place_greedy(w->nps, w->nvars, bytes, ps_of);
-    /* A table is on every ps, by id: ps -1. */
-    for (int i = 0; !rc && i < w->nvars; i++) w->vars[i].ps = w->vars[i].table ? -1 : ps_of[i];
+    double min_mb = qr__config_float(w->cfg, "partition-min-mb");
+    int rc = QR_OK, nshards = 0;
+    for (int i = 0; !rc && i < w->nvars; i++) {
+        wk_var *v = &w->vars[i];
+        if (v->table) continue;
+        int n = qr_partition_count(v->n * 4, v->shape[0], w->nps, min_mb, v->want_parts);
+        if (n < 0) rc = qr__fail(n, "'%s': %s", v->name, qr_last_error());
+        if (!rc) rc = make_parts(v, n);
+        nshards += v->nparts;
+    }
+    int64_t *bytes = rc ? NULL : qr__calloc((size_t)QR_MAX(nshards, 1), sizeof *bytes);
+    int *group = rc ? NULL : qr__calloc((size_t)QR_MAX(nshards, 1), sizeof *group);
+    int *ps_of = rc ? NULL : qr__calloc((size_t)QR_MAX(nshards, 1), sizeof *ps_of);
+    if (!rc && (!bytes || !group || !ps_of)) rc = QR_ENOMEM;
+    for (int i = 0, s = 0; !rc && i < w->nvars; i++)
+        for (int k = 0; k < w->vars[i].nparts; k++, s++) {
+            bytes[s] = w->vars[i].parts[k].n * 4;
+            group[s] = i;
+        }
+    if (!rc) rc = qr_place_shards(w->nps, nshards, bytes, group, ps_of);
+    for (int i = 0, s = 0; !rc && i < w->nvars; i++) {
+        wk_var *v = &w->vars[i];
+        char where[256] = "";
+        for (int k = 0; k < v->nparts; k++) {
+            v->parts[k].ps = ps_of[s++];
+            size_t at = strlen(where);
+            snprintf(where + at, sizeof where - at, "%s%d", k ? ", " : "", v->parts[k].ps);
+        }
+        if (v->nparts > 1 && w->index == 0)
+            qr__log(QR_LOG_INFO, "'%s' (%.2f MiB) is partitioned in %d shards of dimension 0 "
+                    "on ps %s", v->name, (double)v->n * 4 / 1048576.0, v->nparts, where);
+    }
     free(bytes);
+    free(group);
     free(ps_of);
     if (!rc) w->placed = true;
     return rc;
@@ -672,7 +763,8 @@ static int create_on_ps(qr_worker *w, bool check_only) {
     int rc = QR_OK, nreq = 0;
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0;
-        for (int i = 0; i < w->nvars; i++) count += w->vars[i].ps == p || w->vars[i].table;
+        for (int i = 0; i < w->nvars; i++)
+            count += w->vars[i].table || wk_part_on(&w->vars[i], p) != NULL;
         if (!count) continue;
         wk_request *r = wk_request_new(w, p, QR_MSG_CREATE);
         if (!r) {
@@ -685,12 +777,23 @@ static int create_on_ps(qr_worker *w, bool check_only) {
         qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < w->nvars; i++) {
             wk_var *v = &w->vars[i];
-            if (v->ps != p && !v->table) continue;
+            wk_part *part = wk_part_on(v, p);
+            if (!part && !v->table) continue;
+            /* A shard is a variable of its own on its ps: NAME/part_K, its
+             * rows of dimension 0 (TensorFlow's names for them). */
+            char shard_name[QR_PROTO_MAX_NAME + 1];
+            const char *name = v->name;
+            if (v->nparts > 1) {
+                snprintf(shard_name, sizeof shard_name, "%s/part_%d", v->name,
+                         (int)(part - v->parts));
+                name = shard_name;
+            }
             qr_msg_create_var rec = {.id = (uint32_t)i, .ndim = (uint32_t)v->ndim, .lr = v->lr,
-                                     .name_len = (uint32_t)strlen(v->name), .name = v->name,
+                                     .name_len = (uint32_t)strlen(name), .name = name,
                                      .options_len = (uint32_t)strlen(v->options),
                                      .options = v->options};
             memcpy(rec.shape, v->shape, (size_t)v->ndim * sizeof *rec.shape);
+            if (part) rec.shape[0] = part->n / (v->n / v->shape[0]);
             if (v->table) {
                 rec.kind = QR_VAR_TABLE;
                 rec.init = v->init;
@@ -699,7 +802,7 @@ static int create_on_ps(qr_worker *w, bool check_only) {
             }
             qr_msg_put_create_var(&r->meta, &rec);
             if (!check_only && r->payload && !v->table)
-                r->payload[r->npayload++] = (qr_iov){v->data, (size_t)v->n * 4};
+                r->payload[r->npayload++] = (qr_iov){v->data + part->offset, (size_t)part->n * 4};
         }
         if (r->meta.oom || (!check_only && !r->payload)) rc = QR_ENOMEM;
     }
@@ -799,6 +902,21 @@ float *qr_worker_var_data(qr_worker *w, int var_id) {
     return w->vars[var_id].data;
 }
 
+int qr_worker_var_placement(const qr_worker *w, int var_id, int cap, int *ps, int64_t *offset,
+                            int64_t *count) {
+    if (!w || var_id < 0 || var_id >= w->nvars || cap < 0)
+        return qr__fail(QR_EINVAL, "var_placement: bad worker, variable id or cap");
+    if (!w->placed)
+        return qr__fail(QR_ENOTREADY, "var_placement: call qr_worker_initialize first");
+    const wk_var *v = &w->vars[var_id];
+    for (int k = 0; k < v->nparts && k < cap; k++) {
+        if (ps) ps[k] = v->parts[k].ps;
+        if (offset) offset[k] = v->parts[k].offset;
+        if (count) count[k] = v->parts[k].n;
+    }
+    return v->nparts;
+}
+
 int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids) {
     if (!w) return qr__fail(QR_EINVAL, "%s: worker is NULL", what);
     if (!w->initialized)
@@ -829,7 +947,7 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
     int rc = QR_OK, nreq = 0;
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0;
-        for (int i = 0; i < total; i++) count += w->vars[n ? ids[i] : i].ps == p;
+        for (int i = 0; i < total; i++) count += wk_part_on(&w->vars[n ? ids[i] : i], p) != NULL;
         if (!count) continue;
         wk_request *r = wk_request_new(w, p, QR_MSG_PULL);
         if (!r) {
@@ -840,17 +958,20 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
         r->flags = flags;
         r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
         r->dst = qr__calloc((size_t)count, sizeof *r->dst);
-        if (!r->var_ids || !r->dst) {
+        r->parts = qr__calloc((size_t)count, sizeof *r->parts);
+        if (!r->var_ids || !r->dst || !r->parts) {
             rc = QR_ENOMEM;
             break;
         }
         qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < total; i++) {
             int id = n ? ids[i] : i;
-            if (w->vars[id].ps != p) continue;
+            wk_part *part = wk_part_on(&w->vars[id], p);
+            if (!part) continue;
             r->var_ids[r->nvars] = id;
+            r->parts[r->nvars] = part;
             /* A NULL entry, like a NULL array, means the worker's copy. */
-            r->dst[r->nvars] = dst && dst[i] ? dst[i] : w->vars[id].data;
+            r->dst[r->nvars] = (dst && dst[i] ? dst[i] : w->vars[id].data) + part->offset;
             r->nvars++;
             qr_msg_put_id(&r->meta, (uint32_t)id);
         }
@@ -903,12 +1024,12 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
     uint32_t nparts = 0;
     for (int p = 0; p < w->nps; p++) {
         bool reaches = (step_to_ps0 && p == 0) || wk_rows_items(w, p);
-        for (int i = 0; i < n && !reaches; i++) reaches = w->vars[ids[i]].ps == p;
+        for (int i = 0; i < n && !reaches; i++) reaches = wk_part_on(&w->vars[ids[i]], p) != NULL;
         nparts += reaches;
     }
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0, row_items = wk_rows_items(w, p);
-        for (int i = 0; i < n; i++) count += w->vars[ids[i]].ps == p;
+        for (int i = 0; i < n; i++) count += wk_part_on(&w->vars[ids[i]], p) != NULL;
         if (!count && !row_items && !(step_to_ps0 && p == 0)) continue;
         wk_request *r = wk_request_new(w, p, QR_MSG_PUSH);
         if (!r) {
@@ -930,15 +1051,17 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
                                                            .data_pos = w->data_pos});
         for (int i = 0; i < n; i++) {
             wk_var *v = &w->vars[ids[i]];
-            if (v->ps != p) continue;
+            wk_part *part = wk_part_on(v, p);
+            if (!part) continue;
             if (!grads[i]) {
                 rc = qr__fail(QR_EINVAL, "push: gradient %d ('%s') is NULL", i, v->name);
                 break;
             }
             qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)ids[i], .kind = QR_GRAD_DENSE,
-                                                   .nbytes = (uint64_t)v->n * 4,
-                                                   .version = v->version});
-            r->payload[r->npayload++] = (qr_iov){(void *)grads[i], (size_t)v->n * 4};
+                                                   .nbytes = (uint64_t)part->n * 4,
+                                                   .version = part->version});
+            r->payload[r->npayload++] =
+                (qr_iov){(void *)(grads[i] + part->offset), (size_t)part->n * 4};
         }
         wk_rows_put(w, p, r);
     }

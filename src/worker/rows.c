@@ -214,6 +214,9 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
         if (ids[i] < 0 || ids[i] >= nrows)
             return qr__fail(QR_EINVAL, "add_rows: '%s': row index %lld is out of range [0, "
                             "%lld)", v->name, (long long)ids[i], (long long)nrows);
+    if (!v->table && v->nparts > 1 && v->ndim == 1)
+        return qr__fail(QR_EINVAL, "add_rows: '%s' is one row split over %d shards: push it "
+                        "densely", v->name, v->nparts);
     if (!qr_optim_all_finite(rows, n * dim))
         return qr__fail(QR_ENONFINITE, "add_rows: the rows for '%s' contain NaN or Inf",
                         v->name);
@@ -248,6 +251,18 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
     return QR_OK;
 }
 
+/* The ps that holds row id of v, and the id it knows the row by there: a
+ * table's id itself, a dense variable's row index within its shard. */
+static int row_place(const qr_worker *w, const wk_var *v, int64_t id, int64_t *id_there) {
+    if (id_there) *id_there = id;
+    if (v->table) return qr_place_row(id, w->nps);
+    int64_t dim = v->shape[v->ndim - 1], at = id * dim;
+    int k = 0;
+    while (k + 1 < v->nparts && at >= v->parts[k + 1].offset) k++;
+    if (id_there) *id_there = (at - v->parts[k].offset) / dim;
+    return v->parts[k].ps;
+}
+
 /* Split every variable's added rows by ps (once per push). */
 static int rows_split(qr_worker *w, wk_var *v) {
     wk_rows *a = v->added;
@@ -263,15 +278,13 @@ static int rows_split(qr_worker *w, wk_var *v) {
         free(fill);
         return qr__fail(QR_ENOMEM, "push: out of memory splitting the rows of '%s'", v->name);
     }
-    for (uint64_t i = 0; i < a->n; i++) {
-        int p = v->table ? qr_place_row(a->ids[i], w->nps) : v->ps;
-        a->start[p + 1]++;
-    }
+    for (uint64_t i = 0; i < a->n; i++) a->start[row_place(w, v, a->ids[i], NULL) + 1]++;
     for (int p = 0; p < w->nps; p++) a->start[p + 1] += a->start[p];
     for (uint64_t i = 0; i < a->n; i++) {
-        int p = v->table ? qr_place_row(a->ids[i], w->nps) : v->ps;
+        int64_t id;
+        int p = row_place(w, v, a->ids[i], &id);
         uint64_t at = a->start[p] + fill[p]++;
-        a->split_ids[at] = a->ids[i];
+        a->split_ids[at] = id;
         memcpy(a->split_rows + at * (uint64_t)dim, a->sum + i * (uint64_t)dim,
                (size_t)dim * sizeof(float));
     }
@@ -316,7 +329,8 @@ void wk_rows_put(qr_worker *w, int p, wk_request *r) {
         uint64_t k = a->start[p + 1] - a->start[p];
         qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)i, .kind = QR_GRAD_SPARSE,
                                                .nbytes = k * (8 + 4 * (uint64_t)dim),
-                                               .version = v->version});
+                                               .version = v->table ? v->version
+                                                                   : wk_part_on(v, p)->version});
         r->payload[r->npayload++] = (qr_iov){a->split_ids + a->start[p], (size_t)k * 8};
         r->payload[r->npayload++] =
             (qr_iov){a->split_rows + a->start[p] * (uint64_t)dim, (size_t)(k * dim) * 4};

@@ -18,6 +18,17 @@
 #include "wire/msg.h"
 #include "worker/heartbeat.h"
 
+/* Where a dense variable's elements live: one part (the whole variable on
+ * one ps), or the shards of a partitioned variable, rows of dimension 0
+ * split in order, each on a different ps, where it is a variable of its
+ * own named NAME/part_K under the same id. */
+typedef struct wk_part {
+    int ps;
+    int64_t offset;    /* first element */
+    int64_t n;         /* elements */
+    uint64_t version;  /* the ps's version of it at the last pull */
+} wk_part;
+
 typedef struct wk_var {
     char *name;
     char *init;
@@ -27,8 +38,10 @@ typedef struct wk_var {
     int64_t n;
     uint64_t seed;
     float lr;
-    int ps;
-    uint64_t version; /* the ps's version of it at the last pull */
+    int want_parts;   /* its partitions=N option (0: by partition-min-mb) */
+    int nparts;       /* dense: set at placement (1: not partitioned) */
+    wk_part *parts;
+    uint64_t version; /* a table's (the ps's version at the last lookup) */
     float *data; /* the worker's copy (NULL for a table) */
     bool table;  /* an embedding table: shape [dim], rows on every ps by id */
     struct wk_rows *added; /* rows added to the next push, or NULL */
@@ -72,10 +85,11 @@ typedef struct wk_request {
     qr_wbuf meta;
     qr_iov *payload;
     int npayload;
-    /* PULL: where each variable's values go */
+    /* PULL: where each variable's values (its part on this ps) go */
     int nvars;
     int *var_ids;
     float **dst;
+    wk_part **parts;
     bool sent, done, internal;
     int retries;
     int status;
@@ -154,6 +168,13 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms);
 /* The call may go on: the worker is initialized and the ids name
  * declared variables. */
 int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids);
+
+/* The part of dense variable v that ps p holds, or NULL. */
+static inline wk_part *wk_part_on(const wk_var *v, int p) {
+    for (int k = 0; k < v->nparts; k++)
+        if (v->parts[k].ps == p) return &v->parts[k];
+    return NULL;
+}
 
 /* client.c: declare a variable (dense, or a table). */
 int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, const char *init,

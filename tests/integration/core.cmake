@@ -52,3 +52,5 @@ qr_integration_test(integration_metrics test_metrics.py)
 foreach(case train checkpoint)
   qr_integration_test(integration_embeddings_${case} test_embeddings.py ${QR_VENV_PYTHON} ${case})
 endforeach()
+# Dense variables partitioned over the ps: one tensor to the workers.
+qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})

@@ -21,7 +21,7 @@
 #include "cluster/cluster.h"
 #include "quorum.h"
 
-#define FIX_MAX_PS 2
+#define FIX_MAX_PS 3
 #define FIX_MAX_WORKERS 4
 
 static inline int fix_free_port(void) {

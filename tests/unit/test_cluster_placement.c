@@ -95,6 +95,54 @@ static void test_greedy_errors(void **state) {
     assert_int_equal(qr_place_greedy(2, 0, NULL, NULL), QR_OK);
 }
 
+/* Shards of one variable go to distinct ps tasks, each to the least loaded
+ * the variable does not use yet; other variables as qr_place_greedy. */
+static void test_shards(void **state) {
+    (void)state;
+    /* a: 3 shards of 10; b: 25; c: 2 shards of 20, over 3 ps. */
+    const int64_t bytes[] = {10, 10, 10, 25, 20, 20};
+    const int group[] = {0, 0, 0, 1, 2, 2};
+    int out[6];
+    assert_int_equal(qr_place_shards(3, 6, bytes, group, out), QR_OK);
+    /* loads after a: 10 10 10; b -> ps 0 (35); c: ps 1 (30), then ps 2 (30) */
+    const int want[] = {0, 1, 2, 0, 1, 2};
+    assert_memory_equal(out, want, sizeof want);
+    /* Without groups: as the greedy placement of six variables. */
+    int greedy[6];
+    assert_int_equal(qr_place_shards(3, 6, bytes, NULL, out), QR_OK);
+    assert_int_equal(qr_place_greedy(3, 6, bytes, greedy), QR_OK);
+    assert_memory_equal(out, greedy, sizeof greedy);
+    /* A heavily loaded ps is skipped only if another is free. */
+    const int64_t skew[] = {100, 1, 1};
+    const int g2[] = {0, 1, 1};
+    assert_int_equal(qr_place_shards(2, 3, skew, g2, out), QR_OK);
+    assert_true(out[0] == 0 && out[1] == 1 && out[2] == 0);
+    /* More shards of one variable than ps tasks: refused. */
+    const int g3[] = {0, 0, 0};
+    assert_int_equal(qr_place_shards(2, 3, skew, g3, out), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "more shards"));
+}
+
+/* TensorFlow's partitioners: fixed (partitions=N) and min-max by size. */
+static void test_partition_count(void **state) {
+    (void)state;
+    const int64_t mib = 1 << 20;
+    assert_int_equal(qr_partition_count(100 * mib, 1000, 4, 0, 0), 1);          /* off */
+    assert_int_equal(qr_partition_count(100 * mib, 1000, 4, 30, 0), 4);         /* capped by ps */
+    assert_int_equal(qr_partition_count(100 * mib, 1000, 8, 30, 0), 4);         /* ceil(100/30) */
+    assert_int_equal(qr_partition_count(10 * mib, 1000, 8, 30, 0), 1);          /* small */
+    assert_int_equal(qr_partition_count(100 * mib, 2, 8, 1, 0), 2);             /* capped by rows */
+    assert_int_equal(qr_partition_count(100 * mib, 1000, 8, 30, 3), 3);         /* explicit */
+    assert_int_equal(qr_partition_count(10, 1000, 2, 0, 3), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "2 ps tasks"));
+    assert_int_equal(qr_partition_count(10, 2, 8, 0, 3), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "only 2 rows"));
+    /* rows: the first dim0 % n shards one more */
+    assert_int_equal(qr_partition_rows(10, 3, 0), 4);
+    assert_int_equal(qr_partition_rows(10, 3, 1), 3);
+    assert_int_equal(qr_partition_rows(10, 3, 2), 3);
+}
+
 static void test_row_hash(void **state) {
     /* Sequential ids, the usual vocabulary indices, and strided ids, which
      * a plain "id % nps" would put all on one shard. */
@@ -127,6 +175,8 @@ int main(void) {
         cmocka_unit_test(test_greedy_one_ps),
         cmocka_unit_test(test_greedy_deterministic),
         cmocka_unit_test(test_greedy_errors),
+        cmocka_unit_test(test_shards),
+        cmocka_unit_test(test_partition_count),
         cmocka_unit_test(test_row_hash),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

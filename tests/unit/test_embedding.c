@@ -23,49 +23,19 @@
 #include <time.h>
 #include <pthread.h>
 
-#include "cluster_fixture.h"
+#include "world_fixture.h"
 #include "common/init.h"
-
-typedef struct world {
-    cluster_fixture f;
-    qr_worker *w[FIX_MAX_WORKERS];
-} world;
-
-static void start(world *s, int nps, int nworkers, const char *const *opts) {
-    fix_init(&s->f, nps, nworkers);
-    for (int k = 0; opts && opts[k]; k += 2)
-        assert_int_equal(qr_config_set(s->f.cfg, opts[k], opts[k + 1]), QR_OK);
-    for (int i = 0; i < nps; i++) assert_int_equal(fix_start_ps(&s->f, i), QR_OK);
-    for (int i = 0; i < nworkers; i++) {
-        s->w[i] = fix_worker(&s->f, i);
-        assert_non_null(s->w[i]);
-    }
-}
-
-static void init_all(world *s) {
-    for (int i = 0; i < s->f.nworkers; i++) {
-        int rc = qr_worker_initialize(s->w[i]);
-        if (rc) fprintf(stderr, "initialize: %s\n", qr_last_error());
-        assert_int_equal(rc, QR_OK);
-    }
-}
-
-static void finish(world *s) {
-    assert_int_equal(qr_worker_stop_cluster(s->w[0]), QR_OK);
-    for (int i = 0; i < s->f.nworkers; i++) qr_worker_free(s->w[i]);
-    fix_join(&s->f);
-}
 
 /* Rows of ids pulled with nps ps tasks, ids pulled in the given order. */
 static void pull_init_rows(int nps, const int64_t *ids, int n, float *out) {
     world s;
-    start(&s, nps, 1, NULL);
+    world_start(&s, nps, 1, NULL);
     int t;
     assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 4, "normal:0,0.5", 42, "", &t), QR_OK);
-    init_all(&s);
+    world_init_all(&s);
     assert_int_equal(qr_worker_var_size(s.w[0], t), 0);
     assert_int_equal(qr_worker_pull_rows(s.w[0], t, n, ids, out, 0), QR_OK);
-    finish(&s);
+    world_finish(&s);
 }
 
 static void test_rows_start_from_seed_and_id(void **state) {
@@ -93,13 +63,13 @@ static void test_async_duplicates_summed(void **state) {
     (void)state;
     world s;
     static const char *const opts[] = {"lr", "0.5", NULL};
-    start(&s, 2, 1, opts);
+    world_start(&s, 2, 1, opts);
     int t;
     assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "constant:1", 1, "", &t), QR_OK);
     int64_t shape[2] = {3, 1};
     int d;
     assert_int_equal(qr_worker_declare(s.w[0], "bias", 2, shape, "zeros", 1, -1, &d), QR_OK);
-    init_all(&s);
+    world_init_all(&s);
     int64_t ids[3] = {10, 11, 10};
     float g[6] = {1, 2, 3, 4, 5, 6};
     int64_t step = -1;
@@ -119,20 +89,20 @@ static void test_async_duplicates_summed(void **state) {
     assert_int_equal(qr_worker_pull(s.w[0], 1, &d, NULL), QR_OK);
     const float *b = qr_worker_var_data(s.w[0], d);
     assert_true(b[0] == 0 && b[1] == 0 && b[2] == -1.0f);
-    finish(&s);
+    world_finish(&s);
 }
 
 static void test_bad_input(void **state) {
     (void)state;
     world s;
-    start(&s, 1, 1, NULL);
+    world_start(&s, 1, 1, NULL);
     int t, d;
     int64_t shape[1] = {2};
     assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "zeros", 1, "", &t), QR_OK);
     assert_int_equal(qr_worker_declare(s.w[0], "w", 1, shape, "zeros", 1, -1, &d), QR_OK);
     assert_int_equal(qr_worker_declare_table(s.w[0], "bad", 0, "zeros", 1, "", NULL), QR_ESHAPE);
     assert_int_equal(qr_worker_declare_table(s.w[0], "bad", 2, "gaussian", 1, "", NULL), QR_EINVAL);
-    init_all(&s);
+    world_init_all(&s);
     float g[4] = {1, 2, 3, 4};
     const float *grads[1] = {g};
     assert_int_equal(qr_worker_push(s.w[0], 1, &t, grads, 0, NULL), QR_EINVAL);
@@ -149,7 +119,7 @@ static void test_bad_input(void **state) {
     assert_int_equal(qr_worker_pull_rows(s.w[0], t, 2, ids, out, QR_ROWS_READ_ONLY), QR_OK);
     char stats[4096];
     assert_int_equal(qr_worker_stats(s.w[0], stats, sizeof stats), QR_OK);
-    finish(&s);
+    world_finish(&s);
 }
 
 /* ---- TensorFlow's test2Workers ------------------------------------------- */
@@ -195,7 +165,7 @@ static void test_tensorflow_2_workers_sparse(void **state) {
     world s;
     static const char *const opts[] = {"mode", "sync", "lr", "2.0", "replicas-to-aggregate",
                                        "2", "init-tokens", "2", NULL};
-    start(&s, 2, 2, opts);
+    world_start(&s, 2, 2, opts);
     tf_worker t[2];
     for (int i = 0; i < 2; i++) {
         t[i].w = s.w[i];
@@ -209,7 +179,7 @@ static void test_tensorflow_2_workers_sparse(void **state) {
     /* TensorFlow's v_sparse starts at [[3.0], [4.0]]; here at [[0], [0]]
      * (SGD's updates do not depend on the value, so the trace is the same
      * shifted by the start). */
-    init_all(&s);
+    world_init_all(&s);
     float v0, v1, vs[2];
     pull_tf(&t[1], &v0, &v1, vs);
     assert_true(v0 == 0.0f && v1 == 1.0f);
@@ -259,7 +229,7 @@ static void test_tensorflow_2_workers_sparse(void **state) {
     assert_float_equal(v1, 1 - 2 * (0.9 + 1.1) / 2 * 2.0, 1e-6);
     assert_float_equal(vs[1], 0 - 2 * (0.1 + 0.3) / 2 * 2.0, 1e-6);
     assert_float_equal(vs[0], 0.0, 0);
-    finish(&s);
+    world_finish(&s);
 }
 
 /* ---- sync steps of a table ------------------------------------------------ */
@@ -290,7 +260,7 @@ static void *table_step_thread(void *p) {
 static void run_table_sync(const char *reduction, float want5, float want7, float want9) {
     world s;
     const char *const opts[] = {"mode", "sync", "lr", "1", "sparse-reduction", reduction, NULL};
-    start(&s, 2, 2, opts);
+    world_start(&s, 2, 2, opts);
     table_step a[2];
     for (int i = 0; i < 2; i++) {
         int64_t one[1] = {1};
@@ -298,7 +268,7 @@ static void run_table_sync(const char *reduction, float want5, float want7, floa
         assert_int_equal(qr_worker_declare_table(s.w[i], "emb", 1, "zeros", 3, "", &a[i].t), QR_OK);
         assert_int_equal(qr_worker_declare(s.w[i], "b", 1, one, "zeros", 1, -1, &a[i].d), QR_OK);
     }
-    init_all(&s);
+    world_init_all(&s);
     a[0].n = 2;
     a[0].ids[0] = 5, a[0].ids[1] = 7;
     a[0].rows[0] = 1, a[0].rows[1] = 2;
@@ -327,7 +297,7 @@ static void run_table_sync(const char *reduction, float want5, float want7, floa
     int64_t g;
     assert_int_equal(qr_worker_global_step(s.w[0], &g), QR_OK);
     assert_int_equal(g, 1);
-    finish(&s);
+    world_finish(&s);
 }
 
 static void test_table_sync_true_mean(void **state) {
@@ -351,10 +321,10 @@ static void table_run(const char *dir, int pushes, const int64_t *ids, int n, fl
     world s;
     const char *const opts[] = {"optimizer", "adagrad", "lr", "0.5", dir ? "checkpoint-dir" : NULL,
                                 dir, NULL};
-    start(&s, 2, 1, opts);
+    world_start(&s, 2, 1, opts);
     int t;
     assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 3, "uniform:-1,1", 5, "", &t), QR_OK);
-    init_all(&s);
+    world_init_all(&s);
     if (before) assert_int_equal(qr_worker_pull_rows(s.w[0], t, n, ids, before, QR_ROWS_READ_ONLY),
                                  QR_OK);
     float g[3 * 64];
@@ -362,7 +332,7 @@ static void table_run(const char *dir, int pushes, const int64_t *ids, int n, fl
     for (int k = 0; k < pushes; k++)
         assert_int_equal(qr_worker_push_sparse(s.w[0], t, n, ids, g, QR_PUSH_STEP, NULL), QR_OK);
     assert_int_equal(qr_worker_pull_rows(s.w[0], t, n, ids, out, QR_ROWS_READ_ONLY), QR_OK);
-    finish(&s);
+    world_finish(&s);
 }
 
 /* A table's rows and per-row slots survive a checkpoint exactly: the rows
