@@ -213,6 +213,15 @@ QR_API int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim,
                                   const int64_t *shape, const char *init,
                                   uint64_t seed, const char *options, int *var_id);
 
+/* Like qr_worker_declare_opts, with the initial value given: n floats
+ * (the product of shape), copied at once, row-major. A framework keeps its
+ * own initialization this way (a torch module's parameters). Only the
+ * chief's values are used; other workers' are checked for size only, as
+ * their initializers are. options may be NULL or "". */
+QR_API int qr_worker_declare_values(qr_worker *w, const char *name, int ndim,
+                                    const int64_t *shape, const float *values, int64_t n,
+                                    const char *options, int *var_id);
+
 /* The chief creates and initializes every declared variable on the ps
  * tasks and marks the cluster ready; other workers wait (up to the
  * "init-timeout-ms" option) until it has, then check that their

@@ -615,6 +615,31 @@ static int take_partitions(const char *options, char *rest, size_t restsz, int *
     return QR_OK;
 }
 
+int qr_worker_declare_values(qr_worker *w, const char *name, int ndim, const int64_t *shape,
+                             const float *values, int64_t n, const char *options, int *var_id) {
+    if (!values) return qr__fail(QR_EINVAL, "declare_values '%s': values is NULL",
+                                 name ? name : "?");
+    int id;
+    int rc = wk_declare(w, name, ndim, shape, "zeros", 0, -1.0f, options ? options : "", false,
+                        &id);
+    if (rc) return rc;
+    wk_var *v = &w->vars[id];
+    if (n != v->n) {
+        /* Undo the declaration: the caller may declare it again, right. */
+        free(v->name);
+        free(v->init);
+        free(v->options);
+        free(v->data);
+        w->nvars--;
+        return qr__fail(QR_ESHAPE, "declare_values '%s': %lld values for a shape of %lld "
+                        "elements", name, (long long)n, (long long)v->n);
+    }
+    memcpy(v->data, values, (size_t)n * sizeof *values);
+    v->given = true;
+    if (var_id) *var_id = id;
+    return QR_OK;
+}
+
 int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, const char *init,
                uint64_t seed, float lr, const char *options, bool table, int *var_id) {
     if (!w || !name || !shape)
@@ -872,7 +897,8 @@ int qr_worker_initialize(qr_worker *w) {
     if (w->index == 0) {
         for (int i = 0; i < w->nvars && !rc; i++) {
             wk_var *v = &w->vars[i];
-            if (!v->table) rc = qr_init_fill(v->data, v->n, v->ndim, v->shape, v->init, v->seed);
+            if (!v->table && !v->given)
+                rc = qr_init_fill(v->data, v->n, v->ndim, v->shape, v->init, v->seed);
         }
         if (!rc) rc = create_on_ps(w, false);
         if (!rc) rc = wait_ready(w, true);

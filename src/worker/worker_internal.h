@@ -44,6 +44,7 @@ typedef struct wk_var {
     uint64_t version; /* a table's (the ps's version at the last lookup) */
     float *data; /* the worker's copy (NULL for a table) */
     bool table;  /* an embedding table: shape [dim], rows on every ps by id */
+    bool given;  /* data holds the caller's initial values (declare_values) */
     struct wk_rows *added; /* rows added to the next push, or NULL */
 } wk_var;
 

@@ -462,8 +462,43 @@ static void test_log_callback(void **state) {
     rmdir(dir);
 }
 
+/* A variable declared with its values starts from the chief's values; a
+ * second worker's values (other numbers, same size) are not used; a wrong
+ * count is refused and the name stays free. */
+static void test_declare_values(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 2, "auto");
+    qr_worker *chief = make_worker(&f, 0), *other = make_worker(&f, 1);
+    int64_t shape[2] = {2, 3};
+    float mine[6] = {1, -2, 3.5f, 4, 5, 6e-3f}, theirs[6] = {0};
+    int v, v2, b;
+    assert_int_equal(qr_worker_declare_values(chief, "w", 2, shape, mine, 5, NULL, &v), QR_ESHAPE);
+    assert_non_null(strstr(qr_last_error(), "5 values for a shape of 6"));
+    assert_int_equal(qr_worker_declare_values(chief, "w", 2, shape, NULL, 6, NULL, &v), QR_EINVAL);
+    assert_int_equal(qr_worker_declare_values(chief, "w", 2, shape, mine, 6, "lr=0.25", &v), QR_OK);
+    int64_t sb[1] = {2};
+    assert_int_equal(qr_worker_declare(chief, "b", 1, sb, "constant:3", 1, -1, &b), QR_OK);
+    assert_int_equal(qr_worker_declare_values(other, "w", 2, shape, theirs, 6, "lr=0.25", &v2), QR_OK);
+    assert_int_equal(qr_worker_declare(other, "b", 1, sb, "constant:3", 1, -1, NULL), QR_OK);
+    assert_int_equal(qr_worker_initialize(chief), QR_OK);
+    assert_int_equal(qr_worker_initialize(other), QR_OK);
+    assert_int_equal(qr_worker_pull(other, 0, NULL, NULL), QR_OK);
+    assert_memory_equal(qr_worker_var_data(other, v2), mine, sizeof mine);
+    float g[6] = {4, 4, 4, 4, 4, 4};
+    const float *grads[1] = {g};
+    assert_int_equal(qr_worker_push(other, 1, &v2, grads, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(chief, 1, &v, NULL), QR_OK);
+    for (int i = 0; i < 6; i++) assert_true(qr_worker_var_data(chief, v)[i] == mine[i] - 1.0f);
+    assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+    qr_worker_free(chief);
+    qr_worker_free(other);
+    join_cluster(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_declare_values),
         cmocka_unit_test(test_push_pull_unix_one_ps),
         cmocka_unit_test(test_push_pull_tcp_two_ps),
         cmocka_unit_test(test_mismatched_declarations),
