@@ -2,7 +2,8 @@
 # test.sh - set up, build and run every test (unit and multi-process
 # integration tests). With --sanitize, builds into build-asan with
 # AddressSanitizer and UndefinedBehaviorSanitizer and runs the tests there.
-# Makes the Python environment .venv the torch test needs, once.
+# Makes the Python environment .venv the torch and Python tests need, once,
+# and installs the Python package into it (pip install .) every time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--sanitize" ]; then
@@ -32,6 +33,18 @@ if ! "$venv/bin/python" -c 'import numpy, torch, safetensors, tensorboard' 2>/de
         cat "$venv/pip.log" >&2
         exit 1
     fi
+fi
+
+if ! "$venv/bin/python" -c 'import pytest, mypy' 2>/dev/null; then
+    "$venv/bin/pip" install -q pytest mypy > "$venv/pip.log" 2>&1 || { cat "$venv/pip.log" >&2; exit 1; }
+fi
+# The Python package, as a user installs it: its build (scikit-build-core,
+# pyproject.toml) compiles the C library with this CMake project. tests/
+# integration/python.cmake runs its pytest suite and mypy against it.
+echo "setup: installing the Python package into $venv (pip install .)"
+if ! "$venv/bin/pip" install -q . > "$venv/pip-quorum.log" 2>&1; then
+    cat "$venv/pip-quorum.log" >&2
+    exit 1
 fi
 
 cd "$QR_BUILD_DIR"

@@ -1,51 +1,51 @@
-"""demo.py - quorum from Python through ctypes: a ps on a thread and a
-worker that fits least squares with numpy gradients. Also shows a refused
-option raising QuorumError with the library's message.
-Usage: demo.py PATH/TO/libquorum.so"""
+"""demo.py - quorum from Python: two ps tasks on threads of this process and
+a worker that fits least squares with NumPy gradients, then shows a
+float64 array refused (NumPy's default dtype: quorum never converts) and a
+bad option refused with the library's message.
+Usage (after `pip install .`): python examples/python/demo.py"""
 
 import os
-import sys
+import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quorum_ctypes import PS, Config, Library, QuorumError, Worker, cluster  # noqa: E402
+import quorum
 
-q = Library(sys.argv[1])
-print("libquorum", q.lib.qr_version().decode())
-try:
-    Config(q, optimizer="adamw")
-    raise SystemExit("an unknown optimizer was accepted")
-except QuorumError as e:
-    print("refused as expected:", e)
-    assert "not one of sgd" in str(e)
-
-ps_addr = "unix:/tmp/quorum-py-demo-%d.sock" % os.getpid()
-worker_addr = "unix:/tmp/quorum-py-demo-w-%d.sock" % os.getpid()
-cfg = Config(q, optimizer="adam", lr=0.05)
-ps_spec = cluster(q, ps_addr, worker_addr, "ps", 0)
-worker_spec = cluster(q, ps_addr, worker_addr, "worker", 0)
-ps = PS(q, ps_spec, cfg)
-w = Worker(q, worker_spec, cfg)
-theta_id = w.declare("theta", [3], init="zeros")
+tmp = tempfile.mkdtemp(prefix="quorum-demo-")
+ps_hosts = ["unix:%s/ps%d.sock" % (tmp, i) for i in range(2)]
+worker_hosts = ["unix:%s/w0.sock" % tmp]
+ps = [quorum.PS(quorum.Cluster(ps_hosts, worker_hosts, "ps", i), optimizer="adam", lr=0.05)
+      for i in range(2)]
+w = quorum.Worker(quorum.Cluster(ps_hosts, worker_hosts, "worker", 0))
+w.declare("theta", 3, init="zeros")
+w.declare_values("bias", np.array([0.25], dtype=np.float32))
 w.initialize()
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(256, 3)).astype(np.float32)
 true = np.array([1.5, -2.0, 0.5], dtype=np.float32)
-y = X @ true
-theta = np.zeros(3, dtype=np.float32)
+y = X @ true + 0.75
 for step in range(400):
-    w.pull([theta_id], [theta])
-    grad = (2.0 / len(X) * X.T @ (X @ theta - y)).astype(np.float32)
-    w.push([theta_id], [grad])
-w.pull([theta_id], [theta])
-print("theta =", theta)
+    w.pull()
+    theta, bias = w.value("theta"), w.value("bias")
+    err = X @ theta + bias - y
+    w.push({"theta": (2.0 / len(X) * X.T @ err).astype(np.float32),
+            "bias": np.array([2.0 * err.mean()], dtype=np.float32)})
+w.pull()
+print("theta =", w.value("theta"), "bias =", w.value("bias"), "global step", w.global_step())
+try:
+    w.push({"theta": np.ones(3)})
+except TypeError as e:
+    print("refused as expected:", e)
+try:
+    quorum.Config(optimizer="adamw")
+except quorum.InvalidArgumentError as e:
+    print("refused as expected:", e)
 w.stop_cluster()
 w.close()
-ps.join()
-q.lib.qr_cluster_free(ps_spec)
-q.lib.qr_cluster_free(worker_spec)
-cfg.close()
-assert np.allclose(theta, true, atol=1e-2), theta
-print("PASS: trained through the ctypes binding")
+for p in ps:
+    p.join(10)
+    p.close()
+os.rmdir(tmp)
+assert np.allclose(theta, true, atol=2e-2) and abs(bias[0] - 0.75) < 2e-2, (theta, bias)
+print("PASS: trained through the Python package")

@@ -1,0 +1,305 @@
+"""A worker: declares the variables, pulls them, pushes gradients (dense
+and sparse rows), and in sync mode takes part in the steps. A thin layer
+over the C worker handle: every array is checked (_arrays.py) and passed
+by address, and every call releases the GIL while it waits.
+
+Variables are named by the id ``declare`` returns or by their name."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._arrays import ArrayLike, address, ids_array
+from ._native import PUSH_DELTA, PUSH_STEP, ROWS_READ_ONLY, check, lib
+from .cluster import Cluster, Config
+
+Var = Union[int, str]
+
+
+class Worker:
+    """Worker ``task_index`` of ``cluster`` (this process's task if None).
+
+    ``options`` are the worker's options (mode="sync", timeout_ms=..., the
+    optimizer's options for the ps's checks); they must agree with the ps
+    tasks' where the documentation says so (mode, for one)."""
+
+    def __init__(self, cluster: Optional[Cluster] = None, task_index: Optional[int] = None,
+                 **options: object):
+        self.cluster = cluster if cluster is not None else Cluster.from_env()
+        self._config = Config(**options)
+        self._handle = ctypes.c_void_p()
+        check(lib.qr_worker_create(ctypes.byref(self._handle), self.cluster.handle,
+                                   -1 if task_index is None else int(task_index),
+                                   self._config.handle))
+        self._names: Dict[str, int] = {}
+        self._sizes: List[int] = []
+        self._shapes: List[Tuple[int, ...]] = []
+        self._tables: Dict[int, int] = {}  # id -> dim
+
+    # ---- declarations ------------------------------------------------------
+
+    def _declared(self, name: str, var_id: int, shape: Tuple[int, ...], table_dim: int = 0) -> int:
+        self._names[name] = var_id
+        self._sizes.append(int(lib.qr_worker_var_size(self._handle, var_id)))
+        self._shapes.append(shape)
+        if table_dim:
+            self._tables[var_id] = table_dim
+        return var_id
+
+    @staticmethod
+    def _shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        if not dims or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+                               for d in dims):
+            raise TypeError("shape must be an int or a sequence of ints, not %r" % (shape,))
+        return tuple(int(d) for d in dims)
+
+    def declare(self, name: str, shape: Union[int, Sequence[int]], init: str = "zeros",
+                seed: int = 0, options: str = "") -> int:
+        """A dense float32 variable with a quorum initializer ("zeros",
+        "normal:0,0.1", "glorot_uniform", ...); options are its own optimizer
+        options and "partitions=N". Every worker declares the same variables
+        in the same order. Returns its id."""
+        dims = self._shape(shape)
+        arr = (ctypes.c_int64 * len(dims))(*dims)
+        var_id = ctypes.c_int()
+        check(lib.qr_worker_declare_opts(self._handle, name.encode(), len(dims), arr,
+                                         init.encode(), int(seed) & (2**64 - 1),
+                                         options.encode(), ctypes.byref(var_id)))
+        return self._declared(name, var_id.value, dims)
+
+    def declare_values(self, name: str, values: ArrayLike, options: str = "") -> int:
+        """A dense variable that starts from ``values`` (its shape too), e.g.
+        a torch parameter: the chief's values are used, copied at once."""
+        shape = tuple(int(d) for d in values.shape)
+        if not shape:
+            shape = (1,)
+        ptr, n = address(values, "values of '%s'" % name)
+        arr = (ctypes.c_int64 * len(shape))(*shape)
+        var_id = ctypes.c_int()
+        check(lib.qr_worker_declare_values(self._handle, name.encode(), len(shape), arr,
+                                           ctypes.c_void_p(ptr), n, options.encode(),
+                                           ctypes.byref(var_id)))
+        return self._declared(name, var_id.value, shape)
+
+    def declare_table(self, name: str, dim: int, init: str = "zeros", seed: int = 0,
+                      options: str = "") -> int:
+        """An embedding table: int64 id -> float32[dim], rows made on first
+        pull from the seeded initializer, spread over every ps by id."""
+        var_id = ctypes.c_int()
+        check(lib.qr_worker_declare_table(self._handle, name.encode(), int(dim), init.encode(),
+                                          int(seed) & (2**64 - 1), options.encode(),
+                                          ctypes.byref(var_id)))
+        return self._declared(name, var_id.value, (int(dim),), int(dim))
+
+    def initialize(self) -> None:
+        """The chief creates the variables on the ps tasks; the others wait
+        for it and check their declarations against what it made."""
+        check(lib.qr_worker_initialize(self._handle))
+
+    # ---- variables ------------------------------------------------------------
+
+    def id(self, var: Var) -> int:
+        if isinstance(var, str):
+            if var not in self._names:
+                raise KeyError("no variable named %r was declared" % var)
+            return self._names[var]
+        if not isinstance(var, (int, np.integer)) or not 0 <= int(var) < len(self._sizes):
+            raise KeyError("no variable with id %r (%d declared)" % (var, len(self._sizes)))
+        return int(var)
+
+    def names(self) -> List[str]:
+        return sorted(self._names, key=lambda n: self._names[n])
+
+    def size(self, var: Var) -> int:
+        return self._sizes[self.id(var)]
+
+    def shape(self, var: Var) -> Tuple[int, ...]:
+        return self._shapes[self.id(var)]
+
+    def value(self, var: Var) -> np.ndarray:
+        """A copy of the worker's copy of a dense variable (what the last
+        ``pull`` with no destination fetched). A copy, because the memory
+        is the C handle's and goes with ``close``; to read values without a
+        copy, pull into arrays of your own (``pull({var: array})``)."""
+        i = self.id(var)
+        if i in self._tables:
+            raise ValueError("'%s' is an embedding table: use pull_rows" % self.names()[i])
+        ptr = lib.qr_worker_var_data(self._handle, i)
+        buf = (ctypes.c_float * self._sizes[i]).from_address(ptr)
+        flat: np.ndarray = np.frombuffer(memoryview(buf).cast("B"), dtype=np.float32)
+        return flat.reshape(self._shapes[i]).copy()
+
+    def placement(self, var: Var) -> List[Tuple[int, int, int]]:
+        """(ps, first element, elements) of each shard of a dense variable."""
+        i = self.id(var)
+        n = lib.qr_worker_var_placement(self._handle, i, 0, None, None, None)
+        if n < 0:
+            check(n)
+        ps, off, cnt = (ctypes.c_int * n)(), (ctypes.c_int64 * n)(), (ctypes.c_int64 * n)()
+        check(min(0, lib.qr_worker_var_placement(self._handle, i, n, ps, off, cnt)))
+        return [(ps[k], off[k], cnt[k]) for k in range(n)]
+
+    # ---- dense pull and push ------------------------------------------------------
+
+    def _targets(self, what: str, items: Iterable[Tuple[Var, Optional[ArrayLike]]],
+                 writable: bool) -> Tuple[Any, Any, int]:
+        ids: List[int] = []
+        ptrs: List[Optional[int]] = []
+        for var, arr in items:
+            i = self.id(var)
+            if i in self._tables:
+                raise ValueError("%s: '%s' is an embedding table" % (what, self.names()[i]))
+            ids.append(i)
+            if arr is None:
+                ptrs.append(None)
+            else:
+                ptrs.append(address(arr, "%s of '%s'" % (what, self.names()[i]),
+                                    count=self._sizes[i], writable=writable)[0])
+        n = len(ids)
+        return (ctypes.c_int * n)(*ids), (ctypes.c_void_p * n)(*ptrs), n
+
+    def pull(self, into: Union[None, Mapping[Var, Optional[ArrayLike]], Sequence[Var]] = None,
+             averages: bool = False) -> None:
+        """Pull dense variables: every one (into the worker's copies, read by
+        ``value``) if ``into`` is None; else a list of variables, or a mapping
+        variable -> destination array (None: the worker's copy)."""
+        if into is None:
+            items: List[Tuple[Var, Optional[ArrayLike]]] = [
+                (i, None) for i in range(len(self._sizes)) if i not in self._tables]
+        elif isinstance(into, Mapping):
+            items = list(into.items())
+        else:
+            items = [(v, None) for v in into]
+        ids, ptrs, n = self._targets("pull", items, writable=True)
+        fn = lib.qr_worker_pull_averages if averages else lib.qr_worker_pull
+        check(fn(self._handle, n, ids, ptrs))
+
+    def push(self, grads: Mapping[Var, ArrayLike], step: bool = True, delta: bool = False) -> int:
+        """Push gradients (variable -> float32 array of its size) and the rows
+        added since the last push; returns the global step (sync: after
+        the commit). ``delta``: the values are added as they are (async)."""
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
+        if any(p is None for p in ptrs):
+            raise TypeError("push: a gradient is None")
+        flags = (PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0)
+        out = ctypes.c_int64(-1)
+        check(lib.qr_worker_push(self._handle, n, ids, ptrs, flags, ctypes.byref(out)))
+        return int(out.value)
+
+    # ---- sparse rows ------------------------------------------------------------------
+
+    def _dim(self, var: Var) -> Tuple[int, int]:
+        i = self.id(var)
+        if i in self._tables:
+            return i, self._tables[i]
+        return i, self._shapes[i][-1]
+
+    def pull_rows(self, var: Var, ids: Union[ArrayLike, Sequence[int]],
+                  out: Optional[ArrayLike] = None, read_only: bool = False) -> ArrayLike:
+        """The rows of a table for ids (n x dim), into ``out`` if given, else
+        into a new NumPy array. ``read_only``: absent ids read as their
+        initial value and are not added (evaluation)."""
+        i, dim = self._dim(var)
+        keep, ids_ptr, n = ids_array(ids, "ids")
+        if out is None:
+            out = np.empty((n, dim), dtype=np.float32)
+        ptr, _ = address(out, "rows of '%s'" % self.names()[i], count=n * dim, writable=True)
+        check(lib.qr_worker_pull_rows(self._handle, i, n, ctypes.c_void_p(ids_ptr),
+                                      ctypes.c_void_p(ptr), ROWS_READ_ONLY if read_only else 0))
+        del keep
+        return out
+
+    def add_rows(self, var: Var, ids: Union[ArrayLike, Sequence[int]], rows: ArrayLike) -> None:
+        """Sparse gradient rows (n x dim) for ids, summed by id and sent with
+        the next push (the arrays are free once this returns)."""
+        i, dim = self._dim(var)
+        keep, ids_ptr, n = ids_array(ids, "ids")
+        ptr, _ = address(rows, "rows of '%s'" % self.names()[i], count=n * dim)
+        check(lib.qr_worker_add_rows(self._handle, i, n, ctypes.c_void_p(ids_ptr),
+                                     ctypes.c_void_p(ptr)))
+        del keep
+
+    def push_sparse(self, var: Var, ids: Union[ArrayLike, Sequence[int]], rows: ArrayLike,
+                    step: bool = True) -> int:
+        """add_rows then push of no dense gradient; the global step."""
+        self.add_rows(var, ids, rows)
+        return self.push({}, step=step)
+
+    # ---- steps ----------------------------------------------------------------------------
+
+    def take_token(self) -> int:
+        """Sync: wait for the token of the next step; its step number."""
+        out = ctypes.c_int64()
+        check(lib.qr_worker_take_token(self._handle, ctypes.byref(out)))
+        return int(out.value)
+
+    def sync_step(self, grads: Mapping[Var, ArrayLike], pull: bool = True) -> int:
+        """Sync: push this step's gradients, take the next token, pull the new
+        values into the worker's copies; the step now to compute."""
+        self.push(grads)
+        step = self.take_token()
+        if pull:
+            self.pull()
+        return step
+
+    @property
+    def local_step(self) -> int:
+        out = ctypes.c_int64()
+        check(lib.qr_worker_local_step(self._handle, ctypes.byref(out)))
+        return int(out.value)
+
+    def global_step(self) -> int:
+        out = ctypes.c_int64()
+        check(lib.qr_worker_global_step(self._handle, ctypes.byref(out)))
+        return int(out.value)
+
+    def set_step_limit(self, last_step: int) -> None:
+        check(lib.qr_worker_set_step_limit(self._handle, int(last_step)))
+
+    def set_data_position(self, position: int) -> None:
+        check(lib.qr_worker_set_data_position(self._handle, int(position)))
+
+    def data_position(self) -> int:
+        out = ctypes.c_uint64()
+        check(lib.qr_worker_data_position(self._handle, ctypes.byref(out)))
+        return int(out.value)
+
+    def wait_bound(self) -> None:
+        """Async with max-staleness: wait while this worker is too far ahead."""
+        check(lib.qr_worker_wait_bound(self._handle))
+
+    def stats(self) -> Dict[str, Any]:
+        """The cluster's training statistics (qr_worker_stats), as a dict."""
+        size = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            status = lib.qr_worker_stats(self._handle, buf, size)
+            if status == -15 and size < (1 << 26):  # QR_ETOOBIG: a larger buffer
+                size *= 4
+                continue
+            check(status)
+            return dict(json.loads(buf.value.decode()))
+
+    def stop_cluster(self) -> None:
+        """Stop every ps (the chief does, when training is over)."""
+        check(lib.qr_worker_stop_cluster(self._handle))
+
+    def close(self) -> None:
+        if self._handle:
+            lib.qr_worker_free(self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None):
+            self.close()
