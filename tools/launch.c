@@ -26,6 +26,14 @@
  *     get GRACE_MS to end, and are then stopped and reported;
  *   - Ctrl-C / SIGTERM to the launcher stops every child the same way;
  *   - children get PR_SET_PDEATHSIG, so a killed launcher leaves nothing.
+ *
+ * `quorum launch [options] -- COMMAND ARGS...` runs any program as the
+ * workers instead (a PyTorch script, say): the ps tasks as above, and
+ * COMMAND once per worker, with TF_CONFIG naming the cluster and the task
+ * (the convention of TensorFlow and Kubeflow's TFJob, which the Python
+ * package reads) and QUORUM_OPTIONS the options given before "--" (JSON),
+ * supervised the same way. When every worker has ended well the ps tasks
+ * are stopped, if the program did not stop the cluster itself.
  * The exit status says how every task ended: 0 all ended well; 1 the run
  * failed (a ps or the chief, or the launch itself); 3 training finished
  * but some task did not end well (the last line names them); 130
@@ -34,6 +42,8 @@
  * line of stdout.
  */
 #include "cli.h"
+
+#include <cjson/cJSON.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -77,6 +87,8 @@ typedef struct launch_plan {
     const char *self, *ps_hosts, *worker_hosts;
     int npass;
     char **pass;
+    char **command;          /* after "--": the program each worker runs; NULL: quorum worker */
+    char *options_json;      /* the options, for the program's QUORUM_OPTIONS */
 } launch_plan;
 
 static volatile sig_atomic_t interrupted;
@@ -270,6 +282,46 @@ static void announce_metrics(const launch_plan *plan) {
     }
 }
 
+/* TF_CONFIG for task (job, index): the cluster as JSON lists. */
+static char *tf_config(const launch_plan *plan, const char *job, int index) {
+    cJSON *root = cJSON_CreateObject(), *cluster = cJSON_AddObjectToObject(root, "cluster");
+    const char *lists[2][2] = {{"ps", plan->ps_hosts}, {"worker", plan->worker_hosts}};
+    for (int k = 0; k < 2; k++) {
+        cJSON *arr = cJSON_AddArrayToObject(cluster, lists[k][0]);
+        char *copy = strdup(lists[k][1]);
+        for (char *save = NULL, *a = copy ? strtok_r(copy, ",", &save) : NULL; a;
+             a = strtok_r(NULL, ",", &save))
+            cJSON_AddItemToArray(arr, cJSON_CreateString(a));
+        free(copy);
+    }
+    cJSON *task = cJSON_AddObjectToObject(root, "task");
+    cJSON_AddStringToObject(task, "type", job);
+    cJSON_AddNumberToObject(task, "index", index);
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    return text;
+}
+
+/* Worker `index` as the user's program: COMMAND with its environment. */
+static pid_t spawn_command(const launch_plan *plan, int index) {
+    char *config = tf_config(plan, "worker", index);
+    if (!config) return -1;
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid != 0) {
+        free(config);
+        return pid;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    setenv("TF_CONFIG", config, 1);
+    setenv("QUORUM_OPTIONS", plan->options_json ? plan->options_json : "{}", 1);
+    signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
+    execvp(plan->command[0], plan->command);
+    fprintf(stderr, "quorum launch: cannot run %s: %s\n", plan->command[0], strerror(errno));
+    _exit(127);
+}
+
 /* Start child i (ps tasks first, then workers), as at the start. */
 static void start_child(child *kids, int i, const launch_plan *plan) {
     bool is_ps = i < plan->nps;
@@ -278,8 +330,12 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     snprintf(c->name, sizeof c->name, "%s %d", is_ps ? "ps" : "worker", index);
     c->exited = c->reported = false;
     c->status = 0;
-    c->pid = spawn(plan->self, is_ps ? "ps" : "worker", index, plan->ps_hosts, plan->worker_hosts,
-                   plan->npass, plan->pass, plan->metrics_base ? plan->metrics_base + i : 0);
+    if (!is_ps && plan->command)
+        c->pid = spawn_command(plan, index);
+    else
+        c->pid = spawn(plan->self, is_ps ? "ps" : "worker", index, plan->ps_hosts,
+                       plan->worker_hosts, plan->npass, plan->pass,
+                       plan->metrics_base ? plan->metrics_base + i : 0);
     if (c->pid < 0) {
         fprintf(stderr, "quorum launch: fork failed: %s\n", strerror(errno));
         c->exited = true;
@@ -317,8 +373,19 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
 static int supervise(child *kids, int n, const launch_plan *plan) {
     int nlost = 0, restarts = 0;
     uint64_t run_ended_ms = 0; /* when the chief and every ps had ended well */
+    bool ps_told = false;
     for (;;) {
         int running = reap(kids, n);
+        /* A program run as the workers need not stop the cluster: once
+         * every worker has ended well, the launcher stops the ps tasks
+         * (SIGTERM: an orderly stop). */
+        bool workers_done = plan->command != NULL;
+        for (int i = plan->nps; i < n; i++) workers_done &= kids[i].exited && !failed(&kids[i]);
+        if (workers_done && !ps_told) {
+            ps_told = true;
+            for (int i = 0; i < plan->nps; i++)
+                if (!kids[i].exited) kill(kids[i].pid, SIGTERM);
+        }
         uint64_t now_ms = qr__now_ns() / 1000000 + 1; /* never 0 */
         if (interrupted && running) {
             fprintf(stderr, "\nquorum launch: interrupted: stopping all tasks\n");
@@ -387,6 +454,18 @@ static int final_status(const child *kids, int n) {
     return nbad ? LAUNCH_TASKS_FAILED : LAUNCH_OK;
 }
 
+/* Every option set explicitly, as a JSON object of strings. */
+static char *options_json(const qr_config *cfg) {
+    cJSON *o = cJSON_CreateObject();
+    qr__config_key k;
+    for (int i = 0; qr__config_key_info(i, &k); i++)
+        if (qr__config_is_set(cfg, k.name))
+            cJSON_AddStringToObject(o, k.name, qr__config_str(cfg, k.name));
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
 /* Parse and check the options before any process starts. */
 static int read_plan(int argc, char **argv, launch_plan *plan) {
     cli_args a;
@@ -407,6 +486,7 @@ static int read_plan(int argc, char **argv, launch_plan *plan) {
             rc = 2;
         }
         plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
+        plan->options_json = options_json(a.cfg);
         if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {
             fprintf(stderr, "quorum launch: %s\n", qr_last_error());
             rc = 2;
@@ -453,10 +533,14 @@ int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: quorum launch --ps P --workers W [--max-restarts K] [training options]\n"
-                   "                     [options]\n\n"
+                   "                     [options]\n"
+                   "       quorum launch --ps P --workers W [options] -- COMMAND [ARGS...]\n\n"
                    "Start P ps tasks and W workers on this machine (Unix sockets in a private\n"
                    "temporary directory; loopback TCP with --transport tcp)\n"
                    "and train. Every other option is passed to every task.\n"
+                   "With \"-- COMMAND\", each worker runs COMMAND instead (a Python script using\n"
+                   "the quorum package), with TF_CONFIG and QUORUM_OPTIONS (the options, JSON)\n"
+                   "set; the ps tasks are stopped once every worker has ended well.\n"
                    "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
                    "rejoining at the current step; a ps alone, the cluster rolling back to\n"
                    "its newest checkpoint in place (needs --checkpoint-dir).\n"
@@ -473,6 +557,17 @@ int cmd_launch(int argc, char **argv) {
             return 0;
         }
     launch_plan plan = {0};
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "quorum launch: nothing after \"--\": give the program the "
+                        "workers run (quorum launch --ps 2 --workers 3 -- python train.py)\n");
+                return 2;
+            }
+            plan.command = argv + i + 1;
+            argc = i;
+            break;
+        }
     int rc = read_plan(argc, argv, &plan);
     if (rc) return rc;
     int npass = 0, n = plan.nps + plan.nworkers;
@@ -498,8 +593,8 @@ int cmd_launch(int argc, char **argv) {
         goto done;
     }
     qr_cluster_free(check);
-    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers\n", plan.nps, ps_hosts,
-            plan.nworkers);
+    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers%s%s\n", plan.nps, ps_hosts,
+            plan.nworkers, plan.command ? " running " : "", plan.command ? plan.command[0] : "");
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
@@ -529,6 +624,7 @@ done:
     free(self);
     free(dir);
     free(pass);
+    free(plan.options_json);
     return rc;
 }
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from ._native import check, lib
 from .errors import error_for
@@ -90,13 +90,33 @@ class Cluster:
             self._handle = ctypes.c_void_p()
 
 
+def launcher_options() -> Dict[str, str]:
+    """The options `quorum launch` gave this program (QUORUM_OPTIONS, a JSON
+    object), or none."""
+    text = os.environ.get("QUORUM_OPTIONS", "")
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        raise ValueError("QUORUM_OPTIONS is not a JSON object: %s" % e) from None
+    if not isinstance(options, dict):
+        raise ValueError("QUORUM_OPTIONS is not a JSON object")
+    return {str(k): str(v) for k, v in options.items()}
+
+
 class Config:
     """Options (the names of the command line without "--": lr, optimizer,
-    mode, timeout-ms, ...; '_' and '-' alike), each validated as it is set."""
+    mode, timeout-ms, ...; '_' and '-' alike), each validated as it is set.
+    With from_launcher, the options of `quorum launch` (QUORUM_OPTIONS) come
+    first and those given here override them."""
 
-    def __init__(self, **options: object):
+    def __init__(self, from_launcher: bool = False, **options: object):
         self._handle = ctypes.c_void_p()
         check(lib.qr_config_new(ctypes.byref(self._handle)))
+        if from_launcher:
+            for name, text in launcher_options().items():
+                self.set(name, text)
         for key, value in options.items():
             self.set(key, value)
 

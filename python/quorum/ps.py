@@ -26,7 +26,7 @@ class PS:
         if task_index is not None and task_index != self.cluster.task_index:
             raise ValueError("task_index %d, but the cluster spec is of ps %d"
                              % (task_index, self.cluster.task_index))
-        self._config = Config(**options)
+        self._config = Config(from_launcher=True, **options)
         self._handle = ctypes.c_void_p()
         check(lib.qr_ps_create(ctypes.byref(self._handle), self.cluster.handle,
                                self._config.handle))

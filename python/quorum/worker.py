@@ -25,12 +25,13 @@ class Worker:
 
     ``options`` are the worker's options (mode="sync", timeout_ms=..., the
     optimizer's options for the ps's checks); they must agree with the ps
-    tasks' where the documentation says so (mode, for one)."""
+    tasks' where the documentation says so (mode, for one). Under `quorum
+    launch`, the launcher's options (QUORUM_OPTIONS) are the defaults."""
 
     def __init__(self, cluster: Optional[Cluster] = None, task_index: Optional[int] = None,
                  **options: object):
         self.cluster = cluster if cluster is not None else Cluster.from_env()
-        self._config = Config(**options)
+        self._config = Config(from_launcher=True, **options)
         self._handle = ctypes.c_void_p()
         check(lib.qr_worker_create(ctypes.byref(self._handle), self.cluster.handle,
                                    -1 if task_index is None else int(task_index),
