@@ -164,7 +164,7 @@ class Worker:
         n = len(ids)
         return (ctypes.c_int * n)(*ids), (ctypes.c_void_p * n)(*ptrs), n
 
-    def pull(self, into: Union[None, Mapping[Var, Optional[ArrayLike]], Sequence[Var]] = None,
+    def pull(self, into: Union[None, Mapping[Any, Optional[ArrayLike]], Sequence[Var]] = None,
              averages: bool = False) -> None:
         """Pull dense variables: every one (into the worker's copies, read by
         ``value``) if ``into`` is None; else a list of variables, or a mapping
@@ -180,7 +180,7 @@ class Worker:
         fn = lib.qr_worker_pull_averages if averages else lib.qr_worker_pull
         check(fn(self._handle, n, ids, ptrs))
 
-    def push(self, grads: Mapping[Var, ArrayLike], step: bool = True, delta: bool = False) -> int:
+    def push(self, grads: Mapping[Any, ArrayLike], step: bool = True, delta: bool = False) -> int:
         """Push gradients (variable -> float32 array of its size) and the rows
         added since the last push; returns the global step (sync: after
         the commit). ``delta``: the values are added as they are (async)."""
@@ -239,7 +239,7 @@ class Worker:
         check(lib.qr_worker_take_token(self._handle, ctypes.byref(out)))
         return int(out.value)
 
-    def sync_step(self, grads: Mapping[Var, ArrayLike], pull: bool = True) -> int:
+    def sync_step(self, grads: Mapping[Any, ArrayLike], pull: bool = True) -> int:
         """Sync: push this step's gradients, take the next token, pull the new
         values into the worker's copies; the step now to compute."""
         self.push(grads)
