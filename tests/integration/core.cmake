@@ -54,3 +54,7 @@ foreach(case train checkpoint)
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.
 qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})
+# Tasks in network namespaces of their own, over veth links with real
+# addresses and a rate-limited link, as on separate hosts (root; 77: skip).
+qr_integration_test(integration_netns test_netns.py)
+set_tests_properties(integration_netns PROPERTIES SKIP_RETURN_CODE 77)
