@@ -362,6 +362,19 @@ QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);
  * training). Pending and later requests of other workers get QR_ESTOPPED. */
 QR_API int qr_worker_stop_cluster(qr_worker *w);
 
+/* This worker has finished its work (its data is done) and will not push
+ * again: ps 0 stops counting on it. Call it before qr_worker_free when a
+ * worker ends of its own accord; a worker that goes without it is taken
+ * for lost and waited for (restart-wait-ms). ps 0 ends the run in order
+ * (final checkpoint, then every ps stops) once every worker has finished,
+ * or, in sync mode, once fewer than replicas-to-aggregate (at most N)
+ * workers are still training and one of them pushes to a step that so
+ * cannot complete: their calls then fail with QR_ESTOPPED and a message
+ * saying so. A worker that connects again after leaving
+ * counts as training again. QR_ESTOPPED if the cluster has stopped
+ * already. */
+QR_API int qr_worker_leave(qr_worker *w);
+
 #ifdef __cplusplus
 }
 #endif

@@ -63,6 +63,8 @@ train = qt.shard(torch.arange(len(y)))
 for epoch in range(args.epochs):
     order = train[torch.randperm(len(train))]
     for i in range(0, len(order) - 63, 64):
+        if opt.should_stop:  # the others finished and too few are left for a step
+            break
         batch = order[i:i + 64]
         opt.zero_grad()
         F.cross_entropy(model(X[batch]), y[batch]).backward()

@@ -75,6 +75,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "qr_worker_push_sparse": (c_int, [c_void_p, c_int, c_int64, c_void_p, c_void_p, c_uint,
                                       P(c_int64)]),
     "qr_worker_stop_cluster": (c_int, [c_void_p]),
+    "qr_worker_leave": (c_int, [c_void_p]),
 }
 
 PUSH_STEP = 1

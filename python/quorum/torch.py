@@ -29,20 +29,52 @@ from __future__ import annotations
 
 import atexit
 import glob
+import logging
 import os
 import shutil
+import sys
 import tempfile
+import types
 import weakref
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import torch
 
 from .cluster import Cluster, launcher_options
-from .errors import StaleError
+from .errors import StaleError, StoppedError
 from .ps import PS
 from .worker import Worker
 
 __all__ = ["Optimizer", "Embedding", "shard", "load_checkpoint", "checkpoint_state_dict"]
+
+_log = logging.getLogger("quorum")
+_QR_ESTOPPED = -10
+
+# Set when the script dies of an uncaught exception (sys.excepthook runs
+# before atexit): a worker closed then has not finished its work, so it does
+# not say LEAVE, and the ps tasks wait for it to come back.
+_script_failed = False
+
+
+def _note_failure() -> None:
+    previous = sys.excepthook
+    if getattr(previous, "_quorum", False):
+        return
+
+    def hook(kind: Type[BaseException], value: BaseException,
+             tb: Optional[types.TracebackType]) -> None:
+        global _script_failed
+        _script_failed = True
+        previous(kind, value, tb)
+
+    setattr(hook, "_quorum", True)
+    sys.excepthook = hook
+
+
+def _close_at_exit(ref: "weakref.ReferenceType[Optimizer]") -> None:
+    opt = ref()
+    if opt is not None:
+        opt.close(finished=not _script_failed)
 
 
 def worker_rank() -> Tuple[int, int]:
@@ -211,13 +243,18 @@ class Optimizer:
                 self.embeddings.append(m)
         worker.initialize()
         self._pull()
-        # close() is optional: a script that ends without it still stops its
-        # local ps cleanly (weakly held: the optimizer may go away first).
+        # close() is optional: a script that ends without it still says it
+        # has finished and stops its local ps cleanly (weakly held: the
+        # optimizer may go away first). One that dies of an exception does
+        # not say it has finished.
+        _note_failure()
         ref = weakref.ref(self)
-        atexit.register(lambda: ref() is not None and ref().close())  # type: ignore[union-attr]
+        atexit.register(_close_at_exit, ref)
         self.calls = 0
         self.stale = 0
         self.global_step = 0
+        self.stopped = False
+        self.stop_reason = ""
         self._sums: Optional[List[torch.Tensor]] = None
         self._start: Optional[List[torch.Tensor]] = None
 
@@ -250,9 +287,31 @@ class Optimizer:
             grads[i] = g.contiguous()
         return grads
 
+    @property
+    def should_stop(self) -> bool:
+        """True once the cluster has ended the run in order (the chief
+        stopped it, or in sync mode the other workers finished and too few
+        are left for a step): step() does nothing from then on and the
+        parameters keep their last pulled values. A loop may end early on it."""
+        return self.stopped
+
     def step(self) -> int:
         """Push this step's gradients (and the embeddings' rows), take the
-        token in sync mode, pull the new parameters; the global step."""
+        token in sync mode, pull the new parameters; the global step. Once
+        the run has ended in order (should_stop), it does nothing."""
+        if self.stopped:
+            return self.global_step
+        try:
+            return self._step()
+        except StoppedError as e:
+            if e.status != _QR_ESTOPPED:
+                raise  # aborted or rolled back: not an orderly end
+            self.stopped, self.stop_reason = True, str(e)
+            _log.info("training is over for this worker at global step %d: %s",
+                      self.global_step, e)
+            return self.global_step
+
+    def _step(self) -> int:
         self.calls += 1
         grads = self._grads()
         if self.local_steps > 1:
@@ -301,16 +360,23 @@ class Optimizer:
         self.worker.pull({i: out[name] for name, _, i in self.params})
         return out
 
-    def close(self, stop_cluster: Optional[bool] = None) -> None:
-        """Done training. The chief stops the cluster when run alone, or
-        when asked (stop_cluster=True); under `quorum launch` the launcher
-        stops the ps tasks once every worker has ended."""
+    def close(self, stop_cluster: Optional[bool] = None, finished: bool = True) -> None:
+        """Done training. This worker tells ps 0 it has finished (unless
+        finished=False), so the others go on without it and the run ends in
+        order once every worker has finished (in sync mode: once too few are
+        left to make a step). The chief stops the cluster when run alone, or
+        when asked (stop_cluster=True)."""
         if not self.worker._handle:
             return  # closed already
         if stop_cluster is None:
             stop_cluster = self._local_ps is not None
-        if stop_cluster and self.worker.cluster.task_index == 0:
-            self.worker.stop_cluster()
+        try:
+            if stop_cluster and self.worker.cluster.task_index == 0:
+                self.worker.stop_cluster()
+            elif finished and not self.stopped:
+                self.worker.leave()
+        except StoppedError:
+            pass  # the cluster has ended already: nothing to leave
         self.worker.close()
         if self._local_ps is not None:
             self._local_ps.join(30)

@@ -290,6 +290,15 @@ class Worker:
         """Stop every ps (the chief does, when training is over)."""
         check(lib.qr_worker_stop_cluster(self._handle))
 
+    def leave(self) -> None:
+        """This worker has finished its work and will not push again: ps 0
+        stops counting on it, and ends the run in order once every worker
+        has finished (or, in sync mode, once too few are left for a step;
+        their calls then raise StoppedError saying so). Without it, a worker
+        that goes is taken for lost and waited for. Raises StoppedError if
+        the cluster has stopped already."""
+        check(lib.qr_worker_leave(self._handle))
+
     def close(self) -> None:
         if self._handle:
             lib.qr_worker_free(self._handle)

@@ -558,7 +558,8 @@ static void finish_checkpoint(qr_ps *ps) {
         c->want_final = false;
         if (c->stop_peer) qr__peer_reply(c->stop_peer, &c->stop_req, QR_OK, NULL, NULL, 0, NULL, NULL);
         c->stop_peer = NULL;
-        qr__ps_begin_stop(ps);
+        if (c->final_stops_cluster) qr__ps_stop_cluster(ps);
+        else qr__ps_begin_stop(ps);
     }
 }
 
@@ -588,7 +589,7 @@ bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
     if (!c->busy && ps->global_step == c->last_step) return false; /* have it */
     c->want_final = true;
     c->stop_peer = p;
-    c->stop_req = *f;
+    if (f) c->stop_req = *f;
     qr__log(QR_LOG_INFO, "stop requested: writing the final checkpoint (global step %lld) first",
             (long long)ps->global_step);
     /* Sync: between steps only; a step being applied finishes first and

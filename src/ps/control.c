@@ -59,6 +59,7 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
                 qr_conn_peer(p->conn), qr_conn_kind(p->conn));
         ps->worker_conns[p->worker_index]++;
         ps->liveness.seen_workers = true;
+        qr__liveness_worker_back(ps, p->worker_index);
     }
     qr_wbuf out = {0};
     qr_msg_welcome welcome = qr__rollback_welcome(ps);

@@ -231,6 +231,8 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
 #define ADD(...) off += (size_t)snprintf(buf + off, off < len ? len - off : 0, __VA_ARGS__)
     if (live < s->R)
         ADD("only %d of %d workers are alive but a step needs %d gradients; ", live, s->N, s->R);
+    if (ps->liveness.nfinished)
+        ADD("%d worker%s finished; ", ps->liveness.nfinished, ps->liveness.nfinished > 1 ? "s have" : " has");
     if (s->applying)
         ADD("step %lld has waited %.1f s for the other ps tasks to apply it", (long long)ps->global_step,
             (double)(now - s->step_started_ns) / 1e9);
@@ -255,6 +257,8 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
         missing++;
         if (ps->worker_conns[w])
             ADD(" worker %d (connected, no gradient for this step yet);", w);
+        else if (qr__liveness_finished(ps, w))
+            ADD(" worker %d (finished);", w);
         else if (ps->worker_lost_ns[w])
             ADD(" worker %d (disconnected %.1f s ago);", w, (double)(now - ps->worker_lost_ns[w]) / 1e9);
         else
@@ -284,7 +288,8 @@ static int lost_worker_missing(const qr_ps *ps, uint64_t *gone_ms) {
     for (int w = 0; w < s->N; w++) {
         bool in = false;
         for (int i = 0; i < s->nquorum; i++) in |= (int)s->quorum[i].worker == w;
-        if (in || ps->worker_conns[w] || !ps->worker_lost_ns[w]) continue;
+        if (in || ps->worker_conns[w] || !ps->worker_lost_ns[w] || qr__liveness_finished(ps, w))
+            continue;
         uint64_t ms = (now - ps->worker_lost_ns[w]) / 1000000;
         if (who < 0 || ms > longest) who = w, longest = ms;
     }
@@ -434,6 +439,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr__peer_reply_step(p, f, ps->global_step);
     serve_waiters(s);
     if (s->nquorum == s->R) start_apply(ps);
+    else qr__liveness_end_if_finished(ps);
 }
 
 void qr__coord_token(ps_peer *p, const qr_frame *f) {
@@ -504,13 +510,13 @@ void qr__coord_peer_lost(ps_peer *p) {
     int live = 0;
     for (int i = 0; i < s->N; i++) live += ps->worker_conns[i] > 0;
     bool done = ps->step_limit > 0 && ps->global_step >= ps->step_limit;
-    if (!done)
+    if (!done && !qr__liveness_finished(ps, w))
         qr__log(QR_LOG_WARN, "worker %d disconnected at step %lld; %d of %d workers alive "
                 "(%d gradients make a step)", w, (long long)ps->global_step, live, s->N, s->R);
 }
 
 void qr__coord_stop(qr_ps *ps) {
     ps_sync *s = &ps->sync;
-    end_waiters(s, QR_ESTOPPED, "stopped: training is over");
+    end_waiters(s, QR_ESTOPPED, ps->end_msg[0] ? ps->end_msg : "stopped: training is over");
     if (s->timer_on) uv_timer_stop(&s->timer);
 }

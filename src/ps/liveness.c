@@ -11,6 +11,15 @@
  *   ps k: ps 0 gone for restart-wait-ms (its link closed and not made
  *         again): this ps stops with an error.
  *
+ * A worker that has finished its work (its data is done) says LEAVE to
+ * ps 0 before it goes, so that its going is not taken for a death: ps 0
+ * ends the run in order once every worker has finished, or, in sync mode,
+ * once those still training are fewer than a step's quorum (min(R, N))
+ * and one of them has sent a gradient to a step that therefore cannot
+ * complete. That is how a sync run whose workers each go through their own
+ * shard of the data ends (TensorFlow's SyncReplicasOptimizer hangs there);
+ * until that gradient comes, the others may still pull the last values.
+ *
  * And ps 0 watches the workers' heartbeats (BEAT, sent by each worker's
  * heartbeat thread, src/worker/heartbeat.c).
  *
@@ -93,7 +102,7 @@ static void on_watch(uv_timer_t *t) {
     watch_workers_left(ps, now);
     qr__links_watch(ps);
     for (int w = 0; w < ps->cluster->nworkers && !ps->stopping; w++) {
-        if (!l->beat_ns[w] || l->hung[w]) continue;
+        if (!l->beat_ns[w] || l->hung[w] || l->finished[w]) continue;
         uint64_t silent_ms = (now - l->beat_ns[w]) / 1000000;
         if (silent_ms < (uint64_t)l->timeout_ms) continue;
         l->hung[w] = true;
@@ -112,7 +121,9 @@ int qr__liveness_init(qr_ps *ps) {
         int n = QR_MAX(ps->cluster->nworkers, 1);
         l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
         l->hung = qr__calloc((size_t)n, sizeof *l->hung);
-        if (!l->beat_ns || !l->hung) return QR_ENOMEM;
+        l->finished = qr__calloc((size_t)n, sizeof *l->finished);
+        l->nfinished = 0;
+        if (!l->beat_ns || !l->hung || !l->finished) return QR_ENOMEM;
     }
     uv_timer_init(&ps->loop, &l->timer);
     l->timer.data = ps;
@@ -131,8 +142,67 @@ void qr__liveness_close(qr_ps *ps) {
 void qr__liveness_free(qr_ps *ps) {
     free(ps->liveness.beat_ns);
     free(ps->liveness.hung);
+    free(ps->liveness.finished);
     ps->liveness.beat_ns = NULL;
     ps->liveness.hung = NULL;
+    ps->liveness.finished = NULL;
+}
+
+bool qr__liveness_finished(const qr_ps *ps, int worker) {
+    const ps_liveness *l = &ps->liveness;
+    return l->finished && worker >= 0 && worker < ps->cluster->nworkers && l->finished[worker];
+}
+
+void qr__liveness_worker_back(qr_ps *ps, int worker) {
+    if (!qr__liveness_finished(ps, worker)) return;
+    ps->liveness.finished[worker] = false;
+    ps->liveness.nfinished--;
+    qr__log(QR_LOG_INFO, "worker %d had finished and is back", worker);
+}
+
+void qr__liveness_end_if_finished(qr_ps *ps) {
+    ps_liveness *l = &ps->liveness;
+    int n = ps->cluster->nworkers;
+    const ps_sync *s = &ps->sync;
+    char why[512];
+    if (!l->finished || !l->nfinished || ps->stopping) return;
+    if (l->nfinished == n) {
+        snprintf(why, sizeof why, "every worker has finished (global step %lld): training is over",
+                 (long long)ps->global_step);
+    } else if (s->on && n - l->nfinished < QR_MIN(s->R, n) && s->nquorum > 0 && !s->applying) {
+        size_t off = (size_t)snprintf(why, sizeof why, "worker%s", l->nfinished > 1 ? "s" : "");
+        for (int w = 0, k = 0; w < n; w++) {
+            if (!l->finished[w]) continue;
+            off += (size_t)snprintf(why + off, off < sizeof why ? sizeof why - off : 0, "%s %d",
+                                    k++ ? "," : "", w);
+        }
+        snprintf(why + off, off < sizeof why ? sizeof why - off : 0,
+                 " finished, and the %d still training cannot make a step of %d gradients "
+                 "(global step %lld): training is over", n - l->nfinished, s->R,
+                 (long long)ps->global_step);
+    } else {
+        return;
+    }
+    qr__ps_end_run(ps, why);
+}
+
+void qr__liveness_leave(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    ps_liveness *l = &ps->liveness;
+    if (ps->index != 0 || p->role != QR_ROLE_WORKER || !l->finished) {
+        qr__peer_reply_error(p, f, QR_EINVAL, "LEAVE: a worker says it has finished to ps 0, "
+                             "after its HELLO");
+        return;
+    }
+    int w = p->worker_index;
+    if (!l->finished[w]) {
+        l->finished[w] = true;
+        l->nfinished++;
+        qr__log(QR_LOG_INFO, "worker %d has finished at global step %lld (%d of %d workers have)",
+                w, (long long)ps->global_step, l->nfinished, ps->cluster->nworkers);
+    }
+    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+    qr__liveness_end_if_finished(ps);
 }
 
 int qr__liveness_beat_header(ps_peer *p, const qr_frame *f) {

@@ -305,6 +305,7 @@ typedef struct ps_ckpt {
     double last_snapshot_ms, max_snapshot_ms; /* the loop's part: the references */
     bool want_final;       /* a stop waits for the final checkpoint */
     bool final_started;
+    bool final_stops_cluster; /* ... then STOP every ps (qr__ps_end_run) */
     ps_peer *stop_peer;    /* ... and the STOP request to answer after it */
     qr_frame stop_req;
     /* ps k: the CKPT request to answer when the shard is written */
@@ -335,6 +336,8 @@ typedef struct ps_liveness {
     bool *hung;            /* [workers]: declared hung, not beaten since */
     uint64_t hung_total;
     bool seen_workers;     /* ps 0: a worker has been connected */
+    bool *finished;        /* [workers] ps 0: said LEAVE (done, will not push again) */
+    int nfinished;
     uint64_t none_since_ns; /* ps 0: no worker connected since (0: some are) */
     uv_timer_t timer;
     bool timer_on;
@@ -385,6 +388,7 @@ struct qr_ps {
     int restart_wait_ms;
     int64_t step_limit;    /* ps 0: the run's last global step, from the chief (0: unknown) */
     char abort_msg[1024];  /* why exit_status is an error */
+    char end_msg[512];     /* why an orderly end came (a stop notice says it) */
     qr_listener *listener;
     qr_conn_options conn_opt;
     qr_conn_events events;
@@ -567,6 +571,12 @@ void qr__bound_close(qr_ps *ps);
 void qr__ps_abort(qr_ps *ps, int status, const char *why);
 /* ps 0: STOP to every other ps, and stop this one. */
 void qr__ps_stop_cluster(qr_ps *ps);
+/* ps 0: the run is over in order (why: for the log and the workers' stop
+ * notice): the final checkpoint if checkpoints are on, then the cluster
+ * stops. */
+void qr__ps_end_run(qr_ps *ps, const char *why);
+/* Why this ps is stopping: the abort's message, the end's, or a default. */
+const char *qr__ps_stop_reason(const qr_ps *ps);
 
 /* links.c: ps 0's links to the other ps tasks (whenever there are some). */
 int qr__links_init(qr_ps *ps);
@@ -639,7 +649,8 @@ void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 void qr__ckpt_step_done(qr_ps *ps);
 /* ps 0 asked to stop by a worker's STOP (p, f): if a final checkpoint is
  * to be taken, start it, keep the request and return true (the reply and
- * the stop follow once it is written); false: stop now. */
+ * the stop follow once it is written); false: stop now. p and f NULL: no
+ * request to answer (qr__ps_end_run). */
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
 /* v is about to be changed by an apply. */
 int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
@@ -690,5 +701,14 @@ void qr__liveness_beat(ps_peer *p, const uint8_t *meta, uint32_t meta_len);
 /* ps 0's watch timer, also used by ps k: a run with no worker left, ps 0
  * gone (liveness.c). A peer that said it is the coordinator left. */
 void qr__liveness_coordinator_lost(qr_ps *ps);
+/* LEAVE: a worker has finished (ps 0). */
+void qr__liveness_leave(ps_peer *p, const qr_frame *f);
+/* A worker said HELLO: one that had finished is back (ps 0). */
+void qr__liveness_worker_back(qr_ps *ps, int worker);
+/* ps 0: end the run in order if the finished workers leave it nothing to
+ * do (every worker finished; in sync mode, a step that cannot complete). */
+void qr__liveness_end_if_finished(qr_ps *ps);
+/* Has this worker said LEAVE? (ps 0; false elsewhere) */
+bool qr__liveness_finished(const qr_ps *ps, int worker);
 
 #endif /* QR_PS_INTERNAL_H */

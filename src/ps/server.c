@@ -41,7 +41,8 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (f->type & QR_MSG_REPLY)
         return qr__fail(QR_EPROTO, "a ps does not accept %s replies", qr_msg_name(f->type));
     if (p->ps->stopping && f->type != QR_MSG_STOP)
-        return qr__fail(QR_ESTOPPED, "the ps is stopping: training is over");
+        return qr__fail(p->ps->exit_status ? p->ps->exit_status : QR_ESTOPPED, "%s",
+                        qr__ps_stop_reason(p->ps));
     switch (f->type) {
     case QR_MSG_HELLO:
     case QR_MSG_READY:
@@ -58,6 +59,7 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_CREATE: return qr__create_header(p, f, meta);
     case QR_MSG_CKPT: return qr__ckpt_header(p, f, meta);
     case QR_MSG_BEAT: return qr__liveness_beat_header(p, f);
+    case QR_MSG_LEAVE: return qr__peer_check_small(f, 0);
     default: return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
     }
 }
@@ -113,6 +115,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         case QR_MSG_CREATE: qr__create_message(p, f); break;
         case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
         case QR_MSG_BEAT: qr__liveness_beat(p, meta, f->meta_len); break; /* no reply */
+        case QR_MSG_LEAVE: qr__liveness_leave(p, f); break;
         }
     }
     if (!p->err && (f->type == QR_MSG_PUSH || f->type == QR_MSG_PULL)) qr__metrics_request(p, f);
@@ -234,8 +237,7 @@ void qr__ps_begin_stop(qr_ps *ps) {
     for (ps_peer *p = ps->peers; p; p = p->next)
         if (p->role == QR_ROLE_WORKER)
             qr__peer_notify_stop(p, ps->exit_status ? ps->exit_status : QR_ESTOPPED,
-                                 ps->exit_status ? ps->abort_msg
-                                                 : "the ps is stopping: training is over");
+                                 qr__ps_stop_reason(ps));
     uv_timer_start(&ps->linger_timer, on_linger_timeout, (uint64_t)ps->linger_ms, 0);
     qr__ps_finish_if_idle(ps);
 }
@@ -243,6 +245,23 @@ void qr__ps_begin_stop(qr_ps *ps) {
 void qr__ps_stop_cluster(qr_ps *ps) {
     qr__links_stop_all(ps);
     qr__ps_begin_stop(ps);
+}
+
+const char *qr__ps_stop_reason(const qr_ps *ps) {
+    if (ps->exit_status && ps->abort_msg[0]) return ps->abort_msg;
+    if (ps->end_msg[0]) return ps->end_msg;
+    return "the ps is stopping: training is over";
+}
+
+void qr__ps_end_run(qr_ps *ps, const char *why) {
+    if (ps->stopping || ps->exit_status || ps->ckpt.want_final) return;
+    qr__log(QR_LOG_INFO, "%s: stopping the cluster", why);
+    snprintf(ps->end_msg, sizeof ps->end_msg, "%s", why);
+    if (qr__ckpt_final(ps, NULL, NULL)) {
+        ps->ckpt.final_stops_cluster = true;
+        return;
+    }
+    qr__ps_stop_cluster(ps);
 }
 
 void qr__ps_abort(qr_ps *ps, int status, const char *why) {

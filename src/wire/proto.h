@@ -72,7 +72,8 @@ typedef enum qr_msg_type {
     QR_MSG_CKPT = 13,
     QR_MSG_BEAT = 14,
     QR_MSG_LOOKUP = 15,
-    QR_MSG_TYPE_MAX = 15,
+    QR_MSG_LEAVE = 16,
+    QR_MSG_TYPE_MAX = 16,
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 

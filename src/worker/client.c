@@ -1246,6 +1246,16 @@ int qr_worker_data_position(const qr_worker *w, uint64_t *position) {
     return QR_OK;
 }
 
+int qr_worker_leave(qr_worker *w) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_leave: worker is NULL");
+    if (!w->initialized) return qr__fail(QR_EINVAL, "qr_worker_leave: call qr_worker_initialize first");
+    wk_request *r = wk_request_new(w, 0, QR_MSG_LEAVE);
+    if (!r) return QR_ENOMEM;
+    int rc = wk_run_requests(w, &r, 1, w->timeout_ms);
+    wk_free_requests(&r, 1);
+    return rc;
+}
+
 int qr_worker_stop_cluster(qr_worker *w) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_stop_cluster: worker is NULL");
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);

@@ -354,6 +354,33 @@ static void test_sparse_push_advances_its_ps(void **state) {
  * (src/ps/fused_apply.c), from a real worker (whose large pushes are
  * spliced over Unix sockets) to each of 2 ps tasks; the values are exact
  * and qr_worker_stats sums the count over the ps tasks. */
+/* Workers that finish say so (qr_worker_leave): once every worker has,
+ * ps 0 ends the run in order by itself (no chief's STOP, no launcher), and
+ * not before; a worker that comes back after leaving counts again. */
+static void test_every_worker_finished_ends_the_run(void **state) {
+    (void)state;
+    run r;
+    start(&r, "restart-wait-ms", "600000");
+    assert_int_equal(push(&r, 1, 1, 1, 0), QR_OK);
+    assert_int_equal(qr_worker_leave(r.w[1]), QR_OK);
+    qr_worker_free(r.w[1]);
+    /* Worker 1 again (a restart): it trains, so worker 0 leaving is not the end. */
+    r.w[1] = fix_worker(&r.f, 1);
+    int64_t shape[1] = {2};
+    assert_int_equal(qr_worker_declare(r.w[1], "w", 1, shape, "zeros", 1, -1, &r.id[1]), QR_OK);
+    assert_int_equal(qr_worker_initialize(r.w[1]), QR_OK);
+    assert_int_equal(qr_worker_leave(r.w[0]), QR_OK);
+    qr_worker_free(r.w[0]);
+    assert_int_equal(push(&r, 1, 1, 1, 0), QR_OK);
+    assert_int_equal(qr_worker_pull(r.w[1], 1, &r.id[1], NULL), QR_OK);
+    const float *w = qr_worker_var_data(r.w[1], r.id[1]);
+    assert_true(w[0] == -2.0f && w[1] == -2.0f);
+    assert_int_equal(qr_worker_leave(r.w[1]), QR_OK);
+    qr_worker_free(r.w[1]);
+    fix_join(&r.f); /* returns: the ps stopped by itself */
+    assert_int_equal(r.f.run_status[0], QR_OK);
+}
+
 static void test_large_pushes_applied_on_arrival(void **state) {
     (void)state;
     cluster_fixture f;
@@ -401,6 +428,7 @@ int main(void) {
         cmocka_unit_test(test_sparse_push),
         cmocka_unit_test(test_sparse_push_advances_its_ps),
         cmocka_unit_test(test_large_pushes_applied_on_arrival),
+        cmocka_unit_test(test_every_worker_finished_ends_the_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

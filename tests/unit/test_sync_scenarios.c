@@ -286,6 +286,71 @@ static void test_missing_worker_stall_report_and_abort(void **state) {
     assert_int_equal(s.f.run_status[0], QR_EABORTED);
 }
 
+/* R = 2, N = 3, each worker going through its own data: a worker that has
+ * finished says so (qr_worker_leave) and the others go on without it;
+ * once those left cannot make a step of R gradients, ps 0 ends the run in
+ * order and the last worker's wait ends with "stopped" and the reason,
+ * instead of waiting out restart-wait-ms and aborting. */
+static void test_finished_workers_end_the_run(void **state) {
+    (void)state;
+    scenario s;
+    static const char *const long_wait[] = {"restart-wait-ms", "600000", NULL};
+    extra = long_wait;
+    start(&s, 3, 2, -1);
+    extra = NULL;
+    assert_int_equal(push(&s, 0, 1, 0), QR_OK);
+    assert_int_equal(push(&s, 2, 0, 1), QR_OK);
+    for (int i = 0; i < 3; i += 2) assert_int_equal(token(&s, i), 1);
+    assert_int_equal(qr_worker_leave(s.w[0]), QR_OK);
+    assert_int_equal(qr_worker_leave(s.w[0]), QR_OK); /* said twice: counted once */
+    qr_worker_free(s.w[0]);
+    s.w[0] = s.w[1]; /* expect_w and friends ask through worker 0 */
+    /* Workers 1 and 2 still make a quorum: step 1 = mean([2,0], [0,2]). */
+    assert_int_equal(push(&s, 1, 2, 0), QR_ESTALE); /* its step-0 gradient, late */
+    assert_int_equal(token(&s, 1), 1);
+    assert_int_equal(push(&s, 1, 2, 0), QR_OK);
+    assert_int_equal(push(&s, 2, 0, 2), QR_OK);
+    expect_w(&s, -1.5f, -1.5f);
+    assert_int_equal(global_step(&s), 2);
+    assert_int_equal(token(&s, 2), 2);
+    /* Worker 1 has a gradient in step 2 (1 of 2); worker 2 finishes. */
+    assert_int_equal(token(&s, 1), 2);
+    assert_int_equal(push(&s, 1, 5, 5), QR_OK);
+    assert_int_equal(qr_worker_leave(s.w[2]), QR_OK);
+    int64_t step = -1;
+    int rc = qr_worker_take_token(s.w[1], &step);
+    if (rc == QR_OK) rc = push(&s, 1, 5, 5);
+    fprintf(stderr, "worker 1's next calls: %s\n", qr_last_error());
+    assert_int_equal(rc, QR_ESTOPPED);
+    assert_non_null(strstr(qr_last_error(), "workers 0, 2 finished, and the 1 still training "
+                                            "cannot make a step of 2 gradients (global step 2): "
+                                            "training is over"));
+    qr_worker_free(s.w[1]);
+    qr_worker_free(s.w[2]);
+    fix_join(&s.f);
+    assert_int_equal(s.f.run_status[0], QR_OK);
+}
+
+/* R = N = 2: one worker finishing ends the run at once; the other's next
+ * call says why. */
+static void test_leave_then_come_back(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 2, -1);
+    assert_int_equal(qr_worker_leave(NULL), QR_EINVAL);
+    assert_int_equal(qr_worker_leave(s.w[1]), QR_OK);
+    qr_worker_free(s.w[1]);
+    /* 1 of 2 training, R = 2: the run has ended. */
+    int64_t step = -1;
+    int rc = qr_worker_push(s.w[0], 1, &s.id[0], (const float *const[]){(float[]){1, 1}}, 0, &step);
+    if (rc == QR_OK) rc = qr_worker_take_token(s.w[0], &step);
+    assert_int_equal(rc, QR_ESTOPPED);
+    assert_non_null(strstr(qr_last_error(), "worker 1 finished"));
+    qr_worker_free(s.w[0]);
+    fix_join(&s.f);
+    assert_int_equal(s.f.run_status[0], QR_OK);
+}
+
 /* Moving averages: after each step, with num_updates = the new global
  * step t, d = min(decay, (1 + t) / (10 + t)) and avg -= (1 - d)(avg - w). */
 static void test_moving_averages(void **state) {
@@ -366,6 +431,8 @@ int main(void) {
         cmocka_unit_test(test_fast_worker_takes_slow_workers_token),
         cmocka_unit_test(test_stop_ends_token_waits),
         cmocka_unit_test(test_missing_worker_stall_report_and_abort),
+        cmocka_unit_test(test_finished_workers_end_the_run),
+        cmocka_unit_test(test_leave_then_come_back),
         cmocka_unit_test(test_moving_averages),
         cmocka_unit_test(test_lr_decay),
         cmocka_unit_test(test_no_moving_average_refused),

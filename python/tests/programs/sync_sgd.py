@@ -1,7 +1,8 @@
 """A worker program for `quorum launch -- python sync_sgd.py STEPS PIDFILE`:
 least squares on fixed data, sync or async as the launcher's options say;
-writes the final parameters as JSON to PIDFILE.result.TASK. The chief stops the cluster only if
-asked (--stop); otherwise the launcher does once every worker is done. With
+writes the final parameters as JSON to PIDFILE.result.TASK. With --leave each
+worker says it has finished and ps 0 ends the run once all have; otherwise
+the launcher stops the ps tasks once every worker is done. With
 STEPS 0 it trains until killed (for the Ctrl-C test), writing its pid."""
 
 import json
@@ -35,5 +36,5 @@ while steps == 0 or step < steps:
 w.pull()
 with open("%s.result.%d" % (pidfile, w.cluster.task_index), "w") as f:
     json.dump({"task": w.cluster.task_index, "theta": w.value("theta").tolist()}, f)
-if "--stop" in sys.argv and w.cluster.task_index == 0:
-    w.stop_cluster()
+if "--leave" in sys.argv:
+    w.leave()
