@@ -302,7 +302,9 @@ QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
  * tasks (buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+);
  * "applied_on_arrival", the large SGD pushes applied while they arrived,
  * and "rebased_on_arrival", the pushes that overtook one (docs/ASYNC.md),
- * both summed over the ps tasks; and in sync
+ * both summed over the ps tasks; "tables", per embedding table its rows,
+ * bytes, admission_candidates, admitted, unadmitted_reads, dropped_rows
+ * and evicted, summed over the ps tasks; and in sync
  * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker
  * per worker, mean_wait_ms, max_wait_ms, tokens_queued. */
 QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);

@@ -158,7 +158,10 @@ class Embedding(torch.nn.Module):
     """An embedding table on the ps tasks: ids (any int64, no fixed
     vocabulary) -> rows of ``dim`` floats, made on first use from the seeded
     initializer. Use it inside a model trained by ``Optimizer``.
-    ``mode="sum"|"mean"`` pools the last dimension of ids (a bag)."""
+    ``mode="sum"|"mean"`` pools the last dimension of ids (a bag).
+    ``options`` are the table's own, added to the optimizer's: its optimizer
+    settings, and admission and eviction ("admit_after=3,
+    evict_after_steps=100000", docs/EMBEDDINGS.md)."""
 
     def __init__(self, dim: int, init: str = "normal:0,0.01", seed: int = 0,
                  options: str = "", mode: Optional[str] = None):
@@ -238,8 +241,9 @@ class Optimizer:
         for name, m in module.named_modules():
             if isinstance(m, Embedding):
                 m._worker = worker
+                options = ",".join(o for o in (self.options, m.options) if o)
                 m._table = worker.declare_table(name or "embedding", m.dim, m.init, m.seed,
-                                                m.options or self.options)
+                                                options)
                 self.embeddings.append(m)
         worker.initialize()
         self._pull()

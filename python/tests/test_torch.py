@@ -69,6 +69,25 @@ class Ctr(torch.nn.Module):
         return self.out(self.emb(ids).sum(dim=1))
 
 
+def test_embedding_admission_counted():  # type: ignore[no-untyped-def]
+    """Embedding(options="admit_after=2") reaches the ps with the
+    optimizer's options: rows are made at an id's second lookup, the first
+    step's gradients are dropped, and the statistics count both."""
+    torch.manual_seed(0)
+    model = Ctr(qt.Embedding(3, init="normal:0,0.5", seed=7, options="admit_after=2"))
+    opt = qt.Optimizer(model, "Adagrad", lr=0.2)
+    ids = torch.tensor([[1, 5, 9]], dtype=torch.int64)
+    for _ in range(3):
+        opt.zero_grad()
+        (model(ids) ** 2).mean().backward()
+        opt.step()
+    t = opt.worker.stats()["tables"]["emb"]
+    assert t["admitted"] == 3 and t["rows"] == 3 and t["unadmitted_reads"] == 3, t
+    assert t["dropped_rows"] == 3, t  # the first step's rows, not admitted then
+    assert "optimizer=adagrad" in opt.options
+    opt.close()
+
+
 def test_embedding_matches_torch():  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     model = Ctr(qt.Embedding(3, init="normal:0,0.5", seed=7))

@@ -9,6 +9,7 @@
  * a whole, as qr_optim_create validates the global configuration.
  */
 #include "common/config.h"
+#include "common/table_options.h"
 #include "optim/optim.h"
 
 #include <stdlib.h>
@@ -41,6 +42,7 @@ int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char 
         *eq = 0;
         for (char *c = item; *c; c++)
             if (*c == '_') *c = '-';
+        if (qr__list_has(QR_TABLE_OPTION_KEYS, '|', item)) continue; /* the table's */
         if (!qr__list_has(var_keys, '|', item)) {
             rc = qr__fail(QR_EINVAL, "variable options: '%s' is not an optimizer option "
                           "(one of %s)", item, var_keys);

@@ -59,6 +59,9 @@ typedef struct ckpt_entry {
      * per row its value and slots as the arena holds them. */
     int64_t *table_ids;
     float *table_rows[1 + QR_TABLE_MAX_SLOTS];
+    /* ... and, under admission and eviction, its candidates' ids and
+     * sightings and its rows' update steps */
+    int64_t *table_policy[3];
     int first, ntensors;    /* its tensors in the job's list */
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
@@ -107,6 +110,8 @@ static void entry_release(ckpt_entry *e) {
     free(e->table_ids);
     for (int i = 0; i <= QR_TABLE_MAX_SLOTS; i++) free(e->table_rows[i]);
     memset(e->table_rows, 0, sizeof e->table_rows);
+    for (int i = 0; i < 3; i++) free(e->table_policy[i]);
+    memset(e->table_policy, 0, sizeof e->table_policy);
     e->table_ids = NULL;
     e->value = e->average = NULL;
     e->slots = NULL;
@@ -162,6 +167,81 @@ static void add_tensor(ckpt_job *j, const char *name, qr_dtype dt, int ndim, con
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
 }
 
+/* Admission and eviction state, copied with the rows: NAME/admission_ids
+ * and NAME/admission_counts [candidates] (ids seen, not admitted yet, and
+ * their sightings), NAME/update_steps [rows] (the step of each row's last
+ * update, in the rows' order). All int64. */
+static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
+    const qr_table *t = v->table;
+    if (t->admit_after) {
+        uint64_t n = t->ncand;
+        e->table_policy[0] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
+        e->table_policy[1] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
+        const char *ids = job_name(j, "%s/%s", v->name, "admission_ids");
+        const char *counts = job_name(j, "%s/%s", v->name, "admission_counts");
+        if (!e->table_policy[0] || !e->table_policy[1] || !ids || !counts)
+            return qr__fail(QR_ENOMEM, "out of memory copying the admission counts of '%s'",
+                            v->name);
+        for (uint64_t i = 0; i < n; i++) {
+            e->table_policy[0][i] = t->cand_ids[i];
+            e->table_policy[1][i] = t->cand_seen[i];
+        }
+        int64_t shape[1] = {(int64_t)n};
+        add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_policy[0]);
+        add_tensor(j, counts, QR_DT_I64, 1, shape, e->table_policy[1]);
+    }
+    if (t->updated) {
+        uint64_t n = t->count;
+        e->table_policy[2] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
+        const char *name = job_name(j, "%s/%s", v->name, "update_steps");
+        if (!e->table_policy[2] || !name)
+            return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
+        if (n) memcpy(e->table_policy[2], t->updated, n * sizeof(int64_t));
+        int64_t shape[1] = {(int64_t)n};
+        add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
+    }
+    return QR_OK;
+}
+
+/* Put back what snapshot_table_policy wrote (either may be absent: the
+ * checkpoint was written with admission or eviction off). */
+static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *name) {
+    char key[QR_PROTO_MAX_NAME + 24];
+    snprintf(key, sizeof key, "%s/admission_ids", name);
+    const qr_st_tensor *ids = qr_st_find(f, key);
+    snprintf(key, sizeof key, "%s/admission_counts", name);
+    const qr_st_tensor *counts = qr_st_find(f, key);
+    snprintf(key, sizeof key, "%s/update_steps", name);
+    const qr_st_tensor *steps = qr_st_find(f, key);
+    int rc = QR_OK;
+    if (ids && counts && t->admit_after) {
+        uint64_t n = (uint64_t)(ids->ndim == 1 ? ids->shape[0] : -1);
+        if (ids->dtype != QR_DT_I64 || counts->dtype != QR_DT_I64 || ids->ndim != 1 ||
+            counts->ndim != 1 || counts->shape[0] != ids->shape[0])
+            return qr__fail(QR_EIO, "'%s': table '%s': its admission counts are malformed",
+                            f->path, name);
+        int64_t *idv = malloc(QR_MAX(n, 1) * 8), *seen = malloc(QR_MAX(n, 1) * 8);
+        rc = idv && seen ? QR_OK : QR_ENOMEM;
+        if (!rc) rc = qr_st_read(f, ids, idv);
+        if (!rc) rc = qr_st_read(f, counts, seen);
+        for (uint64_t i = 0; i < n && !rc; i++) {
+            if (seen[i] < 1 || seen[i] > UINT32_MAX || qr_table_find(t, idv[i]) >= 0)
+                rc = qr__fail(QR_EIO, "'%s': table '%s': admission count %lld of id %lld",
+                              f->path, name, (long long)seen[i], (long long)idv[i]);
+            else rc = qr_table_restore_candidate(t, idv[i], (uint32_t)seen[i]);
+        }
+        free(idv);
+        free(seen);
+    }
+    if (!rc && steps && t->updated) {
+        if (steps->dtype != QR_DT_I64 || steps->ndim != 1 || (uint64_t)steps->shape[0] != t->count)
+            return qr__fail(QR_EIO, "'%s': table '%s': its update steps are malformed", f->path,
+                            name);
+        rc = qr_st_read(f, steps, t->updated);
+    }
+    return rc;
+}
+
 /* A table's rows, copied now: unlike a dense tensor they are updated in
  * place, so the snapshot cannot hold a reference. The tensors: NAME
  * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. */
@@ -187,6 +267,8 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec) {
     const char *ids = job_name(j, "%s/%s", v->name, "ids");
     if (!ids) return QR_ENOMEM;
     add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
+    int rc = snapshot_table_policy(j, e, v);
+    if (rc) return rc;
     cJSON *tab = cJSON_AddObjectToObject(rec, "table");
     cJSON_AddNumberToObject(tab, "dim", (double)dim);
     cJSON_AddStringToObject(tab, "init", t->init_text);
@@ -267,7 +349,7 @@ static int snapshot(qr_ps *ps, uint64_t id, int64_t step, ckpt_job **out) {
     if (!j) return QR_ENOMEM;
     uint32_t nvars = ps->store.count;
     /* value, ids or average, slots; counters */
-    int max_tensors = (int)nvars * (2 + QR_TABLE_MAX_SLOTS + 2) + 4;
+    int max_tensors = (int)nvars * (2 + QR_TABLE_MAX_SLOTS + 2 + 3) + 4;
     j->ps = ps;
     j->id = id;
     j->step = step;
@@ -838,6 +920,8 @@ static int restore_table(qr_ps *ps, const qr_st_file *f, const cJSON *rec, const
     }
     free(idv);
     for (int s = 0; s <= nslots; s++) free(rows[s]);
+    /* Rows were added in the checkpoint's order, so update_steps lines up. */
+    if (!rc) rc = restore_table_policy(f, v->table, name);
     if (!rc && (qr_store_get(&ps->store, v->id) || qr_store_find_name(&ps->store, v->name)))
         rc = qr__fail(QR_EIO, "'%s': variable '%s' (id %u) appears twice", f->path, v->name, v->id);
     if (!rc) rc = qr_store_add(&ps->store, v);

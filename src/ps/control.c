@@ -86,6 +86,26 @@ static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_wbuf_free(&out);
 }
 
+/* Per embedding table here: its rows and bytes, and what admission and
+ * eviction did. */
+static void tables_stats_json(const qr_ps *ps, cJSON *j) {
+    cJSON *tables = NULL;
+    for (uint32_t i = 0; i < ps->store.cap; i++) {
+        const qr_var *v = ps->store.by_id[i];
+        if (!v || !v->table) continue;
+        if (!tables) tables = cJSON_AddObjectToObject(j, "tables");
+        const qr_table *t = v->table;
+        cJSON *o = cJSON_AddObjectToObject(tables, v->name);
+        cJSON_AddNumberToObject(o, "rows", (double)t->count);
+        cJSON_AddNumberToObject(o, "bytes", (double)qr_table_bytes(t));
+        cJSON_AddNumberToObject(o, "admission_candidates", (double)t->ncand);
+        cJSON_AddNumberToObject(o, "admitted", (double)t->admitted);
+        cJSON_AddNumberToObject(o, "unadmitted_reads", (double)t->unadmitted_reads);
+        cJSON_AddNumberToObject(o, "dropped_rows", (double)t->dropped_rows);
+        cJSON_AddNumberToObject(o, "evicted", (double)t->evicted);
+    }
+}
+
 /* The staleness histogram of async pushes here, and on ps 0 of a sync
  * run the coordinator's figures, and the checkpoints'. */
 static void stats_message(ps_peer *p, const qr_frame *f) {
@@ -95,6 +115,7 @@ static void stats_message(ps_peer *p, const qr_frame *f) {
     qr__push_stats_json(ps, j);
     if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
     if (ps->index == 0) qr__ckpt_stats_json(ps, j);
+    tables_stats_json(ps, j);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     qr_wbuf out = {0};

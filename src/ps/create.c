@@ -62,6 +62,11 @@ static int check_record(const qr_rbuf *r, qr_msg_create_bad bad, const qr_msg_cr
     if (m->kind != QR_VAR_DENSE && m->kind != QR_VAR_TABLE)
         return qr__fail(QR_EINVAL, "CREATE: variable '%s': kind %u (0 dense, 1 table)", name,
                         m->kind);
+    qr_table_options policy;
+    int prc = qr_table_options_parse(opts, &policy);
+    if (!prc && m->kind != QR_VAR_TABLE && qr_table_options_set(&policy))
+        prc = qr__fail(QR_EINVAL, "admit_after and evict_after_steps are for embedding tables");
+    if (prc) return qr__fail(prc, "CREATE: variable '%s': %s", name, qr_last_error());
     if (m->kind == QR_VAR_TABLE) {
         if (m->ndim != 1 || m->shape[0] > QR_TABLE_MAX_DIM)
             return qr__fail(QR_EINVAL, "CREATE: table '%s' must have shape [dim] with dim "
@@ -87,9 +92,14 @@ int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m) {
     float slot_init[QR_TABLE_MAX_SLOTS];
     for (int j = 0; j < nslots && j < QR_TABLE_MAX_SLOTS; j++)
         qr_optim_row_slot_info(opt, j, NULL, &slot_init[j]);
+    qr_table_options policy;
+    int rc = qr_table_options_parse(v->options, &policy);
+    if (rc) return rc;
     v->table = qr__calloc(1, sizeof *v->table);
     if (!v->table) return QR_ENOMEM;
-    return qr_table_init(v->table, m->shape[0], nslots, slot_init, init, m->seed);
+    rc = qr_table_init(v->table, m->shape[0], nslots, slot_init, init, m->seed);
+    if (!rc) rc = qr_table_set_policy(v->table, &policy);
+    return rc;
 }
 
 /* Does an existing variable's kind (and a table's initializer) match? */

@@ -80,24 +80,25 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f) {
     }
     bool read_only = f->flags & QR_LOOKUP_READ_ONLY;
     uint64_t added = 0;
+    t->clock = ps->applied_steps;
     for (int64_t i = 0; i < n; i++) {
         float *dst = out + i * dim;
-        int64_t r;
+        int64_t r = -1;
         bool add = false;
+        /* A sighting (admission counts it) unless read-only. An id with
+         * no row (not admitted yet, or a read) reads its initial value. */
         if (read_only) r = qr_table_find(t, ids[i]);
-        else r = qr_table_get_or_add(t, ids[i], &add);
-        if (r >= 0) {
-            memcpy(dst, qr_table_row(t, (uint64_t)r), (size_t)dim * sizeof(float));
-        } else if (read_only) {
-            qr_table_initial_value(t, ids[i], dst);
-        } else {
+        else if (qr_table_sight(t, ids[i], &r, &add)) {
             free(out);
             snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': %s", ps->name, v->name, qr_last_error());
             qr__peer_reply_error(p, f, QR_ENOMEM, msg);
             return;
         }
+        if (r >= 0) memcpy(dst, qr_table_row(t, (uint64_t)r), (size_t)dim * sizeof(float));
+        else qr_table_initial_value(t, ids[i], dst);
         added += add;
     }
+    qr_table_evict_idle(t);
     ps->metrics.rows_added += added;
     ps->metrics.rows_looked_up += (uint64_t)n;
     qr_wbuf meta = {0};

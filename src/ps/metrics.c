@@ -50,18 +50,36 @@ static void family(FILE *f, const char *name, const char *type, const char *help
     qr_prom_sample(f, name, NULL, v);
 }
 
-/* A gauge per embedding table: its rows, or its bytes. */
-static void table_family(FILE *f, const qr_ps *ps, const char *name, const char *help,
-                         bool bytes) {
-    qr_prom_family(f, name, "gauge", help);
+/* What table_family samples of each table. */
+typedef enum table_figure {
+    TABLE_ROWS, TABLE_BYTES, TABLE_CANDIDATES, TABLE_ADMITTED, TABLE_UNADMITTED_READS,
+    TABLE_DROPPED_ROWS, TABLE_EVICTED
+} table_figure;
+
+static double table_value(const qr_table *t, table_figure what) {
+    switch (what) {
+    case TABLE_ROWS: return (double)t->count;
+    case TABLE_BYTES: return (double)qr_table_bytes(t);
+    case TABLE_CANDIDATES: return (double)t->ncand;
+    case TABLE_ADMITTED: return (double)t->admitted;
+    case TABLE_UNADMITTED_READS: return (double)t->unadmitted_reads;
+    case TABLE_DROPPED_ROWS: return (double)t->dropped_rows;
+    case TABLE_EVICTED: return (double)t->evicted;
+    }
+    return 0;
+}
+
+/* A sample per embedding table. */
+static void table_family(FILE *f, const qr_ps *ps, const char *name, const char *type,
+                         const char *help, table_figure what) {
+    qr_prom_family(f, name, type, help);
     for (uint32_t i = 0; i < ps->store.cap; i++) {
         const qr_var *v = ps->store.by_id[i];
         if (!v || !v->table) continue;
         char value[2 * QR_PROTO_MAX_NAME], labels[3 * QR_PROTO_MAX_NAME];
         qr_prom_label(value, sizeof value, v->name);
         snprintf(labels, sizeof labels, "table=\"%s\"", value);
-        qr_prom_sample(f, name, labels,
-                       bytes ? (double)qr_table_bytes(v->table) : (double)v->table->count);
+        qr_prom_sample(f, name, labels, table_value(v->table, what));
     }
 }
 
@@ -125,9 +143,23 @@ static void render(qr_ps *ps, FILE *f) {
     bool tables = false;
     for (uint32_t i = 0; i < ps->store.cap; i++) tables |= ps->store.by_id[i] && ps->store.by_id[i]->table;
     if (tables) {
-        table_family(f, ps, "quorum_table_rows", "Rows an embedding table holds here.", false);
-        table_family(f, ps, "quorum_table_bytes",
-                     "Bytes an embedding table holds here: rows, slots, ids and index.", true);
+        table_family(f, ps, "quorum_table_rows", "gauge", "Rows an embedding table holds here.",
+                     TABLE_ROWS);
+        table_family(f, ps, "quorum_table_bytes", "gauge", "Bytes an embedding table holds "
+                     "here: rows, slots, ids, index and admission counts.", TABLE_BYTES);
+        table_family(f, ps, "quorum_table_admission_candidates", "gauge",
+                     "Ids seen but not admitted yet (admit_after).", TABLE_CANDIDATES);
+        table_family(f, ps, "quorum_table_rows_admitted_total", "counter",
+                     "Rows made at an id's admit_after-th sighting.", TABLE_ADMITTED);
+        table_family(f, ps, "quorum_table_unadmitted_reads_total", "counter",
+                     "Lookups of ids not admitted yet, answered with the initial value.",
+                     TABLE_UNADMITTED_READS);
+        table_family(f, ps, "quorum_table_dropped_rows_total", "counter",
+                     "Pushed gradient rows dropped: their id was not admitted yet.",
+                     TABLE_DROPPED_ROWS);
+        table_family(f, ps, "quorum_table_rows_evicted_total", "counter",
+                     "Rows removed after evict_after_steps steps without an update.",
+                     TABLE_EVICTED);
         family(f, "quorum_table_rows_added_total", "counter",
                "Rows made in the embedding tables here (first lookup or push of an id).",
                (double)ps->metrics.rows_added);

@@ -94,30 +94,38 @@ int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t) {
                                    : qr__fail(QR_ENOMEM, "out of memory applying rows of '%s'",
                                               v->name);
     float **slot_rows = var_rows ? var_rows + s->n : NULL;
-    uint64_t added = 0;
+    uint64_t added = 0, m = 0; /* m: the rows applied (admission drops some) */
+    tab->clock = t;
     for (uint64_t k = 0; k < s->n && !rc; k++) {
         bool add;
-        int64_t r = qr_table_get_or_add(tab, s->ids[k], &add);
+        int64_t r = qr_table_row_for_update(tab, s->ids[k], &add);
+        if (r == -1) continue; /* not admitted yet: dropped (the table counts it) */
         if (r < 0) {
             rc = QR_ENOMEM;
             break;
         }
         added += add;
         float *row = qr_table_row(tab, (uint64_t)r);
-        var_rows[k] = row;
-        for (int j = 0; j < nslots; j++) slot_rows[(uint64_t)j * s->n + k] = row + dim * (1 + j);
-        grad_rows[k] = s->sum + k * (uint64_t)dim;
+        var_rows[m] = row;
+        for (int j = 0; j < nslots; j++) slot_rows[(uint64_t)j * s->n + m] = row + dim * (1 + j);
+        grad_rows[m++] = s->sum + k * (uint64_t)dim;
     }
     ps->metrics.rows_added += added;
-    ps->metrics.rows_pushed += s->n;
+    ps->metrics.rows_pushed += m;
     if (!rc && delta) {
-        for (uint64_t k = 0; k < s->n; k++)
+        for (uint64_t k = 0; k < m; k++)
             qr_optim_add_delta(var_rows[k], var_rows[k], grad_rows[k], dim);
-    } else if (!rc) {
-        rc = qr_optim_apply_rows(opt, v->slots, var_rows, slot_rows, grad_rows, (int64_t)s->n,
+    } else if (!rc && m) {
+        /* The slots' rows are laid out with a stride of s->n per slot. */
+        if (m < s->n)
+            for (int j = 1; j < nslots; j++)
+                memmove(slot_rows + (uint64_t)j * m, slot_rows + (uint64_t)j * s->n,
+                        m * sizeof *slot_rows);
+        rc = qr_optim_apply_rows(opt, v->slots, var_rows, slot_rows, grad_rows, (int64_t)m,
                                  dim, lr, t);
     }
     free(var_rows);
     free(grad_rows);
+    if (!rc) qr_table_evict_idle(tab);
     return rc;
 }

@@ -39,8 +39,20 @@ void qr_table_free(qr_table *t) {
     for (uint64_t i = 0; i < t->nchunks; i++) free(t->chunks[i]);
     free(t->chunks);
     free(t->keys);
+    free(t->updated);
+    free(t->cand_ids);
+    free(t->cand_seen);
     qr_idmap_free(&t->index);
+    qr_idmap_free(&t->cand_index);
     memset(t, 0, sizeof *t);
+}
+
+int qr_table_set_policy(qr_table *t, const qr_table_options *o) {
+    if (t->count) return qr__fail(QR_EINVAL, "table: admission and eviction are set when it is empty");
+    t->admit_after = o->admit_after > 1 ? o->admit_after : 0;
+    t->evict_after = o->evict_after_steps;
+    if (t->admit_after) return qr_idmap_init(&t->cand_index, 0);
+    return QR_OK;
 }
 
 void qr_table_initial_value(const qr_table *t, int64_t id, float *out) {
@@ -55,6 +67,12 @@ static int reserve_row(qr_table *t) {
         if (!keys) return qr__fail(QR_ENOMEM, "out of memory growing a table to %llu rows",
                                    (unsigned long long)cap);
         t->keys = keys;
+        if (t->evict_after) {
+            int64_t *updated = realloc(t->updated, cap * sizeof *updated);
+            if (!updated) return qr__fail(QR_ENOMEM, "out of memory growing a table to %llu "
+                                          "rows", (unsigned long long)cap);
+            t->updated = updated;
+        }
         t->keys_cap = cap;
     }
     if ((t->count >> t->chunk_shift) < t->nchunks) return QR_OK;
@@ -81,6 +99,7 @@ int64_t qr_table_get_or_add(qr_table *t, int64_t id, bool *added) {
     r = qr_idmap_insert(&t->index, t->keys, id, (uint32_t)t->count, added);
     if (r < 0) return -1;
     t->keys[r] = id;
+    if (t->updated) t->updated[r] = t->clock;
     t->count++;
     float *row = qr_table_row(t, (uint64_t)r);
     qr_init_row(&t->init, t->seed, id, row, t->dim);
@@ -96,12 +115,123 @@ void qr_table_remove(qr_table *t, uint64_t r) {
     qr_idmap_remove(&t->index, t->keys, t->keys[r], (int64_t)r, r == last ? -1 : (int64_t)last);
     if (r != last) {
         t->keys[r] = t->keys[last];
+        if (t->updated) t->updated[r] = t->updated[last];
         memcpy(qr_table_row(t, r), qr_table_row(t, last), (size_t)t->stride * sizeof(float));
     }
     t->count--;
 }
 
+/* ---- admission ------------------------------------------------------------ */
+
+/* Id's candidate position, made with 0 sightings if absent; -1 (ENOMEM). */
+static int64_t candidate(qr_table *t, int64_t id) {
+    if (t->ncand == t->cand_cap) {
+        uint64_t cap = t->cand_cap ? t->cand_cap * 2 : 64;
+        int64_t *ids = realloc(t->cand_ids, cap * sizeof *ids);
+        if (ids) t->cand_ids = ids;
+        uint32_t *seen = realloc(t->cand_seen, cap * sizeof *seen);
+        if (seen) t->cand_seen = seen;
+        if (!ids || !seen) {
+            qr__fail(QR_ENOMEM, "out of memory counting the sightings of %llu ids",
+                     (unsigned long long)cap);
+            return -1;
+        }
+        t->cand_cap = cap;
+    }
+    bool added;
+    int64_t at = qr_idmap_insert(&t->cand_index, t->cand_ids, id, (uint32_t)t->ncand, &added);
+    if (at >= 0 && added) {
+        t->cand_ids[at] = id;
+        t->cand_seen[at] = 0;
+        t->ncand++;
+    }
+    return at;
+}
+
+static void forget_candidate(qr_table *t, int64_t at) {
+    uint64_t last = t->ncand - 1;
+    qr_idmap_remove(&t->cand_index, t->cand_ids, t->cand_ids[at], at,
+                    (uint64_t)at == last ? -1 : (int64_t)last);
+    t->cand_ids[at] = t->cand_ids[last];
+    t->cand_seen[at] = t->cand_seen[last];
+    t->ncand--;
+}
+
+int qr_table_sight(qr_table *t, int64_t id, int64_t *row, bool *added) {
+    *added = false;
+    *row = qr_table_find(t, id);
+    if (*row >= 0) return QR_OK;
+    if (t->admit_after) {
+        int64_t at = candidate(t, id);
+        if (at < 0) return QR_ENOMEM;
+        if (++t->cand_seen[at] < t->admit_after) {
+            t->unadmitted_reads++;
+            return QR_OK;
+        }
+        /* Admitted: made below. Forgotten first, so a failure to make it
+         * leaves the id as a candidate seen once less, nothing worse. */
+        uint32_t seen = t->cand_seen[at];
+        forget_candidate(t, at);
+        *row = qr_table_get_or_add(t, id, added);
+        if (*row < 0) {
+            int64_t back = candidate(t, id);
+            if (back >= 0) t->cand_seen[back] = seen - 1;
+            return QR_ENOMEM;
+        }
+        t->admitted++;
+        return QR_OK;
+    }
+    *row = qr_table_get_or_add(t, id, added);
+    return *row < 0 ? QR_ENOMEM : QR_OK;
+}
+
+int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added) {
+    int64_t r;
+    *added = false;
+    if (t->admit_after) {
+        r = qr_table_find(t, id);
+        if (r < 0) {
+            t->dropped_rows++;
+            return -1;
+        }
+    } else {
+        r = qr_table_get_or_add(t, id, added);
+        if (r < 0) return -2;
+    }
+    if (t->updated) t->updated[r] = t->clock;
+    return r;
+}
+
+int qr_table_restore_candidate(qr_table *t, int64_t id, uint32_t seen) {
+    if (!t->admit_after) return QR_OK; /* admission is off now: the counts do not matter */
+    int64_t at = candidate(t, id);
+    if (at < 0) return QR_ENOMEM;
+    t->cand_seen[at] = QR_MIN(seen, t->admit_after - 1);
+    return QR_OK;
+}
+
+/* ---- eviction ------------------------------------------------------------- */
+
+uint64_t qr_table_evict_idle(qr_table *t) {
+    if (!t->evict_after || t->clock - t->last_sweep < QR_MAX(t->evict_after / 4, 1)) return 0;
+    t->last_sweep = t->clock;
+    uint64_t gone = 0;
+    /* Downwards: a removal moves the last row, already looked at, into
+     * the hole. */
+    for (uint64_t r = t->count; r-- > 0;) {
+        if (t->clock - t->updated[r] <= t->evict_after) continue;
+        qr_table_remove(t, r);
+        gone++;
+    }
+    t->evicted += gone;
+    return gone;
+}
+
 uint64_t qr_table_bytes(const qr_table *t) {
     uint64_t chunk = ((uint64_t)1 << t->chunk_shift) * (uint64_t)t->stride * sizeof(float);
-    return t->nchunks * chunk + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
+    uint64_t bytes = t->nchunks * chunk + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
+    if (t->updated) bytes += t->keys_cap * sizeof *t->updated;
+    bytes += t->cand_cap * (sizeof *t->cand_ids + sizeof *t->cand_seen) +
+             qr_idmap_bytes(&t->cand_index);
+    return bytes;
 }

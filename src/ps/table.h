@@ -14,12 +14,23 @@
  * table's seed and the row's id alone (common/init.h), so it is the same
  * on whichever shard and whenever it is made; its slots start at the
  * optimizer's initial values. Used only from the ps loop thread.
+ *
+ * Admission and eviction (optional, common/table_options.h; DeepRec's
+ * counter filter and global-step eviction): with admit_after k > 1 an id
+ * gets a row only at its k-th sighting (a lookup that would make it);
+ * until then reads see its initial value, its sightings are counted in a
+ * second index of candidates, and pushes to it are dropped and counted.
+ * With evict_after T > 0 each row keeps the step of its last update (8
+ * bytes a row, only then) and rows idle for more than T steps are removed
+ * by a sweep every T/4 steps. The clock is the caller's: the steps applied
+ * on this ps (the global step in sync mode).
  */
 #ifndef QR_PS_TABLE_H
 #define QR_PS_TABLE_H
 
 #include "common/idmap.h"
 #include "common/init.h"
+#include "common/table_options.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,12 +53,27 @@ typedef struct qr_table {
     float **chunks;
     uint64_t nchunks, chunks_cap;
     int chunk_shift;                    /* rows per chunk: 1 << chunk_shift */
+    int64_t clock;                      /* the caller's step, for eviction */
+    /* admission (admit_after > 1): ids seen without a row yet */
+    uint32_t admit_after;
+    qr_idmap cand_index;
+    int64_t *cand_ids;
+    uint32_t *cand_seen;                /* sightings so far */
+    uint64_t ncand, cand_cap;
+    /* eviction (evict_after > 0) */
+    int64_t evict_after;
+    int64_t *updated;                   /* [keys_cap]: the step of the row's last update */
+    int64_t last_sweep;
+    /* counted since the table was made here */
+    uint64_t admitted, unadmitted_reads, dropped_rows, evicted;
 } qr_table;
 
 /* An empty table. init is an initializer spec (qr_init_validate'd). */
 int qr_table_init(qr_table *t, int64_t dim, int nslots, const float *slot_init,
                   const char *init, uint64_t seed);
 void qr_table_free(qr_table *t);
+/* Turn on admission and eviction as the options say (an empty table). */
+int qr_table_set_policy(qr_table *t, const qr_table_options *o);
 
 /* The row of id, or -1. */
 static inline int64_t qr_table_find(const qr_table *t, int64_t id) {
@@ -62,6 +88,25 @@ static inline float *qr_table_row(const qr_table *t, uint64_t r) {
     uint64_t mask = ((uint64_t)1 << t->chunk_shift) - 1;
     return t->chunks[r >> t->chunk_shift] + (r & mask) * (uint64_t)t->stride;
 }
+
+/* A lookup that may make a row: the row of id as qr_table_get_or_add,
+ * but under admission one is made only at the id's admit_after-th
+ * sighting; until then *row is -1 (read its initial value). QR_ENOMEM if
+ * memory ran out (the table is unchanged). */
+int qr_table_sight(qr_table *t, int64_t id, int64_t *row, bool *added);
+
+/* A push's row: the row of id, made if absent, or -1 under admission for
+ * an id not admitted yet (the gradient is to be dropped; counted). -2
+ * with QR_ENOMEM set if memory ran out. The row counts as updated now. */
+int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added);
+
+/* Under eviction: remove the rows idle for more than evict_after steps,
+ * if a sweep is due (every evict_after / 4 steps of the clock); how many
+ * went. Row pointers are stale after it. */
+uint64_t qr_table_evict_idle(qr_table *t);
+
+/* Put back a checkpoint's admission candidate (id seen `seen` times). */
+int qr_table_restore_candidate(qr_table *t, int64_t id, uint32_t seen);
 
 /* The value a row of id starts with (what a read of an absent id sees). */
 void qr_table_initial_value(const qr_table *t, int64_t id, float *out);

@@ -35,6 +35,7 @@
 
 #include "cluster/placement.h"
 #include "common/init.h"
+#include "common/table_options.h"
 #include "optim/optim.h"
 #include "worker/heartbeat.h"
 
@@ -671,6 +672,11 @@ int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, c
     if (!rc && want_parts && table)
         rc = qr__fail(QR_EINVAL, "a table is spread over every ps by id already; partitions= "
                       "is for dense variables");
+    qr_table_options table_options;
+    if (!rc) rc = qr_table_options_parse(optim_options, &table_options);
+    if (!rc && !table && qr_table_options_set(&table_options))
+        rc = qr__fail(QR_EINVAL, "admit_after and evict_after_steps are for embedding tables "
+                      "(declare_table)");
     if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
     options = optim_options;
     if (options[0]) {
@@ -1175,6 +1181,24 @@ static void add_array(cJSON *total, const cJSON *part, const char *key) {
     }
 }
 
+/* "tables": {name: {figure: n}} of each ps, summed into total's. */
+static void add_tables(cJSON *total, const cJSON *part) {
+    const cJSON *tables = cJSON_GetObjectItemCaseSensitive(part, "tables");
+    if (!cJSON_IsObject(tables)) return;
+    cJSON *into = cJSON_GetObjectItemCaseSensitive(total, "tables");
+    if (!into) into = cJSON_AddObjectToObject(total, "tables");
+    const cJSON *table;
+    cJSON_ArrayForEach(table, tables) {
+        cJSON *mine = cJSON_GetObjectItemCaseSensitive(into, table->string);
+        if (!mine) {
+            cJSON_AddItemToObject(into, table->string, cJSON_Duplicate(table, true));
+            continue;
+        }
+        const cJSON *figure;
+        cJSON_ArrayForEach(figure, table) add_number(mine, table, figure->string);
+    }
+}
+
 int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
     if (!w || !buf || len < 3) return qr__fail(QR_EINVAL, "qr_worker_stats: bad arguments");
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
@@ -1201,6 +1225,7 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
             add_array(total, part, "staleness");
             add_number(total, part, "applied_on_arrival");
             add_number(total, part, "rebased_on_arrival");
+            add_tables(total, part);
             cJSON_Delete(part);
         }
     }

@@ -10,7 +10,9 @@
  *   - sync steps of a table, reduced as the true mean (default) and per
  *     row (sparse-reduction=per_row, TensorFlow's
  *     SparseConditionalAccumulator), in one quorum with a dense variable;
- *   - bad input: rows of a dense call, a dense call on a table, NaN rows.
+ *   - bad input: rows of a dense call, a dense call on a table, NaN rows;
+ *   - admission (admit_after) and eviction (evict_after_steps), counted in
+ *     the statistics, and their state through a checkpoint.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -355,6 +357,171 @@ static void test_table_checkpoint_restore(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- admission and eviction ----------------------------------------------- */
+
+/* A table's figure from the cluster's statistics (summed over the ps). */
+static double table_stat(qr_worker *w, const char *table, const char *figure) {
+    char buf[8192], key[128];
+    assert_int_equal(qr_worker_stats(w, buf, sizeof buf), QR_OK);
+    const char *at = strstr(buf, "\"tables\":{");
+    assert_non_null(at);
+    snprintf(key, sizeof key, "\"%s\":{", table);
+    at = strstr(at, key);
+    assert_non_null(at);
+    snprintf(key, sizeof key, "\"%s\":", figure);
+    at = strstr(at, key);
+    assert_non_null(at);
+    return strtod(at + strlen(key), NULL);
+}
+
+/* admit_after=3 (SGD, lr 1): an id's first two lookups read its initial
+ * value without making a row, and a push to it then is dropped and
+ * counted; the third makes the row, and pushes apply. A table without
+ * admission gives the same initial values. Over 2 ps. */
+static void test_admission(void **state) {
+    (void)state;
+    world s;
+    static const char *const opts[] = {"lr", "1", NULL};
+    world_start(&s, 2, 1, opts);
+    int t, plain;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "normal:0,1", 9, "admit_after=3",
+                                             &t), QR_OK);
+    assert_int_equal(qr_worker_declare_table(s.w[0], "plain", 2, "normal:0,1", 9, "", &plain),
+                     QR_OK);
+    world_init_all(&s);
+    int64_t ids[4] = {3, 44, 555, 6666};
+    float init[8], rows[8], g[8];
+    for (int i = 0; i < 8; i++) g[i] = 1.0f;
+    assert_int_equal(qr_worker_pull_rows(s.w[0], plain, 4, ids, init, 0), QR_OK);
+    for (int seen = 1; seen <= 2; seen++) {
+        assert_int_equal(qr_worker_pull_rows(s.w[0], t, 4, ids, rows, 0), QR_OK);
+        assert_memory_equal(rows, init, sizeof init);
+        assert_int_equal(qr_worker_push_sparse(s.w[0], t, 4, ids, g, QR_PUSH_STEP, NULL), QR_OK);
+    }
+    assert_int_equal(table_stat(s.w[0], "emb", "rows"), 0);
+    assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 4);
+    assert_int_equal(table_stat(s.w[0], "emb", "unadmitted_reads"), 8);
+    assert_int_equal(table_stat(s.w[0], "emb", "dropped_rows"), 8);
+    /* A read-only lookup (evaluation) is no sighting. */
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 4, ids, rows, QR_ROWS_READ_ONLY), QR_OK);
+    assert_int_equal(table_stat(s.w[0], "emb", "rows"), 0);
+    /* The third sighting admits them, with their initial values untouched. */
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 4, ids, rows, 0), QR_OK);
+    assert_memory_equal(rows, init, sizeof init);
+    assert_int_equal(table_stat(s.w[0], "emb", "rows"), 4);
+    assert_int_equal(table_stat(s.w[0], "emb", "admitted"), 4);
+    assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 0);
+    assert_int_equal(qr_worker_push_sparse(s.w[0], t, 4, ids, g, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 4, ids, rows, 0), QR_OK);
+    for (int i = 0; i < 8; i++) assert_float_equal(rows[i], init[i] - 1.0f, 1e-6);
+    assert_int_equal(table_stat(s.w[0], "emb", "dropped_rows"), 8);
+    assert_int_equal(table_stat(s.w[0], "plain", "admitted"), 0);
+    world_finish(&s);
+}
+
+/* evict_after_steps=4 on 1 ps (its applied steps are the clock): id 1 is
+ * pushed at every step, id 2 once; at the sweep after step 6 id 2 has
+ * gone 5 steps without an update and is removed (a later lookup makes it
+ * anew from its initial value), id 1 stays. */
+static void test_eviction(void **state) {
+    (void)state;
+    world s;
+    static const char *const opts[] = {"lr", "1", NULL};
+    world_start(&s, 1, 1, opts);
+    int t;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 1, "constant:0", 1,
+                                             "evict_after_steps=4", &t), QR_OK);
+    int64_t shape[1] = {1};
+    int d;
+    /* the dense variable is a decoy: pushing it alone must not touch rows */
+    assert_int_equal(qr_worker_declare(s.w[0], "d", 1, shape, "zeros", 1, -1, &d), QR_OK);
+    world_init_all(&s);
+    int64_t both[2] = {1, 2}, one[1] = {1};
+    float g[2] = {1, 1}, rows[2];
+    assert_int_equal(qr_worker_push_sparse(s.w[0], t, 2, both, g, QR_PUSH_STEP, NULL), QR_OK);
+    for (int step = 2; step <= 8; step++)
+        assert_int_equal(qr_worker_push_sparse(s.w[0], t, 1, one, g, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(table_stat(s.w[0], "emb", "evicted"), 1);
+    assert_int_equal(table_stat(s.w[0], "emb", "rows"), 1);
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 2, both, rows, QR_ROWS_READ_ONLY), QR_OK);
+    assert_float_equal(rows[0], -8.0f, 0);
+    assert_float_equal(rows[1], 0.0f, 0); /* gone: its initial value again */
+    world_finish(&s);
+}
+
+/* Admission counts and update steps are in checkpoints: a candidate seen
+ * twice before the checkpoint (admit_after=3) is admitted at its first
+ * lookup after the restore, and a row's update step comes back, so it is
+ * evicted on time after the restore. */
+static void admission_run(const char *dir, bool first) {
+    world s;
+    const char *const opts[] = {"lr", "1", "checkpoint-dir", dir, NULL};
+    world_start(&s, 2, 1, opts);
+    int t;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "constant:0", 1,
+                                             "admit_after=3,evict_after_steps=8", &t), QR_OK);
+    world_init_all(&s);
+    int64_t ids[2] = {10, 20}, old_id[1] = {30};
+    float rows[4], g[4] = {1, 1, 1, 1};
+    if (first) {
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(qr_worker_pull_rows(s.w[0], t, 1, old_id, rows, 0), QR_OK);
+        assert_int_equal(qr_worker_push_sparse(s.w[0], t, 1, old_id, g, QR_PUSH_STEP, NULL),
+                         QR_OK);
+        for (int k = 0; k < 2; k++)
+            assert_int_equal(qr_worker_pull_rows(s.w[0], t, 2, ids, rows, 0), QR_OK);
+        assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 2);
+        assert_int_equal(table_stat(s.w[0], "emb", "rows"), 1);
+    } else {
+        assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 2);
+        assert_int_equal(table_stat(s.w[0], "emb", "rows"), 1);
+        assert_int_equal(qr_worker_pull_rows(s.w[0], t, 2, ids, rows, 0), QR_OK);
+        assert_int_equal(table_stat(s.w[0], "emb", "rows"), 3);
+        assert_int_equal(table_stat(s.w[0], "emb", "admitted"), 2);
+        /* id 30 was updated at step 1: pushes to the others until step 10
+         * leave it idle for 9 > 8 steps. */
+        for (int k = 0; k < 9; k++)
+            assert_int_equal(qr_worker_push_sparse(s.w[0], t, 2, ids, g, QR_PUSH_STEP, NULL),
+                             QR_OK);
+        assert_int_equal(table_stat(s.w[0], "emb", "evicted"), 1);
+        assert_int_equal(table_stat(s.w[0], "emb", "rows"), 2);
+    }
+    world_finish(&s);
+}
+
+static void test_admission_eviction_checkpoint(void **state) {
+    (void)state;
+    char dir[] = "/tmp/qr-admit-ckpt-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    admission_run(dir, true);
+    admission_run(dir, false);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Bad policy options: refused where the caller can fix them. */
+static void test_admission_bad_options(void **state) {
+    (void)state;
+    world s;
+    world_start(&s, 1, 1, NULL);
+    int t;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "a", 2, "zeros", 1, "admit_after=0", &t),
+                     QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "admit-after=0: want a whole number from 1"));
+    assert_int_equal(qr_worker_declare_table(s.w[0], "b", 2, "zeros", 1, "evict_after_steps=x",
+                                             &t), QR_EINVAL);
+    int64_t shape[1] = {2};
+    assert_int_equal(qr_worker_declare(s.w[0], "c", 1, shape, "zeros", 1, -1, &t), QR_OK);
+    assert_int_equal(qr_worker_declare_values(s.w[0], "e", 1, shape, (float[]){1, 2}, 2,
+                                              "admit_after=2", &t), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "are for embedding tables"));
+    assert_int_equal(qr_worker_declare_table(s.w[0], "ok", 2, "zeros", 1,
+                                             "admit_after=2,optimizer=adagrad", &t), QR_OK);
+    world_init_all(&s);
+    world_finish(&s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_start_from_seed_and_id),
@@ -364,6 +531,10 @@ int main(void) {
         cmocka_unit_test(test_table_sync_true_mean),
         cmocka_unit_test(test_table_sync_per_row),
         cmocka_unit_test(test_table_checkpoint_restore),
+        cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_eviction),
+        cmocka_unit_test(test_admission_eviction_checkpoint),
+        cmocka_unit_test(test_admission_bad_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
