@@ -68,8 +68,11 @@
 
 enum { T_UNIX, T_TCP, NTRANSPORTS };
 static const char *const transport_names[NTRANSPORTS] = {"unix", "tcp"};
-enum { OP_PUSH, OP_PULL, OP_PUSHPULL, NOPS };
-static const char *const op_names[NOPS] = {"push", "pull", "pushpull"};
+/* fused: qr_worker_push_pull, one request per ps that pushes and brings the
+ * values back; its baseline does the same on raw sockets (a push whose
+ * reply is the piece), ps-lite's ZPushPull pattern. */
+enum { OP_PUSH, OP_PULL, OP_PUSHPULL, OP_FUSED, NOPS };
+static const char *const op_names[NOPS] = {"push", "pull", "pushpull", "fused"};
 
 #define MAX_SIZES 16
 #define MAX_PS 8
@@ -252,7 +255,7 @@ static int driver_measure(driver *d, int size_idx, int op, double seconds, uint6
         ops += s->ops;
         busy += s->busy_ns;
     }
-    double bytes = (double)ops * (double)size * (op == OP_PUSHPULL ? 2.0 : 1.0);
+    double bytes = (double)ops * (double)size * (op == OP_PUSHPULL || op == OP_FUSED ? 2.0 : 1.0);
     double elapsed = (double)(last - first) / 1e9;
     m->ops = ops;
     m->gbps = bytes / elapsed / 1e9;
@@ -367,6 +370,8 @@ static int q_run_op(wslot *s, int k, int op) {
     qworker *qw = s->state;
     int nps = ((qside *)s->d->ctx)->t->nps;
     int rc = QR_OK;
+    if (op == OP_FUSED)
+        rc = qr_worker_push_pull(qw->w, nps, qw->ids[k], qw->grads[k], NULL, 0, NULL);
     if (op == OP_PUSH || op == OP_PUSHPULL)
         rc = qr_worker_push(qw->w, nps, qw->ids[k], qw->grads[k], 0, NULL);
     if (!rc && (op == OP_PULL || op == OP_PUSHPULL)) rc = qr_worker_pull(qw->w, nps, qw->ids[k], NULL);
@@ -498,7 +503,7 @@ static const char *socket_kind_in_use(void) {
 /* Raw-socket baseline                                                      */
 /* ------------------------------------------------------------------------ */
 
-enum { RAW_PUSH = 1, RAW_PULL = 2 };
+enum { RAW_PUSH = 1, RAW_PULL = 2, RAW_PUSHPULL = 3 };
 
 typedef struct raw_header {
     uint32_t op;
@@ -590,20 +595,20 @@ static int serve_one(rserver *s, int fd) {
         snprintf(s->err, sizeof s->err, "read: %s", strerror(errno));
         return -1;
     }
-    if ((h.op != RAW_PUSH && h.op != RAW_PULL) || h.zero || h.len > s->r->t->max_piece) {
+    if (h.op < RAW_PUSH || h.op > RAW_PUSHPULL || h.zero || h.len > s->r->t->max_piece) {
         snprintf(s->err, sizeof s->err, "bad request header");
         return -1;
     }
     uint64_t ack = 1;
     struct iovec iov;
-    if (h.op == RAW_PUSH) {
+    if (h.op == RAW_PUSH || h.op == RAW_PUSHPULL) {
         if (read_full(fd, s->rx, h.len)) {
             snprintf(s->err, sizeof s->err, "read: %s", errno ? strerror(errno) : "peer closed");
             return -1;
         }
         if (s->r->t->o->baseline_apply)
             raw_sgd((float *)s->tx, (const float *)s->rx, h.len / sizeof(float), 1e-9f);
-        iov = (struct iovec){&ack, sizeof ack};
+        iov = h.op == RAW_PUSH ? (struct iovec){&ack, sizeof ack} : (struct iovec){s->tx, h.len};
     } else {
         iov = (struct iovec){s->tx, h.len};
     }
@@ -813,6 +818,18 @@ static int r_run_op(wslot *s, int k, int op) {
             return QR_EIO;
         }
     }
+    if (op == OP_FUSED) {
+        for (int j = 0; j < t->nps; j++) {
+            hdr[j] = (raw_header){.op = RAW_PUSHPULL, .len = piece};
+            x[j] = (xfer){.nout = 2, .in = c->rx + (uint64_t)j * piece, .in_left = piece};
+            x[j].out[0] = (struct iovec){&hdr[j], sizeof hdr[j]};
+            x[j].out[1] = (struct iovec){(uint8_t *)t->send + (uint64_t)j * piece, piece};
+        }
+        if (exchange(c->fds, t->nps, x)) {
+            slot_fail(s, "raw fused push+pull: %s", strerror(errno));
+            return QR_EIO;
+        }
+    }
     if (op == OP_PULL || op == OP_PUSHPULL) {
         for (int j = 0; j < t->nps; j++) {
             hdr[j] = (raw_header){.op = RAW_PULL, .len = piece};
@@ -941,7 +958,10 @@ static void usage(FILE *f) {
             "  --transports LIST  unix,tcp (default: both)\n"
             "  --ps LIST          ps task counts, 1..%d (default: 1,2)\n"
             "  --workers LIST     worker counts, 1..%d (default: 1,2,4)\n"
-            "  --ops LIST         push,pull,pushpull (default: all three)\n"
+            "  --ops LIST         push,pull,pushpull,fused (default: all four); pushpull is\n"
+            "                     a push then a pull, fused one qr_worker_push_pull (one\n"
+            "                     round trip; its baseline pushes and reads back in one\n"
+            "                     exchange too)\n"
             "  --seconds S        minimum time of one round of a point, per side (default:\n"
             "                     0.04); each worker also does at least %d ops after 1\n"
             "                     warm-up op\n"
@@ -1203,7 +1223,18 @@ typedef struct summary {
     double lat_ratio;          /* 64 B pull, 1 ps, 1 worker */
     double lat_us, lat_raw_us;
     double lat_max_ratio;      /* 64 B pull over every topology */
+    int nfused;                /* fused points with a pushpull twin */
+    double fused_min, fused_max; /* quorum fused GB/s / quorum pushpull GB/s */
 } summary;
+
+/* The pushpull point of fused point f's topology and size, or NULL. */
+static const point *pushpull_twin(const point *pts, int n, const point *f) {
+    for (int i = 0; i < n; i++)
+        if (pts[i].op == OP_PUSHPULL && pts[i].transport == f->transport &&
+            pts[i].size == f->size && pts[i].nps == f->nps && pts[i].nworkers == f->nworkers)
+            return &pts[i];
+    return NULL;
+}
 
 static void summarize(const point *pts, int n, int transport, summary *s) {
     memset(s, 0, sizeof *s);
@@ -1214,6 +1245,13 @@ static void summarize(const point *pts, int n, int transport, summary *s) {
             double r = p->q.gbps / p->raw.gbps;
             if (!s->have_pp || r < s->pp_min_ratio) s->pp_min_ratio = r, s->pp_worst = p;
             s->have_pp = true;
+        }
+        const point *twin = p->op == OP_FUSED ? pushpull_twin(pts, n, p) : NULL;
+        if (twin) {
+            double r = p->q.gbps / twin->q.gbps;
+            s->fused_min = s->nfused ? QR_MIN(s->fused_min, r) : r;
+            s->fused_max = s->nfused ? QR_MAX(s->fused_max, r) : r;
+            s->nfused++;
         }
         if (p->op == OP_PULL && p->size == 64) {
             double r = p->q.latency_us / p->raw.latency_us;
@@ -1249,6 +1287,10 @@ static void print_summary(const opts *o, const point *pts, int n) {
                 printf(" - target >= %.1f: %s\n", TARGET_PUSHPULL_RATIO,
                        s.pp_min_ratio >= TARGET_PUSHPULL_RATIO ? "met" : "NOT met");
         }
+        if (s.nfused)
+            printf("  %-4s fused push+pull vs a push then a pull (quorum, same points): "
+                   "%.2fx to %.2fx over %d points\n", transport_names[tr], s.fused_min,
+                   s.fused_max, s.nfused);
         if (s.have_lat)
             printf("  %-4s 64 B pull round trip: %.1f us vs raw %.1f us = %.2f (max over "
                    "topologies %.2f) - target <= %.1f: %s\n", transport_names[tr], s.lat_us,
@@ -1272,6 +1314,10 @@ static cJSON *json_summary(const opts *o, const point *pts, int n) {
             if (!o->baseline_apply) /* the target is against plain raw sockets */
                 cJSON_AddBoolToObject(j, "pushpull_target_met",
                                       s.pp_min_ratio >= TARGET_PUSHPULL_RATIO);
+        }
+        if (s.nfused) {
+            cJSON_AddNumberToObject(j, "fused_vs_pushpull_min", s.fused_min);
+            cJSON_AddNumberToObject(j, "fused_vs_pushpull_max", s.fused_max);
         }
         if (s.have_lat) {
             cJSON_AddNumberToObject(j, "pull64_latency_us", s.lat_us);
@@ -1356,7 +1402,7 @@ static int run_topology(topo *t, point *pts, int *npts) {
                          .nworkers = t->nworkers, .size = o->sizes[k], .used = used};
             /* Rounds alternate baseline and quorum; each side keeps its
              * best round (the least disturbed on a shared machine). */
-            int rounds = p->size >= LARGE_SIZE && p->op != OP_PUSHPULL
+            int rounds = p->size >= LARGE_SIZE && p->op != OP_PUSHPULL && p->op != OP_FUSED
                              ? QR_MIN(o->repeat, LARGE_ROUNDS)
                              : o->repeat;
             for (int round = 0; round < rounds && !rc; round++) {

@@ -271,6 +271,20 @@ QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
                           const float *const *grads, unsigned flags,
                           int64_t *global_step);
 
+/*
+ * A push and a pull of the same n variables in one call: values[i] (or
+ * the worker's copy where values or values[i] is NULL) receives ids[i]'s
+ * values after the push. Async: in one round trip per ps (ps-lite's
+ * ZPushPull): each ps answers the push, once applied, with the variables'
+ * values as it left them (later pushes of other workers not yet in).
+ * Sync: the push, the step's token (its wait) and the pull of the step's
+ * result, three round trips; a stale push still gets the token and the
+ * values, and returns QR_ESTALE. flags as for qr_worker_push.
+ */
+QR_API int qr_worker_push_pull(qr_worker *w, int n, const int *ids,
+                               const float *const *grads, float *const *values,
+                               unsigned flags, int64_t *global_step);
+
 /* ---- synchronous replicas (option mode=sync) ----
  * A worker's step: qr_worker_pull, compute, qr_worker_push (tagged with
  * the worker's local step; the flags are ignored), then

@@ -333,6 +333,12 @@ class Optimizer:
         for emb in self.embeddings:
             for ids, rows in emb._take_rows():
                 self.worker.add_rows(emb._table, ids, rows.contiguous())
+        if not self.sync and len(grads) == len(self.params):
+            # One round trip per ps: the push's reply brings the new values
+            # straight into the parameters.
+            self.global_step = self.worker.push_pull(
+                grads, into={i: p.data for _, p, i in self.params})
+            return self.global_step
         try:
             self.global_step = self.worker.push(grads)
         except StaleError:

@@ -195,6 +195,27 @@ class Worker:
         check(lib.qr_worker_push(self._handle, n, ids, ptrs, flags, ctypes.byref(out)))
         return int(out.value)
 
+    def push_pull(self, grads: Mapping[Any, ArrayLike],
+                  into: Optional[Mapping[Any, Optional[ArrayLike]]] = None,
+                  step: bool = True) -> int:
+        """Push gradients and get the variables' new values in the same call
+        (``into``: variable -> destination array, None or absent: the
+        worker's copy). Async: one round trip per ps, the values as this
+        push left them; sync: push, the step's token, the pull (a stale
+        gradient raises StaleError after the values have come). Returns the
+        global step."""
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
+        if any(p is None for p in ptrs):
+            raise TypeError("push_pull: a gradient is None")
+        dst = {self.id(k): a for k, a in (into or {}).items()}
+        _, outs, _ = self._targets("push_pull values",
+                                   [(v, dst.get(self.id(v))) for v in grads.keys()],
+                                   writable=True)
+        out = ctypes.c_int64(-1)
+        check(lib.qr_worker_push_pull(self._handle, n, ids, ptrs, outs,
+                                      PUSH_STEP if step else 0, ctypes.byref(out)))
+        return int(out.value)
+
     # ---- sparse rows ------------------------------------------------------------------
 
     def _dim(self, var: Var) -> Tuple[int, int]:

@@ -38,6 +38,28 @@ def test_partitioned_and_placement(cluster):  # type: ignore[no-untyped-def]
     assert len(w.placement("small")) == 1
 
 
+def test_push_pull_fused(cluster):  # type: ignore[no-untyped-def]
+    """Async, lr 0.5 over 2 ps: the fused call returns the values after its
+    own push, into a given tensor or the worker's copy; bad arrays are
+    refused before C sees them."""
+    w = cluster.worker()
+    w.declare("big", (4, 2), options="partitions=2")
+    w.declare("b", 3)
+    w.initialize()
+    out = torch.zeros(4, 2)
+    g_big = np.ones((4, 2), dtype=np.float32)
+    g_b = np.full(3, 2.0, dtype=np.float32)
+    step = w.push_pull({"big": g_big, "b": g_b}, into={"big": out})
+    assert step == 1
+    assert torch.equal(out, torch.full((4, 2), -0.5))
+    assert np.array_equal(w.value("b"), np.full(3, -1.0, dtype=np.float32))
+    assert np.array_equal(w.value("big"), np.zeros((4, 2), dtype=np.float32))  # went to `out`
+    with pytest.raises(TypeError, match="float64"):
+        w.push_pull({"b": np.ones(3)})
+    with pytest.raises(ValueError):
+        w.push_pull({"b": g_b}, into={"b": np.zeros(2, dtype=np.float32)})
+
+
 def test_exceptions_carry_the_message(cluster):  # type: ignore[no-untyped-def]
     with pytest.raises(quorum.InvalidArgumentError, match="optimizer") as e:
         quorum.Config(optimizer="adamw")

@@ -510,6 +510,10 @@ void qr__push_stats_json(const qr_ps *ps, struct cJSON *obj);
 /* pull.c */
 int qr__pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__pull_message(ps_peer *p, const qr_frame *f);
+/* Answer f with the values of the dense items of p (a pull's variables,
+ * or a fused push's dense gradients': QR_PUSH_REPLY_VALUES), lent from
+ * their tensors; step: the global step first in the meta, or NULL. */
+void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const int64_t *step);
 
 /* rows.c: apply summed sparse rows (rows.h) to v, a table or the rows of
  * a dense variable: its optimizer at step t (Adam's t; the learning rate

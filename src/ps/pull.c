@@ -1,6 +1,8 @@
 /*
  * pull.c - PULL: the current values (or moving averages) of variables of
- * this ps, sent from the variables' own tensors without a copy.
+ * this ps, sent from the variables' own tensors without a copy. A fused
+ * push-and-pull (an async PUSH with QR_PUSH_REPLY_VALUES, push.c) is
+ * answered the same way, after its apply.
  *
  * The reply holds a reference on each tensor it sends (store.h): an apply
  * that comes while the reply is still being written copies the tensor
@@ -29,7 +31,7 @@ int qr__pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
             return qr__fail(QR_ENOTFOUND, "PULL: variable '%s' has no moving average "
                             "(moving-average-decay is 0, or moving-average-vars leaves it out)",
                             v->name);
-        p->items[i] = (push_item){.var = v};
+        p->items[i] = (push_item){.var = v, .nrows = -1};
     }
     p->nitems = (int)count;
     return qr__peer_check_end("PULL", &r, 0, f->payload_len);
@@ -49,9 +51,14 @@ static void on_pull_sent(qr_conn *c, int status, void *ctx) {
 }
 
 void qr__pull_message(ps_peer *p, const qr_frame *f) {
-    int n = p->nitems;
+    qr__pull_reply_values(p, f, f->flags & QR_PULL_AVERAGES, NULL);
+}
+
+void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const int64_t *step) {
+    int n = 0;
+    for (int i = 0; i < p->nitems; i++) n += !p->items[i].var->table && p->items[i].nrows < 0;
     pull_refs *refs = malloc(sizeof *refs + (size_t)n * sizeof(qr_tensor *));
-    qr_iov *iov = malloc((size_t)n * sizeof *iov);
+    qr_iov *iov = malloc((size_t)QR_MAX(n, 1) * sizeof *iov);
     if (!refs || !iov) {
         free(refs);
         free(iov);
@@ -59,16 +66,18 @@ void qr__pull_message(ps_peer *p, const qr_frame *f) {
         return;
     }
     qr_wbuf meta = {0};
+    if (step) qr_msg_put_step(&meta, *step);
     qr_msg_put_count(&meta, (uint32_t)n);
     refs->n = n;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0, k = 0; i < p->nitems; i++) {
         qr_var *v = p->items[i].var;
+        if (v->table || p->items[i].nrows >= 0) continue; /* rows: no values back */
         uint64_t bytes = (uint64_t)v->n * sizeof(float);
         qr_msg_put_var(&meta, &(qr_msg_var){.id = v->id, .kind = QR_GRAD_DENSE, .nbytes = bytes,
                                             .version = v->version});
-        qr_tensor *t = (f->flags & QR_PULL_AVERAGES) ? v->average : v->value;
-        refs->t[i] = qr_tensor_ref(t);
-        iov[i] = (qr_iov){t->data, (size_t)bytes};
+        qr_tensor *t = averages ? v->average : v->value;
+        refs->t[k] = qr_tensor_ref(t);
+        iov[k++] = (qr_iov){t->data, (size_t)bytes};
     }
     if (meta.oom) {
         on_pull_sent(p->conn, QR_ENOMEM, refs);

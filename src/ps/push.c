@@ -120,8 +120,13 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     p->push_data_pos = head.data_pos;
     p->push_seq = head.seq;
     p->push_nparts = head.nparts;
+    if (f->flags & ~QR_PUSH_FLAGS_ALL)
+        return qr__fail(QR_EINVAL, "PUSH: unknown flags 0x%x", f->flags);
     if (sync && (f->flags & QR_PUSH_DELTA))
         return qr__fail(QR_EINVAL, "PUSH: delta pushes are for async training");
+    if (sync && (f->flags & QR_PUSH_REPLY_VALUES))
+        return qr__fail(QR_EINVAL, "PUSH: a fused push-and-pull is for async training (a sync "
+                        "step's values come after its quorum)");
     if (sync != p->ps->sync.on)
         return qr__fail(QR_EINVAL, "PUSH: a %s push, but this ps trains in %s mode",
                         sync ? "synchronous" : "asynchronous", p->ps->sync.on ? "sync" : "async");
@@ -379,7 +384,8 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
     if (qr__ckpt_park(p, f)) return; /* applied when the checkpoint's cut is decided */
     if (check_items(p, f) || prepare_tensors(p, f, &a)) return;
-    a.ack_first = can_ack_first(p);
+    bool values = f->flags & QR_PUSH_REPLY_VALUES;
+    a.ack_first = can_ack_first(p) && !values;
     if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
     int rc = QR_OK;
     for (int i = 0; i < p->nitems && !rc; i++)
@@ -397,7 +403,8 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    if (!a.ack_first) qr__peer_reply_step(p, f, ps->global_step);
+    if (values) qr__pull_reply_values(p, f, false, &ps->global_step);
+    else if (!a.ack_first) qr__peer_reply_step(p, f, ps->global_step);
 }
 
 void qr__push_stats_json(const qr_ps *ps, cJSON *j) {

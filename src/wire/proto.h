@@ -82,6 +82,11 @@ typedef enum qr_msg_type {
 #define QR_LOOKUP_READ_ONLY 1u
 /* PUSH flags: QR_PUSH_STEP (1) and QR_PUSH_DELTA (4) are public, in quorum.h. */
 #define QR_PUSH_SYNC 2u
+/* Async: the reply carries, after the step, a PULL reply's count and
+ * records and values of the push's dense variables as this push left them
+ * (a fused push-and-pull: one round trip instead of two). */
+#define QR_PUSH_REPLY_VALUES 8u
+#define QR_PUSH_FLAGS_ALL 15u
 
 #define QR_GRAD_DENSE 0u
 #define QR_GRAD_SPARSE 1u

@@ -200,6 +200,41 @@ static bool is_stop_notice(const qr_frame *f) {
     return f->type == (QR_MSG_STOP | QR_MSG_REPLY) && f->request_id == QR_STOP_NOTICE_ID;
 }
 
+/* A pull's reply (or a fused push's, after its step): the records of the
+ * variables asked for, in order, and their values read straight into the
+ * request's destinations. */
+static int expect_values(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rbp,
+                         const qr_frame *f) {
+    qr_rbuf rb = *rbp;
+    uint32_t count = qr_msg_get_count(&rb);
+    if (count != (uint32_t)r->nvars)
+        return qr__fail(QR_EPROTO, "ps %d answered a pull of %d variables with %u",
+                        l->index, r->nvars, count);
+    qr_iov *iov = malloc((size_t)QR_MAX(count, 1) * sizeof *iov);
+    if (!iov) return QR_ENOMEM;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        qr_msg_var rec;
+        qr_msg_get_var(&rb, &rec);
+        uint64_t nbytes = rec.nbytes;
+        wk_var *v = &l->w->vars[r->var_ids[i]];
+        wk_part *part = r->parts[i];
+        part->version = rec.version;
+        if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)part->n * 4) {
+            free(iov);
+            return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
+                            l->index, v->name);
+        }
+        iov[i] = (qr_iov){r->dst[i], nbytes};
+        total += nbytes;
+    }
+    int rc = total == f->payload_len ? qr_conn_expect(c, iov, (int)count)
+                                      : qr__fail(QR_EPROTO, "ps %d: pull reply size mismatch",
+                                                 l->index);
+    free(iov);
+    return rc;
+}
+
 static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_link *l = qr_conn_data(c);
     wk_request *r = l->head;
@@ -215,6 +250,8 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&rb, meta, f->meta_len);
     switch (r->type) {
     case QR_MSG_PUSH:
+        r->step = qr_msg_get_step(&rb);
+        return r->nvars ? expect_values(c, l, r, &rb, f) : QR_OK; /* fused: values follow */
     case QR_MSG_STEP:
     case QR_MSG_COMMIT:
     case QR_MSG_TOKEN: r->step = qr_msg_get_step(&rb); break;
@@ -236,35 +273,7 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         qr_iov iov = {r->dst[0], (size_t)bytes};
         return qr_conn_expect(c, &iov, 1);
     }
-    case QR_MSG_PULL: {
-        uint32_t count = qr_msg_get_count(&rb);
-        if (count != (uint32_t)r->nvars)
-            return qr__fail(QR_EPROTO, "ps %d answered a pull of %d variables with %u",
-                            l->index, r->nvars, count);
-        qr_iov *iov = malloc((size_t)count * sizeof *iov);
-        if (!iov) return QR_ENOMEM;
-        uint64_t total = 0;
-        for (uint32_t i = 0; i < count; i++) {
-            qr_msg_var rec;
-            qr_msg_get_var(&rb, &rec);
-            uint64_t nbytes = rec.nbytes;
-            wk_var *v = &l->w->vars[r->var_ids[i]];
-            wk_part *part = r->parts[i];
-            part->version = rec.version;
-            if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)part->n * 4) {
-                free(iov);
-                return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
-                                l->index, v->name);
-            }
-            iov[i] = (qr_iov){r->dst[i], nbytes};
-            total += nbytes;
-        }
-        int rc = total == f->payload_len ? qr_conn_expect(c, iov, (int)count)
-                                          : qr__fail(QR_EPROTO, "ps %d: pull reply size mismatch",
-                                                     l->index);
-        free(iov);
-        return rc;
-    }
+    case QR_MSG_PULL: return expect_values(c, l, r, &rb, f);
     default: break;
     }
     return QR_OK;
@@ -488,7 +497,7 @@ void wk_free_requests(wk_request **reqs, int n) {
 
 static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags);
 static int push(qr_worker *w, int n, const int *ids, const float *const *grads, unsigned flags,
-                int64_t *global_step);
+                float *const *values, int64_t *global_step);
 
 /* ---- public API -------------------------------------------------------- */
 
@@ -972,6 +981,14 @@ static int check_dense(const qr_worker *w, const char *what, int n, const int *i
 }
 
 /* Pull without argument checks (ids already valid; n == 0 means all). */
+/* Room in r for the count variables whose values its reply brings. */
+static int expect_values_alloc(wk_request *r, int count) {
+    r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
+    r->dst = qr__calloc((size_t)count, sizeof *r->dst);
+    r->parts = qr__calloc((size_t)count, sizeof *r->parts);
+    return r->var_ids && r->dst && r->parts ? QR_OK : QR_ENOMEM;
+}
+
 static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags) {
     int total = n ? n : w->nvars;
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
@@ -988,13 +1005,7 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
         }
         reqs[nreq++] = r;
         r->flags = flags;
-        r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
-        r->dst = qr__calloc((size_t)count, sizeof *r->dst);
-        r->parts = qr__calloc((size_t)count, sizeof *r->parts);
-        if (!r->var_ids || !r->dst || !r->parts) {
-            rc = QR_ENOMEM;
-            break;
-        }
+        if ((rc = expect_values_alloc(r, count))) break;
         qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < total; i++) {
             int id = n ? ids[i] : i;
@@ -1028,14 +1039,29 @@ int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst) {
 
 int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grads,
                    unsigned flags, int64_t *global_step) {
-    int rc = push(w, n, ids, grads, flags, global_step);
+    int rc = push(w, n, ids, grads, flags, NULL, global_step);
     wk_rows_clear(w); /* sent, or not: the added rows are used up either way */
     return rc;
 }
 
+int qr_worker_push_pull(qr_worker *w, int n, const int *ids, const float *const *grads,
+                        float *const *values, unsigned flags, int64_t *global_step) {
+    float **copies = NULL; /* values NULL: every variable into the worker's copy */
+    if (!values && n > 0 && !(copies = qr__calloc((size_t)n, sizeof *copies))) return QR_ENOMEM;
+    int rc = push(w, n, ids, grads, flags, values ? values : copies, global_step);
+    wk_rows_clear(w);
+    free(copies);
+    return rc;
+}
+
+/* values: a fused push-and-pull (qr_worker_push_pull): where each
+ * variable's new values go (NULL entries: the worker's copy); NULL: a
+ * plain push. */
 static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
-                unsigned flags, int64_t *global_step) {
+                unsigned flags, float *const *values, int64_t *global_step) {
     int rc = wk_check_ids(w, "push", n, ids);
+    if (!rc && values && n <= 0)
+        rc = qr__fail(QR_EINVAL, "push_pull: name the variables to push and pull (n >= 1)");
     if (!rc) rc = check_dense(w, "push", n, ids);
     if (!rc) rc = wk_rows_prepare(w);
     if (rc) return rc;
@@ -1076,6 +1102,11 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
             rc = QR_ENOMEM;
             break;
         }
+        if (values && !w->sync && count) {
+            /* The reply brings the values of the dense items, in order. */
+            r->flags |= QR_PUSH_REPLY_VALUES;
+            if ((rc = expect_values_alloc(r, count))) break;
+        }
         qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)(count + row_items),
                                                            .local_step = w->local_step,
                                                            .worker = (uint32_t)w->index,
@@ -1094,6 +1125,11 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
                                                    .version = part->version});
             r->payload[r->npayload++] =
                 (qr_iov){(void *)(grads[i] + part->offset), (size_t)part->n * 4};
+            if (r->flags & QR_PUSH_REPLY_VALUES) {
+                r->var_ids[r->nvars] = ids[i];
+                r->parts[r->nvars] = part;
+                r->dst[r->nvars++] = (values[i] ? values[i] : v->data) + part->offset;
+            }
         }
         wk_rows_put(w, p, r);
     }
@@ -1116,7 +1152,16 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
     rc = wk_run_requests(w, &c, 1, w->timeout_ms);
     if (!rc && global_step) *global_step = c->step;
     wk_request_free(c);
-    return rc;
+    if ((rc && rc != QR_ESTALE) || !values) return rc;
+    /* Sync: the values after this step are there once the step is done,
+     * which taking the token waits for (a stale push too: the caller gets
+     * QR_ESTALE and fresh values). Three round trips, not one. */
+    int stale = rc;
+    int64_t step;
+    rc = qr_worker_take_token(w, &step);
+    if (!rc && global_step) *global_step = step;
+    if (!rc) rc = pull_vars(w, n, ids, (float **)values, 0);
+    return rc ? rc : stale;
 }
 
 int qr_worker_take_token(qr_worker *w, int64_t *step) {

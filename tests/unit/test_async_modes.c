@@ -354,6 +354,33 @@ static void test_sparse_push_advances_its_ps(void **state) {
  * (src/ps/fused_apply.c), from a real worker (whose large pushes are
  * spliced over Unix sockets) to each of 2 ps tasks; the values are exact
  * and qr_worker_stats sums the count over the ps tasks. */
+/* A fused push-and-pull (qr_worker_push_pull), SGD lr 1: the reply brings
+ * the values as this push left them, into the caller's buffer or the
+ * worker's copy; the other worker's earlier push is in them, its later
+ * one is not. Bad calls are refused. */
+static void test_push_pull(void **state) {
+    (void)state;
+    run r;
+    start(&r, NULL, NULL);
+    float g0[2] = {1, 2}, g1[2] = {10, 20}, out[2] = {0, 0};
+    const float *grads0[1] = {g0}, *grads1[1] = {g1};
+    float *into[1] = {out};
+    int64_t step = -1;
+    assert_int_equal(qr_worker_push_pull(r.w[0], 1, &r.id[0], grads0, into, QR_PUSH_STEP, &step),
+                     QR_OK);
+    assert_int_equal(step, 1);
+    assert_true(out[0] == -1.0f && out[1] == -2.0f);
+    assert_int_equal(qr_worker_push_pull(r.w[1], 1, &r.id[1], grads1, NULL, QR_PUSH_STEP, &step),
+                     QR_OK);
+    assert_int_equal(step, 2);
+    const float *copy = qr_worker_var_data(r.w[1], r.id[1]);
+    assert_true(copy[0] == -11.0f && copy[1] == -22.0f);
+    /* Worker 0's copy is untouched by its fused call into `out`. */
+    assert_true(qr_worker_var_data(r.w[0], r.id[0])[0] == 0.0f);
+    assert_int_equal(qr_worker_push_pull(r.w[0], 0, &r.id[0], grads0, into, 0, NULL), QR_EINVAL);
+    finish(&r);
+}
+
 /* Workers that finish say so (qr_worker_leave): once every worker has,
  * ps 0 ends the run in order by itself (no chief's STOP, no launcher), and
  * not before; a worker that comes back after leaving counts again. */
@@ -429,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_sparse_push_advances_its_ps),
         cmocka_unit_test(test_large_pushes_applied_on_arrival),
         cmocka_unit_test(test_every_worker_finished_ends_the_run),
+        cmocka_unit_test(test_push_pull),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,7 +100,7 @@ static void test_min_mb(void **state) {
 /* Async SGD lr 0.5 on "w" (5 x 2) with `options`, over 2 ps: a dense push,
  * then rows 1 and 3 (both sides of the 3/2 split) pushed twice, summed.
  * The pulled values. */
-static void async_run(const char *options, float out[10]) {
+static void async_run(const char *options, float first[10], float out[10]) {
     world s;
     static const char *const opts[] = {"lr", "0.5", NULL};
     world_start(&s, 2, 1, opts);
@@ -112,7 +112,9 @@ static void async_run(const char *options, float out[10]) {
     float g[10];
     for (int i = 0; i < 10; i++) g[i] = (float)i - 4.5f;
     const float *grads[1] = {g};
-    assert_int_equal(qr_worker_push(s.w[0], 1, &v, grads, QR_PUSH_STEP, NULL), QR_OK);
+    /* Fused: each shard's ps answers with its part after the apply. */
+    assert_int_equal(qr_worker_push_pull(s.w[0], 1, &v, grads, NULL, QR_PUSH_STEP, NULL), QR_OK);
+    memcpy(first, qr_worker_var_data(s.w[0], v), 10 * sizeof *first);
     int64_t rows[3] = {3, 1, 3};
     float rg[6] = {1, 2, 3, 4, 5, 6};
     assert_int_equal(qr_worker_push_sparse(s.w[0], v, 3, rows, rg, 0, NULL), QR_OK);
@@ -123,11 +125,15 @@ static void async_run(const char *options, float out[10]) {
 
 static void test_one_tensor(void **state) {
     (void)state;
-    float whole[10], split[10], want[10];
-    async_run("", whole);
-    async_run("partitions=2", split);
+    float whole[10], split[10], want[10], first_whole[10], first_split[10];
+    async_run("", first_whole, whole);
+    async_run("partitions=2", first_split, split);
     int64_t shape[2] = {5, 2};
     assert_int_equal(qr_init_fill(want, 10, 2, shape, "normal:0,1", 9), QR_OK);
+    for (int i = 0; i < 10; i++) {
+        float after = want[i] - 0.5f * ((float)i - 4.5f);
+        assert_true(first_whole[i] == after && first_split[i] == after);
+    }
     float row1[2] = {3, 4}, row3[2] = {1 + 5, 2 + 6};
     for (int i = 0; i < 10; i++) {
         want[i] -= 0.5f * ((float)i - 4.5f);
@@ -143,6 +149,7 @@ static void test_one_tensor(void **state) {
 typedef struct sync_arg {
     qr_worker *w;
     int index, var[2];
+    bool fused; /* qr_worker_push_pull instead of push, take_token, pull */
     int rc;
 } sync_arg;
 
@@ -154,6 +161,10 @@ static void *sync_thread(void *p) {
     for (int step = 0; step < 4 && !a->rc; step++) {
         for (int i = 0; i < n[0]; i++) g0[i] = sinf((float)(i + 1) * (float)(step + 1)) * (float)(a->index + 1);
         for (int i = 0; i < n[1]; i++) g1[i] = cosf((float)(i + 3) * (float)(step + 2)) - (float)a->index;
+        if (a->fused) {
+            a->rc = qr_worker_push_pull(a->w, 2, a->var, grads, NULL, QR_PUSH_STEP, NULL);
+            continue;
+        }
         a->rc = qr_worker_push(a->w, 2, a->var, grads, QR_PUSH_STEP, NULL);
         int64_t token;
         if (!a->rc) a->rc = qr_worker_take_token(a->w, &token);
@@ -164,7 +175,7 @@ static void *sync_thread(void *p) {
 
 /* Four sync steps of 2 workers with Adam over 2 ps; the final values of
  * "w" (6 x 3) and "v" (7). */
-static void sync_run(const char *min_mb, float w_out[18], float v_out[7]) {
+static void sync_run(const char *min_mb, bool fused, float w_out[18], float v_out[7]) {
     world s;
     const char *const opts[] = {"mode", "sync", "optimizer", "adam", "lr", "0.1",
                                 "partition-min-mb", min_mb, NULL};
@@ -172,7 +183,7 @@ static void sync_run(const char *min_mb, float w_out[18], float v_out[7]) {
     sync_arg a[2];
     int64_t sw[2] = {6, 3}, sv[1] = {7};
     for (int i = 0; i < 2; i++) {
-        a[i] = (sync_arg){.w = s.w[i], .index = i};
+        a[i] = (sync_arg){.w = s.w[i], .index = i, .fused = fused};
         assert_int_equal(qr_worker_declare(s.w[i], "w", 2, sw, "glorot_uniform", 4, -1, &a[i].var[0]),
                          QR_OK);
         assert_int_equal(qr_worker_declare(s.w[i], "v", 1, sv, "uniform:-1,1", 5, -1, &a[i].var[1]),
@@ -197,14 +208,17 @@ static void sync_run(const char *min_mb, float w_out[18], float v_out[7]) {
 
 static void test_sync_same_as_unpartitioned(void **state) {
     (void)state;
-    float w1[18], v1[7], w2[18], v2[7], w0[18];
+    float w1[18], v1[7], w2[18], v2[7], w0[18], w3[18], v3[7];
     int64_t sw[2] = {6, 3};
     assert_int_equal(qr_init_fill(w0, 18, 2, sw, "glorot_uniform", 4), QR_OK);
-    sync_run("0", w1, v1);
-    sync_run("0.00005", w2, v2);
+    sync_run("0", false, w1, v1);
+    sync_run("0.00005", false, w2, v2);
+    sync_run("0.00005", true, w3, v3); /* push_pull: the same steps, the same values */
     assert_true(memcmp(w1, w0, sizeof w0) != 0); /* it trained */
     assert_memory_equal(w2, w1, sizeof w1);
     assert_memory_equal(v2, v1, sizeof v1);
+    assert_memory_equal(w3, w1, sizeof w1);
+    assert_memory_equal(v3, v1, sizeof v1);
 }
 
 /* ---- checkpoints ------------------------------------------------------------ */
