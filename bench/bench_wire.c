@@ -70,9 +70,13 @@ enum { T_UNIX, T_TCP, NTRANSPORTS };
 static const char *const transport_names[NTRANSPORTS] = {"unix", "tcp"};
 /* fused: qr_worker_push_pull, one request per ps that pushes and brings the
  * values back; its baseline does the same on raw sockets (a push whose
- * reply is the piece), ps-lite's ZPushPull pattern. */
-enum { OP_PUSH, OP_PULL, OP_PUSHPULL, OP_FUSED, NOPS };
-static const char *const op_names[NOPS] = {"push", "pull", "pushpull", "fused"};
+ * reply is the piece), ps-lite's ZPushPull pattern. pipelined: PIPELINE
+ * pushes and pulls in flight at once per worker (qr_worker_push_start,
+ * qr_worker_pull_start, then the waits: ps-lite's ZPush/ZPull and Wait);
+ * one op is that batch, and its baseline the raw push+pull one at a time. */
+enum { OP_PUSH, OP_PULL, OP_PUSHPULL, OP_FUSED, OP_PIPELINED, NOPS };
+static const char *const op_names[NOPS] = {"push", "pull", "pushpull", "fused", "pipelined"};
+#define PIPELINE 16
 
 #define MAX_SIZES 16
 #define MAX_PS 8
@@ -255,7 +259,8 @@ static int driver_measure(driver *d, int size_idx, int op, double seconds, uint6
         ops += s->ops;
         busy += s->busy_ns;
     }
-    double bytes = (double)ops * (double)size * (op == OP_PUSHPULL || op == OP_FUSED ? 2.0 : 1.0);
+    double per_op = op == OP_PUSHPULL || op == OP_FUSED ? 2.0 : op == OP_PIPELINED ? 2.0 * PIPELINE : 1.0;
+    double bytes = (double)ops * (double)size * per_op;
     double elapsed = (double)(last - first) / 1e9;
     m->ops = ops;
     m->gbps = bytes / elapsed / 1e9;
@@ -372,6 +377,20 @@ static int q_run_op(wslot *s, int k, int op) {
     int rc = QR_OK;
     if (op == OP_FUSED)
         rc = qr_worker_push_pull(qw->w, nps, qw->ids[k], qw->grads[k], NULL, 0, NULL);
+    if (op == OP_PIPELINED) {
+        qr_request *req[2 * PIPELINE];
+        int started = 0;
+        for (int i = 0; i < PIPELINE && !rc; i++) {
+            rc = qr_worker_push_start(qw->w, nps, qw->ids[k], qw->grads[k], 0, &req[started]);
+            if (!rc) started++;
+            if (!rc) rc = qr_worker_pull_start(qw->w, nps, qw->ids[k], NULL, &req[started]);
+            if (!rc) started++;
+        }
+        for (int i = 0; i < started; i++) { /* every handle is waited for, failed or not */
+            int wrc = qr_request_wait(req[i], NULL);
+            if (!rc) rc = wrc;
+        }
+    }
     if (op == OP_PUSH || op == OP_PUSHPULL)
         rc = qr_worker_push(qw->w, nps, qw->ids[k], qw->grads[k], 0, NULL);
     if (!rc && (op == OP_PULL || op == OP_PUSHPULL)) rc = qr_worker_pull(qw->w, nps, qw->ids[k], NULL);
@@ -806,7 +825,9 @@ static int r_run_op(wslot *s, int k, int op) {
     raw_header hdr[MAX_PS];
     xfer x[MAX_PS];
     uint64_t acks[MAX_PS];
-    if (op == OP_PUSH || op == OP_PUSHPULL) {
+    /* The pipelined op's baseline: PIPELINE raw push+pull pairs. */
+    for (int rep = 0; rep < (op == OP_PIPELINED ? PIPELINE : 1); rep++) {
+    if (op == OP_PUSH || op == OP_PUSHPULL || op == OP_PIPELINED) {
         for (int j = 0; j < t->nps; j++) {
             hdr[j] = (raw_header){.op = RAW_PUSH, .len = piece};
             x[j] = (xfer){.nout = 2, .in = (uint8_t *)&acks[j], .in_left = sizeof acks[j]};
@@ -830,7 +851,7 @@ static int r_run_op(wslot *s, int k, int op) {
             return QR_EIO;
         }
     }
-    if (op == OP_PULL || op == OP_PUSHPULL) {
+    if (op == OP_PULL || op == OP_PUSHPULL || op == OP_PIPELINED) {
         for (int j = 0; j < t->nps; j++) {
             hdr[j] = (raw_header){.op = RAW_PULL, .len = piece};
             x[j] = (xfer){.nout = 1, .in = c->rx + (uint64_t)j * piece, .in_left = piece};
@@ -840,6 +861,7 @@ static int r_run_op(wslot *s, int k, int op) {
             slot_fail(s, "raw pull: %s", strerror(errno));
             return QR_EIO;
         }
+    }
     }
     return QR_OK;
 }
@@ -958,10 +980,12 @@ static void usage(FILE *f) {
             "  --transports LIST  unix,tcp (default: both)\n"
             "  --ps LIST          ps task counts, 1..%d (default: 1,2)\n"
             "  --workers LIST     worker counts, 1..%d (default: 1,2,4)\n"
-            "  --ops LIST         push,pull,pushpull,fused (default: all four); pushpull is\n"
-            "                     a push then a pull, fused one qr_worker_push_pull (one\n"
-            "                     round trip; its baseline pushes and reads back in one\n"
-            "                     exchange too)\n"
+            "  --ops LIST         push,pull,pushpull,fused,pipelined (default: all five);\n"
+            "                     pushpull is a push then a pull, fused one\n"
+            "                     qr_worker_push_pull (one round trip; its baseline pushes\n"
+            "                     and reads back in one exchange too), pipelined 16 pushes\n"
+            "                     and 16 pulls in flight (an op is that batch; baseline:\n"
+            "                     16 raw push+pull pairs one at a time)\n"
             "  --seconds S        minimum time of one round of a point, per side (default:\n"
             "                     0.04); each worker also does at least %d ops after 1\n"
             "                     warm-up op\n"
@@ -1225,6 +1249,8 @@ typedef struct summary {
     double lat_max_ratio;      /* 64 B pull over every topology */
     int nfused;                /* fused points with a pushpull twin */
     double fused_min, fused_max; /* quorum fused GB/s / quorum pushpull GB/s */
+    int npipe;                 /* pipelined points with a pushpull twin */
+    double pipe_min, pipe_max; /* quorum pipelined GB/s / quorum pushpull GB/s */
 } summary;
 
 /* The pushpull point of fused point f's topology and size, or NULL. */
@@ -1246,12 +1272,18 @@ static void summarize(const point *pts, int n, int transport, summary *s) {
             if (!s->have_pp || r < s->pp_min_ratio) s->pp_min_ratio = r, s->pp_worst = p;
             s->have_pp = true;
         }
-        const point *twin = p->op == OP_FUSED ? pushpull_twin(pts, n, p) : NULL;
-        if (twin) {
+        const point *twin = p->op == OP_FUSED || p->op == OP_PIPELINED
+                                ? pushpull_twin(pts, n, p) : NULL;
+        if (twin && p->op == OP_FUSED) {
             double r = p->q.gbps / twin->q.gbps;
             s->fused_min = s->nfused ? QR_MIN(s->fused_min, r) : r;
             s->fused_max = s->nfused ? QR_MAX(s->fused_max, r) : r;
             s->nfused++;
+        } else if (twin) {
+            double r = p->q.gbps / twin->q.gbps;
+            s->pipe_min = s->npipe ? QR_MIN(s->pipe_min, r) : r;
+            s->pipe_max = s->npipe ? QR_MAX(s->pipe_max, r) : r;
+            s->npipe++;
         }
         if (p->op == OP_PULL && p->size == 64) {
             double r = p->q.latency_us / p->raw.latency_us;
@@ -1291,6 +1323,10 @@ static void print_summary(const opts *o, const point *pts, int n) {
             printf("  %-4s fused push+pull vs a push then a pull (quorum, same points): "
                    "%.2fx to %.2fx over %d points\n", transport_names[tr], s.fused_min,
                    s.fused_max, s.nfused);
+        if (s.npipe)
+            printf("  %-4s %d push+pulls in flight vs one at a time (quorum, same points): "
+                   "%.2fx to %.2fx over %d points\n", transport_names[tr], PIPELINE,
+                   s.pipe_min, s.pipe_max, s.npipe);
         if (s.have_lat)
             printf("  %-4s 64 B pull round trip: %.1f us vs raw %.1f us = %.2f (max over "
                    "topologies %.2f) - target <= %.1f: %s\n", transport_names[tr], s.lat_us,
@@ -1318,6 +1354,10 @@ static cJSON *json_summary(const opts *o, const point *pts, int n) {
         if (s.nfused) {
             cJSON_AddNumberToObject(j, "fused_vs_pushpull_min", s.fused_min);
             cJSON_AddNumberToObject(j, "fused_vs_pushpull_max", s.fused_max);
+        }
+        if (s.npipe) {
+            cJSON_AddNumberToObject(j, "pipelined_vs_pushpull_min", s.pipe_min);
+            cJSON_AddNumberToObject(j, "pipelined_vs_pushpull_max", s.pipe_max);
         }
         if (s.have_lat) {
             cJSON_AddNumberToObject(j, "pull64_latency_us", s.lat_us);
@@ -1402,7 +1442,7 @@ static int run_topology(topo *t, point *pts, int *npts) {
                          .nworkers = t->nworkers, .size = o->sizes[k], .used = used};
             /* Rounds alternate baseline and quorum; each side keeps its
              * best round (the least disturbed on a shared machine). */
-            int rounds = p->size >= LARGE_SIZE && p->op != OP_PUSHPULL && p->op != OP_FUSED
+            int rounds = p->size >= LARGE_SIZE && p->op != OP_PUSHPULL && p->op != OP_FUSED && p->op != OP_PIPELINED
                              ? QR_MIN(o->repeat, LARGE_ROUNDS)
                              : o->repeat;
             for (int round = 0; round < rounds && !rc; round++) {

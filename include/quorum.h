@@ -267,6 +267,13 @@ QR_API int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **
 /* Async only: the arrays are deltas that the ps adds to its weights as they
  * are, with no optimizer (local SGD pushes w_local - w_pulled this way). */
 #define QR_PUSH_DELTA 4u
+/* Async only: the push reaches every ps, holding gradients for it or not.
+ * With QR_PUSH_STEP and no gradients it is a step's tick: a step pushed
+ * as several pushes without QR_PUSH_STEP (one per variable, as backprop
+ * produces them) then counts once on every ps, so every apply of the step
+ * used the same step number (Adam's t, the learning-rate schedule) and
+ * the global step moves by one. */
+#define QR_PUSH_EVERY_PS 16u
 QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
                           const float *const *grads, unsigned flags,
                           int64_t *global_step);
@@ -284,6 +291,31 @@ QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
 QR_API int qr_worker_push_pull(qr_worker *w, int n, const int *ids,
                                const float *const *grads, float *const *values,
                                unsigned flags, int64_t *global_step);
+
+/*
+ * Non-blocking pushes and pulls (ps-lite's ZPush/ZPull and Wait): a
+ * *_start call sends its requests and returns at once with a handle;
+ * qr_request_wait waits for its replies, frees the handle and returns the
+ * call's status (and a push's global step). Several may be in flight on
+ * one worker, with blocking calls between them; each ps answers in the
+ * order it was asked. The arrays (gradients, destinations) must stay
+ * valid and unchanged until the wait; wait for every handle before
+ * qr_worker_free. Replies are taken in while the worker waits (in any of
+ * its calls), not in the background. Pushes: async mode only (a sync
+ * step's push is committed whole: use qr_worker_push), and no rows added
+ * with qr_worker_add_rows pending (they go with a blocking push).
+ * values in qr_worker_push_pull_start as in qr_worker_push_pull.
+ */
+typedef struct qr_request qr_request;
+QR_API int qr_worker_push_start(qr_worker *w, int n, const int *ids, const float *const *grads,
+                                unsigned flags, qr_request **request);
+QR_API int qr_worker_push_pull_start(qr_worker *w, int n, const int *ids,
+                                     const float *const *grads, float *const *values,
+                                     unsigned flags, qr_request **request);
+QR_API int qr_worker_pull_start(qr_worker *w, int n, const int *ids, float **dst,
+                                qr_request **request);
+/* global_step may be NULL (and is not set by a pull). */
+QR_API int qr_request_wait(qr_request *request, int64_t *global_step);
 
 /* ---- synchronous replicas (option mode=sync) ----
  * A worker's step: qr_worker_pull, compute, qr_worker_push (tagged with

@@ -21,8 +21,9 @@ from .cluster import Cluster, Config
 from .errors import (InvalidArgumentError, QuorumError, QuorumTimeoutError, StaleError,
                      StoppedError)
 from .ps import PS, serve_ps
-from .worker import Worker
+from .worker import Request, Worker
 
 __all__ = ["Cluster", "Config", "InvalidArgumentError", "PS", "QuorumError",
-           "QuorumTimeoutError", "StaleError", "StoppedError", "Worker", "serve_ps", "version"]
+           "QuorumTimeoutError", "Request", "StaleError", "StoppedError", "Worker", "serve_ps",
+           "version"]
 __version__ = "0.1.0"

@@ -64,6 +64,12 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "qr_worker_push": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), c_uint, P(c_int64)]),
     "qr_worker_push_pull": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), P(c_void_p), c_uint,
                                     P(c_int64)]),
+    "qr_worker_push_start": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), c_uint,
+                                     P(c_void_p)]),
+    "qr_worker_push_pull_start": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), P(c_void_p),
+                                          c_uint, P(c_void_p)]),
+    "qr_worker_pull_start": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), P(c_void_p)]),
+    "qr_request_wait": (c_int, [c_void_p, P(c_int64)]),
     "qr_worker_take_token": (c_int, [c_void_p, P(c_int64)]),
     "qr_worker_local_step": (c_int, [c_void_p, P(c_int64)]),
     "qr_worker_global_step": (c_int, [c_void_p, P(c_int64)]),
@@ -82,6 +88,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
 
 PUSH_STEP = 1
 PUSH_DELTA = 4
+PUSH_EVERY_PS = 16
 ROWS_READ_ONLY = 1
 
 

@@ -36,14 +36,14 @@ import sys
 import tempfile
 import types
 import weakref
-from typing import Any, Dict, List, Optional, Tuple, Type, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Type, Union
 
 import torch
 
 from .cluster import Cluster, launcher_options
 from .errors import StaleError, StoppedError
 from .ps import PS
-from .worker import Worker
+from .worker import Request, Worker
 
 __all__ = ["Optimizer", "Embedding", "shard", "load_checkpoint", "checkpoint_state_dict"]
 
@@ -207,12 +207,17 @@ class Optimizer:
     made from TF_CONFIG, or, without it, a one-ps cluster in this process.
     accumulate=k pushes the mean of k steps' gradients; local_steps=k
     (async) takes k local SGD steps with lr, then pushes their sum as a
-    delta. Other keyword options (mode="sync", replicas_to_aggregate=...)
-    are the worker's (and the local ps's)."""
+    delta. overlap (async, the default there): each parameter's gradient
+    is pushed, and its new value fetched in the same request, as soon as
+    backpropagation has produced it, so communication runs under the rest
+    of the backward pass; step() then waits for them and sends the step's
+    tick (one backward per step: use accumulate=k to sum several). Other
+    keyword options (mode="sync", replicas_to_aggregate=...) are the
+    worker's (and the local ps's)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: Union[str, type] = "SGD",
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
-                 **settings: Any):
+                 overlap: Optional[bool] = None, **settings: Any):
         hyper = {k: settings.pop(k) for k in list(settings)
                  if k in ("lr", "momentum", "nesterov", "betas", "eps", "alpha", "centered",
                           "initial_accumulator_value", "weight_decay", "dampening", "l1", "l2",
@@ -232,6 +237,12 @@ class Optimizer:
         self.sync = (worker._config.get("mode") or "async") == "sync"
         if local_steps > 1 and self.sync:
             raise ValueError("local_steps is for async training")
+        plain = not self.sync and accumulate == 1 and local_steps == 1
+        if overlap and not plain:
+            raise ValueError("overlap is for async training without accumulate or local_steps")
+        self.overlap = plain if overlap is None else bool(overlap)
+        self._inflight: List[Request] = []
+        self._pushed: Set[int] = set()
         self.params: List[Tuple[str, torch.Tensor, int]] = []
         for name, p in module.named_parameters():
             _float_param(name, p)
@@ -261,6 +272,34 @@ class Optimizer:
         self.stop_reason = ""
         self._sums: Optional[List[torch.Tensor]] = None
         self._start: Optional[List[torch.Tensor]] = None
+        if self.overlap:
+            for _, param, i in self.params:
+                param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    self._grad_ready(i))
+
+    def _grad_ready(self, var_id: int) -> Any:
+        """The hook that pushes one parameter's gradient as backprop has it,
+        its new value coming back into the parameter in the same request."""
+        ref = weakref.ref(self)
+
+        def hook(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is None or opt.stopped or p.grad is None:
+                return
+            if var_id in opt._pushed:
+                raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
+                                   "backward produces it: call step() after each backward (or "
+                                   "use accumulate=k, or overlap=False)")
+            opt._pushed.add(var_id)
+            g = p.grad if not p.grad.is_sparse else p.grad.to_dense()
+            try:
+                opt._inflight.append(opt.worker.push_pull_start(
+                    {var_id: g.contiguous()}, into={var_id: p.data}, step=False))
+            except StoppedError as e:
+                if e.status != _QR_ESTOPPED:
+                    raise
+                opt.stopped, opt.stop_reason = True, str(e)
+        return hook
 
     def _make_worker(self, settings: Dict[str, Any]) -> Worker:
         if os.environ.get("TF_CONFIG"):
@@ -315,8 +354,30 @@ class Optimizer:
                       self.global_step, e)
             return self.global_step
 
+    def _overlapped_step(self) -> int:
+        inflight, self._inflight = self._inflight, []
+        pushed, self._pushed = self._pushed, set()
+        error: Optional[BaseException] = None
+        for r in inflight:  # every one is waited for, whatever fails
+            try:
+                r.wait()
+            except BaseException as e:  # noqa: B902 - re-raised below
+                error = error or e
+        if error is not None:
+            raise error
+        for emb in self.embeddings:
+            for ids, rows in emb._take_rows():
+                self.worker.add_rows(emb._table, ids, rows.contiguous())
+        self.global_step = self.worker.push({}, step=True, every_ps=True)
+        rest = {i: p.data for _, p, i in self.params if i not in pushed}
+        if rest:
+            self.worker.pull(rest)
+        return self.global_step
+
     def _step(self) -> int:
         self.calls += 1
+        if self.overlap:
+            return self._overlapped_step()
         grads = self._grads()
         if self.local_steps > 1:
             return self._local_step(grads)

@@ -14,10 +14,39 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ._arrays import ArrayLike, address, ids_array
-from ._native import PUSH_DELTA, PUSH_STEP, ROWS_READ_ONLY, check, lib
+from ._native import PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, check, lib
 from .cluster import Cluster, Config
 
 Var = Union[int, str]
+
+
+class Request:
+    """A push or pull in flight (``Worker.push_start``, ``pull_start``,
+    ``push_pull_start``). It keeps the arrays it reads or fills alive until
+    ``wait()``, which returns the global step of a push (-1 for a pull)."""
+
+    def __init__(self, worker: "Worker", handle: ctypes.c_void_p, arrays: List[Any]):
+        self._worker = worker
+        self._handle: Optional[ctypes.c_void_p] = handle
+        self._arrays = arrays
+        worker._inflight.append(self)
+
+    @property
+    def done(self) -> bool:
+        """Waited for already."""
+        return self._handle is None
+
+    def wait(self, raise_error: bool = True) -> int:
+        if self._handle is None:
+            raise RuntimeError("this request was waited for already")
+        step = ctypes.c_int64(-1)
+        handle, self._handle = self._handle, None
+        self._worker._inflight.remove(self)
+        status = lib.qr_request_wait(handle, ctypes.byref(step))
+        self._arrays = []
+        if raise_error:
+            check(status)
+        return int(step.value)
 
 
 class Worker:
@@ -40,6 +69,7 @@ class Worker:
         self._sizes: List[int] = []
         self._shapes: List[Tuple[int, ...]] = []
         self._tables: Dict[int, int] = {}  # id -> dim
+        self._inflight: List["Request"] = []
 
     # ---- declarations ------------------------------------------------------
 
@@ -183,14 +213,18 @@ class Worker:
         fn = lib.qr_worker_pull_averages if averages else lib.qr_worker_pull
         check(fn(self._handle, n, ids, ptrs))
 
-    def push(self, grads: Mapping[Any, ArrayLike], step: bool = True, delta: bool = False) -> int:
+    def push(self, grads: Mapping[Any, ArrayLike], step: bool = True, delta: bool = False,
+             every_ps: bool = False) -> int:
         """Push gradients (variable -> float32 array of its size) and the rows
         added since the last push; returns the global step (sync: after
-        the commit). ``delta``: the values are added as they are (async)."""
+        the commit). ``delta``: the values are added as they are (async).
+        ``every_ps`` (async): reach every ps; with no gradients and step, a
+        step's tick after its variables were pushed apart without step."""
         ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
         if any(p is None for p in ptrs):
             raise TypeError("push: a gradient is None")
-        flags = (PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0)
+        flags = ((PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0) |
+                 (PUSH_EVERY_PS if every_ps else 0))
         out = ctypes.c_int64(-1)
         check(lib.qr_worker_push(self._handle, n, ids, ptrs, flags, ctypes.byref(out)))
         return int(out.value)
@@ -215,6 +249,46 @@ class Worker:
         check(lib.qr_worker_push_pull(self._handle, n, ids, ptrs, outs,
                                       PUSH_STEP if step else 0, ctypes.byref(out)))
         return int(out.value)
+
+    # ---- non-blocking -----------------------------------------------------------------
+
+    def push_start(self, grads: Mapping[Any, ArrayLike], step: bool = True,
+                   delta: bool = False) -> "Request":
+        """Start a push and return at once (async mode); ``wait()`` on the
+        returned Request gives the global step. The arrays must not change
+        until then (the Request keeps them alive). Several may be in flight."""
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
+        if any(p is None for p in ptrs):
+            raise TypeError("push_start: a gradient is None")
+        flags = (PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0)
+        handle = ctypes.c_void_p()
+        check(lib.qr_worker_push_start(self._handle, n, ids, ptrs, flags, ctypes.byref(handle)))
+        return Request(self, handle, list(grads.values()))
+
+    def push_pull_start(self, grads: Mapping[Any, ArrayLike],
+                        into: Optional[Mapping[Any, Optional[ArrayLike]]] = None,
+                        step: bool = True) -> "Request":
+        """``push_pull`` without waiting (async mode): the values are in
+        ``into`` (or the worker's copies) once ``wait()`` returns."""
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
+        if any(p is None for p in ptrs):
+            raise TypeError("push_pull_start: a gradient is None")
+        dst = {self.id(k): a for k, a in (into or {}).items()}
+        _, outs, _ = self._targets("push_pull values",
+                                   [(v, dst.get(self.id(v))) for v in grads.keys()],
+                                   writable=True)
+        handle = ctypes.c_void_p()
+        check(lib.qr_worker_push_pull_start(self._handle, n, ids, ptrs, outs,
+                                            PUSH_STEP if step else 0, ctypes.byref(handle)))
+        return Request(self, handle, list(grads.values()) + list(dst.values()))
+
+    def pull_start(self, into: Mapping[Any, Optional[ArrayLike]]) -> "Request":
+        """Start a pull of the mapped variables (destination array, or None:
+        the worker's copy); they are filled once ``wait()`` returns."""
+        ids, ptrs, n = self._targets("pull", list(into.items()), writable=True)
+        handle = ctypes.c_void_p()
+        check(lib.qr_worker_pull_start(self._handle, n, ids, ptrs, ctypes.byref(handle)))
+        return Request(self, handle, list(into.values()))
 
     # ---- sparse rows ------------------------------------------------------------------
 
@@ -324,6 +398,8 @@ class Worker:
         check(lib.qr_worker_leave(self._handle))
 
     def close(self) -> None:
+        for r in list(self._inflight):
+            r.wait(raise_error=False)  # the C side must not outlive its handles
         if self._handle:
             lib.qr_worker_free(self._handle)
             self._handle = ctypes.c_void_p()

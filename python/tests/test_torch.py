@@ -39,6 +39,32 @@ def train(model, opt, steps=30):  # type: ignore[no-untyped-def]
     return float(loss.detach()), first
 
 
+def test_overlap_equals_one_push_per_step():  # type: ignore[no-untyped-def]
+    """Async Adam: pushing each parameter's gradient as backward produces
+    it (overlap, the async default) and then a tick gives the very values of
+    one push per step (overlap=False): Adam's t is the same. A second
+    backward before step() is refused, not double-counted."""
+    runs = []
+    for overlap in (True, False):
+        model = mlp()
+        opt = qt.Optimizer(model, "Adam", lr=0.01, overlap=overlap)
+        assert opt.overlap is overlap
+        train(model, opt, steps=10)
+        assert opt.global_step == 10
+        runs.append([p.detach().clone() for p in model.parameters()])
+        if overlap:
+            X, y = data()
+            ((model(X) - y) ** 2).mean().backward()
+            with pytest.raises(RuntimeError, match="after each backward"):
+                ((model(X) - y) ** 2).mean().backward()
+            opt.step()
+        opt.close()
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="overlap"):
+        qt.Optimizer(mlp(), "SGD", lr=0.1, accumulate=2, overlap=True)
+
+
 @pytest.mark.parametrize("name,settings,tol", [
     ("SGD", {"lr": 0.1}, 1e-5),
     ("SGD", {"lr": 0.05, "momentum": 0.9}, 1e-5),

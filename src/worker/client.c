@@ -411,6 +411,18 @@ static void report_waits(const qr_worker *w, wk_request **reqs, int n, uint64_t 
 
 #define WAIT_REPORT_NS (5000ull * 1000000ull) /* a lasting wait is said this often */
 
+void wk_send_requests(qr_worker *w, wk_request **reqs, int n) {
+    if (w->rolled_back || w->stop_status) return; /* wk_run_requests says why */
+    uv_run(&w->loop, UV_RUN_NOWAIT); /* take in what happened meanwhile (see below) */
+    for (int i = 0; i < n; i++) {
+        wk_request *r = reqs[i];
+        ps_link *l = r->link;
+        if (r->done || r->sent || l->refused) continue;
+        if (l->state == LINK_UP && link_send(l, r)) request_finish(r, QR_EPEERLOST, qr_last_error());
+    }
+    uv_run(&w->loop, UV_RUN_NOWAIT); /* start the writes */
+}
+
 /* Send reqs (connecting as needed) and wait for all their replies.
  * Returns the first failure, with its message. */
 int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
@@ -971,7 +983,7 @@ int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids) {
 }
 
 /* Dense pulls and pushes name no table (whose rows go by id). */
-static int check_dense(const qr_worker *w, const char *what, int n, const int *ids) {
+int wk_check_dense(const qr_worker *w, const char *what, int n, const int *ids) {
     for (int i = 0; i < n; i++)
         if (w->vars[ids[i]].table)
             return qr__fail(QR_EINVAL, "%s: '%s' is an embedding table: use %s", what,
@@ -980,7 +992,6 @@ static int check_dense(const qr_worker *w, const char *what, int n, const int *i
     return QR_OK;
 }
 
-/* Pull without argument checks (ids already valid; n == 0 means all). */
 /* Room in r for the count variables whose values its reply brings. */
 static int expect_values_alloc(wk_request *r, int count) {
     r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
@@ -989,9 +1000,17 @@ static int expect_values_alloc(wk_request *r, int count) {
     return r->var_ids && r->dst && r->parts ? QR_OK : QR_ENOMEM;
 }
 
-static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags) {
+void wk_call_free(wk_call *c) {
+    wk_free_requests(c->reqs, c->n);
+    free(c->reqs);
+    memset(c, 0, sizeof *c);
+}
+
+/* Without argument checks (ids already valid; n == 0 means all). */
+int wk_pull_build(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags, wk_call *c) {
     int total = n ? n : w->nvars;
-    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    memset(c, 0, sizeof *c);
+    wk_request **reqs = c->reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
     if (!reqs) return QR_ENOMEM;
     int rc = QR_OK, nreq = 0;
     for (int p = 0; p < w->nps && !rc; p++) {
@@ -1019,21 +1038,27 @@ static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t 
             qr_msg_put_id(&r->meta, (uint32_t)id);
         }
     }
-    if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
-    wk_free_requests(reqs, nreq);
-    free(reqs);
+    c->n = nreq;
+    return rc;
+}
+
+static int pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags) {
+    wk_call c;
+    int rc = wk_pull_build(w, n, ids, dst, flags, &c);
+    if (!rc) rc = wk_run_requests(w, c.reqs, c.n, w->timeout_ms);
+    wk_call_free(&c);
     return rc;
 }
 
 int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst) {
     int rc = wk_check_ids(w, "pull", n, ids);
-    if (!rc) rc = check_dense(w, "pull", n, ids);
+    if (!rc) rc = wk_check_dense(w, "pull", n, ids);
     return rc ? rc : pull_vars(w, n, ids, dst, 0);
 }
 
 int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst) {
     int rc = wk_check_ids(w, "pull_averages", n, ids);
-    if (!rc) rc = check_dense(w, "pull_averages", n, ids);
+    if (!rc) rc = wk_check_dense(w, "pull_averages", n, ids);
     return rc ? rc : pull_vars(w, n, ids, dst, QR_PULL_AVERAGES);
 }
 
@@ -1057,22 +1082,25 @@ int qr_worker_push_pull(qr_worker *w, int n, const int *ids, const float *const 
 /* values: a fused push-and-pull (qr_worker_push_pull): where each
  * variable's new values go (NULL entries: the worker's copy); NULL: a
  * plain push. */
-static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
-                unsigned flags, float *const *values, int64_t *global_step) {
+int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads,
+                  unsigned flags, float *const *values, wk_call *c) {
+    memset(c, 0, sizeof *c);
     int rc = wk_check_ids(w, "push", n, ids);
     if (!rc && values && n <= 0)
         rc = qr__fail(QR_EINVAL, "push_pull: name the variables to push and pull (n >= 1)");
-    if (!rc) rc = check_dense(w, "push", n, ids);
+    if (!rc) rc = wk_check_dense(w, "push", n, ids);
     if (!rc) rc = wk_rows_prepare(w);
     if (rc) return rc;
     if (n > 0 && !grads) return qr__fail(QR_EINVAL, "push: grads is NULL");
     if (w->sync && (flags & QR_PUSH_DELTA))
         return qr__fail(QR_EINVAL, "push: delta pushes are for async training");
-    wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
+    if (w->sync && (flags & QR_PUSH_EVERY_PS))
+        return qr__fail(QR_EINVAL, "push: QR_PUSH_EVERY_PS is for async training (a sync step "
+                        "reaches every ps whole)");
+    wk_request **reqs = c->reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
     if (!reqs) return QR_ENOMEM;
     int nreq = 0;
-    wk_request *step_req = NULL;
-    uint32_t seq = ++w->push_seq;
+    uint32_t seq = c->seq = ++w->push_seq;
     /* Async: the step flag rides on the push to ps 0. Sync: ps 0 counts
      * the push when it is committed, below. */
     bool step_to_ps0 = !w->sync && (flags & QR_PUSH_STEP);
@@ -1081,21 +1109,22 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
      * one (src/ps/checkpoint.c). */
     uint32_t nparts = 0;
     for (int p = 0; p < w->nps; p++) {
-        bool reaches = (step_to_ps0 && p == 0) || wk_rows_items(w, p);
+        bool reaches = (step_to_ps0 && p == 0) || (flags & QR_PUSH_EVERY_PS) || wk_rows_items(w, p);
         for (int i = 0; i < n && !reaches; i++) reaches = wk_part_on(&w->vars[ids[i]], p) != NULL;
         nparts += reaches;
     }
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0, row_items = wk_rows_items(w, p);
         for (int i = 0; i < n; i++) count += wk_part_on(&w->vars[ids[i]], p) != NULL;
-        if (!count && !row_items && !(step_to_ps0 && p == 0)) continue;
+        if (!count && !row_items && !(step_to_ps0 && p == 0) && !(flags & QR_PUSH_EVERY_PS))
+            continue;
         wk_request *r = wk_request_new(w, p, QR_MSG_PUSH);
         if (!r) {
             rc = QR_ENOMEM;
             break;
         }
         reqs[nreq++] = r;
-        if (p == 0) step_req = r;
+        if (p == 0) c->step_req = r;
         r->flags = w->sync ? QR_PUSH_SYNC : (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
         r->payload = qr__calloc((size_t)QR_MAX(count + 2 * row_items, 1), sizeof *r->payload);
         if (!r->payload) {
@@ -1133,11 +1162,25 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
         }
         wk_rows_put(w, p, r);
     }
-    if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
-    if (!rc && global_step && step_req) *global_step = step_req->step;
-    if (!rc && step_to_ps0) w->steps_pushed++;
-    wk_free_requests(reqs, nreq);
-    free(reqs);
+    c->n = nreq;
+    c->counts_step = step_to_ps0;
+    return rc;
+}
+
+/* The async part of a push once its requests are answered. */
+void wk_push_done(qr_worker *w, const wk_call *c, int64_t *global_step) {
+    if (global_step && c->step_req) *global_step = c->step_req->step;
+    if (c->counts_step) w->steps_pushed++;
+}
+
+static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
+                unsigned flags, float *const *values, int64_t *global_step) {
+    wk_call call;
+    int rc = wk_push_build(w, n, ids, grads, flags, values, &call);
+    if (!rc) rc = wk_run_requests(w, call.reqs, call.n, w->timeout_ms);
+    if (!rc) wk_push_done(w, &call, global_step);
+    uint32_t seq = call.seq;
+    wk_call_free(&call);
     /* Sync: a push some ps found stale is still committed, so that ps 0
      * counts it and gives the worker its place in the token queue (it
      * will find it stale too). */

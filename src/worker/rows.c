@@ -337,6 +337,12 @@ void wk_rows_put(qr_worker *w, int p, wk_request *r) {
     }
 }
 
+bool wk_rows_pending(const qr_worker *w) {
+    for (int i = 0; i < w->nvars; i++)
+        if (w->vars[i].added && w->vars[i].added->n) return true;
+    return false;
+}
+
 void wk_rows_clear(qr_worker *w) {
     for (int i = 0; i < w->nvars; i++) {
         wk_rows *a = w->vars[i].added;

@@ -166,9 +166,30 @@ wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type);
 void wk_request_free(wk_request *r);
 void wk_free_requests(wk_request **reqs, int n);
 int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms);
+/* Send what of reqs can go now, without waiting for anything (a request
+ * whose ps is not connected yet goes in wk_run_requests). */
+void wk_send_requests(qr_worker *w, wk_request **reqs, int n);
 /* The call may go on: the worker is initialized and the ids name
  * declared variables. */
 int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids);
+/* ... and they are dense variables, not tables. */
+int wk_check_dense(const qr_worker *w, const char *what, int n, const int *ids);
+
+/* client.c: the requests of one pull or push, one per ps reached. */
+typedef struct wk_call {
+    wk_request **reqs;
+    int n;
+    wk_request *step_req; /* the push to ps 0 (its reply has the global step) */
+    bool counts_step;     /* an async step push: counted once answered */
+    uint32_t seq;         /* a push's sequence number */
+} wk_call;
+int wk_pull_build(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags, wk_call *c);
+/* values: a fused push-and-pull's destinations (NULL entries: the
+ * worker's copies), or NULL. Rows added since the last push go too. */
+int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads,
+                  unsigned flags, float *const *values, wk_call *c);
+void wk_push_done(qr_worker *w, const wk_call *c, int64_t *global_step);
+void wk_call_free(wk_call *c);
 
 /* The part of dense variable v that ps p holds, or NULL. */
 static inline wk_part *wk_part_on(const wk_var *v, int p) {
@@ -193,5 +214,7 @@ int wk_rows_items(const qr_worker *w, int p);
 void wk_rows_put(qr_worker *w, int p, wk_request *r);
 /* The push went (or failed): the added rows are used up. */
 void wk_rows_clear(qr_worker *w);
+/* Rows added and not pushed yet? */
+bool wk_rows_pending(const qr_worker *w);
 
 #endif /* QR_WORKER_INTERNAL_H */

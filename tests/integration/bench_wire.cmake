@@ -17,7 +17,7 @@ for r in results:
     assert r["gbps"] > 0 and r["baseline_gbps"] > 0, r
     assert r["latency_us"] > 0 and r["baseline_latency_us"] > 0, r
 assert {r["transport"] for r in results} == {"unix", "tcp"}, "both transports"
-assert {r["op"] for r in results} == {"push", "pull", "pushpull", "fused"}, "all four ops"
+assert {r["op"] for r in results} == {"push", "pull", "pushpull", "fused", "pipelined"}, "all five ops"
 assert "summary" in doc
 assert doc["baseline"] == "raw", doc["baseline"]
 # --baseline-apply: the raw server applies SGD too. The targets are set

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cluster_fixture.h"
+#include "world_fixture.h"
 
 typedef struct run {
     cluster_fixture f;
@@ -381,6 +381,96 @@ static void test_push_pull(void **state) {
     finish(&r);
 }
 
+/* Non-blocking calls, SGD lr 1: 16 pushes in flight, a blocking call and a
+ * pull among them; each ps answers in order, so the pull sent after the
+ * pushes sees them all and the steps come back 1..16. A fused one too.
+ * Misuse is refused. */
+static void test_requests_in_flight(void **state) {
+    (void)state;
+    run r;
+    start(&r, NULL, NULL);
+    enum { N = 16 };
+    float g[2] = {1, 1}, seen[2] = {0, 0}, fused[2] = {0, 0};
+    const float *grads[1] = {g};
+    float *into[1] = {seen}, *fused_into[1] = {fused};
+    qr_request *req[N + 2];
+    for (int k = 0; k < N; k++)
+        assert_int_equal(qr_worker_push_start(r.w[0], 1, &r.id[0], grads, QR_PUSH_STEP, &req[k]),
+                         QR_OK);
+    assert_int_equal(qr_worker_pull_start(r.w[0], 1, &r.id[0], into, &req[N]), QR_OK);
+    int64_t step = -1;
+    assert_int_equal(qr_worker_global_step(r.w[1], &step), QR_OK); /* another worker meanwhile */
+    assert_int_equal(qr_worker_push_pull_start(r.w[0], 1, &r.id[0], grads, fused_into, 0,
+                                               &req[N + 1]), QR_OK);
+    for (int k = 0; k < N; k++) {
+        assert_int_equal(qr_request_wait(req[k], &step), QR_OK);
+        assert_int_equal(step, k + 1);
+    }
+    assert_int_equal(qr_request_wait(req[N], NULL), QR_OK);
+    assert_true(seen[0] == -16.0f && seen[1] == -16.0f);
+    assert_int_equal(qr_request_wait(req[N + 1], &step), QR_OK);
+    assert_true(fused[0] == -17.0f && fused[1] == -17.0f);
+    /* Misuse. */
+    qr_request *bad = (qr_request *)1;
+    assert_int_equal(qr_worker_push_start(r.w[0], 1, &r.id[0], grads, 0, NULL), QR_EINVAL);
+    assert_int_equal(qr_worker_pull_start(r.w[0], 1, (int[]){99}, NULL, &bad), QR_ENOTFOUND);
+    assert_null(bad);
+    assert_int_equal(qr_request_wait(NULL, NULL), QR_EINVAL);
+    int64_t row = 0;
+    assert_int_equal(qr_worker_add_rows(r.w[0], r.id[0], 1, &row, (float[]){1, 1}), QR_OK);
+    assert_int_equal(qr_worker_push_start(r.w[0], 1, &r.id[0], grads, 0, &bad), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "blocking qr_worker_push"));
+    finish(&r);
+}
+
+/* Adam over 2 ps, 3 steps of variables "a" and "b" (placed on different
+ * ps): pushed together with QR_PUSH_STEP, or one variable at a time in
+ * flight without it and then a tick (QR_PUSH_EVERY_PS | QR_PUSH_STEP), as
+ * quorum.torch overlaps pushes with backprop. Adam's t is the same in
+ * both, so the values are equal bit for bit, and so is the global step. */
+static void adam_steps(bool per_variable, float out[8], int64_t *global_step) {
+    world s;
+    static const char *const opts[] = {"optimizer", "adam", "lr", "0.1", NULL};
+    world_start(&s, 2, 1, opts);
+    int64_t shape[1] = {4};
+    int id[2];
+    assert_int_equal(qr_worker_declare(s.w[0], "a", 1, shape, "uniform:-1,1", 1, -1, &id[0]), QR_OK);
+    assert_int_equal(qr_worker_declare(s.w[0], "b", 1, shape, "uniform:-1,1", 2, -1, &id[1]), QR_OK);
+    world_init_all(&s);
+    int ps_a, ps_b;
+    assert_int_equal(qr_worker_var_placement(s.w[0], id[0], 1, &ps_a, NULL, NULL), 1);
+    assert_int_equal(qr_worker_var_placement(s.w[0], id[1], 1, &ps_b, NULL, NULL), 1);
+    assert_int_not_equal(ps_a, ps_b);
+    for (int step = 0; step < 3; step++) {
+        float ga[4], gb[4];
+        for (int i = 0; i < 4; i++) ga[i] = (float)(i + 1) * 0.3f - (float)step, gb[i] = 0.5f - (float)i;
+        const float *grads[2] = {ga, gb};
+        if (!per_variable) {
+            assert_int_equal(qr_worker_push(s.w[0], 2, id, grads, QR_PUSH_STEP, global_step), QR_OK);
+            continue;
+        }
+        qr_request *req[2];
+        for (int v = 0; v < 2; v++)
+            assert_int_equal(qr_worker_push_start(s.w[0], 1, &id[v], &grads[v], 0, &req[v]), QR_OK);
+        for (int v = 0; v < 2; v++) assert_int_equal(qr_request_wait(req[v], NULL), QR_OK);
+        assert_int_equal(qr_worker_push(s.w[0], 0, NULL, NULL, QR_PUSH_STEP | QR_PUSH_EVERY_PS,
+                                        global_step), QR_OK);
+    }
+    assert_int_equal(qr_worker_pull(s.w[0], 2, id, (float *[]){out, out + 4}), QR_OK);
+    world_finish(&s);
+}
+
+static void test_step_tick(void **state) {
+    (void)state;
+    float together[8], apart[8];
+    int64_t step_together = -1, step_apart = -1;
+    adam_steps(false, together, &step_together);
+    adam_steps(true, apart, &step_apart);
+    assert_memory_equal(apart, together, sizeof together);
+    assert_int_equal(step_together, 3);
+    assert_int_equal(step_apart, 3);
+}
+
 /* Workers that finish say so (qr_worker_leave): once every worker has,
  * ps 0 ends the run in order by itself (no chief's STOP, no launcher), and
  * not before; a worker that comes back after leaving counts again. */
@@ -457,6 +547,8 @@ int main(void) {
         cmocka_unit_test(test_large_pushes_applied_on_arrival),
         cmocka_unit_test(test_every_worker_finished_ends_the_run),
         cmocka_unit_test(test_push_pull),
+        cmocka_unit_test(test_requests_in_flight),
+        cmocka_unit_test(test_step_tick),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

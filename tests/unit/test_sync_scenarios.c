@@ -338,6 +338,10 @@ static void test_leave_then_come_back(void **state) {
     scenario s;
     start(&s, 2, 2, -1);
     assert_int_equal(qr_worker_leave(NULL), QR_EINVAL);
+    qr_request *req = NULL; /* a sync push is committed whole: no push_start */
+    const float *g[1] = {(float[]){1, 1}};
+    assert_int_equal(qr_worker_push_start(s.w[0], 1, &s.id[0], g, 0, &req), QR_EINVAL);
+    assert_null(req);
     assert_int_equal(qr_worker_leave(s.w[1]), QR_OK);
     qr_worker_free(s.w[1]);
     /* 1 of 2 training, R = 2: the run has ended. */
