@@ -240,6 +240,7 @@ class Optimizer:
         plain = not self.sync and accumulate == 1 and local_steps == 1
         if overlap and not plain:
             raise ValueError("overlap is for async training without accumulate or local_steps")
+        # May be turned off (and on again, if it was on) between steps.
         self.overlap = plain if overlap is None else bool(overlap)
         self._inflight: List[Request] = []
         self._pushed: Set[int] = set()
@@ -272,6 +273,7 @@ class Optimizer:
         self.stop_reason = ""
         self._sums: Optional[List[torch.Tensor]] = None
         self._start: Optional[List[torch.Tensor]] = None
+        self._hooked = self.overlap
         if self.overlap:
             for _, param, i in self.params:
                 param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
@@ -284,7 +286,7 @@ class Optimizer:
 
         def hook(p: torch.Tensor) -> None:
             opt = ref()
-            if opt is None or opt.stopped or p.grad is None:
+            if opt is None or not opt.overlap or opt.stopped or p.grad is None:  # off for now
                 return
             if var_id in opt._pushed:
                 raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
@@ -376,7 +378,7 @@ class Optimizer:
 
     def _step(self) -> int:
         self.calls += 1
-        if self.overlap:
+        if self.overlap and self._hooked:
             return self._overlapped_step()
         grads = self._grads()
         if self.local_steps > 1:

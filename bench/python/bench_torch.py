@@ -1,0 +1,324 @@
+"""bench_torch.py - quorum from PyTorch, measured in one run beside its
+baselines (issue 17):
+
+  1. the Python layer's cost per push+pull beyond the C API's: the same
+     push-then-pull of one variable, one at a time, 1 ps on a Unix socket,
+     through quorum.Worker and through `quorum bench wire` (C);
+  2. an async step of a PyTorch model (an MLP of 1.07 M parameters, 2 ps)
+     beside its compute alone and its communication alone, their sum and
+     their maximum: without overlap, and with quorum.torch's overlap
+     (each gradient pushed as backward produces it);
+  3. training throughput, sync with 2 workers (`quorum launch --ps 2
+     --workers 2 --mode sync`), against torch.nn.parallel.
+     DistributedDataParallel (gloo) on the same model, batch and cores
+     (one torch thread per process).
+
+Every figure is measured in this run; ratios compare figures of this run.
+The machine is shared and noisy: each figure is the best of a few rounds.
+
+    python bench/python/bench_torch.py [--quick] [--json]
+
+(run with the Python environment that has quorum installed: .venv/bin/python)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+import torch
+
+import quorum
+import quorum.torch as qt
+
+HERE = os.path.abspath(__file__)
+QUORUM = shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
+BATCH = 128
+
+
+def mlp() -> torch.nn.Module:
+    """784-1024-256-10: 1.07 M parameters, the C trainer's MLP."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(784, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 256), torch.nn.ReLU(),
+                               torch.nn.Linear(256, 10))
+
+
+def batches(n: int, seed: int) -> List[Any]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(BATCH, 784, generator=g), torch.randint(0, 10, (BATCH,), generator=g))
+            for _ in range(n)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- 1. the Python layer's cost -----------------------------------------------------
+
+def size_label(nbytes: int) -> str:
+    return "%d B" % nbytes if nbytes < 1024 else \
+        "%d KiB" % (nbytes >> 10) if nbytes < 1 << 20 else "%d MiB" % (nbytes >> 20)
+
+
+def python_overhead(sizes: List[int], seconds: float, rounds: int) -> List[Dict[str, Any]]:
+    wire = subprocess.run(
+        [QUORUM, "bench", "wire", "--ops", "pushpull", "--ps", "1", "--workers", "1",
+         "--transports", "unix", "--sizes", ",".join(str(s) for s in sizes), "--repeat",
+         str(rounds), "--seconds", str(seconds), "--json"],
+        check=True, capture_output=True, text=True, timeout=600)
+    c_us = {r["size_bytes"]: r["latency_us"] for r in json.loads(wire.stdout)["results"]}
+    folder = tempfile.mkdtemp(prefix="quorum-bench-")
+    ps_hosts, workers = ["unix:%s/ps0.sock" % folder], ["unix:%s/w0.sock" % folder]
+    ps = quorum.PS(quorum.Cluster(ps_hosts, workers, "ps", 0), None, lr=1e-9)
+    out = []
+    try:
+        w = quorum.Worker(quorum.Cluster(ps_hosts, workers, "worker", 0), lr=1e-9)
+        for s in sizes:
+            w.declare("v%d" % s, s // 4)
+        w.initialize()
+        for s in sizes:
+            name = "v%d" % s
+            g = np.full(s // 4, 1e-3, dtype=np.float32)
+            dst = np.empty(s // 4, dtype=np.float32)
+            best = float("inf")
+            for _ in range(rounds):
+                n, t0 = 0, time.perf_counter()
+                while n < 3 or time.perf_counter() - t0 < seconds:
+                    w.push({name: g}, step=False)
+                    w.pull({name: dst})
+                    n += 1
+                best = min(best, (time.perf_counter() - t0) / n * 1e6)
+            extra = best - c_us[s]
+            out.append({"size_bytes": s, "python_us": best, "c_us": c_us[s],
+                        "overhead_us": extra, "overhead_fraction": extra / c_us[s]})
+        w.stop_cluster()
+        w.close()
+    finally:
+        ps.join(30)
+        ps.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+# ---- 2. step time against compute and communication -----------------------------------
+
+def start_ps_tasks(n: int, folder: str, mode: str, nworkers: int = 1) -> Any:
+    ps_hosts = ["unix:%s/ps%d.sock" % (folder, i) for i in range(n)]
+    worker_hosts = ["unix:%s/w%d.sock" % (folder, i) for i in range(nworkers)]
+    procs = [subprocess.Popen([QUORUM, "ps", "--ps_hosts", ",".join(ps_hosts), "--worker_hosts",
+                               ",".join(worker_hosts), "--job_name", "ps", "--task_index", str(i),
+                               "--mode", mode, "--lr", "0.01"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for i in range(n)]
+    return procs, ps_hosts, worker_hosts
+
+
+def stop_ps_tasks(procs: List[Any]) -> None:
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def timed_steps(fn: Any, steps: int, rounds: int) -> float:
+    """Best mean milliseconds per call of fn over rounds of `steps` calls."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for k in range(steps):
+            fn(k)
+        best = min(best, (time.perf_counter() - t0) / steps * 1e3)
+    return best
+
+
+def step_time(steps: int, rounds: int) -> Dict[str, Any]:
+    torch.set_num_threads(1)
+    data = batches(8, 0)
+    loss_fn = torch.nn.functional.cross_entropy
+    folder = tempfile.mkdtemp(prefix="quorum-bench-")
+    procs, ps_hosts, worker_hosts = start_ps_tasks(2, folder, "async")
+    res: Dict[str, Any] = {}
+    try:
+        cluster = quorum.Cluster(ps_hosts, worker_hosts, "worker", 0)
+        model = mlp()
+
+        def compute(k: int) -> None:
+            model.zero_grad()
+            x, y = data[k % len(data)]
+            loss_fn(model(x), y).backward()
+
+        for _ in range(3):
+            compute(0)
+        res["compute_ms"] = timed_steps(compute, steps, rounds)
+        opt = qt.Optimizer(model, "SGD", lr=0.01, overlap=True,
+                           worker=quorum.Worker(cluster, 0, mode="async"))
+
+        def train(k: int) -> None:
+            opt.zero_grad()
+            x, y = data[k % len(data)]
+            loss_fn(model(x), y).backward()
+            opt.step()
+
+        # Communication alone: the same push and pull of every parameter,
+        # gradients ready, no compute (one fused request per ps).
+        grads = {i: torch.full_like(p, 1e-6) for _, p, i in opt.params}
+        into = {i: p.data for _, p, i in opt.params}
+
+        def comm(k: int) -> None:
+            opt.worker.push_pull(grads, into=into)
+
+        res["comm_ms"] = timed_steps(comm, steps, rounds)
+        for overlap in (False, True, False, True):  # alternated: both see the same machine
+            opt.overlap = overlap
+            for _ in range(2):
+                train(0)
+            key = "step_ms_overlap" if overlap else "step_ms"
+            res[key] = min(res.get(key, float("inf")), timed_steps(train, steps, rounds))
+        opt.worker.stop_cluster()
+        opt.close(finished=False)
+    finally:
+        stop_ps_tasks(procs)
+        shutil.rmtree(folder, ignore_errors=True)
+    c, m = res["compute_ms"], res["comm_ms"]
+    res["sum_ms"], res["max_ms"] = c + m, max(c, m)
+    # 0: no better than one after the other; 1: all of the smaller hidden.
+    span = res["sum_ms"] - res["max_ms"]
+    res["overlap_efficiency"] = (res["sum_ms"] - res["step_ms_overlap"]) / span if span > 0 else 0
+    return res
+
+
+# ---- 3. sync throughput against DDP -----------------------------------------------------
+
+def worker_quorum(steps: int) -> None:
+    """Run by `quorum launch` once per worker: sync SGD, samples/s."""
+    torch.set_num_threads(1)
+    model = mlp()
+    opt = qt.Optimizer(model, "SGD", lr=0.01)
+    rank, _ = qt.worker_rank()
+    data = batches(8, rank + 1)
+    warm = 5
+
+    def one(k: int) -> None:
+        opt.zero_grad()
+        x, y = data[k % len(data)]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for k in range(warm):
+        one(k)
+    t0 = time.perf_counter()
+    for k in range(steps):
+        one(k)
+    dt = time.perf_counter() - t0
+    print(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt}), flush=True)
+    opt.close()
+
+
+def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+                                         rank=rank, world_size=world)
+    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = batches(8, rank + 1)
+
+    def one(k: int) -> None:
+        opt.zero_grad()
+        x, y = data[k % len(data)]
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for k in range(5):
+        one(k)
+    t0 = time.perf_counter()
+    for k in range(steps):
+        one(k)
+    dt = time.perf_counter() - t0
+    print(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt}), flush=True)
+    torch.distributed.destroy_process_group()
+
+
+def rates(out: str) -> float:
+    return sum(json.loads(l)["samples_per_s"] for l in out.splitlines() if l.startswith("{"))
+
+
+def throughput(steps: int, rounds: int) -> Dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    best_q = best_d = 0.0
+    for _ in range(rounds):
+        q = subprocess.run([QUORUM, "launch", "--ps", "2", "--workers", "2", "--mode", "sync",
+                            "--lr", "0.01", "--", sys.executable, HERE, "--quorum-worker",
+                            str(steps)], capture_output=True, text=True, env=env, timeout=900)
+        if q.returncode:
+            raise RuntimeError("quorum launch failed: " + q.stderr[-2000:])
+        best_q = max(best_q, rates(q.stdout))
+        port = free_port()
+        ddp = [subprocess.Popen([sys.executable, HERE, "--ddp-worker", str(r), "2", str(port),
+                                 str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env) for r in range(2)]
+        outs = [p.communicate(timeout=900) for p in ddp]
+        for p, (_, err) in zip(ddp, outs):
+            if p.returncode:
+                raise RuntimeError("DDP worker failed: " + err[-2000:])
+        best_d = max(best_d, sum(rates(o) for o, _ in outs))
+    return {"quorum_samples_per_s": best_q, "ddp_samples_per_s": best_d,
+            "ratio": best_q / best_d if best_d else 0.0}
+
+
+# ---- the run -------------------------------------------------------------------------
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few steps of each (a smoke test)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
+    ap.add_argument("--quorum-worker", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    ap.add_argument("--ddp-worker", nargs=4, type=int, metavar="N", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.quorum_worker is not None:
+        return worker_quorum(a.quorum_worker)
+    if a.ddp_worker is not None:
+        return worker_ddp(*a.ddp_worker)
+    quick = a.quick
+    sizes = [64, 4096, 1 << 20] if quick else [64, 4096, 65536, 1 << 20, 4 << 20]
+    report = {
+        "python_overhead": python_overhead(sizes, 0.02 if quick else 0.2, 1 if quick else 3),
+        "step": step_time(5 if quick else 40, 1 if quick else 3),
+        "throughput": throughput(10 if quick else 150, 1 if quick else 2),
+    }
+    if a.json:
+        print(json.dumps(report))
+        return
+    print("1. Python layer per push+pull (1 ps, Unix socket, one at a time), best of rounds")
+    print("   %-8s %12s %12s %12s %9s" % ("size", "python_us", "C_us", "extra_us", "extra"))
+    for r in report["python_overhead"]:
+        print("   %-8s %12.1f %12.1f %12.1f %8.1f%%" % (size_label(r["size_bytes"]), r["python_us"],
+                                                    r["c_us"], r["overhead_us"],
+                                                    100 * r["overhead_fraction"]))
+    print("   goals: under 10 us for small tensors, under 3% from 1 MiB")
+    s = report["step"]
+    print("2. async step of the 1.07 M-parameter MLP, batch %d, 2 ps (ms)" % BATCH)
+    print("   compute %.2f, communication %.2f: sum %.2f, max %.2f" % (
+        s["compute_ms"], s["comm_ms"], s["sum_ms"], s["max_ms"]))
+    print("   step without overlap %.2f, with overlap %.2f (%.0f%% of the smaller hidden)" % (
+        s["step_ms"], s["step_ms_overlap"], 100 * s["overlap_efficiency"]))
+    t = report["throughput"]
+    print("3. sync, 2 workers, batch %d each: quorum %.0f samples/s, DDP (gloo) %.0f: %.2fx "
+          "(goal 1.2x)" % (BATCH, t["quorum_samples_per_s"], t["ddp_samples_per_s"], t["ratio"]))
+
+
+if __name__ == "__main__":
+    main()
