@@ -203,37 +203,8 @@ def step_time(steps: int, rounds: int) -> Dict[str, Any]:
 
 # ---- 3. sync throughput against DDP -----------------------------------------------------
 
-def worker_quorum(steps: int) -> None:
-    """Run by `quorum launch` once per worker: sync SGD, samples/s."""
-    torch.set_num_threads(1)
-    model = mlp()
-    opt = qt.Optimizer(model, "SGD", lr=0.01)
-    rank, _ = qt.worker_rank()
-    data = batches(8, rank + 1)
-    warm = 5
-
-    def one(k: int) -> None:
-        opt.zero_grad()
-        x, y = data[k % len(data)]
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    for k in range(warm):
-        one(k)
-    t0 = time.perf_counter()
-    for k in range(steps):
-        one(k)
-    dt = time.perf_counter() - t0
-    print(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt}), flush=True)
-    opt.close()
-
-
-def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
-                                         rank=rank, world_size=world)
-    model = torch.nn.parallel.DistributedDataParallel(mlp())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def report_training(model: torch.nn.Module, opt: Any, rank: int, steps: int) -> None:
+    """5 warm-up steps, then `steps` timed ones; prints samples/s."""
     data = batches(8, rank + 1)
 
     def one(k: int) -> None:
@@ -249,6 +220,23 @@ def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
         one(k)
     dt = time.perf_counter() - t0
     print(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt}), flush=True)
+
+
+def worker_quorum(steps: int) -> None:
+    """Run by `quorum launch` once per worker: sync SGD."""
+    torch.set_num_threads(1)
+    model = mlp()
+    opt = qt.Optimizer(model, "SGD", lr=0.01)
+    report_training(model, opt, qt.worker_rank()[0], steps)
+    opt.close()
+
+
+def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+                                         rank=rank, world_size=world)
+    model = torch.nn.parallel.DistributedDataParallel(mlp())
+    report_training(model, torch.optim.SGD(model.parameters(), lr=0.01), rank, steps)
     torch.distributed.destroy_process_group()
 
 
