@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -219,7 +220,9 @@ def report_training(model: torch.nn.Module, opt: Any, rank: int, steps: int) -> 
     for k in range(steps):
         one(k)
     dt = time.perf_counter() - t0
-    print(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt}), flush=True)
+    # One write: the workers share the launcher's stdout.
+    sys.stdout.write(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt}) + "\n")
+    sys.stdout.flush()
 
 
 def worker_quorum(steps: int) -> None:
@@ -241,7 +244,8 @@ def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
 
 
 def rates(out: str) -> float:
-    return sum(json.loads(l)["samples_per_s"] for l in out.splitlines() if l.startswith("{"))
+    """The workers' samples/s, summed (their lines may share a line)."""
+    return sum(json.loads(m)["samples_per_s"] for m in re.findall(r'\{"rank"[^}]*\}', out))
 
 
 def throughput(steps: int, rounds: int) -> Dict[str, Any]:
