@@ -410,6 +410,13 @@ QR_API int qr_worker_global_step(qr_worker *w, int64_t *global_step);
  * training). Pending and later requests of other workers get QR_ESTOPPED. */
 QR_API int qr_worker_stop_cluster(qr_worker *w);
 
+/* Ask for a checkpoint now (the ps tasks must have --checkpoint-dir) and
+ * wait until one taken after this call is written: *global_step (may be
+ * NULL) is its step. Training goes on meanwhile (a checkpoint is a
+ * consistent cut, as the periodic ones). QR_EIO if it could not be
+ * written (the message says why). */
+QR_API int qr_worker_checkpoint(qr_worker *w, int64_t *global_step);
+
 /* This worker has finished its work (its data is done) and will not push
  * again: ps 0 stops counting on it. Call it before qr_worker_free when a
  * worker ends of its own accord; a worker that goes without it is taken

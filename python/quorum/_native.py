@@ -62,6 +62,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "qr_worker_pull": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p)]),
     "qr_worker_pull_averages": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p)]),
     "qr_worker_push": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), c_uint, P(c_int64)]),
+    "qr_worker_checkpoint": (c_int, [c_void_p, P(c_int64)]),
     "qr_worker_push_pull": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), P(c_void_p), c_uint,
                                     P(c_int64)]),
     "qr_worker_push_start": (c_int, [c_void_p, c_int, P(c_int), P(c_void_p), c_uint,

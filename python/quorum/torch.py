@@ -427,6 +427,14 @@ class Optimizer:
         self._pull()
         return self.global_step
 
+    def checkpoint(self) -> int:
+        """A checkpoint of the whole cluster now (its global step), with the
+        gradients pushed so far; see Worker.checkpoint."""
+        for r in self._inflight:  # an overlapped step's pushes first
+            r.wait()
+        self._inflight = []
+        return self.worker.checkpoint()
+
     def state_dict(self) -> Dict[str, torch.Tensor]:
         """The module's parameters as the ps tasks hold them now (a pull)."""
         out = {name: torch.empty_like(p) for name, p, _ in self.params}

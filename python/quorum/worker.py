@@ -388,6 +388,15 @@ class Worker:
         """Stop every ps (the chief does, when training is over)."""
         check(lib.qr_worker_stop_cluster(self._handle))
 
+    def checkpoint(self) -> int:
+        """Ask for a checkpoint now (the ps tasks need a checkpoint dir) and
+        wait until one taken after this call is written; its global step.
+        Training goes on meanwhile. ``quorum.torch.load_checkpoint`` reads
+        it into a module."""
+        out = ctypes.c_int64(-1)
+        check(lib.qr_worker_checkpoint(self._handle, ctypes.byref(out)))
+        return int(out.value)
+
     def leave(self) -> None:
         """This worker has finished its work and will not push again: ps 0
         stops counting on it, and ends the run in order once every worker

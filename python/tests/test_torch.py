@@ -211,11 +211,15 @@ def test_checkpoint_into_module(make_cluster, tmp_path):  # type: ignore[no-unty
     w.initialize()
     X, y = data()
     params = dict(model.named_parameters())
-    for _ in range(5):
+    for k in range(5):
         model.zero_grad()
         ((model(X) - y) ** 2).mean().backward()
         w.push({n: p.grad for n, p in params.items()})
         w.pull({n: p.data for n, p in params.items()})
+        if k == 2:  # one on demand, mid-run: the state after 3 steps
+            assert w.checkpoint() == 3
+            mid = qt.checkpoint_state_dict(str(tmp_path))
+            assert torch.equal(mid["1.bias"], model[1].bias.detach())
     w.stop_cluster()  # writes the final checkpoint
     for ps in c.ps:
         ps.join(30)

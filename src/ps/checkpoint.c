@@ -613,7 +613,7 @@ void qr__ckpt_failed(qr_ps *ps, const char *why) {
     finish_checkpoint(ps);
 }
 
-static void start_checkpoint(qr_ps *ps) {
+void qr__ckpt_start(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->busy = true;
     c->step = c->started_step = ps->global_step;
@@ -629,11 +629,12 @@ static void finish_checkpoint(qr_ps *ps) {
     free(c->shards);
     c->shards = NULL;
     c->busy = false;
+    bool more_saves = qr__ckpt_save_done(ps, c->next_id, c->last_step == c->step);
     if (c->want_final && !c->final_started && ps->global_step != c->last_step &&
         !(ps->sync.on && ps->sync.applying)) {
         /* The one that just ended was a periodic one: now the final. */
         c->final_started = true;
-        start_checkpoint(ps);
+        qr__ckpt_start(ps);
         return;
     }
     if (c->want_final && (c->final_started || ps->global_step == c->last_step)) {
@@ -642,7 +643,10 @@ static void finish_checkpoint(qr_ps *ps) {
         c->stop_peer = NULL;
         if (c->final_stops_cluster) qr__ps_stop_cluster(ps);
         else qr__ps_begin_stop(ps);
+        return;
     }
+    /* A save asked for while this one was under way wants a newer one. */
+    if (more_saves && !ps->stopping && !(ps->sync.on && ps->sync.applying)) qr__ckpt_start(ps);
 }
 
 static bool due(const qr_ps *ps) {
@@ -662,7 +666,7 @@ void qr__ckpt_step_done(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     if (!c->dir || ps->index != 0 || c->busy || ps->stopping || qr__now_ns() < c->retry_ns) return;
     if (c->want_final) c->final_started = true;
-    if (c->want_final || due(ps)) start_checkpoint(ps);
+    if (c->want_final || c->saves || due(ps)) qr__ckpt_start(ps);
 }
 
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
@@ -679,7 +683,7 @@ bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
      * followed by the final one. */
     if (!c->busy && !(ps->sync.on && ps->sync.applying)) {
         c->final_started = true;
-        start_checkpoint(ps);
+        qr__ckpt_start(ps);
     }
     return true;
 }
@@ -766,6 +770,7 @@ void qr__ckpt_peer_lost(ps_peer *p) {
     qr__ckpt_cut_peer_lost(p);
     if (c->reply_peer == p) c->reply_peer = NULL;
     if (c->stop_peer == p) c->stop_peer = NULL;
+    qr__ckpt_save_peer_lost(p);
 }
 
 /* ---- data positions ------------------------------------------------------------- */
@@ -1088,6 +1093,7 @@ void qr__ckpt_close(qr_ps *ps) {
 void qr__ckpt_free(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     qr__ckpt_cut_free(ps);
+    qr__ckpt_save_free(ps);
     free(c->dir);
     free(c->shards);
     free(c->data_pos);

@@ -311,6 +311,8 @@ typedef struct ps_ckpt {
     /* ps k: the CKPT request to answer when the shard is written */
     ps_peer *reply_peer;
     qr_frame reply_req;
+    /* ps 0: workers' SAVE requests waiting for a checkpoint (ckpt_save.c) */
+    struct save_waiter *saves;
     /* the workers' data positions (ps 0): after their last push that a
      * checkpoint taken now holds; restored ones until they push */
     uint64_t *data_pos;
@@ -656,6 +658,17 @@ void qr__ckpt_step_done(qr_ps *ps);
  * the stop follow once it is written); false: stop now. p and f NULL: no
  * request to answer (qr__ps_end_run). */
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
+/* checkpoint.c: start a checkpoint now (not busy; in sync mode between
+ * steps). */
+void qr__ckpt_start(qr_ps *ps);
+
+/* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
+void qr__ckpt_save_message(ps_peer *p, const qr_frame *f);
+/* A checkpoint with id `id` ended (written: ok); answer the saves it
+ * serves; true if others still wait for a later one. */
+bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok);
+void qr__ckpt_save_peer_lost(ps_peer *p);
+void qr__ckpt_save_free(qr_ps *ps);
 /* v is about to be changed by an apply. */
 int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 /* A worker's push or commit carried its data position. */

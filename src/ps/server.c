@@ -59,7 +59,8 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     case QR_MSG_CREATE: return qr__create_header(p, f, meta);
     case QR_MSG_CKPT: return qr__ckpt_header(p, f, meta);
     case QR_MSG_BEAT: return qr__liveness_beat_header(p, f);
-    case QR_MSG_LEAVE: return qr__peer_check_small(f, 0);
+    case QR_MSG_LEAVE:
+    case QR_MSG_SAVE: return qr__peer_check_small(f, 0);
     default: return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
     }
 }
@@ -116,6 +117,7 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
         case QR_MSG_BEAT: qr__liveness_beat(p, meta, f->meta_len); break; /* no reply */
         case QR_MSG_LEAVE: qr__liveness_leave(p, f); break;
+        case QR_MSG_SAVE: qr__ckpt_save_message(p, f); break;
         }
     }
     if (!p->err && (f->type == QR_MSG_PUSH || f->type == QR_MSG_PULL)) qr__metrics_request(p, f);

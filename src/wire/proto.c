@@ -12,7 +12,7 @@
 const char *qr_msg_name(int type) {
     static const char *names[] = {"?",    "HELLO", "CREATE", "READY",  "PUSH", "PULL",
                                   "STEP", "STOP",  "COMMIT", "TOKEN", "APPLY", "STATS", "CLOCK",
-                                  "CKPT",  "BEAT", "LOOKUP", "LEAVE"};
+                                  "CKPT",  "BEAT", "LOOKUP", "LEAVE", "SAVE"};
     int t = type & ~QR_MSG_REPLY;
     if (t < 1 || t > QR_MSG_TYPE_MAX) return "UNKNOWN";
     return names[t];

@@ -73,7 +73,8 @@ typedef enum qr_msg_type {
     QR_MSG_BEAT = 14,
     QR_MSG_LOOKUP = 15,
     QR_MSG_LEAVE = 16,
-    QR_MSG_TYPE_MAX = 16,
+    QR_MSG_SAVE = 17,
+    QR_MSG_TYPE_MAX = 17,
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 

@@ -253,6 +253,7 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         r->step = qr_msg_get_step(&rb);
         return r->nvars ? expect_values(c, l, r, &rb, f) : QR_OK; /* fused: values follow */
     case QR_MSG_STEP:
+    case QR_MSG_SAVE:
     case QR_MSG_COMMIT:
     case QR_MSG_TOKEN: r->step = qr_msg_get_step(&rb); break;
     case QR_MSG_READY: {
@@ -1357,6 +1358,19 @@ int qr_worker_data_position(const qr_worker *w, uint64_t *position) {
         return qr__fail(QR_EINVAL, "qr_worker_data_position: call qr_worker_initialize first");
     *position = w->restored_pos;
     return QR_OK;
+}
+
+int qr_worker_checkpoint(qr_worker *w, int64_t *global_step) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_checkpoint: worker is NULL");
+    if (!w->initialized)
+        return qr__fail(QR_EINVAL, "qr_worker_checkpoint: call qr_worker_initialize first");
+    wk_request *r = wk_request_new(w, 0, QR_MSG_SAVE);
+    if (!r) return QR_ENOMEM;
+    /* Written by every ps: as long as a final checkpoint may take. */
+    int rc = wk_run_requests(w, &r, 1, (int)qr__config_int(w->cfg, "init-timeout-ms"));
+    if (!rc && global_step) *global_step = r->step;
+    wk_request_free(r);
+    return rc;
 }
 
 int qr_worker_leave(qr_worker *w) {

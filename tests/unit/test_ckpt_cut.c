@@ -122,6 +122,64 @@ static void test_async_cut_is_consistent(void **state) {
     qr_ckpt_list_free(list, n);
 }
 
+/* qr_worker_checkpoint: a checkpoint on demand, between the periodic
+ * ones (none here), holding every push made before the call; asked again
+ * with no push since, the same one; refused without --checkpoint-dir. */
+static void test_checkpoint_on_demand(void **state) {
+    (void)state;
+    char where[256];
+    snprintf(where, sizeof where, "/tmp/qr-test-save-%d", (int)getpid());
+    cluster_fixture f;
+    fix_init(&f, 2, 1);
+    qr_config_set(f.cfg, "lr", "1");
+    qr_config_set(f.cfg, "checkpoint-dir", where);
+    assert_int_equal(fix_start_ps(&f, 0), QR_OK);
+    assert_int_equal(fix_start_ps(&f, 1), QR_OK);
+    qr_worker *w = fix_worker(&f, 0);
+    int64_t shape[1] = {N};
+    int ids[2];
+    assert_int_equal(qr_worker_declare(w, "a", 1, shape, "zeros", 1, -1, &ids[0]), QR_OK);
+    assert_int_equal(qr_worker_declare(w, "b", 1, shape, "zeros", 2, -1, &ids[1]), QR_OK);
+    assert_int_equal(qr_worker_initialize(w), QR_OK);
+    float g[N], a[N];
+    for (int i = 0; i < N; i++) g[i] = -1.0f;
+    const float *grads[2] = {g, g};
+    int64_t step = -1;
+    for (int round = 1; round <= 2; round++) {
+        for (int k = 0; k < 7; k++)
+            assert_int_equal(qr_worker_push(w, 2, ids, grads, QR_PUSH_STEP, NULL), QR_OK);
+        assert_int_equal(qr_worker_checkpoint(w, &step), QR_OK);
+        assert_int_equal(step, 7 * round);
+        qr_ckpt_info *list;
+        int n;
+        assert_int_equal(qr_ckpt_list(where, &list, &n), QR_OK);
+        assert_true(n == round && list[0].complete && list[0].step == step);
+        read_tensor(list[0].path, 1, "b", a);
+        assert_true(a[0] == (float)step && a[N - 1] == (float)step);
+        qr_ckpt_list_free(list, n);
+        int64_t again = -1;
+        assert_int_equal(qr_worker_checkpoint(w, &again), QR_OK); /* no push since */
+        assert_int_equal(again, step);
+    }
+    assert_int_equal(qr_worker_stop_cluster(w), QR_OK);
+    qr_worker_free(w);
+    fix_join(&f);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", where);
+    assert_int_equal(system(cmd), 0);
+
+    fix_init(&f, 1, 1);
+    assert_int_equal(fix_start_ps(&f, 0), QR_OK);
+    w = fix_worker(&f, 0);
+    assert_int_equal(qr_worker_declare(w, "a", 1, shape, "zeros", 1, -1, &ids[0]), QR_OK);
+    assert_int_equal(qr_worker_initialize(w), QR_OK);
+    assert_int_equal(qr_worker_checkpoint(w, NULL), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "without --checkpoint-dir"));
+    assert_int_equal(qr_worker_stop_cluster(w), QR_OK);
+    qr_worker_free(w);
+    fix_join(&f);
+}
+
 /* The newest checkpoint of the run above, damaged three ways. */
 static void test_verify_names_the_damage(void **state) {
     (void)state;
@@ -156,6 +214,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_cut_is_consistent),
         cmocka_unit_test(test_verify_names_the_damage),
+        cmocka_unit_test(test_checkpoint_on_demand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
