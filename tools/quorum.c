@@ -30,7 +30,7 @@ static void usage(FILE *f) {
             "  ps       run one parameter-server task of a cluster\n"
             "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
             "  train    --local: the single-process reference of synchronous training\n"
-            "  bench    benchmarks: quorum bench wire | optim | ckpt\n"
+            "  bench    benchmarks: quorum bench wire | optim | ckpt | embed\n"
             "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
             "  gen-ctr  write a synthetic click data set: quorum gen-ctr --out DIR\n"
             "  plot     draw a run's loss and throughput: quorum plot LOGDIR -o FILE.png\n"
@@ -200,6 +200,7 @@ static int cmd_bench(int argc, char **argv) {
         printf("usage: quorum bench wire [options]    push/pull throughput and latency vs raw sockets\n"
                "       quorum bench optim [options]   optimizer applies vs memory bandwidth\n"
                "       quorum bench ckpt [options]    checkpoint pause and write speed vs the disk\n"
+               "       quorum bench embed [options]   sparse rows vs dense bytes, memory per row\n"
                "`quorum bench NAME --help` lists a benchmark's options.\n");
         return argc < 1 ? 2 : 0;
     }
@@ -209,7 +210,9 @@ static int cmd_bench(int argc, char **argv) {
         return qr_bench_optim_main(argc, argv);
     }
     if (!strcmp(argv[0], "ckpt")) return qr_bench_ckpt_main(argc, argv);
-    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim or ckpt)\n", argv[0]);
+    if (!strcmp(argv[0], "embed")) return qr_bench_embed_main(argc, argv);
+    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim, ckpt or embed)\n",
+            argv[0]);
     return 2;
 }
 

@@ -8,7 +8,9 @@
  * The reply copies the rows into a buffer of its own: rows sit apart in
  * the arena and may move (a removal fills the hole with the last row), so
  * unlike a dense pull the reply cannot lend them. The copy is one pass
- * over bytes the reply sends anyway.
+ * over bytes the reply sends anyway. The buffer comes from the ps's
+ * receive pool and goes back to it once sent: a fresh one per lookup
+ * page-faulted on every reply (`quorum bench embed`).
  */
 #include "ps/ps_internal.h"
 
@@ -52,8 +54,17 @@ int qr__lookup_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return qr_conn_expect(p->conn, &iov, 1);
 }
 
+/* A reply's rows, lent until sent. */
+typedef struct lookup_reply {
+    qr_ps *ps;
+    float *rows;
+    size_t cap;
+} lookup_reply;
+
 static void on_lookup_sent(qr_conn *c, int status, void *ctx) {
-    free(ctx);
+    lookup_reply *r = ctx;
+    qr__recv_pool_put(&r->ps->recv_pool, r->rows, r->cap);
+    free(r);
     qr__peer_reply_sent(c, status, NULL);
 }
 
@@ -73,11 +84,16 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f) {
             return;
         }
     }
-    float *out = qr__aligned_alloc_uninit((size_t)QR_MAX(n * dim, 1) * sizeof(float));
+    lookup_reply *reply = malloc(sizeof *reply);
+    size_t cap = 0;
+    float *out = reply ? qr__recv_pool_get(&ps->recv_pool, (size_t)n * dim * sizeof(float), &cap)
+                       : NULL;
     if (!out) {
+        free(reply);
         qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory answering a lookup");
         return;
     }
+    *reply = (lookup_reply){ps, out, cap};
     bool read_only = f->flags & QR_LOOKUP_READ_ONLY;
     uint64_t added = 0;
     t->clock = ps->applied_steps;
@@ -89,7 +105,8 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f) {
          * no row (not admitted yet, or a read) reads its initial value. */
         if (read_only) r = qr_table_find(t, ids[i]);
         else if (qr_table_sight(t, ids[i], &r, &add)) {
-            free(out);
+            qr__recv_pool_put(&ps->recv_pool, out, cap);
+            free(reply);
             snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': %s", ps->name, v->name, qr_last_error());
             qr__peer_reply_error(p, f, QR_ENOMEM, msg);
             return;
@@ -105,10 +122,11 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f) {
     qr_wbuf_u64(&meta, (uint64_t)n);
     qr_iov iov = {out, (size_t)(n * dim) * sizeof(float)};
     if (meta.oom) {
-        free(out);
+        qr__recv_pool_put(&ps->recv_pool, out, cap);
+        free(reply);
         qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
     } else {
-        qr__peer_reply(p, f, QR_OK, &meta, &iov, 1, on_lookup_sent, out);
+        qr__peer_reply(p, f, QR_OK, &meta, &iov, 1, on_lookup_sent, reply);
     }
     qr_wbuf_free(&meta);
 }

@@ -1,0 +1,436 @@
+/*
+ * bench_embed.c - `quorum bench embed`: embedding tables' sparse pulls and
+ * pushes against dense transfers of the same bytes, and a table's memory
+ * per row.
+ *
+ * For each point (ps tasks 1 or 2, row dim 8, 64 or 256, ids drawn Zipf or
+ * uniform) one worker repeats a batch's sparse call: a pull of the rows of
+ * BATCH ids (qr_worker_pull_rows: duplicates removed on the worker, one
+ * LOOKUP per ps in flight together) or a push of one gradient row per id
+ * (qr_worker_push_sparse: summed by id on the worker, applied with SGD on
+ * the ps). A pass over every batch first makes the rows, so the figures
+ * are of a warm table, as in training. Beside it, in the same run, a dense
+ * variable of the batch's mean distinct rows x dim floats (split over the
+ * same ps tasks) is pulled or pushed the same way: the same bytes on the
+ * wire, without ids, hashing or gathering. rows/s and GB/s count the
+ * distinct rows moved; the ratio is sparse GB/s over dense GB/s (goal for
+ * Zipf pulls at dim 64: 0.8 or better). extra_ns_per_row is what a row
+ * costs over its dense bytes: the worker's dedup and split, the ps's hash
+ * lookup and copy (or apply), the ids on the wire.
+ *
+ * Memory: a table of dim 8 with Adagrad (one slot) grown to 10 million
+ * rows on the ps's own table code, bytes held per row beside the bytes its
+ * row and slot need (goal: within 1.3x).
+ *
+ * ps tasks are threads of this process, reached over Unix sockets.
+ */
+#include "bench/bench.h"
+
+#include "common/common.h"
+#include "ps/table.h"
+#include "quorum.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define BATCH 4096
+#define NBATCHES 32
+#define VOCAB 1000000
+#define ZIPF_S 1.1
+#define MAX_PS 2
+
+typedef struct embed_opts {
+    double seconds;     /* per side of a point */
+    int64_t mem_rows;   /* rows of the memory measurement */
+    bool json, quick;
+} embed_opts;
+
+static double now_sec(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static int usage(int status) {
+    fprintf(status ? stderr : stdout,
+            "usage: quorum bench embed [--seconds S] [--memory-rows N] [--quick] [--json]\n"
+            "  sparse pulls and pushes of a table's rows (dim 8, 64, 256; Zipf and uniform\n"
+            "  ids; 1 and 2 ps) beside dense transfers of the same bytes, and a table's\n"
+            "  memory per row\n"
+            "  --seconds S       time per side of a point (default 0.5)\n"
+            "  --memory-rows N   rows of the memory measurement (default 10000000)\n"
+            "  --quick           0.05 s a side, 200000 rows (a smoke test)\n"
+            "  --json            one JSON object per point and one for the memory\n");
+    return status;
+}
+
+/* ---- ids ---------------------------------------------------------------------- */
+
+/* splitmix64: a seeded stream, the same in every run. */
+static uint64_t next_u64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int cmp_id(const void *x, const void *y) {
+    int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+static int64_t *make_ids(bool zipf);
+
+typedef struct id_batches {
+    int64_t *ids;      /* NBATCHES x BATCH, as drawn */
+    int64_t *uniq;     /* NBATCHES x BATCH: each batch's distinct ids first */
+    int nuniq[NBATCHES];
+    double distinct;   /* mean of nuniq */
+} id_batches;
+
+/* NBATCHES batches of BATCH ids; Zipf by inverse CDF over VOCAB ranks (rank
+ * r drawn with weight 1/r^s), scattered over the id space so that hot ids
+ * are not neighbours. */
+static int make_batches(bool zipf, id_batches *b) {
+    b->uniq = malloc((size_t)NBATCHES * BATCH * sizeof *b->uniq);
+    b->ids = b->uniq ? make_ids(zipf) : NULL;
+    if (!b->ids) {
+        free(b->uniq);
+        return QR_ENOMEM;
+    }
+    double total = 0;
+    for (int k = 0; k < NBATCHES; k++) {
+        int64_t *u = b->uniq + (size_t)k * BATCH;
+        memcpy(u, b->ids + (size_t)k * BATCH, BATCH * sizeof *u);
+        qsort(u, BATCH, sizeof *u, cmp_id);
+        int n = 1;
+        for (int i = 1; i < BATCH; i++)
+            if (u[i] != u[n - 1]) u[n++] = u[i];
+        b->nuniq[k] = n;
+        total += n;
+    }
+    b->distinct = total / NBATCHES;
+    return QR_OK;
+}
+
+static int64_t *make_ids(bool zipf) {
+    int64_t *ids = malloc((size_t)NBATCHES * BATCH * sizeof *ids);
+    double *cdf = zipf ? malloc((size_t)VOCAB * sizeof *cdf) : NULL;
+    if (!ids || (zipf && !cdf)) {
+        free(ids);
+        free(cdf);
+        return NULL;
+    }
+    if (zipf) {
+        double sum = 0;
+        for (int r = 0; r < VOCAB; r++) cdf[r] = (sum += pow(r + 1.0, -ZIPF_S));
+        for (int r = 0; r < VOCAB; r++) cdf[r] /= sum;
+    }
+    uint64_t seed = zipf ? 11 : 12;
+    for (int i = 0; i < NBATCHES * BATCH; i++) {
+        uint64_t rank;
+        if (zipf) {
+            double u = (double)(next_u64(&seed) >> 11) / 9007199254740992.0;
+            int lo = 0, hi = VOCAB - 1;
+            while (lo < hi) {
+                int mid = (lo + hi) / 2;
+                if (cdf[mid] < u) lo = mid + 1;
+                else hi = mid;
+            }
+            rank = (uint64_t)lo;
+        } else {
+            rank = next_u64(&seed) % VOCAB;
+        }
+        uint64_t scatter = rank;
+        ids[i] = (int64_t)(next_u64(&scatter) >> 1);
+    }
+    free(cdf);
+    return ids;
+}
+
+/* ---- a cluster of nps ps threads and one worker --------------------------------- */
+
+typedef struct cluster_run {
+    char dir[256];
+    qr_config *cfg;
+    qr_ps *ps[MAX_PS];
+    pthread_t tid[MAX_PS];
+    int nps, started;
+    qr_worker *w;
+} cluster_run;
+
+static void *ps_main(void *arg) {
+    qr_ps_run(arg);
+    return NULL;
+}
+
+static int cluster_start(cluster_run *c, int nps) {
+    memset(c, 0, sizeof *c);
+    c->nps = nps;
+    snprintf(c->dir, sizeof c->dir, "%s/quorum-bench-embed-%d",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    char ps_hosts[700] = "", worker[300];
+    for (int i = 0; i < nps; i++) {
+        size_t at = strlen(ps_hosts);
+        snprintf(ps_hosts + at, sizeof ps_hosts - at, "%sunix:%s/ps%d.sock", i ? "," : "", c->dir, i);
+    }
+    snprintf(worker, sizeof worker, "unix:%s/w0.sock", c->dir);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "mkdir -p %s", c->dir);
+    if (system(cmd)) return qr__fail(QR_EIO, "bench embed: cannot create %s", c->dir);
+    int rc = qr_config_new(&c->cfg);
+    if (!rc) rc = qr_config_set(c->cfg, "lr", "1e-9"); /* SGD: no slots, the rows barely move */
+    for (int i = 0; i < nps && !rc; i++) {
+        qr_cluster *spec;
+        rc = qr_cluster_from_flags(&spec, ps_hosts, worker, "ps", i);
+        if (!rc) rc = qr_ps_create(&c->ps[i], spec, c->cfg);
+        qr_cluster_free(spec);
+        if (!rc && pthread_create(&c->tid[i], NULL, ps_main, c->ps[i])) rc = QR_EINTERNAL;
+        if (!rc) c->started++;
+    }
+    qr_cluster *spec = NULL;
+    if (!rc) rc = qr_cluster_from_flags(&spec, ps_hosts, worker, "worker", 0);
+    if (!rc) rc = qr_worker_create(&c->w, spec, 0, c->cfg);
+    qr_cluster_free(spec);
+    return rc;
+}
+
+static void cluster_stop(cluster_run *c) {
+    if (c->w) qr_worker_stop_cluster(c->w);
+    qr_worker_free(c->w);
+    for (int i = 0; i < c->started; i++) {
+        qr_ps_stop(c->ps[i]);
+        pthread_join(c->tid[i], NULL);
+    }
+    for (int i = 0; i < c->nps; i++) qr_ps_free(c->ps[i]);
+    qr_config_free(c->cfg);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", c->dir);
+    if (system(cmd)) fprintf(stderr, "bench embed: could not remove %s\n", c->dir);
+}
+
+/* ---- one point ---------------------------------------------------------------------- */
+
+/* pull: the batch's ids as drawn (duplicates removed by the worker, each
+ * position filled); pull_distinct: its distinct ids only, as
+ * quorum.torch.Embedding asks (the model gathers by its inverse index);
+ * push: a gradient row per id, summed by id on the worker. */
+enum { OP_PULL, OP_PULL_DISTINCT, OP_PUSH, NOPS };
+static const char *const op_names[NOPS] = {"pull", "pull_distinct", "push"};
+
+typedef struct point {
+    int nps, dim, op;
+    bool zipf;
+    double distinct;            /* mean distinct rows a call moves */
+    double calls_per_s, dense_calls_per_s;
+} point;
+
+/* Calls per second of op over `seconds` (at least 3 calls), or -1. */
+typedef int (*op_fn)(cluster_run *c, int k, void *ctx);
+
+static double rate(cluster_run *c, op_fn op, void *ctx, double seconds) {
+    int k = 0;
+    double t0 = now_sec(), t;
+    do {
+        if (op(c, k++, ctx)) {
+            fprintf(stderr, "bench embed: %s\n", qr_last_error());
+            return -1;
+        }
+        t = now_sec();
+    } while (k < 3 || t - t0 < seconds);
+    return k / (t - t0);
+}
+
+typedef struct calls {
+    int table, dense;
+    int dim;
+    const id_batches *ids;
+    float *rows, *grads, *dense_buf;
+} calls;
+
+static int sparse_pull(cluster_run *c, int k, void *ctx) {
+    calls *x = ctx;
+    return qr_worker_pull_rows(c->w, x->table, BATCH,
+                               x->ids->ids + (size_t)(k % NBATCHES) * BATCH, x->rows, 0);
+}
+
+static int sparse_pull_distinct(cluster_run *c, int k, void *ctx) {
+    calls *x = ctx;
+    k %= NBATCHES;
+    return qr_worker_pull_rows(c->w, x->table, x->ids->nuniq[k], x->ids->uniq + (size_t)k * BATCH,
+                               x->rows, 0);
+}
+
+static int sparse_push(cluster_run *c, int k, void *ctx) {
+    calls *x = ctx;
+    return qr_worker_push_sparse(c->w, x->table, BATCH,
+                                 x->ids->ids + (size_t)(k % NBATCHES) * BATCH, x->grads, 0, NULL);
+}
+
+static int dense_pull(cluster_run *c, int k, void *ctx) {
+    (void)k;
+    calls *x = ctx;
+    float *dst[1] = {x->dense_buf};
+    return qr_worker_pull(c->w, 1, &x->dense, dst);
+}
+
+static int dense_push(cluster_run *c, int k, void *ctx) {
+    (void)k;
+    calls *x = ctx;
+    const float *g[1] = {x->dense_buf};
+    return qr_worker_push(c->w, 1, &x->dense, g, 0, NULL);
+}
+
+/* Every op of one (nps, dim, ids) setting: NOPS points. */
+static int measure(int nps, int dim, bool zipf, const id_batches *ids, double seconds,
+                   point out[NOPS]) {
+    static const op_fn sparse[NOPS] = {sparse_pull, sparse_pull_distinct, sparse_push};
+    static const op_fn dense[NOPS] = {dense_pull, dense_pull, dense_push};
+    cluster_run c;
+    calls x = {.dim = dim, .ids = ids};
+    int rc = cluster_start(&c, nps);
+    double distinct = ids->distinct;
+    int64_t rows = (int64_t)(distinct + 0.5);
+    int64_t shape[2] = {rows, dim};
+    char opts[32];
+    snprintf(opts, sizeof opts, "partitions=%d", nps);
+    if (!rc) rc = qr_worker_declare_table(c.w, "table", dim, "normal:0,0.01", 1, "", &x.table);
+    if (!rc) rc = qr_worker_declare_opts(c.w, "dense", 2, shape, "normal:0,0.01", 2, opts, &x.dense);
+    if (!rc) rc = qr_worker_initialize(c.w);
+    x.rows = malloc((size_t)BATCH * dim * sizeof(float));
+    x.grads = malloc((size_t)BATCH * dim * sizeof(float));
+    x.dense_buf = malloc((size_t)rows * dim * sizeof(float));
+    if (!rc && (!x.rows || !x.grads || !x.dense_buf)) rc = QR_ENOMEM;
+    for (int i = 0; !rc && i < BATCH * dim; i++) x.grads[i] = 1e-3f;
+    for (int64_t i = 0; !rc && i < rows * dim; i++) x.dense_buf[i] = 1e-3f;
+    for (int k = 0; !rc && k < NBATCHES; k++) rc = sparse_pull(&c, k, &x); /* warm: rows made */
+    for (int op = 0; !rc && op < NOPS; op++) {
+        point *p = &out[op];
+        *p = (point){.nps = nps, .dim = dim, .zipf = zipf, .op = op, .distinct = distinct};
+        /* Alternated, best of two: both sides see the same machine. */
+        for (int round = 0; round < 2 && !rc; round++) {
+            double s = rate(&c, sparse[op], &x, seconds);
+            double d = rate(&c, dense[op], &x, seconds);
+            if (s < 0 || d < 0) rc = QR_EINTERNAL;
+            p->calls_per_s = QR_MAX(p->calls_per_s, s);
+            p->dense_calls_per_s = QR_MAX(p->dense_calls_per_s, d);
+        }
+    }
+    if (rc) fprintf(stderr, "bench embed: %s\n", qr_last_error());
+    free(x.rows);
+    free(x.grads);
+    free(x.dense_buf);
+    cluster_stop(&c);
+    return rc;
+}
+
+/* ---- memory ------------------------------------------------------------------------- */
+
+typedef struct memory {
+    int64_t rows;
+    double held_per_row, needed_per_row;
+    double insert_ns_per_row;
+} memory;
+
+/* The ps's table code itself (ps/table.h), dim 8 with one slot (Adagrad). */
+static int measure_memory(int64_t rows, memory *m) {
+    qr_table t;
+    float slot_init = 0.1f;
+    int rc = qr_table_init(&t, 8, 1, &slot_init, "normal:0,0.01", 1);
+    double t0 = now_sec();
+    uint64_t seed = 5;
+    for (int64_t i = 0; !rc && i < rows; i++) {
+        bool added;
+        if (qr_table_get_or_add(&t, (int64_t)(next_u64(&seed) >> 1), &added) < 0) rc = QR_ENOMEM;
+    }
+    double dt = now_sec() - t0;
+    *m = (memory){.rows = (int64_t)t.count,
+                  .held_per_row = (double)qr_table_bytes(&t) / (double)t.count,
+                  .needed_per_row = 8 * 4 * 2, .insert_ns_per_row = dt / (double)rows * 1e9};
+    qr_table_free(&t);
+    return rc;
+}
+
+/* ---- the run --------------------------------------------------------------------------- */
+
+static void print_point(const point *p, bool json) {
+    double bytes = p->distinct * p->dim * 4;
+    double gbps = p->calls_per_s * bytes / 1e9, dense = p->dense_calls_per_s * bytes / 1e9;
+    double rows_s = p->calls_per_s * p->distinct;
+    /* Per row beyond its bytes: a call's time minus the dense call's. */
+    double extra_ns = (1 / p->calls_per_s - 1 / p->dense_calls_per_s) / p->distinct * 1e9;
+    const char *op = op_names[p->op], *ids = p->zipf ? "zipf" : "uniform";
+    if (json) {
+        printf("{\"kind\":\"%s\",\"dim\":%d,\"ids\":\"%s\",\"nps\":%d,\"batch\":%d,"
+               "\"distinct_rows\":%.1f,\"rows_per_s\":%.0f,\"gb_per_s\":%.4f,"
+               "\"dense_gb_per_s\":%.4f,\"ratio\":%.3f,\"extra_ns_per_row\":%.1f}\n",
+               op, p->dim, ids, p->nps, BATCH, p->distinct, rows_s, gbps, dense, gbps / dense,
+               extra_ns);
+        return;
+    }
+    printf("%-13s %4d %-7s %2d | %7.0f %12.0f %8.3f | %8.3f %6.2f | %10.1f\n", op, p->dim, ids,
+           p->nps, p->distinct, rows_s, gbps, dense, gbps / dense, extra_ns);
+}
+
+int qr_bench_embed_main(int argc, char **argv) {
+    embed_opts o = {.seconds = 0.5, .mem_rows = 10000000};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(0);
+        if (!strcmp(a, "--quick")) o.quick = true, o.seconds = 0.05, o.mem_rows = 200000;
+        else if (!strcmp(a, "--json")) o.json = true;
+        else if (v && !strcmp(a, "--seconds")) o.seconds = atof(v), i++;
+        else if (v && !strcmp(a, "--memory-rows")) o.mem_rows = atoll(v), i++;
+        else {
+            fprintf(stderr, "bench embed: unknown option or missing value: %s\n", a);
+            return usage(2);
+        }
+    }
+    if (o.seconds <= 0 || o.seconds > 60 || o.mem_rows < 1000 || o.mem_rows > 200000000) {
+        fprintf(stderr, "bench embed: --seconds 0..60, --memory-rows 1000..200000000\n");
+        return 2;
+    }
+    qr_set_log_level(QR_LOG_WARN);
+    if (!o.json)
+        printf("quorum bench embed: batches of %d ids over %d values (Zipf s=%.1f or uniform), "
+               "warm table, SGD;\nbaseline: a dense variable of the same bytes over the same "
+               "ps, same run (best of 2 alternated rounds of %.2f s)\n\n"
+               "op             dim ids     ps |    rows        rows/s     GB/s | dense GB/s  ratio | "
+               "extra ns/row\n", BATCH, VOCAB, ZIPF_S, o.seconds);
+    static const int dims[3] = {8, 64, 256};
+    int rc = 0;
+    for (int z = 1; z >= 0 && !rc; z--) {
+        id_batches ids;
+        if (make_batches(z, &ids)) return 1;
+        for (int nps = 1; nps <= MAX_PS && !rc; nps++)
+            for (int d = 0; d < 3 && !rc; d++) {
+                point p[NOPS];
+                rc = measure(nps, dims[d], z, &ids, o.seconds, p);
+                for (int k = 0; !rc && k < NOPS; k++) print_point(&p[k], o.json);
+            }
+        free(ids.ids);
+        free(ids.uniq);
+    }
+    if (rc) return 1;
+    memory m;
+    if (measure_memory(o.mem_rows, &m)) {
+        fprintf(stderr, "bench embed: %s\n", qr_last_error());
+        return 1;
+    }
+    if (o.json)
+        printf("{\"kind\":\"memory\",\"rows\":%lld,\"dim\":8,\"slots\":1,\"bytes_per_row\":%.1f,"
+               "\"needed_per_row\":%.0f,\"ratio\":%.3f,\"insert_ns_per_row\":%.1f}\n",
+               (long long)m.rows, m.held_per_row, m.needed_per_row,
+               m.held_per_row / m.needed_per_row, m.insert_ns_per_row);
+    else
+        printf("\nmemory: %lld rows of dim 8 with Adagrad hold %.1f bytes a row for %.0f needed: "
+               "%.2fx (goal 1.3x); %.0f ns to make a row\n", (long long)m.rows, m.held_per_row,
+               m.needed_per_row, m.held_per_row / m.needed_per_row, m.insert_ns_per_row);
+    return 0;
+}
