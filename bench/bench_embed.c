@@ -72,14 +72,6 @@ static int usage(int status) {
 
 /* ---- ids ---------------------------------------------------------------------- */
 
-/* splitmix64: a seeded stream, the same in every run. */
-static uint64_t next_u64(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static int cmp_id(const void *x, const void *y) {
     int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
     return (a > b) - (a < b);
@@ -132,11 +124,12 @@ static int64_t *make_ids(bool zipf) {
         for (int r = 0; r < VOCAB; r++) cdf[r] = (sum += pow(r + 1.0, -ZIPF_S));
         for (int r = 0; r < VOCAB; r++) cdf[r] /= sum;
     }
-    uint64_t seed = zipf ? 11 : 12;
+    qr_rng rng; /* seeded: the same ids in every run */
+    qr_rng_seed(&rng, zipf ? 11 : 12);
     for (int i = 0; i < NBATCHES * BATCH; i++) {
         uint64_t rank;
         if (zipf) {
-            double u = (double)(next_u64(&seed) >> 11) / 9007199254740992.0;
+            double u = (double)(qr_rng_next(&rng) >> 11) / 9007199254740992.0;
             int lo = 0, hi = VOCAB - 1;
             while (lo < hi) {
                 int mid = (lo + hi) / 2;
@@ -145,10 +138,9 @@ static int64_t *make_ids(bool zipf) {
             }
             rank = (uint64_t)lo;
         } else {
-            rank = next_u64(&seed) % VOCAB;
+            rank = qr_rng_below(&rng, VOCAB);
         }
-        uint64_t scatter = rank;
-        ids[i] = (int64_t)(next_u64(&scatter) >> 1);
+        ids[i] = (int64_t)(qr__fnv1a(&rank, sizeof rank, 14695981039346656037ull) >> 1);
     }
     free(cdf);
     return ids;
@@ -344,10 +336,11 @@ static int measure_memory(int64_t rows, memory *m) {
     float slot_init = 0.1f;
     int rc = qr_table_init(&t, 8, 1, &slot_init, "normal:0,0.01", 1);
     double t0 = now_sec();
-    uint64_t seed = 5;
+    qr_rng rng;
+    qr_rng_seed(&rng, 5);
     for (int64_t i = 0; !rc && i < rows; i++) {
         bool added;
-        if (qr_table_get_or_add(&t, (int64_t)(next_u64(&seed) >> 1), &added) < 0) rc = QR_ENOMEM;
+        if (qr_table_get_or_add(&t, (int64_t)(qr_rng_next(&rng) >> 1), &added) < 0) rc = QR_ENOMEM;
     }
     double dt = now_sec() - t0;
     *m = (memory){.rows = (int64_t)t.count,
