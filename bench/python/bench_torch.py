@@ -240,6 +240,7 @@ def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
                                          rank=rank, world_size=world)
     model = torch.nn.parallel.DistributedDataParallel(mlp())
     report_training(model, torch.optim.SGD(model.parameters(), lr=0.01), rank, steps)
+    torch.distributed.barrier()  # neither tears gloo down under the other
     torch.distributed.destroy_process_group()
 
 
