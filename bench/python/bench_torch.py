@@ -3,7 +3,9 @@ baselines (issue 17):
 
   1. the Python layer's cost per push+pull beyond the C API's: the same
      push-then-pull of one variable, one at a time, 1 ps on a Unix socket,
-     through quorum.Worker and through `quorum bench wire` (C);
+     through quorum.Worker and through the C calls themselves (ctypes with
+     every argument made beforehand), in alternated rounds of one process;
+     beside them `quorum bench wire`'s figure from a C program;
   2. an async step of a PyTorch model (an MLP of 1.07 M parameters, 2 ps)
      beside its compute alone and its communication alone, their sum and
      their maximum: without overlap, and with quorum.torch's overlap
@@ -35,11 +37,14 @@ import tempfile
 import time
 from typing import Any, Dict, List
 
+import ctypes
+
 import numpy as np
 import torch
 
 import quorum
 import quorum.torch as qt
+from quorum._native import lib
 
 HERE = os.path.abspath(__file__)
 QUORUM = shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
@@ -84,6 +89,14 @@ def python_overhead(sizes: List[int], seconds: float, rounds: int) -> List[Dict[
     ps_hosts, workers = ["unix:%s/ps0.sock" % folder], ["unix:%s/w0.sock" % folder]
     ps = quorum.PS(quorum.Cluster(ps_hosts, workers, "ps", 0), None, lr=1e-9)
     out = []
+
+    def per_op_us(op: Any) -> float:
+        n, t0 = 0, time.perf_counter()
+        while n < 3 or time.perf_counter() - t0 < seconds:
+            op()
+            n += 1
+        return (time.perf_counter() - t0) / n * 1e6
+
     try:
         w = quorum.Worker(quorum.Cluster(ps_hosts, workers, "worker", 0), lr=1e-9)
         for s in sizes:
@@ -93,17 +106,30 @@ def python_overhead(sizes: List[int], seconds: float, rounds: int) -> List[Dict[
             name = "v%d" % s
             g = np.full(s // 4, 1e-3, dtype=np.float32)
             dst = np.empty(s // 4, dtype=np.float32)
-            best = float("inf")
-            for _ in range(rounds):
-                n, t0 = 0, time.perf_counter()
-                while n < 3 or time.perf_counter() - t0 < seconds:
-                    w.push({name: g}, step=False)
-                    w.pull({name: dst})
-                    n += 1
-                best = min(best, (time.perf_counter() - t0) / n * 1e6)
-            extra = best - c_us[s]
-            out.append({"size_bytes": s, "python_us": best, "c_us": c_us[s],
-                        "overhead_us": extra, "overhead_fraction": extra / c_us[s]})
+            ids = (ctypes.c_int * 1)(w.id(name))
+            gp = (ctypes.c_void_p * 1)(g.ctypes.data)
+            dp = (ctypes.c_void_p * 1)(dst.ctypes.data)
+            handle = w._handle
+
+            def direct() -> None:
+                lib.qr_worker_push(handle, 1, ids, gp, 0, None)
+                lib.qr_worker_pull(handle, 1, ids, dp)
+
+            def through_worker() -> None:
+                w.push({name: g}, step=False)
+                w.pull({name: dst})
+
+            best_py = best_c = float("inf")
+            for _ in range(20):  # warm: connections, caches, allocations
+                direct()
+                through_worker()
+            for _ in range(rounds):  # alternated: both see the same machine
+                best_c = min(best_c, per_op_us(direct))
+                best_py = min(best_py, per_op_us(through_worker))
+            extra = best_py - best_c
+            out.append({"size_bytes": s, "python_us": best_py, "c_api_us": best_c,
+                        "c_program_us": c_us[s], "overhead_us": extra,
+                        "overhead_fraction": extra / best_c})
         w.stop_cluster()
         w.close()
     finally:
@@ -288,7 +314,7 @@ def main() -> None:
     quick = a.quick
     sizes = [64, 4096, 1 << 20] if quick else [64, 4096, 65536, 1 << 20, 4 << 20]
     report = {
-        "python_overhead": python_overhead(sizes, 0.02 if quick else 0.2, 1 if quick else 3),
+        "python_overhead": python_overhead(sizes, 0.02 if quick else 0.2, 1 if quick else 5),
         "step": step_time(5 if quick else 40, 1 if quick else 3),
         "throughput": throughput(10 if quick else 150, 1 if quick else 2),
     }
@@ -296,11 +322,12 @@ def main() -> None:
         print(json.dumps(report))
         return
     print("1. Python layer per push+pull (1 ps, Unix socket, one at a time), best of rounds")
-    print("   %-8s %12s %12s %12s %9s" % ("size", "python_us", "C_us", "extra_us", "extra"))
+    print("   %-8s %10s %10s %10s %8s %14s" % ("size", "Worker_us", "C_API_us", "extra_us",
+                                            "extra", "C_program_us"))
     for r in report["python_overhead"]:
-        print("   %-8s %12.1f %12.1f %12.1f %8.1f%%" % (size_label(r["size_bytes"]), r["python_us"],
-                                                    r["c_us"], r["overhead_us"],
-                                                    100 * r["overhead_fraction"]))
+        print("   %-8s %10.1f %10.1f %10.1f %7.1f%% %14.1f" % (
+            size_label(r["size_bytes"]), r["python_us"], r["c_api_us"], r["overhead_us"],
+            100 * r["overhead_fraction"], r["c_program_us"]))
     print("   goals: under 10 us for small tensors, under 3% from 1 MiB")
     s = report["step"]
     print("2. async step of the 1.07 M-parameter MLP, batch %d, 2 ps (ms)" % BATCH)

@@ -207,17 +207,19 @@ class Optimizer:
     made from TF_CONFIG, or, without it, a one-ps cluster in this process.
     accumulate=k pushes the mean of k steps' gradients; local_steps=k
     (async) takes k local SGD steps with lr, then pushes their sum as a
-    delta. overlap (async, the default there): each parameter's gradient
-    is pushed, and its new value fetched in the same request, as soon as
-    backpropagation has produced it, so communication runs under the rest
-    of the backward pass; step() then waits for them and sends the step's
-    tick (one backward per step: use accumulate=k to sum several). Other
+    delta. overlap=True (async): each parameter's gradient is pushed, and
+    its new value fetched in the same request, as soon as backpropagation
+    has produced it, so communication runs under the rest of the backward
+    pass; step() then waits for them and sends the step's tick (one
+    backward per step: use accumulate=k to sum several). Off by default: it
+    pays when communication is a large part of a step and the ps tasks do
+    not share the worker's cores (bench/python/bench_torch.py). Other
     keyword options (mode="sync", replicas_to_aggregate=...) are the
     worker's (and the local ps's)."""
 
     def __init__(self, module: torch.nn.Module, optimizer: Union[str, type] = "SGD",
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
-                 overlap: Optional[bool] = None, **settings: Any):
+                 overlap: bool = False, **settings: Any):
         hyper = {k: settings.pop(k) for k in list(settings)
                  if k in ("lr", "momentum", "nesterov", "betas", "eps", "alpha", "centered",
                           "initial_accumulator_value", "weight_decay", "dampening", "l1", "l2",
@@ -241,7 +243,7 @@ class Optimizer:
         if overlap and not plain:
             raise ValueError("overlap is for async training without accumulate or local_steps")
         # May be turned off (and on again, if it was on) between steps.
-        self.overlap = plain if overlap is None else bool(overlap)
+        self.overlap = bool(overlap)
         self._inflight: List[Request] = []
         self._pushed: Set[int] = set()
         self.params: List[Tuple[str, torch.Tensor, int]] = []
