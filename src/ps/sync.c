@@ -267,8 +267,12 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     for (int m = 0; m < n && !rc; m++) {
         sync_push *sp = find_pending(s, members[m].worker, members[m].seq);
         if (!sp || sp->local_step != step) {
-            qr__log(QR_LOG_WARN, "step %lld: the push %u of worker %u is missing here; it counts "
-                    "as zero", (long long)step, members[m].seq, members[m].worker);
+            /* A committed push is held by every ps it was sent to (the
+             * worker commits once each has acknowledged it), so a member
+             * without one here pushed nothing for this ps: its variables
+             * here count it as a zero. */
+            qr__log(QR_LOG_DEBUG, "step %lld: push %u of worker %u has nothing for this ps",
+                    (long long)step, members[m].seq, members[m].worker);
             continue;
         }
         for (int i = 0; i < sp->nitems && !rc; i++) {
