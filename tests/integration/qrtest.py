@@ -16,6 +16,7 @@ MAGIC = 0x4D525551
 VERSION = 2
 ALIGN = 64  # payload start and message end fall on multiples of this
 HELLO, CREATE, READY, PUSH, PULL, STEP, STOP = 1, 2, 3, 4, 5, 6, 7
+LEAVE, SAVE = 16, 17
 COMMIT, TOKEN, APPLY, STATS = 8, 9, 10, 11
 REPLY = 0x80
 PUSH_STEP = 1

@@ -20,8 +20,8 @@ import socket
 import struct
 import sys
 
-from qrtest import (CREATE, HELLO, PULL, PUSH, READY, REPLY, STATUS, STEP, Proc, connect,
-                    create_meta, floats, frame, free_port, header, last_json,
+from qrtest import (CREATE, HELLO, LEAVE, PULL, PUSH, READY, REPLY, SAVE, STATUS, STEP, Proc,
+                    connect, create_meta, floats, frame, free_port, header, last_json,
                     pad, push_meta, read_reply, ready_meta, recv_exact, unfloats)
 
 quorum = sys.argv[1]
@@ -134,6 +134,13 @@ try:
     expect_error(s, frame(PULL, 7, struct.pack("<I", 0)), "EPROTO",
                  "PULL names 0 variables", "an empty pull")
     expect_error(s, frame(PUSH | REPLY, 8), "EPROTO", "does not accept", "a reply sent to a ps")
+    # A LEAVE must come from a worker (after its HELLO): a stranger's would
+    # end a run whose workers are all still there.
+    expect_error(s, frame(LEAVE, 30), "EINVAL", "after its HELLO", "a LEAVE before HELLO")
+    expect_error(s, frame(SAVE, 31), "EINVAL", "without --checkpoint-dir",
+                 "a checkpoint asked of a ps without a checkpoint dir")
+    expect_error(s, frame(PUSH, 32, push_meta([(1, 16)]), b"\x00" * 16, flags=0x40), "EINVAL",
+                 "unknown flags 0x40", "a push with an unknown flag")
     expect_error(s, frame(CREATE, 9, create_meta([(1, [], -1.0, "x")])), "EINVAL",
                  "0 dimensions", "a CREATE with no dimensions")
     expect_error(s, frame(CREATE, 10, create_meta([(1, [1 << 20, 1 << 20], -1.0, "x")])),
