@@ -41,8 +41,12 @@ def test_fashion_cnn_sync_backup_worker():  # type: ignore[no-untyped-def]
     # steps. Each worker prints the last step it saw; the run ends in order
     # once two have finished (the third cannot make a step alone).
     assert max(int(step) for _, step, _, _ in found) >= 40, out
+    # A backup worker left behind when the run ended holds the parameters of
+    # the last step it pulled (45 of 62 in one run): judge the best model,
+    # and every worker's against chance (0.1).
+    assert max(float(acc) for _, _, _, acc in found) > 0.65, out
     for _, _, _, acc in found:
-        assert float(acc) > 0.6, out
+        assert float(acc) > 0.3, out
 
 
 def test_dlrm_ctr(tmp_path):  # type: ignore[no-untyped-def]
