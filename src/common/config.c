@@ -67,6 +67,9 @@ static const key_spec keys[] = {
      "(disconnected, or hung); ps 0: a run with no worker left; ps k: ps 0 gone"},
     {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
+    {"max-connections", ANY, KEY_INT, "1024", 4, 1000000, 0, NULL,
+     "a ps closes connections beyond this many at once (each worker holds one per ps, "
+     "plus a heartbeat's to ps 0; ps 0 one per other ps)"},
     {"partition-min-mb", ANY, KEY_FLOAT, "0", 0, 1e6, 0, NULL,
      "worker: split a dense variable larger than this (MiB) along dimension 0 into shards "
      "of at least this size, one per ps at most, pulled and pushed in parallel (TensorFlow's "

@@ -172,6 +172,8 @@ static void render(qr_ps *ps, FILE *f) {
     family(f, "quorum_process_resident_bytes", "gauge", "The ps process's resident memory.",
            (double)qr_process_rss_bytes());
     family(f, "quorum_connections", "gauge", "Connections open to this ps.", ps->npeers);
+    family(f, "quorum_connections_refused_total", "counter",
+           "Connections closed at once: max-connections were open.", (double)ps->peers_refused);
 }
 
 static void on_render(uv_async_t *a) {

@@ -398,6 +398,9 @@ struct qr_ps {
     qr_store store;
     ps_peer *peers;
     int npeers;
+    int max_peers;           /* max-connections: more are closed at once */
+    uint64_t peers_refused;  /* ... counted, logged once a second at most */
+    uint64_t refused_logged_ns;
     recv_pool recv_pool;
     uint64_t mark;
     int64_t global_step;   /* meaningful on ps 0 */

@@ -135,6 +135,21 @@ static void on_payload(qr_conn *c, uint64_t got) {
 
 static void on_accepted(qr_listener *l, qr_conn *c) {
     qr_ps *ps = qr_listener_data(l);
+    if (ps->npeers >= ps->max_peers) {
+        /* Anyone who can reach the port could otherwise hold the ps's
+         * memory and file descriptors with idle connections. */
+        ps->peers_refused++;
+        uint64_t now = qr__now_ns();
+        if (now - ps->refused_logged_ns >= 1000000000ull) {
+            ps->refused_logged_ns = now;
+            qr__log(QR_LOG_WARN, "refused a connection from %s: %d connections are open "
+                    "(max-connections); %llu refused so far", qr_conn_peer(c), ps->npeers,
+                    (unsigned long long)ps->peers_refused);
+        }
+        qr_conn_set_data(c, NULL); /* no peer: on_lost has nothing to undo */
+        qr_conn_close(c);
+        return;
+    }
     ps_peer *p = qr__calloc(1, sizeof *p);
     if (!p) {
         qr_conn_close(c);
@@ -305,6 +320,7 @@ static int read_options(qr_ps *ps) {
     ps->worker_conns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_conns);
     ps->worker_lost_ns = qr__calloc((size_t)ps->cluster->nworkers, sizeof *ps->worker_lost_ns);
     ps->linger_ms = (int)qr__config_int(ps->cfg, "linger-ms");
+    ps->max_peers = (int)qr__config_int(ps->cfg, "max-connections");
     ps->restart_wait_ms = (int)qr__config_int(ps->cfg, "restart-wait-ms");
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
     ps->conn_opt.peer_timeout_ms = (int)qr__config_int(ps->cfg, "peer-timeout-ms");

@@ -7,6 +7,7 @@ function(qr_integration_test name script)
 endfunction()
 
 qr_integration_test(integration_hostile_client test_hostile.py)
+qr_integration_test(integration_connections test_connections.py)
 qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_cli test_cli.py)
 foreach(case many lost needed straggler sigterm hosts orphaned restart_worker restart_chief

@@ -1,0 +1,133 @@
+"""test_connections.py - what idle connections cost a ps, and its cap.
+
+1. max-connections: a ps started with --max-connections 40 keeps 40
+   connections and closes the next 20 at once; the refusal is logged with
+   the peer's address (once a second at most) and counted on the metrics
+   page; once some close, a new client is served again.
+2. Memory: 300 connections (TCP, then the ps's Unix socket, which local
+   workers use) that each made one request and then stay idle cost the ps
+   under 64 KiB apiece (measured: its resident set before and after).
+Usage: test_connections.py QUORUM_BINARY"""
+
+import socket
+import struct
+import sys
+import time
+import urllib.request
+
+from qrtest import STEP, STOP, REPLY, Proc, connect, frame, free_port, read_reply
+
+quorum = sys.argv[1]
+
+
+def start_ps(*extra):
+    ports = []
+    while len(ports) < 3:  # free_port may hand out a port twice in a row
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    port, metrics, worker = ports
+    ps = Proc([quorum, "ps", "--ps_hosts", "127.0.0.1:%d" % port, "--worker_hosts",
+               "127.0.0.1:%d" % worker, "--job_name", "ps", "--task_index", "0",
+               "--metrics-port", str(metrics)] + list(extra))
+    deadline = time.time() + 30
+    while True:
+        try:
+            s = connect(port)
+            break
+        except OSError:
+            assert time.time() < deadline, "the ps did not come up"
+            time.sleep(0.05)
+    s.close()
+    return ps, port, metrics
+
+
+def step(s, rid):
+    s.sendall(frame(STEP, rid))
+    mtype, got, status, meta, _ = read_reply(s)
+    assert mtype == STEP | REPLY and got == rid and status == 0, (mtype, got, status)
+
+
+def closed_by_peer(s, timeout=5.0):
+    s.settimeout(timeout)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def stop(ps, port):
+    s = connect(port)
+    s.sendall(frame(STOP, 9999))
+    read_reply(s)
+    s.close()
+    return ps.wait(60)
+
+
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+# --- 1. the cap -------------------------------------------------------------
+ps, port, metrics = start_ps("--max-connections", "40")
+time.sleep(0.5)  # the ps has seen start_ps's probe connection close
+kept = [connect(port) for _ in range(40)]
+for i, s in enumerate(kept):
+    step(s, i + 1)  # each is one the ps serves
+extra = [connect(port) for _ in range(20)]
+refused = sum(closed_by_peer(s) for s in extra)
+assert refused == 20, "%d of 20 connections beyond the cap were closed" % refused
+page = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics, timeout=10).read().decode()
+assert "quorum_connections_refused_total 20" in page, page[-2000:]
+for s in kept[:5]:
+    s.close()
+time.sleep(0.3)
+s = connect(port)
+step(s, 100)  # room again
+s.close()
+for s in kept[5:] + extra:
+    s.close()
+rc, _, err = stop(ps, port)
+assert rc == 0, err[-2000:]
+refusal = [l for l in err.splitlines() if "refused a connection from" in l]
+assert refusal and "127.0.0.1:" in refusal[0] and "(max-connections)" in refusal[0], err[-2000:]
+print("ok: 20 connections beyond max-connections 40 closed, logged and counted; room again "
+      "after some closed")
+
+# --- 2. memory of idle connections ------------------------------------------
+ps, port, _ = start_ps()
+time.sleep(0.3)
+
+
+def unix_connect(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(path)
+    return s
+
+
+for kind, open_one in (("TCP", lambda: connect(port)),
+                       ("Unix", lambda: unix_connect("/tmp/quorum-127.0.0.1-%d.sock" % port))):
+    before = rss_kb(ps.p.pid)
+    idle = []
+    for i in range(300):
+        s = open_one()
+        step(s, i + 1)
+        idle.append(s)
+    time.sleep(0.5)
+    after = rss_kb(ps.p.pid)
+    per = (after - before) / 300.0
+    print("ok: 300 idle %s connections: %.1f KiB each (resident set %d -> %d KiB)"
+          % (kind, per, before, after))
+    assert per < 64, "an idle %s connection costs the ps %.1f KiB" % (kind, per)
+    for s in idle:
+        s.close()
+    time.sleep(0.3)
+rc, _, err = stop(ps, port)
+assert rc == 0, err[-2000:]
