@@ -35,6 +35,8 @@ typedef struct ctr_run {
     int table_id[MAX_TABLES], table_dim[MAX_TABLES];
     int *dense_id;
     float **dense, **dense_grad;
+    float **dense_sum;     /* --accumulate k: the batches' dense gradients / k so far */
+    int pending;           /* ... and how many batches they hold */
     /* the batch, gathered */
     int64_t *row_ptr, *ids;
     int32_t *field;
@@ -58,7 +60,9 @@ static void run_free(ctr_run *r) {
     qr_ctr_dataset_free(&r->train);
     qr_ctr_dataset_free(&r->test);
     for (int i = 0; i < r->ndense; i++) free(r->dense_grad ? r->dense_grad[i] : NULL);
+    for (int i = 0; i < r->ndense; i++) free(r->dense_sum ? r->dense_sum[i] : NULL);
     free(r->dense_grad);
+    free(r->dense_sum);
     free(r->dense);
     free(r->dense_id);
     for (int j = 0; j < MAX_TABLES; j++) {
@@ -181,8 +185,8 @@ static int declare(ctr_run *r) {
 static int setup(ctr_run *r, const qr_cluster *cluster, const qr_config *cfg) {
     const qr_train_opts *o = r->o;
     int rc = qr__config_check_mode(cfg);
-    if (!rc && (o->accumulate > 1 || o->local_steps > 1))
-        rc = qr__fail(QR_EINVAL, "--accumulate and --local-steps are not for click models yet");
+    if (!rc && o->local_steps > 1)
+        rc = qr__fail(QR_EINVAL, "--local-steps is not for click models yet (--accumulate is)");
     if (!rc) rc = qr_ctr_load(o->data, &r->train, &r->test);
     if (!rc)
         rc = qr_ctr_model_create(&r->model, o->model, r->train.nfields, o->embedding_dim,
@@ -195,11 +199,24 @@ static int setup(ctr_run *r, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc && (!r->row_ptr || !r->label || !r->prob)) rc = QR_ENOMEM;
     if (!rc) rc = qr_worker_create(&r->w, cluster, r->task_index, cfg);
     if (!rc) rc = declare(r);
-    r->batches = r->sync ? qr__train_sync_replicas(cfg, qr_cluster_num_workers(cluster)) : 1;
+    if (!rc && r->sync && o->accumulate > 1)
+        rc = qr__fail(QR_EINVAL, "--accumulate is for --mode async (as for the dense models)");
+    /* A step is a push: of k batches with --accumulate k. */
+    r->batches = r->sync ? qr__train_sync_replicas(cfg, qr_cluster_num_workers(cluster))
+                         : QR_MAX(o->accumulate, 1);
     r->total = qr__train_total_steps(o, r->train.n, r->batches);
     if (!rc && r->chief) rc = qr_worker_set_step_limit(r->w, r->total);
     if (!rc) rc = qr_worker_initialize(r->w);
     for (int i = 0; !rc && i < r->ndense; i++) r->dense[i] = qr_worker_var_data(r->w, r->dense_id[i]);
+    if (!rc && o->accumulate > 1) {
+        r->dense_sum = qr__calloc((size_t)r->ndense, sizeof *r->dense_sum);
+        if (!r->dense_sum) rc = QR_ENOMEM;
+        for (int i = 0; !rc && i < r->ndense; i++) {
+            r->dense_sum[i] = qr__aligned_alloc((size_t)qr_worker_var_size(r->w, r->dense_id[i]) *
+                                                sizeof(float)); /* zeroed */
+            if (!r->dense_sum[i]) rc = QR_ENOMEM;
+        }
+    }
     qr_rng_seed(&r->rng, o->seed * 7919u + (uint64_t)r->task_index);
     uint64_t position = 0;
     if (!rc) rc = qr_worker_data_position(r->w, &position);
@@ -223,15 +240,37 @@ static int train_step(ctr_run *r, int64_t *pick, qr_train_result *res) {
         rc = qr_ctr_model_run(r->model, &b, (const float *const *)r->dense,
                               (const float *const *)r->rows, r->dense_grad, r->row_grad, &loss,
                               NULL);
-    for (int j = 0; j < r->ntables && !rc; j++)
+    /* --accumulate k: the push is the mean of k batches' gradients. Rows
+     * added with qr_worker_add_rows are summed by id until the push, so
+     * each batch's are added divided by k; the dense ones are summed here. */
+    int k = QR_MAX(r->o->accumulate, 1);
+    float scale = 1.0f / (float)k;
+    for (int j = 0; j < r->ntables && !rc; j++) {
+        if (k > 1)
+            for (int64_t e = 0; e < r->cur_nnz * r->table_dim[j]; e++) r->row_grad[j][e] *= scale;
         rc = qr_worker_add_rows(r->w, r->table_id[j], r->cur_nnz, r->ids, r->row_grad[j]);
+    }
     if (rc) return rc;
     r->loss_avg = isnan(r->loss_avg) ? loss : 0.95 * r->loss_avg + 0.05 * loss;
     if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) qr__train_sleep_ms(r->o->slow_ms);
+    float **push_grad = r->dense_grad;
+    if (k > 1) {
+        for (int i = 0; i < r->ndense; i++) {
+            int64_t n = qr_worker_var_size(r->w, r->dense_id[i]);
+            for (int64_t e = 0; e < n; e++) r->dense_sum[i][e] += scale * r->dense_grad[i][e];
+        }
+        res->local_steps++;
+        if (++r->pending < k) return QR_OK; /* not yet a push */
+        r->pending = 0;
+        push_grad = r->dense_sum;
+        res->local_steps--; /* counted once below */
+    }
     qr_worker_set_data_position(r->w, r->drawn);
     int64_t global = 0;
-    rc = qr_worker_push(r->w, r->ndense, r->dense_id, (const float *const *)r->dense_grad,
+    rc = qr_worker_push(r->w, r->ndense, r->dense_id, (const float *const *)push_grad,
                         QR_PUSH_STEP, &global);
+    for (int i = 0; k > 1 && i < r->ndense; i++)
+        memset(r->dense_sum[i], 0, (size_t)qr_worker_var_size(r->w, r->dense_id[i]) * sizeof(float));
     if (rc == QR_ESTALE) {
         res->stale_pushes++;
         rc = QR_OK;

@@ -51,6 +51,9 @@ try:
             "wide-deep sync": ["--model", "wide-deep", "--hidden", "64,32", "--lr", "0.3",
                                "--epochs", "2", "--var-opt", "embedding:lr=0.05",
                                "--mode", "sync"],
+            # each push the mean of 2 batches' gradients, rows summed by id
+            "logreg accum 2": ["--model", "logreg", "--lr", "0.6", "--epochs", "3",
+                               "--accumulate", "2"],
         }
         for name, args in runs.items():
             s = launch(args)
