@@ -58,7 +58,8 @@ extern "C" {
     X(ENONFINITE, -14, "non-finite value")                                  \
     X(ETOOBIG, -15, "message too large")                                    \
     X(EINTERNAL, -16, "internal error")                                     \
-    X(EROLLEDBACK, -17, "rolled back to a checkpoint")
+    X(EROLLEDBACK, -17, "rolled back to a checkpoint")                      \
+    X(EAUTH, -18, "authentication failed")
 
 typedef enum qr_status {
 #define QR__STATUS_ENUM(name, code, msg) QR_##name = code,

@@ -40,8 +40,15 @@
  * interrupted; 2 bad options.
  * Only the chief writes to stdout, so with --json its summary is the last
  * line of stdout.
+ *
+ * Unless given a secret (--secret-file, QUORUM_SECRET_FILE) or told to go
+ * without one (--secret-file none), the launcher makes a secret for the
+ * run in a private directory and gives its path to every task
+ * (QUORUM_SECRET_FILE), so no process outside the run can talk to its ps
+ * tasks; the file is removed when the run ends.
  */
 #include "cli.h"
+#include "wire/secret.h"
 
 #include <cjson/cJSON.h>
 
@@ -89,6 +96,7 @@ typedef struct launch_plan {
     char **pass;
     char **command;          /* after "--": the program each worker runs; NULL: quorum worker */
     char *options_json;      /* the options, for the program's QUORUM_OPTIONS */
+    bool secret_given;       /* --secret-file (a path, or none) */
 } launch_plan;
 
 static volatile sig_atomic_t interrupted;
@@ -466,6 +474,37 @@ static char *options_json(const qr_config *cfg) {
     return text;
 }
 
+/* A fresh secret for this run's tasks, unless the options or the
+ * environment name one (or "none"): its directory, to remove at the end
+ * (NULL: none made, or failure with *failed set). */
+static char *make_run_secret(const launch_plan *plan, bool *failed) {
+    *failed = false;
+    if (plan->secret_given || getenv("QUORUM_SECRET_FILE")) return NULL;
+    const char *tmp = getenv("TMPDIR");
+    char *dir = NULL, *path = NULL;
+    if (asprintf(&dir, "%s/quorum-secret-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0 || !mkdtemp(dir) ||
+        asprintf(&path, "%s/secret", dir) < 0 || qr__write_secret_file(path)) {
+        fprintf(stderr, "quorum launch: cannot make the run's secret in %s: %s\n",
+                dir ? dir : "TMPDIR", path ? qr_last_error() : strerror(errno));
+        if (dir) rmdir(dir);
+        free(dir);
+        free(path);
+        *failed = true;
+        return NULL;
+    }
+    setenv("QUORUM_SECRET_FILE", path, 1);
+    free(path);
+    return dir;
+}
+
+static void remove_run_secret(char *dir) {
+    if (!dir) return;
+    char *path = NULL;
+    if (asprintf(&path, "%s/secret", dir) >= 0) unlink(path);
+    free(path);
+    rmdir(dir);
+}
+
 /* Parse and check the options before any process starts. */
 static int read_plan(int argc, char **argv, launch_plan *plan) {
     cli_args a;
@@ -486,6 +525,7 @@ static int read_plan(int argc, char **argv, launch_plan *plan) {
             rc = 2;
         }
         plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
+        plan->secret_given = qr__config_is_set(a.cfg, "secret-file");
         plan->options_json = options_json(a.cfg);
         if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {
             fprintf(stderr, "quorum launch: %s\n", qr_last_error());
@@ -570,6 +610,7 @@ int cmd_launch(int argc, char **argv) {
         }
     int rc = read_plan(argc, argv, &plan);
     if (rc) return rc;
+    char *secret_dir = NULL;
     int npass = 0, n = plan.nps + plan.nworkers;
     char **pass = pass_through(argc, argv, &npass);
     char *dir = plan.tcp ? NULL : make_socket_dir();
@@ -593,8 +634,15 @@ int cmd_launch(int argc, char **argv) {
         goto done;
     }
     qr_cluster_free(check);
-    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers%s%s\n", plan.nps, ps_hosts,
-            plan.nworkers, plan.command ? " running " : "", plan.command ? plan.command[0] : "");
+    bool secret_failed = false;
+    secret_dir = make_run_secret(&plan, &secret_failed);
+    if (secret_failed) {
+        rc = LAUNCH_FAILED;
+        goto done;
+    }
+    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers%s%s%s\n", plan.nps, ps_hosts,
+            plan.nworkers, plan.command ? " running " : "", plan.command ? plan.command[0] : "",
+            secret_dir ? "; a secret made for this run authenticates every connection" : "");
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
@@ -617,6 +665,8 @@ int cmd_launch(int argc, char **argv) {
     rc = supervise(kids, n, &plan);
     if (rc == LAUNCH_OK) rc = final_status(kids, n);
 done:
+    remove_run_secret(secret_dir);
+    free(secret_dir);
     if (dir) remove_socket_dir(dir, plan.nps);
     free(kids);
     free(worker_hosts);

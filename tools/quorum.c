@@ -5,6 +5,7 @@
  */
 #include "cli.h"
 #include "data/ctr.h"
+#include "wire/secret.h"
 #include "bench/bench.h"
 
 #include <signal.h>
@@ -33,6 +34,7 @@ static void usage(FILE *f) {
             "  bench    benchmarks: quorum bench wire | optim | ckpt | embed\n"
             "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
             "  gen-ctr  write a synthetic click data set: quorum gen-ctr --out DIR\n"
+            "  keygen   write a new cluster secret: quorum keygen PATH (docs/SECURITY.md)\n"
             "  plot     draw a run's loss and throughput: quorum plot LOGDIR -o FILE.png\n"
             "  version  print the version\n\n"
             "`quorum <command> --help` describes a command's options.\n",
@@ -40,6 +42,7 @@ static void usage(FILE *f) {
 }
 
 static int cmd_gen_ctr(int argc, char **argv);
+static int cmd_keygen(int argc, char **argv);
 
 static bool wants_help(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
@@ -245,6 +248,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "plot")) return cmd_plot(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "gen-ctr")) return cmd_gen_ctr(argc - 2, argv + 2);
+    if (!strcmp(cmd, "keygen")) return cmd_keygen(argc - 2, argv + 2);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         if (wants_help(argc - 2, argv + 2)) {
             printf("usage: quorum version\n\nPrint the version of quorum and exit.\n");
@@ -315,5 +319,29 @@ static int cmd_gen_ctr(int argc, char **argv) {
     }
     printf("wrote %lld examples of %d fields to %s (hidden model's test AUC %.4f)\n",
            (long long)g.rows, g.fields, out, auc);
+    return 0;
+}
+
+/* quorum keygen PATH */
+static int cmd_keygen(int argc, char **argv) {
+    if (wants_help(argc, argv)) {
+        printf("usage: quorum keygen PATH\n\n"
+               "Write a new cluster secret to PATH: 32 random bytes (as 64 hex digits), mode\n"
+               "0600, readable by you only. Give it to every task of the job with\n"
+               "--secret-file PATH (or QUORUM_SECRET_FILE=PATH): each connection is then\n"
+               "mutually authenticated and bound to the job's cluster spec; add --encrypt to\n"
+               "seal every message. An existing file is never overwritten. docs/SECURITY.md\n"
+               "says how to hand the secret to tasks on other machines.\n");
+        return 0;
+    }
+    if (argc != 1 || argv[0][0] == '-') {
+        fprintf(stderr, "usage: quorum keygen PATH\n");
+        return 2;
+    }
+    if (qr__write_secret_file(argv[0])) {
+        fprintf(stderr, "quorum keygen: %s\n", qr_last_error());
+        return 1;
+    }
+    printf("wrote a new cluster secret to %s (mode 0600)\n", argv[0]);
     return 0;
 }

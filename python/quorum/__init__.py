@@ -18,12 +18,12 @@ that carry the library's messages, and its log lines in ``logging``.
 
 from ._native import version
 from .cluster import Cluster, Config
-from .errors import (InvalidArgumentError, QuorumError, QuorumTimeoutError, StaleError,
-                     StoppedError)
+from .errors import (AuthenticationError, InvalidArgumentError, QuorumError,
+                     QuorumTimeoutError, StaleError, StoppedError)
 from .ps import PS, serve_ps
 from .worker import Request, Worker
 
-__all__ = ["Cluster", "Config", "InvalidArgumentError", "PS", "QuorumError",
-           "QuorumTimeoutError", "Request", "StaleError", "StoppedError", "Worker", "serve_ps",
+__all__ = ["AuthenticationError", "Cluster", "Config", "InvalidArgumentError", "PS",
+           "QuorumError", "QuorumTimeoutError", "Request", "StaleError", "StoppedError", "Worker", "serve_ps",
            "version"]
 __version__ = "0.1.0"

@@ -40,6 +40,12 @@ class QuorumTimeoutError(QuorumError, TimeoutError):
     (QR_ETIMEDOUT, QR_EPEERLOST, QR_ENOTREADY)."""
 
 
+class AuthenticationError(QuorumError, PermissionError):
+    """A connection's handshake was refused (QR_EAUTH): the tasks hold
+    different secrets or cluster specs, one has a secret and the other none,
+    or one encrypts and the other does not. The message says which."""
+
+
 _BY_STATUS: Dict[int, Type[QuorumError]] = {
     -1: InvalidArgumentError,   # QR_EINVAL
     -5: InvalidArgumentError,   # QR_ENOTFOUND
@@ -54,6 +60,7 @@ _BY_STATUS: Dict[int, Type[QuorumError]] = {
     -13: StoppedError,          # QR_EABORTED
     -17: StoppedError,          # QR_EROLLEDBACK
     -12: StaleError,            # QR_ESTALE
+    -18: AuthenticationError,   # QR_EAUTH
 }
 
 

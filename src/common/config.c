@@ -70,6 +70,16 @@ static const key_spec keys[] = {
     {"max-connections", ANY, KEY_INT, "1024", 4, 1000000, 0, NULL,
      "a ps closes connections beyond this many at once (each worker holds one per ps, "
      "plus a heartbeat's to ps 0; ps 0 one per other ps)"},
+    /* security (docs/SECURITY.md) */
+    {"secret-file", ANY, KEY_STRING, "", 0, 0, 0, NULL,
+     "the cluster secret (32 bytes or more; `quorum keygen PATH` makes one; readable by its "
+     "owner only): every connection is mutually authenticated and bound to this job (\"\": "
+     "$QUORUM_SECRET_FILE, else none: connections are not authenticated)"},
+    {"encrypt", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
+     "with a secret: seal every message after the handshake (AES-256-GCM or "
+     "XChaCha20-Poly1305); every task of the job must agree"},
+    {"handshake-timeout-ms", ANY, KEY_INT, "10000", 100, 600000, 0, NULL,
+     "a connection whose handshake has not completed this long after it opened is closed"},
     {"partition-min-mb", ANY, KEY_FLOAT, "0", 0, 1e6, 0, NULL,
      "worker: split a dense variable larger than this (MiB) along dimension 0 into shards "
      "of at least this size, one per ps at most, pulled and pushed in parallel (TensorFlow's "

@@ -174,6 +174,16 @@ static void render(qr_ps *ps, FILE *f) {
     family(f, "quorum_connections", "gauge", "Connections open to this ps.", ps->npeers);
     family(f, "quorum_connections_refused_total", "counter",
            "Connections closed at once: max-connections were open.", (double)ps->peers_refused);
+    family(f, "quorum_authenticated", "gauge",
+           "1 if every connection must authenticate with the cluster secret.", ps->auth != NULL);
+    qr_prom_family(f, "quorum_handshakes_refused_total", "counter",
+                   "Connections closed at their handshake, by reason (docs/SECURITY.md).");
+    for (int why = 1; why <= QR_HS_REFUSAL_MAX; why++) {
+        char reason[64];
+        snprintf(reason, sizeof reason, "reason=\"%s\"", qr_hs_reason_label(why));
+        qr_prom_sample(f, "quorum_handshakes_refused_total", reason,
+                       (double)ps->handshakes_refused[why]);
+    }
 }
 
 static void on_render(uv_async_t *a) {

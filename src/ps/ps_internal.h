@@ -47,6 +47,7 @@
 #include "ps/rows.h"
 #include "ps/store.h"
 #include "wire/conn.h"
+#include "wire/secret.h"
 #include "wire/msg.h"
 
 #include <pthread.h>
@@ -401,6 +402,14 @@ struct qr_ps {
     int max_peers;           /* max-connections: more are closed at once */
     uint64_t peers_refused;  /* ... counted, logged once a second at most */
     uint64_t refused_logged_ns;
+    /* The job's credentials (wire/auth.h), NULL without a secret; failed
+     * handshakes counted by reason (qr_hs_refusal) and logged with the
+     * peer's address, once a second at most. */
+    qr_auth *auth;
+    uint64_t handshakes_refused[QR_HS_REFUSAL_MAX + 1];
+    uint64_t handshake_logged_ns; /* the second being counted, and its lines */
+    int handshake_logs;
+    uint64_t handshake_unlogged;
     recv_pool recv_pool;
     uint64_t mark;
     int64_t global_step;   /* meaningful on ps 0 */

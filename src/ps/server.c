@@ -167,10 +167,37 @@ static void on_accepted(qr_listener *l, qr_conn *c) {
 }
 
 
+/* A connection refused at its handshake: counted by reason, and logged
+ * with the peer's address and the reason, up to HANDSHAKE_LOGS_PER_SEC
+ * lines a second (anyone who reaches the port could otherwise fill the
+ * log); the lines left out are counted in the next one. */
+#define HANDSHAKE_LOGS_PER_SEC 5
+static void handshake_refused(qr_ps *ps, qr_conn *c) {
+    int why = qr_conn_refusal(c);
+    ps->handshakes_refused[why >= 0 && why <= QR_HS_REFUSAL_MAX ? why : QR_HS_MALFORMED]++;
+    uint64_t now = qr__now_ns();
+    if (now - ps->handshake_logged_ns >= 1000000000ull) {
+        ps->handshake_logged_ns = now;
+        ps->handshake_logs = 0;
+    }
+    if (ps->handshake_logs >= HANDSHAKE_LOGS_PER_SEC) {
+        ps->handshake_unlogged++;
+        return;
+    }
+    ps->handshake_logs++;
+    char more[64] = "";
+    if (ps->handshake_unlogged)
+        snprintf(more, sizeof more, " (and %llu more refused since the last report)",
+                 (unsigned long long)ps->handshake_unlogged);
+    ps->handshake_unlogged = 0;
+    qr__log(QR_LOG_WARN, "refused %s%s", qr_conn_refusal_message(c), more);
+}
+
 static void on_lost(qr_conn *c, int status) {
     ps_peer *p = qr_conn_data(c);
     if (!p) return;
     qr_ps *ps = p->ps;
+    if (status == QR_EAUTH && qr_conn_refusal(c)) handshake_refused(ps, c);
     /* A worker that finished and one that died look alike here (both close
      * the socket). One whose machine vanished closes nothing: the
      * transport's keepalive declares it lost (QR_ETIMEDOUT), worth a word. */
@@ -325,6 +352,8 @@ static int read_options(qr_ps *ps) {
     ps->conn_opt.socket_buffer_bytes = (int)qr__config_int(ps->cfg, "socket-buffer-kb") * 1024;
     ps->conn_opt.peer_timeout_ms = (int)qr__config_int(ps->cfg, "peer-timeout-ms");
     ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
+    ps->conn_opt.auth = ps->auth;
+    ps->conn_opt.handshake_timeout_ms = (int)qr__config_int(ps->cfg, "handshake-timeout-ms");
     if (!ps->average_vars || !ps->worker_conns || !ps->worker_lost_ns) return QR_ENOMEM;
     return QR_OK;
 }
@@ -353,6 +382,12 @@ static int start_listening(qr_ps *ps) {
         }
     }
     if (rc) return rc;
+    if (ps->auth)
+        qr__log(QR_LOG_INFO, "connections authenticated with the secret %.8s...%s",
+                qr_auth_key_name(ps->auth), qr_auth_encrypts(ps->auth) ? " and encrypted" : "");
+    else
+        qr__log(QR_LOG_INFO, "no secret (--secret-file): connections are not authenticated; "
+                "run on a network only this job can reach (docs/SECURITY.md)");
     if (addr.kind == QR_ADDR_UNIX)
         qr__log(QR_LOG_INFO, "listening on %s", addr_str);
     else
@@ -455,6 +490,7 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc) rc = qr__config_merge(ps->cfg, cfg);
     if (!rc) rc = qr__config_check_mode(ps->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
+    if (!rc) rc = qr__auth_from_config(ps->cfg, ps->cluster, &ps->auth);
     if (rc) {
         qr__error_prefix("ps %d: ", cluster->task_index);
         qr_config_free(ps->cfg);
@@ -505,6 +541,7 @@ void qr_ps_free(qr_ps *ps) {
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
     free_run(ps);
+    qr_auth_free(ps->auth);
     qr_config_free(ps->cfg);
     qr_cluster_free(ps->cluster);
     free(ps);

@@ -26,6 +26,7 @@
 #define QR_CONN_H
 
 #include "common/addr.h"
+#include "wire/auth.h"
 #include "wire/proto.h"
 
 #include <uv.h>
@@ -64,6 +65,14 @@ typedef struct qr_conn_options {
     int socket_buffer_bytes; /* SO_SNDBUF/SO_RCVBUF; 0 = system default */
     uint64_t max_payload;    /* larger incoming messages close the connection */
     int peer_timeout_ms;     /* TCP: silent this long = lost (conn_uv.c, set_liveness); 0 = off */
+    /* The job's credentials (auth.h), or NULL: no handshake. With them,
+     * every connection is authenticated before it carries a message: a
+     * client's `connected` comes once the handshake is done (or failed:
+     * status QR_EAUTH, the reason in qr_last_error), a listener's
+     * `accepted` at once but no `header` before it is done. A refused
+     * connection is `lost` with QR_EAUTH (qr_conn_refusal says why). */
+    const qr_auth *auth;
+    int handshake_timeout_ms; /* a handshake not done by then fails */
 } qr_conn_options;
 
 typedef void (*qr_send_cb)(qr_conn *c, int status, void *ctx);
@@ -93,6 +102,11 @@ void *qr_conn_data(const qr_conn *c);
 /* "unix" or "tcp", and the peer's printable address. */
 const char *qr_conn_kind(const qr_conn *c);
 const char *qr_conn_peer(const qr_conn *c);
+
+/* Why the connection's handshake failed (qr_hs_refusal; 0 if it did
+ * not), and the message said of it, naming the peer. */
+int qr_conn_refusal(const qr_conn *c);
+const char *qr_conn_refusal_message(const qr_conn *c);
 
 /* From the `header` event: the payload goes to these buffers, in order.
  * Their lengths must add up to the frame's payload_len. The array is

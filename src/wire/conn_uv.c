@@ -13,12 +13,11 @@
  * alloc callback hands libuv the remaining part of the current destination
  * buffer, so the kernel copies straight into the variable or gradient
  * (no staging copy). Otherwise it hands out the connection's 64 KiB
- * staging buffer, and process_bytes() walks the state machine over it;
+ * staging buffer, and qr__conn_process_bytes() walks the state machine over it;
  * that lets one read() carry a whole small request (header, meta and
  * payload), which keeps small round trips at raw-socket cost.
  */
-#include "wire/conn.h"
-#include "wire/splice.h"
+#include "wire/conn_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -63,69 +62,6 @@
  * (qr_conn_send). */
 #define TRY_WRITE_MAX (64 * 1024)
 
-typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
-
-struct qr_conn {
-    union {
-        uv_handle_t handle;
-        uv_stream_t stream;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } h;
-    bool is_tcp;
-    bool connected;
-    bool closing;
-    int close_status;
-    uv_loop_t *loop;
-    const qr_conn_events *ev;
-    void *data;
-    qr_conn_options opt;
-    uv_connect_t connect_req;
-    char peer[160];
-
-    rx_state state;
-    /* Bit 0: the last message's payload was large; bit 1: the one before
-     * it. Either set: read heads short. */
-    uint8_t large_recent;
-    uint8_t hdr[QR_PROTO_HEADER_LEN];
-    size_t hdr_got;
-    qr_frame frame;
-    uint8_t *meta; /* meta_len bytes, then its pad */
-    size_t meta_cap, meta_got, meta_want;
-    qr_iov *iov;
-    int niov, iov_cap, iov_idx;
-    size_t iov_off;
-    bool discard;
-    uint64_t payload_got;
-    uint32_t trailer_left;
-    uint8_t *staging; /* 64-byte aligned, like the payload destinations */
-    bool in_place;
-    size_t in_place_len; /* bytes the last in-place read asked for */
-    bool skip_read;      /* answer the next alloc with no buffer (see on_read) */
-
-    size_t pending_bytes;
-    bool paused;
-
-    /* Spliced sends (see "sending"). The socket is watched for room by a
-     * poll handle on a dup of its fd, since libuv's stream owns the
-     * original's watch. */
-    qr_splicer splicer;
-    bool splice_ready;
-    bool splice_polling;
-    uv_poll_t splice_poll;
-    int splice_fd;
-    struct send_req *splicing, *splicing_tail; /* in order; the head is moving */
-    struct send_req *lent, *lent_tail; /* in the socket, pages not read yet */
-    size_t lent_bytes; /* of those: in the kernel already, not queued here */
-    /* Sends written whole at once whose callbacks have not run: they run
-     * from a prepare handle, just before the loop next waits (see
-     * qr_conn_send), in order after those of earlier writes. */
-    struct send_req *written, *written_tail;
-    bool defer_ready;
-    uv_prepare_t defer;
-    int open_handles; /* the stream, splice_poll and defer once set up */
-};
-
 struct qr_listener {
     uv_tcp_t tcp;
     uv_pipe_t pipe;
@@ -141,24 +77,11 @@ struct qr_listener {
 /* Events of a connection that failed before its owner could see it. */
 static const qr_conn_events no_events;
 
-typedef struct send_req {
-    uv_write_t req;
-    qr_conn *c;
-    qr_send_cb cb;
-    void *ctx;
-    size_t bytes;
-    /* spliced sends: the buffers, and how far into them */
-    struct send_req *next;
-    uv_buf_t *bufs;
-    int nbufs, cur;
-    size_t off;
-    uint8_t head[]; /* header, a copy of the meta, and the pad: one buffer */
-} send_req;
 
 /* The pad after a payload is written from here. */
 static const uint8_t zero_pad[QR_PROTO_ALIGN];
 
-static int from_uv(int uv_status) {
+int qr__conn_from_uv(int uv_status) {
     switch (uv_status) {
     case 0: return QR_OK;
     case UV_EOF:
@@ -199,10 +122,11 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     ignore_sigpipe();
     qr_conn *c = qr__calloc(1, sizeof *c);
     if (!c) return NULL;
-    c->staging = qr__aligned_alloc_uninit(STAGING_BYTES);
-    if (!c->staging) {
+    /* A connection that must authenticate gets its staging buffer only
+     * once it has: until then it holds a few hundred bytes (hs_buf), so
+     * connections opened by someone without the secret cost the ps little. */
+    if (!opt->auth && qr__conn_alloc_staging(c)) {
         free(c);
-        qr__fail(QR_ENOMEM, "out of memory for a connection");
         return NULL;
     }
     c->loop = loop;
@@ -222,14 +146,22 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     return c;
 }
 
+int qr__conn_alloc_staging(qr_conn *c) {
+    if (c->staging) return QR_OK;
+    c->staging = qr__aligned_alloc_uninit(STAGING_BYTES);
+    if (!c->staging) return qr__fail(QR_ENOMEM, "out of memory for a connection");
+    return QR_OK;
+}
+
 static void conn_free(qr_conn *c) {
+    qr__conn_secure_free(c);
     free(c->meta);
     free(c->iov);
     free(c->staging);
     free(c);
 }
 
-static void conn_release(qr_conn *c) {
+void qr__conn_release(qr_conn *c) {
     if (--c->open_handles == 0) conn_free(c);
 }
 
@@ -241,6 +173,7 @@ static void finish_sends(qr_conn *c, send_req *list, int status) {
         c->pending_bytes -= r->bytes;
         if (r->cb) r->cb(c, status, r->ctx);
         free(r->bufs);
+        free(r->sealed);
         free(r);
     }
 }
@@ -273,7 +206,7 @@ static void on_defer(uv_prepare_t *h) {
 }
 
 static void on_defer_closed(uv_handle_t *h) {
-    conn_release(h->data);
+    qr__conn_release(h->data);
 }
 
 static void on_close(uv_handle_t *h) {
@@ -281,14 +214,18 @@ static void on_close(uv_handle_t *h) {
     finish_written(c);
     fail_spliced(c, c->close_status);
     if (c->ev->lost) c->ev->lost(c, c->close_status);
-    conn_release(c);
+    qr__conn_release(c);
 }
 
 static void on_splice_poll_closed(uv_handle_t *h) {
-    conn_release(h->data);
+    qr__conn_release(h->data);
 }
 
-static void conn_close_with(qr_conn *c, int status) {
+static void on_hs_timer_closed(uv_handle_t *h) {
+    qr__conn_release(h->data);
+}
+
+void qr__conn_close_with(qr_conn *c, int status) {
     if (c->closing) return;
     c->closing = true;
     c->close_status = status;
@@ -304,11 +241,12 @@ static void conn_close_with(qr_conn *c, int status) {
     /* The stream's close callback runs the deferred send callbacks (before
      * `lost`), so this handle's may come after it. */
     if (c->defer_ready) uv_close((uv_handle_t *)&c->defer, on_defer_closed);
+    if (c->hs_timer_ready) uv_close((uv_handle_t *)&c->hs_timer, on_hs_timer_closed);
     uv_close(&c->h.handle, on_close);
 }
 
 void qr_conn_close(qr_conn *c) {
-    if (c) conn_close_with(c, QR_ESTOPPED);
+    if (c) qr__conn_close_with(c, QR_ESTOPPED);
 }
 
 /* A TCP peer whose process dies is seen at once (its kernel closes the
@@ -389,6 +327,7 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
 static void message_done(qr_conn *c) {
     qr_frame f = c->frame;
     c->large_recent = (uint8_t)(((c->large_recent << 1) | (f.payload_len >= STAGING_BYTES)) & 3);
+    c->messages_in++;
     if (c->ev->message) c->ev->message(c, &f, c->meta);
     if (!c->closing) rx_reset(c);
 }
@@ -427,7 +366,7 @@ static void start_payload(qr_conn *c) {
     if (c->closing) return;
     if (rc) {
         qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
-        conn_close_with(c, rc);
+        qr__conn_close_with(c, rc);
         return;
     }
     c->iov_idx = 0;
@@ -437,9 +376,13 @@ static void start_payload(qr_conn *c) {
 }
 
 static void header_done(qr_conn *c) {
+    if (!c->opt.auth && !c->messages_in && qr_handshake_is_hello(c->hdr, sizeof c->hdr)) {
+        qr__conn_refuse_hello(c, c->hdr, sizeof c->hdr); /* a peer with a secret */
+        return;
+    }
     if (qr_proto_decode_header(c->hdr, c->opt.max_payload, &c->frame)) {
         qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
-        conn_close_with(c, QR_EPROTO);
+        qr__conn_close_with(c, QR_EPROTO);
         return;
     }
     c->meta_want = c->frame.meta_len + qr_proto_pad(QR_PROTO_HEADER_LEN + (uint64_t)c->frame.meta_len);
@@ -447,7 +390,7 @@ static void header_done(qr_conn *c) {
         size_t cap = QR_MAX(c->meta_want, 256u);
         uint8_t *m = realloc(c->meta, cap);
         if (!m) {
-            conn_close_with(c, QR_ENOMEM);
+            qr__conn_close_with(c, QR_ENOMEM);
             return;
         }
         c->meta = m;
@@ -459,8 +402,12 @@ static void header_done(qr_conn *c) {
 }
 
 /* Walk the state machine over n bytes received into the staging buffer. */
-static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
+void qr__conn_process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
     while (n > 0 && !c->closing) {
+        if (c->hs) { /* a plain ps answering a HELLO (qr__conn_refuse_hello) */
+            qr__conn_handshake_feed(c, p, n);
+            return;
+        }
         size_t take;
         switch (c->state) {
         case RX_HEADER:
@@ -499,6 +446,14 @@ static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     qr_conn *c = h->data;
+    if (c->hs) {
+        qr__conn_handshake_alloc(c, buf);
+        return;
+    }
+    if (c->rx) {
+        qr__conn_records_alloc(c, buf);
+        return;
+    }
     if (c->state == RX_PAYLOAD && !c->discard && c->iov_idx < c->niov) {
         qr_iov *v = &c->iov[c->iov_idx];
         size_t rem = v->len - c->iov_off;
@@ -528,11 +483,16 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (nread < 0) {
         if (nread != UV_EOF)
             qr__log(QR_LOG_DEBUG, "read from %s failed: %s", c->peer, uv_strerror((int)nread));
-        conn_close_with(c, from_uv((int)nread));
+        if (c->hs) qr__conn_handshake_lost(c, qr__conn_from_uv((int)nread));
+        else qr__conn_close_with(c, qr__conn_from_uv((int)nread));
         return;
     }
     if (nread == 0) return; /* EAGAIN; not end of stream */
-    if (c->in_place) {
+    if (c->hs) {
+        qr__conn_handshake_feed(c, (const uint8_t *)buf->base, (size_t)nread);
+    } else if (c->rx) {
+        qr__conn_records_read(c, (size_t)nread);
+    } else if (c->in_place) {
         payload_advance(c, (size_t)nread);
         /* A read that filled its buffer makes libuv read again at once.
          * When that read ended a large message, the peer is almost always
@@ -541,7 +501,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
          * did arrive are still reported on the next turn of the loop. */
         c->skip_read = (size_t)nread == c->in_place_len && c->state == RX_HEADER;
     } else {
-        process_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
+        qr__conn_process_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
     }
 }
 
@@ -605,7 +565,7 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
             if (rc == 1) { /* the socket is full: go on when it has room */
                 if (!c->splice_polling) {
                     if (uv_poll_start(&c->splice_poll, UV_WRITABLE, on_splice_writable)) {
-                        conn_close_with(c, QR_EIO); /* else nothing would ever wake it */
+                        qr__conn_close_with(c, QR_EIO); /* else nothing would ever wake it */
                         return;
                     }
                     c->splice_polling = true;
@@ -614,7 +574,7 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
             }
             if (rc < 0) {
                 qr__log(QR_LOG_DEBUG, "send to %s failed: %s", c->peer, strerror(-rc));
-                conn_close_with(c, rc == -EPIPE || rc == -ECONNRESET ? QR_EPEERLOST : QR_EIO);
+                qr__conn_close_with(c, rc == -EPIPE || rc == -ECONNRESET ? QR_EPEERLOST : QR_EIO);
                 return;
             }
             r->cur++;
@@ -642,7 +602,7 @@ static void on_splice_writable(uv_poll_t *h, int status, int events) {
     (void)events;
     qr_conn *c = h->data;
     if (status < 0) {
-        conn_close_with(c, from_uv(status));
+        qr__conn_close_with(c, qr__conn_from_uv(status));
         return;
     }
     pump_spliced(c, true);
@@ -676,9 +636,10 @@ static void on_write(uv_write_t *req, int status) {
     send_req *r = (send_req *)req;
     qr_conn *c = r->c;
     c->pending_bytes -= r->bytes;
-    if (r->cb) r->cb(c, from_uv(status), r->ctx);
+    if (r->cb) r->cb(c, qr__conn_from_uv(status), r->ctx);
+    free(r->sealed);
     free(r);
-    if (status < 0 && !c->closing) conn_close_with(c, from_uv(status));
+    if (status < 0 && !c->closing) qr__conn_close_with(c, qr__conn_from_uv(status));
 }
 
 /* Queue the callback of a send that is already written. */
@@ -700,7 +661,7 @@ static void defer_callback(qr_conn *c, send_req *r) {
 
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
                  const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx) {
-    if (c->closing || !c->connected)
+    if (c->closing || !c->connected || c->hs)
         return qr__fail(QR_EPEERLOST, "connection to %s is not open", c->peer);
     if (meta_len > QR_PROTO_MAX_META)
         return qr__fail(QR_ETOOBIG, "meta of %u bytes exceeds the limit", meta_len);
@@ -719,6 +680,7 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
     r->c = c;
     r->cb = cb;
     r->ctx = ctx;
+    r->sealed = NULL;
     r->bytes = head_len + hdr.payload_len + tail_len;
 
     uv_buf_t small[16];
@@ -735,9 +697,22 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
     for (int i = 0; i < npayload; i++)
         if (payload[i].len) bufs[n++] = uv_buf_init(payload[i].base, (unsigned)payload[i].len);
     if (tail_len) bufs[n++] = uv_buf_init((char *)zero_pad, tail_len);
-    bool splice = c->splicing != NULL ||
+    if (c->tx) {
+        /* Sealed: the message becomes one buffer of records (r->bytes is
+         * its size now), written as any other; never spliced. */
+        bool sealed = qr__conn_seal_send(c, r, bufs, n);
+        if (bufs != small) free(bufs);
+        if (!sealed) {
+            free(r);
+            return qr__fail(QR_ENOMEM, "out of memory to seal a send");
+        }
+        bufs = small;
+        bufs[0] = uv_buf_init((char *)r->sealed, (unsigned)r->bytes);
+        n = 1;
+    }
+    bool splice = !c->tx && ( c->splicing != NULL ||
                   (hdr.payload_len >= SPLICE_MIN_PAYLOAD &&
-                   uv_stream_get_write_queue_size(&c->h.stream) == 0 && splice_setup(c));
+                   uv_stream_get_write_queue_size(&c->h.stream) == 0 && splice_setup(c)));
     if (splice) {
         r->bufs = malloc((size_t)n * sizeof *bufs);
         if (!r->bufs) {
@@ -773,6 +748,7 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
         if (sent == (int)r->bytes) {
             if (bufs != small) free(bufs);
             if (!cb) {
+                free(r->sealed);
                 free(r);
                 return QR_OK;
             }
@@ -794,6 +770,7 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
     int rc = uv_write(&r->req, &c->h.stream, left, (unsigned)nleft, on_write);
     if (bufs != small) free(bufs);
     if (rc) {
+        free(r->sealed);
         free(r);
         return qr__fail(QR_EPEERLOST, "send to %s failed: %s", c->peer, uv_strerror(rc));
     }
@@ -810,7 +787,7 @@ void qr_conn_pause(qr_conn *c) {
 void qr_conn_resume(qr_conn *c) {
     if (!c->paused || c->closing) return;
     c->paused = false;
-    if (start_reading(c)) conn_close_with(c, QR_EIO);
+    if (start_reading(c)) qr__conn_close_with(c, QR_EIO);
 }
 
 bool qr_conn_paused(const qr_conn *c) {
@@ -844,6 +821,12 @@ const char *qr_conn_kind(const qr_conn *c) {
 const char *qr_conn_peer(const qr_conn *c) {
     return c->peer;
 }
+int qr_conn_refusal(const qr_conn *c) {
+    return c->refusal;
+}
+const char *qr_conn_refusal_message(const qr_conn *c) {
+    return c->reason;
+}
 void *qr_listener_data(const qr_listener *l) {
     return l->data;
 }
@@ -869,12 +852,19 @@ static void on_connect(uv_connect_t *req, int status) {
     if (status == 0) {
         c->connected = true;
         tune_socket(c);
+        if (c->opt.auth) {
+            /* `connected` comes once the handshake is done (conn_secure.c). */
+            int hrc = qr__conn_handshake_start(c, false);
+            if (!hrc) hrc = start_reading(c);
+            if (hrc) qr__conn_handshake_lost(c, hrc);
+            return;
+        }
         if (start_reading(c)) status = UV_EIO;
     }
-    int rc = status ? from_uv(status) : QR_OK;
+    int rc = status ? qr__conn_from_uv(status) : QR_OK;
     if (rc) qr__fail(rc, "cannot connect to %s: %s", c->peer, uv_strerror(status));
     if (c->ev->connected) c->ev->connected(c, rc);
-    if (rc) conn_close_with(c, rc);
+    if (rc) qr__conn_close_with(c, rc);
 }
 
 int qr_connect(uv_loop_t *loop, const qr_addr *addr, bool prefer_unix,
@@ -951,12 +941,27 @@ static void on_connection(uv_stream_t *server, int status) {
         }
         snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
     } else {
-        snprintf(c->peer, sizeof c->peer, "unix:%s", l->unix_path);
+        /* A Unix socket's peer has no address: its process says who it is. */
+        struct ucred cred;
+        socklen_t len = sizeof cred;
+        uv_os_fd_t fd;
+        if (!uv_fileno(&c->h.handle, &fd) &&
+            !getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len))
+            snprintf(c->peer, sizeof c->peer, "unix:%s (pid %d, uid %u)", l->unix_path,
+                     (int)cred.pid, (unsigned)cred.uid);
+        else
+            snprintf(c->peer, sizeof c->peer, "unix:%s", l->unix_path);
     }
     tune_socket(c);
+    /* Accepted at once, before the handshake, so the owner's cap on
+     * connections (max-connections) counts those still authenticating. */
     if (l->ev->accepted) l->ev->accepted(l, c);
+    if (!c->closing && c->opt.auth && qr__conn_handshake_start(c, true)) {
+        qr__conn_close_with(c, QR_ENOMEM);
+        return;
+    }
     /* The owner may have paused or closed it already. */
-    if (!c->paused && !c->closing && start_reading(c)) conn_close_with(c, QR_EIO);
+    if (!c->paused && !c->closing && start_reading(c)) qr__conn_close_with(c, QR_EIO);
 }
 
 static void on_listener_close(uv_handle_t *h) {

@@ -153,10 +153,25 @@ static int link_send(ps_link *l, wk_request *r) {
 
 /* ---- connection events ------------------------------------------------ */
 
+/* A ps refused this worker's handshake, or this worker refused the ps's
+ * proof: trying again cannot help (another secret, another spec, or an
+ * impostor at the ps's address), so the worker stops at once, every call
+ * failing with the reason, rather than waiting out restart-wait-ms. */
+static void auth_refused(ps_link *l) {
+    qr_worker *w = l->w;
+    qr__log(QR_LOG_ERROR, "ps %d (%s): %s", l->index, w->cluster->ps[l->index], l->last_error);
+    w->stopping = true;
+    if (w->stop_status) return;
+    w->stop_status = QR_EAUTH;
+    snprintf(w->stop_msg, sizeof w->stop_msg, "ps %d (%s): %s", l->index,
+             w->cluster->ps[l->index], l->last_error);
+}
+
 static void on_connected(qr_conn *c, int status) {
     ps_link *l = qr_conn_data(c);
     if (status) {
         snprintf(l->last_error, sizeof l->last_error, "%s", qr_last_error());
+        if (status == QR_EAUTH) auth_refused(l);
         return; /* `lost` follows */
     }
     l->state = LINK_HELLO;
@@ -304,6 +319,11 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     if (!l->head) l->tail = NULL;
     if (f->status == QR_ESTOPPED) l->w->stopping = true;
     if (r->type == QR_MSG_HELLO && f->status == QR_OK) hello_answered(l, meta, f->meta_len);
+    if (r->type == QR_MSG_HELLO && f->status == QR_EAUTH) { /* this worker has no secret */
+        snprintf(l->last_error, sizeof l->last_error, "%.*s", (int)QR_MIN(f->meta_len, 400u),
+                 (const char *)meta);
+        auth_refused(l);
+    }
     if (f->status != QR_OK) {
         char msg[512];
         int n = (int)QR_MIN(f->meta_len, sizeof msg - 1);
@@ -534,6 +554,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     if (!rc) rc = qr__config_merge(w->cfg, cfg);
     if (!rc) rc = qr__config_check_mode(w->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &w->cluster);
+    if (!rc) rc = qr__auth_from_config(w->cfg, w->cluster, &w->auth);
     if (!rc) {
         w->nps = w->cluster->nps;
         w->links = qr__calloc((size_t)w->nps, sizeof *w->links);
@@ -546,6 +567,8 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
         rc = qr_addr_parse(w->cluster->ps[i], &l->addr);
     }
     if (rc) {
+        qr__error_prefix("worker %d: ", task_index);
+        qr_auth_free(w->auth);
         qr_config_free(w->cfg);
         qr_cluster_free(w->cluster);
         free(w->links);
@@ -566,6 +589,8 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     w->conn_opt.socket_buffer_bytes = (int)qr__config_int(w->cfg, "socket-buffer-kb") * 1024;
     w->conn_opt.peer_timeout_ms = (int)qr__config_int(w->cfg, "peer-timeout-ms");
     w->conn_opt.max_payload = UINT64_MAX >> 1;
+    w->conn_opt.auth = w->auth;
+    w->conn_opt.handshake_timeout_ms = (int)qr__config_int(w->cfg, "handshake-timeout-ms");
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
                                  .message = reply_message, .lost = on_lost};
     uv_loop_init(&w->loop);
@@ -594,6 +619,7 @@ void qr_worker_free(qr_worker *w) {
     free(w->links);
     qr_cluster_free(w->cluster);
     qr_config_free(w->cfg);
+    qr_auth_free(w->auth);
     free(w);
 }
 
@@ -942,7 +968,7 @@ int qr_worker_initialize(qr_worker *w) {
     int64_t beat_ms = qr__config_int(w->cfg, "heartbeat-ms");
     if (!rc && beat_ms > 0 && !w->heartbeat)
         rc = qr_heartbeat_start(&w->heartbeat, w->cluster->ps[0], w->prefer_unix, w->index,
-                                (int)beat_ms);
+                                (int)beat_ms, w->auth, w->conn_opt.handshake_timeout_ms);
     return rc;
 }
 

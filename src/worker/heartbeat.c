@@ -9,12 +9,17 @@
  * stops every thread, this one too, and ps 0 (src/ps/liveness.c) treats
  * the worker as lost within heartbeat-timeout-ms; a merely busy one goes
  * on beating. The thread uses a plain blocking socket: one small frame a
- * second needs no event loop, and it must not share the caller's.
+ * second needs no event loop, and it must not share the caller's. In a
+ * job with a secret it authenticates as every connection does (the same
+ * handshake, wire/auth.h, driven by blocking reads with a deadline) and,
+ * with --encrypt, seals its beats (wire/seal.h).
  */
 #include "worker/heartbeat.h"
 
 #include "common/addr.h"
+#include "wire/auth.h"
 #include "wire/msg.h"
+#include "wire/seal.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -39,6 +44,10 @@ struct qr_heartbeat {
     uint32_t worker;
     int period_ms;
     int fd;
+    const qr_auth *auth;  /* the worker's; NULL without a secret */
+    int handshake_timeout_ms;
+    qr_sealer *tx;        /* encrypted: this connection's sending key */
+    bool refusal_logged;
 };
 
 static int connect_unix(const char *path) {
@@ -84,7 +93,79 @@ static int hb_connect(const qr_heartbeat *h) {
     return connect_tcp(&h->addr);
 }
 
-static bool send_beat(int fd, uint32_t worker) {
+static bool send_all(int fd, const uint8_t *p, size_t len) {
+    for (size_t off = 0; off < len;) {
+        ssize_t n = send(fd, p + off, len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        off += (size_t)n;
+    }
+    return true;
+}
+
+static bool recv_all(int fd, uint8_t *p, size_t len) {
+    for (size_t off = 0; off < len;) {
+        ssize_t n = recv(fd, p + off, len - off, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return false;
+        off += (size_t)n;
+    }
+    return true;
+}
+
+/* The handshake on the fresh connection fd, each read and write bounded by
+ * the handshake timeout. On success with encryption, h->tx is set up. */
+static int authenticate(qr_heartbeat *h, int fd) {
+    struct timeval tv = {.tv_sec = h->handshake_timeout_ms / 1000,
+                         .tv_usec = (h->handshake_timeout_ms % 1000) * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    qr_handshake hs;
+    qr_handshake_start(&hs, h->auth, false);
+    uint8_t out[QR_HS_MAX_LEN], in[QR_HS_MAX_LEN];
+    qr_handshake_hello(&hs, out);
+    size_t out_len = QR_HS_HELLO_LEN;
+    int rc = QR_OK;
+    while (rc == QR_OK && hs.state != QR_HS_DONE) {
+        if (out_len && !send_all(fd, out, out_len)) {
+            rc = qr__fail(QR_EPEERLOST, "ps 0 closed the heartbeat's connection in the handshake");
+            break;
+        }
+        size_t want = qr_handshake_want(&hs);
+        if (!recv_all(fd, in, want)) {
+            rc = qr__fail(QR_EPEERLOST, "no answer to the heartbeat's handshake from ps 0");
+            break;
+        }
+        rc = qr_handshake_step(&hs, in, want, out, &out_len);
+        if (rc && out_len) send_all(fd, out, out_len); /* our refusal, for ps 0's log */
+    }
+    if (rc == QR_OK && hs.encrypt) {
+        h->tx = qr__calloc(1, sizeof *h->tx);
+        if (h->tx) qr_sealer_init(h->tx, hs.aes, hs.key_tx);
+        else rc = QR_ENOMEM;
+    }
+    qr_handshake_clear(&hs);
+    return rc;
+}
+
+static int hb_open(qr_heartbeat *h) {
+    int fd = hb_connect(h);
+    if (fd < 0 || !h->auth) return fd;
+    free(h->tx);
+    h->tx = NULL;
+    if (authenticate(h, fd) == QR_OK) {
+        h->refusal_logged = false;
+        return fd;
+    }
+    /* The worker's own connections report a refusal to its calls; this
+     * says it once for the heartbeat. */
+    if (!h->refusal_logged) qr__log(QR_LOG_WARN, "heartbeat: %s", qr_last_error());
+    h->refusal_logged = true;
+    close(fd);
+    return -1;
+}
+
+static bool send_beat(qr_heartbeat *h, int fd, uint32_t worker) {
     uint8_t frame[QR_PROTO_HEADER_LEN + QR_MSG_BEAT_LEN + QR_PROTO_ALIGN] = {0};
     qr_frame f = {.type = QR_MSG_BEAT, .meta_len = QR_MSG_BEAT_LEN};
     qr_proto_encode_header(&f, frame);
@@ -95,13 +176,9 @@ static bool send_beat(int fd, uint32_t worker) {
     qr_wbuf_free(&meta);
     size_t len = QR_PROTO_HEADER_LEN + QR_MSG_BEAT_LEN;
     len += qr_proto_pad(len);
-    for (size_t off = 0; off < len;) {
-        ssize_t n = send(fd, frame + off, len - off, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return false;
-        off += (size_t)n;
-    }
-    return true;
+    if (!h->tx) return send_all(fd, frame, len);
+    uint8_t sealed[sizeof frame + QR_SEAL_OVERHEAD];
+    return send_all(fd, sealed, qr_seal(h->tx, frame, len, sealed));
 }
 
 static void *hb_main(void *arg) {
@@ -109,8 +186,8 @@ static void *hb_main(void *arg) {
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
         pthread_mutex_unlock(&h->mu);
-        if (h->fd < 0) h->fd = hb_connect(h);
-        if (h->fd >= 0 && !send_beat(h->fd, h->worker)) {
+        if (h->fd < 0) h->fd = hb_open(h);
+        if (h->fd >= 0 && !send_beat(h, h->fd, h->worker)) {
             close(h->fd); /* ps 0 gone or restarting: connect again next time */
             h->fd = -1;
         }
@@ -131,7 +208,7 @@ static void *hb_main(void *arg) {
 }
 
 int qr_heartbeat_start(qr_heartbeat **out, const char *ps0, bool prefer_unix, int worker,
-                       int period_ms) {
+                       int period_ms, const qr_auth *auth, int handshake_timeout_ms) {
     *out = NULL;
     qr_heartbeat *h = qr__calloc(1, sizeof *h);
     if (!h) return QR_ENOMEM;
@@ -143,6 +220,8 @@ int qr_heartbeat_start(qr_heartbeat **out, const char *ps0, bool prefer_unix, in
     h->prefer_unix = prefer_unix;
     h->worker = (uint32_t)worker;
     h->period_ms = period_ms;
+    h->auth = auth;
+    h->handshake_timeout_ms = handshake_timeout_ms > 0 ? handshake_timeout_ms : 10000;
     h->fd = -1;
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cond, NULL);
@@ -164,6 +243,8 @@ void qr_heartbeat_stop(qr_heartbeat *h) {
     pthread_mutex_unlock(&h->mu);
     pthread_join(h->thread, NULL);
     if (h->fd >= 0) close(h->fd);
+    if (h->tx) qr_sealer_clear(h->tx);
+    free(h->tx);
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cond);
     free(h);

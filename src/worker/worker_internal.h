@@ -16,6 +16,7 @@
 #include "common/idmap.h"
 #include "wire/conn.h"
 #include "wire/msg.h"
+#include "wire/secret.h"
 #include "worker/heartbeat.h"
 
 /* Where a dense variable's elements live: one part (the whole variable on
@@ -132,6 +133,7 @@ struct qr_worker {
     int index;
     bool prefer_unix;
     qr_conn_options conn_opt;
+    qr_auth *auth;            /* the job's credentials (wire/auth.h), or NULL */
     qr_conn_events events;
     ps_link *links;
     int nps;
