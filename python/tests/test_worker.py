@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
+import subprocess
+import sys
 import threading
 import time
 
@@ -170,3 +174,31 @@ def test_cluster_from_tf_config(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.setenv("TF_CONFIG", "{not json")
     with pytest.raises(quorum.QuorumError):
         quorum.Cluster.from_env()
+
+
+def test_secret_file_passes_through(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    """A job with a secret (docs/SECURITY.md): the secret_file option reaches
+    the C library, encrypted sessions train, and a worker with another
+    job's secret gets AuthenticationError naming the reason, at once."""
+    secret, other = str(tmp_path / "secret"), str(tmp_path / "other")
+    tool = shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
+    for path in (secret, other):
+        subprocess.run([tool, "keygen", path], check=True, capture_output=True)
+    c = make_cluster(1, 1, secret_file=secret, encrypt=True, timeout_ms=20000)
+    w = c.worker(0)
+    w.declare("v", 3)
+    w.initialize()
+    w.push({"v": np.ones(3, dtype=np.float32)})
+    w.pull()
+    assert (w.value("v") < 0).all()  # the push went through the sealed session
+    intruder = quorum.Worker(c.spec("worker", 0), secret_file=other, encrypt=True,
+                             timeout_ms=20000)
+    intruder.declare("v", 3)
+    t0 = time.time()
+    with pytest.raises(quorum.AuthenticationError, match="different secrets") as e:
+        intruder.initialize()
+    assert isinstance(e.value, PermissionError)
+    assert time.time() - t0 < 10  # refused at once, not after the timeout
+    intruder.close()
+    with pytest.raises(quorum.InvalidArgumentError, match="encrypt needs a cluster secret"):
+        quorum.Worker(c.spec("worker", 0), encrypt=True, secret_file="none")

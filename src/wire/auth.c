@@ -207,7 +207,7 @@ static int on_hello(qr_handshake *hs, const uint8_t *in, size_t len, uint8_t *ou
                     size_t *out_len) {
     const qr_auth *a = hs->auth;
     int bad = check_head(in, len, QR_HS_HELLO_LEN);
-    if (!bad && in[6] != 0) bad = QR_HS_MALFORMED;
+    if (!bad && (in[6] != 0 || (in[5] & ~(FLAG_ENCRYPT | FLAG_AES)))) bad = QR_HS_MALFORMED;
     if (!bad && sodium_memcmp(in + 8, a->key_id, 16) != 0) bad = QR_HS_OTHER_SECRET;
     if (!bad && sodium_memcmp(in + 24, a->spec_hash, 32) != 0) bad = QR_HS_OTHER_SPEC;
     if (!bad && ((in[5] & FLAG_ENCRYPT) != 0) != a->encrypt) bad = QR_HS_ENCRYPT_MISMATCH;

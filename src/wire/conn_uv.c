@@ -19,6 +19,7 @@
  */
 #include "wire/conn_internal.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -935,8 +936,12 @@ static void on_connection(uv_stream_t *server, int status) {
                 uv_ip4_name((struct sockaddr_in *)&ss, host, sizeof host);
                 port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
             } else {
-                uv_ip6_name((struct sockaddr_in6 *)&ss, host, sizeof host);
-                port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+                struct sockaddr_in6 *sin6 = (struct sockaddr_in6 *)&ss;
+                port = ntohs(sin6->sin6_port);
+                if (IN6_IS_ADDR_V4MAPPED(&sin6->sin6_addr)) /* an IPv4 peer of a "::" listener */
+                    inet_ntop(AF_INET, &sin6->sin6_addr.s6_addr[12], host, sizeof host);
+                else
+                    uv_ip6_name(sin6, host, sizeof host);
             }
         }
         snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);

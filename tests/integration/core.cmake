@@ -59,3 +59,5 @@ qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})
 # addresses and a rate-limited link, as on separate hosts (root; 77: skip).
 qr_integration_test(integration_netns test_netns.py)
 set_tests_properties(integration_netns PROPERTIES SKIP_RETURN_CODE 77)
+qr_integration_test(integration_auth test_auth.py)
+qr_integration_test(integration_auth_wire test_auth_wire.py)

@@ -4,6 +4,7 @@ quorum processes with a deadline, killing only our own children (by pid
 or by the process group we created), never by name."""
 
 import atexit
+import hashlib
 import json
 import os
 import signal
@@ -174,3 +175,71 @@ def last_json(stdout):
     lines = [l for l in stdout.strip().splitlines() if l.strip()]
     assert lines, "no output on stdout"
     return json.loads(lines[-1])
+
+
+# --- the handshake of a job with a secret (src/wire/auth.h) -------------------
+# Played here from the byte layout and the key derivation, so the tests
+# check the C code against an independent reading of the protocol.
+HS_MAGIC = b"QRAU"
+HS_VERSION = 1
+HS_HELLO, HS_CHALLENGE, HS_PROOF, HS_RESULT = 88, 72, 40, 8
+# The refusals (qr_hs_refusal) and their metrics labels.
+HS_REFUSAL = {1: "version", 2: "other_secret", 3: "other_spec", 4: "bad_proof",
+              5: "no_secret", 6: "encrypt_mismatch", 7: "malformed", 8: "no_handshake",
+              9: "timeout"}
+
+
+def _blake(label, *parts, key=b""):
+    h = hashlib.blake2b(digest_size=32, key=key)
+    h.update(label.encode() + b"\0")
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+class Credentials:
+    """What a task of a job holds: its secret (the file's bytes less a
+    trailing newline) bound to the cluster spec's text."""
+
+    def __init__(self, secret, spec, encrypt=False):
+        master = hashlib.blake2b(secret, digest_size=32).digest()
+        self.key_id = _blake("quorum key id v1", key=master)[:16]
+        self.spec_hash = _blake("quorum cluster spec v1", spec.encode())
+        self.job_key = _blake("quorum job key v1", self.spec_hash, key=master)
+        self.encrypt = encrypt
+
+
+def read_secret(path):
+    data = open(path, "rb").read()
+    return data[:-1] if data.endswith(b"\n") else data
+
+
+def spec_text(ps_hosts, worker_hosts):
+    return "ps=%s;worker=%s" % (ps_hosts, worker_hosts)
+
+
+def hs_hello(cred, nonce=None):
+    nonce = nonce or os.urandom(32)
+    return (HS_MAGIC + bytes([HS_VERSION, 1 if cred.encrypt else 0, 0, 0]) + cred.key_id +
+            cred.spec_hash + nonce)
+
+
+def handshake(sock, cred, hello=None):
+    """Authenticate sock as a client of cred's job. Returns (refusal, sent):
+    refusal 0 when accepted (or the status byte of the refusing message),
+    sent the bytes this side wrote (HELLO, then PROOF), for replays."""
+    hello = hello or hs_hello(cred)
+    sock.sendall(hello)
+    challenge = recv_exact(sock, HS_CHALLENGE)
+    assert challenge[:4] == HS_MAGIC, challenge
+    if challenge[6]:
+        return challenge[6], hello
+    transcript = hello + challenge[:40]
+    proof_s = _blake("quorum server proof v1", transcript, key=cred.job_key)
+    assert challenge[40:] == proof_s, "the ps's proof of the secret is wrong"
+    proof_c = _blake("quorum client proof v1", transcript, proof_s, key=cred.job_key)
+    proof = HS_MAGIC + bytes([HS_VERSION, 0, 0, 0]) + proof_c
+    sock.sendall(proof)
+    result = recv_exact(sock, HS_RESULT)
+    assert result[:4] == HS_MAGIC, result
+    return result[6], hello + proof

@@ -16,6 +16,11 @@
  * whole at once still runs its callback later, never inside
  * qr_conn_send, once, with QR_OK, in the order of the sends, and before
  * the connection's `lost` when it is closed right after.
+ *
+ * The same runs again on authenticated connections (wire/auth.h) and on
+ * encrypted ones (every message sealed in records, wire/seal.h), where a
+ * message's bytes reach the reader through records cut anywhere; and a
+ * client with another secret is refused on both ends.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,6 +38,7 @@
 
 #include "common/common.h"
 #include "wire/conn.h"
+#include "wire/secret.h"
 
 #define MESSAGES 64
 #define PIECES 3
@@ -52,6 +58,9 @@ typedef struct side {
     bool in_send;
     int callbacks, next_callback;
     bool client_lost;
+    bool auth;        /* authenticated: pause the server once it is */
+    int connect_status;
+    int server_lost_status;
 } side;
 
 static void on_sent(qr_conn *c, int status, void *ctx) {
@@ -74,13 +83,18 @@ static uint8_t pattern(int msg, size_t i) {
 static void on_connected(qr_conn *c, int status) {
     side *s = qr_conn_data(c);
     s->connected = status == QR_OK;
+    s->connect_status = status;
+    /* The handshake is over on both ends once the client hears so. */
+    if (s->connected && s->auth && s->server) qr_conn_pause(s->server);
 }
 
 static void on_accepted(qr_listener *l, qr_conn *c) {
     side *s = qr_listener_data(l);
     s->server = c;
     qr_conn_set_data(c, s);
-    qr_conn_pause(c); /* read nothing until the client has sent everything */
+    /* Read nothing until the client has sent everything (with auth, once
+     * the handshake is done: on_connected). */
+    if (!s->auth) qr_conn_pause(c);
 }
 
 static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
@@ -121,6 +135,7 @@ static void on_lost(qr_conn *c, int status) {
     if (status != QR_ESTOPPED)
         fprintf(stderr, "%s lost: %s\n", c == s->client ? "client" : "server", qr_strerror(status));
     if (c == s->client) s->client_lost = true;
+    else s->server_lost_status = status;
     s->lost++;
 }
 
@@ -149,16 +164,18 @@ static bool turn_until(side *s, bool (*done)(const side *)) {
     return done(s);
 }
 
-static void small_sends_survive_a_full_socket(const char *address) {
+static void small_sends_survive_a_full_socket(const char *address, const qr_auth *auth) {
     side *s = calloc(1, sizeof *s);
     assert_non_null(s);
+    s->auth = auth != NULL;
     uv_loop_init(&s->loop);
     s->in = malloc(PAYLOAD);
     assert_non_null(s->in);
     qr_conn_events ev = {.connected = on_connected, .header = on_header,
                          .message = on_message, .lost = on_lost, .accepted = on_accepted};
     /* Small buffers: the sends below outgrow them many times over. */
-    qr_conn_options opt = {.socket_buffer_bytes = 64 * 1024, .max_payload = 1 << 20};
+    qr_conn_options opt = {.socket_buffer_bytes = 64 * 1024, .max_payload = 1 << 20,
+                           .auth = auth};
     qr_addr addr;
     assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
     qr_listener *l = NULL;
@@ -167,6 +184,7 @@ static void small_sends_survive_a_full_socket(const char *address) {
     assert_int_equal(qr_connect(&s->loop, &addr, false, &opt, &ev, s, &s->client), QR_OK);
     assert_true(turn_until(s, both_ends_up));
     assert_true(s->connected && s->server);
+    assert_true(qr_conn_paused(s->server));
 
     size_t queued_max = 0;
     for (int k = 0; k < MESSAGES; k++) {
@@ -220,31 +238,101 @@ static void small_sends_survive_a_full_socket(const char *address) {
     free(s);
 }
 
-static void test_unix(void **state) {
-    (void)state;
-    char address[96];
-    snprintf(address, sizeof address, "unix:/tmp/qr-test-conn-%d.sock", (int)getpid());
-    small_sends_survive_a_full_socket(address);
+static void unix_address(char *address, size_t len) {
+    snprintf(address, len, "unix:/tmp/qr-test-conn-%d.sock", (int)getpid());
 }
 
-static void test_tcp(void **state) {
-    (void)state;
-    /* A port the kernel picks as free (tests may run in parallel). */
+/* A port the kernel picks as free (tests may run in parallel). */
+static void tcp_address(char *address, size_t size) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sin = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sin;
     assert_true(fd >= 0 && !bind(fd, (struct sockaddr *)&sin, sizeof sin) &&
                 !getsockname(fd, (struct sockaddr *)&sin, &len));
     close(fd);
+    snprintf(address, size, "127.0.0.1:%d", ntohs(sin.sin_port));
+}
+
+static const uint8_t secret[] = "a secret of thirty-two bytes or more, for tests";
+static const uint8_t other_secret[] = "another secret of thirty-two bytes, another job";
+
+static qr_auth *make_auth(const uint8_t *key, bool encrypt) {
+    qr_auth *a = NULL;
+    assert_int_equal(qr_auth_new(key, 40, "ps=test;worker=test", encrypt, &a), QR_OK);
+    return a;
+}
+
+static void test_unix(void **state) {
+    (void)state;
+    char address[96];
+    unix_address(address, sizeof address);
+    small_sends_survive_a_full_socket(address, NULL);
+}
+
+static void test_tcp(void **state) {
+    (void)state;
     char address[64];
-    snprintf(address, sizeof address, "127.0.0.1:%d", ntohs(sin.sin_port));
-    small_sends_survive_a_full_socket(address);
+    tcp_address(address, sizeof address);
+    small_sends_survive_a_full_socket(address, NULL);
+}
+
+static void test_authenticated_and_encrypted(void **state) {
+    (void)state;
+    for (int encrypt = 0; encrypt < 2; encrypt++) {
+        qr_auth *a = make_auth(secret, encrypt);
+        char address[96];
+        unix_address(address, sizeof address);
+        small_sends_survive_a_full_socket(address, a);
+        tcp_address(address, sizeof address);
+        small_sends_survive_a_full_socket(address, a);
+        qr_auth_free(a);
+    }
+}
+
+/* A client with another job's secret: its `connected` says why, and the
+ * server's end is lost with QR_EAUTH and the same reason. */
+static void test_other_secret_refused_on_both_ends(void **state) {
+    (void)state;
+    qr_auth *mine = make_auth(secret, false), *theirs = make_auth(other_secret, false);
+    side *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->auth = true;
+    uv_loop_init(&s->loop);
+    qr_conn_events ev = {.connected = on_connected, .header = on_header,
+                         .message = on_message, .lost = on_lost, .accepted = on_accepted};
+    qr_conn_options server_opt = {.max_payload = 1 << 20, .auth = mine};
+    qr_conn_options client_opt = {.max_payload = 1 << 20, .auth = theirs};
+    char address[64];
+    tcp_address(address, sizeof address);
+    qr_addr addr;
+    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
+    qr_listener *l = NULL;
+    assert_int_equal(qr_listen(&s->loop, &addr, NULL, true, &server_opt, &ev, s, &l), QR_OK);
+    assert_int_equal(qr_connect(&s->loop, &addr, false, &client_opt, &ev, s, &s->client), QR_OK);
+    uv_timer_t ticker;
+    uv_timer_init(&s->loop, &ticker);
+    uv_timer_start(&ticker, tick, 10, 10);
+    uint64_t end = uv_now(&s->loop) + 10000;
+    while (s->lost < 2 && uv_now(&s->loop) < end) uv_run(&s->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&ticker, NULL);
+    assert_int_equal(s->lost, 2);
+    assert_int_equal(s->connect_status, QR_EAUTH);
+    assert_int_equal(s->server_lost_status, QR_EAUTH);
+    assert_int_equal(s->received, 0);
+    qr_listener_close(l);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&s->loop), 0);
+    free(s);
+    qr_auth_free(mine);
+    qr_auth_free(theirs);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unix),
         cmocka_unit_test(test_tcp),
+        cmocka_unit_test(test_authenticated_and_encrypted),
+        cmocka_unit_test(test_other_secret_refused_on_both_ends),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
