@@ -27,6 +27,7 @@ struct coord_link {
     bool connecting;
     bool up;             /* connected and its HELLO answered */
     bool closing;
+    bool refusal_logged; /* its handshake was refused, and that was said */
     uv_timer_t retry;
     int attempts;
     uint32_t next_id;
@@ -112,7 +113,16 @@ static void link_connect(coord_link *l) {
 static void on_link_connected(qr_conn *c, int status) {
     coord_link *l = qr_conn_data(c);
     l->connecting = false;
+    if (status == QR_EAUTH && !l->refusal_logged) {
+        /* Another job's ps at that address, or one given another secret or
+         * spec: said once; the link keeps trying, in case it is restarted
+         * right, and a sync step that needs it reports the stall. */
+        l->refusal_logged = true;
+        qr__log(QR_LOG_ERROR, "ps %d (%s): %s", l->index, l->ps->cluster->ps[l->index],
+                qr_last_error());
+    }
     if (status) return; /* `lost` follows */
+    l->refusal_logged = false;
     qr_ps *ps = l->ps;
     qr_wbuf meta = {0};
     qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = ps->sync.on,

@@ -92,8 +92,8 @@ static void refused(qr_conn *c, int refusal, const void *msg, size_t len) {
 
 void qr__conn_handshake_lost(qr_conn *c, int status) {
     if (c->closing) return;
-    if (!c->hs || c->hs_failed) {
-        qr__conn_close_with(c, status);
+    if (!c->hs || c->hs_failed) { /* a refusal being written: it was refused all the same */
+        qr__conn_close_with(c, c->hs_failed ? QR_EAUTH : status);
         return;
     }
     /* A peer gone mid-handshake failed it, as far as anyone can tell: a
