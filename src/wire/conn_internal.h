@@ -114,6 +114,11 @@ typedef struct send_req {
 void qr__conn_close_with(qr_conn *c, int status);
 /* Walk the receive state machine over n plaintext bytes. */
 void qr__conn_process_bytes(qr_conn *c, const uint8_t *p, size_t n);
+/* Encrypted connections: where the next n payload bytes belong, if they
+ * fall wholly into one buffer the owner expects (NULL otherwise), so a
+ * record opens straight into it; then the n bytes have landed. */
+uint8_t *qr__conn_payload_dest(qr_conn *c, size_t n);
+void qr__conn_payload_landed(qr_conn *c, size_t n);
 /* The staging buffer, made once the peer is authenticated. */
 int qr__conn_alloc_staging(qr_conn *c);
 int qr__conn_from_uv(int uv_status);
@@ -136,8 +141,10 @@ void qr__conn_handshake_lost(qr_conn *c, int status);
 /* Sealed records: where the next read goes, and n bytes read there. */
 void qr__conn_records_alloc(qr_conn *c, uv_buf_t *buf);
 void qr__conn_records_read(qr_conn *c, size_t n);
-/* Seal a message's buffers into one (r->sealed); false on no memory. */
-bool qr__conn_seal_send(qr_conn *c, send_req *r, const uv_buf_t *bufs, int n);
+/* Seal a message's buffers into one (r->sealed, r->bytes long); false on
+ * no memory. A large message whose connection has nothing queued goes
+ * into the socket piece by piece as it is sealed: *sent says how much. */
+bool qr__conn_seal_send(qr_conn *c, send_req *r, const uv_buf_t *bufs, int n, size_t *sent);
 void qr__conn_secure_free(qr_conn *c);
 
 #endif /* QR_WIRE_CONN_INTERNAL_H */

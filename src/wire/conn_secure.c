@@ -315,27 +315,56 @@ void qr__conn_records_read(qr_conn *c, size_t n) {
         }
         size_t total = QR_SEAL_OVERHEAD + (size_t)len;
         if (c->rec_have < total) return;
-        if (qr_unseal(c->rx, c->rec, len)) {
+        /* A payload's record usually holds bytes of one destination only
+         * (the sender seals each buffer apart): it opens straight into it,
+         * saving a copy of every payload byte. */
+        uint8_t *dst = qr__conn_payload_dest(c, len);
+        if (dst ? qr_unseal_to(c->rx, c->rec, len, dst) : qr_unseal(c->rx, c->rec, len)) {
             qr__log(QR_LOG_WARN, "closing connection %s: %s", c->peer, qr_last_error());
             qr__conn_close_with(c, QR_EAUTH);
             return;
         }
-        qr__conn_process_bytes(c, c->rec + QR_SEAL_LEN_BYTES, len);
+        if (dst) qr__conn_payload_landed(c, len);
+        else qr__conn_process_bytes(c, c->rec + QR_SEAL_LEN_BYTES, len);
         if (c->closing) return;
         c->rec_have -= total;
         if (c->rec_have) memmove(c->rec, c->rec + total, c->rec_have);
     }
 }
 
-bool qr__conn_seal_send(qr_conn *c, send_req *r, const uv_buf_t *bufs, int n) {
+/* A large sealed message is written in pieces of this size as it is
+ * sealed, when nothing is queued before it: the peer opens the first
+ * records while the rest are sealed, so the two ends' passes over the
+ * payload overlap instead of following each other. */
+#define SEAL_FLUSH_BYTES (256 * 1024)
+
+bool qr__conn_seal_send(qr_conn *c, send_req *r, const uv_buf_t *bufs, int n, size_t *sent) {
     size_t total = 0;
     for (int i = 0; i < n; i++) total += qr_sealed_size(bufs[i].len);
+    *sent = 0;
     r->sealed = malloc(QR_MAX(total, (size_t)1));
     if (!r->sealed) return false;
-    size_t at = 0;
-    for (int i = 0; i < n; i++)
-        at += qr_seal(c->tx, (const uint8_t *)bufs[i].base, bufs[i].len, r->sealed + at);
     r->bytes = total;
+    bool direct = total > SEAL_FLUSH_BYTES && uv_stream_get_write_queue_size(&c->h.stream) == 0;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = (const uint8_t *)bufs[i].base;
+        for (size_t off = 0; off < bufs[i].len;) {
+            size_t take = QR_MIN(bufs[i].len - off, (size_t)SEAL_FLUSH_BYTES);
+            at += qr_seal(c->tx, p + off, take, r->sealed + at);
+            off += take;
+            if (!direct || at - *sent < SEAL_FLUSH_BYTES) continue;
+            uv_buf_t b = uv_buf_init((char *)r->sealed + *sent, (unsigned)(at - *sent));
+            int w = uv_try_write(&c->h.stream, &b, 1);
+            if (w > 0) *sent += (size_t)w;
+            if (w < 0 || (size_t)w < b.len) direct = false; /* full: the rest queues */
+        }
+    }
+    if (direct && at > *sent) {
+        uv_buf_t b = uv_buf_init((char *)r->sealed + *sent, (unsigned)(at - *sent));
+        int w = uv_try_write(&c->h.stream, &b, 1);
+        if (w > 0) *sent += (size_t)w;
+    }
     return true;
 }
 

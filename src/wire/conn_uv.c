@@ -359,6 +359,18 @@ static void payload_advance(qr_conn *c, size_t n) {
     if (c->payload_got == c->frame.payload_len) payload_done(c);
 }
 
+uint8_t *qr__conn_payload_dest(qr_conn *c, size_t n) {
+    if (c->state != RX_PAYLOAD || c->discard || c->iov_idx >= c->niov ||
+        c->frame.payload_len - c->payload_got < n)
+        return NULL;
+    qr_iov *v = &c->iov[c->iov_idx];
+    return v->len - c->iov_off >= n ? (uint8_t *)v->base + c->iov_off : NULL;
+}
+
+void qr__conn_payload_landed(qr_conn *c, size_t n) {
+    payload_advance(c, n);
+}
+
 static void start_payload(qr_conn *c) {
     c->state = RX_PAYLOAD;
     c->niov = 0;
@@ -698,18 +710,28 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
     for (int i = 0; i < npayload; i++)
         if (payload[i].len) bufs[n++] = uv_buf_init(payload[i].base, (unsigned)payload[i].len);
     if (tail_len) bufs[n++] = uv_buf_init((char *)zero_pad, tail_len);
+    size_t sent_sealed = 0; /* a large sealed message's bytes already in the socket */
     if (c->tx) {
         /* Sealed: the message becomes one buffer of records (r->bytes is
          * its size now), written as any other; never spliced. */
-        bool sealed = qr__conn_seal_send(c, r, bufs, n);
+        bool sealed = qr__conn_seal_send(c, r, bufs, n, &sent_sealed);
         if (bufs != small) free(bufs);
         if (!sealed) {
             free(r);
             return qr__fail(QR_ENOMEM, "out of memory to seal a send");
         }
         bufs = small;
-        bufs[0] = uv_buf_init((char *)r->sealed, (unsigned)r->bytes);
+        bufs[0] = uv_buf_init((char *)r->sealed + sent_sealed, (unsigned)(r->bytes - sent_sealed));
         n = 1;
+        if (sent_sealed == r->bytes) { /* all of it went as it was sealed */
+            if (!cb) {
+                free(r->sealed);
+                free(r);
+            } else {
+                defer_callback(c, r);
+            }
+            return QR_OK;
+        }
     }
     bool splice = !c->tx && ( c->splicing != NULL ||
                   (hdr.payload_len >= SPLICE_MIN_PAYLOAD &&
@@ -744,7 +766,8 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
      * once follows through uv_write, in order. */
     uv_buf_t *left = bufs;
     int nleft = n;
-    if (r->bytes <= TRY_WRITE_MAX && uv_stream_get_write_queue_size(&c->h.stream) == 0) {
+    if (r->bytes <= TRY_WRITE_MAX && !sent_sealed &&
+        uv_stream_get_write_queue_size(&c->h.stream) == 0) {
         int sent = uv_try_write(&c->h.stream, bufs, (unsigned)n);
         if (sent == (int)r->bytes) {
             if (bufs != small) free(bufs);

@@ -66,18 +66,22 @@ size_t qr_seal(qr_sealer *s, const uint8_t *plain, size_t len, uint8_t *out) {
     return (size_t)(out - start);
 }
 
-int qr_unseal(qr_sealer *s, uint8_t *rec, uint32_t len) {
+int qr_unseal_to(qr_sealer *s, const uint8_t *rec, uint32_t len, uint8_t *out) {
     uint8_t nonce[24];
     make_nonce(s->counter, nonce);
-    uint8_t *ct = rec + QR_SEAL_LEN_BYTES;
+    const uint8_t *ct = rec + QR_SEAL_LEN_BYTES;
     int rc = s->aes ? crypto_aead_aes256gcm_decrypt_detached_afternm(
-                          ct, NULL, ct, len, ct + len, rec, QR_SEAL_LEN_BYTES, nonce,
+                          out, NULL, ct, len, ct + len, rec, QR_SEAL_LEN_BYTES, nonce,
                           &s->aes_state)
                     : crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
-                          ct, NULL, ct, len, ct + len, rec, QR_SEAL_LEN_BYTES, nonce, s->key);
+                          out, NULL, ct, len, ct + len, rec, QR_SEAL_LEN_BYTES, nonce, s->key);
     if (rc != 0)
         return qr__fail(QR_EAUTH, "record %llu does not open: forged, altered, replayed or "
                         "out of order", (unsigned long long)s->counter);
     s->counter++;
     return QR_OK;
+}
+
+int qr_unseal(qr_sealer *s, uint8_t *rec, uint32_t len) {
+    return qr_unseal_to(s, rec, len, rec + QR_SEAL_LEN_BYTES);
 }

@@ -57,5 +57,8 @@ uint32_t qr_seal_record_len(const uint8_t head[QR_SEAL_LEN_BYTES]);
  * its plaintext lands at rec + QR_SEAL_LEN_BYTES. QR_OK, or QR_EAUTH if it
  * was forged, altered, replayed, reordered or cut. */
 int qr_unseal(qr_sealer *s, uint8_t *rec, uint32_t len);
+/* The same, with the plaintext written to out (len bytes) instead. On
+ * failure out may hold garbage: it is for bytes not yet delivered. */
+int qr_unseal_to(qr_sealer *s, const uint8_t *rec, uint32_t len, uint8_t *out);
 
 #endif /* QR_WIRE_SEAL_H */
