@@ -5,7 +5,11 @@
 # fuzz_ps_sync at a sync one (tests/fuzz/fuzz_ps.c); fuzz_worker answers a
 # real worker's requests with them (fuzz_worker.c); fuzz_data feeds the
 # dataset loaders arbitrary files (fuzz_data.c); fuzz_config the cluster
-# spec and option parsers arbitrary text (fuzz_config.c).
+# spec and option parsers arbitrary text (fuzz_config.c); fuzz_handshake
+# both sides of the handshake and the sealed records arbitrary peer
+# messages (fuzz_handshake.c); fuzz_ps_auth throws bytes at a live ps that
+# has a cluster secret and encrypts, raw or after a genuine handshake
+# (fuzz_ps.c built with FUZZ_AUTH).
 # The corpus: what tests/fuzz/seeds.py writes, the inputs of past findings
 # against the ps (tests/fuzz/regressions) and whatever earlier runs kept in
 # build-fuzz/corpus-TARGET. A crash, hang or memory blow-up is saved as
@@ -14,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-300}
-targets="fuzz_ps fuzz_ps_sync fuzz_worker fuzz_data fuzz_config"
+targets="fuzz_ps fuzz_ps_sync fuzz_worker fuzz_data fuzz_config fuzz_handshake fuzz_ps_auth"
 export QR_BUILD_DIR=build-fuzz QR_EXTRA_PACKAGES="clang libclang-rt-14-dev" CC=clang
 QR_BUILD_TARGETS="$targets" scripts/setup.sh -DQR_FUZZ=ON
 if [ "$seconds" = 0 ]; then limit=(-runs=0); else limit=(-max_total_time="$seconds"); fi
@@ -25,6 +29,8 @@ for target in $targets; do
     fuzz_data) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" data ;;
     fuzz_worker) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" worker ;;
     fuzz_config) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" config ;;
+    fuzz_handshake) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" handshake ;;
+    fuzz_ps_auth) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" ps_auth ;;
     *) /usr/bin/python3 tests/fuzz/seeds.py "$corpus" ps
        cp tests/fuzz/regressions/* "$corpus"/ ;;
     esac

@@ -231,7 +231,7 @@ static int on_challenge(qr_handshake *hs, const uint8_t *in, size_t len, uint8_t
     const qr_auth *a = hs->auth;
     int bad = check_head(in, len, QR_HS_CHALLENGE_LEN);
     if (!bad && in[6] != 0) return fail(hs, in[6], true, NULL, 0, out_len);
-    bool encrypt = in[5] & FLAG_ENCRYPT, aes = in[5] & FLAG_AES;
+    bool encrypt = !bad && (in[5] & FLAG_ENCRYPT), aes = !bad && (in[5] & FLAG_AES);
     if (!bad && (in[5] & ~(FLAG_ENCRYPT | FLAG_AES))) bad = QR_HS_MALFORMED;
     if (!bad && encrypt != a->encrypt) bad = QR_HS_ENCRYPT_MISMATCH;
     if (!bad && aes && !(encrypt && a->has_aes)) bad = QR_HS_MALFORMED; /* we did not offer it */

@@ -12,9 +12,21 @@ behind the byte that picks the request (0 pull, 1 push, 2 step, 3 stats,
 4 sparse push), and an error reply.
 config (fuzz_config): a TF_CONFIG document, cluster flags, and option lines
 ending in a variable's optimizer options.
-Usage: seeds.py DIR [ps|data|worker|config]"""
+handshake (fuzz_handshake): whole valid handshakes made of input bytes alone
+(the proofs computed here with hashlib's BLAKE2b, from the secret, spec and
+fixed nonces fuzz_handshake.c uses), as server and as client, plain and
+encrypted; the same with genuine peers spliced in; peers of other jobs,
+refusals, altered and short messages; and sealed-record operations after
+them and on their own.
+ps_auth (fuzz_ps_auth): the ps seeds sent raw (refused: no handshake), and
+after a genuine handshake sealed in records (byte 1 then a record size;
+9: without AES), behind the byte that picks how fuzz_ps.c sends them; the
+past findings against the ps (tests/fuzz/regressions) sealed the same way;
+a few handshake-shaped ones.
+Usage: seeds.py DIR [ps|data|worker|config|handshake|ps_auth]"""
 
 import gzip
+import hashlib
 import os
 import struct
 import sys
@@ -91,8 +103,117 @@ config_seeds = {
     "flags": b"\x01127.0.0.1:1,127.0.0.1:2\nlocalhost:3\nworker\n\x00",
     "options": b"\x02lr=0.5\noptimizer=adam\nbeta1=0.8\noptimizer=ftrl,l1=0.1,lr-power=-0.5",
 }
+
+
+# fuzz_handshake: src/wire/auth.h's derivations. BLAKE2b-256, keyed where a
+# key is given; each label hashed with its terminating NUL.
+def blake(data, key=b""):
+    return hashlib.blake2b(data, digest_size=32, key=key).digest()
+
+
+def hs_hash(key, label, *parts):
+    return blake(label.encode() + b"\0" + b"".join(parts), key)
+
+
+class Job:
+    def __init__(self, secret, spec):
+        master = blake(secret)
+        self.key_id = hs_hash(master, "quorum key id v1")[:16]
+        self.spec_hash = hs_hash(b"", "quorum cluster spec v1", spec)
+        self.job_key = hs_hash(master, "quorum job key v1", self.spec_hash)
+
+
+HS_SECRET = b"fuzz_handshake: the cluster secret of this job"  # as in fuzz_handshake.c
+HS_SPEC = b"ps=127.0.0.1:2222;worker=127.0.0.1:2223"
+NONCE_C, NONCE_S = bytes(range(0x00, 0x20)), bytes(range(0x80, 0xa0))
+job = Job(HS_SECRET, HS_SPEC)
+
+
+def hs_head(flags=0, status=0):
+    return b"QRAU" + bytes([1, flags, status, 0])
+
+
+def hs_hello(flags, key_id=job.key_id, spec_hash=job.spec_hash):
+    return hs_head(flags) + key_id + spec_hash + NONCE_C
+
+
+def hs_transcript(hello, challenge_flags):
+    """The CHALLENGE and PROOF answering hello."""
+    t = hello + hs_head(challenge_flags) + NONCE_S
+    proof_s = hs_hash(job.job_key, "quorum server proof v1", t)
+    proof_c = hs_hash(job.job_key, "quorum client proof v1", t, proof_s)
+    return t[88:] + proof_s, hs_head() + proof_c
+
+
+RESULT_OK = hs_head()
+# Sealed-record operations (records() in fuzz_handshake.c): genuine
+# records, a big payload split in several, an altered one, one out of
+# place, and one of arbitrary bytes.
+RECORD_OPS = (b"\x01\x0f" + b"sixteen bytes!!!" + b"\x01\xff\x20\x4e" +
+              b"\x02\x1f\x05\x00\x40" + b"x" * 32 + b"\x03\x01\x00\x07" + b"eight b." +
+              b"\x00" + struct.pack("<I", 8) + b"\x00" * 24)
+MODE_SERVER, MODE_CLIENT, MODE_RECORDS, ENCRYPT = 0, 1, 2, 4
+GENUINE_BOTH = 0x11
+hs_seeds = {}
+for enc in (0, ENCRYPT):
+    e = "_enc" if enc else ""
+    f = 1 if enc else 0
+    # As a server, from input bytes alone: the HELLO does not offer AES, so
+    # the CHALLENGE (flags f) is the same on any CPU.
+    hello = hs_hello(f)
+    challenge, proof = hs_transcript(hello, f)
+    hs_seeds["server" + e] = bytes([MODE_SERVER | enc, 0]) + hello + proof + RECORD_OPS
+    # Offering AES: the proof holds where the CPU has it (the ps chooses it).
+    hello = hs_hello(f | 2)
+    challenge, proof = hs_transcript(hello, f | (2 if enc else 0))
+    hs_seeds["server_aes" + e] = bytes([MODE_SERVER | enc, 0]) + hello + proof + RECORD_OPS
+    # As a client: its HELLO offers AES where the CPU has it, so one seed
+    # for either CPU; the CHALLENGE does not pick AES.
+    for aes in (0, 2):
+        challenge, proof = hs_transcript(hs_hello(f | aes), f)
+        hs_seeds["client%s%s" % ("_aescpu" if aes else "", e)] = (
+            bytes([MODE_CLIENT | enc, 0]) + challenge + RESULT_OK + RECORD_OPS)
+    for mode, name in ((MODE_SERVER, "server"), (MODE_CLIENT, "client")):
+        sel = bytes([mode | enc])
+        hs_seeds[name + "_genuine" + e] = sel + bytes([GENUINE_BOTH]) + RECORD_OPS
+        for i, other in enumerate(("secret", "spec", "encrypt", "no_secret")):
+            hs_seeds["%s_other_%s%s" % (name, other, e)] = sel + b"\x03" + bytes([i])
+        hs_seeds[name + "_refused" + e] = sel + b"\x31" + b"\x04"  # bad_proof
+        hs_seeds[name + "_changed" + e] = sel + b"\x21" + b"\x09\x10"
+        hs_seeds[name + "_short" + e] = sel + b"\x04" + b"\x05QRAU\x01"
+hs_seeds["server_version"] = b"\x00\x00" + hs_head(0)[:4] + b"\x02" + hs_hello(0)[5:]
+hs_seeds["server_other_spec"] = (b"\x00\x00" +
+                                 hs_hello(0, spec_hash=hs_hash(b"", "quorum cluster spec v1",
+                                                               b"ps=elsewhere:1;worker=")))
+hs_seeds["records"] = bytes([MODE_RECORDS]) + RECORD_OPS
+hs_seeds["records_aes"] = bytes([MODE_RECORDS | ENCRYPT]) + RECORD_OPS
+
+# fuzz_ps_auth: the first byte picks how fuzz_ps.c sends the rest (0 raw,
+# 1 sealed after a handshake, in records of byte 2 + 1 bytes, 2 raw after
+# a handshake, 3 raw after a genuine HELLO, 4 raw, the connection held
+# open until the ps's handshake deadline closes it).
+ps_auth_seeds = {}
+for name, data in seeds.items():
+    ps_auth_seeds["raw_" + name] = b"\x00" + data
+    ps_auth_seeds["sealed_" + name] = b"\x01\xff" + data
+regressions = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regressions")
+for name in sorted(os.listdir(regressions)):
+    with open(os.path.join(regressions, name), "rb") as f:
+        ps_auth_seeds["sealed_regression_" + name] = b"\x01\xff" + f.read()
+ps_auth_seeds["sealed_pipelined_small_records"] = b"\x01\x07" + seeds["pipelined"]
+ps_auth_seeds["sealed_xchacha_pipelined"] = b"\x09\x3f" + seeds["pipelined"]
+ps_auth_seeds["sealed_xchacha_sync_step"] = b"\x09\xff" + seeds["sync_step"]
+ps_auth_seeds["records_garbage"] = b"\x02" + struct.pack("<I", 8) + b"\x00" * 24
+ps_auth_seeds["records_too_long"] = b"\x02" + struct.pack("<I", 1 << 20)
+ps_auth_seeds["hello_then_proof"] = b"\x03" + hs_head() + b"\x00" * 32
+ps_auth_seeds["hello_then_refusal"] = b"\x03" + hs_head(0, 4) + b"\x00" * 32
+ps_auth_seeds["foreign_hello"] = b"\x00" + hs_hello(1)
+ps_auth_seeds["held_half_hello"] = b"\x04" + hs_hello(1)[:40]
+ps_auth_seeds["held_half_request"] = b"\x04" + seeds["push_dense"][:40]
+
 kind = sys.argv[2] if len(sys.argv) > 2 else "ps"
-seeds = {"ps": seeds, "data": data_seeds, "worker": worker_seeds, "config": config_seeds}[kind]
+seeds = {"ps": seeds, "data": data_seeds, "worker": worker_seeds, "config": config_seeds,
+         "handshake": hs_seeds, "ps_auth": ps_auth_seeds}[kind]
 
 os.makedirs(sys.argv[1], exist_ok=True)
 for name, data in seeds.items():
