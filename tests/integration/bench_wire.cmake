@@ -35,3 +35,55 @@ print("bench_wire_smoke: %d points ok, --baseline-apply ok" % len(results))
 add_test(NAME bench_wire_smoke
          COMMAND ${QR_PYTHON} -c "${qr_bench_wire_check}" $<TARGET_FILE:quorum-bench-wire>)
 set_tests_properties(bench_wire_smoke PROPERTIES TIMEOUT 120)
+
+# --auth --encrypt: with the --quick grid, every point also shows quorum with
+# a cluster secret (authenticated, and encrypted) beside plain quorum, and
+# the summary gives the handshake's cost per connection and the encrypted
+# push+pull ratio against its goal. The text output is checked line by
+# line, the secret file made for the run must be gone at the end, and a
+# tiny --json run must carry the same figures. Timings are not checked.
+set(qr_bench_wire_secure_check [=[
+import json, os, re, subprocess, sys
+out = subprocess.run([sys.argv[1], "--quick", "--auth", "--encrypt"], check=True,
+                     stdout=subprocess.PIPE, timeout=110).stdout.decode()
+lines = out.splitlines()
+secret = re.search(r"with the secret (\S+) \(removed at the end\)", out)
+assert secret, "no secret file named:\n" + out
+assert not os.path.exists(secret.group(1)), "the secret file was left behind"
+assert not os.path.exists(os.path.dirname(secret.group(1))), "its directory was left behind"
+header = [l for l in lines if l.startswith("transport ")]
+assert len(header) == 1 and "auth GB/s" in header[0] and "enc GB/s" in header[0], header
+points = [l for l in lines if re.match(r"(unix|tcp) ", l)]
+assert len(points) == 60, "%d points, not 2 transports x 2 workers x 3 sizes x 5 ops" % len(points)
+for l in points:
+    cols = l.split("|")
+    assert len(cols) == 5, l
+    for c in cols[3:]:
+        gbps, ratio = (float(x) for x in c.split())
+        assert gbps >= 0 and ratio >= 0, l
+for t in ("unix", "tcp "):
+    for pat in (r"auth: GB/s with a secret / plain quorum: median \d+\.\d+ ",
+                r"auth: a fresh connection .* the handshake costs -?\d+\.\d+ us per connection",
+                r"encrypt: a fresh connection \d+\.\d+ us vs \d+\.\d+ us plain",
+                r"encrypt: push\+pull >= 1 MiB at \d+\.\d+ of plain \(goal 0\.5\): (met|NOT met)"):
+        assert re.search(r"^  " + t + " ?" + pat, out, re.M), "no line %r for %s:\n%s" % (pat, t, out)
+out = subprocess.run([sys.argv[1], "--auth", "--encrypt", "--transports", "tcp", "--ps", "1",
+                      "--workers", "1", "--sizes", "1M", "--ops", "pull,pushpull", "--repeat", "1",
+                      "--seconds", "0.01", "--json"],
+                     check=True, stdout=subprocess.PIPE, timeout=60).stdout
+doc = json.loads(out)
+assert doc["auth"] and doc["encrypt"], doc
+for r in doc["results"]:
+    for k in ("auth_gbps", "auth_ratio", "encrypt_gbps", "encrypt_ratio"):
+        assert r[k] > 0, (k, r)
+tcp = doc["summary"]["transports"]["tcp"]
+for k in ("connection_plain_us", "connection_auth_us", "connection_encrypt_us",
+          "handshake_compute_us"):
+    assert tcp[k] > 0, (k, tcp)
+assert "handshake_us" in tcp and "encrypt_goal_met" in tcp, tcp
+assert tcp["encrypt_pushpull_min_ratio_1mib_up"] > 0, tcp
+print("bench_wire_secure_smoke: %d points with --auth --encrypt ok, --json ok" % len(points))
+]=])
+add_test(NAME bench_wire_secure_smoke
+         COMMAND ${QR_PYTHON} -c "${qr_bench_wire_secure_check}" $<TARGET_FILE:quorum-bench-wire>)
+set_tests_properties(bench_wire_secure_smoke PROPERTIES TIMEOUT 120)

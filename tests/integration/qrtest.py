@@ -114,6 +114,36 @@ def unfloats(data):
     return list(struct.unpack("<%df" % (len(data) // 4), data))
 
 
+def free_ports(n):
+    """n distinct free ports (free_port may hand out one twice in a row)."""
+    got = []
+    while len(got) < n:
+        p = free_port()
+        if p not in got:
+            got.append(p)
+    return got
+
+
+def closed_by_peer(s, timeout=5.0):
+    """True once the peer has closed s (within timeout)."""
+    s.settimeout(timeout)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def rss_kb(pid):
+    """A process's resident set, in KiB."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
 def connect(port, timeout=10.0):
     deadline = time.time() + timeout
     while True:

@@ -22,7 +22,6 @@ Usage: test_auth.py QUORUM_BINARY"""
 import os
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -31,31 +30,12 @@ import time
 import urllib.request
 
 from qrtest import (HS_HELLO, HS_MAGIC, HS_PROOF, HS_REFUSAL, REPLY, STEP, STOP, Credentials,
-                    Proc, connect, frame, free_port, handshake, hs_hello, read_reply, read_secret,
-                    recv_exact, spec_text)
+                    Proc, closed_by_peer, connect, frame, free_ports, handshake, hs_hello,
+                    read_reply, read_secret, recv_exact, spec_text)
 
 quorum = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="qr-test-auth-")
 QR_EAUTH = -18
-
-
-def ports(n):
-    got = []
-    while len(got) < n:
-        p = free_port()
-        if p not in got:
-            got.append(p)
-    return got
-
-
-def closed_by_peer(s, timeout=5.0):
-    s.settimeout(timeout)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
 
 
 def served(s, rid):
@@ -88,7 +68,7 @@ assert read_secret(secret_path) == secret
 other_path = os.path.join(tmp, "other")
 subprocess.run([quorum, "keygen", other_path], check=True, capture_output=True, timeout=30)
 
-ps_port, worker_port, worker1_port, metrics_port = ports(4)
+ps_port, worker_port, worker1_port, metrics_port = free_ports(4)
 ps_hosts = "127.0.0.1:%d" % ps_port
 worker_hosts = "127.0.0.1:%d,127.0.0.1:%d" % (worker_port, worker1_port)
 spec = spec_text(ps_hosts, worker_hosts)
@@ -273,7 +253,7 @@ print("ok: the job's two workers trained to accuracy %.3f after the attacks, the
       "secret or with another job's stopped at once with the reason" % acc)
 
 # A worker with a secret against a ps with none: both ends say so.
-ps_port2, worker_port2 = ports(2)
+ps_port2, worker_port2 = free_ports(2)
 cluster2 = ["--ps_hosts", "127.0.0.1:%d" % ps_port2, "--worker_hosts",
             "127.0.0.1:%d" % worker_port2]
 plain_ps = Proc([quorum, "ps"] + cluster2 + ["--job_name", "ps", "--task_index", "0"])

@@ -23,24 +23,16 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 
-from qrtest import (REPLY, STEP, STOP, Credentials, Proc, connect, frame, free_port, handshake,
-                    read_reply, read_secret, spec_text)
+from qrtest import (REPLY, STEP, STOP, Credentials, Proc, connect, frame, free_ports, handshake,
+                    read_reply, read_secret, rss_kb, spec_text)
 
 quorum = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="qr-test-auth-wire-")
 secret_path = os.path.join(tmp, "secret")
 subprocess.run([quorum, "keygen", secret_path], check=True, capture_output=True, timeout=30)
 secret = read_secret(secret_path)
-
-
-def ports(n):
-    got = []
-    while len(got) < n:
-        p = free_port()
-        if p not in got:
-            got.append(p)
-    return got
 
 
 class Recorder:
@@ -104,7 +96,7 @@ class Recorder:
 
 
 def run_through_proxy(encrypt):
-    ps_port, worker_port = ports(2)
+    ps_port, worker_port = free_ports(2)
     cluster = ["--ps_hosts", "127.0.0.1:%d" % ps_port, "--worker_hosts",
                "127.0.0.1:%d" % worker_port]
     common = ["--secret-file", secret_path] + (["--encrypt"] if encrypt else [])
@@ -147,7 +139,7 @@ for name in names:
     assert name not in up_e and name not in down_e, name
 # Float data is near-random already; a frame of zeros is not: the plain
 # stream compresses, the sealed one does not.
-import zlib  # noqa: E402
+
 ratio_plain = len(zlib.compress(up)) / len(up)
 ratio_sealed = len(zlib.compress(sealed_up)) / len(sealed_up)
 assert ratio_sealed > 0.99, ratio_sealed
@@ -159,15 +151,7 @@ print("ok: --encrypt: %d bytes up, %d down, no frame or name readable (zlib rati
 # --- 2. memory of connections ---------------------------------------------------
 
 
-def rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
-ps_port, worker_port = ports(2)
+ps_port, worker_port = free_ports(2)
 ps_hosts, worker_hosts = "127.0.0.1:%d" % ps_port, "127.0.0.1:%d" % worker_port
 cred = Credentials(secret, spec_text(ps_hosts, worker_hosts))
 ps = Proc([quorum, "ps", "--ps_hosts", ps_hosts, "--worker_hosts", worker_hosts, "--job_name",

@@ -15,7 +15,8 @@ import sys
 import time
 import urllib.request
 
-from qrtest import STEP, STOP, REPLY, Proc, connect, frame, free_port, read_reply
+from qrtest import (STEP, STOP, REPLY, Proc, closed_by_peer, connect, frame, free_port,
+                    read_reply, rss_kb)
 
 quorum = sys.argv[1]
 
@@ -48,30 +49,12 @@ def step(s, rid):
     assert mtype == STEP | REPLY and got == rid and status == 0, (mtype, got, status)
 
 
-def closed_by_peer(s, timeout=5.0):
-    s.settimeout(timeout)
-    try:
-        return s.recv(1) == b""
-    except ConnectionResetError:
-        return True
-    except socket.timeout:
-        return False
-
-
 def stop(ps, port):
     s = connect(port)
     s.sendall(frame(STOP, 9999))
     read_reply(s)
     s.close()
     return ps.wait(60)
-
-
-def rss_kb(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 # --- 1. the cap -------------------------------------------------------------
