@@ -474,35 +474,32 @@ static char *options_json(const qr_config *cfg) {
     return text;
 }
 
-/* A fresh secret for this run's tasks, unless the options or the
- * environment name one (or "none"): its directory, to remove at the end
- * (NULL: none made, or failure with *failed set). */
-static char *make_run_secret(const launch_plan *plan, bool *failed) {
+/* The run's secret file in the run's directory (unless the options or
+ * the environment name one, or "none"): dir/secret, its path handed to
+ * every task through QUORUM_SECRET_FILE. In the directory of the Unix
+ * sockets, so that the ps tasks of a launcher killed outright remove it
+ * with the directory (cli_leave_launch_dir). True if one was made;
+ * *failed on an error (said). */
+static bool make_run_secret(const launch_plan *plan, const char *dir, bool *failed) {
     *failed = false;
-    if (plan->secret_given || getenv("QUORUM_SECRET_FILE")) return NULL;
-    const char *tmp = getenv("TMPDIR");
-    char *dir = NULL, *path = NULL;
-    if (asprintf(&dir, "%s/quorum-secret-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0 || !mkdtemp(dir) ||
-        asprintf(&path, "%s/secret", dir) < 0 || qr__write_secret_file(path)) {
-        fprintf(stderr, "quorum launch: cannot make the run's secret in %s: %s\n",
-                dir ? dir : "TMPDIR", path ? qr_last_error() : strerror(errno));
-        if (dir) rmdir(dir);
-        free(dir);
+    if (plan->secret_given || getenv("QUORUM_SECRET_FILE")) return false;
+    char *path = NULL;
+    if (asprintf(&path, "%s/secret", dir) < 0 || qr__write_secret_file(path)) {
+        fprintf(stderr, "quorum launch: cannot make the run's secret in %s: %s\n", dir,
+                path ? qr_last_error() : strerror(errno));
         free(path);
         *failed = true;
-        return NULL;
+        return false;
     }
     setenv("QUORUM_SECRET_FILE", path, 1);
     free(path);
-    return dir;
+    return true;
 }
 
-static void remove_run_secret(char *dir) {
-    if (!dir) return;
+static void remove_run_secret(const char *dir) {
     char *path = NULL;
-    if (asprintf(&path, "%s/secret", dir) >= 0) unlink(path);
+    if (dir && asprintf(&path, "%s/secret", dir) >= 0) unlink(path);
     free(path);
-    rmdir(dir);
 }
 
 /* Parse and check the options before any process starts. */
@@ -610,7 +607,7 @@ int cmd_launch(int argc, char **argv) {
         }
     int rc = read_plan(argc, argv, &plan);
     if (rc) return rc;
-    char *secret_dir = NULL;
+    char *run_dir = NULL; /* for the secret when there is no socket directory (tcp) */
     int npass = 0, n = plan.nps + plan.nworkers;
     char **pass = pass_through(argc, argv, &npass);
     char *dir = plan.tcp ? NULL : make_socket_dir();
@@ -634,25 +631,29 @@ int cmd_launch(int argc, char **argv) {
         goto done;
     }
     qr_cluster_free(check);
-    bool secret_failed = false;
-    secret_dir = make_run_secret(&plan, &secret_failed);
+    bool secret_failed = false, secret_made = false;
+    bool secret_wanted = !plan.secret_given && !getenv("QUORUM_SECRET_FILE");
+    if (secret_wanted && !dir && !(run_dir = make_socket_dir()))
+        secret_failed = true;
+    else
+        secret_made = make_run_secret(&plan, dir ? dir : run_dir, &secret_failed);
     if (secret_failed) {
         rc = LAUNCH_FAILED;
         goto done;
     }
     fprintf(stderr, "quorum launch: %d ps (%s) and %d workers%s%s%s\n", plan.nps, ps_hosts,
             plan.nworkers, plan.command ? " running " : "", plan.command ? plan.command[0] : "",
-            secret_dir ? "; a secret made for this run authenticates every connection" : "");
+            secret_made ? "; a secret made for this run authenticates every connection" : "");
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     /* If this launcher is killed outright it cleans up nothing: its ps
      * tasks then remove the socket directory (cli_leave_launch_dir). */
-    if (dir) {
+    if (dir || run_dir) {
         char pid[24];
         snprintf(pid, sizeof pid, "%d", (int)getpid());
-        setenv("QUORUM_LAUNCH_DIR", dir, 1);
+        setenv("QUORUM_LAUNCH_DIR", dir ? dir : run_dir, 1);
         setenv("QUORUM_LAUNCH_PID", pid, 1);
     }
     if (plan.metrics_base) announce_metrics(&plan);
@@ -665,8 +666,9 @@ int cmd_launch(int argc, char **argv) {
     rc = supervise(kids, n, &plan);
     if (rc == LAUNCH_OK) rc = final_status(kids, n);
 done:
-    remove_run_secret(secret_dir);
-    free(secret_dir);
+    remove_run_secret(dir ? dir : run_dir);
+    if (run_dir) rmdir(run_dir);
+    free(run_dir);
     if (dir) remove_socket_dir(dir, plan.nps);
     free(kids);
     free(worker_hosts);
@@ -683,5 +685,9 @@ void cli_leave_launch_dir(void) {
     /* Only when the launcher is gone: while it lives, the directory is its
      * to remove, and another ps may not have bound its socket yet. rmdir
      * removes it only once empty, so the last ps task to end does it. */
-    if (dir && pid && getppid() != (pid_t)atoi(pid)) rmdir(dir);
+    if (!dir || !pid || getppid() == (pid_t)atoi(pid)) return;
+    /* The run's secret goes with it: every task has read it already, and
+     * no launcher is left to start one again. */
+    remove_run_secret(dir);
+    rmdir(dir);
 }

@@ -54,7 +54,8 @@ static const key_spec keys[] = {
      "ps 0: a worker whose heartbeats stop this long is hung (stopped, wedged): it is "
      "treated as lost and its connections are closed"},
     {"metrics-port", ANY, KEY_INT, "0", 0, 65535, 0, NULL,
-     "serve Prometheus metrics at http://metrics-bind:PORT/metrics (0: off)"},
+     "serve Prometheus metrics at http://metrics-bind:PORT/metrics (0: off): read-only "
+     "(GET /metrics only, no authentication), on loopback unless --metrics-bind says otherwise"},
     {"metrics-bind", ANY, KEY_STRING, "127.0.0.1", 0, 0, 0, NULL,
      "the IPv4 address the metrics endpoint listens on: loopback unless told otherwise "
      "(read-only, but it says much about the run)"},
@@ -74,7 +75,8 @@ static const key_spec keys[] = {
     {"secret-file", ANY, KEY_STRING, "", 0, 0, 0, NULL,
      "the cluster secret (32 bytes or more; `quorum keygen PATH` makes one; readable by its "
      "owner only): every connection is mutually authenticated and bound to this job (\"\": "
-     "$QUORUM_SECRET_FILE, else none: connections are not authenticated)"},
+     "$QUORUM_SECRET_FILE, else none: connections are not authenticated; \"none\": none, "
+     "whatever the environment says)"},
     {"encrypt", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
      "with a secret: seal every message after the handshake (AES-256-GCM or "
      "XChaCha20-Poly1305); every task of the job must agree"},

@@ -462,9 +462,11 @@ static int reopen(qr_ps *ps) {
     int64_t step = ps->rollback.step;
     uint64_t follows = ps->rollback.follows;
     bool stop_asked = ps->stop_asked;
+    qr_auth *auth = ps->auth; /* the task's, not the run's */
     free_run(ps);
     size_t keep = offsetof(qr_ps, linger_timer);
     memset((char *)ps + keep, 0, sizeof *ps - keep);
+    ps->auth = auth;
     ps->restore_step = step >= 0 ? step : QR_RESTORE_NONE;
     ps->follows = ps->coordinator = follows;
     ps->stop_asked = stop_asked;

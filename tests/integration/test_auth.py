@@ -85,8 +85,14 @@ for path, words in ((loose, "chmod 600"), (short, "holds 9 bytes")):
     rc, _, err = Proc([quorum, "ps"] + cluster + ["--job_name", "ps", "--task_index", "0",
                                                   "--secret-file", path]).wait(60)
     assert rc != 0 and words in err, (path, rc, err[-2000:])
+helptext = subprocess.run([quorum, "ps", "--help"], capture_output=True, text=True,
+                          timeout=30).stdout
+metrics_help = [l for l in helptext.splitlines() if l.strip().startswith("--metrics-port")]
+assert metrics_help and "read-only" in metrics_help[0] and "loopback" in metrics_help[0], \
+    metrics_help
+assert "--secret-file" in helptext and "--encrypt" in helptext
 print("ok: keygen writes a 0600 secret and never overwrites one; a ps refuses a secret others "
-      "may read, or a short one")
+      "may read, or a short one; --help says the metrics page is read-only, on loopback")
 
 # --- 2. a ps with a secret, its worker training, and clients without it -------
 ps = Proc([quorum, "ps"] + cluster + ["--job_name", "ps", "--task_index", "0", "--mode", "sync",
@@ -277,11 +283,11 @@ env = dict(os.environ, TMPDIR=launch_tmp)
 env.pop("QUORUM_SECRET_FILE", None)
 args = [quorum, "launch", "--ps", "2", "--workers", "2", "--model", "mlp", "--hidden", "32",
         "--data", "digits", "--epochs", "2", "--mode", "sync"]
-rc, out, err = Proc(args, env=env).wait(300)
-assert rc == 0, err[-3000:]
-assert "a secret made for this run" in err and "connections authenticated" in err, err[-3000:]
-assert not [n for n in os.listdir(launch_tmp) if n.startswith("quorum-secret-")], \
-    os.listdir(launch_tmp)
+for transport in ("unix", "tcp"):
+    rc, out, err = Proc(args + ["--transport", transport], env=env).wait(300)
+    assert rc == 0, err[-3000:]
+    assert "a secret made for this run" in err and "connections authenticated" in err, err[-3000:]
+    assert os.listdir(launch_tmp) == [], os.listdir(launch_tmp)  # the secret went with the run
 rc, out, err = Proc(args + ["--secret-file", "none"], env=env).wait(300)
 assert rc == 0, err[-3000:]
 assert "a secret made for this run" not in err and "not authenticated" in err, err[-3000:]
