@@ -42,13 +42,35 @@
  * while the best of 10 such rounds moved by under 10% between groups of
  * rounds (measured: 1 MiB push+pull, ratios 0.80-0.85 across four groups
  * of ten).
+ *
+ * --auth and --encrypt measure the price of a cluster secret (wire/auth.h,
+ * wire/seal.h). Each topology then also runs a second (third) set of ps
+ * tasks and workers given a secret, made for the run in a private temp
+ * directory: --auth authenticates every connection and sends messages in
+ * the clear, --encrypt seals every message in AEAD records (and gives up
+ * the splice path). Their rounds join the same alternation (baseline,
+ * quorum, quorum with a secret, quorum encrypted), so all sides see the
+ * same machine, and each point shows them beside plain quorum with their
+ * ratio. Authentication costs nothing per message once the handshake is
+ * done, so its ratio should be 1.0 within noise; encryption's is set
+ * against a goal (push+pull >= 1 MiB at ENCRYPT_GOAL of plain at least).
+ * The handshake is paid once per connection, and timed apart: N fresh
+ * connections to ps 0 of each kind, interleaved, each a connect, the
+ * handshake (auth.h's pure API over a blocking socket, as the worker's
+ * heartbeat drives it) and one STEP round trip, the smallest request. The
+ * medians, and their difference, are its cost per connection.
  */
 #include "bench/bench.h"
 
 #include "cluster/cluster.h"
 #include "cluster/placement.h"
 #include "common/common.h"
+#include "common/addr.h"
 #include "optim/optim_internal.h"
+#include "wire/auth.h"
+#include "wire/proto.h"
+#include "wire/seal.h"
+#include "wire/secret.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -98,6 +120,18 @@ static const char *const op_names[NOPS] = {"push", "pull", "pushpull", "fused", 
 #define LARGE_ROUNDS 2
 #define TARGET_PUSHPULL_RATIO 0.8
 #define TARGET_LATENCY_RATIO 1.5
+/* --encrypt: push+pull of 1 MiB and more, encrypted, at this much of plain
+ * quorum's GB/s at least (issue 18). */
+#define ENCRYPT_GOAL 0.5
+/* Fresh connections of each kind timed for the handshake's cost. */
+#define CONNECTIONS 200
+#define QUICK_CONNECTIONS 50
+
+/* The quorum sides of a run: plain, and with --auth and --encrypt a
+ * cluster secret without and with encryption. */
+enum { V_PLAIN, V_AUTH, V_ENCRYPT, NVARIANTS };
+static const char *const variant_names[NVARIANTS] = {"quorum", "quorum with a secret",
+                                                     "quorum encrypted"};
 
 typedef struct opts {
     uint64_t sizes[MAX_SIZES];
@@ -114,6 +148,9 @@ typedef struct opts {
     int repeat;
     bool json;
     bool baseline_apply; /* the raw server also applies SGD to each push */
+    bool variants[NVARIANTS]; /* the quorum sides measured: plain always */
+    int connections;          /* per kind, for the handshake's cost */
+    char secret_path[256];    /* the run's secret file, with --auth or --encrypt */
 } opts;
 
 typedef struct meas {
@@ -126,7 +163,17 @@ typedef struct point {
     uint64_t size;
     const char *used; /* socket kind quorum's connections actually had */
     meas q, raw;
+    meas auth, enc; /* --auth, --encrypt */
 } point;
+
+/* The cost of a connection (connect, handshake if any, one STEP round
+ * trip) of each quorum side: the median over opts.connections. */
+typedef struct conn_cost {
+    bool have;
+    double us[NVARIANTS];
+    double compute_us;  /* one handshake's computation, both sides, in memory */
+    const char *cipher; /* the encrypted sessions' */
+} conn_cost;
 
 /* ------------------------------------------------------------------------ */
 /* Driving W worker threads through the points of a topology.              */
@@ -318,6 +365,7 @@ static int free_ports(int n, int *ports) {
 
 typedef struct qside {
     topo *t;
+    char ps_addr[MAX_PS][32]; /* for the handshake's timing */
     qr_config *cfg;
     qr_cluster *workers_spec;
     qr_ps *ps[MAX_PS];
@@ -446,7 +494,7 @@ static void q_stop(qside *q) {
     q->cfg = NULL;
 }
 
-static int q_start(qside *q, topo *t) {
+static int q_start(qside *q, topo *t, int variant) {
     memset(q, 0, sizeof *q);
     q->t = t;
     int rc = check_placement(t);
@@ -456,8 +504,12 @@ static int q_start(qside *q, topo *t) {
     const char *ps_addrs[MAX_PS], *worker_addrs[MAX_WORKERS];
     for (int i = 0; !rc && i < t->nps + t->nworkers; i++) {
         snprintf(addrs[i], sizeof addrs[i], "127.0.0.1:%d", ports[i]);
-        if (i < t->nps) ps_addrs[i] = addrs[i];
-        else worker_addrs[i - t->nps] = addrs[i];
+        if (i < t->nps) {
+            ps_addrs[i] = addrs[i];
+            snprintf(q->ps_addr[i], sizeof q->ps_addr[i], "%s", addrs[i]);
+        } else {
+            worker_addrs[i - t->nps] = addrs[i];
+        }
     }
     /* "tcp" makes the ps listen on TCP only and the worker connect over TCP;
      * "unix" lets a worker use the Unix socket a loopback ps also serves. */
@@ -472,6 +524,12 @@ static int q_start(qside *q, topo *t) {
     if (!rc) rc = qr_config_new(&q->cfg);
     for (size_t i = 0; !rc && i < QR_ARRAY_LEN(settings); i++)
         rc = qr_config_set(q->cfg, settings[i][0], settings[i][1]);
+    /* "none" even for plain quorum: a QUORUM_SECRET_FILE in the
+     * environment must not turn the plain side into an authenticated one. */
+    if (!rc)
+        rc = qr_config_set(q->cfg, "secret-file",
+                           variant == V_PLAIN ? "none" : t->o->secret_path);
+    if (!rc) rc = qr_config_set(q->cfg, "encrypt", variant == V_ENCRYPT ? "true" : "false");
     for (int i = 0; !rc && i < t->nps; i++) {
         qr_cluster *spec = NULL;
         rc = qr_cluster_create(&spec, t->nps, ps_addrs, t->nworkers, worker_addrs, "ps", i);
@@ -485,14 +543,14 @@ static int q_start(qside *q, topo *t) {
         rc = qr_cluster_create(&q->workers_spec, t->nps, ps_addrs, t->nworkers, worker_addrs,
                                "worker", 0);
     if (rc) {
-        fprintf(stderr, "bench wire: starting quorum: %s\n", qr_last_error());
+        fprintf(stderr, "bench wire: starting %s: %s\n", variant_names[variant], qr_last_error());
         q_stop(q);
         return rc;
     }
     q->d.setup = q_setup;
     q->d.run_op = q_run_op;
     q->d.teardown = q_teardown;
-    rc = driver_start(&q->d, t->nworkers, q, "quorum");
+    rc = driver_start(&q->d, t->nworkers, q, variant_names[variant]);
     if (rc) q_stop(q);
     return rc;
 }
@@ -958,6 +1016,246 @@ static int r_start(rside *r, topo *t) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* The handshake's cost per connection                                      */
+/* ------------------------------------------------------------------------ */
+
+/* One client connection to a ps, driven with blocking calls. */
+typedef struct session {
+    int fd;
+    bool sealed;
+    qr_sealer tx, rx;
+    uint8_t *rec;             /* the last record read: QR_SEAL_OVERHEAD + QR_SEAL_MAX_RECORD */
+    uint32_t rec_len, rec_at; /* its plaintext, and how much of it is taken */
+} session;
+
+/* Connect to ps 0 of q as its workers do: its Unix socket for "unix",
+ * TCP with TCP_NODELAY for "tcp". -1 with errno on failure. */
+static int ps0_connect(const qside *q) {
+    qr_addr a;
+    if (qr_addr_parse(q->ps_addr[0], &a)) {
+        errno = EINVAL;
+        return -1;
+    }
+    bool unix_socket = q->t->transport == T_UNIX;
+    int fd = socket(unix_socket ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct timeval tv = {.tv_sec = IO_TIMEOUT_MS / 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int rc;
+    if (unix_socket) {
+        /* The Unix socket a ps on a loopback address also serves. */
+        struct sockaddr_un un = {.sun_family = AF_UNIX};
+        rc = qr_addr_local_unix_path(&a, un.sun_path, sizeof un.sun_path);
+        if (rc) errno = EINVAL;
+        else rc = connect(fd, (struct sockaddr *)&un, sizeof un);
+    } else {
+        struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons((uint16_t)a.port),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        rc = connect(fd, (struct sockaddr *)&in, sizeof in);
+        if (!rc) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
+    }
+    if (rc) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
+/* MSG_NOSIGNAL: a ps that refuses us closes the connection. */
+static int send_full(int fd, const uint8_t *p, size_t len) {
+    while (len) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int session_send(session *s, const uint8_t *p, size_t len) {
+    if (!s->sealed) return send_full(s->fd, p, len);
+    uint8_t sealed[256];
+    if (qr_sealed_size(len) > sizeof sealed) return qr__fail(QR_EINTERNAL, "message too long");
+    if (send_full(s->fd, sealed, qr_seal(&s->tx, p, len, sealed)))
+        return qr__fail(QR_EIO, "send: %s", strerror(errno));
+    return QR_OK;
+}
+
+/* len bytes of the stream the ps sends, opened record by record when
+ * sealed. */
+static int session_recv(session *s, uint8_t *p, size_t len) {
+    while (len) {
+        if (!s->sealed) {
+            if (read_full(s->fd, p, len))
+                return qr__fail(QR_EIO, "read: %s", errno ? strerror(errno) : "the ps closed");
+            return QR_OK;
+        }
+        if (s->rec_at == s->rec_len) {
+            if (read_full(s->fd, s->rec, QR_SEAL_LEN_BYTES))
+                return qr__fail(QR_EIO, "read: %s", errno ? strerror(errno) : "the ps closed");
+            uint32_t n = qr_seal_record_len(s->rec);
+            if (!n) return qr__fail(QR_EPROTO, "a record of a bad length");
+            if (read_full(s->fd, s->rec + QR_SEAL_LEN_BYTES, n + QR_SEAL_TAG_BYTES))
+                return qr__fail(QR_EIO, "read: %s", errno ? strerror(errno) : "the ps closed");
+            int rc = qr_unseal(&s->rx, s->rec, n);
+            if (rc) return rc;
+            s->rec_len = n;
+            s->rec_at = 0;
+        }
+        size_t take = QR_MIN(len, (size_t)(s->rec_len - s->rec_at));
+        memcpy(p, s->rec + QR_SEAL_LEN_BYTES + s->rec_at, take);
+        s->rec_at += (uint32_t)take;
+        p += take;
+        len -= take;
+    }
+    return QR_OK;
+}
+
+/* The client's side of the handshake, as the worker's heartbeat runs it;
+ * an encrypted session's sealers are set up at the end. */
+static int session_handshake(session *s, const qr_auth *auth) {
+    qr_handshake hs;
+    qr_handshake_start(&hs, auth, false);
+    uint8_t out[QR_HS_MAX_LEN], in[QR_HS_MAX_LEN];
+    qr_handshake_hello(&hs, out);
+    size_t out_len = QR_HS_HELLO_LEN;
+    int rc = QR_OK;
+    while (!rc && hs.state != QR_HS_DONE) {
+        if (out_len && send_full(s->fd, out, out_len)) {
+            rc = qr__fail(QR_EIO, "handshake: send: %s", strerror(errno));
+            break;
+        }
+        size_t want = qr_handshake_want(&hs);
+        if (read_full(s->fd, in, want)) {
+            rc = qr__fail(QR_EIO, "handshake: read: %s", errno ? strerror(errno) : "the ps closed");
+            break;
+        }
+        rc = qr_handshake_step(&hs, in, want, out, &out_len);
+    }
+    if (!rc && hs.encrypt) {
+        qr_sealer_init(&s->tx, hs.aes, hs.key_tx);
+        qr_sealer_init(&s->rx, hs.aes, hs.key_rx);
+        s->sealed = true;
+    }
+    qr_handshake_clear(&hs);
+    return rc;
+}
+
+/* STEP: the smallest request with a reply (32-byte header, padded to 64);
+ * its reply is the global step. */
+static int step_round_trip(session *s) {
+    uint8_t msg[QR_PROTO_HEADER_LEN + QR_PROTO_ALIGN] = {0};
+    qr_frame f = {.type = QR_MSG_STEP, .request_id = 1};
+    qr_proto_encode_header(&f, msg);
+    size_t len = QR_PROTO_HEADER_LEN + qr_proto_pad(QR_PROTO_HEADER_LEN);
+    int rc = session_send(s, msg, len);
+    if (!rc) rc = session_recv(s, msg, QR_PROTO_HEADER_LEN);
+    qr_frame r;
+    if (!rc) rc = qr_proto_decode_header(msg, 0, &r);
+    if (!rc && (r.type != (QR_MSG_STEP | QR_MSG_REPLY) || r.request_id != 1 || r.status))
+        rc = qr__fail(QR_EPROTO, "STEP: unexpected reply (type %u, status %d)", r.type, r.status);
+    uint64_t rest = rc ? 0 : r.meta_len + qr_proto_pad(QR_PROTO_HEADER_LEN + (uint64_t)r.meta_len);
+    if (rest > sizeof msg) rc = qr__fail(QR_EPROTO, "STEP: a reply of %u bytes of meta", r.meta_len);
+    if (!rc) rc = session_recv(s, msg, rest);
+    return rc;
+}
+
+/* One fresh connection to ps 0 of q, timed from before the connect to the
+ * end of the STEP reply; the close is left out. */
+static int one_connection(const qside *q, const qr_auth *auth, uint8_t *rec, uint64_t *ns,
+                          const char **cipher) {
+    session s = {.rec = rec};
+    uint64_t t0 = qr__now_ns();
+    s.fd = ps0_connect(q);
+    int rc = s.fd < 0 ? qr__fail(QR_EIO, "connect: %s", strerror(errno)) : QR_OK;
+    if (!rc && auth) rc = session_handshake(&s, auth);
+    if (!rc) rc = step_round_trip(&s);
+    *ns = qr__now_ns() - t0;
+    if (s.sealed) {
+        *cipher = qr_sealer_cipher(&s.tx);
+        qr_sealer_clear(&s.tx);
+        qr_sealer_clear(&s.rx);
+    }
+    if (s.fd >= 0) close(s.fd);
+    return rc;
+}
+
+/* Both sides of one handshake in memory: what it costs apart from its
+ * round trips. */
+static int handshake_in_memory(const qr_auth *auth) {
+    qr_handshake c, sv;
+    qr_handshake_start(&c, auth, false);
+    qr_handshake_start(&sv, auth, true);
+    uint8_t a[QR_HS_MAX_LEN], b[QR_HS_MAX_LEN];
+    size_t alen = QR_HS_HELLO_LEN, blen = 0;
+    qr_handshake_hello(&c, a);
+    int rc = QR_OK;
+    while (!rc && c.state != QR_HS_DONE) {
+        rc = qr_handshake_step(&sv, a, alen, b, &blen); /* CHALLENGE, then RESULT */
+        if (!rc) rc = qr_handshake_step(&c, b, blen, a, &alen); /* PROOF, then done */
+    }
+    if (!rc && sv.state != QR_HS_DONE) rc = qr__fail(QR_EINTERNAL, "the server side is not done");
+    qr_handshake_clear(&c);
+    qr_handshake_clear(&sv);
+    return rc;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Time n fresh connections to ps 0 of each quorum side,
+ * interleaved one by one so every kind sees the same machine; the median
+ * is the figure (a 2-core VM stalls the odd connection for milliseconds). */
+static int measure_connections(qside *const q[NVARIANTS], int n, conn_cost *cost) {
+    memset(cost, 0, sizeof *cost);
+    qr_auth *auth[NVARIANTS] = {0};
+    uint64_t *ns[NVARIANTS] = {0};
+    uint8_t *rec = malloc(QR_SEAL_OVERHEAD + QR_SEAL_MAX_RECORD);
+    int rc = rec ? QR_OK : qr__fail(QR_ENOMEM, "out of memory");
+    /* The client's credentials from the same options and spec as the
+     * side's workers (NULL for plain quorum: no secret). */
+    for (int v = 0; v < NVARIANTS && !rc; v++) {
+        if (!q[v]) continue;
+        rc = qr__auth_from_config(q[v]->cfg, q[v]->workers_spec, &auth[v]);
+        ns[v] = calloc((size_t)n + 1, sizeof *ns[v]);
+        if (!rc && !ns[v]) rc = qr__fail(QR_ENOMEM, "out of memory");
+    }
+    /* Round 0 warms up (first connection of a kind, page faults). */
+    for (int i = 0; i <= n && !rc; i++)
+        for (int v = 0; v < NVARIANTS && !rc; v++) {
+            if (!q[v]) continue;
+            rc = one_connection(q[v], auth[v], rec, &ns[v][i], &cost->cipher);
+            if (rc)
+                fprintf(stderr, "bench wire: a connection to %s's ps 0: %s\n", variant_names[v],
+                        qr_last_error());
+        }
+    for (int v = 0; v < NVARIANTS && !rc; v++) {
+        if (!q[v]) continue;
+        qsort(ns[v] + 1, (size_t)n, sizeof *ns[v], cmp_u64);
+        cost->us[v] = (n % 2 ? (double)ns[v][1 + n / 2]
+                             : ((double)ns[v][n / 2] + (double)ns[v][1 + n / 2]) / 2) / 1e3;
+    }
+    const qr_auth *any = auth[V_AUTH] ? auth[V_AUTH] : auth[V_ENCRYPT];
+    uint64_t t0 = qr__now_ns();
+    for (int i = 0; i < n && !rc && any; i++) rc = handshake_in_memory(any);
+    if (!rc) cost->compute_us = (double)(qr__now_ns() - t0) / n / 1e3;
+    if (rc && any) fprintf(stderr, "bench wire: a handshake in memory: %s\n", qr_last_error());
+    cost->have = !rc;
+    for (int v = 0; v < NVARIANTS; v++) {
+        qr_auth_free(auth[v]);
+        free(ns[v]);
+    }
+    free(rec);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Command line                                                             */
 /* ------------------------------------------------------------------------ */
 
@@ -993,19 +1291,34 @@ static void usage(FILE *f) {
             "                     side reports its best round (default: 5); push and pull\n"
             "                     of 16 MiB and larger get at most %d (3 ops take long)\n"
             "  --quick            tiny grid for a smoke test: sizes 64,64KiB,1MiB, workers\n"
-            "                     1,2, seconds 0.02, repeat 1 (later flags still apply)\n"
+            "                     1,2, seconds 0.02, repeat 1, %d connections per kind for\n"
+            "                     the handshake; with --auth or --encrypt, ps 2 only\n"
+            "                     (later flags still apply)\n"
             "  --json             print one JSON object: {\"results\": [...], \"summary\": {...}}\n"
             "  --baseline-apply   the raw server also applies SGD to every push before its\n"
             "                     ack (pulls then send the updated values): the baseline\n"
             "                     becomes raw sockets plus the work any ps must do, and the\n"
             "                     ratio shows quorum's own overhead (not the targets' baseline)\n"
+            "  --auth             also measure quorum with a cluster secret (a secret file\n"
+            "                     made for the run in a private temp directory, removed at\n"
+            "                     the end): every connection authenticated, messages in the\n"
+            "                     clear. Its rounds alternate with the others; each point\n"
+            "                     shows its GB/s and its ratio to plain quorum (goal: 1.0\n"
+            "                     within noise). Also times %d fresh connections of each\n"
+            "                     kind to ps 0 (connect, handshake, one STEP round trip)\n"
+            "                     and prints the medians: the handshake's cost\n"
+            "  --encrypt          the same with the secret and encrypt (every message sealed\n"
+            "                     in AEAD records, no splice); goal: push+pull >= 1 MiB at\n"
+            "                     %.1f of plain quorum's GB/s or more\n"
             "  --help             this text\n"
             "\n"
-            "The default grid (216 points) takes 2 to 3 minutes on 2 shared cores.\n"
+            "The default grid (216 points) takes 2 to 3 minutes on 2 shared cores. --auth\n"
+            "and --encrypt add a side each to every round, and encrypted large ops are slow:\n"
+            "on 2 cores, sizes 64 B to 16 MiB with both took 20 minutes.\n"
             "Targets: push+pull >= %.1f x raw for 1 MiB and larger; 64 B pull round trip\n"
             "<= %.1f x raw.\n",
-            MAX_PS, MAX_WORKERS, MIN_OPS, LARGE_ROUNDS, TARGET_PUSHPULL_RATIO,
-            TARGET_LATENCY_RATIO);
+            MAX_PS, MAX_WORKERS, MIN_OPS, LARGE_ROUNDS, QUICK_CONNECTIONS, CONNECTIONS,
+            ENCRYPT_GOAL, TARGET_PUSHPULL_RATIO, TARGET_LATENCY_RATIO);
 }
 
 /* "64", "4K", "4KiB", "1M", "1MiB", "1G" (binary multiples). */
@@ -1124,6 +1437,9 @@ static int parse_args(int argc, char **argv, opts *o) {
     for (int i = 0; i < NOPS; i++) o->ops[i] = i;
     o->seconds = 0.04;
     o->repeat = 5;
+    o->variants[V_PLAIN] = true;
+    o->connections = CONNECTIONS;
+    bool quick = false, ps_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -1138,12 +1454,18 @@ static int parse_args(int argc, char **argv, opts *o) {
             o->baseline_apply = true;
             continue;
         }
+        if (!strcmp(a, "--auth") || !strcmp(a, "--encrypt")) {
+            o->variants[!strcmp(a, "--auth") ? V_AUTH : V_ENCRYPT] = true;
+            continue;
+        }
         if (!strcmp(a, "--quick")) {
             o->nsizes = (int)QR_ARRAY_LEN(quick_sizes);
             memcpy(o->sizes, quick_sizes, sizeof quick_sizes);
             o->nworkers = 2;
             o->seconds = 0.02;
             o->repeat = 1;
+            o->connections = QUICK_CONNECTIONS;
+            quick = true;
             continue;
         }
         /* The rest take a value: "--flag value" or "--flag=value". */
@@ -1173,7 +1495,10 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (!strcmp(flag, "--sizes")) rc = parse_list(flag, value, MAX_SIZES, item_size, o->sizes, &o->nsizes);
         else if (!strcmp(flag, "--transports"))
             rc = parse_list(flag, value, NTRANSPORTS, item_transport, o->transports, &o->ntransports);
-        else if (!strcmp(flag, "--ps")) rc = parse_list(flag, value, MAX_LIST, item_ps, o->ps, &o->nps);
+        else if (!strcmp(flag, "--ps")) {
+            rc = parse_list(flag, value, MAX_LIST, item_ps, o->ps, &o->nps);
+            ps_given = true;
+        }
         else if (!strcmp(flag, "--workers"))
             rc = parse_list(flag, value, MAX_LIST, item_workers, o->workers, &o->nworkers);
         else if (!strcmp(flag, "--ops")) rc = parse_list(flag, value, NOPS, item_op, o->ops, &o->nops);
@@ -1196,6 +1521,13 @@ static int parse_args(int argc, char **argv, opts *o) {
             }
         }
         if (rc) return -1;
+    }
+    /* --quick with --auth or --encrypt measures two or three quorum sides
+     * instead of one: 2 ps only (whose link to each other is then
+     * authenticated too) keeps the smoke test about as short. */
+    if (quick && !ps_given && (o->variants[V_AUTH] || o->variants[V_ENCRYPT])) {
+        o->nps = 1;
+        o->ps[0] = 2;
     }
     for (int k = 0; k < o->nsizes; k++) {
         for (int j = 0; j < k; j++)
@@ -1222,21 +1554,27 @@ static const char *baseline_name(const opts *o) {
     return o->baseline_apply ? "raw sockets + SGD apply (--baseline-apply)" : "raw sockets";
 }
 
-static void print_header(void) {
-    printf("%-9s %-8s %8s %2s %7s | %8s %8s %5s | %10s %10s %5s\n", "transport", "op", "size",
+static void print_header(const opts *o) {
+    printf("%-9s %-8s %8s %2s %7s | %8s %8s %5s | %10s %10s %5s", "transport", "op", "size",
            "ps", "workers", "GB/s", "raw GB/s", "ratio", "latency_us", "raw_us", "ratio");
+    if (o->variants[V_AUTH]) printf(" | %9s %6s", "auth GB/s", "/plain");
+    if (o->variants[V_ENCRYPT]) printf(" | %9s %6s", "enc GB/s", "/plain");
+    printf("\n");
 }
 
-static void print_point(const point *p) {
+static void print_point(const opts *o, const point *p) {
     char size[32];
     format_size(p->size, size, sizeof size);
     char transport[16];
     snprintf(transport, sizeof transport, "%s%s", transport_names[p->transport],
              strcmp(p->used, transport_names[p->transport]) ? "!" : "");
-    printf("%-9s %-8s %8s %2d %7d | %8.3f %8.3f %5.2f | %10.1f %10.1f %5.2f\n", transport,
+    printf("%-9s %-8s %8s %2d %7d | %8.3f %8.3f %5.2f | %10.1f %10.1f %5.2f", transport,
            op_names[p->op], size, p->nps, p->nworkers, p->q.gbps, p->raw.gbps,
            p->q.gbps / p->raw.gbps, p->q.latency_us, p->raw.latency_us,
            p->q.latency_us / p->raw.latency_us);
+    if (o->variants[V_AUTH]) printf(" | %9.3f %6.2f", p->auth.gbps, p->auth.gbps / p->q.gbps);
+    if (o->variants[V_ENCRYPT]) printf(" | %9.3f %6.2f", p->enc.gbps, p->enc.gbps / p->q.gbps);
+    printf("\n");
     fflush(stdout);
 }
 
@@ -1251,7 +1589,24 @@ typedef struct summary {
     double fused_min, fused_max; /* quorum fused GB/s / quorum pushpull GB/s */
     int npipe;                 /* pipelined points with a pushpull twin */
     double pipe_min, pipe_max; /* quorum pipelined GB/s / quorum pushpull GB/s */
+    /* --auth, --encrypt: GB/s with a secret / plain quorum's, every point */
+    int nauth, nenc;
+    double auth_median, auth_min, auth_max, enc_median;
+    bool have_enc_pp;          /* push+pull >= 1 MiB, encrypted: */
+    double enc_pp_min;         /* the smallest ratio, */
+    const point *enc_pp_worst; /* its point */
 } summary;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median of r[0, n), which it sorts. */
+static double median(double *r, int n) {
+    qsort(r, (size_t)n, sizeof *r, cmp_double);
+    return n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
+}
 
 /* The pushpull point of fused point f's topology and size, or NULL. */
 static const point *pushpull_twin(const point *pts, int n, const point *f) {
@@ -1262,11 +1617,19 @@ static const point *pushpull_twin(const point *pts, int n, const point *f) {
     return NULL;
 }
 
-static void summarize(const point *pts, int n, int transport, summary *s) {
+static void summarize(const opts *o, const point *pts, int n, int transport, summary *s) {
     memset(s, 0, sizeof *s);
+    double *auth = calloc((size_t)n + 1, sizeof *auth), *enc = calloc((size_t)n + 1, sizeof *enc);
     for (int i = 0; i < n; i++) {
         const point *p = &pts[i];
         if (p->transport != transport) continue;
+        if (o->variants[V_AUTH] && auth) auth[s->nauth++] = p->auth.gbps / p->q.gbps;
+        if (o->variants[V_ENCRYPT] && enc) enc[s->nenc++] = p->enc.gbps / p->q.gbps;
+        if (o->variants[V_ENCRYPT] && p->op == OP_PUSHPULL && p->size >= (1u << 20)) {
+            double r = p->enc.gbps / p->q.gbps;
+            if (!s->have_enc_pp || r < s->enc_pp_min) s->enc_pp_min = r, s->enc_pp_worst = p;
+            s->have_enc_pp = true;
+        }
         if (p->op == OP_PUSHPULL && p->size >= (1u << 20)) {
             double r = p->q.gbps / p->raw.gbps;
             if (!s->have_pp || r < s->pp_min_ratio) s->pp_min_ratio = r, s->pp_worst = p;
@@ -1298,14 +1661,53 @@ static void summarize(const point *pts, int n, int transport, summary *s) {
             s->have_lat = true;
         }
     }
+    if (s->nauth) {
+        s->auth_median = median(auth, s->nauth);
+        s->auth_min = auth[0];
+        s->auth_max = auth[s->nauth - 1];
+    }
+    if (s->nenc) s->enc_median = median(enc, s->nenc);
+    free(auth);
+    free(enc);
 }
 
-static void print_summary(const opts *o, const point *pts, int n) {
+/* --auth and --encrypt: each beside plain quorum, and a connection's cost. */
+static void print_secure_summary(const opts *o, int tr, const summary *s, const conn_cost *c) {
+    const char *name = transport_names[tr];
+    if (s->nauth)
+        printf("  %-4s auth: GB/s with a secret / plain quorum: median %.2f (%.2f to %.2f) over "
+               "%d points - goal 1.0 within noise (nothing per message after the handshake)\n",
+               name, s->auth_median, s->auth_min, s->auth_max, s->nauth);
+    if (c->have && o->variants[V_AUTH])
+        printf("  %-4s auth: a fresh connection (connect, handshake, STEP round trip) %.1f us vs "
+               "%.1f us plain: the handshake costs %.1f us per connection (medians of %d; its "
+               "computation %.1f us, the rest is its 2 more round trips)\n",
+               name, c->us[V_AUTH], c->us[V_PLAIN], c->us[V_AUTH] - c->us[V_PLAIN],
+               o->connections, c->compute_us);
+    if (c->have && o->variants[V_ENCRYPT])
+        printf("  %-4s encrypt: a fresh connection %.1f us vs %.1f us plain: %.1f us more per "
+               "connection (medians of %d; %s)\n", name, c->us[V_ENCRYPT], c->us[V_PLAIN],
+               c->us[V_ENCRYPT] - c->us[V_PLAIN], o->connections,
+               c->cipher ? c->cipher : "cipher unknown");
+    if (s->nenc)
+        printf("  %-4s encrypt: GB/s encrypted / plain quorum: median %.2f over %d points\n",
+               name, s->enc_median, s->nenc);
+    if (s->have_enc_pp) {
+        char size[32];
+        format_size(s->enc_pp_worst->size, size, sizeof size);
+        printf("  %-4s encrypt: push+pull >= 1 MiB at %.2f of plain (goal %.1f): %s (worst: %s, "
+               "%d ps, %d workers)\n", name, s->enc_pp_min, ENCRYPT_GOAL,
+               s->enc_pp_min >= ENCRYPT_GOAL ? "met" : "NOT met", size, s->enc_pp_worst->nps,
+               s->enc_pp_worst->nworkers);
+    }
+}
+
+static void print_summary(const opts *o, const point *pts, int n, const conn_cost *costs) {
     printf("\nheadline (ratio = quorum / %s, same run):\n", baseline_name(o));
     for (int t = 0; t < o->ntransports; t++) {
         int tr = o->transports[t];
         summary s;
-        summarize(pts, n, tr, &s);
+        summarize(o, pts, n, tr, &s);
         if (s.have_pp) {
             char size[32];
             format_size(s.pp_worst->size, size, sizeof size);
@@ -1332,18 +1734,20 @@ static void print_summary(const opts *o, const point *pts, int n) {
                    "topologies %.2f) - target <= %.1f: %s\n", transport_names[tr], s.lat_us,
                    s.lat_raw_us, s.lat_ratio, s.lat_max_ratio, TARGET_LATENCY_RATIO,
                    s.lat_ratio <= TARGET_LATENCY_RATIO ? "met" : "NOT met");
+        print_secure_summary(o, tr, &s, &costs[tr]);
     }
 }
 
-static cJSON *json_summary(const opts *o, const point *pts, int n) {
+static cJSON *json_summary(const opts *o, const point *pts, int n, const conn_cost *costs) {
     cJSON *sum = cJSON_CreateObject();
     cJSON_AddNumberToObject(sum, "target_pushpull_ratio", TARGET_PUSHPULL_RATIO);
     cJSON_AddNumberToObject(sum, "target_latency_ratio", TARGET_LATENCY_RATIO);
+    if (o->variants[V_ENCRYPT]) cJSON_AddNumberToObject(sum, "encrypt_goal", ENCRYPT_GOAL);
     cJSON *per = cJSON_AddObjectToObject(sum, "transports");
     for (int t = 0; t < o->ntransports; t++) {
         int tr = o->transports[t];
         summary s;
-        summarize(pts, n, tr, &s);
+        summarize(o, pts, n, tr, &s);
         cJSON *j = cJSON_AddObjectToObject(per, transport_names[tr]);
         if (s.have_pp) {
             cJSON_AddNumberToObject(j, "pushpull_min_ratio_1mib_up", s.pp_min_ratio);
@@ -1366,11 +1770,38 @@ static cJSON *json_summary(const opts *o, const point *pts, int n) {
             cJSON_AddNumberToObject(j, "pull64_latency_ratio_max", s.lat_max_ratio);
             cJSON_AddBoolToObject(j, "latency_target_met", s.lat_ratio <= TARGET_LATENCY_RATIO);
         }
+        /* --auth, --encrypt: ratios to plain quorum; connection costs in us */
+        if (s.nauth) {
+            cJSON_AddNumberToObject(j, "auth_ratio_median", s.auth_median);
+            cJSON_AddNumberToObject(j, "auth_ratio_min", s.auth_min);
+            cJSON_AddNumberToObject(j, "auth_ratio_max", s.auth_max);
+        }
+        if (s.nenc) cJSON_AddNumberToObject(j, "encrypt_ratio_median", s.enc_median);
+        if (s.have_enc_pp) {
+            cJSON_AddNumberToObject(j, "encrypt_pushpull_min_ratio_1mib_up", s.enc_pp_min);
+            cJSON_AddBoolToObject(j, "encrypt_goal_met", s.enc_pp_min >= ENCRYPT_GOAL);
+        }
+        const conn_cost *c = &costs[tr];
+        if (c->have) {
+            cJSON_AddNumberToObject(j, "connections", o->connections);
+            cJSON_AddNumberToObject(j, "connection_plain_us", c->us[V_PLAIN]);
+            cJSON_AddNumberToObject(j, "handshake_compute_us", c->compute_us);
+            if (o->variants[V_AUTH]) {
+                cJSON_AddNumberToObject(j, "connection_auth_us", c->us[V_AUTH]);
+                cJSON_AddNumberToObject(j, "handshake_us", c->us[V_AUTH] - c->us[V_PLAIN]);
+            }
+            if (o->variants[V_ENCRYPT]) {
+                cJSON_AddNumberToObject(j, "connection_encrypt_us", c->us[V_ENCRYPT]);
+                cJSON_AddNumberToObject(j, "handshake_encrypt_us",
+                                        c->us[V_ENCRYPT] - c->us[V_PLAIN]);
+                if (c->cipher) cJSON_AddStringToObject(j, "cipher", c->cipher);
+            }
+        }
     }
     return sum;
 }
 
-static int print_json(const opts *o, const point *pts, int n) {
+static int print_json(const opts *o, const point *pts, int n, const conn_cost *costs) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "benchmark", "wire");
     cJSON_AddStringToObject(root, "version", qr_version());
@@ -1378,6 +1809,8 @@ static int print_json(const opts *o, const point *pts, int n) {
     cJSON_AddNumberToObject(root, "rounds_per_point", o->repeat);
     cJSON_AddNumberToObject(root, "min_ops_per_worker", MIN_OPS);
     cJSON_AddStringToObject(root, "baseline", o->baseline_apply ? "raw+apply" : "raw");
+    cJSON_AddBoolToObject(root, "auth", o->variants[V_AUTH]);
+    cJSON_AddBoolToObject(root, "encrypt", o->variants[V_ENCRYPT]);
     cJSON *results = cJSON_AddArrayToObject(root, "results");
     for (int i = 0; i < n; i++) {
         const point *p = &pts[i];
@@ -1396,9 +1829,22 @@ static int print_json(const opts *o, const point *pts, int n) {
         cJSON_AddNumberToObject(r, "latency_ratio", p->q.latency_us / p->raw.latency_us);
         cJSON_AddNumberToObject(r, "ops", (double)p->q.ops);
         cJSON_AddNumberToObject(r, "baseline_ops", (double)p->raw.ops);
+        /* With a secret, beside plain quorum (ratio = that / quorum's). */
+        if (o->variants[V_AUTH]) {
+            cJSON_AddNumberToObject(r, "auth_gbps", p->auth.gbps);
+            cJSON_AddNumberToObject(r, "auth_ratio", p->auth.gbps / p->q.gbps);
+            cJSON_AddNumberToObject(r, "auth_latency_us", p->auth.latency_us);
+            cJSON_AddNumberToObject(r, "auth_ops", (double)p->auth.ops);
+        }
+        if (o->variants[V_ENCRYPT]) {
+            cJSON_AddNumberToObject(r, "encrypt_gbps", p->enc.gbps);
+            cJSON_AddNumberToObject(r, "encrypt_ratio", p->enc.gbps / p->q.gbps);
+            cJSON_AddNumberToObject(r, "encrypt_latency_us", p->enc.latency_us);
+            cJSON_AddNumberToObject(r, "encrypt_ops", (double)p->enc.ops);
+        }
         cJSON_AddItemToArray(results, r);
     }
-    cJSON_AddItemToObject(root, "summary", json_summary(o, pts, n));
+    cJSON_AddItemToObject(root, "summary", json_summary(o, pts, n, costs));
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!text) {
@@ -1414,17 +1860,26 @@ static int print_json(const opts *o, const point *pts, int n) {
 /* Main                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Measure every (size, op) of one topology, quorum and baseline back to
- * back. Appends to pts. */
-static int run_topology(topo *t, point *pts, int *npts) {
+/* Measure every (size, op) of one topology, the baseline and each quorum
+ * side back to back. Appends to pts. With cost, also times fresh
+ * connections to each side's ps 0 (once per transport is enough: a
+ * connection does not depend on the topology). */
+static int run_topology(topo *t, point *pts, int *npts, conn_cost *cost) {
     const opts *o = t->o;
-    qside *q = calloc(1, sizeof *q);
+    qside *qs = calloc(NVARIANTS, sizeof *qs);
     rside *r = calloc(1, sizeof *r);
-    int rc = q && r ? QR_OK : QR_ENOMEM;
+    qside *q[NVARIANTS] = {0}; /* the sides started */
+    int rc = qs && r ? QR_OK : QR_ENOMEM;
     if (rc) fprintf(stderr, "bench wire: out of memory\n");
-    if (!rc) rc = q_start(q, t);
+    for (int v = 0; v < NVARIANTS && !rc; v++) {
+        if (!o->variants[v]) continue;
+        rc = q_start(&qs[v], t, v);
+        if (!rc) q[v] = &qs[v];
+    }
     if (rc) {
-        free(q);
+        for (int v = 0; v < NVARIANTS; v++)
+            if (q[v]) q_stop(q[v]);
+        free(qs);
         free(r);
         return rc;
     }
@@ -1434,35 +1889,66 @@ static int run_topology(topo *t, point *pts, int *npts) {
     if (strcmp(used, transport_names[t->transport]))
         fprintf(stderr, "bench wire: warning: transport %s asked for, but quorum's connections "
                 "are %s\n", transport_names[t->transport], used);
-    rc = r_start(r, t);
+    if (cost && (q[V_AUTH] || q[V_ENCRYPT])) rc = measure_connections(q, o->connections, cost);
+    if (!rc) rc = r_start(r, t);
     for (int k = 0; k < o->nsizes && !rc; k++) {
         for (int i = 0; i < o->nops && !rc; i++) {
             point *p = &pts[(*npts)];
             *p = (point){.transport = t->transport, .op = o->ops[i], .nps = t->nps,
                          .nworkers = t->nworkers, .size = o->sizes[k], .used = used};
-            /* Rounds alternate baseline and quorum; each side keeps its
-             * best round (the least disturbed on a shared machine). */
+            meas *best[NVARIANTS] = {&p->q, &p->auth, &p->enc};
+            /* Rounds alternate the baseline and the quorum sides; each
+             * side keeps its best round (the least disturbed on a shared
+             * machine). */
             int rounds = p->size >= LARGE_SIZE && p->op != OP_PUSHPULL && p->op != OP_FUSED && p->op != OP_PIPELINED
                              ? QR_MIN(o->repeat, LARGE_ROUNDS)
                              : o->repeat;
             for (int round = 0; round < rounds && !rc; round++) {
-                meas raw, qm;
-                rc = driver_measure(&r->d, k, p->op, o->seconds, p->size, "baseline", &raw);
-                if (!rc) rc = driver_measure(&q->d, k, p->op, o->seconds, p->size, "quorum", &qm);
-                if (rc) break;
-                if (raw.gbps > p->raw.gbps) p->raw = raw;
-                if (qm.gbps > p->q.gbps) p->q = qm;
+                meas m;
+                rc = driver_measure(&r->d, k, p->op, o->seconds, p->size, "baseline", &m);
+                if (!rc && m.gbps > p->raw.gbps) p->raw = m;
+                for (int v = 0; v < NVARIANTS && !rc; v++) {
+                    if (!q[v]) continue;
+                    rc = driver_measure(&q[v]->d, k, p->op, o->seconds, p->size, variant_names[v], &m);
+                    if (!rc && m.gbps > best[v]->gbps) *best[v] = m;
+                }
             }
             if (rc) break;
             (*npts)++;
-            if (!o->json) print_point(p);
+            if (!o->json) print_point(o, p);
         }
     }
     if (r->t) r_stop(r);
-    q_stop(q);
-    free(q);
+    for (int v = 0; v < NVARIANTS; v++)
+        if (q[v]) q_stop(q[v]);
+    free(qs);
     free(r);
     return rc;
+}
+
+/* --auth, --encrypt: the run's secret, in a directory only we can enter
+ * (mkdtemp makes it 0700; the file itself is 0600). */
+static int make_secret(opts *o, char *dir, size_t len) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, len, "%s/quorum-bench-wire-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "bench wire: cannot make a temp directory for the secret: %s\n",
+                strerror(errno));
+        dir[0] = 0;
+        return -1;
+    }
+    snprintf(o->secret_path, sizeof o->secret_path, "%s/secret", dir);
+    if (qr__write_secret_file(o->secret_path)) {
+        fprintf(stderr, "bench wire: %s\n", qr_last_error());
+        o->secret_path[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static void remove_secret(opts *o, const char *dir) {
+    if (o->secret_path[0]) unlink(o->secret_path);
+    if (dir[0]) rmdir(dir);
 }
 
 int qr_bench_wire_main(int argc, char **argv) {
@@ -1480,13 +1966,30 @@ int qr_bench_wire_main(int argc, char **argv) {
         free(pts);
         return 1;
     }
+    char secret_dir[256] = "";
+    if ((o.variants[V_AUTH] || o.variants[V_ENCRYPT]) &&
+        make_secret(&o, secret_dir, sizeof secret_dir)) {
+        remove_secret(&o, secret_dir);
+        free(send);
+        free(pts);
+        return 1;
+    }
     for (uint64_t i = 0; i < max_size / sizeof(float); i++) send[i] = 1e-3f;
     if (!o.json) {
         printf("quorum bench wire: best of %d rounds of %.2f s per point and side (at least %d "
                "ops per worker); ratio = quorum / %s\n", o.repeat, o.seconds, MIN_OPS,
                baseline_name(&o));
-        print_header();
+        if (o.variants[V_AUTH] || o.variants[V_ENCRYPT])
+            printf("%s%s%s: quorum with the secret %s (removed at the end), in the same "
+                   "alternating rounds; /plain = its GB/s / quorum's\n",
+                   o.variants[V_AUTH] ? "auth (authenticated, in the clear)" : "",
+                   o.variants[V_AUTH] && o.variants[V_ENCRYPT] ? ", " : "",
+                   o.variants[V_ENCRYPT] ? "enc (authenticated and encrypted)" : "",
+                   o.secret_path);
+        print_header(&o);
     }
+    conn_cost costs[NTRANSPORTS];
+    memset(costs, 0, sizeof costs);
     int npts = 0, rc = QR_OK;
     for (int a = 0; a < o.ntransports && !rc; a++)
         for (int b = 0; b < o.nps && !rc; b++)
@@ -1495,11 +1998,13 @@ int qr_bench_wire_main(int argc, char **argv) {
                           .nworkers = o.workers[c], .send = send};
                 for (int k = 0; k < o.nsizes; k++)
                     t.max_piece = QR_MAX(t.max_piece, o.sizes[k] / (uint64_t)t.nps);
-                rc = run_topology(&t, pts, &npts);
+                conn_cost *cost = costs[t.transport].have ? NULL : &costs[t.transport];
+                rc = run_topology(&t, pts, &npts, cost);
             }
+    remove_secret(&o, secret_dir);
     if (!rc) {
-        if (o.json) rc = print_json(&o, pts, npts);
-        else print_summary(&o, pts, npts);
+        if (o.json) rc = print_json(&o, pts, npts, costs);
+        else print_summary(&o, pts, npts, costs);
     }
     free(send);
     free(pts);

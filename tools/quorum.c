@@ -200,7 +200,8 @@ static int cmd_train(int argc, char **argv) {
 
 static int cmd_bench(int argc, char **argv) {
     if (argc < 1 || !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h")) {
-        printf("usage: quorum bench wire [options]    push/pull throughput and latency vs raw sockets\n"
+        printf("usage: quorum bench wire [options]    push/pull throughput and latency vs raw sockets,\n"
+               "                                      with a cluster secret too (--auth, --encrypt)\n"
                "       quorum bench optim [options]   optimizer applies vs memory bandwidth\n"
                "       quorum bench ckpt [options]    checkpoint pause and write speed vs the disk\n"
                "       quorum bench embed [options]   sparse rows vs dense bytes, memory per row\n"
