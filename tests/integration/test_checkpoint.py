@@ -199,9 +199,12 @@ try:
         assert step >= 120 and manifest(last)["num_shards"] == 2, manifest(last)
         shards = read_shards(last)
         assert all(t["global_step"][2] == step for t in shards.values()), shards
-        second, err = launch(two + ["--steps", "200"])
+        # Long enough for workers 1 and 2 to start and join before the chief
+        # ends the run (a worker that starts after its ps tasks have gone
+        # waits for them until the launcher stops it: exit status 3).
+        second, err = launch(two + ["--steps", "1000"])
         assert "(global step %d)" % step in err, err
-        assert second["global_step"] >= 200
+        assert second["global_step"] >= 1000
         print("ok: async on two ps checkpoints at one global step and resumes at %d" % step)
     else:
         raise SystemExit("unknown case " + case)
