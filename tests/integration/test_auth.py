@@ -19,6 +19,7 @@ clients that do not hold it, while its own worker trains.
    `--secret-file none` goes without.
 Usage: test_auth.py QUORUM_BINARY"""
 
+import atexit
 import os
 import re
 import shutil
@@ -35,6 +36,7 @@ from qrtest import (HS_HELLO, HS_MAGIC, HS_PROOF, HS_REFUSAL, REPLY, STEP, STOP,
 
 quorum = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="qr-test-auth-")
+atexit.register(shutil.rmtree, tmp, True)  # passed or not
 QR_EAUTH = -18
 
 

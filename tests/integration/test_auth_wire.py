@@ -14,6 +14,7 @@ what its connections cost a ps.
    after); the figures are printed.
 Usage: test_auth_wire.py QUORUM_BINARY"""
 
+import atexit
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from qrtest import (REPLY, STEP, STOP, Credentials, Proc, connect, frame, free_p
 
 quorum = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="qr-test-auth-wire-")
+atexit.register(shutil.rmtree, tmp, True)  # passed or not
 secret_path = os.path.join(tmp, "secret")
 subprocess.run([quorum, "keygen", secret_path], check=True, capture_output=True, timeout=30)
 secret = read_secret(secret_path)
@@ -50,6 +52,7 @@ class Recorder:
         if os.path.exists(self.path):
             os.unlink(self.path)
         self.server.bind(self.path)
+        atexit.register(lambda: os.path.exists(self.path) and os.unlink(self.path))
         self.server.listen(16)
         self.server.settimeout(0.2)
         self.stopped = False
@@ -92,7 +95,8 @@ class Recorder:
     def close(self):
         self.stopped = True
         self.server.close()
-        os.unlink(self.path)
+        if os.path.exists(self.path):
+            os.unlink(self.path)
 
 
 def run_through_proxy(encrypt):
