@@ -21,6 +21,7 @@ struct qr_conn {
         uv_pipe_t pipe;
     } h;
     bool is_tcp;
+    bool accepted;  /* by a listener (the peer connected to us) */
     bool connected;
     bool closing;
     int close_status;

@@ -285,7 +285,8 @@ void qr__conn_handshake_feed(qr_conn *c, const uint8_t *p, size_t n) {
     if (n > 0 && !c->hs && !c->closing) {
         /* Neither side may speak between its last handshake message and
          * the other's answer: reads are sized so this never happens. */
-        qr__log(QR_LOG_WARN, "closing connection %s: bytes before the handshake ended", c->peer);
+        qr__log(QR_LOG_WARN, "closing connection %s %s: bytes before the handshake ended",
+                c->accepted ? "from" : "to", c->peer);
         qr__conn_close_with(c, QR_EPROTO);
     }
 }
@@ -308,8 +309,8 @@ void qr__conn_records_read(qr_conn *c, size_t n) {
     while (c->rec_have >= QR_SEAL_LEN_BYTES && !c->closing) {
         uint32_t len = qr_seal_record_len(c->rec);
         if (!len) {
-            qr__log(QR_LOG_WARN, "closing connection %s: a sealed record of impossible length",
-                    c->peer);
+            qr__log(QR_LOG_WARN, "closing connection %s %s: a sealed record of impossible length",
+                    c->accepted ? "from" : "to", c->peer);
             qr__conn_close_with(c, QR_EAUTH);
             return;
         }
@@ -320,7 +321,8 @@ void qr__conn_records_read(qr_conn *c, size_t n) {
          * saving a copy of every payload byte. */
         uint8_t *dst = qr__conn_payload_dest(c, len);
         if (dst ? qr_unseal_to(c->rx, c->rec, len, dst) : qr_unseal(c->rx, c->rec, len)) {
-            qr__log(QR_LOG_WARN, "closing connection %s: %s", c->peer, qr_last_error());
+            qr__log(QR_LOG_WARN, "closing connection %s %s: %s", c->accepted ? "from" : "to",
+                    c->peer, qr_last_error());
             qr__conn_close_with(c, QR_EAUTH);
             return;
         }

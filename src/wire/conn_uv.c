@@ -949,6 +949,7 @@ static void on_connection(uv_stream_t *server, int status) {
         return;
     }
     c->connected = true;
+    c->accepted = true;
     if (is_tcp) {
         struct sockaddr_storage ss;
         int len = sizeof ss;
