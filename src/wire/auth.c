@@ -112,6 +112,10 @@ bool qr_auth_encrypts(const qr_auth *a) {
     return a && a->encrypt;
 }
 
+void qr_auth_without_aes(qr_auth *a) {
+    a->has_aes = false;
+}
+
 const char *qr_auth_key_name(const qr_auth *a) {
     return a->key_name;
 }

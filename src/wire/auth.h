@@ -87,6 +87,9 @@ int qr_auth_new(const uint8_t *secret, size_t len, const char *spec, bool encryp
                 qr_auth **out);
 void qr_auth_free(qr_auth *a);
 bool qr_auth_encrypts(const qr_auth *a);
+/* Offer XChaCha20-Poly1305 only, as a CPU without AES in hardware does
+ * (so the tests cover both ciphers on any machine). */
+void qr_auth_without_aes(qr_auth *a);
 /* 32 hex digits naming the secret (its key_id): logs can say which one a
  * task holds without giving it away. */
 const char *qr_auth_key_name(const qr_auth *a);

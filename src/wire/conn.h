@@ -106,6 +106,9 @@ const char *qr_conn_peer(const qr_conn *c);
 /* Why the connection's handshake failed (qr_hs_refusal; 0 if it did
  * not), and the message said of it, naming the peer. */
 int qr_conn_refusal(const qr_conn *c);
+/* The cipher sealing the connection ("AES-256-GCM", "XChaCha20-Poly1305"),
+ * or NULL if it is not encrypted. */
+const char *qr_conn_cipher(const qr_conn *c);
 const char *qr_conn_refusal_message(const qr_conn *c);
 
 /* From the `header` event: the payload goes to these buffers, in order.

@@ -848,6 +848,9 @@ const char *qr_conn_peer(const qr_conn *c) {
 int qr_conn_refusal(const qr_conn *c) {
     return c->refusal;
 }
+const char *qr_conn_cipher(const qr_conn *c) {
+    return c->tx ? qr_sealer_cipher(c->tx) : NULL;
+}
 const char *qr_conn_refusal_message(const qr_conn *c) {
     return c->reason;
 }

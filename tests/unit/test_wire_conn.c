@@ -40,6 +40,8 @@
 #include "wire/conn.h"
 #include "wire/secret.h"
 
+#include <sodium.h>
+
 #define MESSAGES 64
 #define PIECES 3
 static const size_t piece_len[PIECES] = {1000, 40000, 19004}; /* 60004 bytes a message */
@@ -164,7 +166,9 @@ static bool turn_until(side *s, bool (*done)(const side *)) {
     return done(s);
 }
 
-static void small_sends_survive_a_full_socket(const char *address, const qr_auth *auth) {
+/* cipher: the one both ends must use (NULL: not encrypted). */
+static void small_sends_survive_a_full_socket(const char *address, const qr_auth *auth,
+                                              const char *cipher) {
     side *s = calloc(1, sizeof *s);
     assert_non_null(s);
     s->auth = auth != NULL;
@@ -185,6 +189,11 @@ static void small_sends_survive_a_full_socket(const char *address, const qr_auth
     assert_true(turn_until(s, both_ends_up));
     assert_true(s->connected && s->server);
     assert_true(qr_conn_paused(s->server));
+    const char *got[2] = {qr_conn_cipher(s->client), qr_conn_cipher(s->server)};
+    for (int i = 0; i < 2; i++) {
+        if (!cipher) assert_null(got[i]);
+        else assert_string_equal(got[i], cipher);
+    }
 
     size_t queued_max = 0;
     for (int k = 0; k < MESSAGES; k++) {
@@ -266,25 +275,31 @@ static void test_unix(void **state) {
     (void)state;
     char address[96];
     unix_address(address, sizeof address);
-    small_sends_survive_a_full_socket(address, NULL);
+    small_sends_survive_a_full_socket(address, NULL, NULL);
 }
 
 static void test_tcp(void **state) {
     (void)state;
     char address[64];
     tcp_address(address, sizeof address);
-    small_sends_survive_a_full_socket(address, NULL);
+    small_sends_survive_a_full_socket(address, NULL, NULL);
 }
 
 static void test_authenticated_and_encrypted(void **state) {
     (void)state;
-    for (int encrypt = 0; encrypt < 2; encrypt++) {
-        qr_auth *a = make_auth(secret, encrypt);
+    /* authenticated only; encrypted (AES-256-GCM where the CPU has it);
+     * encrypted with XChaCha20-Poly1305 (a client without AES) */
+    for (int variant = 0; variant < 3; variant++) {
+        qr_auth *a = make_auth(secret, variant > 0);
+        if (variant == 2) qr_auth_without_aes(a);
+        const char *cipher = variant == 0 ? NULL
+                             : variant == 1 && crypto_aead_aes256gcm_is_available() ? "AES-256-GCM"
+                                                                                     : "XChaCha20-Poly1305";
         char address[96];
         unix_address(address, sizeof address);
-        small_sends_survive_a_full_socket(address, a);
+        small_sends_survive_a_full_socket(address, a, cipher);
         tcp_address(address, sizeof address);
-        small_sends_survive_a_full_socket(address, a);
+        small_sends_survive_a_full_socket(address, a, cipher);
         qr_auth_free(a);
     }
 }
