@@ -80,7 +80,8 @@ static void refused(qr_conn *c, int refusal, const void *msg, size_t len) {
     snprintf(c->reason, sizeof c->reason, "%s %s: %s", client ? "connection to" : "connection from",
              c->peer, qr_last_error());
     uv_read_stop(&c->h.stream);
-    if (c->hs_timer_ready) uv_timer_stop(&c->hs_timer);
+    /* The deadline stays: a refusal the peer never lets us write still
+     * ends the connection (on_hs_timeout). */
     if (client && c->ev->connected) {
         qr__fail(QR_EAUTH, "%s", c->reason);
         c->ev->connected(c, QR_EAUTH);
