@@ -11,6 +11,11 @@
  *   server: accepted ----------> wait HELLO --CHALLENGE--> wait PROOF --RESULT--> done
  *   either: refused: the refusal is written, then the connection is lost
  *           with QR_EAUTH (a client's `connected` gets QR_EAUTH first)
+ *   either: the peer gone, or silent past the deadline: a server counts it
+ *           as a refusal (QR_EAUTH); a client's `connected` gets the plain
+ *           transport status (QR_EPEERLOST, QR_ETIMEDOUT), as for any lost
+ *           connection, since a ps restarting or rolling back closes
+ *           connections in their handshake too, and the worker retries
  *
  * While in the handshake a connection reads only the bytes of the peer's
  * next message, into hs_buf (so nothing it could not yet trust is ever
@@ -72,8 +77,9 @@ static void send_bytes(qr_conn *c, const void *p, size_t n, bool close_after) {
 }
 
 /* The handshake failed: say so (qr_last_error holds why), tell the owner
- * of a client, send the refusal if there is one, and close. */
-static void refused(qr_conn *c, int refusal, const void *msg, size_t len) {
+ * of a client (with client_status), send the refusal if there is one, and
+ * close. */
+static void failed(qr_conn *c, int refusal, int client_status, const void *msg, size_t len) {
     bool client = !c->hs->server;
     c->refusal = refusal ? refusal : QR_HS_MALFORMED;
     c->hs_failed = true;
@@ -82,13 +88,19 @@ static void refused(qr_conn *c, int refusal, const void *msg, size_t len) {
     uv_read_stop(&c->h.stream);
     /* The deadline stays: a refusal the peer never lets us write still
      * ends the connection (on_hs_timeout). */
+    int status = client ? client_status : QR_EAUTH;
     if (client && c->ev->connected) {
-        qr__fail(QR_EAUTH, "%s", c->reason);
-        c->ev->connected(c, QR_EAUTH);
+        qr__fail(status, "%s", c->reason);
+        c->ev->connected(c, status);
         if (c->closing) return;
     }
     if (len) send_bytes(c, msg, len, true);
-    else qr__conn_close_with(c, QR_EAUTH);
+    else qr__conn_close_with(c, status);
+}
+
+/* A refusal: by this side's checks or the peer's word. */
+static void refused(qr_conn *c, int refusal, const void *msg, size_t len) {
+    failed(c, refusal, QR_EAUTH, msg, len);
 }
 
 void qr__conn_handshake_lost(qr_conn *c, int status) {
@@ -99,9 +111,8 @@ void qr__conn_handshake_lost(qr_conn *c, int status) {
     }
     /* A peer gone mid-handshake failed it, as far as anyone can tell: a
      * ps counts it, and a worker hears why its connection went. */
-    qr__fail(QR_EAUTH, "the connection closed during the handshake (%s)%s", qr_strerror(status),
-             c->hs->server ? "" : "; the ps may have refused it without a word");
-    refused(c, QR_HS_MALFORMED, NULL, 0);
+    qr__fail(QR_EAUTH, "the connection closed during the handshake (%s)", qr_strerror(status));
+    failed(c, QR_HS_MALFORMED, status, NULL, 0);
 }
 
 static void on_hs_timeout(uv_timer_t *t) {
@@ -113,7 +124,7 @@ static void on_hs_timeout(uv_timer_t *t) {
     }
     qr__fail(QR_EAUTH, "the handshake did not complete within %d ms (handshake-timeout-ms)",
              c->opt.handshake_timeout_ms > 0 ? c->opt.handshake_timeout_ms : DEFAULT_HANDSHAKE_MS);
-    refused(c, QR_HS_TIMEOUT, NULL, 0);
+    failed(c, QR_HS_TIMEOUT, QR_ETIMEDOUT, NULL, 0);
 }
 
 static int begin(qr_conn *c, const qr_auth *auth, bool server) {
