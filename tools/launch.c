@@ -474,26 +474,21 @@ static char *options_json(const qr_config *cfg) {
     return text;
 }
 
-/* The run's secret file in the run's directory (unless the options or
- * the environment name one, or "none"): dir/secret, its path handed to
- * every task through QUORUM_SECRET_FILE. In the directory of the Unix
- * sockets, so that the ps tasks of a launcher killed outright remove it
- * with the directory (cli_leave_launch_dir). True if one was made;
- * *failed on an error (said). */
-static bool make_run_secret(const launch_plan *plan, const char *dir, bool *failed) {
-    *failed = false;
-    if (plan->secret_given || getenv("QUORUM_SECRET_FILE")) return false;
+/* The run's secret: dir/secret, its path handed to every task through
+ * QUORUM_SECRET_FILE. In the run's own directory (the Unix sockets'), so
+ * that the ps tasks of a launcher killed outright remove it with the
+ * directory (cli_leave_launch_dir). QR_OK, or an error (said). */
+static int make_run_secret(const char *dir) {
     char *path = NULL;
     if (asprintf(&path, "%s/secret", dir) < 0 || qr__write_secret_file(path)) {
         fprintf(stderr, "quorum launch: cannot make the run's secret in %s: %s\n", dir,
                 path ? qr_last_error() : strerror(errno));
         free(path);
-        *failed = true;
-        return false;
+        return QR_EIO;
     }
     setenv("QUORUM_SECRET_FILE", path, 1);
     free(path);
-    return true;
+    return QR_OK;
 }
 
 static void remove_run_secret(const char *dir) {
@@ -631,13 +626,10 @@ int cmd_launch(int argc, char **argv) {
         goto done;
     }
     qr_cluster_free(check);
-    bool secret_failed = false, secret_made = false;
-    bool secret_wanted = !plan.secret_given && !getenv("QUORUM_SECRET_FILE");
-    if (secret_wanted && !dir && !(run_dir = make_socket_dir()))
-        secret_failed = true;
-    else
-        secret_made = make_run_secret(&plan, dir ? dir : run_dir, &secret_failed);
-    if (secret_failed) {
+    /* Unless the options or the environment name a secret (or "none"). */
+    bool secret_made = !plan.secret_given && !getenv("QUORUM_SECRET_FILE");
+    if (secret_made && !dir) run_dir = make_socket_dir(); /* tcp: a directory for it alone */
+    if (secret_made && ((!dir && !run_dir) || make_run_secret(dir ? dir : run_dir))) {
         rc = LAUNCH_FAILED;
         goto done;
     }

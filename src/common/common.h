@@ -34,6 +34,16 @@ void qr__error_prefix(const char *fmt, ...)
 void qr__log(int level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 bool qr__log_enabled(int level);
+/* A line anyone can make the library log (a refused connection, say)
+ * is limited to per_sec lines a second: qr__log_allow says whether this
+ * one may be written, and sets *dropped to the lines left out since the
+ * last one that was. */
+typedef struct qr_log_limit {
+    uint64_t second_ns; /* start of the second being counted */
+    int lines;          /* written in it */
+    uint64_t dropped;
+} qr_log_limit;
+bool qr__log_allow(qr_log_limit *l, int per_sec, uint64_t *dropped);
 /* Tag printed in front of every log line of this process ("ps 0"). */
 void qr__log_set_tag(const char *tag);
 

@@ -69,6 +69,22 @@ int qr_set_log_callback(qr_log_fn fn, void *ctx) {
     return QR_OK;
 }
 
+bool qr__log_allow(qr_log_limit *l, int per_sec, uint64_t *dropped) {
+    uint64_t now = qr__now_ns();
+    if (!l->second_ns || now - l->second_ns >= 1000000000ull) {
+        l->second_ns = now;
+        l->lines = 0;
+    }
+    if (l->lines >= per_sec) {
+        l->dropped++;
+        return false;
+    }
+    l->lines++;
+    *dropped = l->dropped;
+    l->dropped = 0;
+    return true;
+}
+
 void qr__log(int level, const char *fmt, ...) {
     static const char *names[] = {"error", "warn", "info", "debug"};
     if (!qr__log_enabled(level)) return;

@@ -401,15 +401,13 @@ struct qr_ps {
     int npeers;
     int max_peers;           /* max-connections: more are closed at once */
     uint64_t peers_refused;  /* ... counted, logged once a second at most */
-    uint64_t refused_logged_ns;
+    qr_log_limit refused_log;
     /* The job's credentials (wire/auth.h), NULL without a secret; failed
      * handshakes counted by reason (qr_hs_refusal) and logged with the
-     * peer's address, once a second at most. */
+     * peer's address, 5 lines a second at most. */
     qr_auth *auth;
     uint64_t handshakes_refused[QR_HS_REFUSAL_MAX + 1];
-    uint64_t handshake_logged_ns; /* the second being counted, and its lines */
-    int handshake_logs;
-    uint64_t handshake_unlogged;
+    qr_log_limit handshake_log;
     recv_pool recv_pool;
     uint64_t mark;
     int64_t global_step;   /* meaningful on ps 0 */

@@ -139,13 +139,11 @@ static void on_accepted(qr_listener *l, qr_conn *c) {
         /* Anyone who can reach the port could otherwise hold the ps's
          * memory and file descriptors with idle connections. */
         ps->peers_refused++;
-        uint64_t now = qr__now_ns();
-        if (now - ps->refused_logged_ns >= 1000000000ull) {
-            ps->refused_logged_ns = now;
+        uint64_t dropped;
+        if (qr__log_allow(&ps->refused_log, 1, &dropped))
             qr__log(QR_LOG_WARN, "refused a connection from %s: %d connections are open "
                     "(max-connections); %llu refused so far", qr_conn_peer(c), ps->npeers,
                     (unsigned long long)ps->peers_refused);
-        }
         qr_conn_set_data(c, NULL); /* no peer: on_lost has nothing to undo */
         qr_conn_close(c);
         return;
@@ -175,21 +173,12 @@ static void on_accepted(qr_listener *l, qr_conn *c) {
 static void handshake_refused(qr_ps *ps, qr_conn *c) {
     int why = qr_conn_refusal(c);
     ps->handshakes_refused[why >= 0 && why <= QR_HS_REFUSAL_MAX ? why : QR_HS_MALFORMED]++;
-    uint64_t now = qr__now_ns();
-    if (now - ps->handshake_logged_ns >= 1000000000ull) {
-        ps->handshake_logged_ns = now;
-        ps->handshake_logs = 0;
-    }
-    if (ps->handshake_logs >= HANDSHAKE_LOGS_PER_SEC) {
-        ps->handshake_unlogged++;
-        return;
-    }
-    ps->handshake_logs++;
+    uint64_t dropped;
+    if (!qr__log_allow(&ps->handshake_log, HANDSHAKE_LOGS_PER_SEC, &dropped)) return;
     char more[64] = "";
-    if (ps->handshake_unlogged)
+    if (dropped)
         snprintf(more, sizeof more, " (and %llu more refused since the last report)",
-                 (unsigned long long)ps->handshake_unlogged);
-    ps->handshake_unlogged = 0;
+                 (unsigned long long)dropped);
     qr__log(QR_LOG_WARN, "refused %s%s", qr_conn_refusal_message(c), more);
 }
 
