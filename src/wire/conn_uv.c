@@ -389,11 +389,13 @@ static void start_payload(qr_conn *c) {
 }
 
 static void header_done(qr_conn *c) {
-    if (!c->opt.auth && !c->messages_in && qr_handshake_is_hello(c->hdr, sizeof c->hdr)) {
-        qr__conn_refuse_hello(c, c->hdr, sizeof c->hdr); /* a peer with a secret */
-        return;
-    }
     if (qr_proto_decode_header(c->hdr, c->opt.max_payload, &c->frame)) {
+        /* Not a frame: a peer with a secret opens with a HELLO instead,
+         * which a ps without one answers with the reason. */
+        if (!c->opt.auth && !c->messages_in && qr_handshake_is_hello(c->hdr, sizeof c->hdr)) {
+            qr__conn_refuse_hello(c, c->hdr, sizeof c->hdr);
+            return;
+        }
         qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
         qr__conn_close_with(c, QR_EPROTO);
         return;
