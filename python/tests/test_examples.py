@@ -56,5 +56,13 @@ def test_dlrm_ctr(tmp_path):  # type: ignore[no-untyped-def]
     out = launch(["--ps", "2", "--workers", "2"], "dlrm_ctr.py", [data])
     results = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
     assert sorted(r["worker"] for r in results) == [0, 1], out
+    # Async: a worker evaluates the parameters as they are when it finishes.
+    # Under load one worker may finish before the other has pushed at all
+    # (global step 64 of 128 in one CI run, test AUC 0.66): only the worker
+    # that finished last sees every push applied, so judge it against the
+    # hidden AUC, and every worker against chance (0.5).
+    last = max(results, key=lambda r: r["global_step"])
+    assert last["global_step"] == 128, results  # 2 workers x 2 epochs x 32 batches
+    assert last["test_auc"] > last["hidden_auc"] - 0.05, results
     for r in results:
-        assert r["test_auc"] > r["hidden_auc"] - 0.05 and r["test_auc"] > 0.62, r
+        assert r["test_auc"] > 0.62, results
