@@ -47,7 +47,12 @@
 
 typedef struct embed_opts {
     double seconds;     /* per side of a point */
-    int64_t mem_rows;   /* rows of the memory measurement */
+    int64_t mem_rows;   /* rows of the memory measurement, 0: none */
+    int rounds;         /* alternated rounds a point, the best kept */
+    unsigned dims;      /* bit d: dims[d] */
+    unsigned nps;       /* bit k: k + 1 ps */
+    unsigned ids;       /* bit 1: Zipf, bit 0: uniform */
+    unsigned ops;       /* bit op: op_names[op] */
     bool json, quick;
 } embed_opts;
 
@@ -59,12 +64,19 @@ static double now_sec(void) {
 
 static int usage(int status) {
     fprintf(status ? stderr : stdout,
-            "usage: quorum bench embed [--seconds S] [--memory-rows N] [--quick] [--json]\n"
+            "usage: quorum bench embed [--seconds S] [--rounds R] [--dims D,..] [--ps N,..]\n"
+            "                          [--ids zipf|uniform] [--ops OP,..] [--memory-rows N]\n"
+            "                          [--quick] [--json]\n"
             "  sparse pulls and pushes of a table's rows (dim 8, 64, 256; Zipf and uniform\n"
             "  ids; 1 and 2 ps) beside dense transfers of the same bytes, and a table's\n"
             "  memory per row\n"
             "  --seconds S       time per side of a point (default 0.5)\n"
-            "  --memory-rows N   rows of the memory measurement (default 10000000)\n"
+            "  --rounds R        alternated rounds a point, the best kept (default 2)\n"
+            "  --dims D,..       only these of 8, 64, 256\n"
+            "  --ps N,..         only these of 1, 2 ps\n"
+            "  --ids zipf|uniform  only these ids\n"
+            "  --ops OP,..       only these of pull, pull_distinct, push\n"
+            "  --memory-rows N   rows of the memory measurement (default 10000000; 0: none)\n"
             "  --quick           0.05 s a side, 200000 rows (a smoke test)\n"
             "  --json            one JSON object per point and one for the memory\n");
     return status;
@@ -281,7 +293,7 @@ static int dense_push(cluster_run *c, int k, void *ctx) {
 
 /* Every op of one (nps, dim, ids) setting: NOPS points. */
 static int measure(int nps, int dim, bool zipf, const id_batches *ids, double seconds,
-                   point out[NOPS]) {
+                   int rounds, unsigned ops, point out[NOPS]) {
     static const op_fn sparse[NOPS] = {sparse_pull, sparse_pull_distinct, sparse_push};
     static const op_fn dense[NOPS] = {dense_pull, dense_pull, dense_push};
     cluster_run c;
@@ -305,8 +317,9 @@ static int measure(int nps, int dim, bool zipf, const id_batches *ids, double se
     for (int op = 0; !rc && op < NOPS; op++) {
         point *p = &out[op];
         *p = (point){.nps = nps, .dim = dim, .zipf = zipf, .op = op, .distinct = distinct};
-        /* Alternated, best of two: both sides see the same machine. */
-        for (int round = 0; round < 2 && !rc; round++) {
+        if (!(ops >> op & 1)) continue;
+        /* Alternated, best of the rounds: both sides see the same machine. */
+        for (int round = 0; round < rounds && !rc; round++) {
             double s = rate(&c, sparse[op], &x, seconds);
             double d = rate(&c, dense[op], &x, seconds);
             if (s < 0 || d < 0) rc = QR_EINTERNAL;
@@ -371,8 +384,42 @@ static void print_point(const point *p, bool json) {
            p->nps, p->distinct, rows_s, gbps, dense, gbps / dense, extra_ns);
 }
 
+/* A comma-separated subset of the values of `all` (n of them) as bits;
+ * 0 if a value is not among them. */
+static unsigned parse_set(const char *text, const int *all, int n) {
+    unsigned bits = 0;
+    for (const char *at = text; *at;) {
+        char *end;
+        long x = strtol(at, &end, 10);
+        int k = 0;
+        while (k < n && all[k] != x) k++;
+        if (end == at || k == n || (*end && *end != ',')) return 0;
+        bits |= 1u << k;
+        at = *end ? end + 1 : end;
+    }
+    return bits;
+}
+
+/* Bits of the comma-separated names among op_names; 0 if one is not. */
+static unsigned parse_ops(const char *text) {
+    unsigned bits = 0;
+    for (const char *at = text; *at;) {
+        size_t len = strcspn(at, ",");
+        int op = 0;
+        while (op < NOPS && (strlen(op_names[op]) != len || strncmp(at, op_names[op], len))) op++;
+        if (op == NOPS) return 0;
+        bits |= 1u << op;
+        at += len + (at[len] == ',');
+    }
+    return bits;
+}
+
+static const int dims[3] = {8, 64, 256};
+static const int ps_counts[MAX_PS] = {1, 2};
+
 int qr_bench_embed_main(int argc, char **argv) {
-    embed_opts o = {.seconds = 0.5, .mem_rows = 10000000};
+    embed_opts o = {.seconds = 0.5, .mem_rows = 10000000, .rounds = 2, .dims = 7, .nps = 3,
+                    .ids = 3, .ops = (1u << NOPS) - 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(0);
@@ -380,37 +427,50 @@ int qr_bench_embed_main(int argc, char **argv) {
         else if (!strcmp(a, "--json")) o.json = true;
         else if (v && !strcmp(a, "--seconds")) o.seconds = atof(v), i++;
         else if (v && !strcmp(a, "--memory-rows")) o.mem_rows = atoll(v), i++;
+        else if (v && !strcmp(a, "--rounds")) o.rounds = atoi(v), i++;
+        else if (v && !strcmp(a, "--dims")) o.dims = parse_set(v, dims, 3), i++;
+        else if (v && !strcmp(a, "--ps")) o.nps = parse_set(v, ps_counts, MAX_PS), i++;
+        else if (v && !strcmp(a, "--ops")) o.ops = parse_ops(v), i++;
+        else if (v && !strcmp(a, "--ids"))
+            o.ids = !strcmp(v, "zipf") ? 2 : !strcmp(v, "uniform") ? 1 : 0, i++;
         else {
             fprintf(stderr, "bench embed: unknown option or missing value: %s\n", a);
             return usage(2);
         }
     }
-    if (o.seconds <= 0 || o.seconds > 60 || o.mem_rows < 1000 || o.mem_rows > 200000000) {
-        fprintf(stderr, "bench embed: --seconds 0..60, --memory-rows 1000..200000000\n");
+    if (o.seconds <= 0 || o.seconds > 60 || (o.mem_rows && o.mem_rows < 1000) ||
+        o.mem_rows > 200000000 || o.rounds < 1 || o.rounds > 100 || !o.dims || !o.nps || !o.ids ||
+        !o.ops) {
+        fprintf(stderr, "bench embed: --seconds 0..60, --rounds 1..100, --memory-rows 0 or "
+                "1000..200000000, --dims among 8,64,256, --ps among 1,2, --ids zipf or "
+                "uniform, --ops among pull,pull_distinct,push\n");
         return 2;
     }
     qr_set_log_level(QR_LOG_WARN);
     if (!o.json)
         printf("quorum bench embed: batches of %d ids over %d values (Zipf s=%.1f or uniform), "
                "warm table, SGD;\nbaseline: a dense variable of the same bytes over the same "
-               "ps, same run (best of 2 alternated rounds of %.2f s)\n\n"
+               "ps, same run (best of %d alternated rounds of %.2f s)\n\n"
                "op             dim ids     ps |    rows        rows/s     GB/s | dense GB/s  ratio | "
-               "extra ns/row\n", BATCH, VOCAB, ZIPF_S, o.seconds);
-    static const int dims[3] = {8, 64, 256};
+               "extra ns/row\n", BATCH, VOCAB, ZIPF_S, o.rounds, o.seconds);
     int rc = 0;
     for (int z = 1; z >= 0 && !rc; z--) {
+        if (!(o.ids >> z & 1)) continue;
         id_batches ids;
         if (make_batches(z, &ids)) return 1;
-        for (int nps = 1; nps <= MAX_PS && !rc; nps++)
+        for (int c = 0; c < MAX_PS && !rc; c++)
             for (int d = 0; d < 3 && !rc; d++) {
+                if (!(o.nps >> c & 1) || !(o.dims >> d & 1)) continue;
                 point p[NOPS];
-                rc = measure(nps, dims[d], z, &ids, o.seconds, p);
-                for (int k = 0; !rc && k < NOPS; k++) print_point(&p[k], o.json);
+                rc = measure(ps_counts[c], dims[d], z, &ids, o.seconds, o.rounds, o.ops, p);
+                for (int k = 0; !rc && k < NOPS; k++)
+                    if (o.ops >> k & 1) print_point(&p[k], o.json);
             }
         free(ids.ids);
         free(ids.uniq);
     }
     if (rc) return 1;
+    if (!o.mem_rows) return 0;
     memory m;
     if (measure_memory(o.mem_rows, &m)) {
         fprintf(stderr, "bench embed: %s\n", qr_last_error());

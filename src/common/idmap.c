@@ -9,20 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A well-mixed hash (the splitmix64 finalizer) whose top bits pick the
- * slot. The salt keeps it independent of the ps placement of a row
+/* The hash (qr_idmap_hash, idmap.h) is well mixed and its top bits pick
+ * the slot. The salt keeps it independent of the ps placement of a row
  * (cluster/placement.c mixes the bare id and takes it modulo the ps
  * count): on a shard that holds only ids of one residue, the slots must
  * still be used evenly. */
-static uint64_t hash_id(int64_t id) {
-    uint64_t z = (uint64_t)id + 0x5851f42d4c957f2dull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t home(const qr_idmap *m, int64_t id) {
-    return hash_id(id) >> m->shift;
+    return qr_idmap_home(m, id);
 }
 
 static int alloc_slots(qr_idmap *m, uint64_t cap) {

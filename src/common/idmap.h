@@ -37,6 +37,20 @@ void qr_idmap_free(qr_idmap *m);
 /* Forget every id, keep the memory. */
 void qr_idmap_clear(qr_idmap *m);
 
+/* The hash whose top bits pick id's first slot (the splitmix64 finalizer;
+ * idmap.c says why salted), and that slot: a caller that looks up many
+ * ids prefetches m->slot + qr_idmap_home(m, id) ahead of the finds
+ * (ps/table.c, qr_table_lookup). m must have slots (cap > 0). */
+static inline uint64_t qr_idmap_hash(int64_t id) {
+    uint64_t z = (uint64_t)id + 0x5851f42d4c957f2dull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t qr_idmap_home(const qr_idmap *m, int64_t id) {
+    return qr_idmap_hash(id) >> m->shift;
+}
+
 /* The position of id (keys[pos] == id), or -1. */
 int64_t qr_idmap_find(const qr_idmap *m, const int64_t *keys, int64_t id);
 

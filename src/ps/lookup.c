@@ -7,8 +7,10 @@
  *
  * The reply copies the rows into a buffer of its own: rows sit apart in
  * the arena and may move (a removal fills the hole with the last row), so
- * unlike a dense pull the reply cannot lend them. The copy is one pass
- * over bytes the reply sends anyway. The buffer comes from the ps's
+ * unlike a dense pull the reply cannot lend them (and a push from another
+ * worker updates rows in place while a large reply may still be queued).
+ * The copy is one pass over bytes the reply sends anyway, its cache
+ * misses overlapped (qr_table_lookup, table.c). The buffer comes from the ps's
  * receive pool and goes back to it once sent: a fresh one per lookup
  * page-faulted on every reply (`quorum bench embed`).
  */
@@ -94,26 +96,16 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f) {
         return;
     }
     *reply = (lookup_reply){ps, out, cap};
-    bool read_only = f->flags & QR_LOOKUP_READ_ONLY;
     uint64_t added = 0;
     t->clock = ps->applied_steps;
-    for (int64_t i = 0; i < n; i++) {
-        float *dst = out + i * dim;
-        int64_t r = -1;
-        bool add = false;
-        /* A sighting (admission counts it) unless read-only. An id with
-         * no row (not admitted yet, or a read) reads its initial value. */
-        if (read_only) r = qr_table_find(t, ids[i]);
-        else if (qr_table_sight(t, ids[i], &r, &add)) {
-            qr__recv_pool_put(&ps->recv_pool, out, cap);
-            free(reply);
-            snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': %s", ps->name, v->name, qr_last_error());
-            qr__peer_reply_error(p, f, QR_ENOMEM, msg);
-            return;
-        }
-        if (r >= 0) memcpy(dst, qr_table_row(t, (uint64_t)r), (size_t)dim * sizeof(float));
-        else qr_table_initial_value(t, ids[i], dst);
-        added += add;
+    /* A sighting (admission counts it) unless read-only. An id with no
+     * row (not admitted yet, or a read) reads its initial value. */
+    if (qr_table_lookup(t, n, ids, f->flags & QR_LOOKUP_READ_ONLY, out, &added)) {
+        qr__recv_pool_put(&ps->recv_pool, out, cap);
+        free(reply);
+        snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': %s", ps->name, v->name, qr_last_error());
+        qr__peer_reply_error(p, f, QR_ENOMEM, msg);
+        return;
     }
     qr_table_evict_idle(t);
     ps->metrics.rows_added += added;

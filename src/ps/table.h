@@ -95,6 +95,14 @@ static inline float *qr_table_row(const qr_table *t, uint64_t r) {
  * memory ran out (the table is unchanged). */
 int qr_table_sight(qr_table *t, int64_t id, int64_t *row, bool *added);
 
+/* A LOOKUP's rows: for each of ids[0..n) its row's value copied to
+ * out + i * dim, the row made first as qr_table_sight does (a sighting),
+ * or only found when read_only; an id with no row reads its initial
+ * value. *added counts the rows made. QR_ENOMEM if memory ran out (rows
+ * made before stay). Row pointers stay good: nothing is removed. */
+int qr_table_lookup(qr_table *t, int64_t n, const int64_t *ids, bool read_only, float *out,
+                    uint64_t *added);
+
 /* A push's row: the row of id, made if absent, or -1 under admission for
  * an id not admitted yet (the gradient is to be dropped; counted). -2
  * with QR_ENOMEM set if memory ran out. The row counts as updated now. */

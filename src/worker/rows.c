@@ -7,7 +7,8 @@
  * ps only once for each distinct id (a batch of a Zipf-distributed field
  * repeats its head ids many times), one LOOKUP per ps, all in flight
  * together; the rows come back into scratch that the worker keeps, and are
- * copied out to each place the caller asked for.
+ * copied out to each place the caller asked for (or, for distinct ids on
+ * one ps, straight into the caller's array).
  *
  * Rows to push are added first (qr_worker_add_rows: summed by id into the
  * worker's buffer, so the caller's arrays are free at once) and travel
@@ -55,12 +56,33 @@ static int grow(void **p, uint64_t *cap, uint64_t want, size_t elem) {
     return QR_OK;
 }
 
+/* The slots of the id table a call with n ids uses: the fewest, a power
+ * of two, that keep it at most half full, so that probe runs stay short. */
+static uint64_t table_slots(uint64_t n) {
+    uint64_t slots = 16;
+    while (slots < 2 * n) slots *= 2;
+    return slots;
+}
+
 /* The scratch for n ids of which at most n are distinct, rows of dim. */
 static int lookup_reserve(qr_worker *w, uint64_t n, int64_t dim) {
     wk_lookup *k = &w->lookup;
     if (!k->start) {
         k->start = qr__calloc((size_t)w->nps + 1, sizeof *k->start);
-        if (!k->start || qr_idmap_init(&k->index, n)) return QR_ENOMEM;
+        if (!k->start) return QR_ENOMEM;
+    }
+    if (!k->fill) {
+        k->fill = qr__calloc((size_t)w->nps, sizeof *k->fill);
+        if (!k->fill) return QR_ENOMEM;
+    }
+    uint64_t slots = table_slots(n);
+    if (slots > k->cap_table) {
+        /* Zeroed: gen 0 is no call's, so every slot starts empty. */
+        wk_id_slot *table = qr__calloc((size_t)slots, sizeof *table);
+        if (!table) return QR_ENOMEM;
+        free(k->table);
+        k->table = table;
+        k->cap_table = slots;
     }
     uint64_t cap_n = k->cap_n, cap_u = k->cap_u;
     int rc = grow((void **)&k->pos, &cap_n, n, sizeof *k->pos);
@@ -83,6 +105,49 @@ static int lookup_reserve(qr_worker *w, uint64_t n, int64_t dim) {
     k->cap_n = cap_n;
     k->cap_u = cap_u;
     return QR_OK;
+}
+
+/* The batch's distinct ids into k->uniq (first-seen order), which one
+ * each id is into k->pos, each distinct id's ps into k->shard and how
+ * many each ps has into k->start[p + 1]. Returns how many are distinct.
+ * The scratch holds n ids (lookup_reserve). */
+static uint64_t lookup_dedup(wk_lookup *k, int nps, int64_t n, const int64_t *ids) {
+    if (++k->gen == 0) {
+        /* The gens have come round (after 2^32 - 1 calls): a slot filled
+         * that long ago would pass for this call's, so empty them all this
+         * once. */
+        memset(k->table, 0, (size_t)k->cap_table * sizeof *k->table);
+        k->gen = 1;
+    }
+    uint32_t gen = k->gen;
+    uint64_t slots = table_slots((uint64_t)n), mask = slots - 1;
+    int shift = 64;
+    while ((1ull << (64 - shift)) < slots) shift--;
+    memset(k->start, 0, ((size_t)nps + 1) * sizeof *k->start);
+    uint64_t nu = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = ids[i];
+        /* One multiply (Fibonacci hashing: the product's top bits pick the
+         * slot) spreads sequential ids, the usual vocabulary indices, evenly.
+         * These are the caller's own ids, not a stranger's, and a bad spread
+         * would only cost time. */
+        uint64_t at = ((uint64_t)id * 0x9e3779b97f4a7c15ull) >> shift;
+        wk_id_slot *s = &k->table[at];
+        while (s->gen == gen && s->id != id) {
+            at = (at + 1) & mask;
+            s = &k->table[at];
+        }
+        if (s->gen != gen) {
+            *s = (wk_id_slot){.id = id, .gen = gen, .at = (uint32_t)nu};
+            int p = nps > 1 ? qr_place_row(id, nps) : 0;
+            k->uniq[nu] = id;
+            k->shard[nu] = p;
+            k->start[p + 1]++;
+            nu++;
+        }
+        k->pos[i] = s->at;
+    }
+    return nu;
 }
 
 static int check_table(qr_worker *w, const char *what, int var_id, int64_t n, const void *ids,
@@ -108,37 +173,26 @@ int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
     int64_t dim = v->shape[0];
     if ((rc = lookup_reserve(w, (uint64_t)n, dim))) return rc;
     wk_lookup *k = &w->lookup;
-    /* The distinct ids, and which one each id is. */
-    qr_idmap_clear(&k->index);
-    uint64_t nu = 0;
-    for (int64_t i = 0; i < n; i++) {
-        bool added;
-        int64_t at = qr_idmap_insert(&k->index, k->uniq, ids[i], (uint32_t)nu, &added);
-        if (at < 0) return QR_ENOMEM;
-        if (added) k->uniq[nu++] = ids[i];
-        k->pos[i] = (uint32_t)at;
-    }
-    /* Grouped by ps (a counting sort, stable: first-seen order within). */
-    memset(k->start, 0, ((size_t)w->nps + 1) * sizeof *k->start);
-    for (uint64_t u = 0; u < nu; u++) {
-        k->shard[u] = qr_place_row(k->uniq[u], w->nps);
-        k->start[k->shard[u] + 1]++;
-    }
+    uint64_t nu = lookup_dedup(k, w->nps, n, ids);
     for (int p = 0; p < w->nps; p++) k->start[p + 1] += k->start[p];
-    uint64_t *fill = qr__calloc((size_t)w->nps, sizeof *fill);
+    /* Grouped by ps (a counting sort, stable: first-seen order within);
+     * with one ps the distinct ids are that already. */
+    int64_t *grouped = k->uniq;
+    if (w->nps > 1) {
+        memcpy(k->fill, k->start, (size_t)w->nps * sizeof *k->fill);
+        for (uint64_t u = 0; u < nu; u++) {
+            uint64_t at = k->fill[k->shard[u]]++;
+            k->grouped[at] = k->uniq[u];
+            k->slot[u] = (uint32_t)at;
+        }
+        grouped = k->grouped;
+    }
     wk_request **reqs = qr__calloc((size_t)w->nps, sizeof *reqs);
-    if (!fill || !reqs) {
-        free(fill);
-        free(reqs);
-        return QR_ENOMEM;
-    }
-    for (uint64_t u = 0; u < nu; u++) {
-        int p = k->shard[u];
-        uint64_t at = k->start[p] + fill[p]++;
-        k->grouped[at] = k->uniq[u];
-        k->slot[u] = (uint32_t)at;
-    }
-    free(fill);
+    if (!reqs) return QR_ENOMEM;
+    /* Distinct ids all on one ps (always so with one ps): the reply's rows
+     * come in the caller's order, so they land straight in its array, not
+     * in the scratch first (quorum.torch.Embedding asks for distinct ids). */
+    bool direct = nu == (uint64_t)n && k->start[k->shard[0] + 1] - k->start[k->shard[0]] == nu;
     int nreq = 0;
     for (int p = 0; p < w->nps && !rc; p++) {
         uint64_t count = k->start[p + 1] - k->start[p];
@@ -157,19 +211,21 @@ int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
             rc = QR_ENOMEM;
             break;
         }
-        r->payload[0] = (qr_iov){k->grouped + k->start[p], (size_t)count * 8};
+        r->payload[0] = (qr_iov){grouped + k->start[p], (size_t)count * 8};
         r->npayload = 1;
-        r->dst[0] = k->rows + k->start[p] * (uint64_t)dim;
+        r->dst[0] = direct ? out : k->rows + k->start[p] * (uint64_t)dim;
         r->rows = count;
         r->rows_dim = dim;
     }
     if (!rc) rc = wk_run_requests(w, reqs, nreq, w->timeout_ms);
     wk_free_requests(reqs, nreq);
     free(reqs);
-    if (rc) return rc;
+    if (rc || direct) return rc;
     size_t row_bytes = (size_t)dim * sizeof(float);
-    for (int64_t i = 0; i < n; i++)
-        memcpy(out + i * dim, k->rows + (uint64_t)k->slot[k->pos[i]] * (uint64_t)dim, row_bytes);
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t at = w->nps > 1 ? k->slot[k->pos[i]] : k->pos[i];
+        memcpy(out + i * dim, k->rows + at * (uint64_t)dim, row_bytes);
+    }
     return QR_OK;
 }
 
@@ -192,7 +248,7 @@ void wk_rows_free(qr_worker *w) {
         w->vars[i].added = NULL;
     }
     wk_lookup *k = &w->lookup;
-    qr_idmap_free(&k->index);
+    free(k->table);
     free(k->uniq);
     free(k->pos);
     free(k->slot);
@@ -200,6 +256,7 @@ void wk_rows_free(qr_worker *w) {
     free(k->grouped);
     free(k->rows);
     free(k->start);
+    free(k->fill);
     memset(k, 0, sizeof *k);
 }
 

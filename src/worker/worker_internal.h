@@ -62,19 +62,35 @@ typedef struct wk_rows {
     uint64_t *start;   /* nps + 1 */
 } wk_rows;
 
+/* One slot of qr_worker_pull_rows's id table. The id sits in the slot
+ * itself, so a probe reads one slot and nothing else (an idmap slot holds
+ * only a position, and the id is then read from a second array). */
+typedef struct wk_id_slot {
+    int64_t id;
+    uint32_t gen;      /* the call that filled it: other values mean empty */
+    uint32_t at;       /* which distinct id it is */
+} wk_id_slot;
+
 /* The scratch of qr_worker_pull_rows, kept between calls (it grows to the
  * largest batch and stays): the batch's distinct ids, each id's place
  * among them, and the distinct ids grouped by ps with their rows. */
 typedef struct wk_lookup {
-    qr_idmap index;
+    /* Open addressing, linear probing; a call uses the first 2^k slots,
+     * the fewest that keep its batch at most half full. Each call takes a
+     * new gen, which empties every slot at once, instead of clearing the
+     * whole table (128 KiB for a batch of 4096) on every call. */
+    wk_id_slot *table;
+    uint64_t cap_table;
+    uint32_t gen;      /* the last call's (0: none yet) */
     int64_t *uniq;     /* distinct ids, first-seen order */
     uint32_t *pos;     /* [n]: which distinct id ids[i] is */
-    uint32_t *slot;    /* [distinct]: its place in the grouped arrays */
+    uint32_t *slot;    /* [distinct]: its place in the grouped arrays (2+ ps) */
     int *shard;        /* [distinct]: its ps */
-    int64_t *grouped;  /* distinct ids grouped by ps */
+    int64_t *grouped;  /* distinct ids grouped by ps (2+ ps; 1 ps: uniq is) */
     float *rows;       /* their rows, in the same order */
     uint64_t cap_n, cap_u, cap_rows;
-    uint64_t *start;   /* nps + 1 */
+    uint64_t *start;   /* nps + 1: ps p's distinct ids at [start[p], start[p + 1]) */
+    uint64_t *fill;    /* nps: placed so far of each ps's */
 } wk_lookup;
 
 typedef struct ps_link ps_link;
