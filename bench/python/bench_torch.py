@@ -4,8 +4,8 @@ baselines (issue 17):
   1. the Python layer's cost per push+pull beyond the C API's: the same
      push-then-pull of one variable, one at a time, 1 ps on a Unix socket,
      through quorum.Worker and through the C calls themselves (ctypes with
-     every argument made beforehand), in alternated rounds of one process;
-     beside them `quorum bench wire`'s figure from a C program;
+     every argument made beforehand), each C call paired with a Worker
+     call beside it, the median of the pairs' differences; beside them `quorum bench wire`'s figure from a C program;
   2. an async step of a PyTorch model (an MLP of 1.07 M parameters, 2 ps)
      beside its compute alone and its communication alone, their sum and
      their maximum: without overlap, and with quorum.torch's overlap
@@ -90,13 +90,6 @@ def python_overhead(sizes: List[int], seconds: float, rounds: int) -> List[Dict[
     ps = quorum.PS(quorum.Cluster(ps_hosts, workers, "ps", 0), None, lr=1e-9)
     out = []
 
-    def per_op_us(op: Any) -> float:
-        n, t0 = 0, time.perf_counter()
-        while n < 3 or time.perf_counter() - t0 < seconds:
-            op()
-            n += 1
-        return (time.perf_counter() - t0) / n * 1e6
-
     try:
         w = quorum.Worker(quorum.Cluster(ps_hosts, workers, "worker", 0), lr=1e-9)
         for s in sizes:
@@ -119,17 +112,41 @@ def python_overhead(sizes: List[int], seconds: float, rounds: int) -> List[Dict[
                 w.push({name: g}, step=False)
                 w.pull({name: dst})
 
-            best_py = best_c = float("inf")
             for _ in range(20):  # warm: connections, caches, allocations
                 direct()
                 through_worker()
-            for _ in range(rounds):  # alternated: both see the same machine
-                best_c = min(best_c, per_op_us(direct))
-                best_py = min(best_py, per_op_us(through_worker))
-            extra = best_py - best_c
-            out.append({"size_bytes": s, "python_us": best_py, "c_api_us": best_c,
+            # Round trips here wander by tens of microseconds between runs
+            # and within one, more than the Python layer costs: each C call
+            # is paired with a Worker call made right beside it (in turns,
+            # first one then the other first), and the cost is the median
+            # of the pairs' differences, so drift cancels. Wall time, and
+            # the calling thread's CPU time: the Python layer's own work,
+            # without what its delay does to the wake-ups of the ps.
+            wall: Dict[Any, List[int]] = {direct: [], through_worker: []}
+            cpu: Dict[Any, List[int]] = {direct: [], through_worker: []}
+            clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+            for _ in range(rounds):
+                t_end = time.perf_counter() + seconds
+                while len(wall[direct]) < 8 or time.perf_counter() < t_end:
+                    pair = ((direct, through_worker) if len(wall[direct]) % 2
+                            else (through_worker, direct))
+                    for op in pair:
+                        c0, t0 = cpu_clock(), clock()
+                        op()
+                        t1, c1 = clock(), cpu_clock()
+                        wall[op].append(t1 - t0)
+                        cpu[op].append(c1 - c0)
+
+            def extra_us(times: Dict[Any, List[int]]) -> float:
+                return float(np.median(np.subtract(times[through_worker], times[direct]))) / 1e3
+
+            median_c = float(np.median(wall[direct])) / 1e3
+            median_py = float(np.median(wall[through_worker])) / 1e3
+            extra = extra_us(wall)
+            out.append({"size_bytes": s, "python_us": median_py, "c_api_us": median_c,
                         "c_program_us": c_us[s], "overhead_us": extra,
-                        "overhead_fraction": extra / best_c})
+                        "overhead_cpu_us": extra_us(cpu),
+                        "overhead_fraction": extra / median_c})
         w.stop_cluster()
         w.close()
     finally:
@@ -324,13 +341,14 @@ def main() -> None:
     if a.json:
         print(json.dumps(report))
         return
-    print("1. Python layer per push+pull (1 ps, Unix socket, one at a time), best of rounds")
-    print("   %-8s %10s %10s %10s %8s %14s" % ("size", "Worker_us", "C_API_us", "extra_us",
-                                            "extra", "C_program_us"))
+    print("1. Python layer per push+pull (1 ps, Unix socket, one at a time), medians of "
+          "paired calls")
+    print("   %-8s %10s %10s %10s %8s %12s %14s" % ("size", "Worker_us", "C_API_us", "extra_us",
+                                                  "extra", "extra_cpu_us", "C_program_us"))
     for r in report["python_overhead"]:
-        print("   %-8s %10.1f %10.1f %10.1f %7.1f%% %14.1f" % (
+        print("   %-8s %10.1f %10.1f %10.1f %7.1f%% %12.1f %14.1f" % (
             size_label(r["size_bytes"]), r["python_us"], r["c_api_us"], r["overhead_us"],
-            100 * r["overhead_fraction"], r["c_program_us"]))
+            100 * r["overhead_fraction"], r["overhead_cpu_us"], r["c_program_us"]))
     print("   goals: under 10 us for small tensors, under 3% from 1 MiB")
     s = report["step"]
     print("2. async step of the 1.07 M-parameter MLP, batch %d, 2 ps (ms)" % BATCH)

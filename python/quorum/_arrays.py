@@ -11,15 +11,35 @@ float64 passed as float32 would be garbage, not an error)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple, Union
+import ctypes
+import sys
+from typing import Any, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
 ArrayLike = Any  # a numpy.ndarray or a torch.Tensor (torch is optional)
 
+# What an argument is called in a message: a string, or a (format, values)
+# pair formatted only when there is a message to write. Every push and pull
+# names its arrays, and formatting the names on every call cost more than
+# the checks themselves.
+What = Union[str, Tuple[Any, ...]]
+
+_NUMPY_DTYPES = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
+_FLOAT32 = _NUMPY_DTYPES["float32"]
+
+
+def _name(what: What) -> str:
+    return what if isinstance(what, str) else what[0] % what[1:]
+
 
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _torch_dtype(dtype: str) -> Any:
+    # A tensor exists, so torch is imported; this module never imports it.
+    return getattr(sys.modules["torch"], dtype)
 
 
 def _describe(x: Any) -> str:
@@ -28,50 +48,91 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def address(x: ArrayLike, what: str, dtype: str = "float32", count: Optional[int] = None,
+def _numpy_address(x: np.ndarray) -> int:
+    # ctypes' view of the buffer finds the address in well under half the
+    # time of x.ctypes.data, which builds a helper object on every call; it
+    # needs a writable, non-empty buffer.
+    if x.flags.writeable and x.size:
+        return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, x)))
+    return int(x.ctypes.data)
+
+
+_torch_float32: Any = None  # torch.float32 and torch's tensor types, once torch is imported
+_torch_tensor_types: Tuple[type, ...] = ()
+
+
+def quick_address(x: ArrayLike, count: int) -> int:
+    """The address of x if it is what a push or pull mostly gets: a
+    writable, C-contiguous float32 ndarray or CPU tensor of exactly count
+    (> 0) elements; else 0, and the caller calls ``address`` for the
+    checks and the message. The path of every push and pull, so the checks
+    are made in as few steps as they can be."""
+    global _torch_float32, _torch_tensor_types
+    t = type(x)
+    if t is np.ndarray:
+        flags = x.flags
+        if (x.dtype is _FLOAT32 and flags.c_contiguous and flags.writeable and x.size == count
+                and count):
+            return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, x)))
+        return 0
+    if not _torch_tensor_types:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return 0
+        _torch_float32 = torch.float32
+        _torch_tensor_types = (torch.Tensor, torch.nn.Parameter)
+    if (t in _torch_tensor_types and x.dtype is _torch_float32 and x.is_cpu
+            and x.is_contiguous() and x.numel() == count):
+        return int(x.data_ptr())
+    return 0
+
+
+def address(x: ArrayLike, what: What, dtype: str = "float32", count: Optional[int] = None,
             writable: bool = False) -> Tuple[int, int]:
     """The data address and element count of x, after the checks.
 
-    what names the argument in messages ("gradient for 'layer0/weights'");
+    what names the argument in messages ("gradient for 'layer0/weights'",
+    or ("gradient for '%s'", name) to format it only for a message);
     dtype is "float32" or "int64"; count, if given, is the exact number of
     elements x must have."""
     if isinstance(x, np.ndarray):
-        if x.dtype != np.dtype(dtype):
+        if x.dtype != _NUMPY_DTYPES[dtype]:
             raise TypeError("%s: an array of %s, not %s (convert it first, e.g. "
                             "x.astype(np.%s); quorum never converts silently)"
-                            % (what, x.dtype, dtype, dtype))
+                            % (_name(what), x.dtype, dtype, dtype))
         if not x.flags.c_contiguous:
             raise ValueError("%s: the array is not C-contiguous (use np.ascontiguousarray)"
-                             % what)
+                             % _name(what))
         if writable and not x.flags.writeable:
-            raise ValueError("%s: the array is read-only, and quorum writes into it" % what)
-        n, ptr = int(x.size), int(x.ctypes.data)
+            raise ValueError("%s: the array is read-only, and quorum writes into it"
+                             % _name(what))
+        n, ptr = int(x.size), _numpy_address(x)
     elif _is_torch(x):
-        want = "torch.float32" if dtype == "float32" else "torch.int64"
-        if str(x.dtype) != want:
-            raise TypeError("%s: a tensor of %s, not %s (convert it first; quorum never "
-                            "converts silently)" % (what, x.dtype, want))
-        if x.device.type != "cpu":
+        if x.dtype is not _torch_dtype(dtype):
+            raise TypeError("%s: a tensor of %s, not torch.%s (convert it first; quorum never "
+                            "converts silently)" % (_name(what), x.dtype, dtype))
+        if not x.is_cpu:
             raise ValueError("%s: the tensor is on %s; quorum reads and writes CPU tensors"
-                             % (what, x.device))
+                             % (_name(what), x.device))
         if not x.is_contiguous():
-            raise ValueError("%s: the tensor is not contiguous (use .contiguous())" % what)
-        n, ptr = int(x.numel()), int(x.data_ptr())
+            raise ValueError("%s: the tensor is not contiguous (use .contiguous())"
+                             % _name(what))
+        n, ptr = x.numel(), x.data_ptr()
     else:
         raise TypeError("%s: a numpy.ndarray or a torch.Tensor of %s is needed, not %s"
-                        % (what, dtype, _describe(x)))
+                        % (_name(what), dtype, _describe(x)))
     if count is not None and n != count:
-        raise ValueError("%s: %d elements, %d expected" % (what, n, count))
+        raise ValueError("%s: %d elements, %d expected" % (_name(what), n, count))
     return ptr, n
 
 
-def ids_array(ids: Union[ArrayLike, Sequence[int]], what: str) -> Tuple[Any, int, int]:
+def ids_array(ids: Union[ArrayLike, Sequence[int]], what: What) -> Tuple[Any, int, int]:
     """ids as (keep-alive object, address, count): an int64 array or tensor
     as it is, or a list of Python ints made into one (ints, not floats or
     an array of another dtype, which are refused)."""
     if isinstance(ids, (list, tuple)):
         if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
-            raise TypeError("%s: a list of ints is needed" % what)
+            raise TypeError("%s: a list of ints is needed" % _name(what))
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     ptr, n = address(ids, what, "int64")
     return ids, ptr, n

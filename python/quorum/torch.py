@@ -246,6 +246,10 @@ class Optimizer:
         self.overlap = bool(overlap)
         self._inflight: List[Request] = []
         self._pushed: Set[int] = set()
+        # (name, parameter, variable id). Pulls write into the parameters
+        # themselves, in place and outside autograd as p.data would be (the
+        # library reads only the address), without the new tensor object
+        # that p.data makes on every access.
         self.params: List[Tuple[str, torch.Tensor, int]] = []
         for name, p in module.named_parameters():
             _float_param(name, p)
@@ -298,7 +302,7 @@ class Optimizer:
             g = p.grad if not p.grad.is_sparse else p.grad.to_dense()
             try:
                 opt._inflight.append(opt.worker.push_pull_start(
-                    {var_id: g.contiguous()}, into={var_id: p.data}, step=False))
+                    {var_id: g.contiguous()}, into={var_id: p}, step=False))
             except StoppedError as e:
                 if e.status != _QR_ESTOPPED:
                     raise
@@ -318,7 +322,7 @@ class Optimizer:
         return Worker(Cluster(ps_hosts, worker_hosts, "worker", 0), **settings)
 
     def _pull(self) -> None:
-        self.worker.pull({i: p.data for _, p, i in self.params})
+        self.worker.pull({i: p for _, p, i in self.params})
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.module.zero_grad(set_to_none=set_to_none)
@@ -373,7 +377,7 @@ class Optimizer:
             for ids, rows in emb._take_rows():
                 self.worker.add_rows(emb._table, ids, rows.contiguous())
         self.global_step = self.worker.push({}, step=True, every_ps=True)
-        rest = {i: p.data for _, p, i in self.params if i not in pushed}
+        rest = {i: p for _, p, i in self.params if i not in pushed}
         if rest:
             self.worker.pull(rest)
         return self.global_step
@@ -402,7 +406,7 @@ class Optimizer:
             # One round trip per ps: the push's reply brings the new values
             # straight into the parameters.
             self.global_step = self.worker.push_pull(
-                grads, into={i: p.data for _, p, i in self.params})
+                grads, into={i: p for _, p, i in self.params})
             return self.global_step
         try:
             self.global_step = self.worker.push(grads)

@@ -13,7 +13,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._arrays import ArrayLike, address, ids_array
+from ._arrays import ArrayLike, address, ids_array, quick_address
 from ._native import PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, check, lib
 from .cluster import Cluster, Config
 
@@ -66,6 +66,8 @@ class Worker:
                                    -1 if task_index is None else int(task_index),
                                    self._config.handle))
         self._names: Dict[str, int] = {}
+        self._name_list: List[str] = []  # by id
+        self._id_arrays: Dict[Tuple[int, ...], Any] = {}  # ids -> a C int array of them
         self._sizes: List[int] = []
         self._shapes: List[Tuple[int, ...]] = []
         self._tables: Dict[int, int] = {}  # id -> dim
@@ -75,6 +77,7 @@ class Worker:
 
     def _declared(self, name: str, var_id: int, shape: Tuple[int, ...], table_dim: int = 0) -> int:
         self._names[name] = var_id
+        self._name_list.append(name)
         self._sizes.append(int(lib.qr_worker_var_size(self._handle, var_id)))
         self._shapes.append(shape)
         if table_dim:
@@ -147,7 +150,7 @@ class Worker:
         return int(var)
 
     def names(self) -> List[str]:
-        return sorted(self._names, key=lambda n: self._names[n])
+        return list(self._name_list)
 
     def size(self, var: Var) -> int:
         return self._sizes[self.id(var)]
@@ -181,37 +184,60 @@ class Worker:
     # ---- dense pull and push ------------------------------------------------------
 
     def _targets(self, what: str, items: Iterable[Tuple[Var, Optional[ArrayLike]]],
-                 writable: bool) -> Tuple[Any, Any, int]:
+                 writable: bool, caller: str = "") -> Tuple[Any, Any, int]:
+        """The C arrays of variable ids and data addresses for items
+        (variable, array or None: the worker's copy). caller, if given,
+        names a call for which every array is required."""
+        # The path of every push and pull: kept lean (the Python layer's
+        # cost per call is measured by bench/python/bench_torch.py).
+        names, sizes, tables = self._names, self._sizes, self._tables
         ids: List[int] = []
         ptrs: List[Optional[int]] = []
         for var, arr in items:
-            i = self.id(var)
-            if i in self._tables:
-                raise ValueError("%s: '%s' is an embedding table" % (what, self.names()[i]))
+            i = names.get(var) if isinstance(var, str) else None
+            if i is None:
+                i = self.id(var)
+            if i in tables:
+                raise ValueError("%s: '%s' is an embedding table" % (what, self._name_list[i]))
             ids.append(i)
             if arr is None:
+                if caller:
+                    raise TypeError("%s: a gradient is None" % caller)
                 ptrs.append(None)
             else:
-                ptrs.append(address(arr, "%s of '%s'" % (what, self.names()[i]),
-                                    count=self._sizes[i], writable=writable)[0])
+                ptrs.append(quick_address(arr, sizes[i]) or
+                            address(arr, ("%s of '%s'", what, self._name_list[i]),
+                                    count=sizes[i], writable=writable)[0])
         n = len(ids)
-        return (ctypes.c_int * n)(*ids), (ctypes.c_void_p * n)(*ptrs), n
+        # A step pushes and pulls the same variables every time: their id
+        # array is made once.
+        key = tuple(ids)
+        id_array = self._id_arrays.get(key)
+        if id_array is None:
+            if len(self._id_arrays) >= 256:  # a program that varies its subsets
+                self._id_arrays.clear()
+            id_array = self._id_arrays[key] = (ctypes.c_int * n)(*ids)
+        return id_array, (ctypes.c_void_p * n)(*ptrs), n
 
     def pull(self, into: Union[None, Mapping[Any, Optional[ArrayLike]], Sequence[Var]] = None,
              averages: bool = False) -> None:
         """Pull dense variables: every one (into the worker's copies, read by
         ``value``) if ``into`` is None; else a list of variables, or a mapping
         variable -> destination array (None: the worker's copy)."""
-        if into is None:
-            items: List[Tuple[Var, Optional[ArrayLike]]] = [
-                (i, None) for i in range(len(self._sizes)) if i not in self._tables]
+        items: Iterable[Tuple[Var, Optional[ArrayLike]]]
+        if type(into) is dict:  # the common case, first
+            items = into.items()
+        elif into is None:
+            items = [(i, None) for i in range(len(self._sizes)) if i not in self._tables]
         elif isinstance(into, Mapping):
             items = list(into.items())
         else:
             items = [(v, None) for v in into]
         ids, ptrs, n = self._targets("pull", items, writable=True)
         fn = lib.qr_worker_pull_averages if averages else lib.qr_worker_pull
-        check(fn(self._handle, n, ids, ptrs))
+        status = fn(self._handle, n, ids, ptrs)
+        if status:
+            check(status)
 
     def push(self, grads: Mapping[Any, ArrayLike], step: bool = True, delta: bool = False,
              every_ps: bool = False) -> int:
@@ -220,14 +246,14 @@ class Worker:
         the commit). ``delta``: the values are added as they are (async).
         ``every_ps`` (async): reach every ps; with no gradients and step, a
         step's tick after its variables were pushed apart without step."""
-        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
-        if any(p is None for p in ptrs):
-            raise TypeError("push: a gradient is None")
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push")
         flags = ((PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0) |
                  (PUSH_EVERY_PS if every_ps else 0))
         out = ctypes.c_int64(-1)
-        check(lib.qr_worker_push(self._handle, n, ids, ptrs, flags, ctypes.byref(out)))
-        return int(out.value)
+        status = lib.qr_worker_push(self._handle, n, ids, ptrs, flags, ctypes.byref(out))
+        if status:
+            check(status)
+        return out.value
 
     def push_pull(self, grads: Mapping[Any, ArrayLike],
                   into: Optional[Mapping[Any, Optional[ArrayLike]]] = None,
@@ -238,9 +264,7 @@ class Worker:
         push left them; sync: push, the step's token, the pull (a stale
         gradient raises StaleError after the values have come). Returns the
         global step."""
-        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
-        if any(p is None for p in ptrs):
-            raise TypeError("push_pull: a gradient is None")
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push_pull")
         dst = {self.id(k): a for k, a in (into or {}).items()}
         _, outs, _ = self._targets("push_pull values",
                                    [(v, dst.get(self.id(v))) for v in grads.keys()],
@@ -257,9 +281,7 @@ class Worker:
         """Start a push and return at once (async mode); ``wait()`` on the
         returned Request gives the global step. The arrays must not change
         until then (the Request keeps them alive). Several may be in flight."""
-        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
-        if any(p is None for p in ptrs):
-            raise TypeError("push_start: a gradient is None")
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push_start")
         flags = (PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0)
         handle = ctypes.c_void_p()
         check(lib.qr_worker_push_start(self._handle, n, ids, ptrs, flags, ctypes.byref(handle)))
@@ -270,9 +292,7 @@ class Worker:
                         step: bool = True) -> "Request":
         """``push_pull`` without waiting (async mode): the values are in
         ``into`` (or the worker's copies) once ``wait()`` returns."""
-        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False)
-        if any(p is None for p in ptrs):
-            raise TypeError("push_pull_start: a gradient is None")
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push_pull_start")
         dst = {self.id(k): a for k, a in (into or {}).items()}
         _, outs, _ = self._targets("push_pull values",
                                    [(v, dst.get(self.id(v))) for v in grads.keys()],
@@ -307,7 +327,7 @@ class Worker:
         keep, ids_ptr, n = ids_array(ids, "ids")
         if out is None:
             out = np.empty((n, dim), dtype=np.float32)
-        ptr, _ = address(out, "rows of '%s'" % self.names()[i], count=n * dim, writable=True)
+        ptr, _ = address(out, ("rows of '%s'", self._name_list[i]), count=n * dim, writable=True)
         check(lib.qr_worker_pull_rows(self._handle, i, n, ctypes.c_void_p(ids_ptr),
                                       ctypes.c_void_p(ptr), ROWS_READ_ONLY if read_only else 0))
         del keep
@@ -318,7 +338,7 @@ class Worker:
         the next push (the arrays are free once this returns)."""
         i, dim = self._dim(var)
         keep, ids_ptr, n = ids_array(ids, "ids")
-        ptr, _ = address(rows, "rows of '%s'" % self.names()[i], count=n * dim)
+        ptr, _ = address(rows, ("rows of '%s'", self._name_list[i]), count=n * dim)
         check(lib.qr_worker_add_rows(self._handle, i, n, ctypes.c_void_p(ids_ptr),
                                      ctypes.c_void_p(ptr)))
         del keep

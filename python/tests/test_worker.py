@@ -62,6 +62,19 @@ def test_push_pull_fused(cluster):  # type: ignore[no-untyped-def]
         w.push_pull({"b": np.ones(3)})
     with pytest.raises(ValueError):
         w.push_pull({"b": g_b}, into={"b": np.zeros(2, dtype=np.float32)})
+    for call in (w.push, w.push_pull, w.push_start, w.push_pull_start):
+        with pytest.raises(TypeError, match=call.__name__ + ": a gradient is None"):
+            call({"b": None})
+    with pytest.raises(ValueError, match="pull of 'b': the array is read-only"):
+        ro = np.zeros(3, dtype=np.float32)
+        ro.flags.writeable = False
+        w.pull({"b": ro})
+    ro = np.full(3, 2.0, dtype=np.float32)  # a read-only gradient is fine
+    ro.flags.writeable = False
+    w.push({"b": ro}, step=False)
+    w.pull({"b": out.numpy().reshape(-1)[:3]})
+    assert np.array_equal(w.value("b"), np.full(3, -1.0, dtype=np.float32))  # not the copy
+    assert torch.equal(out.reshape(-1)[:3], torch.full((3,), -2.0))
 
 
 def test_exceptions_carry_the_message(cluster):  # type: ignore[no-untyped-def]
