@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake pkg-config libuv1-dev libcjson-dev libopenblas-dev
           libmicrohttpd-dev libsodium-dev libcmocka-dev zlib1g-dev
           dataset-fashion-mnist liblinear-tools prometheus gnuplot-nox
-          python3 python3-numpy python3-venv iproute2 ${QR_EXTRA_PACKAGES:-})
+          python3 python3-dev python3-numpy python3-venv iproute2 ${QR_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -119,6 +119,29 @@ def _load() -> ctypes.CDLL:
 
 lib = _load()
 
+# The common dense push and pull in C (_fastcall.c), bound to this library;
+# None if the package was built without Python's headers (ctypes alone).
+fastcall: Any
+try:
+    from . import _fastcall as fastcall
+except ImportError:
+    fastcall = None
+else:
+    import numpy
+
+    fastcall.bind(*[ctypes.cast(getattr(lib, name), c_void_p).value for name in (
+        "qr_worker_pull", "qr_worker_pull_averages", "qr_worker_push", "qr_worker_push_pull")],
+        numpy.ndarray)
+
+
+def bind_torch() -> None:
+    """Lets the C path take torch tensors, once torch is imported."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if fastcall is not None and torch is not None:
+        fastcall.bind_torch((torch.Tensor, torch.nn.Parameter), torch.float32)
+
 
 def check(status: int) -> None:
     """Raise the exception for a failing status, with the calling thread's

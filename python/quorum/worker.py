@@ -1,7 +1,10 @@
 """A worker: declares the variables, pulls them, pushes gradients (dense
 and sparse rows), and in sync mode takes part in the steps. A thin layer
 over the C worker handle: every array is checked (_arrays.py) and passed
-by address, and every call releases the GIL while it waits.
+by address, and every call releases the GIL while it waits. The common
+dense push and pull (a dict of float32 arrays) go through _fastcall.c,
+which makes the same checks in C; anything else comes back to the
+Python path, which names what is wrong.
 
 Variables are named by the id ``declare`` returns or by their name."""
 
@@ -14,7 +17,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ._arrays import ArrayLike, address, ids_array, quick_address
-from ._native import PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, check, lib
+from ._native import (PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, bind_torch, check,
+                      fastcall, lib)
 from .cluster import Cluster, Config
 
 Var = Union[int, str]
@@ -72,6 +76,7 @@ class Worker:
         self._shapes: List[Tuple[int, ...]] = []
         self._tables: Dict[int, int] = {}  # id -> dim
         self._inflight: List["Request"] = []
+        bind_torch()
 
     # ---- declarations ------------------------------------------------------
 
@@ -226,6 +231,13 @@ class Worker:
         variable -> destination array (None: the worker's copy)."""
         items: Iterable[Tuple[Var, Optional[ArrayLike]]]
         if type(into) is dict:  # the common case, first
+            if fastcall is not None:
+                status = fastcall.pull(self._handle.value, into, self._names, self._sizes,
+                                       self._tables, averages)
+                if status is not NotImplemented:
+                    if status:
+                        check(status)
+                    return
             items = into.items()
         elif into is None:
             items = [(i, None) for i in range(len(self._sizes)) if i not in self._tables]
@@ -246,9 +258,16 @@ class Worker:
         the commit). ``delta``: the values are added as they are (async).
         ``every_ps`` (async): reach every ps; with no gradients and step, a
         step's tick after its variables were pushed apart without step."""
-        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push")
         flags = ((PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0) |
                  (PUSH_EVERY_PS if every_ps else 0))
+        if fastcall is not None and type(grads) is dict:
+            done = fastcall.push(self._handle.value, grads, self._names, self._sizes,
+                                 self._tables, flags)
+            if done is not NotImplemented:
+                if done[0]:
+                    check(done[0])
+                return int(done[1])
+        ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push")
         out = ctypes.c_int64(-1)
         status = lib.qr_worker_push(self._handle, n, ids, ptrs, flags, ctypes.byref(out))
         if status:
@@ -264,6 +283,13 @@ class Worker:
         push left them; sync: push, the step's token, the pull (a stale
         gradient raises StaleError after the values have come). Returns the
         global step."""
+        if fastcall is not None and type(grads) is dict and (into is None or type(into) is dict):
+            done = fastcall.push_pull(self._handle.value, grads, into, self._names, self._sizes,
+                                      self._tables, PUSH_STEP if step else 0)
+            if done is not NotImplemented:
+                if done[0]:
+                    check(done[0])
+                return int(done[1])
         ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push_pull")
         dst = {self.id(k): a for k, a in (into or {}).items()}
         _, outs, _ = self._targets("push_pull values",

@@ -23,6 +23,7 @@ BAD = [
     (np.ones(6), TypeError, "float64"),                       # NumPy's default dtype
     (np.ones(6, dtype=np.float16), TypeError, "float16"),
     (np.ones(6, dtype=np.int32), TypeError, "int32"),
+    (np.ones(6, dtype=">f4"), TypeError, ">f4"),                # float32, not in this byte order
     (np.ones(5, dtype=np.float32), ValueError, "5 elements, 6 expected"),
     (np.ones(7, dtype=np.float32), ValueError, "7 elements, 6 expected"),
     (np.ones((3, 4), dtype=np.float32)[:, :2], ValueError, "not C-contiguous"),

@@ -136,6 +136,19 @@ def sync_worker(w, grads, steps, out):  # type: ignore[no-untyped-def]
         out.append(e)
 
 
+def runs_while_blocked(target) -> threading.Thread:  # type: ignore[no-untyped-def]
+    """Starts target on a thread and checks that, while it is blocked in a
+    call for half a second, this thread keeps running (the GIL is free)."""
+    t = threading.Thread(target=target)
+    t.start()
+    ticks = 0
+    deadline = time.time() + 0.5
+    while time.time() < deadline:
+        ticks += 1
+    assert t.is_alive() and ticks > 1000, ticks
+    return t
+
+
 def test_sync_steps_and_gil(make_cluster):  # type: ignore[no-untyped-def]
     """Two sync workers; while worker 0 waits for its token (worker 1 is
     late), a Python thread keeps running: the GIL is released."""
@@ -150,14 +163,9 @@ def test_sync_steps_and_gil(make_cluster):  # type: ignore[no-untyped-def]
     for t in threads:
         t.join()
     out0: list = []
-    t0 = threading.Thread(target=sync_worker,
-                          args=(ws[0], {"v": np.full(4, 1.0, np.float32)}, 1, out0))
-    t0.start()
-    ticks = 0
-    deadline = time.time() + 0.5
-    while time.time() < deadline:  # worker 0 is blocked in take_token meanwhile
-        ticks += 1
-    assert t0.is_alive() and ticks > 1000, ticks
+    # worker 0 is blocked in take_token meanwhile
+    t0 = runs_while_blocked(lambda: sync_worker(ws[0], {"v": np.full(4, 1.0, np.float32)}, 1,
+                                                out0))
     out1: list = []
     sync_worker(ws[1], {"v": np.full(4, 3.0, np.float32)}, 1, out1)
     t0.join(10)
@@ -166,6 +174,46 @@ def test_sync_steps_and_gil(make_cluster):  # type: ignore[no-untyped-def]
         assert np.array_equal(got, np.full(4, -2.0, np.float32))  # mean of 1 and 3
     stats = ws[0].stats()
     assert stats["steps"] == 1 and stats["in_quorum"] == [1, 1], stats
+
+
+def test_fast_path_releases_the_gil(make_cluster):  # type: ignore[no-untyped-def]
+    """The common dense calls (a dict of float32 arrays) go through the C
+    extension (_fastcall.c): it is built, gives what the ctypes path gives
+    (names or ids, NumPy or torch), and releases the GIL: worker 0's sync
+    push_pull waits for worker 1's gradient while a Python thread runs."""
+    from quorum._native import fastcall
+
+    assert fastcall is not None, "the package was built without its C fast path"
+    c = make_cluster(2, 2, mode="sync", lr=1.0)
+    ws = [c.worker(0), c.worker(1)]
+    for w in ws:
+        w.declare("v", 4)
+        w.declare("b", (2, 3))
+    threads = [threading.Thread(target=w.initialize) for w in ws]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    outs = [np.zeros(4, np.float32), torch.zeros(4)]
+    done: list = []
+
+    def chief() -> None:
+        done.append(ws[0].push_pull({"v": np.full(4, 1.0, np.float32),
+                                     1: np.zeros((2, 3), np.float32)},
+                                    into={"v": outs[0], 1: None}))
+
+    t0 = runs_while_blocked(chief)  # worker 0 waits for the step meanwhile
+    step = ws[1].push_pull({"v": torch.full((4,), 3.0), "b": torch.ones(2, 3)},
+                           into={"v": outs[1], "b": None})
+    t0.join(10)
+    assert done == [1] and step == 1
+    assert np.array_equal(outs[0], np.full(4, -2.0, np.float32))  # the mean, 2, at lr 1
+    assert torch.equal(outs[1], torch.full((4,), -2.0))
+    assert np.array_equal(ws[0].value("b"), np.full((2, 3), -0.5, np.float32))
+    pulled = np.zeros((2, 3), np.float32)
+    ws[1].pull({1: pulled, "v": None})
+    assert np.array_equal(pulled, ws[0].value("b"))
+    assert np.array_equal(ws[1].value("v"), np.full(4, -2.0, np.float32))
 
 
 def test_log_lines_in_logging(make_cluster, caplog):  # type: ignore[no-untyped-def]
