@@ -84,7 +84,10 @@ static int var_id(PyObject *key, PyObject *names, Py_ssize_t nvars, PyObject *ta
     long id;
     if (PyUnicode_CheckExact(key)) {
         PyObject *v = PyDict_GetItemWithError(names, key);
-        if (!v) return -1;
+        if (!v) {
+            PyErr_Clear();
+            return -1;
+        }
         id = PyLong_AsLong(v);
     } else if (PyLong_CheckExact(key)) {
         id = PyLong_AsLong(key);
@@ -215,9 +218,12 @@ static int call_take(call *c, int kind, PyObject *dict, PyObject *names, PyObjec
     return taken;
 }
 
-/* What a call not taken returns: NotImplemented, or NULL for an exception. */
+/* What a call not taken returns: NotImplemented (no exception left from
+ * the checks: the Python path makes them again and raises its own), or
+ * NULL for an exception (out of memory). */
 static PyObject *not_taken(int taken) {
     if (taken < 0) return NULL;
+    PyErr_Clear();
     Py_RETURN_NOTIMPLEMENTED;
 }
 
@@ -338,7 +344,7 @@ static PyObject *fast_push_pull(PyObject *self, PyObject *args) {
     }
     if (!taken) {
         call_free(&c);
-        Py_RETURN_NOTIMPLEMENTED;
+        return not_taken(0);
     }
     int64_t step = -1;
     int status;
