@@ -26,7 +26,6 @@ ArrayLike = Any  # a numpy.ndarray or a torch.Tensor (torch is optional)
 What = Union[str, Tuple[Any, ...]]
 
 _NUMPY_DTYPES = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
-_FLOAT32 = _NUMPY_DTYPES["float32"]
 
 
 def _name(what: What) -> str:
@@ -55,36 +54,6 @@ def _numpy_address(x: np.ndarray) -> int:
     if x.flags.writeable and x.size:
         return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, x)))
     return int(x.ctypes.data)
-
-
-_torch_float32: Any = None  # torch.float32 and torch's tensor types, once torch is imported
-_torch_tensor_types: Tuple[type, ...] = ()
-
-
-def quick_address(x: ArrayLike, count: int) -> int:
-    """The address of x if it is what a push or pull mostly gets: a
-    writable, C-contiguous float32 ndarray or CPU tensor of exactly count
-    (> 0) elements; else 0, and the caller calls ``address`` for the
-    checks and the message. The path of every push and pull, so the checks
-    are made in as few steps as they can be."""
-    global _torch_float32, _torch_tensor_types
-    t = type(x)
-    if t is np.ndarray:
-        flags = x.flags
-        if (x.dtype is _FLOAT32 and flags.c_contiguous and flags.writeable and x.size == count
-                and count):
-            return ctypes.addressof(ctypes.c_char.from_buffer(cast(Any, x)))
-        return 0
-    if not _torch_tensor_types:
-        torch = sys.modules.get("torch")
-        if torch is None:
-            return 0
-        _torch_float32 = torch.float32
-        _torch_tensor_types = (torch.Tensor, torch.nn.Parameter)
-    if (t in _torch_tensor_types and x.dtype is _torch_float32 and x.is_cpu
-            and x.is_contiguous() and x.numel() == count):
-        return int(x.data_ptr())
-    return 0
 
 
 def address(x: ArrayLike, what: What, dtype: str = "float32", count: Optional[int] = None,

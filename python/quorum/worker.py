@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._arrays import ArrayLike, address, ids_array, quick_address
+from ._arrays import ArrayLike, address, ids_array
 from ._native import (PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, bind_torch, check,
                       fastcall, lib)
 from .cluster import Cluster, Config
@@ -71,7 +71,6 @@ class Worker:
                                    self._config.handle))
         self._names: Dict[str, int] = {}
         self._name_list: List[str] = []  # by id
-        self._id_arrays: Dict[Tuple[int, ...], Any] = {}  # ids -> a C int array of them
         self._sizes: List[int] = []
         self._shapes: List[Tuple[int, ...]] = []
         self._tables: Dict[int, int] = {}  # id -> dim
@@ -193,8 +192,9 @@ class Worker:
         """The C arrays of variable ids and data addresses for items
         (variable, array or None: the worker's copy). caller, if given,
         names a call for which every array is required."""
-        # The path of every push and pull: kept lean (the Python layer's
-        # cost per call is measured by bench/python/bench_torch.py).
+        # The ctypes path: the calls _fastcall.c leaves (the non-blocking
+        # ones, a list of variables, any array it does not take), and
+        # every call when the package was built without it.
         names, sizes, tables = self._names, self._sizes, self._tables
         ids: List[int] = []
         ptrs: List[Optional[int]] = []
@@ -210,19 +210,10 @@ class Worker:
                     raise TypeError("%s: a gradient is None" % caller)
                 ptrs.append(None)
             else:
-                ptrs.append(quick_address(arr, sizes[i]) or
-                            address(arr, ("%s of '%s'", what, self._name_list[i]),
+                ptrs.append(address(arr, ("%s of '%s'", what, self._name_list[i]),
                                     count=sizes[i], writable=writable)[0])
         n = len(ids)
-        # A step pushes and pulls the same variables every time: their id
-        # array is made once.
-        key = tuple(ids)
-        id_array = self._id_arrays.get(key)
-        if id_array is None:
-            if len(self._id_arrays) >= 256:  # a program that varies its subsets
-                self._id_arrays.clear()
-            id_array = self._id_arrays[key] = (ctypes.c_int * n)(*ids)
-        return id_array, (ctypes.c_void_p * n)(*ptrs), n
+        return (ctypes.c_int * n)(*ids), (ctypes.c_void_p * n)(*ptrs), n
 
     def pull(self, into: Union[None, Mapping[Any, Optional[ArrayLike]], Sequence[Var]] = None,
              averages: bool = False) -> None:
