@@ -467,7 +467,6 @@ static void on_shard_written(uv_work_t *w, int status) {
         }
     }
     job_free(j);
-    if (ps->stopping) qr__ps_finish_if_idle(ps);
 }
 
 /* Take this ps's shard at `step` and write it off the loop. */
@@ -594,7 +593,7 @@ void qr__ckpt_take(qr_ps *ps, int64_t step) {
         qr_wbuf meta = {0};
         qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
                                               .step = step});
-        for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta);
+        for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
         qr_wbuf_free(&meta);
     }
     if (qr__ckpt_start_shard(ps, c->next_id, step)) {
@@ -641,8 +640,8 @@ static void finish_checkpoint(qr_ps *ps) {
         c->want_final = false;
         if (c->stop_peer) qr__peer_reply(c->stop_peer, &c->stop_req, QR_OK, NULL, NULL, 0, NULL, NULL);
         c->stop_peer = NULL;
-        if (c->final_stops_cluster) qr__ps_stop_cluster(ps);
-        else qr__ps_begin_stop(ps);
+        if (c->final_stops_cluster) qr__ps_ask_stop_cluster(ps);
+        else qr__ps_ask_stop(ps);
         return;
     }
     /* A save asked for while this one was under way wants a newer one. */
@@ -688,7 +687,21 @@ bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
     return true;
 }
 
-void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta) {
+/* A ps k's link lost while it wrote its shard: that shard is lost to us. */
+static void link_lost(qr_ps *ps, int index) {
+    ps_ckpt *c = &ps->ckpt;
+    qr__ckpt_cut_link_lost(ps, index);
+    if (!c->busy || !c->shards || c->shards[index].bytes) return;
+    shard_written(ps, index, QR_EPEERLOST, "the link to it was lost while it wrote its shard",
+                  NULL);
+}
+
+void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
+                          const uint8_t *meta) {
+    if (!f) {
+        link_lost(ps, index);
+        return;
+    }
     if (qr__ckpt_cut_report(ps, index, f, meta)) return;
     if (!ps->ckpt.shards) return; /* RELEASE's reply, or a late one */
     qr_rbuf r;
@@ -703,14 +716,6 @@ void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t 
     }
     shard_written(ps, index, error[0] ? (f->status ? f->status : QR_EPROTO) : QR_OK, error,
                   &shard);
-}
-
-void qr__ckpt_link_lost(qr_ps *ps, int index) {
-    ps_ckpt *c = &ps->ckpt;
-    qr__ckpt_cut_link_lost(ps, index);
-    if (!c->busy || !c->shards || c->shards[index].bytes) return;
-    shard_written(ps, index, QR_EPEERLOST, "the link to it was lost while it wrote its shard",
-                  NULL);
 }
 
 /* ---- ps k: CKPT from ps 0 -------------------------------------------------------- */

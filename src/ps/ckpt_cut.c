@@ -45,6 +45,7 @@ typedef struct parked_push {
     struct parked_push *next;
     ps_peer *p;
     qr_frame f;
+    qr_park_resume_cb resume; /* applies it, once the cut is decided */
 } parked_push;
 
 /* a is newer than b (seqs wrap; a worker's are increasing). */
@@ -54,7 +55,7 @@ static bool seq_after(uint32_t a, uint32_t b) {
 
 /* ---- every ps: parking ----------------------------------------------------- */
 
-bool qr__ckpt_park(ps_peer *p, const qr_frame *f) {
+bool qr__ckpt_park(ps_peer *p, const qr_frame *f, qr_park_resume_cb resume) {
     ps_ckpt *c = &p->ps->ckpt;
     if (!c->holding || p->parked) return false;
     parked_push *pp = qr__calloc(1, sizeof *pp);
@@ -64,6 +65,7 @@ bool qr__ckpt_park(ps_peer *p, const qr_frame *f) {
     }
     pp->p = p;
     pp->f = *f;
+    pp->resume = resume;
     if (c->parked_tail) c->parked_tail->next = pp;
     else c->parked = pp;
     c->parked_tail = pp;
@@ -76,7 +78,7 @@ bool qr__ckpt_park(ps_peer *p, const qr_frame *f) {
 static void unpark(qr_ps *ps, parked_push *pp) {
     ps_peer *p = pp->p;
     p->parked = false;
-    qr__push_message(p, &pp->f);
+    pp->resume(p, &pp->f);
     qr__peer_release_recv(p);
     qr_conn_resume(p->conn);
     free(pp);
@@ -88,7 +90,7 @@ static void unpark(qr_ps *ps, parked_push *pp) {
 static void apply_parked(qr_ps *ps, const qr_msg_cut *cut) {
     ps_ckpt *c = &ps->ckpt;
     parked_push **link = &c->parked;
-    c->holding = false; /* so that qr__push_message applies */
+    c->holding = false; /* so that the push's resume applies it */
     while (*link) {
         parked_push *pp = *link;
         uint32_t w = pp->p->push_worker;
@@ -205,7 +207,7 @@ static void send_phase(qr_ps *ps, uint32_t phase, uint64_t id, int64_t step, con
     qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = phase, .id = id, .step = step,
                                          .count = cut ? (uint32_t)nw : 0});
     for (int w = 0; cut && w < nw; w++) qr_msg_put_cut(&meta, &cut[w]);
-    for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta);
+    for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
     qr_wbuf_free(&meta);
 }
 

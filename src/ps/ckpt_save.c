@@ -17,7 +17,7 @@ typedef struct save_waiter {
     struct save_waiter *next;
 } save_waiter;
 
-void qr__ckpt_save_message(ps_peer *p, const qr_frame *f) {
+void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_ckpt *c = &ps->ckpt;
     if (ps->index != 0 || !c->dir) {

@@ -194,7 +194,8 @@ static void complete_apply_part(qr_ps *ps) {
 }
 
 /* An APPLY's answer from ps k (links.c). */
-void qr__coord_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
+/* An APPLY's answer from ps k (qr_link_apply_cb). */
+static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
                             uint32_t len) {
     if (status) {
         char msg[700];
@@ -212,7 +213,7 @@ static void start_apply(qr_ps *ps) {
     s->applying = true;
     s->applies_pending = ps->cluster->nps;
     int64_t step = ps->global_step;
-    qr__links_apply(ps, step);
+    qr__links_apply(ps, step, on_apply_answer);
     if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum)) {
         abort_training(ps, qr_last_error());
         return;
@@ -274,7 +275,7 @@ static void abort_training(qr_ps *ps, const char *why) {
     s->aborted = true;
     snprintf(s->abort_msg, sizeof s->abort_msg, "synchronous training aborted: %s", why);
     end_waiters(s, QR_EABORTED, s->abort_msg);
-    qr__ps_abort(ps, QR_EABORTED, s->abort_msg);
+    qr__ps_ask_abort(ps, QR_EABORTED, s->abort_msg);
 }
 
 /* The worker missing from the step that has been gone longest, or -1: a
@@ -377,7 +378,7 @@ void qr__coord_ready(qr_ps *ps) {
         if (push_token(s, ps->global_step)) return;
 }
 
-int qr__coord_header(ps_peer *p, const qr_frame *f) {
+int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const qr_ps *ps = p->ps;
     if (!ps->sync.on)
         return qr__fail(QR_EINVAL, "%s: this ps trains in async mode", qr_msg_name(f->type));
@@ -442,7 +443,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     else qr__liveness_end_if_finished(ps);
 }
 
-void qr__coord_token(ps_peer *p, const qr_frame *f) {
+void qr__coord_token(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
     if (s->aborted) {

@@ -253,7 +253,7 @@ int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return rc;
 }
 
-void qr__create_message(ps_peer *p, const qr_frame *f) {
+void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     char msg[400];
     for (int i = 0; i < p->ncreated; i++) {

@@ -9,10 +9,17 @@
  * dies is seen at once and a ps that comes back is seen at its first
  * answer. A HELLO opens every connection, carrying ps 0's incarnation and
  * the checkpoint it restored; nothing else is sent before its answer,
- * which carries the other's. The answer goes to rollback.c, which decides
- * whether the cluster must roll back (a restarted ps). A link that was up
- * and stays down for restart-wait-ms ends the run with an error naming
- * the ps; one never up yet is a ps still starting, and is waited for.
+ * which carries the other's. The answer goes to the welcome callback the
+ * links were made with (rollback.c's check: must the cluster roll back, a
+ * restarted ps?). A link that was up and stays down for restart-wait-ms
+ * ends the run with an error naming the ps; one never up yet is a ps
+ * still starting, and is waited for.
+ *
+ * Every request carries the callback that consumes its answer, as libuv's
+ * uv_write_t carries its uv_write_cb: an APPLY's goes to the coordinator,
+ * a CKPT's to the checkpoint, so the links call nothing above them, and
+ * what ends the run (an abort) is only asked for (ps_internal.h, "The
+ * lifecycle").
  */
 #include "ps/ps_internal.h"
 
@@ -36,8 +43,10 @@ struct coord_link {
     uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
     bool apply_sent;
     bool stop_wanted, stop_sent;
+    qr_link_apply_cb apply_cb; /* the APPLY's answer goes there */
     bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
     qr_wbuf ckpt;
+    qr_link_ckpt_cb ckpt_cb; /* the CKPT exchange's answers and the link's loss go there */
 };
 
 static const qr_conn_events link_events;
@@ -144,11 +153,12 @@ static void on_link_lost(qr_conn *c, int status) {
     l->up = l->connecting = false;
     if (!l->down_ns) l->down_ns = qr__now_ns();
     l->ckpt_wanted = false;
-    qr__ckpt_link_lost(ps, l->index); /* a shard it was writing is lost to us */
+    /* A shard it was writing, or its part of a cut, is lost to us. */
+    if (l->ckpt_cb) l->ckpt_cb(ps, l->index, QR_EPEERLOST, NULL, NULL);
     if (l->closing || l->stop_sent) {
-        /* Closed by us, or gone after the stop: this link is done. */
+        /* Closed by us, or gone after the stop: this link is done (the
+         * ps ends once none is busy: qr__links_busy). */
         l->closing = true;
-        qr__ps_finish_if_idle(ps);
         return;
     }
     if (ps->stopping && !l->stop_wanted) return;
@@ -164,7 +174,7 @@ static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *met
         char why[700];
         snprintf(why, sizeof why, "ps %d (%s) refused ps 0's link: %.*s", l->index,
                  ps->cluster->ps[l->index], (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
-        qr__ps_abort(ps, QR_EABORTED, why);
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
         return;
     }
     qr_msg_welcome m;
@@ -173,7 +183,7 @@ static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *met
     qr_msg_get_welcome(&rb, &m);
     uint64_t known = l->incarnation;
     l->incarnation = m.incarnation;
-    if (qr__rollback_check_link(ps, l->index, known, &m)) return;
+    if (ps->sync.on_welcome(ps, l->index, known, &m)) return;
     if (l->down_ns && known)
         qr__log(QR_LOG_INFO, "ps %d (%s) is back after %.1f s", l->index,
                 ps->cluster->ps[l->index], (double)(qr__now_ns() - l->down_ns) / 1e9);
@@ -201,9 +211,9 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
             l->apply_step = -1;
             l->apply_sent = false;
         }
-        qr__coord_apply_answer(ps, l->index, step, f->status, (const char *)meta, f->meta_len);
-    } else if (type == QR_MSG_CKPT) {
-        qr__ckpt_link_reply(ps, l->index, f, meta);
+        l->apply_cb(ps, l->index, step, f->status, (const char *)meta, f->meta_len);
+    } else if (type == QR_MSG_CKPT && l->ckpt_cb) {
+        l->ckpt_cb(ps, l->index, f->status, f, meta);
     } else if (type == QR_MSG_STOP) {
         l->closing = true;
         qr_conn_close(c);
@@ -220,8 +230,9 @@ static const qr_conn_events link_events = {.connected = on_link_connected,
 
 /* ---- what the rest of the ps asks of the links -------------------------- */
 
-int qr__links_init(qr_ps *ps) {
+int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome) {
     ps_sync *s = &ps->sync;
+    s->on_welcome = on_welcome;
     int nlinks = ps->cluster->nps - 1;
     s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
     if (!s->links) return QR_ENOMEM;
@@ -250,17 +261,19 @@ uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
     return ps->sync.links[index - 1].down_ns;
 }
 
-void qr__links_apply(qr_ps *ps, int64_t step) {
+void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb) {
     for (int k = 1; k < ps->cluster->nps; k++) {
         coord_link *l = link_of(ps, k);
         l->apply_step = step;
+        l->apply_cb = cb;
         l->apply_sent = false;
         link_flush(l);
     }
 }
 
-void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta) {
+void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb) {
     coord_link *l = link_of(ps, index);
+    l->ckpt_cb = cb;
     qr_wbuf_reset(&l->ckpt);
     qr_wbuf_bytes(&l->ckpt, meta->data, meta->len);
     l->ckpt_wanted = true;
@@ -294,7 +307,7 @@ void qr__links_watch(qr_ps *ps) {
                      "come back within restart-wait-ms (%d ms); last error: %s", k,
                      ps->cluster->ps[k], (double)gone_ms / 1e3, ps->restart_wait_ms,
                      qr_last_error());
-            qr__ps_abort(ps, QR_EABORTED, why);
+            qr__ps_ask_abort(ps, QR_EABORTED, why);
             return;
         }
     }

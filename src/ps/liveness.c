@@ -59,7 +59,7 @@ static void watch_workers_left(qr_ps *ps, uint64_t now) {
     if (ps->step_limit > 0 && ps->global_step >= ps->step_limit) {
         qr__log(QR_LOG_INFO, "step limit %lld reached and every worker has left: stopping",
                 (long long)ps->step_limit);
-        qr__ps_stop_cluster(ps);
+        qr__ps_ask_stop_cluster(ps);
         return;
     }
     uint64_t idle_ms = (now - l->none_since_ns) / 1000000;
@@ -69,7 +69,7 @@ static void watch_workers_left(qr_ps *ps, uint64_t now) {
                  "the run is at step %lld%s: the job has ended without an orderly stop; stopping "
                  "the cluster", (double)idle_ms / 1e3, (long long)ps->global_step,
                  ps->step_limit > 0 ? ", before its step limit" : "");
-        qr__ps_abort(ps, QR_EABORTED, why);
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
     }
 }
 
@@ -87,7 +87,7 @@ static void watch_coordinator(qr_ps *ps, uint64_t now) {
              "restart-wait-ms: the job has ended; stopping", ps->cluster->ps[0],
              (double)gone_ms / 1e3);
     ps->coordinator_lost_ns = 0;
-    qr__ps_abort(ps, QR_EABORTED, why);
+    qr__ps_ask_abort(ps, QR_EABORTED, why);
 }
 
 static void on_watch(uv_timer_t *t) {
@@ -183,10 +183,10 @@ void qr__liveness_end_if_finished(qr_ps *ps) {
     } else {
         return;
     }
-    qr__ps_end_run(ps, why);
+    qr__ps_ask_end(ps, why);
 }
 
-void qr__liveness_leave(ps_peer *p, const qr_frame *f) {
+void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_liveness *l = &ps->liveness;
     if (ps->index != 0 || p->role != QR_ROLE_WORKER || !l->finished) {
@@ -205,12 +205,13 @@ void qr__liveness_leave(ps_peer *p, const qr_frame *f) {
     qr__liveness_end_if_finished(ps);
 }
 
-int qr__liveness_beat_header(ps_peer *p, const qr_frame *f) {
+int qr__liveness_beat_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->ps->index != 0) return qr__fail(QR_EINVAL, "BEAT goes to ps 0");
     return qr__peer_check_small(f, QR_MSG_BEAT_LEN);
 }
 
-void qr__liveness_beat(ps_peer *p, const uint8_t *meta, uint32_t meta_len) {
+void qr__liveness_beat(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    uint32_t meta_len = f->meta_len;
     qr_ps *ps = p->ps;
     ps_liveness *l = &ps->liveness;
     qr_rbuf r;

@@ -70,7 +70,7 @@ static void on_lookup_sent(qr_conn *c, int status, void *ctx) {
     qr__peer_reply_sent(c, status, NULL);
 }
 
-void qr__lookup_message(ps_peer *p, const qr_frame *f) {
+void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     qr_var *v = p->items[0].var;
     qr_table *t = v->table;
@@ -110,15 +110,15 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f) {
     qr_table_evict_idle(t);
     ps->metrics.rows_added += added;
     ps->metrics.rows_looked_up += (uint64_t)n;
-    qr_wbuf meta = {0};
-    qr_wbuf_u64(&meta, (uint64_t)n);
+    qr_wbuf head = {0};
+    qr_wbuf_u64(&head, (uint64_t)n);
     qr_iov iov = {out, (size_t)(n * dim) * sizeof(float)};
-    if (meta.oom) {
+    if (head.oom) {
         qr__recv_pool_put(&ps->recv_pool, out, cap);
         free(reply);
         qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
     } else {
-        qr__peer_reply(p, f, QR_OK, &meta, &iov, 1, on_lookup_sent, reply);
+        qr__peer_reply(p, f, QR_OK, &head, &iov, 1, on_lookup_sent, reply);
     }
-    qr_wbuf_free(&meta);
+    qr_wbuf_free(&head);
 }

@@ -1,41 +1,52 @@
 /*
  * ps_internal.h - the state of a ps task, shared by the files that make
- * it up. Requests flow down this list; no file calls one above it, except
- * that server.c and coord.c share the lifecycle (a STOP, an abort):
- *   server.c  the loop, connections, dispatch of each request by type,
- *             start and stop
+ * it up. Requests flow down this list: a file calls only files below it
+ * (checked with the objects' symbols: nm), with one exception, the
+ * checkpoint's room (checkpoint.c, ckpt_save.c, ckpt_cut.c), whose files
+ * call each other: a SAVE asks for a checkpoint, the cut hands the shard
+ * to be written, and a written checkpoint answers the saves and ends the
+ * cut. What would go up is a callback the caller hands down: the answer
+ * of a link's request (links.c), a parked push's resume (ckpt_cut.c). The
+ * lifecycle (stop, end, abort, rollback) is asked for by recording it on
+ * the ps, which server.c carries out ("The lifecycle", below).
+ *   server.c  the loop, connections, dispatch of each request by type
+ *             (one handler table), and the lifecycle: start, stop, end,
+ *             abort, rollback, carried out in one place
  *   control.c HELLO, READY, STEP, STATS: the small requests about the
  *             connection and the run
  *   push.c    async pushes: checked, acknowledged, applied, counted
- *   pull.c    pulls: replies that lend the variables' tensors
- *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
- *   create.c  CREATE: the chief's variables and the others' checks
- *   sync.c    synchronous replicas on every ps: pushes held per step, and
- *             the reduce-and-apply of a step once its quorum is decided
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
  *             token barrier, the global step, stall reports, statistics
+ *   sync.c    synchronous replicas on every ps: pushes held per step, and
+ *             the reduce-and-apply of a step once its quorum is decided
+ *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
+ *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
+ *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
+ *                 run with no worker left; ps k: ps 0 gone
+ *   checkpoint.c  checkpoints (snapshot, shard written off the loop,
+ *                 manifest on ps 0) and the restore at start
+ *   ckpt_save.c   SAVE: a worker asking ps 0 for a checkpoint now
+ *   ckpt_cut.c    the consistent cut of an async checkpoint over several
+ *                 ps: pushes parked, reports, the cut decided by ps 0
+ *   pull.c    pulls: replies that lend the variables' tensors
+ *   create.c  CREATE: the chief's variables and the others' checks
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT and STOP
- *             travel on them; they see a ps die and come back
+ *             travel on them, each request with the callback of its
+ *             answer; they see a ps die and come back
  *   rollback.c    a ps that comes back as a new run (restarted): the
  *                 whole cluster rolls back to its checkpoint, in place
- *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
- *   fused_apply.c large async SGD pushes applied as they arrive, the
- *                 gradient's buffer becoming the variable's next value
  *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
  *   peer.c    what every request family uses: replies, request checks,
  *             receive buffers
+ *   fused_apply.c large async SGD pushes applied as they arrive, the
+ *                 gradient's buffer becoming the variable's next value
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
- *   checkpoint.c  checkpoints (snapshot, shard written off the loop,
- *                 manifest on ps 0) and the restore at start
- *   ckpt_cut.c    the consistent cut of an async checkpoint over several
- *                 ps: pushes parked, reports, the cut decided by ps 0
- *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
- *                 run with no worker left; ps k: ps 0 gone
  *   metrics.c     Prometheus metrics: counters, and the page written on
  *                 the loop for the HTTP server's thread
+ *   rows.c    sparse rows: a push's ids checked, summed by id and applied
+ *             (async pushes, sync steps)
  *   store.c   the variables and their tensors
  *   table.c   an embedding table's shard: rows in an arena, a hash index
- *   rows.c    sparse rows summed by id and applied (async pushes, sync steps)
  * Everything runs on the ps loop thread.
  */
 #ifndef QR_PS_INTERNAL_H
@@ -209,6 +220,23 @@ typedef struct token_waiter {
 
 typedef struct coord_link coord_link;
 
+/* ps 0's links (links.c): each request carries the callback that consumes
+ * its answer, as a libuv write carries its uv_write_cb. */
+/* An APPLY of `step` answered by ps `index`: its status and meta. */
+typedef void (*qr_link_apply_cb)(qr_ps *ps, int index, int64_t step, int status,
+                                 const char *meta, uint32_t len);
+/* A CKPT answered by ps `index` (f: the reply; status its status), or the
+ * link lost while the checkpoint's exchange with it goes on (f and meta
+ * NULL, status QR_EPEERLOST). The exchange is the link's last CKPT and
+ * what follows it: later answers go to the same callback. */
+typedef void (*qr_link_ckpt_cb)(qr_ps *ps, int index, int status, const qr_frame *f,
+                                const uint8_t *meta);
+/* The answer `m` to the HELLO that opens each link to ps `index`, which
+ * had answered `known` before (0: first answer). True if the cluster rolls
+ * back (or aborts): the link must do nothing more. */
+typedef bool (*qr_link_welcome_cb)(qr_ps *ps, int index, uint64_t known,
+                                   const qr_msg_welcome *m);
+
 /* One gradient of a sync step's reduce: member `member` pushed `it` for v
  * (dense, or sparse rows: it->nrows >= 0). */
 typedef struct sync_source {
@@ -244,6 +272,7 @@ typedef struct ps_sync {
     int ntokens, tokens_cap, tokens_head;
     token_waiter *waiters, *waiters_tail;
     coord_link *links;  /* to ps 1..P-1 */
+    qr_link_welcome_cb on_welcome; /* the answer to every link's HELLO */
     uv_timer_t timer;
     bool timer_on;
     uint64_t step_started_ns, last_grad_ns, last_report_ns;
@@ -306,7 +335,7 @@ typedef struct ps_ckpt {
     double last_snapshot_ms, max_snapshot_ms; /* the loop's part: the references */
     bool want_final;       /* a stop waits for the final checkpoint */
     bool final_started;
-    bool final_stops_cluster; /* ... then STOP every ps (qr__ps_end_run) */
+    bool final_stops_cluster; /* ... then STOP every ps (an orderly end) */
     ps_peer *stop_peer;    /* ... and the STOP request to answer after it */
     qr_frame stop_req;
     /* ps k: the CKPT request to answer when the shard is written */
@@ -370,9 +399,11 @@ typedef struct ps_metrics {
 
 struct qr_ps {
     /* Kept across a rollback (server.c, reopen): the loop, the stop any
-     * thread or signal handler may ask for, and what the ps was given. */
+     * thread or signal handler may ask for, the handle that carries out
+     * the lifecycle, and what the ps was given. */
     uv_loop_t loop;
     uv_async_t stop_async;
+    uv_prepare_t lifecycle; /* acts on what was asked ("The lifecycle") */
     qr_cluster *cluster;
     qr_config *cfg;
     /* Everything from here on is made anew by a rollback. */
@@ -387,6 +418,7 @@ struct qr_ps {
         bool wanted;       /* the loop is ending for a rollback to `step` */
         int64_t step;      /* -1: to nothing (no checkpoint was written yet) */
         uint64_t follows;
+        bool closed;       /* server.c has closed the run for it */
     } rollback;
     int restart_wait_ms;
     int64_t step_limit;    /* ps 0: the run's last global step, from the chief (0: unknown) */
@@ -413,7 +445,16 @@ struct qr_ps {
     int64_t global_step;   /* meaningful on ps 0 */
     int64_t applied_steps; /* step pushes applied here: Adam's t */
     bool ready;
+    /* The lifecycle ("The lifecycle" below): `stopping` from the moment a
+     * stop, an abort or a rollback is decided (requests are refused, no
+     * new work starts); what was asked, until the loop carries it out. */
     bool stopping;
+    struct {
+        bool stop;         /* this ps stops */
+        bool stop_cluster; /* ps 0: STOP to every other ps first */
+        bool end;          /* the run ends in order: the final checkpoint, then the cluster stops */
+    } asked;
+    bool stop_begun;       /* the stop is carried out: listener closed, workers told */
     bool stop_asked;       /* qr_ps_stop was called (kept over a rollback) */
     int exit_status;       /* what qr_ps_run returns */
     bool skip_nonfinite;
@@ -462,10 +503,6 @@ static inline float qr__ps_lr(const qr_ps *ps, const qr_var *v, const qr_optim *
                                ps->lr_decay_staircase);
 }
 
-/* server.c: the lifecycle, which coord.c shares (a STOP, an abort). */
-void qr__ps_begin_stop(qr_ps *ps);
-void qr__ps_finish_if_idle(qr_ps *ps);
-
 /* peer.c: replies. A reply to `req` is queued on p's connection; past
  * PEER_MAX_PENDING queued bytes the connection stops being read until its
  * replies drain. qr__peer_reply returns QR_OK if queued; on failure cb
@@ -511,9 +548,6 @@ void qr__peer_release_recv(ps_peer *p);
 
 /* push.c: async pushes (a sync one is handed to sync.c). */
 int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-/* A sparse item's ids are rows of its dense variable, or ids of its table
- * placed on this ps; otherwise msg says which is not (QR_EINVAL). */
-int qr__push_check_rows(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz);
 void qr__push_message(ps_peer *p, const qr_frame *f);
 /* Staleness statistics of async pushes, as JSON fields of obj. */
 struct cJSON;
@@ -521,12 +555,15 @@ void qr__push_stats_json(const qr_ps *ps, struct cJSON *obj);
 
 /* pull.c */
 int qr__pull_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-void qr__pull_message(ps_peer *p, const qr_frame *f);
+void qr__pull_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Answer f with the values of the dense items of p (a pull's variables,
  * or a fused push's dense gradients': QR_PUSH_REPLY_VALUES), lent from
  * their tensors; step: the global step first in the meta, or NULL. */
 void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const int64_t *step);
 
+/* rows.c: a sparse item's ids are rows of its dense variable, or ids of
+ * its table placed on this ps; otherwise msg says which is not (QR_EINVAL). */
+int qr__rows_check(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz);
 /* rows.c: apply summed sparse rows (rows.h) to v, a table or the rows of
  * a dense variable: its optimizer at step t (Adam's t; the learning rate
  * of t - 1 steps applied), or added as they are (delta). A table gets the
@@ -536,11 +573,11 @@ int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t);
 /* lookup.c: LOOKUP, the rows of an embedding table. */
 #define QR_LOOKUP_MAX_IDS (1 << 24)
 int qr__lookup_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-void qr__lookup_message(ps_peer *p, const qr_frame *f);
+void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 
 /* create.c */
 int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-void qr__create_message(ps_peer *p, const qr_frame *f);
+void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Make v (named, its optimizer and slots made) the table m describes. */
 int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m);
 /* Free the variables a CREATE made and has not stored yet. */
@@ -560,7 +597,7 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
                          int64_t local_step);
 void qr__sync_push_message(ps_peer *p, const qr_frame *f);
 /* APPLY comes from ps 0's coordinator link, in sync mode. */
-int qr__sync_apply_header(ps_peer *p, const qr_frame *f);
+int qr__sync_apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
@@ -569,7 +606,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int 
 /* bound.c: bounded staleness on ps 0 (async) */
 int qr__bound_init(qr_ps *ps);
 void qr__bound_free(qr_ps *ps);
-int qr__bound_clock_header(ps_peer *p, const qr_frame *f);
+int qr__bound_clock_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__bound_clock(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* ps 0 applied a step push of `worker` (any index off the wire): count it
  * on its clock and release who may go. */
@@ -581,21 +618,69 @@ void qr__bound_stop(qr_ps *ps);
 /* Close the stall-report timer (the ps is stopping or being freed). */
 void qr__bound_close(qr_ps *ps);
 
-/* server.c: the run fails: log why, make qr_ps_run return status with
- * that message, and stop the whole cluster (ps 0; any other ps stops
- * itself). */
-void qr__ps_abort(qr_ps *ps, int status, const char *why);
+/* ---- The lifecycle ----------------------------------------------------------
+ * Whoever decides that the ps stops, ends its run, aborts or rolls back
+ * (a request handler, a link, a timer, a checkpoint that completes) only
+ * records it with one of these; server.c carries it out in one place, on
+ * its prepare handle, before the loop next waits (Redis records
+ * shutdown_asap and acts on it in serverCron). So no push, link or
+ * checkpoint ever runs the stop path itself, and the order of what a stop
+ * does (links told, token waits ended, listener closed, workers told,
+ * then the end once every peer is gone) is written once. They call
+ * nothing, so no file of the ps calls up into server.c. */
+
+/* This ps stops (a worker's or ps 0's STOP, qr_ps_stop). */
+static inline void qr__ps_ask_stop(qr_ps *ps) {
+    ps->asked.stop = true;
+    ps->stopping = true;
+}
+
 /* ps 0: STOP to every other ps, and stop this one. */
-void qr__ps_stop_cluster(qr_ps *ps);
+static inline void qr__ps_ask_stop_cluster(qr_ps *ps) {
+    ps->asked.stop_cluster = true;
+    qr__ps_ask_stop(ps);
+}
+
 /* ps 0: the run is over in order (why: for the log and the workers' stop
  * notice): the final checkpoint if checkpoints are on, then the cluster
- * stops. */
-void qr__ps_end_run(qr_ps *ps, const char *why);
-/* Why this ps is stopping: the abort's message, the end's, or a default. */
+ * stops. Nothing if the ps is stopping already. */
+static inline void qr__ps_ask_end(qr_ps *ps, const char *why) {
+    if (ps->stopping || ps->exit_status || ps->ckpt.want_final || ps->asked.end) return;
+    ps->asked.end = true;
+    snprintf(ps->end_msg, sizeof ps->end_msg, "%s", why);
+}
+
+/* The run fails: log why, make qr_ps_run return status with that message,
+ * and stop the whole cluster (ps 0; any other ps stops itself). The first
+ * abort is the one reported. */
+static inline void qr__ps_ask_abort(qr_ps *ps, int status, const char *why) {
+    if (ps->exit_status) return;
+    qr__log(QR_LOG_ERROR, "%s", why);
+    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", why);
+    ps->exit_status = status;
+    qr__ps_ask_stop_cluster(ps);
+}
+
+/* End this run of the ps so that qr_ps_run starts it again from the
+ * checkpoint of `step` (-1: from nothing), following the coordinator
+ * incarnation `follows` (0: none). False (nothing asked) if the ps is
+ * stopping or rolling back already. */
+static inline bool qr__ps_ask_rollback(qr_ps *ps, int64_t step, uint64_t follows) {
+    if (ps->rollback.wanted || ps->stopping) return false;
+    ps->rollback.wanted = true;
+    ps->rollback.step = step;
+    ps->rollback.follows = follows;
+    ps->stopping = true; /* requests still in flight are answered "stopped" */
+    return true;
+}
+
+/* server.c: why this ps is stopping: the abort's message, the end's, or a
+ * default. */
 const char *qr__ps_stop_reason(const qr_ps *ps);
 
-/* links.c: ps 0's links to the other ps tasks (whenever there are some). */
-int qr__links_init(qr_ps *ps);
+/* links.c: ps 0's links to the other ps tasks (whenever there are some);
+ * every HELLO's answer goes to on_welcome. */
+int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome);
 static inline bool qr__ps_has_links(const qr_ps *ps) {
     return ps->index == 0 && ps->sync.links != NULL;
 }
@@ -603,11 +688,11 @@ static inline bool qr__ps_has_links(const qr_ps *ps) {
 bool qr__links_all_up(const qr_ps *ps);
 /* When the link to ps `index` went down (0: up). */
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
-/* Queue the APPLY of a sync step on every link. */
-void qr__links_apply(qr_ps *ps, int64_t step);
+/* Queue the APPLY of a sync step on every link; cb gets each answer. */
+void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb);
 /* Queue a CKPT request (its meta) on the link to ps `index`, sent before
- * any APPLY queued after it. */
-void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta);
+ * any APPLY queued after it; cb gets its answer, or the link's loss. */
+void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb);
 void qr__links_stop_all(qr_ps *ps);
 /* ps 0's watch: a link down for restart-wait-ms ends the run. */
 void qr__links_watch(qr_ps *ps);
@@ -624,9 +709,6 @@ bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_
 /* ps k: a coordinator's HELLO. True if this ps rolls back (or stops): the
  * HELLO is not answered. */
 bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m);
-/* server.c: close everything but the loop; qr_ps_run then starts the ps
- * again as ps->rollback says. */
-void qr__ps_close_for_rollback(qr_ps *ps);
 /* What this ps answers a HELLO with. */
 qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
 #define QR_RESTORE_NEWEST (-1)
@@ -636,13 +718,10 @@ qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
 int qr__coord_init(qr_ps *ps);
 void qr__coord_close(qr_ps *ps);
 void qr__coord_ready(qr_ps *ps);
-/* An APPLY's answer from ps k. */
-void qr__coord_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
-                            uint32_t len);
 /* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
-int qr__coord_header(ps_peer *p, const qr_frame *f);
+int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-void qr__coord_token(ps_peer *p, const qr_frame *f);
+void qr__coord_token(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Add the coordinator's statistics to a cJSON object. */
 void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);
@@ -657,8 +736,10 @@ void qr__ckpt_free(qr_ps *ps);
 int qr__ckpt_loop_init(qr_ps *ps);
 void qr__ckpt_close(qr_ps *ps);
 /* An async push is complete: true if it was parked for a cut (the
- * caller leaves its buffers alone; it is applied later). */
-bool qr__ckpt_park(ps_peer *p, const qr_frame *f);
+ * caller leaves its buffers alone; resume applies it later, as the park
+ * carries its continuation, so the cut calls nothing of push.c). */
+typedef void (*qr_park_resume_cb)(ps_peer *p, const qr_frame *f);
+bool qr__ckpt_park(ps_peer *p, const qr_frame *f, qr_park_resume_cb resume);
 /* An async push was applied here. */
 void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 /* ps 0, after the global step advanced: take a checkpoint if one is due. */
@@ -666,14 +747,14 @@ void qr__ckpt_step_done(qr_ps *ps);
 /* ps 0 asked to stop by a worker's STOP (p, f): if a final checkpoint is
  * to be taken, start it, keep the request and return true (the reply and
  * the stop follow once it is written); false: stop now. p and f NULL: no
- * request to answer (qr__ps_end_run). */
+ * request to answer (server.c, an orderly end). */
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
 /* checkpoint.c: start a checkpoint now (not busy; in sync mode between
  * steps). */
 void qr__ckpt_start(qr_ps *ps);
 
 /* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
-void qr__ckpt_save_message(ps_peer *p, const qr_frame *f);
+void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* A checkpoint with id `id` ended (written: ok); answer the saves it
  * serves; true if others still wait for a later one. */
 bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok);
@@ -690,8 +771,10 @@ uint64_t qr__ckpt_worker_pos(const qr_ps *ps, int worker);
 /* CKPT from ps 0 (ps k), and its reply on ps 0's link. */
 int qr__ckpt_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
-void qr__ckpt_link_lost(qr_ps *ps, int index);
+/* ps 0: the callback of every CKPT on a link (qr_link_ckpt_cb): a ps k's
+ * answer, or its link lost. */
+void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
+                          const uint8_t *meta);
 void qr__ckpt_peer_lost(ps_peer *p);
 void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
 /* checkpoint.c, for ckpt_cut.c: this ps's shard at `step`; ps 0: collect
@@ -723,13 +806,13 @@ void qr__metrics_request(ps_peer *p, const qr_frame *f);
 int qr__liveness_init(qr_ps *ps);
 void qr__liveness_close(qr_ps *ps);
 void qr__liveness_free(qr_ps *ps);
-int qr__liveness_beat_header(ps_peer *p, const qr_frame *f);
-void qr__liveness_beat(ps_peer *p, const uint8_t *meta, uint32_t meta_len);
+int qr__liveness_beat_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__liveness_beat(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* ps 0's watch timer, also used by ps k: a run with no worker left, ps 0
  * gone (liveness.c). A peer that said it is the coordinator left. */
 void qr__liveness_coordinator_lost(qr_ps *ps);
 /* LEAVE: a worker has finished (ps 0). */
-void qr__liveness_leave(ps_peer *p, const qr_frame *f);
+void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* A worker said HELLO: one that had finished is back (ps 0). */
 void qr__liveness_worker_back(qr_ps *ps, int worker);
 /* ps 0: end the run in order if the finished workers leave it nothing to

@@ -50,7 +50,7 @@ static void on_pull_sent(qr_conn *c, int status, void *ctx) {
     qr__peer_reply_sent(c, status, NULL);
 }
 
-void qr__pull_message(ps_peer *p, const qr_frame *f) {
+void qr__pull_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr__pull_reply_values(p, f, f->flags & QR_PULL_AVERAGES, NULL);
 }
 

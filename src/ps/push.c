@@ -21,8 +21,6 @@
  */
 #include "ps/ps_internal.h"
 
-#include "cluster/placement.h"
-
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,37 +155,6 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 
 /* ---- check ------------------------------------------------------------- */
 
-/* A sparse item's row indices: in range of a dense variable, or ids of a
- * table placed on this ps. Also run on sync pushes (sync.c). */
-int qr__push_check_rows(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz) {
-    if (it->var->table) {
-        for (int64_t k = 0; k < it->nrows; k++) {
-            int64_t id;
-            memcpy(&id, it->data + 8 * k, 8);
-            int home = qr_place_row(id, ps->cluster->nps);
-            if (home != ps->index) {
-                snprintf(msg, msgsz, "%s: PUSH: rows of table '%s': id %lld is placed on ps "
-                         "%d, not here; nothing was applied", ps->name, it->var->name,
-                         (long long)id, home);
-                return QR_EINVAL;
-            }
-        }
-        return QR_OK;
-    }
-    int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
-    for (int64_t k = 0; k < it->nrows; k++) {
-        int64_t row;
-        memcpy(&row, it->data + 8 * k, 8);
-        if (row < 0 || row >= rows) {
-            snprintf(msg, msgsz, "%s: PUSH: sparse gradient of '%s': row index %lld is out of "
-                     "range [0, %lld); nothing was applied", ps->name, it->var->name,
-                     (long long)row, (long long)rows);
-            return QR_EINVAL;
-        }
-    }
-    return QR_OK;
-}
-
 /* Every gradient is usable, or the push is refused whole (replied here).
  * A NaN/Inf gradient with nonfinite=skip is marked to be skipped. */
 static int check_items(ps_peer *p, const qr_frame *f) {
@@ -197,7 +164,7 @@ static int check_items(ps_peer *p, const qr_frame *f) {
     char msg[400];
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
-        int rc = it->nrows >= 0 ? qr__push_check_rows(ps, it, msg, sizeof msg) : QR_OK;
+        int rc = it->nrows >= 0 ? qr__rows_check(ps, it, msg, sizeof msg) : QR_OK;
         if (rc) {
             qr__peer_reply_error(p, f, rc, msg);
             return rc;
@@ -382,7 +349,8 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     bool step = f->flags & QR_PUSH_STEP;
     push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
-    if (qr__ckpt_park(p, f)) return; /* applied when the checkpoint's cut is decided */
+    /* Applied (this function again) when the checkpoint's cut is decided. */
+    if (qr__ckpt_park(p, f, qr__push_message)) return;
     if (check_items(p, f) || prepare_tensors(p, f, &a)) return;
     bool values = f->flags & QR_PUSH_REPLY_VALUES;
     a.ack_first = can_ack_first(p) && !values;

@@ -46,17 +46,14 @@ qr_msg_welcome qr__rollback_welcome(const qr_ps *ps) {
                             .flags = ps->ckpt.dir ? QR_WELCOME_CHECKPOINTS : 0};
 }
 
-/* End this run of the ps so that qr_ps_run starts it again from the
- * checkpoint of `step` (-1: from nothing). */
+/* Ask for the end of this run of the ps so that qr_ps_run starts it
+ * again from the checkpoint of `step` (-1: from nothing); server.c closes
+ * the run before the loop next waits. */
 static void roll_back(qr_ps *ps, int64_t step, uint64_t follows, const char *why) {
-    if (ps->rollback.wanted || ps->stopping) return;
+    if (!qr__ps_ask_rollback(ps, step, follows)) return;
     char what[64] = "a fresh start: no checkpoint was written before it";
     if (step >= 0) snprintf(what, sizeof what, "the checkpoint of step %lld", (long long)step);
     qr__log(QR_LOG_WARN, "%s: rolling back to %s", why, what);
-    ps->rollback.wanted = true;
-    ps->rollback.step = step;
-    ps->rollback.follows = follows;
-    qr__ps_close_for_rollback(ps);
 }
 
 bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_welcome *m) {
@@ -67,7 +64,7 @@ bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_
         snprintf(why, sizeof why, "ps %d (%s) was restarted and has lost its variables: without "
                  "--checkpoint-dir there is no checkpoint to roll the cluster back to", index,
                  ps->cluster->ps[index]);
-        qr__ps_abort(ps, QR_EABORTED, why);
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
         return true;
     }
     snprintf(why, sizeof why, "ps %d (%s) was restarted", index, ps->cluster->ps[index]);
@@ -86,7 +83,7 @@ bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m) {
         char why[512];
         snprintf(why, sizeof why, "ps 0 (%s) was restarted or rolled back: without "
                  "--checkpoint-dir this ps cannot follow it, and stops", ps->cluster->ps[0]);
-        qr__ps_abort(ps, QR_EABORTED, why);
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
         return true;
     }
     roll_back(ps, m->restored_step, m->incarnation, "ps 0 is a new run (restarted, or rolled back)");

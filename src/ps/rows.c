@@ -1,7 +1,11 @@
 /*
- * rows.c - summing sparse rows by id (rows.h).
+ * rows.c - the sparse rows of a push: their ids checked against what this
+ * ps holds, summed by id (rows.h), and applied to a table or to the rows
+ * of a dense variable (async pushes and sync steps alike).
  */
 #include "ps/ps_internal.h"
+
+#include "cluster/placement.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -128,4 +132,36 @@ int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t) {
     free(grad_rows);
     if (!rc) qr_table_evict_idle(tab);
     return rc;
+}
+
+/* A sparse item's row indices: in range of a dense variable, or ids of a
+ * table placed on this ps. Run on async pushes (push.c) and sync ones
+ * (sync.c) before anything is applied. */
+int qr__rows_check(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz) {
+    if (it->var->table) {
+        for (int64_t k = 0; k < it->nrows; k++) {
+            int64_t id;
+            memcpy(&id, it->data + 8 * k, 8);
+            int home = qr_place_row(id, ps->cluster->nps);
+            if (home != ps->index) {
+                snprintf(msg, msgsz, "%s: PUSH: rows of table '%s': id %lld is placed on ps "
+                         "%d, not here; nothing was applied", ps->name, it->var->name,
+                         (long long)id, home);
+                return QR_EINVAL;
+            }
+        }
+        return QR_OK;
+    }
+    int64_t rows = it->var->n / it->var->shape[it->var->ndim - 1];
+    for (int64_t k = 0; k < it->nrows; k++) {
+        int64_t row;
+        memcpy(&row, it->data + 8 * k, 8);
+        if (row < 0 || row >= rows) {
+            snprintf(msg, msgsz, "%s: PUSH: sparse gradient of '%s': row index %lld is out of "
+                     "range [0, %lld); nothing was applied", ps->name, it->var->name,
+                     (long long)row, (long long)rows);
+            return QR_EINVAL;
+        }
+    }
+    return QR_OK;
 }

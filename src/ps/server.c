@@ -17,9 +17,13 @@
  * (bad magic, version, lengths) closes that one connection, because the
  * stream can no longer be followed.
  *
- * Stop: a STOP request (from the chief) or qr_ps_stop() closes the
- * listener, answers every later request with QR_ESTOPPED, and waits up to
- * linger-ms for the workers to hang up before the loop ends.
+ * The lifecycle is asked for, never run, by the rest of the ps
+ * (ps_internal.h, "The lifecycle"): a STOP request (from the chief or ps
+ * 0), qr_ps_stop(), an abort, the orderly end of a run, a rollback. This
+ * file carries out what was asked in one place, on_lifecycle, which the
+ * loop runs before it next waits. A stop closes the listener, answers
+ * every later request with QR_ESTOPPED, and waits up to linger-ms for the
+ * workers to hang up before the loop ends.
  *
  * A rollback (rollback.c) ends the run of the ps the same way, without
  * the stop async, and qr_ps_run starts the ps again in the same loop
@@ -35,6 +39,58 @@
 
 /* ---- dispatch -------------------------------------------------------------- */
 
+static void stop_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr__log(QR_LOG_INFO, "stop requested by %s", p->worker_index >= 0 ? "a worker" : "a peer");
+    /* An orderly stop on ps 0 writes the final checkpoint first; the
+     * reply and the stop follow it. */
+    if (qr__ckpt_final(p->ps, p, f)) return;
+    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+    qr__ps_ask_stop(p->ps);
+}
+
+/* A push is held for its step's quorum (sync.c) or applied now (push.c). */
+static void push_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
+    else qr__push_message(p, f);
+}
+
+/* What a ps does with each message type, in one table, as Redis's
+ * command table: `check` validates the header and meta when they arrive
+ * and makes ready for the payload (NULL: a request of no meta and no
+ * payload); `handle` runs once the payload is in and every check passed;
+ * `timed` requests are counted in the metrics with their latency. A type
+ * with no row (a reply, or one only workers receive) is refused. */
+typedef struct ps_handler {
+    int (*check)(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+    void (*handle)(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+    bool timed;
+} ps_handler;
+
+static const ps_handler handlers[] = {
+    [QR_MSG_HELLO] = {qr__control_header, qr__control_message, false},
+    [QR_MSG_READY] = {qr__control_header, qr__control_message, false},
+    [QR_MSG_STEP] = {qr__control_header, qr__control_message, false},
+    [QR_MSG_STATS] = {qr__control_header, qr__control_message, false},
+    [QR_MSG_COMMIT] = {qr__coord_header, qr__coord_commit, false},
+    [QR_MSG_TOKEN] = {qr__coord_header, qr__coord_token, false},
+    [QR_MSG_APPLY] = {qr__sync_apply_header, qr__sync_apply_message, false},
+    [QR_MSG_CLOCK] = {qr__bound_clock_header, qr__bound_clock, false},
+    [QR_MSG_STOP] = {NULL, stop_message, false},
+    [QR_MSG_PUSH] = {qr__push_header, push_message, true},
+    [QR_MSG_PULL] = {qr__pull_header, qr__pull_message, true},
+    [QR_MSG_LOOKUP] = {qr__lookup_header, qr__lookup_message, false},
+    [QR_MSG_CREATE] = {qr__create_header, qr__create_message, false},
+    [QR_MSG_CKPT] = {qr__ckpt_header, qr__ckpt_message, false},
+    [QR_MSG_BEAT] = {qr__liveness_beat_header, qr__liveness_beat, false}, /* no reply */
+    [QR_MSG_LEAVE] = {NULL, qr__liveness_leave, false},
+    [QR_MSG_SAVE] = {NULL, qr__ckpt_save_message, false},
+};
+
+static const ps_handler *handler_of(unsigned type) {
+    if (type >= sizeof handlers / sizeof handlers[0] || !handlers[type].handle) return NULL;
+    return &handlers[type];
+}
+
 /* Check a request's header and meta, by its family, and make ready for
  * its payload. A failure is held and answered in on_message. */
 static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -43,26 +99,9 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->ps->stopping && f->type != QR_MSG_STOP)
         return qr__fail(p->ps->exit_status ? p->ps->exit_status : QR_ESTOPPED, "%s",
                         qr__ps_stop_reason(p->ps));
-    switch (f->type) {
-    case QR_MSG_HELLO:
-    case QR_MSG_READY:
-    case QR_MSG_STEP:
-    case QR_MSG_STATS: return qr__control_header(p, f, meta);
-    case QR_MSG_COMMIT:
-    case QR_MSG_TOKEN: return qr__coord_header(p, f);
-    case QR_MSG_APPLY: return qr__sync_apply_header(p, f);
-    case QR_MSG_CLOCK: return qr__bound_clock_header(p, f);
-    case QR_MSG_STOP: return qr__peer_check_small(f, 0);
-    case QR_MSG_PUSH: return qr__push_header(p, f, meta);
-    case QR_MSG_PULL: return qr__pull_header(p, f, meta);
-    case QR_MSG_LOOKUP: return qr__lookup_header(p, f, meta);
-    case QR_MSG_CREATE: return qr__create_header(p, f, meta);
-    case QR_MSG_CKPT: return qr__ckpt_header(p, f, meta);
-    case QR_MSG_BEAT: return qr__liveness_beat_header(p, f);
-    case QR_MSG_LEAVE:
-    case QR_MSG_SAVE: return qr__peer_check_small(f, 0);
-    default: return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
-    }
+    const ps_handler *h = handler_of(f->type);
+    if (!h) return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
+    return h->check ? h->check(p, f, meta) : qr__peer_check_small(f, 0);
 }
 
 static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
@@ -83,44 +122,13 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     return QR_OK;
 }
 
-static void stop_message(ps_peer *p, const qr_frame *f) {
-    qr__log(QR_LOG_INFO, "stop requested by %s", p->worker_index >= 0 ? "a worker" : "a peer");
-    /* An orderly stop on ps 0 writes the final checkpoint first; the
-     * reply and the stop follow it. */
-    if (qr__ckpt_final(p->ps, p, f)) return;
-    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
-    qr__ps_begin_stop(p->ps);
-}
-
 static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
-    if (p->err) {
-        qr__peer_reply_error(p, f, p->err, p->errmsg);
-    } else {
-        switch (f->type) {
-        case QR_MSG_HELLO:
-        case QR_MSG_READY:
-        case QR_MSG_STEP:
-        case QR_MSG_STATS: qr__control_message(p, f, meta); break;
-        case QR_MSG_COMMIT: qr__coord_commit(p, f, meta); break;
-        case QR_MSG_TOKEN: qr__coord_token(p, f); break;
-        case QR_MSG_CLOCK: qr__bound_clock(p, f, meta); break;
-        case QR_MSG_APPLY: qr__sync_apply_message(p, f, meta); break;
-        case QR_MSG_STOP: stop_message(p, f); break;
-        case QR_MSG_PUSH:
-            if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
-            else qr__push_message(p, f);
-            break;
-        case QR_MSG_PULL: qr__pull_message(p, f); break;
-        case QR_MSG_LOOKUP: qr__lookup_message(p, f); break;
-        case QR_MSG_CREATE: qr__create_message(p, f); break;
-        case QR_MSG_CKPT: qr__ckpt_message(p, f, meta); break;
-        case QR_MSG_BEAT: qr__liveness_beat(p, meta, f->meta_len); break; /* no reply */
-        case QR_MSG_LEAVE: qr__liveness_leave(p, f); break;
-        case QR_MSG_SAVE: qr__ckpt_save_message(p, f); break;
-        }
-    }
-    if (!p->err && (f->type == QR_MSG_PUSH || f->type == QR_MSG_PULL)) qr__metrics_request(p, f);
+    /* check_request held an error for any type without a handler. */
+    const ps_handler *h = handler_of(f->type);
+    if (p->err) qr__peer_reply_error(p, f, p->err, p->errmsg);
+    else h->handle(p, f, meta);
+    if (!p->err && h->timed) qr__metrics_request(p, f);
     /* Every request is done with its payload by now, but a parked push. */
     if (!p->parked) qr__peer_release_recv(p);
 }
@@ -212,7 +220,6 @@ static void on_lost(qr_conn *c, int status) {
     qr__peer_release_recv(p); /* before the items it reads */
     free(p->items);
     free(p);
-    qr__ps_finish_if_idle(ps);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -238,12 +245,14 @@ static void close_loop_handles(qr_ps *ps) {
     close_run_handles(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
         uv_close((uv_handle_t *)&ps->stop_async, on_handle_closed);
+    if (!uv_is_closing((uv_handle_t *)&ps->lifecycle))
+        uv_close((uv_handle_t *)&ps->lifecycle, on_handle_closed);
 }
 
-void qr__ps_finish_if_idle(qr_ps *ps) {
-    /* Done once every peer has hung up and ps 0's links have delivered
-     * their STOP (or given up). */
-    if (!ps->stopping || ps->npeers != 0 || ps->rollback.wanted) return;
+/* A stopping ps is done once every peer has hung up and ps 0's links have
+ * delivered their STOP (or given up). */
+static void finish_if_idle(qr_ps *ps) {
+    if (!ps->stop_begun || ps->npeers != 0 || ps->rollback.wanted) return;
     if (qr__links_busy(ps)) return;
     close_loop_handles(ps);
 }
@@ -257,9 +266,11 @@ static void on_linger_timeout(uv_timer_t *t) {
     close_loop_handles(ps);
 }
 
-void qr__ps_begin_stop(qr_ps *ps) {
-    if (ps->stopping) return;
-    ps->stopping = true;
+/* The stop, carried out: no more connections, the other parts of the ps
+ * told, the workers told, and linger-ms for them to hang up. */
+static void begin_stop(qr_ps *ps) {
+    if (ps->stop_begun) return;
+    ps->stop_begun = ps->stopping = true;
     qr__links_stop(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
     if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
@@ -272,12 +283,6 @@ void qr__ps_begin_stop(qr_ps *ps) {
             qr__peer_notify_stop(p, ps->exit_status ? ps->exit_status : QR_ESTOPPED,
                                  qr__ps_stop_reason(ps));
     uv_timer_start(&ps->linger_timer, on_linger_timeout, (uint64_t)ps->linger_ms, 0);
-    qr__ps_finish_if_idle(ps);
-}
-
-void qr__ps_stop_cluster(qr_ps *ps) {
-    qr__links_stop_all(ps);
-    qr__ps_begin_stop(ps);
 }
 
 const char *qr__ps_stop_reason(const qr_ps *ps) {
@@ -286,23 +291,18 @@ const char *qr__ps_stop_reason(const qr_ps *ps) {
     return "the ps is stopping: training is over";
 }
 
-void qr__ps_end_run(qr_ps *ps, const char *why) {
+/* ps 0: the run is over in order: the final checkpoint first if
+ * checkpoints are on (checkpoint.c asks for the stop once it is written),
+ * else the cluster stops now. */
+static void end_run(qr_ps *ps) {
+    ps->asked.end = false;
     if (ps->stopping || ps->exit_status || ps->ckpt.want_final) return;
-    qr__log(QR_LOG_INFO, "%s: stopping the cluster", why);
-    snprintf(ps->end_msg, sizeof ps->end_msg, "%s", why);
+    qr__log(QR_LOG_INFO, "%s: stopping the cluster", ps->end_msg);
     if (qr__ckpt_final(ps, NULL, NULL)) {
         ps->ckpt.final_stops_cluster = true;
         return;
     }
-    qr__ps_stop_cluster(ps);
-}
-
-void qr__ps_abort(qr_ps *ps, int status, const char *why) {
-    if (ps->exit_status) return;
-    qr__log(QR_LOG_ERROR, "%s", why);
-    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", why);
-    ps->exit_status = status;
-    qr__ps_stop_cluster(ps);
+    qr__ps_ask_stop_cluster(ps);
 }
 
 /* Close the listener, every connection and every handle of this run. */
@@ -314,14 +314,36 @@ static void close_run(qr_ps *ps) {
     close_run_handles(ps);
 }
 
-void qr__ps_close_for_rollback(qr_ps *ps) {
-    close_run(ps);
+/* What was asked (ps_internal.h, "The lifecycle"), carried out once per
+ * turn of the loop, before it waits: a rollback closes the run (qr_ps_run
+ * then reopens it, and nothing else asked of this run matters); otherwise
+ * an orderly end (which may ask for the stop at once), the stop of the
+ * cluster or of this ps, and the end of a stopped ps once it is idle. */
+static void on_lifecycle(uv_prepare_t *h) {
+    qr_ps *ps = h->data;
+    if (ps->rollback.wanted) {
+        if (!ps->rollback.closed) {
+            ps->rollback.closed = true;
+            close_run(ps);
+        }
+        return;
+    }
+    if (ps->asked.end) end_run(ps);
+    if (ps->asked.stop_cluster) {
+        ps->asked.stop_cluster = false;
+        qr__links_stop_all(ps);
+    }
+    if (ps->asked.stop) {
+        ps->asked.stop = false;
+        begin_stop(ps);
+    }
+    finish_if_idle(ps);
 }
 
 static void on_stop_async(uv_async_t *a) {
     qr_ps *ps = a->data;
     ps->stop_asked = true;
-    qr__ps_begin_stop(ps);
+    qr__ps_ask_stop(ps);
 }
 
 /* The options a ps reads once, at its start. */
@@ -436,7 +458,8 @@ static int start_run(qr_ps *ps) {
     if (!rc) rc = qr__ckpt_init(ps);
     if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
-    if (!rc && ps->index == 0 && ps->cluster->nps > 1) rc = qr__links_init(ps);
+    if (!rc && ps->index == 0 && ps->cluster->nps > 1)
+        rc = qr__links_init(ps, qr__rollback_check_link);
     if (!rc) rc = qr__ckpt_loop_init(ps);
     if (!rc) rc = qr__liveness_init(ps);
     if (!rc) rc = qr__metrics_init(ps);
@@ -464,7 +487,7 @@ static int reopen(qr_ps *ps) {
         qr__error_prefix("ps %d: rolling back: ", ps->cluster->task_index);
         return rc;
     }
-    if (stop_asked) qr__ps_begin_stop(ps);
+    if (stop_asked) qr__ps_ask_stop(ps);
     return QR_OK;
 }
 
@@ -493,6 +516,10 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     uv_async_init(&ps->loop, &ps->stop_async, on_stop_async);
     ps->stop_async.data = ps;
     uv_unref((uv_handle_t *)&ps->stop_async); /* the listener keeps the loop alive */
+    uv_prepare_init(&ps->loop, &ps->lifecycle);
+    ps->lifecycle.data = ps;
+    uv_prepare_start(&ps->lifecycle, on_lifecycle);
+    uv_unref((uv_handle_t *)&ps->lifecycle);
     ps->restore_step = QR_RESTORE_NEWEST;
     rc = start_run(ps);
     if (rc) {
@@ -529,6 +556,8 @@ void qr_ps_free(qr_ps *ps) {
     close_run(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->stop_async))
         uv_close((uv_handle_t *)&ps->stop_async, on_handle_closed);
+    if (!uv_is_closing((uv_handle_t *)&ps->lifecycle))
+        uv_close((uv_handle_t *)&ps->lifecycle, on_handle_closed);
     uv_run(&ps->loop, UV_RUN_DEFAULT);
     uv_loop_close(&ps->loop);
     free_run(ps);

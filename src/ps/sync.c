@@ -122,7 +122,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     }
     for (int i = 0; i < sp->nitems; i++) {
         push_item *it = &sp->items[i];
-        if (it->nrows >= 0 && qr__push_check_rows(ps, it, msg, sizeof msg)) {
+        if (it->nrows >= 0 && qr__rows_check(ps, it, msg, sizeof msg)) {
             qr__sync_push_free(ps, sp);
             qr__peer_reply_error(p, f, QR_EINVAL, msg);
             return;
@@ -301,7 +301,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     return QR_OK;
 }
 
-int qr__sync_apply_header(ps_peer *p, const qr_frame *f) {
+int qr__sync_apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (!p->ps->sync.on) return qr__fail(QR_EINVAL, "APPLY: this ps trains in async mode");
     if (p->role != QR_ROLE_COORDINATOR)
         return qr__fail(QR_EINVAL, "APPLY comes only from ps 0's coordinator");
