@@ -25,10 +25,14 @@
  *   peer.c    what every request family uses: replies, request checks,
  *             receive buffers
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
- *   checkpoint.c  checkpoints (snapshot, shard written off the loop,
- *                 manifest on ps 0) and the restore at start
+ *   ckpt_coord.c  checkpoints: when one is due, ps 0 collecting the shards
+ *                 and writing the manifest, ps k answering CKPT, and the
+ *                 checkpoint a starting ps restores
+ *   ckpt_save.c   SAVE: a worker asks ps 0 for a checkpoint now
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
+ *   ckpt_shard.c  one shard's format: snapshot (references, on the loop),
+ *                 write (libuv's thread pool), restore into a store
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
  *                 run with no worker left; ps k: ps 0 gone
  *   metrics.c     Prometheus metrics: counters, and the page written on
@@ -36,7 +40,9 @@
  *   store.c   the variables and their tensors
  *   table.c   an embedding table's shard: rows in an arena, a hash index
  *   rows.c    sparse rows summed by id and applied (async pushes, sync steps)
- * Everything runs on the ps loop thread.
+ * Everything runs on the ps loop thread, but a checkpoint's files, written
+ * on libuv's thread pool (ckpt_shard.c's shard, ckpt_coord.c's manifest),
+ * and the metrics page's HTTP server (metrics.c).
  */
 #ifndef QR_PS_INTERNAL_H
 #define QR_PS_INTERNAL_H
@@ -44,6 +50,7 @@
 #include "cluster/cluster.h"
 #include "common/config.h"
 #include "common/metrics.h"
+#include "ps/ckpt_shard.h"
 #include "ps/rows.h"
 #include "ps/store.h"
 #include "wire/conn.h"
@@ -279,9 +286,8 @@ typedef struct ps_bound {
     uint64_t report_every_ns; /* stall-report-ms */
 } ps_bound;
 
-/* Checkpoints (checkpoint.c): the options, the one being written, and on
+/* Checkpoints (ckpt_coord.c): the options, the one being written, and on
  * ps 0 the shards collected for its manifest. */
-typedef struct ckpt_job ckpt_job;
 typedef struct ps_ckpt {
     char *dir;             /* NULL: checkpoints off */
     int64_t every_secs, every_steps;
@@ -318,7 +324,7 @@ typedef struct ps_ckpt {
      * checkpoint taken now holds; restored ones until they push */
     uint64_t *data_pos;
     int64_t restored_step; /* -1: started fresh */
-    /* async with several ps: the cut (checkpoint.c, "The async cut") */
+    /* async with several ps: the cut (ckpt_cut.c) */
     qr_msg_mark *marks;     /* [workers]: each one's last push applied here */
     bool holding;           /* whole pushes park instead of being applied */
     bool park_failed;       /* one could not be parked: this cut is spoiled */
@@ -541,8 +547,9 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f);
 /* create.c */
 int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__create_message(ps_peer *p, const qr_frame *f);
-/* Make v (named, its optimizer and slots made) the table m describes. */
-int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m);
+/* Make v (named, its optimizer and slots made) the table m describes;
+ * opt: v's optimizer (qr__var_optim), whose per-row slots it keeps. */
+int qr__create_table(const qr_optim *opt, qr_var *v, const qr_msg_create_var *m);
 /* Free the variables a CREATE made and has not stored yet. */
 void qr__create_drop(ps_peer *p);
 
@@ -649,18 +656,18 @@ void qr__coord_peer_lost(ps_peer *p);
 /* The ps is stopping: end every token wait with "stopped". */
 void qr__coord_stop(qr_ps *ps);
 
-/* checkpoint.c */
+/* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates,
+ * ps k answers CKPT, a starting ps restores), ckpt_save.c serves SAVE,
+ * ckpt_cut.c makes the async cut over several ps, and ckpt_shard.c is one
+ * shard's format (its types and calls in ckpt_shard.h). */
+
+/* ckpt_coord.c */
 /* Read the options; restore the newest complete checkpoint, if any. */
 int qr__ckpt_init(qr_ps *ps);
 void qr__ckpt_free(qr_ps *ps);
 /* After the loop exists: the timer of an async cut. */
 int qr__ckpt_loop_init(qr_ps *ps);
 void qr__ckpt_close(qr_ps *ps);
-/* An async push is complete: true if it was parked for a cut (the
- * caller leaves its buffers alone; it is applied later). */
-bool qr__ckpt_park(ps_peer *p, const qr_frame *f);
-/* An async push was applied here. */
-void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 /* ps 0, after the global step advanced: take a checkpoint if one is due. */
 void qr__ckpt_step_done(qr_ps *ps);
 /* ps 0 asked to stop by a worker's STOP (p, f): if a final checkpoint is
@@ -668,19 +675,8 @@ void qr__ckpt_step_done(qr_ps *ps);
  * the stop follow once it is written); false: stop now. p and f NULL: no
  * request to answer (qr__ps_end_run). */
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
-/* checkpoint.c: start a checkpoint now (not busy; in sync mode between
- * steps). */
+/* Start a checkpoint now (not busy; in sync mode between steps). */
 void qr__ckpt_start(qr_ps *ps);
-
-/* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
-void qr__ckpt_save_message(ps_peer *p, const qr_frame *f);
-/* A checkpoint with id `id` ended (written: ok); answer the saves it
- * serves; true if others still wait for a later one. */
-bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok);
-void qr__ckpt_save_peer_lost(ps_peer *p);
-void qr__ckpt_save_free(qr_ps *ps);
-/* v is about to be changed by an apply. */
-int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 /* A worker's push or commit carried its data position. */
 void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos);
 /* ps 0: where the worker's data stream is, as a checkpoint taken now
@@ -694,23 +690,40 @@ void qr__ckpt_link_reply(qr_ps *ps, int index, const qr_frame *f, const uint8_t 
 void qr__ckpt_link_lost(qr_ps *ps, int index);
 void qr__ckpt_peer_lost(ps_peer *p);
 void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
-/* checkpoint.c, for ckpt_cut.c: this ps's shard at `step`; ps 0: collect
- * the shards of the checkpoint at `step`, or give it up. */
+/* For ckpt_cut.c: this ps's shard at `step`; ps 0: collect the shards of
+ * the checkpoint at `step`, or give it up. */
 int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step);
 void qr__ckpt_take(qr_ps *ps, int64_t step);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
+
+/* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
+void qr__ckpt_save_message(ps_peer *p, const qr_frame *f);
+/* A checkpoint with id `id` ended (written: ok); answer the saves it
+ * serves; true if others still wait for a later one. */
+bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok);
+void qr__ckpt_save_peer_lost(ps_peer *p);
+void qr__ckpt_save_free(qr_ps *ps);
 
 /* ckpt_cut.c: the consistent cut of async checkpoints over several ps. */
 int qr__ckpt_cut_init(qr_ps *ps);
 void qr__ckpt_cut_close(qr_ps *ps);
 void qr__ckpt_cut_free(qr_ps *ps);
 void qr__ckpt_cut_begin(qr_ps *ps);
+/* An async push is complete: true if it was parked for a cut (the
+ * caller leaves its buffers alone; it is applied later). */
+bool qr__ckpt_park(ps_peer *p, const qr_frame *f);
+/* An async push was applied here. */
+void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 /* ps 0: a HOLD or QUERY reply; false if none was expected. */
 bool qr__ckpt_cut_report(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_cut_link_lost(qr_ps *ps, int index);
 /* ps k: HOLD, QUERY, CUT, RELEASE (r is positioned after the head). */
 void qr__ckpt_cut_message(ps_peer *p, const qr_frame *f, const qr_msg_ckpt *m, qr_rbuf *r);
 void qr__ckpt_cut_peer_lost(ps_peer *p);
+
+/* ckpt_shard.c (the rest of it in ckpt_shard.h): v is about to be changed
+ * by an apply; a snapshot still reading its slots gets them as they were. */
+int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 
 /* metrics.c */
 int qr__metrics_init(qr_ps *ps);
