@@ -36,7 +36,7 @@ struct coord_link {
     uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
     bool apply_sent;
     bool stop_wanted, stop_sent;
-    bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
+    bool ckpt_wanted;    /* a CKPT request to send (ckpt_coord.c) */
     qr_wbuf ckpt;
 };
 
