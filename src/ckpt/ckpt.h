@@ -12,7 +12,7 @@
  * new one. docs/CHECKPOINTS.md describes the format for users.
  *
  * This layer knows files only; what goes into a shard and when is the
- * ps's business (src/ps/checkpoint.c).
+ * ps's business (src/ps/ckpt_shard.c, src/ps/ckpt_coord.c).
  */
 #ifndef QR_CKPT_H
 #define QR_CKPT_H

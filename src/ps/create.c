@@ -82,12 +82,11 @@ static int check_record(const qr_rbuf *r, qr_msg_create_bad bad, const qr_msg_cr
 }
 
 /* A table as the record describes it: the initializer and seed, the
- * optimizer's per-row slots. */
-int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m) {
+ * per-row slots of opt, v's optimizer. */
+int qr__create_table(const qr_optim *opt, qr_var *v, const qr_msg_create_var *m) {
     char init[QR_MSG_MAX_INIT + 1];
     memcpy(init, m->init, m->init_len);
     init[m->init_len] = 0;
-    const qr_optim *opt = qr__var_optim(ps, v);
     int nslots = qr_optim_row_slots(opt);
     float slot_init[QR_TABLE_MAX_SLOTS];
     for (int j = 0; j < nslots && j < QR_TABLE_MAX_SLOTS; j++)
@@ -164,7 +163,7 @@ static int new_var(ps_peer *p, const qr_msg_create_var *m, const char *name, con
     /* A table's slots hold only the per-variable scalars (AdamAsync's
      * powers); its rows' slots live beside the rows. */
     rc = qr_optim_slots_create(qr__var_optim(ps, v), table ? 0 : n / dim, dim, &v->slots);
-    if (!rc && table) rc = qr__create_table(ps, v, m);
+    if (!rc && table) rc = qr__create_table(qr__var_optim(ps, v), v, m);
     if (rc) return rc;
     if (!table && ps->average_decay > 0 &&
         (!ps->average_vars[0] || qr__list_has(ps->average_vars, ',', name))) {

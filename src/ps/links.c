@@ -44,7 +44,7 @@ struct coord_link {
     bool apply_sent;
     bool stop_wanted, stop_sent;
     qr_link_apply_cb apply_cb; /* the APPLY's answer goes there */
-    bool ckpt_wanted;    /* a CKPT request to send (checkpoint.c) */
+    bool ckpt_wanted;    /* a CKPT request to send (ckpt_coord.c) */
     qr_wbuf ckpt;
     qr_link_ckpt_cb ckpt_cb; /* the CKPT exchange's answers and the link's loss go there */
 };

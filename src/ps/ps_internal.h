@@ -2,10 +2,10 @@
  * ps_internal.h - the state of a ps task, shared by the files that make
  * it up. Requests flow down this list: a file calls only files below it
  * (checked with the objects' symbols: nm), with one exception, the
- * checkpoint's room (checkpoint.c, ckpt_save.c, ckpt_cut.c), whose files
- * call each other: a SAVE asks for a checkpoint, the cut hands the shard
- * to be written, and a written checkpoint answers the saves and ends the
- * cut. What would go up is a callback the caller hands down: the answer
+ * checkpoint's orchestration (ckpt_coord.c, ckpt_save.c, ckpt_cut.c, one
+ * room), whose files call each other: a SAVE asks for a checkpoint, the
+ * cut hands the shard to be written, and a written checkpoint answers the
+ * saves and ends the cut. What would go up is a callback the caller hands down: the answer
  * of a link's request (links.c), a parked push's resume (ckpt_cut.c). The
  * lifecycle (stop, end, abort, rollback) is asked for by recording it on
  * the ps, which server.c carries out ("The lifecycle", below).
@@ -23,11 +23,14 @@
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
  *                 run with no worker left; ps k: ps 0 gone
- *   checkpoint.c  checkpoints (snapshot, shard written off the loop,
- *                 manifest on ps 0) and the restore at start
- *   ckpt_save.c   SAVE: a worker asking ps 0 for a checkpoint now
+ *   ckpt_coord.c  checkpoints: when one is due, ps 0 collecting the shards
+ *                 and writing the manifest, ps k answering CKPT, and the
+ *                 checkpoint a starting ps restores
+ *   ckpt_save.c   SAVE: a worker asks ps 0 for a checkpoint now
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
+ *   ckpt_shard.c  one shard's format: snapshot (references, on the loop),
+ *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT and STOP
@@ -47,7 +50,9 @@
  *             (async pushes, sync steps)
  *   store.c   the variables and their tensors
  *   table.c   an embedding table's shard: rows in an arena, a hash index
- * Everything runs on the ps loop thread.
+ * Everything runs on the ps loop thread, but a checkpoint's files, written
+ * on libuv's thread pool (ckpt_shard.c's shard, ckpt_coord.c's manifest),
+ * and the metrics page's HTTP server (metrics.c).
  */
 #ifndef QR_PS_INTERNAL_H
 #define QR_PS_INTERNAL_H
@@ -55,6 +60,7 @@
 #include "cluster/cluster.h"
 #include "common/config.h"
 #include "common/metrics.h"
+#include "ps/ckpt_shard.h"
 #include "ps/rows.h"
 #include "ps/store.h"
 #include "wire/conn.h"
@@ -308,9 +314,8 @@ typedef struct ps_bound {
     uint64_t report_every_ns; /* stall-report-ms */
 } ps_bound;
 
-/* Checkpoints (checkpoint.c): the options, the one being written, and on
+/* Checkpoints (ckpt_coord.c): the options, the one being written, and on
  * ps 0 the shards collected for its manifest. */
-typedef struct ckpt_job ckpt_job;
 typedef struct ps_ckpt {
     char *dir;             /* NULL: checkpoints off */
     int64_t every_secs, every_steps;
@@ -347,7 +352,7 @@ typedef struct ps_ckpt {
      * checkpoint taken now holds; restored ones until they push */
     uint64_t *data_pos;
     int64_t restored_step; /* -1: started fresh */
-    /* async with several ps: the cut (checkpoint.c, "The async cut") */
+    /* async with several ps: the cut (ckpt_cut.c) */
     qr_msg_mark *marks;     /* [workers]: each one's last push applied here */
     bool holding;           /* whole pushes park instead of being applied */
     bool park_failed;       /* one could not be parked: this cut is spoiled */
@@ -578,8 +583,9 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* create.c */
 int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-/* Make v (named, its optimizer and slots made) the table m describes. */
-int qr__create_table(qr_ps *ps, qr_var *v, const qr_msg_create_var *m);
+/* Make v (named, its optimizer and slots made) the table m describes;
+ * opt: v's optimizer (qr__var_optim), whose per-row slots it keeps. */
+int qr__create_table(const qr_optim *opt, qr_var *v, const qr_msg_create_var *m);
 /* Free the variables a CREATE made and has not stored yet. */
 void qr__create_drop(ps_peer *p);
 
@@ -728,20 +734,18 @@ void qr__coord_peer_lost(ps_peer *p);
 /* The ps is stopping: end every token wait with "stopped". */
 void qr__coord_stop(qr_ps *ps);
 
-/* checkpoint.c */
+/* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates,
+ * ps k answers CKPT, a starting ps restores), ckpt_save.c serves SAVE,
+ * ckpt_cut.c makes the async cut over several ps, and ckpt_shard.c is one
+ * shard's format (its types and calls in ckpt_shard.h). */
+
+/* ckpt_coord.c */
 /* Read the options; restore the newest complete checkpoint, if any. */
 int qr__ckpt_init(qr_ps *ps);
 void qr__ckpt_free(qr_ps *ps);
 /* After the loop exists: the timer of an async cut. */
 int qr__ckpt_loop_init(qr_ps *ps);
 void qr__ckpt_close(qr_ps *ps);
-/* An async push is complete: true if it was parked for a cut (the
- * caller leaves its buffers alone; resume applies it later, as the park
- * carries its continuation, so the cut calls nothing of push.c). */
-typedef void (*qr_park_resume_cb)(ps_peer *p, const qr_frame *f);
-bool qr__ckpt_park(ps_peer *p, const qr_frame *f, qr_park_resume_cb resume);
-/* An async push was applied here. */
-void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 /* ps 0, after the global step advanced: take a checkpoint if one is due. */
 void qr__ckpt_step_done(qr_ps *ps);
 /* ps 0 asked to stop by a worker's STOP (p, f): if a final checkpoint is
@@ -749,19 +753,8 @@ void qr__ckpt_step_done(qr_ps *ps);
  * the stop follow once it is written); false: stop now. p and f NULL: no
  * request to answer (server.c, an orderly end). */
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
-/* checkpoint.c: start a checkpoint now (not busy; in sync mode between
- * steps). */
+/* Start a checkpoint now (not busy; in sync mode between steps). */
 void qr__ckpt_start(qr_ps *ps);
-
-/* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
-void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-/* A checkpoint with id `id` ended (written: ok); answer the saves it
- * serves; true if others still wait for a later one. */
-bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok);
-void qr__ckpt_save_peer_lost(ps_peer *p);
-void qr__ckpt_save_free(qr_ps *ps);
-/* v is about to be changed by an apply. */
-int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 /* A worker's push or commit carried its data position. */
 void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos);
 /* ps 0: where the worker's data stream is, as a checkpoint taken now
@@ -777,23 +770,42 @@ void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
                           const uint8_t *meta);
 void qr__ckpt_peer_lost(ps_peer *p);
 void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
-/* checkpoint.c, for ckpt_cut.c: this ps's shard at `step`; ps 0: collect
- * the shards of the checkpoint at `step`, or give it up. */
+/* For ckpt_cut.c: this ps's shard at `step`; ps 0: collect the shards of
+ * the checkpoint at `step`, or give it up. */
 int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step);
 void qr__ckpt_take(qr_ps *ps, int64_t step);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
+
+/* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
+void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* A checkpoint with id `id` ended (written: ok); answer the saves it
+ * serves; true if others still wait for a later one. */
+bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok);
+void qr__ckpt_save_peer_lost(ps_peer *p);
+void qr__ckpt_save_free(qr_ps *ps);
 
 /* ckpt_cut.c: the consistent cut of async checkpoints over several ps. */
 int qr__ckpt_cut_init(qr_ps *ps);
 void qr__ckpt_cut_close(qr_ps *ps);
 void qr__ckpt_cut_free(qr_ps *ps);
 void qr__ckpt_cut_begin(qr_ps *ps);
+/* An async push is complete: true if it was parked for a cut (the
+ * caller leaves its buffers alone; resume applies it later, as the park
+ * carries its continuation, so the cut calls nothing of push.c). */
+typedef void (*qr_park_resume_cb)(ps_peer *p, const qr_frame *f);
+bool qr__ckpt_park(ps_peer *p, const qr_frame *f, qr_park_resume_cb resume);
+/* An async push was applied here. */
+void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
 /* ps 0: a HOLD or QUERY reply; false if none was expected. */
 bool qr__ckpt_cut_report(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_cut_link_lost(qr_ps *ps, int index);
 /* ps k: HOLD, QUERY, CUT, RELEASE (r is positioned after the head). */
 void qr__ckpt_cut_message(ps_peer *p, const qr_frame *f, const qr_msg_ckpt *m, qr_rbuf *r);
 void qr__ckpt_cut_peer_lost(ps_peer *p);
+
+/* ckpt_shard.c (the rest of it in ckpt_shard.h): v is about to be changed
+ * by an apply; a snapshot still reading its slots gets them as they were. */
+int qr__ckpt_before_apply(qr_ps *ps, qr_var *v);
 
 /* metrics.c */
 int qr__metrics_init(qr_ps *ps);

@@ -64,7 +64,7 @@ typedef struct qr_var {
     uint64_t nonfinite_skipped;
     uint64_t mark; /* last message that named it: catches duplicates */
     /* A checkpoint being written still reads this variable's tensors and
-     * slots (src/ps/checkpoint.c): the next apply calls
+     * slots (src/ps/ckpt_shard.c): the next apply calls
      * qr__ckpt_before_apply first. NULL otherwise. */
     struct ckpt_entry *ckpt;
 } qr_var;

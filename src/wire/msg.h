@@ -68,7 +68,7 @@
  *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
  *              u32 seq per member: reduce these pushes and apply the step
  *   STATS      reply: meta = JSON text of the ps's statistics
- *   CKPT       (ps 0 to ps k, checkpoints; src/ps/checkpoint.c) req: u32 phase,
+ *   CKPT       (ps 0 to ps k, checkpoints; src/ps/ckpt_coord.c) req: u32 phase,
  *              u64 id, i64 global_step, u32 count, then count cut records
  *              (u32 include, u32 seq: worker i's pushes up to seq belong to
  *              the checkpoint) for phase CUT, none otherwise. Phases:

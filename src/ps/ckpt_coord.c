@@ -1,0 +1,517 @@
+/*
+ * ckpt_coord.c - when the ps tier takes a checkpoint and who does what;
+ * the shards' format is ckpt_shard.c's (as Redis keeps rdb.c apart from
+ * serverCron). docs/CHECKPOINTS.md has the user's view.
+ *
+ * Taking one:
+ *   1. ps 0 decides, after the global step advanced: every
+ *      checkpoint-steps steps, every checkpoint-secs seconds, when a
+ *      worker asks for one (SAVE, ckpt_save.c), and at an orderly stop
+ *      (the final checkpoint, then the stop). One is taken at a time; one
+ *      that fails is given up, and none is started again for a second.
+ *      In sync mode that moment lies between two steps: step S-1 is applied
+ *      on every ps and step S not yet anywhere, since APPLY(S) leaves ps 0
+ *      only once S has its quorum. ps 0 sends CKPT(S) to the others on its
+ *      links and takes its own shard; a link is ordered, so each ps gets
+ *      CKPT(S) before APPLY(S) and takes its shard at the same step.
+ *      In async mode with one ps every push is applied whole on the loop,
+ *      so any moment between two messages is a consistent cut. With
+ *      several ps the moment is a cut agreed across them (ckpt_cut.c),
+ *      whose CUT message asks each ps for its shard.
+ *   2. Each ps takes its shard on the loop and writes it on libuv's thread
+ *      pool (qr__ckpt_start_shard; ckpt_shard.c).
+ *   3. Each ps reports its file's size and crc32 to ps 0 (the CKPT reply);
+ *      ps 0 writes the manifest, on the thread pool too, which makes the
+ *      checkpoint exist, then prunes old ones (keep-checkpoints).
+ *
+ * Restoring: qr__ckpt_init, before the ps listens, picks the checkpoint:
+ * the newest that verifies (qr_ckpt_latest skips corrupt ones with a
+ * warning), or, in a rollback, exactly the one the restarted ps restored
+ * (or none); ckpt_shard.c recreates this shard's variables, tables, slots,
+ * averages, counters and the workers' data positions, as if the ps had
+ * never stopped. The chief's CREATE then finds them and, as with any live
+ * ps, keeps them (its payload is discarded), so nothing is re-initialized;
+ * a variable declared differently is refused by create.c with both shapes
+ * named.
+ */
+#include "ps/ps_internal.h"
+
+#include "ckpt/ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* What ckpt_shard.c reads of this ps. */
+static ckpt_shard_ctx shard_ctx(qr_ps *ps) {
+    return (ckpt_shard_ctx){.store = &ps->store, .optim = ps->optim, .cfg = ps->cfg,
+                            .index = ps->index, .nps = ps->cluster->nps,
+                            .nworkers = ps->cluster->nworkers, .sync = ps->sync.on,
+                            .applied_steps = ps->applied_steps,
+                            .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos};
+}
+
+/* ---- this ps's shard: taken, written, answered ------------------------------- */
+
+static void shard_written(qr_ps *ps, int index, int status, const char *error,
+                          const qr_msg_shard *shard);
+
+static void on_shard_written(uv_work_t *w, int status) {
+    ckpt_job *j = w->data;
+    qr_ps *ps = j->ps;
+    ps->ckpt.job = NULL;
+    if (status && !j->status) {
+        j->status = QR_EINTERNAL;
+        snprintf(j->error, sizeof j->error, "the write was cancelled");
+    }
+    qr_msg_shard shard = {.bytes = j->bytes, .crc32 = j->crc, .nvars = (uint32_t)j->nentries};
+    if (j->status)
+        qr__log(QR_LOG_ERROR, "checkpoint at step %lld: %s", (long long)j->step, j->error);
+    if (ps->index == 0) {
+        shard_written(ps, 0, j->status, j->error, &shard);
+    } else if (ps->ckpt.reply_peer) {
+        ps_peer *p = ps->ckpt.reply_peer;
+        ps->ckpt.reply_peer = NULL;
+        if (j->status) {
+            qr__peer_reply_error(p, &ps->ckpt.reply_req, j->status, j->error);
+        } else {
+            qr_wbuf meta = {0};
+            qr_msg_put_shard(&meta, &shard);
+            qr__peer_reply(p, &ps->ckpt.reply_req, QR_OK, &meta, NULL, 0, NULL, NULL);
+            qr_wbuf_free(&meta);
+        }
+    }
+    qr__ckpt_shard_free(j);
+}
+
+/* Take this ps's shard at `step` and write it off the loop. */
+int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step) {
+    if (ps->ckpt.job)
+        return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
+    ckpt_job *j;
+    uint64_t t0 = qr__now_ns();
+    ckpt_shard_ctx sc = shard_ctx(ps);
+    int rc = qr__ckpt_shard_snapshot(&sc, ps->ckpt.dir, id, step, &j);
+    if (rc) return rc;
+    j->ps = ps;
+    ps->ckpt.last_snapshot_ms = (double)(qr__now_ns() - t0) / 1e6;
+    ps->ckpt.max_snapshot_ms = QR_MAX(ps->ckpt.max_snapshot_ms, ps->ckpt.last_snapshot_ms);
+    j->work.data = j;
+    rc = uv_queue_work(&ps->loop, &j->work, qr__ckpt_shard_write, on_shard_written);
+    if (rc) {
+        qr__ckpt_shard_free(j);
+        return qr__fail(QR_EINTERNAL, "cannot queue a checkpoint write: %s", uv_strerror(rc));
+    }
+    ps->ckpt.job = j;
+    return QR_OK;
+}
+
+/* ---- ps 0: the checkpoint as a whole ------------------------------------------ */
+
+typedef struct manifest_job {
+    uv_work_t work;
+    qr_ps *ps;
+    qr_ckpt_info info;
+    int keep;
+    int status;
+    char error[512];
+} manifest_job;
+
+static void write_manifest(uv_work_t *w) {
+    manifest_job *m = w->data;
+    qr__ckpt_lower_priority();
+    m->status = qr_ckpt_write_manifest(&m->info);
+    if (!m->status && qr_ckpt_prune(m->ps->ckpt.dir, m->keep))
+        qr__log(QR_LOG_WARN, "removing old checkpoints: %s", qr_last_error());
+    if (m->status) snprintf(m->error, sizeof m->error, "%s", qr_last_error());
+}
+
+static void finish_checkpoint(qr_ps *ps);
+
+static void on_manifest_written(uv_work_t *w, int status) {
+    manifest_job *m = w->data;
+    qr_ps *ps = m->ps;
+    ps_ckpt *c = &ps->ckpt;
+    double seconds = (double)(qr__now_ns() - c->started_ns) / 1e9;
+    if (status || m->status) {
+        qr__log(QR_LOG_ERROR, "checkpoint at step %lld: writing the manifest: %s",
+                (long long)c->step, status ? uv_strerror(status) : m->error);
+    } else {
+        c->last_step = c->step;
+        c->last_seconds = seconds;
+        c->last_bytes = m->info.bytes;
+        c->last_unix_time = m->info.unix_time;
+        c->written++;
+        qr__log(QR_LOG_INFO, "checkpoint %s written: global step %lld, %d shard(s), %.1f MB "
+                "in %.3f s", m->info.path, (long long)c->step, m->info.nshards,
+                (double)m->info.bytes / 1e6, seconds);
+    }
+    free(m);
+    finish_checkpoint(ps);
+}
+
+static void shards_complete(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    if (c->failure[0]) {
+        qr__log(QR_LOG_ERROR, "checkpoint at step %lld not taken: %s", (long long)c->step,
+                c->failure);
+        finish_checkpoint(ps);
+        return;
+    }
+    manifest_job *m = qr__calloc(1, sizeof *m);
+    if (!m) {
+        finish_checkpoint(ps);
+        return;
+    }
+    m->ps = ps;
+    m->keep = c->keep;
+    m->work.data = m;
+    qr_ckpt_path(m->info.path, sizeof m->info.path, c->dir, c->step);
+    m->info.step = c->step;
+    m->info.unix_time = (double)time(NULL);
+    snprintf(m->info.mode, sizeof m->info.mode, "%s", ps->sync.on ? "sync" : "async");
+    m->info.nshards = ps->cluster->nps;
+    m->info.shards = c->shards; /* read by the writer; freed after the checkpoint */
+    for (int i = 0; i < m->info.nshards; i++) m->info.bytes += c->shards[i].bytes;
+    if (uv_queue_work(&ps->loop, &m->work, write_manifest, on_manifest_written)) {
+        free(m);
+        finish_checkpoint(ps);
+    }
+}
+
+static void shard_written(qr_ps *ps, int index, int status, const char *error,
+                          const qr_msg_shard *shard) {
+    ps_ckpt *c = &ps->ckpt;
+    if (!c->busy || !c->shards) return;
+    if (status && !c->failure[0])
+        snprintf(c->failure, sizeof c->failure, "ps %d: %s", index, error);
+    if (!status) {
+        qr_ckpt_shard *s = &c->shards[index];
+        qr_ckpt_shard_name(s->file, sizeof s->file, index, ps->cluster->nps);
+        s->bytes = shard->bytes;
+        s->crc32 = shard->crc32;
+        s->nvars = (int)shard->nvars;
+    }
+    if (--c->shards_pending == 0) shards_complete(ps);
+}
+
+/* Collect the shards of the checkpoint at `step`: this ps's, and in sync
+ * mode the others' (async: the CUT that ckpt_cut.c sent asks for them). */
+void qr__ckpt_take(qr_ps *ps, int64_t step) {
+    ps_ckpt *c = &ps->ckpt;
+    c->step = step;
+    c->shards = qr__calloc((size_t)ps->cluster->nps, sizeof *c->shards);
+    if (!c->shards) {
+        qr__ckpt_failed(ps, "out of memory");
+        return;
+    }
+    c->shards_pending = ps->cluster->nps;
+    if (ps->sync.on) {
+        qr_wbuf meta = {0};
+        qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
+                                              .step = step});
+        for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
+        qr_wbuf_free(&meta);
+    }
+    if (qr__ckpt_start_shard(ps, c->next_id, step)) {
+        char error[512];
+        snprintf(error, sizeof error, "%s", qr_last_error());
+        shard_written(ps, 0, QR_EINTERNAL, error, NULL);
+    }
+}
+
+void qr__ckpt_failed(qr_ps *ps, const char *why) {
+    ps_ckpt *c = &ps->ckpt;
+    qr__log(QR_LOG_WARN, "checkpoint at step %lld given up: %s", (long long)c->step, why);
+    /* Not again at once: a late reply of this one must not be taken for
+     * the next one's. */
+    c->retry_ns = qr__now_ns() + 1000000000ull;
+    finish_checkpoint(ps);
+}
+
+void qr__ckpt_start(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    c->busy = true;
+    c->step = c->started_step = ps->global_step;
+    c->started_ns = c->last_ns = qr__now_ns();
+    c->failure[0] = '\0';
+    c->next_id++;
+    if (!ps->sync.on && ps->cluster->nps > 1) qr__ckpt_cut_begin(ps);
+    else qr__ckpt_take(ps, ps->global_step);
+}
+
+static void finish_checkpoint(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    free(c->shards);
+    c->shards = NULL;
+    c->busy = false;
+    bool more_saves = qr__ckpt_save_done(ps, c->next_id, c->last_step == c->step);
+    if (c->want_final && !c->final_started && ps->global_step != c->last_step &&
+        !(ps->sync.on && ps->sync.applying)) {
+        /* The one that just ended was a periodic one: now the final. */
+        c->final_started = true;
+        qr__ckpt_start(ps);
+        return;
+    }
+    if (c->want_final && (c->final_started || ps->global_step == c->last_step)) {
+        c->want_final = false;
+        if (c->stop_peer) qr__peer_reply(c->stop_peer, &c->stop_req, QR_OK, NULL, NULL, 0, NULL, NULL);
+        c->stop_peer = NULL;
+        if (c->final_stops_cluster) qr__ps_ask_stop_cluster(ps);
+        else qr__ps_ask_stop(ps);
+        return;
+    }
+    /* A save asked for while this one was under way wants a newer one. */
+    if (more_saves && !ps->stopping && !(ps->sync.on && ps->sync.applying)) qr__ckpt_start(ps);
+}
+
+static bool due(const qr_ps *ps) {
+    const ps_ckpt *c = &ps->ckpt;
+    if (ps->global_step == c->last_step) return false;
+    /* The next multiple of checkpoint-steps after the last one started: a
+     * multiple reached while one was still being written is taken as soon
+     * as that one is done, not skipped. */
+    if (c->every_steps > 0 &&
+        ps->global_step >= (c->started_step / c->every_steps + 1) * c->every_steps)
+        return true;
+    return c->every_secs > 0 &&
+           qr__now_ns() - c->last_ns >= (uint64_t)c->every_secs * 1000000000ull;
+}
+
+void qr__ckpt_step_done(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    if (!c->dir || ps->index != 0 || c->busy || ps->stopping || qr__now_ns() < c->retry_ns) return;
+    if (c->want_final) c->final_started = true;
+    if (c->want_final || c->saves || due(ps)) qr__ckpt_start(ps);
+}
+
+bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
+    ps_ckpt *c = &ps->ckpt;
+    if (!c->dir || ps->index != 0 || c->want_final) return false;
+    if (!c->busy && ps->global_step == c->last_step) return false; /* have it */
+    c->want_final = true;
+    c->stop_peer = p;
+    if (f) c->stop_req = *f;
+    qr__log(QR_LOG_INFO, "stop requested: writing the final checkpoint (global step %lld) first",
+            (long long)ps->global_step);
+    /* Sync: between steps only; a step being applied finishes first and
+     * qr__ckpt_step_done takes it then. A checkpoint under way is
+     * followed by the final one. */
+    if (!c->busy && !(ps->sync.on && ps->sync.applying)) {
+        c->final_started = true;
+        qr__ckpt_start(ps);
+    }
+    return true;
+}
+
+/* A ps k's link lost while it wrote its shard: that shard is lost to us. */
+static void link_lost(qr_ps *ps, int index) {
+    ps_ckpt *c = &ps->ckpt;
+    qr__ckpt_cut_link_lost(ps, index);
+    if (!c->busy || !c->shards || c->shards[index].bytes) return;
+    shard_written(ps, index, QR_EPEERLOST, "the link to it was lost while it wrote its shard",
+                  NULL);
+}
+
+void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
+                          const uint8_t *meta) {
+    if (!f) {
+        link_lost(ps, index);
+        return;
+    }
+    if (qr__ckpt_cut_report(ps, index, f, meta)) return;
+    if (!ps->ckpt.shards) return; /* RELEASE's reply, or a late one */
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_shard shard = {0};
+    char error[512] = "";
+    if (f->status) {
+        snprintf(error, sizeof error, "%.*s", (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+    } else {
+        qr_msg_get_shard(&r, &shard);
+        if (r.bad) snprintf(error, sizeof error, "its CKPT reply is truncated");
+    }
+    shard_written(ps, index, error[0] ? (f->status ? f->status : QR_EPROTO) : QR_OK, error,
+                  &shard);
+}
+
+
+/* ---- ps k: CKPT from ps 0 -------------------------------------------------------- */
+
+int qr__ckpt_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    if (p->role != QR_ROLE_COORDINATOR)
+        return qr__fail(QR_EINVAL, "CKPT comes from ps 0's coordinator link only");
+    if (!p->ps->ckpt.dir)
+        return qr__fail(QR_EINVAL, "CKPT: %s was started without --checkpoint-dir", p->ps->name);
+    if (f->meta_len < QR_MSG_CKPT_LEN || f->payload_len)
+        return qr__fail(QR_EPROTO, "CKPT: %u meta bytes, at least %d and no payload expected",
+                        f->meta_len, QR_MSG_CKPT_LEN);
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_ckpt m;
+    qr_msg_get_ckpt(&r, &m);
+    if ((uint64_t)f->meta_len != QR_MSG_CKPT_LEN + (uint64_t)m.count * QR_MSG_CUT_LEN)
+        return qr__fail(QR_EPROTO, "CKPT: %u meta bytes do not hold %u cut records",
+                        f->meta_len, m.count);
+    return QR_OK;
+}
+
+void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_ckpt m;
+    qr_msg_get_ckpt(&r, &m);
+    bool async_cut = !ps->sync.on && ps->ckpt.marks;
+    if (async_cut && m.phase >= QR_CKPT_HOLD && m.phase <= QR_CKPT_RELEASE) {
+        qr__ckpt_cut_message(p, f, &m, &r);
+        return;
+    }
+    if (m.phase != QR_CKPT_SNAPSHOT || m.count != 0 || !ps->sync.on) {
+        qr__peer_reply_error(p, f, QR_EINVAL, "CKPT: a phase this ps does not take in its mode");
+        return;
+    }
+    if (ps->sync.on && m.step != ps->sync.step) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "CKPT: %s is at step %lld, not %lld", ps->name,
+                 (long long)ps->sync.step, (long long)m.step);
+        qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
+        return;
+    }
+    if (qr__ckpt_start_shard(ps, m.id, m.step)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", qr_last_error());
+        qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
+        return;
+    }
+    ps->ckpt.reply_peer = p;
+    ps->ckpt.reply_req = *f;
+}
+
+void qr__ckpt_peer_lost(ps_peer *p) {
+    ps_ckpt *c = &p->ps->ckpt;
+    qr__ckpt_cut_peer_lost(p);
+    if (c->reply_peer == p) c->reply_peer = NULL;
+    if (c->stop_peer == p) c->stop_peer = NULL;
+    qr__ckpt_save_peer_lost(p);
+}
+
+/* ---- data positions ------------------------------------------------------------- */
+
+void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos) {
+    if (ps->ckpt.data_pos && qr__is_worker(worker, ps->cluster->nworkers))
+        ps->ckpt.data_pos[worker] = pos;
+}
+
+uint64_t qr__ckpt_worker_pos(const qr_ps *ps, int worker) {
+    if (!ps->ckpt.data_pos || worker < 0 || worker >= ps->cluster->nworkers) return 0;
+    return ps->ckpt.data_pos[worker];
+}
+
+void qr__ckpt_stats_json(const qr_ps *ps, cJSON *obj) {
+    const ps_ckpt *c = &ps->ckpt;
+    if (!c->dir) return;
+    cJSON *j = cJSON_AddObjectToObject(obj, "checkpoint");
+    cJSON_AddStringToObject(j, "dir", c->dir);
+    cJSON_AddNumberToObject(j, "written", (double)c->written);
+    cJSON_AddNumberToObject(j, "last_step", (double)c->last_step);
+    cJSON_AddNumberToObject(j, "last_duration_s", c->last_seconds);
+    cJSON_AddNumberToObject(j, "last_bytes", (double)c->last_bytes);
+    cJSON_AddNumberToObject(j, "last_unix_time", c->last_unix_time);
+    cJSON_AddNumberToObject(j, "restored_step", (double)c->restored_step);
+    cJSON_AddNumberToObject(j, "last_snapshot_ms", c->last_snapshot_ms);
+    cJSON_AddNumberToObject(j, "max_snapshot_ms", c->max_snapshot_ms);
+}
+
+/* ---- restore at start ---------------------------------------------------------- */
+
+static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
+    char file[64], path[4200];
+    qr_ckpt_shard_name(file, sizeof file, ps->index, ps->cluster->nps);
+    snprintf(path, sizeof path, "%s/%s", info->path, file);
+    ckpt_shard_ctx sc = shard_ctx(ps);
+    int64_t counters[2];
+    int rc = qr__ckpt_shard_restore(&sc, path, counters);
+    if (!rc) {
+        ps->global_step = counters[0];
+        ps->sync.step = counters[0];
+        ps->applied_steps = counters[1];
+        ps->ckpt.restored_step = counters[0];
+        ps->ckpt.started_step = counters[0];
+        ps->ckpt.last_step = counters[0];
+        qr__log(QR_LOG_INFO, "restored %u variable(s), %.1f MB, from %s (global step %lld)",
+                ps->store.count, (double)ps->store.bytes / 1e6, path, (long long)counters[0]);
+    }
+    return rc;
+}
+
+int qr__ckpt_init(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    c->last_step = c->restored_step = -1;
+    const char *dir = qr__config_str(ps->cfg, "checkpoint-dir");
+    if (!dir[0]) return QR_OK;
+    c->dir = qr__strdup(dir);
+    c->every_secs = qr__config_int(ps->cfg, "checkpoint-secs");
+    c->every_steps = qr__config_int(ps->cfg, "checkpoint-steps");
+    c->keep = (int)qr__config_int(ps->cfg, "keep-checkpoints");
+    c->last_ns = qr__now_ns();
+    if (ps->index == 0)
+        c->data_pos = qr__calloc((size_t)ps->cluster->nworkers, sizeof *c->data_pos);
+    if (!c->dir || (ps->index == 0 && !c->data_pos)) return QR_ENOMEM;
+    int rc = qr_mkdir(dir);
+    if (rc) return rc;
+    qr_ckpt_info info = {0};
+    if (ps->restore_step == QR_RESTORE_NONE) {
+        qr__log(QR_LOG_INFO, "starting fresh, as the ps that made the cluster roll back did");
+        return QR_OK;
+    }
+    if (ps->restore_step >= 0) {
+        /* A rollback: exactly the checkpoint the restarted ps restored. */
+        rc = qr_ckpt_path(info.path, sizeof info.path, dir, ps->restore_step);
+        info.step = ps->restore_step;
+        if (!rc) rc = qr_ckpt_read_manifest(&info);
+        if (!rc) rc = qr_ckpt_verify(&info);
+        if (rc) {
+            qr__error_prefix("cannot roll back to the checkpoint of step %lld: ",
+                             (long long)ps->restore_step);
+            qr_ckpt_info_free(&info);
+            return rc;
+        }
+    } else {
+        rc = qr_ckpt_latest(dir, &info);
+    }
+    if (rc == QR_ENOTFOUND) {
+        qr__log(QR_LOG_INFO, "no checkpoint in %s: starting fresh", dir);
+        return QR_OK;
+    }
+    if (!rc && info.nshards != ps->cluster->nps)
+        rc = qr__fail(QR_EINVAL, "checkpoint %s has %d shards, this cluster %d ps tasks: "
+                      "restore it with as many ps tasks as wrote it", info.path, info.nshards,
+                      ps->cluster->nps);
+    if (!rc) rc = restore_shard(ps, &info);
+    qr_ckpt_info_free(&info);
+    return rc;
+}
+
+int qr__ckpt_loop_init(qr_ps *ps) {
+    if (!ps->ckpt.dir || ps->sync.on || ps->cluster->nps == 1) return QR_OK;
+    return qr__ckpt_cut_init(ps);
+}
+
+void qr__ckpt_close(qr_ps *ps) {
+    qr__ckpt_cut_close(ps);
+}
+
+void qr__ckpt_free(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    qr__ckpt_cut_free(ps);
+    qr__ckpt_save_free(ps);
+    free(c->dir);
+    free(c->shards);
+    free(c->data_pos);
+    c->dir = NULL;
+    c->shards = NULL;
+    c->data_pos = NULL;
+}

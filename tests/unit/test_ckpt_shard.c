@@ -1,0 +1,392 @@
+/*
+ * test_ckpt_shard.c - one shard of a checkpoint, written and read back
+ * with the format's functions alone (ps/ckpt_shard.h): no ps, no cluster.
+ *
+ * A store holds two dense variables trained by the ps's Adam (per-element
+ * slots and scalar ones), one with a moving average, and an embedding
+ * table with its own Adagrad (per-row slots), admission candidates and
+ * eviction steps. The shard is snapshotted, then the live variables are
+ * changed as an apply would change them (qr__ckpt_before_apply first):
+ * the shard written afterwards must hold the state at the snapshot, and
+ * restoring it into an empty store must give every value, slot, average,
+ * row, counter and data position back bit for bit.
+ *
+ * Then the refusals: a shard cut short, one whose header is damaged, one
+ * of the other mode, each refused with an error naming the problem; a
+ * flipped tensor byte is caught by the checkpoint's crc32 (qr_ckpt_verify),
+ * which is how a starting ps refuses it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ps/ps_internal.h"
+
+enum { ROWS = 6, COLS = 5, BIAS = 7, DIM = 4, TABLE_ROWS = 9, CANDIDATES = 3, WORKERS = 3 };
+#define STEP 42
+
+/* The world of one test: a config (Adam), the ps's optimizer, a store. */
+typedef struct world {
+    qr_config *cfg;
+    qr_optim *optim;
+    qr_store store;
+    uint64_t data_pos[WORKERS];
+    char dir[256];
+} world;
+
+static uint32_t rng = 12345;
+static float next_float(void) {
+    rng = rng * 1664525u + 1013904223u;
+    return (float)(rng >> 8) / (float)(1u << 24) - 0.5f;
+}
+
+static void fill(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = next_float();
+}
+
+static ckpt_shard_ctx ctx_of(world *w, qr_store *store) {
+    return (ckpt_shard_ctx){.store = store, .optim = w->optim, .cfg = w->cfg, .index = 0,
+                            .nps = 1, .nworkers = WORKERS, .sync = false, .applied_steps = 17,
+                            .average_decay = 0.99f, .data_pos = w->data_pos};
+}
+
+static qr_var *dense(world *w, uint32_t id, const char *name, int ndim, const int64_t *shape,
+                     bool average) {
+    qr_var *v = calloc(1, sizeof *v);
+    v->id = id;
+    v->name = strdup(name);
+    v->options = strdup("");
+    v->ndim = ndim;
+    v->n = 1;
+    for (int i = 0; i < ndim; i++) v->n *= (v->shape[i] = shape[i]);
+    v->lr = id == 1 ? -1.0f : 0.25f;
+    v->version = 100 + id;
+    v->value = qr_tensor_new(v->n);
+    fill(v->value->data, v->n);
+    int64_t dim = shape[ndim - 1];
+    assert_int_equal(qr_optim_slots_create(w->optim, v->n / dim, dim, &v->slots), QR_OK);
+    for (int s = 0; s < qr_optim_slots_count(v->slots); s++) {
+        const char *slot;
+        float *data;
+        int64_t n;
+        qr_optim_slot(v->slots, s, &slot, &data, &n);
+        fill(data, n);
+    }
+    if (average) {
+        v->average = qr_tensor_new(v->n);
+        fill(v->average->data, v->n);
+    }
+    assert_int_equal(qr_store_add(&w->store, v), QR_OK);
+    return v;
+}
+
+static qr_var *table(world *w, uint32_t id, const char *name) {
+    qr_var *v = calloc(1, sizeof *v);
+    v->id = id;
+    v->name = strdup(name);
+    v->options = strdup("optimizer=adagrad,admit_after=3,evict_after_steps=1000");
+    v->ndim = 1;
+    v->shape[0] = DIM;
+    v->lr = -1.0f;
+    v->version = 9;
+    const char *init = "normal:0,0.1";
+    qr_msg_create_var m = {.id = id, .ndim = 1, .shape = {DIM}, .lr = -1.0f,
+                           .kind = QR_VAR_TABLE, .init = init,
+                           .init_len = (uint32_t)strlen(init), .seed = 77};
+    assert_int_equal(qr_optim_create_for_var(&v->optim, w->cfg, v->options), QR_OK);
+    assert_int_equal(qr_optim_slots_create(v->optim, 0, DIM, &v->slots), QR_OK);
+    assert_int_equal(qr__create_table(v->optim, v, &m), QR_OK);
+    qr_table *t = v->table;
+    assert_true(t->nslots >= 1 && t->admit_after == 3 && t->evict_after == 1000);
+    for (int k = 0; k < TABLE_ROWS; k++) {
+        bool added;
+        int64_t r = qr_table_get_or_add(t, 1000 + 37 * k, &added);
+        assert_true(r >= 0 && added);
+        fill(qr_table_row(t, (uint64_t)r), (int64_t)(1 + t->nslots) * DIM);
+        t->updated[r] = 500 + k;
+    }
+    for (int k = 0; k < CANDIDATES; k++) { /* seen once or twice: not admitted yet */
+        int64_t row;
+        bool added;
+        for (int seen = 0; seen <= k % 2; seen++) {
+            assert_int_equal(qr_table_sight(t, 5000 + k, &row, &added), QR_OK);
+            assert_int_equal(row, -1);
+        }
+    }
+    assert_int_equal(t->ncand, CANDIDATES);
+    assert_int_equal(qr_store_add(&w->store, v), QR_OK);
+    return v;
+}
+
+static int setup(void **state) {
+    world *w = calloc(1, sizeof *w);
+    assert_int_equal(qr_config_new(&w->cfg), QR_OK);
+    assert_int_equal(qr_config_set(w->cfg, "optimizer", "adam"), QR_OK);
+    assert_int_equal(qr_optim_create(&w->optim, w->cfg), QR_OK);
+    qr_store_init(&w->store);
+    for (int i = 0; i < WORKERS; i++) w->data_pos[i] = 1000u * (uint64_t)(i + 1) + 3;
+    snprintf(w->dir, sizeof w->dir, "/tmp/qr-test-shard-%d", (int)getpid());
+    assert_int_equal(qr_mkdir(w->dir), QR_OK); /* the checkpoint root, as qr__ckpt_init */
+    int64_t shape_w[2] = {ROWS, COLS}, shape_b[1] = {BIAS};
+    dense(w, 1, "layer0/weights", 2, shape_w, true);
+    dense(w, 2, "layer0/biases", 1, shape_b, false);
+    table(w, 3, "emb");
+    *state = w;
+    return 0;
+}
+
+static int teardown(void **state) {
+    world *w = *state;
+    qr_store_free(&w->store);
+    qr_optim_free(w->optim);
+    qr_config_free(w->cfg);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", w->dir);
+    if (system(cmd)) fprintf(stderr, "could not remove %s\n", w->dir);
+    free(w);
+    return 0;
+}
+
+/* Snapshot, then write the shard as the thread pool would: its file in
+ * path, and in *shard (if not NULL) what the manifest lists of it. */
+static void write_shard(world *w, int64_t step, char *path, size_t len, qr_ckpt_shard *shard) {
+    ckpt_shard_ctx c = ctx_of(w, &w->store);
+    ckpt_job *j;
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, w->dir, 1, step, &j), QR_OK);
+    j->work.data = j;
+    qr__ckpt_shard_write(&j->work);
+    if (j->status) fail_msg("writing the shard: %s", j->error);
+    assert_true(j->bytes > 0);
+    snprintf(path, len, "%s", j->path);
+    if (shard) {
+        *shard = (qr_ckpt_shard){.bytes = j->bytes, .crc32 = j->crc, .nvars = j->nentries};
+        qr_ckpt_shard_name(shard->file, sizeof shard->file, c.index, c.nps);
+    }
+    qr__ckpt_shard_free(j);
+}
+
+static void assert_slots_equal(const qr_var *a, const qr_var *b) {
+    assert_int_equal(qr_optim_slots_count(a->slots), qr_optim_slots_count(b->slots));
+    for (int s = 0; s < qr_optim_slots_count(a->slots); s++) {
+        const char *na, *nb;
+        float *da, *db;
+        int64_t n, m;
+        qr_optim_slot(a->slots, s, &na, &da, &n);
+        qr_optim_slot(b->slots, s, &nb, &db, &m);
+        assert_string_equal(na, nb);
+        assert_int_equal(n, m);
+        if (a->table && s < a->table->nslots) continue; /* per-row: in the rows */
+        assert_memory_equal(da, db, (size_t)n * sizeof(float));
+    }
+}
+
+/* Every variable of `want` is in `got` with the same bits. */
+static void assert_stores_equal(const qr_store *want, const qr_store *got) {
+    assert_int_equal(want->count, got->count);
+    for (uint32_t i = 0; i < want->cap; i++) {
+        const qr_var *a = want->by_id[i];
+        if (!a) continue;
+        const qr_var *b = qr_store_find_name(got, a->name);
+        if (!b) fail_msg("variable '%s' was not restored", a->name);
+        assert_int_equal(a->id, b->id);
+        assert_int_equal(a->ndim, b->ndim);
+        assert_memory_equal(a->shape, b->shape, sizeof a->shape);
+        assert_int_equal(a->n, b->n);
+        assert_memory_equal(&a->lr, &b->lr, sizeof a->lr);
+        assert_int_equal(a->version, b->version);
+        assert_string_equal(a->options, b->options);
+        assert_true((a->optim == NULL) == (b->optim == NULL));
+        assert_slots_equal(a, b);
+        assert_true((a->average == NULL) == (b->average == NULL));
+        if (a->average)
+            assert_memory_equal(a->average->data, b->average->data, (size_t)a->n * 4);
+        assert_true((a->table == NULL) == (b->table == NULL));
+        if (!a->table) {
+            assert_memory_equal(a->value->data, b->value->data, (size_t)a->n * 4);
+            continue;
+        }
+        const qr_table *ta = a->table, *tb = b->table;
+        assert_int_equal(ta->count, tb->count);
+        assert_int_equal(ta->dim, tb->dim);
+        assert_int_equal(ta->nslots, tb->nslots);
+        assert_int_equal(ta->seed, tb->seed);
+        for (uint64_t r = 0; r < ta->count; r++) {
+            int64_t at = qr_table_find(tb, ta->keys[r]);
+            if (at < 0) fail_msg("table '%s': row %lld was not restored", a->name,
+                                 (long long)ta->keys[r]);
+            assert_memory_equal(qr_table_row(ta, r), qr_table_row(tb, (uint64_t)at),
+                                (size_t)(1 + ta->nslots) * (size_t)ta->dim * 4);
+            if (ta->updated) assert_int_equal(ta->updated[r], tb->updated[at]);
+        }
+        assert_int_equal(ta->ncand, tb->ncand);
+        for (uint64_t k = 0; k < ta->ncand; k++) {
+            bool found = false;
+            for (uint64_t l = 0; l < tb->ncand; l++)
+                if (tb->cand_ids[l] == ta->cand_ids[k]) {
+                    assert_int_equal(ta->cand_seen[k], tb->cand_seen[l]);
+                    found = true;
+                }
+            if (!found) fail_msg("table '%s': candidate %lld was not restored", a->name,
+                                 (long long)ta->cand_ids[k]);
+        }
+    }
+}
+
+/* Restore `path` into a new store (freed by the caller); the status. */
+static int restore(world *w, const char *path, bool sync, qr_store *into, int64_t counters[2],
+                   uint64_t *data_pos) {
+    qr_store_init(into);
+    ckpt_shard_ctx c = ctx_of(w, into);
+    c.sync = sync;
+    c.data_pos = data_pos;
+    return qr__ckpt_shard_restore(&c, path, counters);
+}
+
+/* A restored copy of the live store, taken through a shard: the expected
+ * state, before the live one is changed. */
+static void copy_store(world *w, qr_store *out) {
+    char path[4200];
+    write_shard(w, STEP - 1, path, sizeof path, NULL);
+    int64_t counters[2];
+    uint64_t pos[WORKERS];
+    assert_int_equal(restore(w, path, false, out, counters, pos), QR_OK);
+}
+
+static void test_snapshot_write_restore(void **state) {
+    world *w = *state;
+    qr_store expect;
+    copy_store(w, &expect);
+    assert_stores_equal(&w->store, &expect);
+
+    ckpt_shard_ctx c = ctx_of(w, &w->store);
+    ckpt_job *j;
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, w->dir, 2, STEP, &j), QR_OK);
+    /* Applies after the snapshot, before the writer: the shard keeps the
+     * state at the snapshot (dense: copy-on-write; slots: cloned; table
+     * rows and positions: copied). */
+    for (uint32_t i = 0; i < w->store.cap; i++) {
+        qr_var *v = w->store.by_id[i];
+        if (!v) continue;
+        assert_non_null(v->ckpt);
+        assert_int_equal(qr__ckpt_before_apply(NULL, v), QR_OK);
+        if (v->table) {
+            fill(qr_table_row(v->table, 0), DIM);
+        } else {
+            assert_int_equal(qr_var_prepare_write(v), QR_OK);
+            fill(v->value->data, v->n);
+        }
+        for (int s = 0; s < qr_optim_slots_count(v->slots); s++) {
+            const char *slot;
+            float *data;
+            int64_t n;
+            qr_optim_slot(v->slots, s, &slot, &data, &n);
+            if (!v->table) fill(data, n);
+        }
+    }
+    w->data_pos[1] = 99;
+    j->work.data = j;
+    qr__ckpt_shard_write(&j->work);
+    if (j->status) fail_msg("writing the shard: %s", j->error);
+    char path[4200];
+    snprintf(path, sizeof path, "%s", j->path);
+    assert_non_null(strstr(path, w->dir));
+    qr__ckpt_shard_free(j);
+    for (uint32_t i = 0; i < w->store.cap; i++)
+        if (w->store.by_id[i]) assert_null(w->store.by_id[i]->ckpt);
+
+    qr_store got;
+    int64_t counters[2];
+    uint64_t pos[WORKERS] = {0};
+    if (restore(w, path, false, &got, counters, pos)) fail_msg("restore: %s", qr_last_error());
+    assert_stores_equal(&expect, &got);
+    assert_int_equal(counters[0], STEP);
+    assert_int_equal(counters[1], 17); /* async: the step pushes applied */
+    for (int i = 0; i < WORKERS; i++) assert_int_equal(pos[i], 1000u * (uint64_t)(i + 1) + 3);
+    qr_store_free(&got);
+    qr_store_free(&expect);
+}
+
+static void expect_refused(world *w, const char *path, bool sync, int status, const char *says) {
+    qr_store s;
+    int64_t counters[2];
+    uint64_t pos[WORKERS];
+    int rc = restore(w, path, sync, &s, counters, pos);
+    qr_store_free(&s);
+    if (rc != status || !strstr(qr_last_error(), says))
+        fail_msg("expected %s with \"%s\", got %s: %s", qr_status_name(status), says,
+                 qr_status_name(rc), qr_last_error());
+}
+
+static void copy_file(const char *from, const char *to, off_t keep) {
+    char cmd[9000];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    assert_int_equal(system(cmd), 0);
+    if (keep >= 0) assert_int_equal(truncate(to, keep), 0);
+}
+
+static void poke(const char *path, off_t at, char byte) {
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, &byte, 1, at), 1);
+    close(fd);
+}
+
+static void test_damaged_shards_refused(void **state) {
+    world *w = *state;
+    char path[4200], bad[4300];
+    qr_ckpt_shard shard;
+    write_shard(w, STEP, path, sizeof path, &shard);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    snprintf(bad, sizeof bad, "%s.bad", path);
+
+    /* Cut short: its last tensor lies outside the file. */
+    copy_file(path, bad, st.st_size - 10);
+    expect_refused(w, bad, false, QR_EIO, "truncated");
+    /* Cut inside the header. */
+    copy_file(path, bad, 20);
+    expect_refused(w, bad, false, QR_EIO, "does not fit the file");
+    /* The header's JSON damaged (its opening brace). */
+    copy_file(path, bad, -1);
+    poke(bad, 8, 'x');
+    expect_refused(w, bad, false, QR_EIO, "not a JSON object");
+    /* Written in async mode, restored in sync mode. */
+    expect_refused(w, path, true, QR_EINVAL, "written in async mode");
+    /* Missing. */
+    snprintf(bad, sizeof bad, "%s/nothing-here.safetensors", w->dir);
+    expect_refused(w, bad, false, QR_ENOTFOUND, "nothing-here");
+
+    /* A flipped byte of a tensor reads as a number: the checkpoint's
+     * crc32, in its manifest, is what refuses it. */
+    assert_int_equal(shard.bytes, (uint64_t)st.st_size);
+    qr_ckpt_info info = {.step = STEP, .mode = "async", .nshards = 1, .shards = &shard,
+                         .bytes = shard.bytes};
+    assert_int_equal(qr_ckpt_path(info.path, sizeof info.path, w->dir, STEP), QR_OK);
+    assert_int_equal(qr_ckpt_write_manifest(&info), QR_OK);
+    /* Read back as a starting ps reads it (qr__ckpt_init). */
+    qr_ckpt_info read = {.step = STEP};
+    snprintf(read.path, sizeof read.path, "%s", info.path);
+    assert_int_equal(qr_ckpt_read_manifest(&read), QR_OK);
+    assert_int_equal(qr_ckpt_verify(&read), QR_OK);
+    poke(path, st.st_size - 3, 0x55);
+    assert_int_equal(qr_ckpt_verify(&read), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), shard.file));
+    qr_ckpt_info_free(&read);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_snapshot_write_restore, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_damaged_shards_refused, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
