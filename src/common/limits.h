@@ -4,7 +4,7 @@
  *
  * They live in common/ rather than in wire/proto.h because the ps store
  * sizes its shape arrays by them (ps/store.h), the worker checks a
- * declaration against them (worker/client.c) and the wire format carries
+ * declaration against them (worker/declare.c) and the wire format carries
  * them (wire/proto.h); common/ is the one folder all three may include
  * without an include pointing up. They keep their QR_PROTO_ names since a
  * CREATE message is where a larger value would be refused.

@@ -9,7 +9,7 @@
  * same checkpoint, and the workers start again from its step. No process
  * but the dead one is restarted: each ps re-enters its own start path
  * inside qr_ps_run (server.c, reopen), and each worker finds out at its
- * next call (QR_EROLLEDBACK, worker/client.c) and is created again.
+ * next call (QR_EROLLEDBACK, worker/link.c) and is created again.
  *
  * Who decides. Every run of a ps has an incarnation, a random number new
  * at every start and every rollback, given in the answer to each HELLO

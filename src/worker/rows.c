@@ -14,7 +14,8 @@
  * worker's buffer, so the caller's arrays are free at once) and travel
  * with the next qr_worker_push, split by ps, beside its dense gradients:
  * in sync mode that makes one step, one quorum, of dense and sparse
- * gradients alike. qr_worker_push_sparse is the two in one call.
+ * gradients alike. qr_worker_push_sparse (client.c, beside the dense
+ * push) is the two in one call; a table is declared in declare.c.
  */
 #include "worker/worker_internal.h"
 
@@ -24,25 +25,6 @@
 
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- declare ------------------------------------------------------------- */
-
-int qr_worker_declare_table(qr_worker *w, const char *name, int64_t dim, const char *init,
-                            uint64_t seed, const char *options, int *var_id) {
-    if (!w || !name) return qr__fail(QR_EINVAL, "declare_table: worker and name are required");
-    if (dim < 1 || dim > QR_WORKER_MAX_TABLE_DIM)
-        return qr__fail(QR_ESHAPE, "declare_table '%s': dim %lld (1..%d allowed)", name,
-                        (long long)dim, QR_WORKER_MAX_TABLE_DIM);
-    if (!init) init = "zeros";
-    if (strlen(init) > QR_MSG_MAX_INIT)
-        return qr__fail(QR_EINVAL, "declare_table '%s': initializer of more than %d bytes",
-                        name, QR_MSG_MAX_INIT);
-    int id;
-    int rc = wk_declare(w, name, 1, &dim, init, seed, -1.0f, options ? options : "", true, &id);
-    if (rc) return rc;
-    if (var_id) *var_id = id;
-    return QR_OK;
-}
 
 /* ---- pull ----------------------------------------------------------------- */
 
@@ -409,14 +391,4 @@ void wk_rows_clear(qr_worker *w) {
         free(a->start);
         a->start = NULL;
     }
-}
-
-int qr_worker_push_sparse(qr_worker *w, int var_id, int64_t nrows, const int64_t *indices,
-                          const float *rows, unsigned flags, int64_t *global_step) {
-    int rc = qr_worker_add_rows(w, var_id, nrows, indices, rows);
-    if (rc) {
-        wk_rows_clear(w);
-        return rc;
-    }
-    return qr_worker_push(w, 0, NULL, NULL, flags, global_step);
 }

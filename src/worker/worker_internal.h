@@ -1,12 +1,32 @@
 /*
  * worker_internal.h - the state of a worker handle, shared by the files
  * that make up the worker side:
- *   client.c  connections, requests and the loop that runs them; declare,
- *             initialize, dense pull and push, the sync calls
- *   rows.c    embedding tables and sparse rows: declare a table, pull a
- *             batch's rows (deduplicated, split by shard, in parallel),
- *             rows added to the next push
- * Everything runs on the caller's thread, inside its calls.
+ *   client.c    a worker's life (create, free), dense pull and push, the
+ *               fused push-and-pull, the sparse push
+ *   declare.c   declare variables (dense, from values, tables), place
+ *               them on the ps tasks, initialize the cluster with them
+ *   control.c   the control calls: token and steps, staleness bound, data
+ *               position, statistics, checkpoint, leave, stop the cluster
+ *   inflight.c  non-blocking pushes and pulls: a handle, a wait
+ *   rows.c      embedding tables and sparse rows: pull a batch's rows
+ *               (deduplicated, split by shard, in parallel), rows added
+ *               to the next push
+ *   link.c      the request engine: connections to the ps tasks, requests
+ *               in flight, retries, waits, and the loop that runs them
+ *   heartbeat.c the thread that tells ps 0 the worker lives (its blocking
+ *               socket is wire/blocking.h's)
+ * Everything but the heartbeat runs on the caller's thread, inside its
+ * calls.
+ *
+ * The files call one another downwards only, never up or sideways within
+ * a row, so they form no circle:
+ *   inflight.c  declare.c       (initialize: the chief pulls, wk_pull_vars)
+ *   client.c
+ *   control.c   rows.c          (a sync push_pull takes the token; a push
+ *                                carries the rows added)
+ *   link.c      heartbeat.c
+ * link.c calls no other worker file: the files above build requests and
+ * hand them to it.
  */
 #ifndef QR_WORKER_INTERNAL_H
 #define QR_WORKER_INTERNAL_H
@@ -18,6 +38,8 @@
 #include "wire/msg.h"
 #include "wire/secret.h"
 #include "worker/heartbeat.h"
+
+#include <string.h>
 
 /* Where a dense variable's elements live: one part (the whole variable on
  * one ps), or the shards of a partitioned variable, rows of dimension 0
@@ -177,7 +199,7 @@ struct qr_worker {
     wk_lookup lookup;    /* qr_worker_pull_rows's scratch */
 };
 
-/* client.c: requests. One request goes to one ps; wk_run_requests sends
+/* link.c: requests. One request goes to one ps; wk_run_requests sends
  * a batch at once (connecting as needed) and waits for every reply,
  * returning the first failure with its message. */
 wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type);
@@ -187,11 +209,38 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms);
 /* Send what of reqs can go now, without waiting for anything (a request
  * whose ps is not connected yet goes in wk_run_requests). */
 void wk_send_requests(qr_worker *w, wk_request **reqs, int n);
-/* The call may go on: the worker is initialized and the ids name
+/* The worker's loop and its connections' events (create), and their end
+ * (free: every connection closed, the loop run out and closed). */
+void wk_links_init(qr_worker *w);
+void wk_links_close(qr_worker *w);
+/* A wait that lasts is said this often (link.c's calls, declare.c's wait
+ * for the cluster to be ready). */
+#define WK_WAIT_REPORT_NS (5000ull * 1000000ull)
+
+/* The checks a call makes before it builds requests (client.c, rows.c,
+ * inflight.c): it may go on, the worker is initialized and the ids name
  * declared variables. */
-int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids);
-/* ... and they are dense variables, not tables. */
-int wk_check_dense(const qr_worker *w, const char *what, int n, const int *ids);
+static inline int wk_check_ids(qr_worker *w, const char *what, int n, const int *ids) {
+    if (!w) return qr__fail(QR_EINVAL, "%s: worker is NULL", what);
+    if (!w->initialized)
+        return qr__fail(QR_ENOTREADY, "%s: call qr_worker_initialize first", what);
+    if (n < 0 || (n > 0 && !ids)) return qr__fail(QR_EINVAL, "%s: bad id list", what);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= w->nvars)
+            return qr__fail(QR_ENOTFOUND, "%s: no variable with id %d (%d declared)", what,
+                            ids[i], w->nvars);
+    return QR_OK;
+}
+
+/* ... and they are dense variables, not tables (whose rows go by id). */
+static inline int wk_check_dense(const qr_worker *w, const char *what, int n, const int *ids) {
+    for (int i = 0; i < n; i++)
+        if (w->vars[ids[i]].table)
+            return qr__fail(QR_EINVAL, "%s: '%s' is an embedding table: use %s", what,
+                            w->vars[ids[i]].name,
+                            strcmp(what, "push") ? "qr_worker_pull_rows" : "qr_worker_add_rows");
+    return QR_OK;
+}
 
 /* client.c: the requests of one pull or push, one per ps reached. */
 typedef struct wk_call {
@@ -202,6 +251,8 @@ typedef struct wk_call {
     uint32_t seq;         /* a push's sequence number */
 } wk_call;
 int wk_pull_build(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags, wk_call *c);
+/* Pull and wait: ids already checked; n == 0 pulls every variable. */
+int wk_pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags);
 /* values: a fused push-and-pull's destinations (NULL entries: the
  * worker's copies), or NULL. Rows added since the last push go too. */
 int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads,
@@ -215,10 +266,6 @@ static inline wk_part *wk_part_on(const wk_var *v, int p) {
         if (v->parts[k].ps == p) return &v->parts[k];
     return NULL;
 }
-
-/* client.c: declare a variable (dense, or a table). */
-int wk_declare(qr_worker *w, const char *name, int ndim, const int64_t *shape, const char *init,
-               uint64_t seed, float lr, const char *options, bool table, int *var_id);
 
 /* rows.c: rows added to the next push, per variable. */
 #define QR_WORKER_MAX_TABLE_DIM 65536

@@ -1,0 +1,540 @@
+/*
+ * link.c - the worker's request engine: its connections to the ps tasks,
+ * the requests in flight on them, and the loop that runs them. The calls
+ * (client.c, declare.c, control.c, rows.c, inflight.c) build requests
+ * (wk_request_new) and hand them here (wk_run_requests); nothing here
+ * calls back up into those files.
+ *
+ * Each qr_worker owns a private libuv loop that runs only inside its own
+ * calls, on the caller's thread: a call queues its requests (one per ps
+ * task involved, all sent at once, matched to replies by request id) and
+ * turns the loop until every reply is in or the deadline passes. Running
+ * the loop in the caller's thread, rather than in an I/O thread, keeps a
+ * small round trip at raw-socket cost: no hand-off between threads.
+ *
+ * Connections are made lazily and remade with exponential backoff (10 ms
+ * doubling to 1 s) while a call is waiting, so ps tasks may start after
+ * the workers or restart during training. A request already sent on a
+ * connection that is lost fails with QR_EPEERLOST (a push may or may not
+ * have been applied; it is not silently repeated). Nothing but the HELLO
+ * goes on a new connection before the HELLO's answer, which says which
+ * run of the ps this is (its incarnation).
+ *
+ * Waits say what they wait for. A ps that was reached once and now refuses
+ * connections is reported at once, and a call that needs it waits up to
+ * restart-wait-ms for it to come back; every wait that lasts is reported
+ * every few seconds (report_waits). A ps that comes back as a new
+ * incarnation was restarted: the cluster rolls back to that ps's
+ * checkpoint (docs/CHECKPOINTS.md, "Rollback"), so this worker's state is
+ * gone and every later call fails with QR_EROLLEDBACK (QR_EABORTED when
+ * the ps keeps no checkpoints and has lost its variables): the caller
+ * creates the worker again to go on from the checkpoint.
+ *
+ * A reply's values are received straight into the request's destinations
+ * (expect_values), never staged.
+ */
+#include "worker/worker_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- requests ------------------------------------------------------------ */
+
+wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type) {
+    wk_request *r = qr__calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->link = &w->links[ps];
+    r->type = type;
+    r->id = ++w->next_id;
+    return r;
+}
+
+void wk_request_free(wk_request *r) {
+    if (!r) return;
+    qr_wbuf_free(&r->meta);
+    free(r->payload);
+    free(r->var_ids);
+    free(r->dst);
+    free(r->parts);
+    free(r);
+}
+
+static void request_finish(wk_request *r, int status, const char *msg) {
+    r->done = true;
+    r->status = status;
+    if (status && msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    if (r->internal) {
+        /* The ps refused this worker (e.g. a different --mode): remember
+         * why, so the next call on this link reports it. */
+        if (status && status != QR_EPEERLOST && r->link) {
+            snprintf(r->link->refusal, sizeof r->link->refusal, "%s", r->errmsg);
+            r->link->refused = status;
+        }
+        wk_request_free(r);
+    }
+}
+
+/* The HELLO's answer: the link carries requests from now on, unless the ps
+ * is a new incarnation, in which case the cluster is rolling back. */
+static void hello_answered(ps_link *l, const uint8_t *meta, uint32_t len) {
+    qr_worker *w = l->w;
+    qr_msg_welcome m = {0};
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, len);
+    qr_msg_get_welcome(&rb, &m);
+    if (rb.bad) m = (qr_msg_welcome){.restored_step = -1};
+    if (l->incarnation && m.incarnation != l->incarnation) {
+        char from[64] = "nothing: it has no checkpoint yet";
+        if (m.restored_step >= 0)
+            snprintf(from, sizeof from, "its checkpoint of step %lld", (long long)m.restored_step);
+        if (m.flags & QR_WELCOME_CHECKPOINTS) {
+            w->rolled_back = QR_EROLLEDBACK;
+            snprintf(w->rollback_msg, sizeof w->rollback_msg,
+                     "ps %d (%s) is a new run that restored %s: a ps was restarted and the "
+                     "cluster rolls back to that checkpoint; create the worker again to go on "
+                     "from there", l->index,
+                     w->cluster->ps[l->index], from);
+        } else {
+            w->rolled_back = QR_EABORTED;
+            snprintf(w->rollback_msg, sizeof w->rollback_msg,
+                     "ps %d (%s) was restarted and has lost its variables: without "
+                     "--checkpoint-dir there is nothing to roll back to, training cannot go on",
+                     l->index, w->cluster->ps[l->index]);
+        }
+        qr__log(QR_LOG_WARN, "%s", w->rollback_msg);
+        return; /* the link stays in LINK_HELLO: nothing more is sent on it */
+    }
+    if (l->lost_ns)
+        qr__log(QR_LOG_INFO, "ps %d (%s) is back after %.1f s", l->index,
+                w->cluster->ps[l->index], (double)(qr__now_ns() - l->lost_ns) / 1e9);
+    else if (!l->incarnation)
+        qr__log(QR_LOG_INFO, "connected to ps %d (%s) over %s", l->index,
+                w->cluster->ps[l->index], l->conn ? qr_conn_kind(l->conn) : "?");
+    l->incarnation = m.incarnation;
+    l->lost_ns = l->unreached_ns = 0;
+    l->refusal_reported = false;
+    l->state = LINK_UP;
+}
+
+static void link_fail_pending(ps_link *l, int status, const char *why) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "ps %d (%s): connection lost: %s", l->index,
+             l->w->cluster->ps[l->index], why);
+    wk_request *r = l->head;
+    l->head = l->tail = NULL;
+    while (r) {
+        wk_request *next = r->next;
+        request_finish(r, status, msg);
+        r = next;
+    }
+}
+
+static int link_send(ps_link *l, wk_request *r) {
+    qr_frame f = {.type = r->type, .flags = r->flags, .request_id = r->id};
+    int rc = qr_conn_send(l->conn, &f, r->meta.data, (uint32_t)r->meta.len, r->payload,
+                          r->npayload, NULL, NULL);
+    if (rc) return rc;
+    r->sent = true;
+    r->next = NULL;
+    if (l->tail) l->tail->next = r;
+    else l->head = r;
+    l->tail = r;
+    return QR_OK;
+}
+
+/* ---- connection events ------------------------------------------------ */
+
+/* A ps refused this worker's handshake, or this worker refused the ps's
+ * proof: trying again cannot help (another secret, another spec, or an
+ * impostor at the ps's address), so the worker stops at once, every call
+ * failing with the reason, rather than waiting out restart-wait-ms. */
+static void auth_refused(ps_link *l) {
+    qr_worker *w = l->w;
+    qr__log(QR_LOG_ERROR, "ps %d (%s): %s", l->index, w->cluster->ps[l->index], l->last_error);
+    w->stopping = true;
+    if (w->stop_status) return;
+    w->stop_status = QR_EAUTH;
+    snprintf(w->stop_msg, sizeof w->stop_msg, "ps %d (%s): %s", l->index,
+             w->cluster->ps[l->index], l->last_error);
+}
+
+static void on_connected(qr_conn *c, int status) {
+    ps_link *l = qr_conn_data(c);
+    if (status) {
+        snprintf(l->last_error, sizeof l->last_error, "%s", qr_last_error());
+        if (status == QR_EAUTH) auth_refused(l);
+        return; /* `lost` follows */
+    }
+    l->state = LINK_HELLO;
+    l->attempts = 0;
+    wk_request *hello = wk_request_new(l->w, l->index, QR_MSG_HELLO);
+    if (!hello) return;
+    hello->internal = true;
+    qr_msg_put_hello(&hello->meta, &(qr_msg_hello){.role = QR_ROLE_WORKER,
+                                                   .task_index = (uint32_t)l->w->index,
+                                                   .mode = l->w->sync ? 1 : 0});
+    if (link_send(l, hello)) wk_request_free(hello);
+}
+
+static void on_lost(qr_conn *c, int status) {
+    ps_link *l = qr_conn_data(c);
+    qr_worker *w = l->w;
+    uint64_t now = qr__now_ns();
+    if (l->state == LINK_UP || l->state == LINK_HELLO) {
+        snprintf(l->last_error, sizeof l->last_error, "%s", qr_strerror(status));
+        qr__log(QR_LOG_DEBUG, "lost ps %d: %s", l->index, qr_strerror(status));
+        if (l->state == LINK_UP && !l->lost_ns) l->lost_ns = now;
+    } else if (l->lost_ns && !l->refusal_reported && !w->stopping && !w->rolled_back) {
+        /* It was reached before and now refuses: it has died or stopped.
+         * Said at once, with what follows. */
+        l->refusal_reported = true;
+        qr__log(QR_LOG_WARN, "ps %d (%s) is gone (%s): a call that needs it waits up to %.0f s "
+                "(restart-wait-ms) for it to come back", l->index, w->cluster->ps[l->index],
+                l->last_error, w->restart_wait_ms / 1e3);
+    } else if (!l->incarnation && !l->unreached_ns) {
+        l->unreached_ns = now;
+    }
+    l->conn = NULL;
+    l->state = LINK_DOWN;
+    uint64_t backoff_ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
+    l->attempts++;
+    l->retry_at_ns = qr__now_ns() + backoff_ms * 1000000ull;
+    link_fail_pending(l, QR_EPEERLOST, l->last_error);
+}
+
+static bool is_stop_notice(const qr_frame *f) {
+    return f->type == (QR_MSG_STOP | QR_MSG_REPLY) && f->request_id == QR_STOP_NOTICE_ID;
+}
+
+/* A pull's reply (or a fused push's, after its step): the records of the
+ * variables asked for, in order, and their values read straight into the
+ * request's destinations. */
+static int expect_values(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rbp,
+                         const qr_frame *f) {
+    qr_rbuf rb = *rbp;
+    uint32_t count = qr_msg_get_count(&rb);
+    if (count != (uint32_t)r->nvars)
+        return qr__fail(QR_EPROTO, "ps %d answered a pull of %d variables with %u",
+                        l->index, r->nvars, count);
+    qr_iov *iov = malloc((size_t)QR_MAX(count, 1) * sizeof *iov);
+    if (!iov) return QR_ENOMEM;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        qr_msg_var rec;
+        qr_msg_get_var(&rb, &rec);
+        uint64_t nbytes = rec.nbytes;
+        wk_var *v = &l->w->vars[r->var_ids[i]];
+        wk_part *part = r->parts[i];
+        part->version = rec.version;
+        if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)part->n * 4) {
+            free(iov);
+            return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
+                            l->index, v->name);
+        }
+        iov[i] = (qr_iov){r->dst[i], nbytes};
+        total += nbytes;
+    }
+    int rc = total == f->payload_len ? qr_conn_expect(c, iov, (int)count)
+                                      : qr__fail(QR_EPROTO, "ps %d: pull reply size mismatch",
+                                                 l->index);
+    free(iov);
+    return rc;
+}
+
+static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    ps_link *l = qr_conn_data(c);
+    wk_request *r = l->head;
+    if (is_stop_notice(f))
+        return f->payload_len ? qr__fail(QR_EPROTO, "ps %d sent a stop notice with a payload",
+                                         l->index)
+                              : QR_OK;
+    if (!r || f->request_id != r->id || f->type != (r->type | QR_MSG_REPLY))
+        return qr__fail(QR_EPROTO, "ps %d sent an unexpected %s reply (id %u)", l->index,
+                        qr_msg_name(f->type), f->request_id);
+    if (f->status != QR_OK) return QR_OK; /* error text in meta; no payload */
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, f->meta_len);
+    switch (r->type) {
+    case QR_MSG_PUSH:
+        r->step = qr_msg_get_step(&rb);
+        return r->nvars ? expect_values(c, l, r, &rb, f) : QR_OK; /* fused: values follow */
+    case QR_MSG_STEP:
+    case QR_MSG_SAVE:
+    case QR_MSG_COMMIT:
+    case QR_MSG_TOKEN: r->step = qr_msg_get_step(&rb); break;
+    case QR_MSG_READY: {
+        qr_msg_ready m;
+        qr_msg_get_ready(&rb, &m);
+        r->ready = m.set;
+        r->step = m.step;
+        r->data_pos = m.data_pos;
+        break;
+    }
+    case QR_MSG_LOOKUP: {
+        uint64_t count = qr_rbuf_u64(&rb);
+        uint64_t bytes = r->rows * (uint64_t)r->rows_dim * sizeof(float);
+        if (rb.bad || count != r->rows || f->payload_len != bytes)
+            return qr__fail(QR_EPROTO, "ps %d answered a lookup of %llu rows with %llu (%llu "
+                            "bytes)", l->index, (unsigned long long)r->rows,
+                            (unsigned long long)count, (unsigned long long)f->payload_len);
+        qr_iov iov = {r->dst[0], (size_t)bytes};
+        return qr_conn_expect(c, &iov, 1);
+    }
+    case QR_MSG_PULL: return expect_values(c, l, r, &rb, f);
+    default: break;
+    }
+    return QR_OK;
+}
+
+/* A ps stops: requests not sent yet end at once with how and why
+ * (wk_run_requests), so no call waits for a ps of a job that has ended. */
+static void stop_noticed(ps_link *l, const qr_frame *f, const uint8_t *meta) {
+    qr_worker *w = l->w;
+    w->stopping = true;
+    if (w->stop_status) return;
+    w->stop_status = f->status && f->status != QR_OK ? f->status : QR_ESTOPPED;
+    int n = (int)QR_MIN(f->meta_len, sizeof w->stop_msg - 1);
+    memcpy(w->stop_msg, meta, (size_t)n);
+    w->stop_msg[n] = 0;
+    if (!n) snprintf(w->stop_msg, sizeof w->stop_msg, "ps %d stopped", l->index);
+}
+
+static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    ps_link *l = qr_conn_data(c);
+    if (is_stop_notice(f)) {
+        stop_noticed(l, f, meta);
+        return;
+    }
+    wk_request *r = l->head;
+    l->head = r->next;
+    if (!l->head) l->tail = NULL;
+    if (f->status == QR_ESTOPPED) l->w->stopping = true;
+    if (r->type == QR_MSG_HELLO && f->status == QR_OK) hello_answered(l, meta, f->meta_len);
+    if (r->type == QR_MSG_HELLO && f->status == QR_EAUTH) { /* this worker has no secret */
+        snprintf(l->last_error, sizeof l->last_error, "%.*s", (int)QR_MIN(f->meta_len, 400u),
+                 (const char *)meta);
+        auth_refused(l);
+    }
+    if (f->status != QR_OK) {
+        char msg[512];
+        int n = (int)QR_MIN(f->meta_len, sizeof msg - 1);
+        memcpy(msg, meta, (size_t)n);
+        msg[n] = 0;
+        request_finish(r, f->status, msg);
+    } else {
+        if (r->want_meta && f->meta_len) {
+            r->reply_meta = malloc(f->meta_len);
+            if (r->reply_meta) {
+                memcpy(r->reply_meta, meta, f->meta_len);
+                r->reply_meta_len = f->meta_len;
+            }
+        }
+        request_finish(r, QR_OK, NULL);
+    }
+}
+
+/* ---- driving the loop ---------------------------------------------------- */
+
+static void on_wake(uv_timer_t *t) {
+    (void)t;
+}
+
+static void link_connect(ps_link *l) {
+    qr_worker *w = l->w;
+    l->state = LINK_CONNECTING;
+    int rc = qr_connect(&w->loop, &l->addr, w->prefer_unix, &w->conn_opt, &w->events, l, &l->conn);
+    if (rc) {
+        snprintf(l->last_error, sizeof l->last_error, "%s", qr_last_error());
+        l->state = LINK_DOWN;
+        l->attempts++;
+        l->retry_at_ns = qr__now_ns() + QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7)) * 1000000ull;
+    }
+}
+
+/* When a call gives up on r: its own deadline, or, while r's ps is lost
+ * and may be restarting, restart-wait-ms after the loss (the one bound
+ * on waiting for a restart, whatever the call). */
+static uint64_t request_deadline(const qr_worker *w, const wk_request *r, uint64_t deadline) {
+    const ps_link *l = r->link;
+    if (!r->sent && l->lost_ns) return l->lost_ns + (uint64_t)w->restart_wait_ms * 1000000ull;
+    return deadline;
+}
+
+/* End r now with status and msg. A request already sent may still be
+ * answered: its connection is dropped first, so the answer cannot land
+ * in buffers the caller owns again. */
+static void request_give_up(qr_worker *w, wk_request *r, int status, const char *msg) {
+    if (r->sent) {
+        qr_conn_close(r->link->conn);
+        while (!r->done) uv_run(&w->loop, UV_RUN_ONCE);
+        r->status = status;
+        snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    } else {
+        request_finish(r, status, msg);
+    }
+}
+
+static void give_up_message(const qr_worker *w, const wk_request *r, int timeout_ms,
+                            char *msg, size_t len) {
+    const ps_link *l = r->link;
+    if (!r->sent && l->lost_ns)
+        snprintf(msg, len, "ps %d (%s) was lost %.1f s ago and did not come back within "
+                 "restart-wait-ms (%d ms); last error: %s", l->index, w->cluster->ps[l->index],
+                 (double)(qr__now_ns() - l->lost_ns) / 1e9, w->restart_wait_ms, l->last_error);
+    else
+        snprintf(msg, len, "ps %d (%s): no %s reply within %d ms%s%s", l->index,
+                 w->cluster->ps[l->index], qr_msg_name(r->type), timeout_ms,
+                 l->last_error[0] ? "; last error: " : "", l->last_error);
+}
+
+/* Say what a call that has lasted a while waits for: once per ps. */
+static void report_waits(const qr_worker *w, wk_request **reqs, int n, uint64_t start,
+                         int timeout_ms) {
+    uint64_t now = qr__now_ns();
+    double waited = (double)(now - start) / 1e9;
+    for (int i = 0; i < n; i++) {
+        const wk_request *r = reqs[i];
+        const ps_link *l = r->link;
+        bool seen = false;
+        for (int k = 0; k < i && !seen; k++) seen = !reqs[k]->done && reqs[k]->link == l;
+        if (r->done || seen) continue;
+        const char *addr = w->cluster->ps[l->index];
+        if (!r->sent && l->lost_ns)
+            qr__log(QR_LOG_INFO, "waiting for ps %d (%s) to come back: gone for %.0f s (%s); "
+                    "giving up at %.0f s (restart-wait-ms)", l->index, addr,
+                    (double)(now - l->lost_ns) / 1e9, l->last_error, w->restart_wait_ms / 1e3);
+        else if (!r->sent)
+            qr__log(QR_LOG_INFO, "waiting for ps %d (%s) to accept connections: %.0f s so far%s%s; "
+                    "giving up after %.0f s", l->index, addr,
+                    l->unreached_ns ? (double)(now - l->unreached_ns) / 1e9 : waited,
+                    l->last_error[0] ? ", last error: " : "", l->last_error, timeout_ms / 1e3);
+        else if (r->type == QR_MSG_TOKEN)
+            qr__log(QR_LOG_INFO, "waiting %.0f s for a token of step %lld or later from ps 0: the "
+                    "step's quorum is not complete (ps 0 reports whom it waits for)", waited,
+                    (long long)w->local_step + 1);
+        else if (r->type == QR_MSG_CLOCK)
+            qr__log(QR_LOG_INFO, "waiting %.0f s at the staleness bound (max-staleness %lld) for "
+                    "the slowest worker to catch up", waited, (long long)w->max_staleness);
+        else
+            qr__log(QR_LOG_INFO, "waiting %.0f s for ps %d (%s) to answer %s", waited, l->index,
+                    addr, qr_msg_name(r->type));
+    }
+}
+
+
+void wk_send_requests(qr_worker *w, wk_request **reqs, int n) {
+    if (w->rolled_back || w->stop_status) return; /* wk_run_requests says why */
+    uv_run(&w->loop, UV_RUN_NOWAIT); /* take in what happened meanwhile (see below) */
+    for (int i = 0; i < n; i++) {
+        wk_request *r = reqs[i];
+        ps_link *l = r->link;
+        if (r->done || r->sent || l->refused) continue;
+        if (l->state == LINK_UP && link_send(l, r)) request_finish(r, QR_EPEERLOST, qr_last_error());
+    }
+    uv_run(&w->loop, UV_RUN_NOWAIT); /* start the writes */
+}
+
+/* Send reqs (connecting as needed) and wait for all their replies.
+ * Returns the first failure, with its message. */
+int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
+    if (w->rolled_back) {
+        for (int i = 0; i < n; i++) request_finish(reqs[i], w->rolled_back, w->rollback_msg);
+        return qr__fail(w->rolled_back, "%s", w->rollback_msg);
+    }
+    uint64_t start = qr__now_ns();
+    uint64_t deadline = start + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t next_report = start + WK_WAIT_REPORT_NS;
+    /* The loop runs only inside calls: before a push, first take in what
+     * happened while the caller was computing (a ps that closed its end,
+     * say), so that it is not sent on a connection already gone: a push is
+     * never repeated (it may have been applied). Other requests are, after
+     * a lost connection, so they skip this look (a system call on every
+     * small round trip). */
+    bool pushes = false;
+    for (int i = 0; i < n; i++) pushes |= reqs[i]->type == QR_MSG_PUSH;
+    if (pushes) uv_run(&w->loop, UV_RUN_NOWAIT);
+    for (;;) {
+        uint64_t now = qr__now_ns();
+        uint64_t wake_at = next_report;
+        int pending = 0;
+        for (int i = 0; i < n; i++) {
+            wk_request *r = reqs[i];
+            if (w->rolled_back && !r->done) request_give_up(w, r, w->rolled_back, w->rollback_msg);
+            uint64_t dl = request_deadline(w, r, deadline);
+            /* Everything but a push may be repeated safely after a lost
+             * connection; a push may have been applied, so it is not. */
+            if (r->done && r->status == QR_EPEERLOST && r->type != QR_MSG_PUSH &&
+                r->retries < 3 && now < dl) {
+                r->retries++;
+                r->done = r->sent = false;
+                r->status = QR_OK;
+                dl = request_deadline(w, r, deadline);
+            }
+            if (r->done) continue;
+            /* The cluster has stopped: what is not sent yet never will be
+             * (a STOP may still go: asking for it again is harmless). */
+            if (w->stop_status && !r->sent && r->type != QR_MSG_STOP) {
+                request_finish(r, w->stop_status, w->stop_msg);
+                continue;
+            }
+            if (now >= dl) {
+                char msg[512];
+                give_up_message(w, r, timeout_ms, msg, sizeof msg);
+                request_give_up(w, r, r->link->lost_ns && !r->sent ? QR_EPEERLOST : QR_ETIMEDOUT,
+                                msg);
+                continue;
+            }
+            pending++;
+            wake_at = QR_MIN(wake_at, dl);
+            if (r->sent) continue;
+            ps_link *l = r->link;
+            if (l->state == LINK_DOWN && now >= l->retry_at_ns) link_connect(l);
+            if (l->refused) {
+                request_finish(r, l->refused, l->refusal);
+                pending--;
+            } else if (l->state == LINK_UP) {
+                if (link_send(l, r)) request_finish(r, QR_EPEERLOST, qr_last_error());
+            } else if (l->state == LINK_DOWN) {
+                wake_at = QR_MIN(wake_at, l->retry_at_ns);
+            }
+        }
+        if (!pending) break;
+        if (now >= next_report) {
+            report_waits(w, reqs, n, start, timeout_ms);
+            next_report += WK_WAIT_REPORT_NS;
+            wake_at = QR_MIN(wake_at, next_report);
+        }
+        uint64_t wait_ms = (wake_at > now ? (wake_at - now) / 1000000ull : 0) + 1;
+        uv_timer_start(&w->wake, on_wake, wait_ms, 0);
+        uv_run(&w->loop, UV_RUN_ONCE);
+        uv_timer_stop(&w->wake);
+    }
+    for (int i = 0; i < n; i++)
+        if (reqs[i]->status) return qr__fail(reqs[i]->status, "%s", reqs[i]->errmsg);
+    return QR_OK;
+}
+
+void wk_free_requests(wk_request **reqs, int n) {
+    for (int i = 0; i < n; i++) wk_request_free(reqs[i]);
+}
+
+/* ---- the loop's life ------------------------------------------------------ */
+
+/* The worker's loop, its wake-up timer and the events of its connections
+ * (qr_worker_create). */
+void wk_links_init(qr_worker *w) {
+    w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
+                                 .message = reply_message, .lost = on_lost};
+    uv_loop_init(&w->loop);
+    uv_timer_init(&w->loop, &w->wake);
+}
+
+/* Close every connection and the loop (qr_worker_free). */
+void wk_links_close(qr_worker *w) {
+    for (int i = 0; i < w->nps; i++)
+        if (w->links[i].conn) qr_conn_close(w->links[i].conn);
+    uv_close((uv_handle_t *)&w->wake, NULL);
+    uv_run(&w->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&w->loop);
+}
