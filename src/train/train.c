@@ -397,13 +397,8 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         rc = run_setup(&r, cluster, cfg);
         if (!rc) rc = train_steps(&r, res, start);
     }
-    /* A stop means the chief ended the run: not an error for the others. */
-    if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;
-    res->wall_seconds = qr__now_sec() - start;
-    res->global_step = r.step;
-    res->examples_per_sec = (double)r.step * o->batch_size * r.batches / res->wall_seconds;
-    if (!rc)
-        qr__train_report(o, r.step, r.total, r.loss_avg, start, true, res->examples_per_sec);
+    rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
+                               res);
     if (!rc && r.chief) rc = chief_finish(&r, cfg, res);
     qr__summaries_close(&r.summaries);
     qr__worker_metrics_stop(&r.metrics);

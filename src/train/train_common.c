@@ -2,8 +2,9 @@
  * train_common.c - what the dense loop (train.c) and the click models'
  * loop (train_ctr.c) do the same way (train_internal.h): how many steps a
  * run has, the seeds of variables and batches, a variable's --var-opt, what
- * follows a push, the progress report. One copy, so the two loops cannot
- * drift apart in what a seeded run draws or counts.
+ * follows a push, the progress report and the figures at the end of the
+ * steps. One copy, so the two loops cannot drift apart in what a seeded
+ * run draws or counts.
  */
 #include "train/train_internal.h"
 
@@ -99,4 +100,15 @@ void qr__train_report(const qr_train_opts *o, int64_t step, int64_t total, doubl
         .final = final,
     };
     o->on_progress(&p, o->progress_ctx);
+}
+
+int qr__train_steps_ended(const qr_train_opts *o, int rc, bool chief, int64_t step,
+                          int64_t total, int batches, double loss, double start,
+                          qr_train_result *res) {
+    if (rc == QR_ESTOPPED && !chief) rc = QR_OK;
+    res->wall_seconds = qr__now_sec() - start;
+    res->global_step = step;
+    res->examples_per_sec = (double)step * o->batch_size * batches / res->wall_seconds;
+    if (!rc) qr__train_report(o, step, total, loss, start, true, res->examples_per_sec);
+    return rc;
 }

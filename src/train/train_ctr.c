@@ -333,12 +333,8 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
         rc = setup(&r, cluster, cfg);
         if (!rc) rc = train_steps(&r, res, start);
     }
-    if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;
-    res->wall_seconds = qr__now_sec() - start;
-    res->global_step = r.step;
-    res->examples_per_sec = (double)r.step * o->batch_size * r.batches / res->wall_seconds;
-    if (!rc)
-        qr__train_report(o, r.step, r.total, r.loss_avg, start, true, res->examples_per_sec);
+    rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
+                               res);
     if (!rc && r.chief) {
         rc = evaluate(&r, res);
         if (!rc) rc = qr_worker_stats(r.w, res->stats, sizeof res->stats);

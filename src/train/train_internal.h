@@ -5,7 +5,8 @@
  *   train_ctr.c      a worker's loop for the click models (logreg, wide &
  *                    deep) over embedding tables
  *   train_common.c   what both loops do the same way: the run's steps,
- *                    the seeds, --var-opt, the outcome of a push, progress
+ *                    the seeds, --var-opt, the outcome of a push, progress,
+ *                    the figures at the end of the steps
  *   summaries.c      the chief's summary service (--logdir)
  *   worker_metrics.c a worker's Prometheus endpoint (--metrics-port)
  * A cluster trained by either loop and qr_train_local draw the same seeds
@@ -52,5 +53,12 @@ int qr__train_after_push(qr_worker *w, int push_rc, bool sync, int64_t global, i
 /* Call o->on_progress, if set, with where the run is. */
 void qr__train_report(const qr_train_opts *o, int64_t step, int64_t total, double loss,
                       double start, bool final, double examples_per_sec);
+/* A worker's steps ended with rc (at the step `step` of `total`, each of
+ * `batches` batches, since `start`): a stop is not an error for a worker
+ * other than the chief (the chief ended the run); the run's figures into
+ * res, and the final progress report. Returns rc, or QR_OK for that stop. */
+int qr__train_steps_ended(const qr_train_opts *o, int rc, bool chief, int64_t step,
+                          int64_t total, int batches, double loss, double start,
+                          qr_train_result *res);
 
 #endif
