@@ -77,7 +77,7 @@ void cli_print_summary(const cli_args *a, const char *mode, int nps, int nworker
                        const qr_train_result *r);
 
 int cmd_launch(int argc, char **argv);
-/* ckpt.c: `quorum ckpt ls|show|verify DIR`. */
+/* ckpt_cmd.c: `quorum ckpt ls|show|verify DIR`. */
 int cmd_ckpt(int argc, char **argv);
 /* plot.c: `quorum plot LOGDIR -o FILE.png`. */
 int cmd_plot(int argc, char **argv);

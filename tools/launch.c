@@ -1,11 +1,10 @@
 /*
  * launch.c - `quorum launch`: a whole cluster on this machine.
  *
- * Gives every task an address (Unix sockets in a private temporary
- * directory, or free loopback TCP ports with --transport tcp), starts P ps
- * tasks and W workers as child processes of this same binary (each a real
- * `quorum ps` / `quorum worker`, given the cluster by flags), and
- * supervises them:
+ * With the plan made (launch_plan.c: every task's address, the run's
+ * secret), starts P ps tasks and W workers as child processes of this same
+ * binary (each a real `quorum ps` / `quorum worker`, given the cluster by
+ * flags), and supervises them:
  *   - when a ps or the chief fails, the others are stopped (SIGTERM, then
  *     SIGKILL after a grace period) and the failure is reported with its
  *     exit;
@@ -40,36 +39,20 @@
  * interrupted; 2 bad options.
  * Only the chief writes to stdout, so with --json its summary is the last
  * line of stdout.
- *
- * Unless given a secret (--secret-file, QUORUM_SECRET_FILE) or told to go
- * without one (--secret-file none), the launcher makes a secret for the
- * run in a private directory and gives its path to every task
- * (QUORUM_SECRET_FILE), so no process outside the run can talk to its ps
- * tasks; the file is removed when the run ends.
  */
-#include "cli.h"
-#include "wire/secret.h"
+#include "launch_internal.h"
 
-#include <cjson/cJSON.h>
-
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #define GRACE_MS 5000
-
-/* Exit statuses of `quorum launch` (2 is a bad option, as everywhere). */
-enum { LAUNCH_OK = 0, LAUNCH_FAILED = 1, LAUNCH_TASKS_FAILED = 3, LAUNCH_INTERRUPTED = 130 };
 
 typedef struct child {
     pid_t pid;
@@ -79,81 +62,10 @@ typedef struct child {
     int status;
 } child;
 
-/* What the supervisor needs to know of the run. */
-typedef struct launch_plan {
-    int nps, nworkers;
-    bool tcp;
-    bool sync;
-    int replicas;            /* sync: R */
-    int64_t restart_wait_ms;
-    int max_restarts;        /* --max-restarts */
-    int metrics_base;        /* --metrics-port-base: task i serves on base + i; 0 off */
-    const char *logdir;      /* --logdir, to list the metrics ports in */
-    bool checkpoints;        /* --checkpoint-dir was given */
-    /* how to start a task again */
-    const char *self, *ps_hosts, *worker_hosts;
-    int npass;
-    char **pass;
-    char **command;          /* after "--": the program each worker runs; NULL: quorum worker */
-    char *options_json;      /* the options, for the program's QUORUM_OPTIONS */
-    bool secret_given;       /* --secret-file (a path, or none) */
-} launch_plan;
-
 static volatile sig_atomic_t interrupted;
 
 static void on_signal(int sig) {
     interrupted = sig;
-}
-
-/* A free TCP port on 127.0.0.1. Another process could take it before the
- * ps binds it; the ps then fails to start and the launcher reports it. */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = -1;
-    if (!bind(fd, (struct sockaddr *)&sa, sizeof sa) &&
-        !getsockname(fd, (struct sockaddr *)&sa, &len))
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
-}
-
-/* n addresses, comma-separated, in a string of their own (free it):
- * "unix:DIR/JOBi.sock" when dir is set (no port can be taken by another
- * process between choosing and binding it), else free ports. NULL when
- * no port or memory could be had. */
-static char *build_hosts(const char *dir, const char *job, int n) {
-    char *hosts = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&hosts, &len);
-    if (!f) return NULL;
-    bool ok = true;
-    for (int i = 0; i < n && ok; i++) {
-        if (dir) {
-            ok = fprintf(f, "%sunix:%s/%s%d.sock", i ? "," : "", dir, job, i) > 0;
-        } else {
-            int port = free_port();
-            ok = port >= 0 && fprintf(f, "%s127.0.0.1:%d", i ? "," : "", port) > 0;
-        }
-    }
-    if (fclose(f) || !ok) {
-        free(hosts);
-        return NULL;
-    }
-    return hosts;
-}
-
-/* Remove the socket files a killed ps may have left, then the directory. */
-static void remove_socket_dir(const char *dir, int nps) {
-    for (int i = 0; i < nps; i++) {
-        char *path = NULL;
-        if (asprintf(&path, "%s/ps%d.sock", dir, i) < 0) continue;
-        unlink(path);
-        free(path);
-    }
-    rmdir(dir);
 }
 
 static pid_t spawn(const char *self, const char *job, int index, const char *ps_hosts,
@@ -263,56 +175,9 @@ static void report_worker_lost(const child *c, const launch_plan *plan, int nlos
             (long long)plan->restart_wait_ms);
 }
 
-/* Say where every task serves its metrics, and write it to --logdir. */
-static void announce_metrics(const launch_plan *plan) {
-    FILE *json = NULL;
-    if (plan->logdir) {
-        char path[4200];
-        mkdir(plan->logdir, 0755);
-        snprintf(path, sizeof path, "%s/metrics_ports.json", plan->logdir);
-        json = fopen(path, "w");
-        if (!json) fprintf(stderr, "quorum launch: cannot write %s: %s\n", path, strerror(errno));
-    }
-    fprintf(stderr, "quorum launch: metrics at");
-    if (json) fprintf(json, "{");
-    for (int i = 0; i < plan->nps + plan->nworkers; i++) {
-        bool is_ps = i < plan->nps;
-        int index = is_ps ? i : i - plan->nps;
-        fprintf(stderr, "%s %s %d http://127.0.0.1:%d/metrics", i ? "," : "", is_ps ? "ps" : "worker",
-                index, plan->metrics_base + i);
-        if (json) fprintf(json, "%s\"%s %d\": %d", i ? ", " : "", is_ps ? "ps" : "worker", index,
-                          plan->metrics_base + i);
-    }
-    fprintf(stderr, "\n");
-    if (json) {
-        fprintf(json, "}\n");
-        fclose(json);
-    }
-}
-
-/* TF_CONFIG for task (job, index): the cluster as JSON lists. */
-static char *tf_config(const launch_plan *plan, const char *job, int index) {
-    cJSON *root = cJSON_CreateObject(), *cluster = cJSON_AddObjectToObject(root, "cluster");
-    const char *lists[2][2] = {{"ps", plan->ps_hosts}, {"worker", plan->worker_hosts}};
-    for (int k = 0; k < 2; k++) {
-        cJSON *arr = cJSON_AddArrayToObject(cluster, lists[k][0]);
-        char *copy = strdup(lists[k][1]);
-        for (char *save = NULL, *a = copy ? strtok_r(copy, ",", &save) : NULL; a;
-             a = strtok_r(NULL, ",", &save))
-            cJSON_AddItemToArray(arr, cJSON_CreateString(a));
-        free(copy);
-    }
-    cJSON *task = cJSON_AddObjectToObject(root, "task");
-    cJSON_AddStringToObject(task, "type", job);
-    cJSON_AddNumberToObject(task, "index", index);
-    char *text = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    return text;
-}
-
 /* Worker `index` as the user's program: COMMAND with its environment. */
 static pid_t spawn_command(const launch_plan *plan, int index) {
-    char *config = tf_config(plan, "worker", index);
+    char *config = launch_tf_config(plan, "worker", index);
     if (!config) return -1;
     pid_t parent = getpid();
     pid_t pid = fork();
@@ -462,105 +327,6 @@ static int final_status(const child *kids, int n) {
     return nbad ? LAUNCH_TASKS_FAILED : LAUNCH_OK;
 }
 
-/* Every option set explicitly, as a JSON object of strings. */
-static char *options_json(const qr_config *cfg) {
-    cJSON *o = cJSON_CreateObject();
-    qr__config_key k;
-    for (int i = 0; qr__config_key_info(i, &k); i++)
-        if (qr__config_is_set(cfg, k.name))
-            cJSON_AddStringToObject(o, k.name, qr__config_str(cfg, k.name));
-    char *text = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return text;
-}
-
-/* The run's secret: dir/secret, its path handed to every task through
- * QUORUM_SECRET_FILE. In the run's own directory (the Unix sockets'), so
- * that the ps tasks of a launcher killed outright remove it with the
- * directory (cli_leave_launch_dir). QR_OK, or an error (said). */
-static int make_run_secret(const char *dir) {
-    char *path = NULL;
-    if (asprintf(&path, "%s/secret", dir) < 0 || qr__write_secret_file(path)) {
-        fprintf(stderr, "quorum launch: cannot make the run's secret in %s: %s\n", dir,
-                path ? qr_last_error() : strerror(errno));
-        free(path);
-        return QR_EIO;
-    }
-    setenv("QUORUM_SECRET_FILE", path, 1);
-    free(path);
-    return QR_OK;
-}
-
-static void remove_run_secret(const char *dir) {
-    char *path = NULL;
-    if (dir && asprintf(&path, "%s/secret", dir) >= 0) unlink(path);
-    free(path);
-}
-
-/* Parse and check the options before any process starts. */
-static int read_plan(int argc, char **argv, launch_plan *plan) {
-    cli_args a;
-    int rc = cli_parse("launch", argc, argv, CLI_LAUNCH | CLI_CONFIG | CLI_TRAIN, &a);
-    if (!rc) {
-        plan->nps = a.launch_ps ? a.launch_ps : 1;
-        plan->nworkers = a.launch_workers ? a.launch_workers : 1;
-        plan->tcp = !strcmp(qr__config_str(a.cfg, "transport"), "tcp");
-        plan->sync = !strcmp(qr__config_str(a.cfg, "mode"), "sync");
-        plan->replicas = plan->nworkers;
-        plan->restart_wait_ms = qr__config_int(a.cfg, "restart-wait-ms");
-        plan->max_restarts = a.launch_max_restarts;
-        plan->metrics_base = a.launch_metrics_base;
-        plan->logdir = a.train.logdir;
-        if (qr__config_int(a.cfg, "metrics-port") != 0) {
-            fprintf(stderr, "quorum launch: --metrics-port would give every task the same port; "
-                    "use --metrics-port-base N (task i serves on N + i)\n");
-            rc = 2;
-        }
-        plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
-        plan->secret_given = qr__config_is_set(a.cfg, "secret-file");
-        plan->options_json = options_json(a.cfg);
-        if (plan->sync && qr_sync_check_config(a.cfg, plan->nworkers, &plan->replicas, NULL)) {
-            fprintf(stderr, "quorum launch: %s\n", qr_last_error());
-            rc = 2;
-        }
-    }
-    cli_args_free(&a);
-    return rc;
-}
-
-/* argv without --ps and --workers: what every task is given. */
-static char **pass_through(int argc, char **argv, int *npass) {
-    char **pass = calloc((size_t)argc + 1, sizeof *pass);
-    *npass = 0;
-    for (int i = 0; pass && i < argc; i++) {
-        const char *s = argv[i];
-        if (!strcmp(s, "--ps") || !strcmp(s, "--workers") || !strcmp(s, "--max-restarts") ||
-            !strcmp(s, "--metrics-port-base")) {
-            i++;
-            continue;
-        }
-        if (!strncmp(s, "--ps=", 5) || !strncmp(s, "--workers=", 10) ||
-            !strncmp(s, "--max-restarts=", 15))
-            continue;
-        pass[(*npass)++] = argv[i];
-    }
-    return pass;
-}
-
-/* The private directory of the tasks' Unix sockets (free it), or NULL
- * with a message. */
-static char *make_socket_dir(void) {
-    const char *tmp = getenv("TMPDIR");
-    char *dir = NULL;
-    if (asprintf(&dir, "%s/quorum-launch-XXXXXX", tmp && *tmp ? tmp : "/tmp") < 0) return NULL;
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "quorum launch: cannot create %s: %s\n", dir, strerror(errno));
-        free(dir);
-        return NULL;
-    }
-    return dir;
-}
-
 int cmd_launch(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -589,97 +355,33 @@ int cmd_launch(int argc, char **argv) {
             return 0;
         }
     launch_plan plan = {0};
-    for (int i = 0; i < argc; i++)
-        if (!strcmp(argv[i], "--")) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "quorum launch: nothing after \"--\": give the program the "
-                        "workers run (quorum launch --ps 2 --workers 3 -- python train.py)\n");
-                return 2;
-            }
-            plan.command = argv + i + 1;
-            argc = i;
-            break;
-        }
-    int rc = read_plan(argc, argv, &plan);
-    if (rc) return rc;
-    char *run_dir = NULL; /* for the secret when there is no socket directory (tcp) */
-    int npass = 0, n = plan.nps + plan.nworkers;
-    char **pass = pass_through(argc, argv, &npass);
-    char *dir = plan.tcp ? NULL : make_socket_dir();
-    char *self = realpath("/proc/self/exe", NULL);
-    char *ps_hosts = build_hosts(dir, "ps", plan.nps);
-    char *worker_hosts = build_hosts(dir, "worker", plan.nworkers);
-    child *kids = calloc((size_t)n, sizeof *kids);
-    if (!pass || (!plan.tcp && !dir) || !self || !ps_hosts || !worker_hosts || !kids) {
-        fprintf(stderr, "quorum launch: cannot set up the run (free loopback ports, this "
-                "program's path, a socket directory, or memory)\n");
+    int n = 0;
+    child *kids = NULL;
+    int rc = launch_plan_read(argc, argv, &plan);
+    if (rc) goto done;
+    n = plan.nps + plan.nworkers;
+    kids = calloc((size_t)n, sizeof *kids);
+    if (!kids) {
+        fprintf(stderr, "quorum launch: out of memory\n");
         rc = LAUNCH_FAILED;
         goto done;
     }
-    /* The tasks would each refuse a bad address (a socket path too long
-     * for a long TMPDIR, say): refuse it once, here, with the way out. */
-    qr_cluster *check = NULL;
-    if (qr_cluster_from_flags(&check, ps_hosts, worker_hosts, "ps", 0)) {
-        fprintf(stderr, "quorum launch: %s%s\n", qr_last_error(),
-                plan.tcp ? "" : " (use a shorter TMPDIR, or --transport tcp)");
-        rc = LAUNCH_FAILED;
-        goto done;
-    }
-    qr_cluster_free(check);
-    /* Unless the options or the environment name a secret (or "none"). */
-    bool secret_made = !plan.secret_given && !getenv("QUORUM_SECRET_FILE");
-    if (secret_made && !dir) run_dir = make_socket_dir(); /* tcp: a directory for it alone */
-    if (secret_made && ((!dir && !run_dir) || make_run_secret(dir ? dir : run_dir))) {
-        rc = LAUNCH_FAILED;
-        goto done;
-    }
-    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers%s%s%s\n", plan.nps, ps_hosts,
+    rc = launch_plan_prepare(&plan);
+    if (rc) goto done;
+    fprintf(stderr, "quorum launch: %d ps (%s) and %d workers%s%s%s\n", plan.nps, plan.ps_hosts,
             plan.nworkers, plan.command ? " running " : "", plan.command ? plan.command[0] : "",
-            secret_made ? "; a secret made for this run authenticates every connection" : "");
+            plan.secret_made ? "; a secret made for this run authenticates every connection"
+                             : "");
     struct sigaction sa = {0};
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    /* If this launcher is killed outright it cleans up nothing: its ps
-     * tasks then remove the socket directory (cli_leave_launch_dir). */
-    if (dir || run_dir) {
-        char pid[24];
-        snprintf(pid, sizeof pid, "%d", (int)getpid());
-        setenv("QUORUM_LAUNCH_DIR", dir ? dir : run_dir, 1);
-        setenv("QUORUM_LAUNCH_PID", pid, 1);
-    }
-    if (plan.metrics_base) announce_metrics(&plan);
-    plan.self = self;
-    plan.ps_hosts = ps_hosts;
-    plan.worker_hosts = worker_hosts;
-    plan.npass = npass;
-    plan.pass = pass;
+    if (plan.metrics_base) launch_announce_metrics(&plan);
     for (int i = 0; i < n; i++) start_child(kids, i, &plan);
     rc = supervise(kids, n, &plan);
     if (rc == LAUNCH_OK) rc = final_status(kids, n);
 done:
-    remove_run_secret(dir ? dir : run_dir);
-    if (run_dir) rmdir(run_dir);
-    free(run_dir);
-    if (dir) remove_socket_dir(dir, plan.nps);
+    launch_plan_free(&plan);
     free(kids);
-    free(worker_hosts);
-    free(ps_hosts);
-    free(self);
-    free(dir);
-    free(pass);
-    free(plan.options_json);
     return rc;
-}
-
-void cli_leave_launch_dir(void) {
-    const char *dir = getenv("QUORUM_LAUNCH_DIR"), *pid = getenv("QUORUM_LAUNCH_PID");
-    /* Only when the launcher is gone: while it lives, the directory is its
-     * to remove, and another ps may not have bound its socket yet. rmdir
-     * removes it only once empty, so the last ps task to end does it. */
-    if (!dir || !pid || getppid() == (pid_t)atoi(pid)) return;
-    /* The run's secret goes with it: every task has read it already, and
-     * no launcher is left to start one again. */
-    remove_run_secret(dir);
-    rmdir(dir);
 }

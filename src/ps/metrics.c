@@ -83,13 +83,9 @@ static void table_family(FILE *f, const qr_ps *ps, const char *name, const char 
     }
 }
 
-static void render(qr_ps *ps, FILE *f) {
-    ps_metrics *m = &ps->metrics;
-    char labels[64];
-    family(f, "quorum_ps_up", "gauge", "This quorum ps task is serving (always 1).", 1);
-    if (ps->index == 0)
-        family(f, "quorum_global_step", "gauge", "The global step (ps 0 holds it).",
-               (double)ps->global_step);
+/* Requests: steps applied, pushes and pulls, their latency, stale drops. */
+static void render_requests(const qr_ps *ps, FILE *f) {
+    const ps_metrics *m = &ps->metrics;
     family(f, "quorum_steps_applied_total", "counter", "Step pushes (async) or steps (sync) "
            "applied on this ps.", (double)(ps->sync.on ? ps->sync.step : ps->applied_steps));
     family(f, "quorum_pushes_total", "counter", "PUSH requests received.", (double)m->pushes);
@@ -105,72 +101,80 @@ static void render(qr_ps *ps, FILE *f) {
     if (ps->sync.on && ps->index == 0)
         family(f, "quorum_stale_gradients_dropped_total", "counter",
                "Synchronous gradients dropped as stale.", (double)ps->sync.stale_commits);
-    if (m->worker_seen_ns) {
-        uint64_t now = qr__now_ns();
-        qr_prom_family(f, "quorum_worker_last_push_global_step", "gauge",
-                       "The global step when the worker last pushed to this ps.");
-        for (int w = 0; w < ps->cluster->nworkers; w++) {
-            snprintf(labels, sizeof labels, "worker=\"%d\"", w);
-            qr_prom_sample(f, "quorum_worker_last_push_global_step", labels,
-                           (double)m->worker_step[w]);
-        }
-        qr_prom_family(f, "quorum_worker_last_seen_seconds", "gauge",
-                       "Seconds since the worker's last push to this ps (-1: never).");
-        for (int w = 0; w < ps->cluster->nworkers; w++) {
-            snprintf(labels, sizeof labels, "worker=\"%d\"", w);
-            qr_prom_sample(f, "quorum_worker_last_seen_seconds", labels,
-                           m->worker_seen_ns[w] ? (double)(now - m->worker_seen_ns[w]) / 1e9 : -1);
-        }
-        qr_prom_family(f, "quorum_worker_connected", "gauge",
-                       "Whether the worker has a connection open to this ps.");
-        for (int w = 0; w < ps->cluster->nworkers; w++) {
-            snprintf(labels, sizeof labels, "worker=\"%d\"", w);
-            qr_prom_sample(f, "quorum_worker_connected", labels, ps->worker_conns[w] > 0);
-        }
+}
+
+/* A sample per worker: its last push here and whether it is connected. */
+static void render_workers(const qr_ps *ps, FILE *f) {
+    const ps_metrics *m = &ps->metrics;
+    char labels[64];
+    uint64_t now = qr__now_ns();
+    qr_prom_family(f, "quorum_worker_last_push_global_step", "gauge",
+                   "The global step when the worker last pushed to this ps.");
+    for (int w = 0; w < ps->cluster->nworkers; w++) {
+        snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+        qr_prom_sample(f, "quorum_worker_last_push_global_step", labels,
+                       (double)m->worker_step[w]);
     }
-    if (ps->ckpt.dir && ps->index == 0) {
-        double age = ps->ckpt.last_unix_time > 0 ? (double)time(NULL) - ps->ckpt.last_unix_time : -1;
-        family(f, "quorum_checkpoint_age_seconds", "gauge",
-               "Seconds since the newest complete checkpoint was taken (-1: none yet).", age);
-        family(f, "quorum_checkpoint_duration_seconds", "gauge",
-               "How long the last checkpoint took, start to manifest.", ps->ckpt.last_seconds);
-        family(f, "quorum_checkpoints_total", "counter", "Complete checkpoints written.",
-               (double)ps->ckpt.written);
+    qr_prom_family(f, "quorum_worker_last_seen_seconds", "gauge",
+                   "Seconds since the worker's last push to this ps (-1: never).");
+    for (int w = 0; w < ps->cluster->nworkers; w++) {
+        snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+        qr_prom_sample(f, "quorum_worker_last_seen_seconds", labels,
+                       m->worker_seen_ns[w] ? (double)(now - m->worker_seen_ns[w]) / 1e9 : -1);
     }
-    family(f, "quorum_variables_bytes", "gauge", "Bytes of the variables held here.",
-           (double)ps->store.bytes);
-    /* Embedding tables: rows held and their bytes, per table. */
+    qr_prom_family(f, "quorum_worker_connected", "gauge",
+                   "Whether the worker has a connection open to this ps.");
+    for (int w = 0; w < ps->cluster->nworkers; w++) {
+        snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+        qr_prom_sample(f, "quorum_worker_connected", labels, ps->worker_conns[w] > 0);
+    }
+}
+
+/* ps 0's checkpoints: the newest one's age, the last one's duration, how many. */
+static void render_checkpoints(const qr_ps *ps, FILE *f) {
+    double age = ps->ckpt.last_unix_time > 0 ? (double)time(NULL) - ps->ckpt.last_unix_time : -1;
+    family(f, "quorum_checkpoint_age_seconds", "gauge",
+           "Seconds since the newest complete checkpoint was taken (-1: none yet).", age);
+    family(f, "quorum_checkpoint_duration_seconds", "gauge",
+           "How long the last checkpoint took, start to manifest.", ps->ckpt.last_seconds);
+    family(f, "quorum_checkpoints_total", "counter", "Complete checkpoints written.",
+           (double)ps->ckpt.written);
+}
+
+/* Embedding tables, when the ps holds any: per table, then their rows' traffic. */
+static void render_tables(const qr_ps *ps, FILE *f) {
     bool tables = false;
     for (uint32_t i = 0; i < ps->store.cap; i++) tables |= ps->store.by_id[i] && ps->store.by_id[i]->table;
-    if (tables) {
-        table_family(f, ps, "quorum_table_rows", "gauge", "Rows an embedding table holds here.",
-                     TABLE_ROWS);
-        table_family(f, ps, "quorum_table_bytes", "gauge", "Bytes an embedding table holds "
-                     "here: rows, slots, ids, index and admission counts.", TABLE_BYTES);
-        table_family(f, ps, "quorum_table_admission_candidates", "gauge",
-                     "Ids seen but not admitted yet (admit_after).", TABLE_CANDIDATES);
-        table_family(f, ps, "quorum_table_rows_admitted_total", "counter",
-                     "Rows made at an id's admit_after-th sighting.", TABLE_ADMITTED);
-        table_family(f, ps, "quorum_table_unadmitted_reads_total", "counter",
-                     "Lookups of ids not admitted yet, answered with the initial value.",
-                     TABLE_UNADMITTED_READS);
-        table_family(f, ps, "quorum_table_dropped_rows_total", "counter",
-                     "Pushed gradient rows dropped: their id was not admitted yet.",
-                     TABLE_DROPPED_ROWS);
-        table_family(f, ps, "quorum_table_rows_evicted_total", "counter",
-                     "Rows removed after evict_after_steps steps without an update.",
-                     TABLE_EVICTED);
-        family(f, "quorum_table_rows_added_total", "counter",
-               "Rows made in the embedding tables here (first lookup or push of an id).",
-               (double)ps->metrics.rows_added);
-        family(f, "quorum_table_rows_looked_up_total", "counter",
-               "Rows sent in answer to lookups.", (double)ps->metrics.rows_looked_up);
-        family(f, "quorum_table_rows_pushed_total", "counter",
-               "Distinct rows updated by sparse pushes and sync steps.",
-               (double)ps->metrics.rows_pushed);
-    }
-    family(f, "quorum_process_resident_bytes", "gauge", "The ps process's resident memory.",
-           (double)qr_process_rss_bytes());
+    if (!tables) return;
+    table_family(f, ps, "quorum_table_rows", "gauge", "Rows an embedding table holds here.",
+                 TABLE_ROWS);
+    table_family(f, ps, "quorum_table_bytes", "gauge", "Bytes an embedding table holds "
+                 "here: rows, slots, ids, index and admission counts.", TABLE_BYTES);
+    table_family(f, ps, "quorum_table_admission_candidates", "gauge",
+                 "Ids seen but not admitted yet (admit_after).", TABLE_CANDIDATES);
+    table_family(f, ps, "quorum_table_rows_admitted_total", "counter",
+                 "Rows made at an id's admit_after-th sighting.", TABLE_ADMITTED);
+    table_family(f, ps, "quorum_table_unadmitted_reads_total", "counter",
+                 "Lookups of ids not admitted yet, answered with the initial value.",
+                 TABLE_UNADMITTED_READS);
+    table_family(f, ps, "quorum_table_dropped_rows_total", "counter",
+                 "Pushed gradient rows dropped: their id was not admitted yet.",
+                 TABLE_DROPPED_ROWS);
+    table_family(f, ps, "quorum_table_rows_evicted_total", "counter",
+                 "Rows removed after evict_after_steps steps without an update.",
+                 TABLE_EVICTED);
+    family(f, "quorum_table_rows_added_total", "counter",
+           "Rows made in the embedding tables here (first lookup or push of an id).",
+           (double)ps->metrics.rows_added);
+    family(f, "quorum_table_rows_looked_up_total", "counter",
+           "Rows sent in answer to lookups.", (double)ps->metrics.rows_looked_up);
+    family(f, "quorum_table_rows_pushed_total", "counter",
+           "Distinct rows updated by sparse pushes and sync steps.",
+           (double)ps->metrics.rows_pushed);
+}
+
+/* Connections: open, refused, and the handshakes refused by reason. */
+static void render_connections(const qr_ps *ps, FILE *f) {
     family(f, "quorum_connections", "gauge", "Connections open to this ps.", ps->npeers);
     family(f, "quorum_connections_refused_total", "counter",
            "Connections closed at once: max-connections were open.", (double)ps->peers_refused);
@@ -184,6 +188,23 @@ static void render(qr_ps *ps, FILE *f) {
         qr_prom_sample(f, "quorum_handshakes_refused_total", reason,
                        (double)ps->handshakes_refused[why]);
     }
+}
+
+/* The whole page, one metric family after another in a fixed order. */
+static void render(qr_ps *ps, FILE *f) {
+    family(f, "quorum_ps_up", "gauge", "This quorum ps task is serving (always 1).", 1);
+    if (ps->index == 0)
+        family(f, "quorum_global_step", "gauge", "The global step (ps 0 holds it).",
+               (double)ps->global_step);
+    render_requests(ps, f);
+    if (ps->metrics.worker_seen_ns) render_workers(ps, f);
+    if (ps->ckpt.dir && ps->index == 0) render_checkpoints(ps, f);
+    family(f, "quorum_variables_bytes", "gauge", "Bytes of the variables held here.",
+           (double)ps->store.bytes);
+    render_tables(ps, f);
+    family(f, "quorum_process_resident_bytes", "gauge", "The ps process's resident memory.",
+           (double)qr_process_rss_bytes());
+    render_connections(ps, f);
 }
 
 static void on_render(uv_async_t *a) {

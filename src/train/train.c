@@ -15,7 +15,7 @@
  * then the delta). qr_train_local is the single-process reference of sync
  * training.
  */
-#include "train/train.h"
+#include "train/train_internal.h"
 #include "train/summaries.h"
 #include "train/worker_metrics.h"
 
@@ -29,7 +29,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 void qr_train_opts_default(qr_train_opts *o) {
     memset(o, 0, sizeof *o);
@@ -90,16 +89,6 @@ static int trainer_setup(trainer *t, const qr_train_opts *o) {
     return t->bx && t->by ? QR_OK : QR_ENOMEM;
 }
 
-/* Parameter i's seed: the same in every worker and in --local. */
-static uint64_t param_seed(const qr_train_opts *o, int i) {
-    return o->seed * 1000003u + (uint64_t)i;
-}
-
-/* Worker w's minibatch generator. */
-static void worker_rng(qr_rng *rng, const qr_train_opts *o, int w) {
-    qr_rng_seed(rng, o->seed * 7919u + (uint64_t)w);
-}
-
 static void sample_batch(trainer *t, qr_rng *rng, int batch) {
     int64_t dim = t->train.dim;
     t->drawn++;
@@ -111,50 +100,12 @@ static void sample_batch(trainer *t, qr_rng *rng, int batch) {
     }
 }
 
-/* Resume a data stream: draw what sample_batch would have drawn for the
- * first `batches` minibatches, without copying the examples. */
-static void skip_batches(trainer *t, qr_rng *rng, int batch, uint64_t batches) {
-    for (uint64_t i = 0; i < batches; i++)
-        for (int b = 0; b < batch; b++) qr_rng_below(rng, (uint64_t)t->train.n);
-    t->drawn += batches;
-}
-
 /* One minibatch from rng and the mean loss and gradients at params. */
 static int batch_grad(trainer *t, qr_rng *rng, int batch, float **params, float **grads,
                       double *loss) {
     sample_batch(t, rng, batch);
     return qr_model_loss_grad(t->model, (const float *const *)params, grads, t->bx, t->by, batch,
                               loss);
-}
-
-/* Global steps of the run: --steps, or --epochs over the training set; a
- * synchronous step consumes R batches, an asynchronous one a single batch. */
-int64_t qr__train_total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step) {
-    if (o->steps) return o->steps;
-    double per_step = (double)o->batch_size * batches_per_step;
-    return QR_MAX(1, (int64_t)ceil(o->epochs * (double)ntrain / per_step));
-}
-
-int qr__train_sync_replicas(const qr_config *cfg, int nworkers) {
-    int64_t r = qr__config_int(cfg, "replicas-to-aggregate");
-    return r > 0 ? (int)r : nworkers;
-}
-
-void qr__train_sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-/* The variable a --var-opt names, and its options. */
-bool qr__train_var_opt_names(const char *spec, const char *name) {
-    const char *colon = strchr(spec, ':');
-    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
-    return strlen(name) == len && !strncmp(spec, name, len);
-}
-
-const char *qr__train_var_opt_options(const char *spec) {
-    const char *colon = strchr(spec, ':');
-    return colon ? colon + 1 : "";
 }
 
 /* ---- one worker's run ------------------------------------------------- */
@@ -233,50 +184,16 @@ static step_fn pick_strategy(const qr_train_opts *o) {
     return step_plain;
 }
 
-/* Push what the step computed and move to the next step: the token's step
- * (sync) or the global step ps 0 answered (async). */
+/* Push what the step computed and move to the next step. */
 static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res) {
-    if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) qr__train_sleep_ms(r->o->slow_ms);
+    qr__train_slow_down(r->o, r->task_index);
     int64_t global = 0;
     qr_worker_set_data_position(r->w, r->t.drawn);
     double t0 = qr__now_sec();
     int rc = qr_worker_push(r->w, r->t.nparams, r->ids, (const float *const *)r->grads, flags,
                             &global);
     qr__worker_metrics_call(&r->metrics, true, qr__now_sec() - t0);
-    if (rc == QR_ESTALE) {
-        /* Too late for its step (a backup worker, or TensorFlow's wasted
-         * round); it still takes a token and goes on. */
-        res->stale_pushes++;
-        rc = QR_OK;
-    } else if (rc == QR_EPEERLOST) {
-        /* A ps died under the push: it is not repeated (it may have been
-         * applied). The next call waits for that ps to come back: the
-         * cluster then rolls back, or the wait ends the run. */
-        qr__log(QR_LOG_WARN, "push of step %lld lost: %s", (long long)r->step, qr_last_error());
-        res->lost_pushes++;
-        rc = QR_OK;
-    }
-    if (rc) return rc;
-    res->local_steps++;
-    if (r->sync) return qr_worker_take_token(r->w, &r->step);
-    r->step = global;
-    return QR_OK;
-}
-
-static void report_progress(const worker_run *r, double start, double examples_per_sec,
-                            bool final) {
-    if (!r->o->on_progress) return;
-    double elapsed = qr__now_sec() - start;
-    qr_train_progress p = {
-        .step = r->step,
-        .total = r->total,
-        .loss = r->loss_avg,
-        .examples_per_sec = final ? examples_per_sec
-                                  : (double)r->step * r->o->batch_size / elapsed,
-        .elapsed = elapsed,
-        .final = final,
-    };
-    r->o->on_progress(&p, r->o->progress_ctx);
+    return qr__train_after_push(r->w, rc, r->sync, global, &r->step, res);
 }
 
 /* Declare the model's parameters (every worker declares the same seeds;
@@ -293,11 +210,9 @@ static int declare_params(worker_run *r) {
         int ndim;
         int64_t shape[2];
         qr_model_param_info(r->t.model, i, &name, &ndim, shape, &init);
-        const char *opts = "";
-        for (int k = 0; k < r->o->nvar_opts; k++)
-            if (qr__train_var_opt_names(r->o->var_opt[k], name)) opts = qr__train_var_opt_options(r->o->var_opt[k]);
-        int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init, param_seed(r->o, i), opts,
-                                        &r->ids[i]);
+        int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init,
+                                        qr__train_param_seed(r->o, i),
+                                        qr__train_var_opts_of(r->o, name), &r->ids[i]);
         if (rc) return rc;
         r->sizes[i] = qr_worker_var_size(r->w, r->ids[i]);
         r->grads[i] = qr__aligned_alloc((size_t)r->sizes[i] * sizeof(float));
@@ -364,12 +279,15 @@ static int run_setup(worker_run *r, const qr_cluster *cluster, const qr_config *
     if (!rc && r->chief) rc = qr_worker_set_step_limit(r->w, r->total);
     if (!rc) rc = qr_worker_initialize(r->w);
     for (int i = 0; !rc && i < r->t.nparams; i++) r->params[i] = qr_worker_var_data(r->w, r->ids[i]);
-    worker_rng(&r->rng, r->o, r->task_index);
+    qr__train_worker_rng(&r->rng, r->o, r->task_index);
     /* A cluster resumed from a checkpoint: this worker's data stream goes
      * on after the last batch whose push the checkpoint holds. */
     uint64_t position = 0;
     if (!rc) rc = qr_worker_data_position(r->w, &position);
-    if (!rc) skip_batches(&r->t, &r->rng, r->o->batch_size, position);
+    if (!rc) {
+        qr__train_skip_batches(&r->rng, r->o->batch_size, r->t.train.n, position);
+        r->t.drawn += position;
+    }
     if (!rc && r->sync) rc = qr_worker_local_step(r->w, &r->step);
     return rc;
 }
@@ -437,9 +355,9 @@ static int train_steps(worker_run *r, qr_train_result *res, double start) {
         qr__worker_metrics_call(&r->metrics, false, qr__now_sec() - t0);
         if (!rc) rc = compute_step(r, &loss, &flags);
         if (rc) break;
-        r->loss_avg = isnan(r->loss_avg) ? loss : 0.95 * r->loss_avg + 0.05 * loss;
+        r->loss_avg = qr__train_smooth_loss(r->loss_avg, loss);
         rc = push_and_advance(r, flags, res);
-        if (!rc) report_progress(r, start, 0, false);
+        if (!rc) qr__train_report(o, r->step, r->total, r->loss_avg, start, false, 0);
         double elapsed = qr__now_sec() - start;
         qr__worker_metrics_step(&r->metrics, r->step, r->loss_avg, r->step / elapsed,
                                 (double)r->step * (double)examples_per_step / elapsed,
@@ -479,12 +397,8 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         rc = run_setup(&r, cluster, cfg);
         if (!rc) rc = train_steps(&r, res, start);
     }
-    /* A stop means the chief ended the run: not an error for the others. */
-    if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;
-    res->wall_seconds = qr__now_sec() - start;
-    res->global_step = r.step;
-    res->examples_per_sec = (double)r.step * o->batch_size * r.batches / res->wall_seconds;
-    if (!rc) report_progress(&r, start, res->examples_per_sec, true);
+    rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
+                               res);
     if (!rc && r.chief) rc = chief_finish(&r, cfg, res);
     qr__summaries_close(&r.summaries);
     qr__worker_metrics_stop(&r.metrics);
@@ -530,14 +444,16 @@ static int local_setup(local_run *l, const qr_config *cfg, const qr_train_opts *
         int64_t dim = shape[ndim - 1];
         l->params[i] = qr__aligned_alloc((size_t)l->sizes[i] * sizeof(float));
         if (!l->params[i]) rc = QR_ENOMEM;
-        if (!rc) rc = qr_init_fill(l->params[i], l->sizes[i], ndim, shape, init, param_seed(o, i));
+        if (!rc)
+            rc = qr_init_fill(l->params[i], l->sizes[i], ndim, shape, init,
+                              qr__train_param_seed(o, i));
         if (!rc) rc = qr_optim_slots_create(l->opt, l->sizes[i] / dim, dim, &l->slots[i]);
         for (int w = 0; !rc && w < n; w++) {
             l->grads[w * np + i] = qr__aligned_alloc((size_t)l->sizes[i] * sizeof(float));
             if (!l->grads[w * np + i]) rc = QR_ENOMEM;
         }
     }
-    for (int w = 0; l->rngs && w < n; w++) worker_rng(&l->rngs[w], o, w);
+    for (int w = 0; l->rngs && w < n; w++) qr__train_worker_rng(&l->rngs[w], o, w);
     return rc;
 }
 

@@ -89,14 +89,4 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
  * run with R = N and init-tokens 0 ends with bit-identical parameters. */
 int qr_train_local(const qr_config *cfg, const qr_train_opts *opts, qr_train_result *res);
 
-/* Internal, shared by train.c and train_ctr.c. */
-bool qr__train_is_ctr(const char *model);
-int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
-                         const qr_train_opts *opts, qr_train_result *res);
-bool qr__train_var_opt_names(const char *spec, const char *name);
-const char *qr__train_var_opt_options(const char *spec);
-int qr__train_sync_replicas(const qr_config *cfg, int nworkers);
-int64_t qr__train_total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step);
-void qr__train_sleep_ms(int ms);
-
 #endif

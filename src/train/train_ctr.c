@@ -12,7 +12,7 @@
  * chief evaluates the test set at the end (reading rows without adding
  * those of ids never trained on) and reports AUC and log loss.
  */
-#include "train/train.h"
+#include "train/train_internal.h"
 
 #include "common/config.h"
 #include "data/ctr.h"
@@ -149,31 +149,23 @@ static int declare(ctr_run *r) {
     r->dense = qr__calloc((size_t)r->ndense, sizeof *r->dense);
     r->dense_grad = qr__calloc((size_t)r->ndense, sizeof *r->dense_grad);
     if (!r->dense_id || !r->dense || !r->dense_grad) return QR_ENOMEM;
-    const char *opts = "";
     for (int j = 0; j < r->ntables; j++) {
         const char *name, *init;
         qr_ctr_model_table_info(r->model, j, &name, &r->table_dim[j], &init);
-        for (int k = 0; k < r->o->nvar_opts; k++)
-            if (qr__train_var_opt_names(r->o->var_opt[k], name))
-                opts = qr__train_var_opt_options(r->o->var_opt[k]);
+        /* a table's seed: past any dense variable's */
         int rc = qr_worker_declare_table(r->w, name, r->table_dim[j], init,
-                                         r->o->seed * 1000003u + 100u + (uint64_t)j, opts,
-                                         &r->table_id[j]);
+                                         qr__train_param_seed(r->o, 100 + j),
+                                         qr__train_var_opts_of(r->o, name), &r->table_id[j]);
         if (rc) return rc;
-        opts = "";
     }
     for (int i = 0; i < r->ndense; i++) {
         const char *name, *init;
         int ndim;
         int64_t shape[2];
         qr_ctr_model_dense_info(r->model, i, &name, &ndim, shape, &init);
-        opts = "";
-        for (int k = 0; k < r->o->nvar_opts; k++)
-            if (qr__train_var_opt_names(r->o->var_opt[k], name))
-                opts = qr__train_var_opt_options(r->o->var_opt[k]);
         int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init,
-                                        r->o->seed * 1000003u + (uint64_t)i, opts,
-                                        &r->dense_id[i]);
+                                        qr__train_param_seed(r->o, i),
+                                        qr__train_var_opts_of(r->o, name), &r->dense_id[i]);
         if (rc) return rc;
         r->dense_grad[i] = qr__aligned_alloc((size_t)qr_worker_var_size(r->w, r->dense_id[i]) *
                                              sizeof(float));
@@ -217,11 +209,10 @@ static int setup(ctr_run *r, const qr_cluster *cluster, const qr_config *cfg) {
             if (!r->dense_sum[i]) rc = QR_ENOMEM;
         }
     }
-    qr_rng_seed(&r->rng, o->seed * 7919u + (uint64_t)r->task_index);
+    qr__train_worker_rng(&r->rng, o, r->task_index);
     uint64_t position = 0;
     if (!rc) rc = qr_worker_data_position(r->w, &position);
-    for (uint64_t b = 0; !rc && b < position; b++)
-        for (int i = 0; i < B; i++) qr_rng_below(&r->rng, (uint64_t)r->train.n);
+    if (!rc) qr__train_skip_batches(&r->rng, B, r->train.n, position);
     r->drawn = position;
     if (!rc && r->sync) rc = qr_worker_local_step(r->w, &r->step);
     return rc;
@@ -251,8 +242,8 @@ static int train_step(ctr_run *r, int64_t *pick, qr_train_result *res) {
         rc = qr_worker_add_rows(r->w, r->table_id[j], r->cur_nnz, r->ids, r->row_grad[j]);
     }
     if (rc) return rc;
-    r->loss_avg = isnan(r->loss_avg) ? loss : 0.95 * r->loss_avg + 0.05 * loss;
-    if (r->o->slow_worker == r->task_index && r->o->slow_ms > 0) qr__train_sleep_ms(r->o->slow_ms);
+    r->loss_avg = qr__train_smooth_loss(r->loss_avg, loss);
+    qr__train_slow_down(r->o, r->task_index);
     float **push_grad = r->dense_grad;
     if (k > 1) {
         for (int i = 0; i < r->ndense; i++) {
@@ -271,29 +262,7 @@ static int train_step(ctr_run *r, int64_t *pick, qr_train_result *res) {
                         QR_PUSH_STEP, &global);
     for (int i = 0; k > 1 && i < r->ndense; i++)
         memset(r->dense_sum[i], 0, (size_t)qr_worker_var_size(r->w, r->dense_id[i]) * sizeof(float));
-    if (rc == QR_ESTALE) {
-        res->stale_pushes++;
-        rc = QR_OK;
-    } else if (rc == QR_EPEERLOST) {
-        qr__log(QR_LOG_WARN, "push of step %lld lost: %s", (long long)r->step, qr_last_error());
-        res->lost_pushes++;
-        rc = QR_OK;
-    }
-    if (rc) return rc;
-    res->local_steps++;
-    if (r->sync) return qr_worker_take_token(r->w, &r->step);
-    r->step = global;
-    return QR_OK;
-}
-
-static void report(const ctr_run *r, double start, bool final, double examples_per_sec) {
-    if (!r->o->on_progress) return;
-    double elapsed = qr__now_sec() - start;
-    qr_train_progress p = {.step = r->step, .total = r->total, .loss = r->loss_avg,
-                           .examples_per_sec = final ? examples_per_sec
-                                                     : (double)r->step * r->o->batch_size / elapsed,
-                           .elapsed = elapsed, .final = final};
-    r->o->on_progress(&p, r->o->progress_ctx);
+    return qr__train_after_push(r->w, rc, r->sync, global, &r->step, res);
 }
 
 static int train_steps(ctr_run *r, qr_train_result *res, double start) {
@@ -302,7 +271,7 @@ static int train_steps(ctr_run *r, qr_train_result *res, double start) {
     int rc = QR_OK;
     while (!rc && r->step < r->total) {
         rc = train_step(r, pick, res);
-        if (!rc) report(r, start, false, 0);
+        if (!rc) qr__train_report(r->o, r->step, r->total, r->loss_avg, start, false, 0);
     }
     free(pick);
     return rc;
@@ -364,11 +333,8 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
         rc = setup(&r, cluster, cfg);
         if (!rc) rc = train_steps(&r, res, start);
     }
-    if (rc == QR_ESTOPPED && !r.chief) rc = QR_OK;
-    res->wall_seconds = qr__now_sec() - start;
-    res->global_step = r.step;
-    res->examples_per_sec = (double)r.step * o->batch_size * r.batches / res->wall_seconds;
-    if (!rc) report(&r, start, true, res->examples_per_sec);
+    rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
+                               res);
     if (!rc && r.chief) {
         rc = evaluate(&r, res);
         if (!rc) rc = qr_worker_stats(r.w, res->stats, sizeof res->stats);

@@ -1,5 +1,5 @@
 /*
- * ckpt.c - `quorum ckpt ls|show|verify DIR`: look at a folder of
+ * ckpt_cmd.c - `quorum ckpt ls|show|verify DIR`: look at a folder of
  * checkpoints without starting a cluster (src/ckpt/ reads the files).
  *
  *   ls      every checkpoint, newest first: step, time, size, shards,

@@ -1,0 +1,64 @@
+/*
+ * train_internal.h - what the two training loops share. The folder:
+ *   train.c          a worker's loop for the dense models (softmax, MLP),
+ *                    one function per step strategy; qr_train_local
+ *   train_ctr.c      a worker's loop for the click models (logreg, wide &
+ *                    deep) over embedding tables
+ *   train_common.c   what both loops do the same way: the run's steps,
+ *                    the seeds, --var-opt, the outcome of a push, progress,
+ *                    the figures at the end of the steps
+ *   summaries.c      the chief's summary service (--logdir)
+ *   worker_metrics.c a worker's Prometheus endpoint (--metrics-port)
+ * A cluster trained by either loop and qr_train_local draw the same seeds
+ * and batches from here, which is what keeps their digests comparable.
+ */
+#ifndef QR_TRAIN_INTERNAL_H
+#define QR_TRAIN_INTERNAL_H
+
+#include "train/train.h"
+
+/* train_ctr.c: the click models' loop, which qr_train_worker hands them to. */
+bool qr__train_is_ctr(const char *model);
+int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
+                         const qr_train_opts *opts, qr_train_result *res);
+
+/* Global steps of the run: --steps, or --epochs over the training set; a
+ * synchronous step consumes R batches, an asynchronous one a single batch. */
+int64_t qr__train_total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step);
+/* R: --replicas-to-aggregate, or every worker. */
+int qr__train_sync_replicas(const qr_config *cfg, int nworkers);
+
+/* Variable i's initializer seed: the same in every worker and in --local. */
+uint64_t qr__train_param_seed(const qr_train_opts *o, int i);
+/* Worker w's minibatch generator. */
+void qr__train_worker_rng(qr_rng *rng, const qr_train_opts *o, int w);
+/* Resume a data stream: draw what `batches` minibatches of `batch`
+ * examples out of n would have drawn, without copying them. */
+void qr__train_skip_batches(qr_rng *rng, int batch, int64_t n, uint64_t batches);
+
+/* Whether a --var-opt spec ("NAME:key=value,...") names the variable. */
+bool qr__train_var_opt_names(const char *spec, const char *name);
+/* The options of the last --var-opt naming the variable, or "". */
+const char *qr__train_var_opts_of(const qr_train_opts *o, const char *name);
+
+/* The moving average (0.95) of the minibatch loss; NAN before the first. */
+double qr__train_smooth_loss(double avg, double loss);
+/* The test option --slow-worker: this worker sleeps before its push. */
+void qr__train_slow_down(const qr_train_opts *o, int task_index);
+/* After a push that returned push_rc: count it and move to the next step,
+ * the token's (sync) or the global step ps 0 answered (async). A stale or
+ * lost push is counted and training goes on. */
+int qr__train_after_push(qr_worker *w, int push_rc, bool sync, int64_t global, int64_t *step,
+                         qr_train_result *res);
+/* Call o->on_progress, if set, with where the run is. */
+void qr__train_report(const qr_train_opts *o, int64_t step, int64_t total, double loss,
+                      double start, bool final, double examples_per_sec);
+/* A worker's steps ended with rc (at the step `step` of `total`, each of
+ * `batches` batches, since `start`): a stop is not an error for a worker
+ * other than the chief (the chief ended the run); the run's figures into
+ * res, and the final progress report. Returns rc, or QR_OK for that stop. */
+int qr__train_steps_ended(const qr_train_opts *o, int rc, bool chief, int64_t step,
+                          int64_t total, int batches, double loss, double start,
+                          qr_train_result *res);
+
+#endif
