@@ -99,7 +99,9 @@ typedef void (*qr_optim_kernel)(const qr_optim_call *c, float *var,
                                 float *const *slot, const float *g, int64_t n);
 
 struct qr_optim_ops {
-    const char *name;
+    const char *name;    /* quorum's: the "optimizer" option's value */
+    const char *tf_name; /* TensorFlow's class name, which checkpoints give
+                          * the slots ("layer0/weights/Adam_1") */
     /* The options it reads, "|"-separated; an optimizer option set
      * explicitly but not listed here is refused by qr_optim_create. */
     const char *keys;
