@@ -24,12 +24,6 @@ static const qr_optim_ops *const all_ops[] = {
     &qr__optim_adam, &qr__optim_adam_async, &qr__optim_ftrl,
 };
 
-/* The options of config.c that belong to optimizers. */
-static const char *const optim_keys[] = {
-    "lr",    "momentum", "nesterov", "beta1", "beta2", "epsilon", "decay", "centered",
-    "initial-accumulator", "l1", "l2", "lr-power", "apply-sparse-rmsprop",
-};
-
 double qr__optim_opt_float(const qr_config *cfg, const char *key, double def) {
     if (!qr__config_is_set(cfg, key)) return def;
     return qr__config_float(cfg, key);
@@ -88,11 +82,16 @@ int qr_optim_create(qr_optim **out, const qr_config *cfg) {
     const qr_optim_ops *ops = find_ops(name);
     if (!ops) return qr__fail(QR_EINVAL, "option optimizer: unknown optimizer '%s'", name);
 
-    for (size_t i = 0; i < QR_ARRAY_LEN(optim_keys); i++)
-        if (qr__config_is_set(cfg, optim_keys[i]) && !qr__list_has(ops->keys, '|', optim_keys[i]))
+    for (const char *k = QR__OPTIM_KEYS; *k;) {
+        size_t len = strcspn(k, "|");
+        char key[32];
+        snprintf(key, sizeof key, "%.*s", (int)len, k);
+        if (qr__config_is_set(cfg, key) && !qr__list_has(ops->keys, '|', key))
             return qr__fail(QR_EINVAL,
                             "optimizer %s: option %s does not apply to it (it reads: %s)",
-                            ops->name, optim_keys[i], ops->keys);
+                            ops->name, key, ops->keys);
+        k += len + (k[len] == '|');
+    }
 
     qr_optim *opt = qr__calloc(1, sizeof *opt);
     if (!opt) return QR_ENOMEM;

@@ -20,6 +20,14 @@
 
 #define QR_OPTIM_MAX_SLOTS 4
 
+/* The options of config.c that belong to optimizers: qr_optim_create
+ * refuses one set explicitly that the chosen optimizer does not read (its
+ * ops' keys), and a variable's own options may set these and "optimizer"
+ * (var_options.c). */
+#define QR__OPTIM_KEYS                                                                 \
+    "lr|momentum|nesterov|beta1|beta2|epsilon|decay|centered|initial-accumulator|l1|l2|" \
+    "lr-power|apply-sparse-rmsprop"
+
 /* The element loops are compiled twice, for baseline x86-64 (SSE2, 4 floats)
  * and for AVX2 (8 floats), and the dynamic loader picks one for the CPU
  * (GCC function multi-versioning; no -march needed, the binary runs on any
