@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
-from .errors import error_for
+from .errors import BY_NAME, error_for
 
 c_int, c_int64, c_uint64, c_float = ctypes.c_int, ctypes.c_int64, ctypes.c_uint64, ctypes.c_float
 c_uint, c_size_t, c_char_p, c_void_p = ctypes.c_uint, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p
@@ -118,6 +118,28 @@ def _load() -> ctypes.CDLL:
 
 
 lib = _load()
+
+
+def _status_codes() -> Dict[str, int]:
+    """The library's status codes by name ({"QR_OK": 0, "QR_EINVAL": -1,
+    ...}), asked of the library itself: its codes run 0, -1, -2, ... to the
+    first one it has no name for (qr_status_name: "QR_UNKNOWN")."""
+    codes: Dict[str, int] = {}
+    while True:
+        name = lib.qr_status_name(-len(codes)).decode()
+        if name == "QR_UNKNOWN":
+            break
+        codes[name] = -len(codes)
+    missing = sorted(set(BY_NAME) - set(codes))
+    if missing:
+        raise ImportError("quorum: the C library has no status %s (errors.py names it): a "
+                          "libquorum.so of another version?" % ", ".join(missing))
+    return codes
+
+
+# Status codes by name, for the few places that test for one
+# (STATUS["QR_ETOOBIG"]); exceptions are chosen by name (errors.py).
+STATUS = _status_codes()
 
 # The common dense push and pull in C (_fastcall.c), bound to this library;
 # None if the package was built without Python's headers (ctypes alone).

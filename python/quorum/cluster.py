@@ -10,7 +10,7 @@ import json
 import os
 from typing import Dict, List, Optional, Sequence
 
-from ._native import check, lib
+from ._native import STATUS, check, lib
 from .errors import error_for
 
 
@@ -38,7 +38,7 @@ class Cluster:
         "index": 0}}."""
         text = os.environ.get("TF_CONFIG") if tf_config is None else tf_config
         if not text:
-            raise error_for(-5, "QR_ENOTFOUND", "TF_CONFIG is not set")
+            raise error_for(STATUS["QR_ENOTFOUND"], "QR_ENOTFOUND", "TF_CONFIG is not set")
         self = cls.__new__(cls)
         self._handle = ctypes.c_void_p()
         check(lib.qr_cluster_from_json(ctypes.byref(self._handle), text.encode()))

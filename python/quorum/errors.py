@@ -1,5 +1,7 @@
 """Exceptions: one class per family of the C library's status codes, each
 carrying the library's own message (what failed and why) and the status.
+A status is known here by its name ("QR_EINVAL"), which the library gives
+(qr_status_name); its number is the library's too (_native.STATUS).
 
 Every class derives from QuorumError; the ones with a natural Python
 counterpart derive from it too, so ``except ValueError`` or ``except
@@ -7,16 +9,23 @@ TimeoutError`` catch what a Python programmer expects them to catch."""
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 
 class QuorumError(RuntimeError):
     """A call into quorum failed. ``status`` is the C status code (negative),
-    ``status_name`` its symbolic name ("QR_EINVAL")."""
+    ``status_name`` its symbolic name ("QR_EINVAL"). Without a status, the
+    library's number for ``status_name``."""
 
-    def __init__(self, message: str, status: int = -16, status_name: str = "QR_EINTERNAL"):
+    def __init__(self, message: str, status: Optional[int] = None,
+                 status_name: str = "QR_EINTERNAL"):
         super().__init__(message)
-        self.status = status
+        if status is None:
+            # _native imports this module; by the time an error is made it is loaded
+            from ._native import STATUS
+
+            status = STATUS[status_name]
+        self.status: int = status
         self.status_name = status_name
 
 
@@ -46,25 +55,27 @@ class AuthenticationError(QuorumError, PermissionError):
     or one encrypts and the other does not. The message says which."""
 
 
-_BY_STATUS: Dict[int, Type[QuorumError]] = {
-    -1: InvalidArgumentError,   # QR_EINVAL
-    -5: InvalidArgumentError,   # QR_ENOTFOUND
-    -6: InvalidArgumentError,   # QR_EEXIST
-    -7: InvalidArgumentError,   # QR_ESHAPE
-    -14: InvalidArgumentError,  # QR_ENONFINITE
-    -15: InvalidArgumentError,  # QR_ETOOBIG
-    -8: QuorumTimeoutError,     # QR_ETIMEDOUT
-    -9: QuorumTimeoutError,     # QR_EPEERLOST
-    -11: QuorumTimeoutError,    # QR_ENOTREADY
-    -10: StoppedError,          # QR_ESTOPPED
-    -13: StoppedError,          # QR_EABORTED
-    -17: StoppedError,          # QR_EROLLEDBACK
-    -12: StaleError,            # QR_ESTALE
-    -18: AuthenticationError,   # QR_EAUTH
+# The family of each status, by the library's name for it; any other
+# status (QR_EIO, QR_EPROTO, QR_ENOMEM, QR_EINTERNAL) is a plain QuorumError.
+BY_NAME: Dict[str, Type[QuorumError]] = {
+    "QR_EINVAL": InvalidArgumentError,
+    "QR_ENOTFOUND": InvalidArgumentError,
+    "QR_EEXIST": InvalidArgumentError,
+    "QR_ESHAPE": InvalidArgumentError,
+    "QR_ENONFINITE": InvalidArgumentError,
+    "QR_ETOOBIG": InvalidArgumentError,
+    "QR_ETIMEDOUT": QuorumTimeoutError,
+    "QR_EPEERLOST": QuorumTimeoutError,
+    "QR_ENOTREADY": QuorumTimeoutError,
+    "QR_ESTOPPED": StoppedError,
+    "QR_EABORTED": StoppedError,
+    "QR_EROLLEDBACK": StoppedError,
+    "QR_ESTALE": StaleError,
+    "QR_EAUTH": AuthenticationError,
 }
 
 
 def error_for(status: int, status_name: str, message: str) -> QuorumError:
-    """The exception for a C status and its message."""
-    cls = _BY_STATUS.get(status, QuorumError)
+    """The exception for a C status, its name (qr_status_name) and its message."""
+    cls = BY_NAME.get(status_name, QuorumError)
     return cls(message, status, status_name)

@@ -48,7 +48,6 @@ from .worker import Request, Worker
 __all__ = ["Optimizer", "Embedding", "shard", "load_checkpoint", "checkpoint_state_dict"]
 
 _log = logging.getLogger("quorum")
-_QR_ESTOPPED = -10
 
 # Set when the script dies of an uncaught exception (sys.excepthook runs
 # before atexit): a worker closed then has not finished its work, so it does
@@ -304,7 +303,7 @@ class Optimizer:
                 opt._inflight.append(opt.worker.push_pull_start(
                     {var_id: g.contiguous()}, into={var_id: p}, step=False))
             except StoppedError as e:
-                if e.status != _QR_ESTOPPED:
+                if e.status_name != "QR_ESTOPPED":
                     raise
                 opt.stopped, opt.stop_reason = True, str(e)
         return hook
@@ -355,7 +354,7 @@ class Optimizer:
         try:
             return self._step()
         except StoppedError as e:
-            if e.status != _QR_ESTOPPED:
+            if e.status_name != "QR_ESTOPPED":
                 raise  # aborted or rolled back: not an orderly end
             self.stopped, self.stop_reason = True, str(e)
             _log.info("training is over for this worker at global step %d: %s",

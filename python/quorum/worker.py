@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ._arrays import ArrayLike, address, ids_array
-from ._native import (PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, bind_torch, check,
-                      fastcall, lib)
+from ._native import (PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, STATUS, bind_torch,
+                      check, fastcall, lib)
 from .cluster import Cluster, Config
 
 Var = Union[int, str]
@@ -415,7 +415,7 @@ class Worker:
         while True:
             buf = ctypes.create_string_buffer(size)
             status = lib.qr_worker_stats(self._handle, buf, size)
-            if status == -15 and size < (1 << 26):  # QR_ETOOBIG: a larger buffer
+            if status == STATUS["QR_ETOOBIG"] and size < (1 << 26):  # a larger buffer
                 size *= 4
                 continue
             check(status)

@@ -26,6 +26,11 @@ typedef struct {
     const char *help;
 } key_spec;
 
+/* The default and the choices of an ENUM key whose list belongs to a
+ * higher layer (the optimizer names are optim.c's): that layer gives them
+ * with qr__config_provide_choices when the library is loaded. */
+#define PROVIDED NULL
+
 #define INF 1e300
 #define ANY NULL
 #define SYNC "sync"
@@ -126,8 +131,8 @@ static const key_spec keys[] = {
     {"keep-checkpoints", ANY, KEY_INT, "5", 1, 1 << 20, 0, NULL,
      "ps: complete checkpoints kept; older ones are deleted once a newer one is complete"},
     /* optimizer */
-    {"optimizer", ANY, KEY_ENUM, "sgd", 0, 0, 0,
-     "sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl", "optimizer applied on the ps"},
+    /* choices and default: optim's own list (qr__config_provide_choices) */
+    {"optimizer", ANY, KEY_ENUM, PROVIDED, 0, 0, 0, PROVIDED, "optimizer applied on the ps"},
     {"lr", ANY, KEY_FLOAT, "", 0, INF, 1, NULL,
      "learning rate (default: 0.05 for sgd/momentum, 0.001 otherwise)"},
     {"lr-decay-rate", ANY, KEY_FLOAT, "1", 0, 1, 1, NULL,
@@ -164,6 +169,12 @@ static const key_spec keys[] = {
 
 #define NKEYS ((int)QR_ARRAY_LEN(keys))
 
+/* What qr__config_provide_choices gave, per key. Written before main (or
+ * at dlopen), read only afterwards: no lock. */
+static struct {
+    const char *choices, *def;
+} provided[NKEYS];
+
 struct qr_config {
     char *values[NKEYS]; /* NULL = not set */
 };
@@ -178,6 +189,24 @@ static int key_index(const char *name) {
     return -1;
 }
 
+void qr__config_provide_choices(const char *key, const char *choices, const char *def) {
+    int i = key_index(key);
+    if (i < 0 || keys[i].choices != PROVIDED || keys[i].type != KEY_ENUM) return;
+    provided[i].choices = choices;
+    provided[i].def = def;
+}
+
+/* Key i's default and choices, its own or provided ("" and NULL when a
+ * provided list has not been given). */
+static const char *default_of(int i) {
+    if (keys[i].def != PROVIDED) return keys[i].def;
+    return provided[i].def ? provided[i].def : "";
+}
+
+static const char *choices_of(int i) {
+    return keys[i].choices != PROVIDED ? keys[i].choices : provided[i].choices;
+}
+
 int qr_config_new(qr_config **out) {
     if (!out) return qr__fail(QR_EINVAL, "qr_config_new: out is NULL");
     *out = qr__calloc(1, sizeof(qr_config));
@@ -190,7 +219,8 @@ void qr_config_free(qr_config *cfg) {
     free(cfg);
 }
 
-static int validate(const key_spec *k, const char *value) {
+static int validate(int i, const char *value) {
+    const key_spec *k = &keys[i];
     int64_t iv;
     double fv;
     switch (k->type) {
@@ -219,9 +249,11 @@ static int validate(const key_spec *k, const char *value) {
             return qr__fail(QR_EINVAL, "option %s: '%s' is not true or false", k->name, value);
         return QR_OK;
     case KEY_ENUM:
-        if (!qr__list_has(k->choices, '|', value))
+        /* A list not provided (a program without the layer that owns it)
+         * is left to that layer's reader of the option. */
+        if (choices_of(i) && !qr__list_has(choices_of(i), '|', value))
             return qr__fail(QR_EINVAL, "option %s: '%s' is not one of %s", k->name, value,
-                            k->choices);
+                            choices_of(i));
         return QR_OK;
     case KEY_STRING:
         return QR_OK;
@@ -234,7 +266,7 @@ int qr_config_set(qr_config *cfg, const char *key, const char *value) {
         return qr__fail(QR_EINVAL, "qr_config_set: cfg, key and value must not be NULL");
     int i = key_index(key);
     if (i < 0) return qr__fail(QR_EINVAL, "unknown option '%s'", key);
-    int rc = validate(&keys[i], value);
+    int rc = validate(i, value);
     if (rc) return rc;
     char *copy = qr__strdup(value);
     if (!copy) return QR_ENOMEM;
@@ -247,7 +279,7 @@ const char *qr_config_get(const qr_config *cfg, const char *key) {
     int i = key_index(key);
     if (i < 0) return NULL;
     if (cfg && cfg->values[i]) return cfg->values[i];
-    return keys[i].def;
+    return default_of(i);
 }
 
 const char *qr__config_str(const qr_config *cfg, const char *key) {
@@ -286,8 +318,8 @@ int qr__config_merge(qr_config *dst, const qr_config *src) {
 bool qr__config_key_info(int i, qr__config_key *out) {
     if (i < 0 || i >= NKEYS) return false;
     const key_spec *k = &keys[i];
-    *out = (qr__config_key){.name = k->name, .def = k->def, .help = k->help,
-                            .choices = k->type == KEY_ENUM ? k->choices : NULL,
+    *out = (qr__config_key){.name = k->name, .def = default_of(i), .help = k->help,
+                            .choices = k->type == KEY_ENUM ? choices_of(i) : NULL,
                             .mode = k->mode, .is_bool = k->type == KEY_BOOL};
     return true;
 }

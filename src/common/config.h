@@ -24,6 +24,16 @@ int qr__config_merge(qr_config *dst, const qr_config *src);
  * process. */
 int qr_sync_check_config(const qr_config *cfg, int nworkers, int *R, int *init_tokens);
 
+/* The choices ("a|b|c") and the default of an enum key whose list belongs
+ * to a layer above this one, which cannot be included here: the option
+ * table marks such a key (PROVIDED in config.c) and the owner gives the
+ * list when the library is loaded, before any option is set (optim.c gives
+ * the optimizer names). qr_config_set then checks values against it, and
+ * --help prints it. Until it is given, the key takes any value and its
+ * default is "" (a program without that layer does not read the key). The
+ * strings must outlive the library. Unknown or not-provided keys: ignored. */
+void qr__config_provide_choices(const char *key, const char *choices, const char *def);
+
 /* One known key, for --help, docs and suggestions. */
 typedef struct qr__config_key {
     const char *name;    /* "max-staleness" */

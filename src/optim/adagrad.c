@@ -45,6 +45,7 @@ static int adagrad_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_adagrad = {
     .name = "adagrad",
+    .tf_name = "Adagrad",
     .keys = "lr|initial-accumulator",
     .init = adagrad_init,
     .apply_dense = adagrad_kernel,

@@ -108,6 +108,7 @@ static int adam_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_adam = {
     .name = "adam",
+    .tf_name = "Adam",
     .keys = "lr|beta1|beta2|epsilon|nesterov",
     .init = adam_init,
     .apply_dense = adam_kernel,

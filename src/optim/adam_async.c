@@ -117,6 +117,7 @@ static int adam_async_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_adam_async = {
     .name = "adam_async",
+    .tf_name = "AdamAsync",
     .keys = "lr|beta1|beta2|epsilon|nesterov|apply-sparse-rmsprop",
     .init = adam_async_init,
     .apply_dense = adam_async_dense,

@@ -114,6 +114,7 @@ static int ftrl_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_ftrl = {
     .name = "ftrl",
+    .tf_name = "Ftrl",
     .keys = "lr|lr-power|initial-accumulator|l1|l2",
     .init = ftrl_init,
     .apply_dense = ftrl_kernel,

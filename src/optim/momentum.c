@@ -53,6 +53,7 @@ static int momentum_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_momentum = {
     .name = "momentum",
+    .tf_name = "Momentum",
     .keys = "lr|momentum|nesterov",
     .init = momentum_init,
     .apply_dense = momentum_kernel,

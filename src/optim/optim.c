@@ -9,24 +9,56 @@
 #include "optim/optim_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+/* The optimizers: the one list of them. Each entry names itself (quorum's
+ * name, TensorFlow's class name) and its slots (its init function); the
+ * option table's choices for "optimizer" and --help come from here
+ * (register_names), checkpoints name slots with qr_optim_tf_name, and
+ * test_optim_api.c fails for an entry it has no expectations for. */
 static const qr_optim_ops *const all_ops[] = {
     &qr__optim_sgd,  &qr__optim_momentum,   &qr__optim_adagrad, &qr__optim_rmsprop,
     &qr__optim_adam, &qr__optim_adam_async, &qr__optim_ftrl,
 };
 
-/* The options of config.c that belong to optimizers. */
-static const char *const optim_keys[] = {
-    "lr",    "momentum", "nesterov", "beta1", "beta2", "epsilon", "decay", "centered",
-    "initial-accumulator", "l1", "l2", "lr-power", "apply-sparse-rmsprop",
-};
-
 double qr__optim_opt_float(const qr_config *cfg, const char *key, double def) {
     if (!qr__config_is_set(cfg, key)) return def;
     return qr__config_float(cfg, key);
+}
+
+static const qr_optim_ops *find_ops(const char *name) {
+    for (size_t i = 0; name && i < QR_ARRAY_LEN(all_ops); i++)
+        if (!strcmp(all_ops[i]->name, name)) return all_ops[i];
+    return NULL;
+}
+
+int qr_optim_count(void) {
+    return (int)QR_ARRAY_LEN(all_ops);
+}
+
+const char *qr_optim_name_at(int i) {
+    return i >= 0 && i < qr_optim_count() ? all_ops[i]->name : NULL;
+}
+
+const char *qr_optim_tf_name(const char *name) {
+    const qr_optim_ops *ops = find_ops(name);
+    return ops ? ops->tf_name : NULL;
+}
+
+/* The option table (common/config.c, a layer below, which cannot ask this
+ * one) learns the names as the "optimizer" option's choices, "sgd|...",
+ * when the library is loaded: before main in a program, at dlopen for
+ * libquorum.so. Every program that creates an optimizer has this file. */
+__attribute__((constructor)) static void register_names(void) {
+    static char choices[256];
+    size_t len = 0;
+    for (size_t i = 0; i < QR_ARRAY_LEN(all_ops); i++)
+        len += (size_t)snprintf(choices + len, sizeof choices - len, "%s%s", i ? "|" : "",
+                                all_ops[i]->name);
+    qr__config_provide_choices("optimizer", choices, qr__optim_sgd.name);
 }
 
 void qr__optim_add_slot(qr_optim *opt, const char *name, bool scalar, float init) {
@@ -47,16 +79,19 @@ int qr_optim_create(qr_optim **out, const qr_config *cfg) {
     if (!out) return qr__fail(QR_EINVAL, "qr_optim_create: out is NULL");
     *out = NULL;
     const char *name = qr__config_str(cfg, "optimizer");
-    const qr_optim_ops *ops = NULL;
-    for (size_t i = 0; i < QR_ARRAY_LEN(all_ops); i++)
-        if (!strcmp(all_ops[i]->name, name)) ops = all_ops[i];
+    const qr_optim_ops *ops = find_ops(name);
     if (!ops) return qr__fail(QR_EINVAL, "option optimizer: unknown optimizer '%s'", name);
 
-    for (size_t i = 0; i < QR_ARRAY_LEN(optim_keys); i++)
-        if (qr__config_is_set(cfg, optim_keys[i]) && !qr__list_has(ops->keys, '|', optim_keys[i]))
+    for (const char *k = QR__OPTIM_KEYS; *k;) {
+        size_t len = strcspn(k, "|");
+        char key[32];
+        snprintf(key, sizeof key, "%.*s", (int)len, k);
+        if (qr__config_is_set(cfg, key) && !qr__list_has(ops->keys, '|', key))
             return qr__fail(QR_EINVAL,
                             "optimizer %s: option %s does not apply to it (it reads: %s)",
-                            ops->name, optim_keys[i], ops->keys);
+                            ops->name, key, ops->keys);
+        k += len + (k[len] == '|');
+    }
 
     qr_optim *opt = qr__calloc(1, sizeof *opt);
     if (!opt) return QR_ENOMEM;

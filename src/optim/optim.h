@@ -50,8 +50,20 @@ void qr_optim_free(qr_optim *opt);
  * an optimizer, else global's with the options on top (global may be NULL).
  * Refuses keys that are not optimizer options. */
 int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options);
-/* "sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async", "ftrl". */
+/* The optimizer's name: "sgd", "momentum", "adagrad", "rmsprop", "adam",
+ * "adam_async" or "ftrl". */
 const char *qr_optim_name(const qr_optim *opt);
+/* The optimizers there are, in a fixed order: qr_optim_name_at(i) for
+ * i < qr_optim_count() (NULL past the end). The option table's choices for
+ * "optimizer" are these names, in this order. */
+int qr_optim_count(void);
+const char *qr_optim_name_at(int i);
+/* TensorFlow's class name for an optimizer ("adam" -> "Adam", "adam_async"
+ * -> "AdamAsync", "sgd" -> "GradientDescent"), which a TF checkpoint gives
+ * the slot variables ("layer0/weights/Adam", "layer0/weights/Adam_1");
+ * NULL for a name that is no optimizer. The slot names themselves are the
+ * created optimizer's: qr_optim_slot, qr_optim_row_slot_info. */
+const char *qr_optim_tf_name(const char *name);
 /* The optimizer's learning rate (the default when cfg had none). */
 float qr_optim_lr(const qr_optim *opt);
 /* TensorFlow's exponential_decay: lr * rate^(step / steps), the exponent

@@ -20,6 +20,14 @@
 
 #define QR_OPTIM_MAX_SLOTS 4
 
+/* The options of config.c that belong to optimizers: qr_optim_create
+ * refuses one set explicitly that the chosen optimizer does not read (its
+ * ops' keys), and a variable's own options may set these and "optimizer"
+ * (var_options.c). */
+#define QR__OPTIM_KEYS                                                                 \
+    "lr|momentum|nesterov|beta1|beta2|epsilon|decay|centered|initial-accumulator|l1|l2|" \
+    "lr-power|apply-sparse-rmsprop"
+
 /* The element loops are compiled twice, for baseline x86-64 (SSE2, 4 floats)
  * and for AVX2 (8 floats), and the dynamic loader picks one for the CPU
  * (GCC function multi-versioning; no -march needed, the binary runs on any
@@ -99,7 +107,9 @@ typedef void (*qr_optim_kernel)(const qr_optim_call *c, float *var,
                                 float *const *slot, const float *g, int64_t n);
 
 struct qr_optim_ops {
-    const char *name;
+    const char *name;    /* quorum's: the "optimizer" option's value */
+    const char *tf_name; /* TensorFlow's class name, which checkpoints give
+                          * the slots ("layer0/weights/Adam_1") */
     /* The options it reads, "|"-separated; an optimizer option set
      * explicitly but not listed here is refused by qr_optim_create. */
     const char *keys;

@@ -85,6 +85,7 @@ static int rmsprop_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_rmsprop = {
     .name = "rmsprop",
+    .tf_name = "RMSProp",
     .keys = "lr|decay|momentum|epsilon|centered",
     .init = rmsprop_init,
     .apply_dense = rmsprop_kernel,

@@ -64,6 +64,7 @@ static int sgd_init(qr_optim *opt, const qr_config *cfg) {
 
 const qr_optim_ops qr__optim_sgd = {
     .name = "sgd",
+    .tf_name = "GradientDescent",
     .keys = "lr",
     .init = sgd_init,
     .apply_dense = sgd_kernel,

@@ -10,15 +10,13 @@
  */
 #include "common/config.h"
 #include "common/table_options.h"
-#include "optim/optim.h"
+#include "optim/optim_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* Keys a variable may set: the optimizer's, nothing about transport. */
-static const char *const var_keys = "optimizer|lr|momentum|nesterov|beta1|beta2|epsilon|decay|"
-                                    "centered|initial-accumulator|l1|l2|lr-power|"
-                                    "apply-sparse-rmsprop";
+static const char *const var_keys = "optimizer|" QR__OPTIM_KEYS;
 
 int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options) {
     *out = NULL;

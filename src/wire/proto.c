@@ -9,13 +9,33 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Each type's number lies in 1..QR_MSG_TYPE_MAX (the count of types), and
+ * no two are alike (qr_msg_type_known's switch would refuse a duplicate
+ * case): so they are exactly 1..QR_MSG_TYPE_MAX, and the names array
+ * below, indexed by type, has no hole. */
+#define QR__MSG_IN_RANGE(name, code) \
+    _Static_assert((code) >= 1 && (code) <= QR_MSG_TYPE_MAX, #name " is out of 1..QR_MSG_TYPE_MAX");
+QR_MSG_TYPE_MAP(QR__MSG_IN_RANGE)
+#undef QR__MSG_IN_RANGE
+
+bool qr_msg_type_known(int type) {
+    switch (type & ~QR_MSG_REPLY) {
+#define QR__MSG_CASE(name, code) case code:
+        QR_MSG_TYPE_MAP(QR__MSG_CASE)
+#undef QR__MSG_CASE
+        return true;
+    }
+    return false;
+}
+
 const char *qr_msg_name(int type) {
-    static const char *names[] = {"?",    "HELLO", "CREATE", "READY",  "PUSH", "PULL",
-                                  "STEP", "STOP",  "COMMIT", "TOKEN", "APPLY", "STATS", "CLOCK",
-                                  "CKPT",  "BEAT", "LOOKUP", "LEAVE", "SAVE"};
-    int t = type & ~QR_MSG_REPLY;
-    if (t < 1 || t > QR_MSG_TYPE_MAX) return "UNKNOWN";
-    return names[t];
+    static const char *const names[QR_MSG_TYPE_MAX + 1] = {
+#define QR__MSG_NAME(name, code) [code] = #name,
+        QR_MSG_TYPE_MAP(QR__MSG_NAME)
+#undef QR__MSG_NAME
+    };
+    if (!qr_msg_type_known(type)) return "UNKNOWN";
+    return names[type & ~QR_MSG_REPLY];
 }
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -59,8 +79,7 @@ int qr_proto_decode_header(const uint8_t in[QR_PROTO_HEADER_LEN], uint64_t max_p
         return qr__fail(QR_EPROTO, "unsupported protocol version %u (this build speaks %u)",
                         in[4], QR_PROTO_VERSION);
     f->type = in[5];
-    int base = f->type & ~QR_MSG_REPLY;
-    if (base < 1 || base > QR_MSG_TYPE_MAX)
+    if (!qr_msg_type_known(f->type))
         return qr__fail(QR_EPROTO, "unknown message type %u", f->type);
     f->flags = (uint16_t)(in[6] | (in[7] << 8));
     f->request_id = get32(in + 8);

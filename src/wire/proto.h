@@ -56,25 +56,38 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
 #define QR_PROTO_MAX_ITEMS 65536
 /* QR_PROTO_MAX_NDIM and QR_PROTO_MAX_NAME: common/limits.h. */
 
+/* The message types, one list: it makes the enum (QR_MSG_HELLO = 1, ...),
+ * their names (qr_msg_name) and the header's type check
+ * (qr_proto_decode_header), as QR_STATUS_MAP does for the status codes.
+ * The numbers are the wire format: never renumber one; a new type takes
+ * the next number (proto.c checks the numbers run 1..QR_MSG_TYPE_MAX). */
+#define QR_MSG_TYPE_MAP(X) \
+    X(HELLO, 1)            \
+    X(CREATE, 2)           \
+    X(READY, 3)            \
+    X(PUSH, 4)             \
+    X(PULL, 5)             \
+    X(STEP, 6)             \
+    X(STOP, 7)             \
+    X(COMMIT, 8)           \
+    X(TOKEN, 9)            \
+    X(APPLY, 10)           \
+    X(STATS, 11)           \
+    X(CLOCK, 12)           \
+    X(CKPT, 13)            \
+    X(BEAT, 14)            \
+    X(LOOKUP, 15)          \
+    X(LEAVE, 16)           \
+    X(SAVE, 17)
+
 typedef enum qr_msg_type {
-    QR_MSG_HELLO = 1,
-    QR_MSG_CREATE = 2,
-    QR_MSG_READY = 3,
-    QR_MSG_PUSH = 4,
-    QR_MSG_PULL = 5,
-    QR_MSG_STEP = 6,
-    QR_MSG_STOP = 7,
-    QR_MSG_COMMIT = 8,
-    QR_MSG_TOKEN = 9,
-    QR_MSG_APPLY = 10,
-    QR_MSG_STATS = 11,
-    QR_MSG_CLOCK = 12,
-    QR_MSG_CKPT = 13,
-    QR_MSG_BEAT = 14,
-    QR_MSG_LOOKUP = 15,
-    QR_MSG_LEAVE = 16,
-    QR_MSG_SAVE = 17,
-    QR_MSG_TYPE_MAX = 17,
+#define QR__MSG_ENUM(name, code) QR_MSG_##name = code,
+    QR_MSG_TYPE_MAP(QR__MSG_ENUM)
+#undef QR__MSG_ENUM
+/* the number of types, which is the largest (they run 1, 2, ...) */
+#define QR__MSG_COUNT(name, code) +1
+    QR_MSG_TYPE_MAX = 0 QR_MSG_TYPE_MAP(QR__MSG_COUNT),
+#undef QR__MSG_COUNT
     QR_MSG_REPLY = 0x80,
 } qr_msg_type;
 
@@ -112,7 +125,11 @@ typedef struct qr_frame {
     uint64_t payload_len;
 } qr_frame;
 
+/* "PUSH" for QR_MSG_PUSH, with or without QR_MSG_REPLY; "UNKNOWN" for a
+ * number that is not a type. */
 const char *qr_msg_name(int type);
+/* Whether type, without QR_MSG_REPLY, is one of QR_MSG_TYPE_MAP's. */
+bool qr_msg_type_known(int type);
 
 /* Encode f into exactly QR_PROTO_HEADER_LEN bytes. */
 void qr_proto_encode_header(const qr_frame *f, uint8_t out[QR_PROTO_HEADER_LEN]);

@@ -1,7 +1,8 @@
 /*
  * test_optim_api.c - the optimizer library's contract apart from the
- * numbers: creation-time validation with messages naming the option,
- * defaults, slot layout, argument checks that change nothing, the finite
+ * numbers: the list of optimizers (every one covered here, with its
+ * TensorFlow name), creation-time validation with messages naming the
+ * option, defaults, slot layout, argument checks that change nothing, the finite
  * check, and that the thread pool (dense chunks and sparse rows, and
  * concurrent applies sharing one pool) gives bit-identical results.
  */
@@ -20,8 +21,38 @@
 
 #include "optim/optim_internal.h"
 
-static const char *all_names[] = {"sgd", "momentum", "adagrad", "rmsprop",
-                                  "adam", "adam_async", "ftrl"};
+/* What this test expects of each optimizer. The tests walk optim.c's list
+ * (qr_optim_name_at) and look their expectations up here, and
+ * test_registry fails for an optimizer in that list without a line here. */
+typedef struct optimizer_case {
+    const char *name;
+    const char *tf_name;  /* TensorFlow's class name */
+    float lr;             /* default learning rate */
+    int nrow;             /* per-row slots */
+    const char *slots[4]; /* TF's slot names, per-row first */
+    const char *extra;    /* an option that changes its arithmetic */
+} optimizer_case;
+
+static const optimizer_case cases[] = {
+    {"sgd", "GradientDescent", 0.05f, 0, {NULL}, "lr=0.01"},
+    {"momentum", "Momentum", 0.05f, 1, {"momentum", NULL}, "lr=0.01"},
+    {"adagrad", "Adagrad", 0.001f, 1, {"accumulator", NULL}, "lr=0.01"},
+    {"rmsprop", "RMSProp", 0.001f, 2, {"rms", "momentum", NULL}, "centered=true"},
+    {"adam", "Adam", 0.001f, 2, {"m", "v", NULL}, "nesterov=true"},
+    {"adam_async", "AdamAsync", 0.001f, 2, {"m", "v", "beta1_power", "beta2_power"},
+     "apply-sparse-rmsprop=true"},
+    {"ftrl", "Ftrl", 0.001f, 2, {"accum", "linear", NULL}, "l1=0.001"},
+};
+
+/* The expectations for optimizer i of optim.c's list. */
+static const optimizer_case *case_at(int i) {
+    const char *name = qr_optim_name_at(i);
+    assert_non_null(name);
+    for (size_t k = 0; k < QR_ARRAY_LEN(cases); k++)
+        if (!strcmp(cases[k].name, name)) return &cases[k];
+    fail_msg("optimizer %s: not covered by test_optim_api.c (add it to cases[])", name);
+    return NULL;
+}
 
 /* Create from "key=value" pairs (NULL-terminated); returns the status. */
 static int try_make(qr_optim **opt, const char *kv, ...) {
@@ -66,19 +97,50 @@ static void expect_refused(const char *needle, const char *kv, ...) {
         fail_msg("message '%s' does not mention '%s'", qr_last_error(), needle);
 }
 
+/* optim.c's list: every optimizer in it covered by cases[] and every case
+ * in it (so the count matches), each with its TensorFlow name; the
+ * option table offers exactly these names, in this order. */
+static void test_registry(void **state) {
+    (void)state;
+    assert_int_equal(qr_optim_count(), (int)QR_ARRAY_LEN(cases));
+    char choices[256] = "";
+    for (int i = 0; i < qr_optim_count(); i++) {
+        const optimizer_case *c = case_at(i);
+        assert_string_equal(qr_optim_tf_name(c->name), c->tf_name);
+        snprintf(choices + strlen(choices), sizeof choices - strlen(choices), "%s%s",
+                 i ? "|" : "", c->name);
+    }
+    for (size_t k = 0; k < QR_ARRAY_LEN(cases); k++) {
+        int found = 0;
+        for (int i = 0; i < qr_optim_count(); i++)
+            found += !strcmp(qr_optim_name_at(i), cases[k].name);
+        assert_int_equal(found, 1);
+    }
+    assert_null(qr_optim_name_at(-1));
+    assert_null(qr_optim_name_at(qr_optim_count()));
+    assert_null(qr_optim_tf_name("adamw"));
+    assert_null(qr_optim_tf_name(NULL));
+    qr__config_key key;
+    int i = 0;
+    while (qr__config_key_info(i, &key) && strcmp(key.name, "optimizer")) i++;
+    assert_string_equal(key.name, "optimizer");
+    assert_string_equal(key.choices, choices);
+    assert_string_equal(key.def, "sgd");
+}
+
 static void test_defaults(void **state) {
     qr_optim *opt;
     assert_int_equal(qr_optim_create(&opt, NULL), QR_OK);
     assert_string_equal(qr_optim_name(opt), "sgd");
     assert_true(qr_optim_lr(opt) == 0.05f);
     qr_optim_free(opt);
-    static const float want_lr[] = {0.05f, 0.05f, 0.001f, 0.001f, 0.001f, 0.001f, 0.001f};
-    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+    for (int i = 0; i < qr_optim_count(); i++) {
+        const optimizer_case *c = case_at(i);
         char kv[64];
-        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        snprintf(kv, sizeof kv, "optimizer=%s", c->name);
         assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
-        assert_string_equal(qr_optim_name(opt), all_names[i]);
-        assert_true(qr_optim_lr(opt) == want_lr[i]);
+        assert_string_equal(qr_optim_name(opt), c->name);
+        assert_true(qr_optim_lr(opt) == c->lr);
         qr_optim_free(opt);
     }
     assert_int_equal(try_make(&opt, "optimizer=momentum", NULL), QR_OK);
@@ -122,35 +184,26 @@ static void test_validation(void **state) {
 }
 
 static void test_slot_layout(void **state) {
-    static const char *want[][4] = {
-        {NULL},
-        {"momentum", NULL},
-        {"accumulator", NULL},
-        {"rms", "momentum", NULL},
-        {"m", "v", NULL},
-        {"m", "v", "beta1_power", "beta2_power"},
-        {"accum", "linear", NULL},
-    };
-    static const int nrow[] = {0, 1, 1, 2, 2, 2, 2};
-    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+    for (int i = 0; i < qr_optim_count(); i++) {
+        const optimizer_case *c = case_at(i);
         char kv[64];
         qr_optim *opt;
-        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        snprintf(kv, sizeof kv, "optimizer=%s", c->name);
         assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
-        assert_int_equal(qr_optim_row_slots(opt), nrow[i]);
+        assert_int_equal(qr_optim_row_slots(opt), c->nrow);
         qr_optim_slots *s;
         assert_int_equal(qr_optim_slots_create(opt, 5, 3, &s), QR_OK);
         int n = 0;
-        while (n < 4 && want[i][n]) n++;
+        while (n < 4 && c->slots[n]) n++;
         assert_int_equal(qr_optim_slots_count(s), n);
         for (int j = 0; j < n; j++) {
             const char *name;
             float *data;
             int64_t len;
             assert_int_equal(qr_optim_slot(s, j, &name, &data, &len), QR_OK);
-            assert_string_equal(name, want[i][j]);
-            assert_int_equal(len, j < nrow[i] ? 15 : 1);
-            if (j < nrow[i]) {
+            assert_string_equal(name, c->slots[j]);
+            assert_int_equal(len, j < c->nrow ? 15 : 1);
+            if (j < c->nrow) {
                 float init;
                 assert_int_equal(qr_optim_row_slot_info(opt, j, &name, &init), QR_OK);
                 assert_true(data[14] == init);
@@ -271,22 +324,21 @@ static float *run_config(const char *name, const char *extra, int threads, int64
 }
 
 static void test_threads_bit_identical(void **state) {
-    const char *extra[] = {"lr=0.01", "lr=0.01", "lr=0.01", "centered=true", "nesterov=true",
-                           "apply-sparse-rmsprop=true", "l1=0.001"};
     const int64_t rows = 997, dim = 13; /* odd sizes: chunk edges fall mid-vector */
-    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+    for (int i = 0; i < qr_optim_count(); i++) {
+        const optimizer_case *c = case_at(i);
         int nrow = 0;
         qr_optim *opt;
         char kv[64];
-        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
-        assert_int_equal(try_make(&opt, kv, extra[i], NULL), QR_OK);
+        snprintf(kv, sizeof kv, "optimizer=%s", c->name);
+        assert_int_equal(try_make(&opt, kv, c->extra, NULL), QR_OK);
         nrow = qr_optim_row_slots(opt);
         qr_optim_free(opt);
-        float *one = run_config(all_names[i], extra[i], 1, rows, dim);
+        float *one = run_config(c->name, c->extra, 1, rows, dim);
         for (int t = 2; t <= 3; t++) {
-            float *many = run_config(all_names[i], extra[i], t, rows, dim);
+            float *many = run_config(c->name, c->extra, t, rows, dim);
             if (memcmp(one, many, (size_t)(rows * dim * (1 + nrow)) * sizeof(float)))
-                fail_msg("%s: %d threads differ from 1", all_names[i], t);
+                fail_msg("%s: %d threads differ from 1", c->name, t);
             free(many);
         }
         free(one);
@@ -324,12 +376,13 @@ static void test_apply_dense_to(void **state) {
     float *var = malloc(n * sizeof *var), *g = malloc(n * sizeof *g);
     float *inplace = malloc(n * sizeof *inplace), *out = malloc(n * sizeof *out);
     fill_var_and_grad(var, g, n);
-    for (size_t i = 0; i < QR_ARRAY_LEN(all_names); i++) {
+    for (int i = 0; i < qr_optim_count(); i++) {
+        const char *name = qr_optim_name_at(i);
         qr_optim *opt;
         char kv[64];
-        snprintf(kv, sizeof kv, "optimizer=%s", all_names[i]);
+        snprintf(kv, sizeof kv, "optimizer=%s", name);
         assert_int_equal(try_make(&opt, kv, "lr=0.013", NULL), QR_OK);
-        bool sgd = !strcmp(all_names[i], "sgd");
+        bool sgd = !strcmp(name, "sgd");
         assert_int_equal(qr_optim_stateless(opt), sgd);
         if (!sgd) {
             assert_int_equal(qr_optim_apply_dense_to(opt, out, var, g, n, -1), QR_EINVAL);
@@ -507,6 +560,7 @@ static void test_apply_rows(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_registry),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_slot_layout),
