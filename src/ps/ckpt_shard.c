@@ -56,17 +56,6 @@ typedef struct ckpt_entry {
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
 
-/* TensorFlow's optimizer names, which its slot variables carry
- * ("layer0/weights/Adam", "layer0/weights/Adam_1"). */
-static const char *tf_optimizer_name(const char *quorum_name) {
-    static const char *map[][2] = {{"momentum", "Momentum"}, {"adagrad", "Adagrad"},
-                                   {"rmsprop", "RMSProp"},   {"adam", "Adam"},
-                                   {"adam_async", "AdamAsync"}, {"ftrl", "Ftrl"}};
-    for (size_t i = 0; i < QR_ARRAY_LEN(map); i++)
-        if (!strcmp(map[i][0], quorum_name)) return map[i][1];
-    return quorum_name;
-}
-
 /* ---- snapshot (loop thread) ------------------------------------------------- */
 
 static void entry_release(ckpt_entry *e) {
@@ -233,7 +222,9 @@ static int snapshot_var(ckpt_job *j, const ckpt_shard_ctx *c, qr_var *v, cJSON *
     const qr_optim *opt = ckpt_shard_optim(c, v);
     cJSON_AddStringToObject(rec, "optimizer", qr_optim_name(opt));
     cJSON *slots = cJSON_AddObjectToObject(rec, "slots");
-    const char *tf = tf_optimizer_name(qr_optim_name(opt));
+    /* TensorFlow's optimizer name, which its slot variables carry
+     * ("layer0/weights/Adam", "layer0/weights/Adam_1"). */
+    const char *tf = qr_optim_tf_name(qr_optim_name(opt));
     e->slots = v->slots;
     for (int s = 0; s < qr_optim_slots_count(v->slots); s++) {
         const char *slot;
