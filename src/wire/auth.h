@@ -2,9 +2,10 @@
  * auth.h - the handshake that opens every connection of a job that has a
  * cluster secret, and the session keys it yields (docs/SECURITY.md).
  *
- * Pure: bytes in, bytes out, no I/O, no clock. conn_uv.c drives it on the
- * event loop (with a deadline), the worker's heartbeat thread on a
- * blocking socket, and tests/fuzz/fuzz_handshake.c with arbitrary bytes.
+ * Pure: bytes in, bytes out, no I/O, no clock. secure.c drives it for a
+ * connection on the event loop (with a deadline), the worker's heartbeat
+ * thread on a blocking socket, and tests/fuzz/fuzz_handshake.c with
+ * arbitrary bytes.
  * All cryptography is libsodium's; BLAKE2b (crypto_generichash) keyed by a
  * secret serves as the MAC and the key derivation function.
  *

@@ -13,11 +13,21 @@
  * alloc callback hands libuv the remaining part of the current destination
  * buffer, so the kernel copies straight into the variable or gradient
  * (no staging copy). Otherwise it hands out the connection's 64 KiB
- * staging buffer, and qr__conn_process_bytes() walks the state machine over it;
+ * staging buffer, and process_bytes() walks the state machine over it;
  * that lets one read() carry a whole small request (header, meta and
  * payload), which keeps small round trips at raw-socket cost.
+ *
+ * A connection of a job with a secret is authenticated, and with
+ * --encrypt sealed, by the security layer (secure.h), which this file
+ * drives as libuv drives it: while the layer owns the reads (its
+ * handshake, then sealed records) on_alloc and on_read hand them to it,
+ * qr_conn_send hands it each message to seal, and the layer answers
+ * through the calls of secure_io ("the security layer's calls", below):
+ * write these bytes, open, here is plaintext for the state machine, close.
  */
-#include "wire/conn_internal.h"
+#include "wire/conn.h"
+#include "wire/secure.h"
+#include "wire/splice.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -63,6 +73,95 @@
  * (qr_conn_send). */
 #define TRY_WRITE_MAX (64 * 1024)
 
+typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
+
+/* A connection: its libuv handle, the receive state machine, the sends
+ * under way, and its security state. */
+struct qr_conn {
+    union {
+        uv_handle_t handle;
+        uv_stream_t stream;
+        uv_tcp_t tcp;
+        uv_pipe_t pipe;
+    } h;
+    bool is_tcp;
+    bool accepted;  /* by a listener (the peer connected to us) */
+    bool connected;
+    bool closing;
+    int close_status;
+    uv_loop_t *loop;
+    const qr_conn_events *ev;
+    void *data;
+    qr_conn_options opt;
+    uv_connect_t connect_req;
+    char peer[160];
+
+    rx_state state;
+    /* Bit 0: the last message's payload was large; bit 1: the one before
+     * it. Either set: read heads short. */
+    uint8_t large_recent;
+    uint8_t hdr[QR_PROTO_HEADER_LEN];
+    size_t hdr_got;
+    qr_frame frame;
+    uint8_t *meta; /* meta_len bytes, then its pad */
+    size_t meta_cap, meta_got, meta_want;
+    qr_iov *iov;
+    int niov, iov_cap, iov_idx;
+    size_t iov_off;
+    bool discard;
+    uint64_t payload_got;
+    uint32_t trailer_left;
+    uint8_t *staging; /* 64-byte aligned, like the payload destinations */
+    bool in_place;
+    size_t in_place_len; /* bytes the last in-place read asked for */
+    bool skip_read;      /* answer the next alloc with no buffer (see on_read) */
+
+    size_t pending_bytes;
+    bool paused;
+    uint64_t messages_in; /* received whole */
+
+    /* Spliced sends (see "sending"). The socket is watched for room by a
+     * poll handle on a dup of its fd, since libuv's stream owns the
+     * original's watch. */
+    qr_splicer splicer;
+    bool splice_ready;
+    bool splice_polling;
+    uv_poll_t splice_poll;
+    int splice_fd;
+    struct send_req *splicing, *splicing_tail; /* in order; the head is moving */
+    struct send_req *lent, *lent_tail; /* in the socket, pages not read yet */
+    size_t lent_bytes; /* of those: in the kernel already, not queued here */
+    /* Sends written whole at once whose callbacks have not run: they run
+     * from a prepare handle, just before the loop next waits (see
+     * qr_conn_send), in order after those of earlier writes. */
+    struct send_req *written, *written_tail;
+    bool defer_ready;
+    uv_prepare_t defer;
+    int open_handles; /* the stream, splice_poll, defer and hs_timer once set up */
+
+    /* Authentication and encryption (secure.h): in its handshake while
+     * qr_secure_handshaking, when this holds no staging buffer yet and
+     * delivers no message; hs_timer is its deadline. */
+    qr_secure sec;
+    bool hs_timer_ready;
+    uv_timer_t hs_timer;
+};
+
+typedef struct send_req {
+    uv_write_t req;
+    qr_conn *c;
+    qr_send_cb cb;
+    void *ctx;
+    size_t bytes;
+    /* spliced sends: the buffers, and how far into them */
+    struct send_req *next;
+    uv_buf_t *bufs;
+    int nbufs, cur;
+    size_t off;
+    uint8_t *sealed; /* encrypted connections: the message as records (seal.h) */
+    uint8_t head[];  /* header, a copy of the meta, and the pad: one buffer */
+} send_req;
+
 struct qr_listener {
     uv_tcp_t tcp;
     uv_pipe_t pipe;
@@ -77,12 +176,15 @@ struct qr_listener {
 
 /* Events of a connection that failed before its owner could see it. */
 static const qr_conn_events no_events;
+/* What this transport does for the security layer ("the security layer's
+ * calls", below). */
+static const qr_secure_io secure_io;
 
 
 /* The pad after a payload is written from here. */
 static const uint8_t zero_pad[QR_PROTO_ALIGN];
 
-int qr__conn_from_uv(int uv_status) {
+static int from_uv(int uv_status) {
     switch (uv_status) {
     case 0: return QR_OK;
     case UV_EOF:
@@ -118,6 +220,14 @@ static void ignore_sigpipe(void) {
         signal(SIGPIPE, SIG_IGN);
 }
 
+/* The staging buffer, made once the peer is authenticated. */
+static int alloc_staging(qr_conn *c) {
+    if (c->staging) return QR_OK;
+    c->staging = qr__aligned_alloc_uninit(STAGING_BYTES);
+    if (!c->staging) return qr__fail(QR_ENOMEM, "out of memory for a connection");
+    return QR_OK;
+}
+
 static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *opt,
                          const qr_conn_events *ev, void *data) {
     ignore_sigpipe();
@@ -126,7 +236,7 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     /* A connection that must authenticate gets its staging buffer only
      * once it has: until then it holds a few hundred bytes (hs_buf), so
      * connections opened by someone without the secret cost the ps little. */
-    if (!opt->auth && qr__conn_alloc_staging(c)) {
+    if (!opt->auth && alloc_staging(c)) {
         free(c);
         return NULL;
     }
@@ -135,6 +245,7 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     c->opt = *opt;
     c->ev = ev;
     c->data = data;
+    qr_secure_init(&c->sec, &secure_io, c, c->peer, opt->handshake_timeout_ms);
     c->state = RX_HEADER;
     c->splicer.pipe[0] = c->splicer.pipe[1] = -1;
     c->splice_fd = -1;
@@ -147,22 +258,15 @@ static qr_conn *conn_new(uv_loop_t *loop, bool is_tcp, const qr_conn_options *op
     return c;
 }
 
-int qr__conn_alloc_staging(qr_conn *c) {
-    if (c->staging) return QR_OK;
-    c->staging = qr__aligned_alloc_uninit(STAGING_BYTES);
-    if (!c->staging) return qr__fail(QR_ENOMEM, "out of memory for a connection");
-    return QR_OK;
-}
-
 static void conn_free(qr_conn *c) {
-    qr__conn_secure_free(c);
+    qr_secure_free(&c->sec);
     free(c->meta);
     free(c->iov);
     free(c->staging);
     free(c);
 }
 
-void qr__conn_release(qr_conn *c) {
+static void conn_release(qr_conn *c) {
     if (--c->open_handles == 0) conn_free(c);
 }
 
@@ -207,7 +311,7 @@ static void on_defer(uv_prepare_t *h) {
 }
 
 static void on_defer_closed(uv_handle_t *h) {
-    qr__conn_release(h->data);
+    conn_release(h->data);
 }
 
 static void on_close(uv_handle_t *h) {
@@ -215,18 +319,18 @@ static void on_close(uv_handle_t *h) {
     finish_written(c);
     fail_spliced(c, c->close_status);
     if (c->ev->lost) c->ev->lost(c, c->close_status);
-    qr__conn_release(c);
+    conn_release(c);
 }
 
 static void on_splice_poll_closed(uv_handle_t *h) {
-    qr__conn_release(h->data);
+    conn_release(h->data);
 }
 
 static void on_hs_timer_closed(uv_handle_t *h) {
-    qr__conn_release(h->data);
+    conn_release(h->data);
 }
 
-void qr__conn_close_with(qr_conn *c, int status) {
+static void close_with(qr_conn *c, int status) {
     if (c->closing) return;
     c->closing = true;
     c->close_status = status;
@@ -247,7 +351,7 @@ void qr__conn_close_with(qr_conn *c, int status) {
 }
 
 void qr_conn_close(qr_conn *c) {
-    if (c) qr__conn_close_with(c, QR_ESTOPPED);
+    if (c) close_with(c, QR_ESTOPPED);
 }
 
 /* A TCP peer whose process dies is seen at once (its kernel closes the
@@ -359,18 +463,6 @@ static void payload_advance(qr_conn *c, size_t n) {
     if (c->payload_got == c->frame.payload_len) payload_done(c);
 }
 
-uint8_t *qr__conn_payload_dest(qr_conn *c, size_t n) {
-    if (c->state != RX_PAYLOAD || c->discard || c->iov_idx >= c->niov ||
-        c->frame.payload_len - c->payload_got < n)
-        return NULL;
-    qr_iov *v = &c->iov[c->iov_idx];
-    return v->len - c->iov_off >= n ? (uint8_t *)v->base + c->iov_off : NULL;
-}
-
-void qr__conn_payload_landed(qr_conn *c, size_t n) {
-    payload_advance(c, n);
-}
-
 static void start_payload(qr_conn *c) {
     c->state = RX_PAYLOAD;
     c->niov = 0;
@@ -379,7 +471,7 @@ static void start_payload(qr_conn *c) {
     if (c->closing) return;
     if (rc) {
         qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
-        qr__conn_close_with(c, rc);
+        close_with(c, rc);
         return;
     }
     c->iov_idx = 0;
@@ -393,11 +485,11 @@ static void header_done(qr_conn *c) {
         /* Not a frame: a peer with a secret opens with a HELLO instead,
          * which a ps without one answers with the reason. */
         if (!c->opt.auth && !c->messages_in && qr_handshake_is_hello(c->hdr, sizeof c->hdr)) {
-            qr__conn_refuse_hello(c, c->hdr, sizeof c->hdr);
+            qr_secure_refuse_hello(&c->sec, c->hdr, sizeof c->hdr);
             return;
         }
         qr__log(QR_LOG_WARN, "closing connection from %s: %s", c->peer, qr_last_error());
-        qr__conn_close_with(c, QR_EPROTO);
+        close_with(c, QR_EPROTO);
         return;
     }
     c->meta_want = c->frame.meta_len + qr_proto_pad(QR_PROTO_HEADER_LEN + (uint64_t)c->frame.meta_len);
@@ -405,7 +497,7 @@ static void header_done(qr_conn *c) {
         size_t cap = QR_MAX(c->meta_want, 256u);
         uint8_t *m = realloc(c->meta, cap);
         if (!m) {
-            qr__conn_close_with(c, QR_ENOMEM);
+            close_with(c, QR_ENOMEM);
             return;
         }
         c->meta = m;
@@ -417,10 +509,10 @@ static void header_done(qr_conn *c) {
 }
 
 /* Walk the state machine over n bytes received into the staging buffer. */
-void qr__conn_process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
+static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
     while (n > 0 && !c->closing) {
-        if (c->hs) { /* a plain ps answering a HELLO (qr__conn_refuse_hello) */
-            qr__conn_handshake_feed(c, p, n);
+        if (qr_secure_handshaking(&c->sec)) { /* a plain ps answering a HELLO (header_done) */
+            qr_secure_feed(&c->sec, p, n);
             return;
         }
         size_t take;
@@ -461,12 +553,8 @@ void qr__conn_process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
 
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
     qr_conn *c = h->data;
-    if (c->hs) {
-        qr__conn_handshake_alloc(c, buf);
-        return;
-    }
-    if (c->rx) {
-        qr__conn_records_alloc(c, buf);
+    if (qr_secure_owns_reads(&c->sec)) { /* the handshake, or sealed records */
+        qr_secure_read_buf(&c->sec, buf);
         return;
     }
     if (c->state == RX_PAYLOAD && !c->discard && c->iov_idx < c->niov) {
@@ -498,15 +586,13 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     if (nread < 0) {
         if (nread != UV_EOF)
             qr__log(QR_LOG_DEBUG, "read from %s failed: %s", c->peer, uv_strerror((int)nread));
-        if (c->hs) qr__conn_handshake_lost(c, qr__conn_from_uv((int)nread));
-        else qr__conn_close_with(c, qr__conn_from_uv((int)nread));
+        if (qr_secure_handshaking(&c->sec)) qr_secure_lost(&c->sec, from_uv((int)nread));
+        else close_with(c, from_uv((int)nread));
         return;
     }
     if (nread == 0) return; /* EAGAIN; not end of stream */
-    if (c->hs) {
-        qr__conn_handshake_feed(c, (const uint8_t *)buf->base, (size_t)nread);
-    } else if (c->rx) {
-        qr__conn_records_read(c, (size_t)nread);
+    if (qr_secure_owns_reads(&c->sec)) {
+        qr_secure_read(&c->sec, (const uint8_t *)buf->base, (size_t)nread);
     } else if (c->in_place) {
         payload_advance(c, (size_t)nread);
         /* A read that filled its buffer makes libuv read again at once.
@@ -516,7 +602,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
          * did arrive are still reported on the next turn of the loop. */
         c->skip_read = (size_t)nread == c->in_place_len && c->state == RX_HEADER;
     } else {
-        qr__conn_process_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
+        process_bytes(c, (const uint8_t *)buf->base, (size_t)nread);
     }
 }
 
@@ -580,7 +666,7 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
             if (rc == 1) { /* the socket is full: go on when it has room */
                 if (!c->splice_polling) {
                     if (uv_poll_start(&c->splice_poll, UV_WRITABLE, on_splice_writable)) {
-                        qr__conn_close_with(c, QR_EIO); /* else nothing would ever wake it */
+                        close_with(c, QR_EIO); /* else nothing would ever wake it */
                         return;
                     }
                     c->splice_polling = true;
@@ -589,7 +675,7 @@ static void pump_spliced(qr_conn *c, bool may_reclaim) {
             }
             if (rc < 0) {
                 qr__log(QR_LOG_DEBUG, "send to %s failed: %s", c->peer, strerror(-rc));
-                qr__conn_close_with(c, rc == -EPIPE || rc == -ECONNRESET ? QR_EPEERLOST : QR_EIO);
+                close_with(c, rc == -EPIPE || rc == -ECONNRESET ? QR_EPEERLOST : QR_EIO);
                 return;
             }
             r->cur++;
@@ -617,7 +703,7 @@ static void on_splice_writable(uv_poll_t *h, int status, int events) {
     (void)events;
     qr_conn *c = h->data;
     if (status < 0) {
-        qr__conn_close_with(c, qr__conn_from_uv(status));
+        close_with(c, from_uv(status));
         return;
     }
     pump_spliced(c, true);
@@ -651,10 +737,10 @@ static void on_write(uv_write_t *req, int status) {
     send_req *r = (send_req *)req;
     qr_conn *c = r->c;
     c->pending_bytes -= r->bytes;
-    if (r->cb) r->cb(c, qr__conn_from_uv(status), r->ctx);
+    if (r->cb) r->cb(c, from_uv(status), r->ctx);
     free(r->sealed);
     free(r);
-    if (status < 0 && !c->closing) qr__conn_close_with(c, qr__conn_from_uv(status));
+    if (status < 0 && !c->closing) close_with(c, from_uv(status));
 }
 
 /* Queue the callback of a send that is already written. */
@@ -676,7 +762,7 @@ static void defer_callback(qr_conn *c, send_req *r) {
 
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
                  const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx) {
-    if (c->closing || !c->connected || c->hs)
+    if (c->closing || !c->connected || qr_secure_handshaking(&c->sec))
         return qr__fail(QR_EPEERLOST, "connection to %s is not open", c->peer);
     if (meta_len > QR_PROTO_MAX_META)
         return qr__fail(QR_ETOOBIG, "meta of %u bytes exceeds the limit", meta_len);
@@ -713,10 +799,13 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
         if (payload[i].len) bufs[n++] = uv_buf_init(payload[i].base, (unsigned)payload[i].len);
     if (tail_len) bufs[n++] = uv_buf_init((char *)zero_pad, tail_len);
     size_t sent_sealed = 0; /* a large sealed message's bytes already in the socket */
-    if (c->tx) {
+    bool sealing = qr_secure_sealed(&c->sec);
+    if (sealing) {
         /* Sealed: the message becomes one buffer of records (r->bytes is
          * its size now), written as any other; never spliced. */
-        bool sealed = qr__conn_seal_send(c, r, bufs, n, &sent_sealed);
+        bool nothing_queued = uv_stream_get_write_queue_size(&c->h.stream) == 0;
+        bool sealed = qr_secure_seal(&c->sec, bufs, n, nothing_queued, &r->sealed, &r->bytes,
+                                     &sent_sealed);
         if (bufs != small) free(bufs);
         if (!sealed) {
             free(r);
@@ -735,7 +824,7 @@ int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_
             return QR_OK;
         }
     }
-    bool splice = !c->tx && ( c->splicing != NULL ||
+    bool splice = !sealing && ( c->splicing != NULL ||
                   (hdr.payload_len >= SPLICE_MIN_PAYLOAD &&
                    uv_stream_get_write_queue_size(&c->h.stream) == 0 && splice_setup(c)));
     if (splice) {
@@ -813,7 +902,7 @@ void qr_conn_pause(qr_conn *c) {
 void qr_conn_resume(qr_conn *c) {
     if (!c->paused || c->closing) return;
     c->paused = false;
-    if (start_reading(c)) qr__conn_close_with(c, QR_EIO);
+    if (start_reading(c)) close_with(c, QR_EIO);
 }
 
 bool qr_conn_paused(const qr_conn *c) {
@@ -833,6 +922,122 @@ size_t qr_conn_pending_bytes(const qr_conn *c) {
     return c->pending_bytes - c->lent_bytes;
 }
 
+/* ---- the security layer's calls (secure.h) ------------------------------- */
+
+/* A handshake message being written: its own copy of the bytes. */
+typedef struct hs_write {
+    uv_write_t req;
+    qr_conn *c;
+    bool close_after;
+    uint8_t bytes[];
+} hs_write;
+
+static void on_hs_written(uv_write_t *req, int status) {
+    hs_write *w = (hs_write *)req;
+    qr_conn *c = w->c;
+    bool close_after = w->close_after;
+    free(w);
+    if (c->closing) return;
+    if (status < 0) qr_secure_lost(&c->sec, from_uv(status));
+    else if (close_after) close_with(c, QR_EAUTH);
+}
+
+static void secure_send(void *ctx, const void *p, size_t n, bool close_after) {
+    qr_conn *c = ctx;
+    hs_write *w = malloc(sizeof *w + n);
+    if (!w) {
+        close_with(c, close_after ? QR_EAUTH : QR_ENOMEM);
+        return;
+    }
+    w->c = c;
+    w->close_after = close_after;
+    memcpy(w->bytes, p, n);
+    uv_buf_t buf = uv_buf_init((char *)w->bytes, (unsigned)n);
+    int rc = uv_write(&w->req, &c->h.stream, &buf, 1, on_hs_written);
+    if (rc) {
+        free(w);
+        if (close_after) close_with(c, QR_EAUTH);
+        else qr_secure_lost(&c->sec, from_uv(rc));
+    }
+}
+
+static int secure_try_write(void *ctx, const void *p, size_t n) {
+    qr_conn *c = ctx;
+    uv_buf_t b = uv_buf_init((char *)p, (unsigned)n);
+    return uv_try_write(&c->h.stream, &b, 1);
+}
+
+static void on_hs_timeout(uv_timer_t *t) {
+    qr_secure_timeout(&((qr_conn *)t->data)->sec);
+}
+
+static void secure_deadline(void *ctx, int ms) {
+    qr_conn *c = ctx;
+    if (!ms) {
+        if (c->hs_timer_ready) uv_timer_stop(&c->hs_timer);
+        return;
+    }
+    if (!c->hs_timer_ready) {
+        uv_timer_init(c->loop, &c->hs_timer); /* cannot fail */
+        c->hs_timer.data = c;
+        c->hs_timer_ready = true;
+        c->open_handles++;
+    }
+    uv_timer_start(&c->hs_timer, on_hs_timeout, (uint64_t)ms, 0);
+}
+
+static void secure_stop_reading(void *ctx) {
+    uv_read_stop(&((qr_conn *)ctx)->h.stream);
+}
+
+static int secure_open(void *ctx) {
+    return alloc_staging(ctx);
+}
+
+static void secure_connected(void *ctx, int status) {
+    qr_conn *c = ctx;
+    if (c->ev->connected) c->ev->connected(c, status);
+}
+
+static uint8_t *secure_payload_dest(void *ctx, size_t n) {
+    qr_conn *c = ctx;
+    if (c->state != RX_PAYLOAD || c->discard || c->iov_idx >= c->niov ||
+        c->frame.payload_len - c->payload_got < n)
+        return NULL;
+    qr_iov *v = &c->iov[c->iov_idx];
+    return v->len - c->iov_off >= n ? (uint8_t *)v->base + c->iov_off : NULL;
+}
+
+static void secure_payload_landed(void *ctx, size_t n) {
+    payload_advance(ctx, n);
+}
+
+static void secure_plaintext(void *ctx, const uint8_t *p, size_t n) {
+    process_bytes(ctx, p, n);
+}
+
+static void secure_close(void *ctx, int status) {
+    close_with(ctx, status);
+}
+
+static bool secure_closing(void *ctx) {
+    return ((qr_conn *)ctx)->closing;
+}
+
+static const qr_secure_io secure_io = {
+    .send = secure_send,
+    .try_write = secure_try_write,
+    .deadline = secure_deadline,
+    .stop_reading = secure_stop_reading,
+    .open = secure_open,
+    .connected = secure_connected,
+    .payload_dest = secure_payload_dest,
+    .payload_landed = secure_payload_landed,
+    .plaintext = secure_plaintext,
+    .close = secure_close,
+    .closing = secure_closing,
+};
+
 /* ---- accessors ------------------------------------------------------------ */
 
 void qr_conn_set_data(qr_conn *c, void *data) {
@@ -848,13 +1053,13 @@ const char *qr_conn_peer(const qr_conn *c) {
     return c->peer;
 }
 int qr_conn_refusal(const qr_conn *c) {
-    return c->refusal;
+    return qr_secure_refusal(&c->sec);
 }
 const char *qr_conn_cipher(const qr_conn *c) {
-    return c->tx ? qr_sealer_cipher(c->tx) : NULL;
+    return qr_secure_cipher(&c->sec);
 }
 const char *qr_conn_refusal_message(const qr_conn *c) {
-    return c->reason;
+    return qr_secure_reason(&c->sec);
 }
 void *qr_listener_data(const qr_listener *l) {
     return l->data;
@@ -882,18 +1087,18 @@ static void on_connect(uv_connect_t *req, int status) {
         c->connected = true;
         tune_socket(c);
         if (c->opt.auth) {
-            /* `connected` comes once the handshake is done (conn_secure.c). */
-            int hrc = qr__conn_handshake_start(c, false);
+            /* `connected` comes once the handshake is done (secure.c). */
+            int hrc = qr_secure_start(&c->sec, c->opt.auth, false);
             if (!hrc) hrc = start_reading(c);
-            if (hrc) qr__conn_handshake_lost(c, hrc);
+            if (hrc) qr_secure_lost(&c->sec, hrc);
             return;
         }
         if (start_reading(c)) status = UV_EIO;
     }
-    int rc = status ? qr__conn_from_uv(status) : QR_OK;
+    int rc = status ? from_uv(status) : QR_OK;
     if (rc) qr__fail(rc, "cannot connect to %s: %s", c->peer, uv_strerror(status));
     if (c->ev->connected) c->ev->connected(c, rc);
-    if (rc) qr__conn_close_with(c, rc);
+    if (rc) close_with(c, rc);
 }
 
 int qr_connect(uv_loop_t *loop, const qr_addr *addr, bool prefer_unix,
@@ -990,12 +1195,12 @@ static void on_connection(uv_stream_t *server, int status) {
     /* Accepted at once, before the handshake, so the owner's cap on
      * connections (max-connections) counts those still authenticating. */
     if (l->ev->accepted) l->ev->accepted(l, c);
-    if (!c->closing && c->opt.auth && qr__conn_handshake_start(c, true)) {
-        qr__conn_close_with(c, QR_ENOMEM);
+    if (!c->closing && c->opt.auth && qr_secure_start(&c->sec, c->opt.auth, true)) {
+        close_with(c, QR_ENOMEM);
         return;
     }
     /* The owner may have paused or closed it already. */
-    if (!c->paused && !c->closing && start_reading(c)) qr__conn_close_with(c, QR_EIO);
+    if (!c->paused && !c->closing && start_reading(c)) close_with(c, QR_EIO);
 }
 
 static void on_listener_close(uv_handle_t *h) {

@@ -249,7 +249,7 @@ static int step(side *s, const uint8_t *msg, size_t len, uint8_t *out, size_t *o
     const peer *p = s->p;
     qr_hs_state before = hs->state;
     size_t want = qr_handshake_want(hs);
-    /* The caller hands over the bytes of a whole message (conn_secure.c
+    /* The caller hands over the bytes of a whole message (secure.c
      * reads exactly `want`); a shorter len must still be refused. */
     size_t cap = len > want ? len : want;
     uint8_t *in = malloc(cap ? cap : 1);

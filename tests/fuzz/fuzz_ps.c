@@ -18,7 +18,7 @@
  *
  * fuzz_ps_auth, built with FUZZ_AUTH, runs the async ps with a cluster
  * secret (written once into a mkdtemp directory) and encrypt on, so that
- * every connection goes through the handshake (src/wire/conn_secure.c).
+ * every connection goes through the handshake (src/wire/secure.c).
  * The input's first byte says how the rest reaches it (the low 3 bits; 5-7
  * read as 1):
  *   0 raw, as fuzz_ps sends it: a plain request is refused with a reason,
