@@ -104,8 +104,19 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return h->check ? h->check(p, f, meta) : qr__peer_check_small(f, 0);
 }
 
+/* A run rolling back serves nothing more: its connections close (all of
+ * them before the loop next waits, on_lifecycle), so that its workers find
+ * the next run when they reconnect, as they would had it closed at once.
+ * Answering "stopped" instead would end them. */
+static bool rolling_back(qr_ps *ps, qr_conn *c) {
+    if (!ps->rollback.wanted) return false;
+    qr_conn_close(c);
+    return true;
+}
+
 static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
+    if (rolling_back(p->ps, c)) return QR_OK;
     /* What the previous request left is gone by now. */
     p->err = QR_OK;
     p->header_ns = qr__now_ns();
@@ -124,6 +135,7 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
 
 static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
+    if (rolling_back(p->ps, c)) return; /* its buffers go back in on_lost */
     /* check_request held an error for any type without a handler. */
     const ps_handler *h = handler_of(f->type);
     if (p->err) qr__peer_reply_error(p, f, p->err, p->errmsg);
