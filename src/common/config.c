@@ -157,6 +157,9 @@ static const key_spec keys[] = {
     {"lr-power", ANY, KEY_FLOAT, "-0.5", -INF, 0, 0, NULL, "FTRL learning rate power (<= 0)"},
     {"apply-sparse-rmsprop", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
      "AdamAsync: sparse applies use RMSProp"},
+    {"weight-decay", ANY, KEY_FLOAT, "", 0, INF, 0, NULL,
+     "weight decay, torch's weight_decay: g + wd*var before the update (L2); adamw: "
+     "decoupled, var *= 1 - lr*wd (adamw: 0.01; others: 0; ftrl: only 0)"},
     {"nonfinite", ANY, KEY_ENUM, "error", 0, 0, 0, "error|skip",
      "a gradient with NaN/Inf: refuse it with an error, or skip and count it"},
     {"apply-threads", ANY, KEY_INT, "1", 0, 64, 0, NULL,

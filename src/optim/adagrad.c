@@ -12,6 +12,10 @@
  * is what keeps the division safe here, hence the check. TF multiplies by
  * rsqrt(accum); we divide by sqrt(accum), the same value with one rounding
  * less. Sparse: TF SparseApplyAdagrad, the same on each touched row.
+ * weight-decay (torch.optim.Adagrad's weight_decay, default 0): grad is
+ * replaced by grad + weight_decay * var before all of the above (optim.c);
+ * on a sparse apply for the touched rows only (torch refuses weight_decay
+ * with sparse gradients).
  */
 #include "optim/optim_internal.h"
 
@@ -46,7 +50,7 @@ static int adagrad_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_adagrad = {
     .name = "adagrad",
     .tf_name = "Adagrad",
-    .keys = "lr|initial-accumulator",
+    .keys = "lr|initial-accumulator|weight-decay",
     .init = adagrad_init,
     .apply_dense = adagrad_kernel,
     .apply_sparse_rows = adagrad_kernel,

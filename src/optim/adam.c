@@ -29,6 +29,9 @@
  * v of every row and moves every row of var on each sparse apply, which
  * costs a dense pass per sparse gradient.
  * Defaults: lr 0.001, beta1 0.9, beta2 0.999, epsilon 1e-8.
+ * weight-decay (torch.optim.Adam's weight_decay, L2, default 0): the
+ * kernel is handed grad + weight_decay * var (optim.c). For the decoupled
+ * form use adamw (adamw.c).
  */
 #include "optim/optim_internal.h"
 
@@ -66,13 +69,21 @@ static void adam_kernel(const qr_optim_call *c, float *var, float *const *slot, 
         adam_run(var, slot[0], slot[1], g, n, c->alpha, omb1, omb2, (float)hp->epsilon);
 }
 
+int qr__optim_adam_powers(const qr_optim *opt, int64_t global_step, double *beta1_t,
+                          double *beta2_t) {
+    if (global_step < 1)
+        return qr__fail(QR_EINVAL, "optimizer %s: global step %lld must be >= 1 (the first "
+                        "apply is step 1)", opt->ops->name, (long long)global_step);
+    *beta1_t = pow(opt->hp.beta1, (double)global_step);
+    *beta2_t = pow(opt->hp.beta2, (double)global_step);
+    return QR_OK;
+}
+
 static int adam_begin(const qr_optim *opt, qr_optim_slots *s, int64_t global_step,
                       qr_optim_call *c) {
-    if (global_step < 1)
-        return qr__fail(QR_EINVAL, "optimizer adam: global step %lld must be >= 1 (the first "
-                        "apply is step 1)", (long long)global_step);
-    double b1p = pow(c->hp->beta1, (double)global_step);
-    double b2p = pow(c->hp->beta2, (double)global_step);
+    double b1p = 0, b2p = 0;
+    int rc = qr__optim_adam_powers(opt, global_step, &b1p, &b2p);
+    if (rc) return rc;
     c->alpha = (float)((double)c->lr * sqrt(1.0 - b2p) / (1.0 - b1p));
     return QR_OK;
 }
@@ -109,7 +120,7 @@ static int adam_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_adam = {
     .name = "adam",
     .tf_name = "Adam",
-    .keys = "lr|beta1|beta2|epsilon|nesterov",
+    .keys = "lr|beta1|beta2|epsilon|nesterov|weight-decay",
     .init = adam_init,
     .apply_dense = adam_kernel,
     .apply_sparse_rows = adam_kernel,

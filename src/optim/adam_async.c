@@ -33,6 +33,8 @@
  *     m    = m * beta1 + lr * grad / sqrt(v + epsilon)
  *     var -= m
  * (DeepRec writes rsqrt(v + eps) * lr * grad; we divide, one rounding less.)
+ * weight-decay (default 0, DeepRec has none): as Adam's, L2 added to the
+ * gradient, grad + weight_decay * var, before all of the above (optim.c).
  */
 #include "optim/optim_internal.h"
 
@@ -118,7 +120,7 @@ static int adam_async_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_adam_async = {
     .name = "adam_async",
     .tf_name = "AdamAsync",
-    .keys = "lr|beta1|beta2|epsilon|nesterov|apply-sparse-rmsprop",
+    .keys = "lr|beta1|beta2|epsilon|nesterov|apply-sparse-rmsprop|weight-decay",
     .init = adam_async_init,
     .apply_dense = adam_async_dense,
     .apply_sparse_rows = adam_async_rows,

@@ -16,6 +16,10 @@
  * we (that loop vectorises; the general one calls powf per element).
  * lr must be > 0 (it divides). Sparse: TF SparseApplyFtrl, the same on
  * each touched row.
+ * weight-decay: refused unless 0 (accepted so that a caller passing
+ * torch's default everywhere is not refused). Added to the gradient it
+ * would also enter the accumulator, which is not TF's l2 shrinkage; l2 is
+ * FTRL's own regularization.
  */
 #include "optim/optim_internal.h"
 
@@ -107,6 +111,10 @@ static int ftrl_init(qr_optim *opt, const qr_config *cfg) {
         return qr__fail(QR_EINVAL, "optimizer ftrl: option l1 %g must be >= 0", (double)hp->l1);
     if (!(hp->l2 >= 0.0f) || !isfinite((float)hp->l2))
         return qr__fail(QR_EINVAL, "optimizer ftrl: option l2 %g must be >= 0", (double)hp->l2);
+    if (hp->weight_decay != 0.0)
+        return qr__fail(QR_EINVAL, "optimizer ftrl: option weight-decay %g is not supported "
+                        "(FTRL has its own l2 regularization: use l2); only 0 is accepted",
+                        hp->weight_decay);
     qr__optim_add_slot(opt, "accum", false, (float)hp->init_accum);
     qr__optim_add_slot(opt, "linear", false, 0.0f);
     return QR_OK;
@@ -115,7 +123,7 @@ static int ftrl_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_ftrl = {
     .name = "ftrl",
     .tf_name = "Ftrl",
-    .keys = "lr|lr-power|initial-accumulator|l1|l2",
+    .keys = "lr|lr-power|initial-accumulator|l1|l2|weight-decay",
     .init = ftrl_init,
     .apply_dense = ftrl_kernel,
     .apply_sparse_rows = ftrl_kernel,

@@ -12,6 +12,9 @@
  * constant; with a changing lr TF's form applies the new lr to the whole
  * history. Sparse: TF SparseApplyMomentum, the same on each touched row.
  * Defaults: lr 0.05 (TF has none), momentum 0.9.
+ * weight-decay (torch's SGD weight_decay, default 0): grad is replaced by
+ * grad + weight_decay * var before all of the above (optim.c), as torch
+ * does before its momentum buffer.
  */
 #include "optim/optim_internal.h"
 
@@ -54,7 +57,7 @@ static int momentum_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_momentum = {
     .name = "momentum",
     .tf_name = "Momentum",
-    .keys = "lr|momentum|nesterov",
+    .keys = "lr|momentum|nesterov|weight-decay",
     .init = momentum_init,
     .apply_dense = momentum_kernel,
     .apply_sparse_rows = momentum_kernel,

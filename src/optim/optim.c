@@ -2,9 +2,10 @@
  * optim.c - the optimizer object and everything that does not depend on the
  * algorithm: option reading and validation, slot allocation, argument
  * checks, and running an element kernel over a dense tensor (split across
- * the pool for large ones) or over the touched rows of a sparse gradient.
- * The algorithms themselves are in sgd.c momentum.c adagrad.c rmsprop.c
- * adam.c adam_async.c ftrl.c.
+ * the pool for large ones) or over the touched rows of a sparse gradient,
+ * with coupled weight decay (torch's weight_decay, L2) added to the
+ * gradient on the way. The algorithms themselves are in sgd.c momentum.c
+ * adagrad.c rmsprop.c adam.c adam_async.c adamw.c ftrl.c.
  */
 #include "optim/optim_internal.h"
 
@@ -21,7 +22,7 @@
  * test_optim_api.c fails for an entry it has no expectations for. */
 static const qr_optim_ops *const all_ops[] = {
     &qr__optim_sgd,  &qr__optim_momentum,   &qr__optim_adagrad, &qr__optim_rmsprop,
-    &qr__optim_adam, &qr__optim_adam_async, &qr__optim_ftrl,
+    &qr__optim_adam, &qr__optim_adam_async, &qr__optim_ftrl,    &qr__optim_adamw,
 };
 
 double qr__optim_opt_float(const qr_config *cfg, const char *key, double def) {
@@ -97,11 +98,17 @@ int qr_optim_create(qr_optim **out, const qr_config *cfg) {
     if (!opt) return QR_ENOMEM;
     opt->ops = ops;
     opt->parallel_min = QR_OPTIM_PARALLEL_MIN;
+    /* torch's default, 0 (AdamW's init sets its own, 0.01, when unset) */
+    opt->hp.weight_decay = qr__optim_opt_float(cfg, "weight-decay", 0.0);
     int rc = ops->init(opt, cfg);
     /* every hyper-parameter is used as a float: it must be one */
     if (rc == QR_OK && !(opt->hp.lr > 0 && isfinite((float)opt->hp.lr)))
         rc = qr__fail(QR_EINVAL, "optimizer %s: option lr must be a finite number > 0, got %g",
                       ops->name, (double)opt->hp.lr);
+    if (rc == QR_OK && !(opt->hp.weight_decay >= 0 && isfinite((float)opt->hp.weight_decay)))
+        rc = qr__fail(QR_EINVAL,
+                      "optimizer %s: option weight-decay must be a finite number >= 0, got %g",
+                      ops->name, (double)opt->hp.weight_decay);
     if (rc == QR_OK) {
         opt->nthreads = (int)qr__config_int(cfg, "apply-threads");
         /* 0 = one per core, at most 4. The default is 1: on this project's
@@ -131,6 +138,10 @@ const char *qr_optim_name(const qr_optim *opt) {
 
 float qr_optim_lr(const qr_optim *opt) {
     return opt ? (float)opt->hp.lr : 0.0f;
+}
+
+float qr_optim_weight_decay(const qr_optim *opt) {
+    return opt ? (float)opt->hp.weight_decay : 0.0f;
 }
 
 float qr_optim_decayed_lr(float lr, int64_t step, double rate, int64_t steps, bool staircase) {
@@ -235,6 +246,7 @@ static int call_init(const qr_optim *opt, float lr, qr_optim_call *c) {
         return qr__fail(QR_EINVAL, "optimizer %s: learning rate %g is not finite",
                         opt->ops->name, (double)lr);
     *c = (qr_optim_call){.hp = &opt->hp, .lr = lr < 0 ? (float)opt->hp.lr : lr};
+    if (!opt->ops->decoupled_decay) c->grad_decay = (float)opt->hp.weight_decay;
     return QR_OK;
 }
 
@@ -251,6 +263,56 @@ static int begin_call(const qr_optim *opt, qr_optim_slots *s, float lr, int64_t 
     return opt->ops->begin ? opt->ops->begin(opt, s, global_step, c) : QR_OK;
 }
 
+/* Coupled weight decay (torch's weight_decay for SGD, Adam, Adagrad,
+ * RMSprop: grad = grad.add(param, alpha=weight_decay), before anything
+ * else). The kernels are left as they are: they are handed
+ *     g' = g + wd * var          (var before this update)
+ * computed here DECAY_BLOCK elements at a time into a buffer on the stack,
+ * still in L1 when the kernel reads it. The kernels are element-wise, so
+ * cutting a range into blocks changes no result; wd = 0 skips all this
+ * and passes the gradient itself, bit for bit as before. On a sparse apply
+ * only the touched rows get the decay (their summed gradient rows), as
+ * torch would for a dense gradient that is zero elsewhere and only those
+ * rows applied. */
+#define DECAY_BLOCK 1024
+
+QR_OPTIM_LOOP static void decayed_grad(float *restrict out, const float *restrict g,
+                                       const float *restrict var, int64_t n, float wd) {
+    for (int64_t i = 0; i < n; i++) out[i] = g[i] + wd * var[i];
+}
+
+/* kernel(c, var[n], slot[..][n], g[n]) with the decay added to g. */
+static void run_kernel(const qr_optim_call *c, qr_optim_kernel kernel, float *var,
+                       float *const *slot, int nrow_slots, const float *g, int64_t n) {
+    if (c->grad_decay == 0.0f) {
+        kernel(c, var, slot, g, n);
+        return;
+    }
+    _Alignas(64) float block[DECAY_BLOCK];
+    float *block_slot[QR_OPTIM_MAX_SLOTS];
+    for (int64_t lo = 0; lo < n; lo += DECAY_BLOCK) {
+        int64_t len = QR_MIN(DECAY_BLOCK, n - lo);
+        decayed_grad(block, g + lo, var + lo, len, c->grad_decay);
+        for (int q = 0; q < nrow_slots; q++) block_slot[q] = slot[q] + lo;
+        kernel(c, var + lo, block_slot, block, len);
+    }
+}
+
+/* The same for an out-of-place apply: out[n] = var[n] - update(g'[n]). */
+static void run_kernel_to(const qr_optim_call *c, const qr_optim_ops *ops, float *out,
+                          const float *var, const float *g, int64_t n) {
+    if (c->grad_decay == 0.0f) {
+        ops->apply_dense_to(c, out, var, g, n);
+        return;
+    }
+    _Alignas(64) float block[DECAY_BLOCK];
+    for (int64_t lo = 0; lo < n; lo += DECAY_BLOCK) {
+        int64_t len = QR_MIN(DECAY_BLOCK, n - lo);
+        decayed_grad(block, g + lo, var + lo, len, c->grad_decay);
+        ops->apply_dense_to(c, out + lo, var + lo, block, len);
+    }
+}
+
 /* Dense: one kernel call per thread on a contiguous chunk. */
 typedef struct dense_job {
     const qr_optim_call *c;
@@ -265,7 +327,7 @@ typedef struct dense_job {
 static void dense_range(const dense_job *j, int64_t lo, int64_t hi) {
     float *slot[QR_OPTIM_MAX_SLOTS];
     for (int k = 0; k < j->nrow_slots; k++) slot[k] = j->slot[k] + lo;
-    j->kernel(j->c, j->var + lo, slot, j->g + lo, hi - lo);
+    run_kernel(j->c, j->kernel, j->var + lo, slot, j->nrow_slots, j->g + lo, hi - lo);
 }
 
 /* Part `part` of nparts of n elements, as [*lo, *hi). Boundaries on
@@ -297,7 +359,7 @@ static void dense_to_part(void *arg, int part, int nparts) {
     const dense_to_job *j = arg;
     int64_t lo, hi;
     part_range(j->n, part, nparts, &lo, &hi);
-    if (lo < hi) j->ops->apply_dense_to(j->c, j->out + lo, j->var + lo, j->g + lo, hi - lo);
+    if (lo < hi) run_kernel_to(j->c, j->ops, j->out + lo, j->var + lo, j->g + lo, hi - lo);
 }
 
 int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
@@ -360,7 +422,7 @@ static void rows_range(const rows_job *j, int64_t lo, int64_t hi) {
     float *slot[QR_OPTIM_MAX_SLOTS];
     for (int64_t k = lo; k < hi; k++) {
         for (int q = 0; q < j->nrow_slots; q++) slot[q] = j->slot_rows[q * j->nrows + k];
-        j->kernel(j->c, j->var_rows[k], slot, j->grad_rows[k], j->dim);
+        run_kernel(j->c, j->kernel, j->var_rows[k], slot, j->nrow_slots, j->grad_rows[k], j->dim);
     }
 }
 

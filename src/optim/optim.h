@@ -1,13 +1,16 @@
 /*
  * optim.h - the optimizers a ps applies to its variables: SGD, Momentum
- * (+Nesterov), Adagrad, RMSProp (+centered), Adam, AdamAsync and
- * FTRL-Proximal, each with a dense apply and a sparse (row-wise) apply.
+ * (+Nesterov), Adagrad, RMSProp (+centered), Adam, AdamAsync, FTRL-Proximal
+ * and AdamW, each with a dense apply and a sparse (row-wise) apply.
  *
  * The formulas are those of the TensorFlow CPU kernels (training_ops.cc:
  * ApplyGradientDescent, ApplyMomentum, ApplyAdagrad, ApplyRMSProp,
  * ApplyCenteredRMSProp, ApplyAdam, ApplyFtrl) and of Alibaba DeepRec's
- * ApplyAdamAsync / SparseApplyAdamAsync; each optimizer's file quotes the
- * formula it implements. Where TensorFlow versions differ the choice is
+ * ApplyAdamAsync / SparseApplyAdamAsync, and AdamW's is torch.optim.AdamW's;
+ * each optimizer's file quotes the formula it implements. "weight-decay"
+ * is torch's weight_decay: L2 added to the gradient (g + wd * var) for all
+ * but AdamW, whose decay is decoupled (var *= 1 - lr * wd); FTRL refuses a
+ * non-zero one. Where TensorFlow versions differ the choice is
  * written in that file (Adagrad: TF1 without epsilon; RMSProp: TF1 slot
  * "rms" starts at 1; Adam sparse: lazy, like tf.contrib LazyAdamOptimizer).
  *
@@ -38,11 +41,12 @@ typedef struct qr_optim_slots qr_optim_slots;
 /* Create the optimizer named by cfg's "optimizer" key (cfg may be NULL:
  * SGD with lr 0.05). Reads lr, momentum, nesterov, beta1, beta2, epsilon,
  * decay, centered, initial-accumulator, l1, l2, lr-power,
- * apply-sparse-rmsprop and apply-threads; an unset lr/epsilon/momentum takes
- * the optimizer's TF default. Refuses (QR_EINVAL, message naming the option)
- * values the algorithm cannot use, and an explicitly set option the chosen
- * optimizer does not use ("momentum" with sgd), so a mistake is not silently
- * ignored. apply-threads > 1 starts a small thread pool owned by *out. */
+ * apply-sparse-rmsprop, weight-decay and apply-threads; an unset
+ * lr/epsilon/momentum takes the optimizer's TF default, an unset
+ * weight-decay 0 (AdamW: 0.01, torch's). Refuses (QR_EINVAL, message
+ * naming the option) values the algorithm cannot use, and an explicitly
+ * set option the chosen optimizer does not use ("momentum" with sgd), so a
+ * mistake is not silently ignored. apply-threads > 1 starts a small thread pool owned by *out. */
 int qr_optim_create(qr_optim **out, const qr_config *cfg);
 void qr_optim_free(qr_optim *opt);
 /* The optimizer of one variable declared with its own options
@@ -51,7 +55,7 @@ void qr_optim_free(qr_optim *opt);
  * Refuses keys that are not optimizer options. */
 int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options);
 /* The optimizer's name: "sgd", "momentum", "adagrad", "rmsprop", "adam",
- * "adam_async" or "ftrl". */
+ * "adam_async", "ftrl" or "adamw". */
 const char *qr_optim_name(const qr_optim *opt);
 /* The optimizers there are, in a fixed order: qr_optim_name_at(i) for
  * i < qr_optim_count() (NULL past the end). The option table's choices for
@@ -66,6 +70,9 @@ const char *qr_optim_name_at(int i);
 const char *qr_optim_tf_name(const char *name);
 /* The optimizer's learning rate (the default when cfg had none). */
 float qr_optim_lr(const qr_optim *opt);
+/* Its weight decay (0: none). A plain SGD step without it is what a ps
+ * may compute on arrival (qr_optim_sgd_into_grad). */
+float qr_optim_weight_decay(const qr_optim *opt);
 /* TensorFlow's exponential_decay: lr * rate^(step / steps), the exponent
  * rounded down to an integer when staircase. step is the number of steps
  * already applied (0 for the first). steps <= 0 leaves lr unchanged. */
@@ -99,9 +106,9 @@ int qr_optim_slot(const qr_optim_slots *s, int i, const char **name,
  * Dense apply: var[n] -= update(grad[n]) and the slots advance.
  * lr: the variable's learning rate, or < 0 for the optimizer's.
  * global_step: the ps's global step, >= 1 at the first apply; used only by
- * Adam, whose bias-correction powers beta^t are shared by all variables
- * (TF's beta1_power/beta2_power). AdamAsync ignores it and uses the
- * variable's own power slots instead. n must equal the slots' rows*dim.
+ * Adam and AdamW, whose bias-correction powers beta^t are shared by all
+ * variables (TF's beta1_power/beta2_power; torch's per-parameter "step").
+ * AdamAsync ignores it and uses the variable's own power slots instead. n must equal the slots' rows*dim.
  * Large tensors are split across the optimizer's thread pool.
  */
 int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,

@@ -2,7 +2,10 @@
  * optim_internal.h - what the optimizer files share: the hyper-parameter
  * block, the per-optimizer ops table, the slot layout, the per-call
  * constants handed to the element kernels, the thread pool and the
- * duplicate-index helper.
+ * duplicate-index helper. The algorithms: sgd.c momentum.c adagrad.c
+ * rmsprop.c adam.c adam_async.c adamw.c ftrl.c; optim.c runs them (and
+ * adds coupled weight decay to the gradient), pool.c dedup.c reduce.c
+ * delta.c var_options.c around them.
  *
  * Shape of the code (llm.c style): each optimizer file has plain loops
  * "run" functions over n consecutive elements with restrict pointers, so
@@ -26,7 +29,7 @@
  * (var_options.c). */
 #define QR__OPTIM_KEYS                                                                 \
     "lr|momentum|nesterov|beta1|beta2|epsilon|decay|centered|initial-accumulator|l1|l2|" \
-    "lr-power|apply-sparse-rmsprop"
+    "lr-power|apply-sparse-rmsprop|weight-decay"
 
 /* The element loops are compiled twice, for baseline x86-64 (SSE2, 4 floats)
  * and for AVX2 (8 floats), and the dynamic loader picks one for the CPU
@@ -59,6 +62,10 @@ typedef struct qr_optim_hp {
     double rho;        /* rmsprop "decay" */
     double init_accum; /* adagrad, ftrl "initial-accumulator" */
     double l1, l2, lr_power;
+    /* "weight-decay": torch's weight_decay. Coupled (L2, added to the
+     * gradient by optim.c before the kernel runs) for every optimizer but
+     * AdamW, whose kernel decays the variable itself (decoupled). */
+    double weight_decay;
     bool nesterov, centered, sparse_rmsprop;
 } qr_optim_hp;
 
@@ -96,7 +103,14 @@ struct qr_optim_slots {
 typedef struct qr_optim_call {
     const qr_optim_hp *hp;
     float lr;    /* effective learning rate of this call */
-    float alpha; /* Adam/AdamAsync step size lr_t (see adam.c); else unused */
+    float alpha; /* Adam/AdamAsync step size lr_t (see adam.c), AdamW's
+                  * lr / bias_c1 (adamw.c); else unused */
+    float bias_c2_sqrt; /* AdamW: sqrt(1 - beta2^t) */
+    float keep;         /* AdamW: 1 - lr * weight_decay, the decoupled decay */
+    /* Coupled weight decay: optim.c hands the kernel g + grad_decay * var
+     * (torch's grad.add(param, alpha=weight_decay)); 0 = the gradient as
+     * it came, untouched, and for AdamW. */
+    float grad_decay;
     bool sparse; /* the call is a sparse (row-wise) apply */
 } qr_optim_call;
 
@@ -113,6 +127,9 @@ struct qr_optim_ops {
     /* The options it reads, "|"-separated; an optimizer option set
      * explicitly but not listed here is refused by qr_optim_create. */
     const char *keys;
+    /* AdamW: the kernel applies weight-decay itself (decoupled); the others
+     * get it added to their gradient by optim.c. */
+    bool decoupled_decay;
     /* Read and check the hyper-parameters (opt->hp, defaults applied) and
      * fill the slot layout opt->slot/nslots/nrow_slots. */
     int (*init)(qr_optim *opt, const qr_config *cfg);
@@ -131,14 +148,19 @@ struct qr_optim_ops {
 };
 
 extern const qr_optim_ops qr__optim_sgd, qr__optim_momentum, qr__optim_adagrad,
-    qr__optim_rmsprop, qr__optim_adam, qr__optim_adam_async, qr__optim_ftrl;
+    qr__optim_rmsprop, qr__optim_adam, qr__optim_adam_async, qr__optim_ftrl, qr__optim_adamw;
 
 /* Helpers for init functions (optim.c). */
 /* float option `key`, or `def` when unset. */
 double qr__optim_opt_float(const qr_config *cfg, const char *key, double def);
 void qr__optim_add_slot(qr_optim *opt, const char *name, bool scalar, float init);
-/* adam.c, shared with adam_async.c: lr, beta1, beta2, epsilon, nesterov. */
+/* adam.c, shared with adam_async.c and adamw.c: lr, beta1, beta2,
+ * epsilon, nesterov. */
 int qr__optim_adam_hp(qr_optim *opt, const qr_config *cfg);
+/* adam.c, shared with adamw.c: beta1^t and beta2^t in double for the
+ * global step t; QR_EINVAL for t < 1. */
+int qr__optim_adam_powers(const qr_optim *opt, int64_t global_step, double *beta1_t,
+                          double *beta2_t);
 
 /* For tests: split tensors of at least n elements (n >= 1) across threads. */
 void qr__optim_set_parallel_min(qr_optim *opt, int64_t n);

@@ -22,6 +22,8 @@
  * Defaults: lr 0.001, decay (rho) 0.9, momentum 0, epsilon 1e-10.
  * Sparse: TF SparseApplyRMSProp / SparseApplyCenteredRMSProp, the same on
  * each touched row.
+ * weight-decay (torch.optim.RMSprop's weight_decay, default 0): grad is
+ * replaced by grad + weight_decay * var before all of the above (optim.c).
  */
 #include "optim/optim_internal.h"
 
@@ -86,7 +88,7 @@ static int rmsprop_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_rmsprop = {
     .name = "rmsprop",
     .tf_name = "RMSProp",
-    .keys = "lr|decay|momentum|epsilon|centered",
+    .keys = "lr|decay|momentum|epsilon|centered|weight-decay",
     .init = rmsprop_init,
     .apply_dense = rmsprop_kernel,
     .apply_sparse_rows = rmsprop_kernel,

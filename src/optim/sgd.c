@@ -5,6 +5,9 @@
  *     var -= grad * lr
  * Sparse: the same on each touched row (TF scatter-subtracts lr * grad
  * after summing duplicates). No slots. Default lr 0.05 (TF has none).
+ * weight-decay (torch.optim.SGD's weight_decay, default 0): the kernel is
+ * handed grad + weight_decay * var (optim.c), i.e.
+ *     var -= (grad + weight_decay * var) * lr
  */
 #include "optim/optim_internal.h"
 
@@ -65,7 +68,7 @@ static int sgd_init(qr_optim *opt, const qr_config *cfg) {
 const qr_optim_ops qr__optim_sgd = {
     .name = "sgd",
     .tf_name = "GradientDescent",
-    .keys = "lr",
+    .keys = "lr|weight-decay",
     .init = sgd_init,
     .apply_dense = sgd_kernel,
     .apply_sparse_rows = sgd_kernel,

@@ -40,8 +40,9 @@
  * (TensorFlow's use_locking=False), and exact when the arithmetic is.
  *
  * Not applied this way: optimizers with slots (their state would change
- * before the check), sync pushes (they are reduced first), staleness-
- * scaled learning rates (known only at apply time), sparse gradients.
+ * before the check), SGD with weight decay, sync pushes (they are reduced
+ * first), staleness-scaled learning rates (known only at apply time),
+ * sparse gradients.
  */
 #include "ps/ps_internal.h"
 
@@ -54,7 +55,11 @@
  * it can be computed out of place and checked before anything is
  * written, and repeated on another buffer (qr__fused_follow). */
 static bool sgd_like(const qr_ps *ps, const push_item *it, bool delta) {
-    return it->nrows < 0 && (delta || !strcmp(qr_optim_name(qr__var_optim(ps, it->var)), "sgd"));
+    if (it->nrows >= 0) return false;
+    if (delta) return true;
+    const qr_optim *opt = qr__var_optim(ps, it->var);
+    /* weight decay reads the value too: the ordinary apply does it */
+    return !strcmp(qr_optim_name(opt), "sgd") && qr_optim_weight_decay(opt) == 0.0f;
 }
 
 /* The list is as long as the fused pushes under way, one per connection

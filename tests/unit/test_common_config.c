@@ -45,7 +45,7 @@ static void test_validation(void **state) {
     qr_config *c;
     assert_int_equal(qr_config_new(&c), QR_OK);
     expect_refused(c, "optimzer", "adam", QR_EINVAL, "unknown option 'optimzer'");
-    expect_refused(c, "optimizer", "adamw", QR_EINVAL, "not one of sgd|momentum");
+    expect_refused(c, "optimizer", "adamax", QR_EINVAL, "not one of sgd|momentum");
     expect_refused(c, "lr", "-1", QR_EINVAL, "option lr: -1 is out of range: must be > 0");
     expect_refused(c, "lr", "0", QR_EINVAL, "option lr: 0 is out of range");
     expect_refused(c, "lr", "fast", QR_EINVAL, "not a finite number");

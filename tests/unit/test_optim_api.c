@@ -42,6 +42,7 @@ static const optimizer_case cases[] = {
     {"adam_async", "AdamAsync", 0.001f, 2, {"m", "v", "beta1_power", "beta2_power"},
      "apply-sparse-rmsprop=true"},
     {"ftrl", "Ftrl", 0.001f, 2, {"accum", "linear", NULL}, "l1=0.001"},
+    {"adamw", "AdamW", 0.001f, 2, {"m", "v", NULL}, "weight-decay=0.1"},
 };
 
 /* The expectations for optimizer i of optim.c's list. */
@@ -118,7 +119,7 @@ static void test_registry(void **state) {
     }
     assert_null(qr_optim_name_at(-1));
     assert_null(qr_optim_name_at(qr_optim_count()));
-    assert_null(qr_optim_tf_name("adamw"));
+    assert_null(qr_optim_tf_name("adamax"));
     assert_null(qr_optim_tf_name(NULL));
     qr__config_key key;
     int i = 0;
@@ -152,6 +153,23 @@ static void test_defaults(void **state) {
     assert_int_equal(try_make(&opt, "optimizer=adam", NULL), QR_OK);
     assert_true(opt->hp.epsilon == 1e-8 && opt->hp.beta1 == 0.9 && opt->hp.beta2 == 0.999);
     qr_optim_free(opt);
+    /* weight-decay: torch's defaults, 0 everywhere but AdamW's 0.01 */
+    for (int i = 0; i < qr_optim_count(); i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "optimizer=%s", qr_optim_name_at(i));
+        assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
+        bool adamw = !strcmp(qr_optim_name_at(i), "adamw");
+        assert_true(qr_optim_weight_decay(opt) == (adamw ? 0.01f : 0.0f));
+        qr_optim_free(opt);
+    }
+    assert_int_equal(try_make(&opt, "optimizer=adamw", NULL), QR_OK);
+    assert_true(opt->hp.epsilon == 1e-8 && opt->hp.beta1 == 0.9 && opt->hp.beta2 == 0.999);
+    assert_false(opt->hp.nesterov);
+    qr_optim_free(opt);
+    assert_int_equal(try_make(&opt, "optimizer=adamw", "weight-decay=0", NULL), QR_OK);
+    assert_true(qr_optim_weight_decay(opt) == 0.0f);
+    qr_optim_free(opt);
+    assert_true(qr_optim_weight_decay(NULL) == 0.0f);
     qr_optim_free(NULL);
     qr_optim_slots_free(NULL);
 }
@@ -172,6 +190,15 @@ static void test_validation(void **state) {
     expect_refused("epsilon", "optimizer=rmsprop", "epsilon=0", NULL);
     expect_refused("lr", "optimizer=sgd", "lr=1e300", NULL); /* not a finite float */
     expect_refused("lr", "optimizer=sgd", "lr=nan", NULL);
+    /* weight-decay: >= 0 and a finite float; FTRL takes only 0 (its own
+     * regularization is l2); AdamW has no Nesterov and no momentum */
+    expect_refused("weight-decay", "optimizer=adam", "weight-decay=-0.1", NULL);
+    expect_refused("weight-decay", "optimizer=sgd", "weight-decay=1e300", NULL);
+    expect_refused("weight-decay", "optimizer=ftrl", "weight-decay=0.01", NULL);
+    expect_refused("nesterov", "optimizer=adamw", "nesterov=true", NULL);
+    expect_refused("momentum", "optimizer=adamw", "momentum=0.9", NULL);
+    expect_refused("beta1", "optimizer=adamw", "beta1=1", NULL);
+    expect_refused("epsilon", "optimizer=adamw", "epsilon=0", NULL);
 
     /* the FTRL check itself, past the config table */
     qr_optim *opt;
@@ -181,6 +208,31 @@ static void test_validation(void **state) {
     assert_true(hp.lr_power == -0.5);
     assert_int_equal(try_make(&opt, "optimizer=ftrl", "lr-power=0", "l1=0.1", NULL), QR_OK);
     qr_optim_free(opt);
+    /* torch's default passed everywhere is fine, FTRL and AdamAsync included */
+    for (int i = 0; i < qr_optim_count(); i++) {
+        char kv[64];
+        snprintf(kv, sizeof kv, "optimizer=%s", qr_optim_name_at(i));
+        assert_int_equal(try_make(&opt, kv, "weight-decay=0", NULL), QR_OK);
+        qr_optim_free(opt);
+    }
+    /* a variable's own options take it, as --var-opt NAME:weight-decay=... */
+    qr_config *global;
+    assert_int_equal(qr_config_new(&global), QR_OK);
+    assert_int_equal(qr_config_set(global, "optimizer", "adam"), QR_OK);
+    assert_int_equal(qr_config_set(global, "weight-decay", "0.001"), QR_OK);
+    assert_int_equal(qr_optim_create_for_var(&opt, global, "weight-decay=0"), QR_OK);
+    assert_true(qr_optim_weight_decay(opt) == 0.0f);
+    qr_optim_free(opt);
+    assert_int_equal(qr_optim_create_for_var(&opt, global, "lr=0.01"), QR_OK);
+    assert_true(qr_optim_weight_decay(opt) == 0.001f);
+    qr_optim_free(opt);
+    assert_int_equal(qr_optim_create_for_var(&opt, global, "optimizer=adamw"), QR_OK);
+    assert_true(qr_optim_weight_decay(opt) == 0.01f); /* a fresh configuration */
+    qr_optim_free(opt);
+    assert_int_equal(qr_optim_create_for_var(&opt, global, "optimizer=ftrl,weight_decay=0.1"),
+                     QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "weight-decay"));
+    qr_config_free(global);
 }
 
 static void test_slot_layout(void **state) {
@@ -343,6 +395,141 @@ static void test_threads_bit_identical(void **state) {
         }
         free(one);
     }
+}
+
+/* Coupled weight decay (optim.c): the kernel sees g + wd * var, block by
+ * block. An apply with weight-decay wd must give the bits of the same
+ * optimizer without it fed that gradient by hand, for a tensor spanning
+ * several blocks, split over threads or not, dense and sparse (where only
+ * the touched rows are decayed); weight-decay=0 set explicitly changes
+ * nothing. */
+static void wd_apply(const char *name, const char *wd, int threads, float *var, int64_t rows,
+                     int64_t dim, const float *const *grads, int nsteps, float *slots_out) {
+    char kv1[64], kv2[64], kv3[64];
+    snprintf(kv1, sizeof kv1, "optimizer=%s", name);
+    snprintf(kv2, sizeof kv2, "apply-threads=%d", threads);
+    snprintf(kv3, sizeof kv3, "weight-decay=%s", wd);
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, kv1, kv2, kv3, NULL), QR_OK);
+    qr__optim_set_parallel_min(opt, 1000);
+    qr_optim_slots *s;
+    int64_t n = rows * dim;
+    assert_int_equal(qr_optim_slots_create(opt, rows, dim, &s), QR_OK);
+    int64_t idx[3] = {rows - 1, 0, rows - 1}; /* a duplicate: summed, then decayed once */
+    for (int step = 0; step < nsteps; step++) {
+        if (step % 2 == 0)
+            assert_int_equal(qr_optim_apply_dense(opt, s, var, grads[step], n, -1, step + 1), QR_OK);
+        else
+            assert_int_equal(qr_optim_apply_sparse(opt, s, var, rows, dim, idx, grads[step], 3,
+                                                   -1, step + 1), QR_OK);
+    }
+    for (int j = 0; j < qr_optim_row_slots(opt); j++) {
+        float *data;
+        qr_optim_slot(s, j, NULL, &data, NULL);
+        memcpy(slots_out + j * n, data, (size_t)n * sizeof(float));
+    }
+    qr_optim_slots_free(s);
+    qr_optim_free(opt);
+}
+
+static void test_weight_decay_is_l2_in_the_gradient(void **state) {
+    (void)state;
+    const char *names[] = {"sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async"};
+    const int64_t rows = 3, dim = 1500, n = rows * dim; /* rows of 1500: blocks of 1024 + 476 */
+    const float wd = 0.25f;
+    float *var0 = malloc(n * sizeof(float)), *g[3];
+    uint64_t st = 5;
+    for (int64_t i = 0; i < n; i++) var0[i] = frand(&st) * 4;
+    for (int k = 0; k < 3; k++) {
+        g[k] = malloc(n * sizeof(float));
+        for (int64_t i = 0; i < n; i++) g[k][i] = frand(&st);
+    }
+    float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float));
+    float *want_slots = calloc((size_t)n * 3, sizeof(float));
+    float *got_slots = calloc((size_t)n * 3, sizeof(float));
+    float *gd = malloc(n * sizeof(float));
+    for (size_t o = 0; o < QR_ARRAY_LEN(names); o++) {
+        /* By hand: weight-decay 0, fed g + wd*var (dense: every element;
+         * sparse: the summed rows 2 and 0 of the duplicate-index push). */
+        qr_optim *opt;
+        char kv[64];
+        snprintf(kv, sizeof kv, "optimizer=%s", names[o]);
+        assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
+        qr_optim_slots *s;
+        assert_int_equal(qr_optim_slots_create(opt, rows, dim, &s), QR_OK);
+        memcpy(want, var0, n * sizeof(float));
+        for (int step = 0; step < 3; step++) {
+            if (step % 2 == 0) {
+                for (int64_t i = 0; i < n; i++) gd[i] = g[step][i] + wd * want[i];
+                assert_int_equal(qr_optim_apply_dense(opt, s, want, gd, n, -1, step + 1), QR_OK);
+            } else {
+                int64_t idx[2] = {rows - 1, 0};
+                for (int64_t i = 0; i < dim; i++) {
+                    gd[i] = (g[step][i] + g[step][2 * dim + i]) + wd * want[(rows - 1) * dim + i];
+                    gd[dim + i] = g[step][dim + i] + wd * want[i];
+                }
+                assert_int_equal(qr_optim_apply_sparse(opt, s, want, rows, dim, idx, gd, 2, -1,
+                                                       step + 1), QR_OK);
+            }
+        }
+        for (int j = 0; j < qr_optim_row_slots(opt); j++) {
+            float *data;
+            qr_optim_slot(s, j, NULL, &data, NULL);
+            memcpy(want_slots + j * n, data, (size_t)n * sizeof(float));
+        }
+        int nrow = qr_optim_row_slots(opt);
+        qr_optim_slots_free(s);
+        qr_optim_free(opt);
+        for (int threads = 1; threads <= 3; threads += 2) {
+            memcpy(got, var0, n * sizeof(float));
+            wd_apply(names[o], "0.25", threads, got, rows, dim, (const float *const *)g, 3,
+                     got_slots);
+            if (memcmp(got, want, n * sizeof(float)) ||
+                memcmp(got_slots, want_slots, (size_t)(n * nrow) * sizeof(float)))
+                fail_msg("%s, %d threads: weight-decay is not g + wd*var", names[o], threads);
+        }
+        /* weight-decay=0 set explicitly: the very bits of no decay */
+        float *plain = malloc(n * sizeof(float));
+        memcpy(plain, var0, n * sizeof(float));
+        memcpy(got, var0, n * sizeof(float));
+        wd_apply(names[o], "0", 1, got, rows, dim, (const float *const *)g, 3, got_slots);
+        assert_int_equal(try_make(&opt, kv, NULL), QR_OK);
+        assert_int_equal(qr_optim_slots_create(opt, rows, dim, &s), QR_OK);
+        int64_t idx[3] = {rows - 1, 0, rows - 1};
+        for (int step = 0; step < 3; step++)
+            assert_int_equal(step % 2 ? qr_optim_apply_sparse(opt, s, plain, rows, dim, idx,
+                                                              g[step], 3, -1, step + 1)
+                                      : qr_optim_apply_dense(opt, s, plain, g[step], n, -1,
+                                                             step + 1),
+                             QR_OK);
+        assert_memory_equal(got, plain, n * sizeof(float));
+        free(plain);
+        qr_optim_slots_free(s);
+        qr_optim_free(opt);
+    }
+    /* SGD's out-of-place apply decays too: the bits of the in-place one */
+    qr_optim *opt;
+    assert_int_equal(try_make(&opt, "optimizer=sgd", "weight-decay=0.25", "apply-threads=3", NULL),
+                     QR_OK);
+    qr__optim_set_parallel_min(opt, 1000);
+    qr_optim_slots *s;
+    assert_int_equal(qr_optim_slots_create(opt, n, 1, &s), QR_OK);
+    assert_true(qr_optim_stateless(opt));
+    assert_int_equal(qr_optim_apply_dense_to(opt, got, var0, g[0], n, -1), QR_OK);
+    memcpy(want, var0, n * sizeof(float));
+    assert_int_equal(qr_optim_apply_dense(opt, s, want, g[0], n, -1, 1), QR_OK);
+    assert_memory_equal(got, want, n * sizeof(float));
+    for (int64_t i = 0; i < n; i += 101)
+        assert_true(want[i] == var0[i] - (g[0][i] + 0.25f * var0[i]) * 0.05f);
+    qr_optim_slots_free(s);
+    qr_optim_free(opt);
+    for (int k = 0; k < 3; k++) free(g[k]);
+    free(var0);
+    free(want);
+    free(got);
+    free(want_slots);
+    free(got_slots);
+    free(gd);
 }
 
 /* tf.compat.v1.train.exponential_decay: lr * rate^(step / steps), floored
@@ -567,6 +754,7 @@ int main(void) {
         cmocka_unit_test(test_bad_calls_change_nothing),
         cmocka_unit_test(test_all_finite),
         cmocka_unit_test(test_threads_bit_identical),
+        cmocka_unit_test(test_weight_decay_is_l2_in_the_gradient),
         cmocka_unit_test(test_decayed_lr),
         cmocka_unit_test(test_apply_dense_to),
         cmocka_unit_test(test_sgd_into_grad),

@@ -242,6 +242,95 @@ static void test_adam_async(void **state) {
     qr_optim_free(opt);
 }
 
+/* AdamW (torch.optim.AdamW), lr 0.1, weight-decay 0.5, beta1 0.9,
+ * beta2 0.999, eps 1e-8, var = 1, g = 0.5:
+ *   t = 1: var = 1 * (1 - 0.1*0.5) = 0.95                      decay first
+ *          m = 0.1*0.5 = 0.05, v = 0.001*0.25 = 0.00025
+ *          bias_c1 = 0.1, bias_c2 = 0.001
+ *          sqrt(v)/sqrt(bias_c2) = 0.0158113883/0.0316227766 = 0.5
+ *          var = 0.95 - (0.1/0.1) * 0.05/(0.5 + 1e-8) = 0.95 - 0.099999998 = 0.850000002
+ *   t = 2: var = 0.850000002 * 0.95 = 0.807500002
+ *          m = 0.9*0.05 + 0.05 = 0.095, v = 0.999*0.00025 + 0.00025 = 0.00049975
+ *          bias_c1 = 0.19, bias_c2 = 0.001999: m/bias_c1 = 0.5, v/bias_c2 = 0.25
+ *          var = 0.807500002 - 0.1 * 0.5/(0.5 + 1e-8) = 0.707500004
+ * (Without the decay it would be 0.8: each step of a constant gradient is
+ * lr.) The same as a sparse apply, lazy: on a (2, 1) variable [1, 1] with
+ * row 1 touched at t = 1, row 1 becomes 0.850000002 and row 0 stays 1,
+ * undecayed. A first apply at global step 3 uses t = 3 (bias_c1 = 0.271,
+ * bias_c2 = 0.002997001):
+ *   var = 0.95 - (0.1/0.271) * 0.05/(0.0158113883/0.0547448718 + 1e-8)
+ *       = 0.95 - 0.369003690 * 0.05/0.288820 = 0.95 - 0.0638814 = 0.886118642 */
+static void test_adamw(void **state) {
+    qr_optim *opt = make("optimizer=adamw", "lr=0.1", "weight-decay=0.5", NULL);
+    qr_optim_slots *s;
+    assert_int_equal(qr_optim_slots_create(opt, 1, 1, &s), QR_OK);
+    float var = 1, g = 0.5f;
+    assert_int_equal(qr_optim_apply_dense(opt, s, &var, &g, 1, -1, 1), QR_OK);
+    NEAR(slot_data(s, "m")[0], 0.05);
+    NEAR(slot_data(s, "v")[0], 0.00025);
+    NEAR(var, 0.850000002);
+    assert_int_equal(qr_optim_apply_dense(opt, s, &var, &g, 1, -1, 2), QR_OK);
+    NEAR(slot_data(s, "m")[0], 0.095);
+    NEAR(slot_data(s, "v")[0], 0.00049975);
+    NEAR(var, 0.707500004);
+    assert_int_equal(qr_optim_apply_dense(opt, s, &var, &g, 1, -1, 0), QR_EINVAL);
+    qr_optim_slots_free(s);
+
+    assert_int_equal(qr_optim_slots_create(opt, 2, 1, &s), QR_OK);
+    float rows[2] = {1, 1};
+    int64_t idx = 1;
+    assert_int_equal(qr_optim_apply_sparse(opt, s, rows, 2, 1, &idx, &g, 1, -1, 1), QR_OK);
+    assert_true(rows[0] == 1.0f);
+    NEAR(rows[1], 0.850000002);
+    assert_true(slot_data(s, "m")[0] == 0.0f);
+    qr_optim_slots_free(s);
+
+    assert_int_equal(qr_optim_slots_create(opt, 1, 1, &s), QR_OK);
+    var = 1;
+    assert_int_equal(qr_optim_apply_dense(opt, s, &var, &g, 1, -1, 3), QR_OK);
+    NEAR(var, 0.886118642);
+    qr_optim_slots_free(s);
+    qr_optim_free(opt);
+}
+
+/* Weight decay as torch's weight_decay (L2 in the gradient), SGD lr 0.1,
+ * weight-decay 0.5, var = [1, -2], g = [0.5, -1]:
+ *   g' = g + 0.5*var = [1, -2];  var = [1 - 0.1*1, -2 + 0.1*2] = [0.9, -1.8]
+ * Momentum 0.9 on the same, twice (var = 1, g = 0.5):
+ *   step 1: g' = 1,          accum = 1,               var = 1 - 0.1 = 0.9
+ *   step 2: g' = 0.5 + 0.45 = 0.95, accum = 0.9 + 0.95 = 1.85, var = 0.9 - 0.185 = 0.715
+ * Sparse SGD on a (2, 1) variable [1, 1], row 1 touched with g = 0.5:
+ * row 1 = 1 - 0.1*(0.5 + 0.5) = 0.9; row 0, untouched, is not decayed. */
+static void test_weight_decay(void **state) {
+    qr_optim *opt = make("optimizer=sgd", "lr=0.1", "weight-decay=0.5", NULL);
+    qr_optim_slots *s;
+    assert_int_equal(qr_optim_slots_create(opt, 1, 2, &s), QR_OK);
+    float var[2] = {1, -2}, g[2] = {0.5f, -1};
+    assert_int_equal(qr_optim_apply_dense(opt, s, var, g, 2, -1, 1), QR_OK);
+    NEAR(var[0], 0.9);
+    NEAR(var[1], -1.8);
+    qr_optim_slots_free(s);
+    assert_int_equal(qr_optim_slots_create(opt, 2, 1, &s), QR_OK);
+    float rows[2] = {1, 1};
+    int64_t idx = 1;
+    assert_int_equal(qr_optim_apply_sparse(opt, s, rows, 2, 1, &idx, g, 1, -1, 1), QR_OK);
+    assert_true(rows[0] == 1.0f);
+    NEAR(rows[1], 0.9);
+    qr_optim_slots_free(s);
+    qr_optim_free(opt);
+
+    opt = make("optimizer=momentum", "lr=0.1", "momentum=0.9", "weight-decay=0.5", NULL);
+    assert_int_equal(qr_optim_slots_create(opt, 1, 1, &s), QR_OK);
+    float v = 1;
+    assert_int_equal(qr_optim_apply_dense(opt, s, &v, g, 1, -1, 1), QR_OK);
+    NEAR(v, 0.9);
+    assert_int_equal(qr_optim_apply_dense(opt, s, &v, g, 1, -1, 2), QR_OK);
+    NEAR(slot_data(s, "momentum")[0], 1.85);
+    NEAR(v, 0.715);
+    qr_optim_slots_free(s);
+    qr_optim_free(opt);
+}
+
 /* FTRL, lr 0.1, lr_power -0.5, initial accumulator 16, l1 1, l2 0.5,
  * var = [0.5, 0], g = [3, 0.5]:
  *   element 0: new_accum = 16 + 9 = 25
@@ -305,6 +394,7 @@ int main(void) {
         cmocka_unit_test(test_adagrad),  cmocka_unit_test(test_rmsprop),
         cmocka_unit_test(test_adam),     cmocka_unit_test(test_adam_async),
         cmocka_unit_test(test_ftrl),     cmocka_unit_test(test_sparse_duplicates),
+        cmocka_unit_test(test_adamw),    cmocka_unit_test(test_weight_decay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
