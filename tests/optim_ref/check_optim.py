@@ -18,12 +18,21 @@ run them through libquorum, and recomputes the same steps:
     next to rms ~ 0.01..1), Adam (torch.optim.SparseAdam given every row:
     TF's ApplyAdam form, epsilon after sqrt and not bias-corrected, which
     torch.optim.Adam does differently; and SparseAdam on sparse gradients,
-    the lazy Adam quorum implements);
+    the lazy Adam quorum implements); weight-decay as torch's weight_decay
+    (L2 added to the gradient) in torch.optim.SGD, Adagrad and RMSprop, and
+    in torch.optim.Adam for Adam (SparseAdam has no weight_decay; the
+    Adam + weight-decay case runs with epsilon 1e-12, where TF's and
+    torch's placements of epsilon cannot differ by more than float
+    rounding, so torch.optim.Adam itself is the reference); AdamW
+    (torch.optim.AdamW, dense, its default weight_decay 0.01 included);
   * with formulas written here, separately from the C code, from the TF /
     DeepRec kernels, in numpy float32, for every optimizer (all slots
     included), and for what torch does not have: AdamAsync (dense, lazy
     sparse, Nesterov, the apply-sparse-rmsprop switch), FTRL, Adam with a
-    global step that is not the number of applies, per-call learning rates.
+    global step that is not the number of applies, per-call learning rates,
+    AdamW's lazy sparse apply (torch refuses sparse gradients in AdamW),
+    and weight-decay on sparse applies (only the touched rows get
+    g + wd * var: torch would decay every row of a dense parameter).
 
 Every value of var after every step, and every slot at the end, is
 compared. Error measure, per value: |quorum - ref| / max(|ref|, FLOOR)
@@ -197,6 +206,21 @@ def ref_adam_async(hp, var, s, g, lr, t, sparse):
     s["beta2_power"][0] = s["beta2_power"][0] * b2
 
 
+def ref_adamw(hp, var, s, g, lr, t, sparse):
+    # torch.optim.AdamW (decoupled weight decay), t = the global step:
+    # var *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+    # var -= lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
+    b1, b2 = hp["beta1"], hp["beta2"]
+    keep = f32(1.0 - float(lr) * hp["weight-decay"])
+    step = f32(float(lr) / (1.0 - b1 ** t))
+    bias_c2_sqrt = f32(np.sqrt(1.0 - b2 ** t))
+    m, v = s["m"], s["v"]
+    w = var * keep
+    m += (g - m) * f32(1.0 - b1)
+    v[:] = v * f32(b2) + f32(1.0 - b2) * g * g
+    var[:] = w - step * m / (np.sqrt(v) / bias_c2_sqrt + f32(hp["epsilon"]))
+
+
 def ref_ftrl(hp, var, s, g, lr, t, sparse):
     # TF ApplyFtrl, p = -lr_power
     p = -hp["lr-power"]
@@ -218,19 +242,24 @@ def ref_ftrl(hp, var, s, g, lr, t, sparse):
 
 
 # name -> (formula, defaults, per-row slots with initial values, scalar slots)
+# "weight-decay" (0 but for AdamW) is added to the gradient by formula_run
+# for all but AdamW, whose formula decays the variable itself.
 OPTIMIZERS = {
-    "sgd": (ref_sgd, {"lr": 0.05}, [], []),
-    "momentum": (ref_momentum, {"lr": 0.05, "momentum": 0.9, "nesterov": False},
-                 [("momentum", 0.0)], []),
-    "adagrad": (ref_adagrad, {"lr": 0.001, "initial-accumulator": 0.1},
+    "sgd": (ref_sgd, {"lr": 0.05, "weight-decay": 0.0}, [], []),
+    "momentum": (ref_momentum, {"lr": 0.05, "momentum": 0.9, "nesterov": False,
+                                "weight-decay": 0.0}, [("momentum", 0.0)], []),
+    "adagrad": (ref_adagrad, {"lr": 0.001, "initial-accumulator": 0.1, "weight-decay": 0.0},
                 [("accumulator", "initial-accumulator")], []),
     "rmsprop": (ref_rmsprop, {"lr": 0.001, "decay": 0.9, "momentum": 0.0, "epsilon": 1e-10,
-                              "centered": False},
+                              "centered": False, "weight-decay": 0.0},
                 [("rms", 1.0), ("momentum", 0.0), ("mg", 0.0)], []),
     "adam": (ref_adam, {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
-                        "nesterov": False}, [("m", 0.0), ("v", 0.0)], []),
+                        "nesterov": False, "weight-decay": 0.0}, [("m", 0.0), ("v", 0.0)], []),
+    "adamw": (ref_adamw, {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
+                          "weight-decay": 0.01}, [("m", 0.0), ("v", 0.0)], []),
     "adam_async": (ref_adam_async, {"lr": 0.001, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
-                                    "nesterov": False, "apply-sparse-rmsprop": False},
+                                    "nesterov": False, "apply-sparse-rmsprop": False,
+                                    "weight-decay": 0.0},
                    [("m", 0.0), ("v", 0.0)], [("beta1_power", "beta1"), ("beta2_power", "beta2")]),
     "ftrl": (ref_ftrl, {"lr": 0.001, "lr-power": -0.5, "initial-accumulator": 0.1, "l1": 0.0,
                         "l2": 0.0}, [("accum", "initial-accumulator"), ("linear", 0.0)], []),
@@ -265,11 +294,14 @@ def formula_run(case, var0, steps):
         slots[sname] = np.full((rows, dim), f32(val), F32)
     for sname, init in scalar_slots:
         slots[sname] = np.array([f32(hp[init])], F32)
+    # weight-decay, coupled (torch's L2): g + wd * var, var before the step
+    wd = f32(hp.get("weight-decay", 0.0)) if name != "adamw" else f32(0)
     traj = []
     for st in steps:
         lr = f32(hp["lr"]) if st["lr"] < 0 else f32(st["lr"])
         if st["kind"] == "dense":
-            fn(hp, var, slots, st["grad"], lr, st["t"], False)
+            g = st["grad"] + wd * var if wd else st["grad"]
+            fn(hp, var, slots, g, lr, st["t"], False)
         elif len(st["idx"]) > 0:
             # duplicates summed in order of appearance, rows in first-occurrence order
             uniq, first = np.unique(st["idx"], return_index=True)
@@ -279,6 +311,8 @@ def formula_run(case, var0, steps):
             for i, r in enumerate(st["idx"]):
                 gsum[pos[r]] += st["grad"][i]
             rv = var[uniq]
+            if wd:  # only the touched rows are decayed
+                gsum = gsum + wd * rv
             rs = {k: (v[uniq] if v.shape == var.shape else v) for k, v in slots.items()}
             fn(hp, rv, rs, gsum, lr, st["t"], True)
             var[uniq] = rv
@@ -301,19 +335,20 @@ def torch_run(case, var0, steps):
     hp = hyper(case)
     p = torch.nn.Parameter(torch.tensor(var0.copy()))
     lr = hp["lr"]
+    wd = hp["weight-decay"]
     slot_map = {}
     if name == "sgd":
-        opt = torch.optim.SGD([p], lr=lr)
+        opt = torch.optim.SGD([p], lr=lr, weight_decay=wd)
     elif name == "momentum":
         opt = torch.optim.SGD([p], lr=lr, momentum=hp["momentum"], dampening=0,
-                              nesterov=hp["nesterov"])
+                              nesterov=hp["nesterov"], weight_decay=wd)
         slot_map = {"momentum": "momentum_buffer"}
     elif name == "adagrad":
-        opt = torch.optim.Adagrad([p], lr=lr, eps=0.0,
+        opt = torch.optim.Adagrad([p], lr=lr, eps=0.0, weight_decay=wd,
                                   initial_accumulator_value=hp["initial-accumulator"])
         slot_map = {"accumulator": "sum"}
     elif name == "rmsprop":
-        opt = torch.optim.RMSprop([p], lr=lr, alpha=hp["decay"], eps=0.0,
+        opt = torch.optim.RMSprop([p], lr=lr, alpha=hp["decay"], eps=0.0, weight_decay=wd,
                                   momentum=hp["momentum"], centered=hp["centered"])
         # TF1 starts "rms" at 1 (torch at 0): start torch's state the same way
         st = {"step": torch.tensor(0.0), "square_avg": torch.ones_like(p)}
@@ -323,9 +358,21 @@ def torch_run(case, var0, steps):
             st["grad_avg"] = torch.zeros_like(p)
         opt.state[p] = st
         slot_map = {"rms": "square_avg", "mg": "grad_avg"}
+    elif name == "adam" and wd:
+        # SparseAdam has no weight_decay; Adam's epsilon sits elsewhere
+        # (after the bias correction), which the case makes immaterial
+        # with epsilon 1e-12
+        assert hp["epsilon"] <= 1e-12, "adam with weight-decay against torch: epsilon 1e-12"
+        opt = torch.optim.Adam([p], lr=lr, betas=(hp["beta1"], hp["beta2"]), eps=hp["epsilon"],
+                               weight_decay=wd)
+        slot_map = {"m": "exp_avg", "v": "exp_avg_sq"}
     elif name == "adam":
         opt = torch.optim.SparseAdam([p], lr=lr, betas=(hp["beta1"], hp["beta2"]),
                                      eps=hp["epsilon"])
+        slot_map = {"m": "exp_avg", "v": "exp_avg_sq"}
+    elif name == "adamw":
+        opt = torch.optim.AdamW([p], lr=lr, betas=(hp["beta1"], hp["beta2"]), eps=hp["epsilon"],
+                                weight_decay=wd)
         slot_map = {"m": "exp_avg", "v": "exp_avg_sq"}
     else:
         raise ValueError(name)
@@ -334,7 +381,7 @@ def torch_run(case, var0, steps):
     for st in steps:
         assert st["lr"] < 0, "torch cases keep lr constant"
         if st["kind"] == "dense":
-            if name == "adam":  # SparseAdam given every row = TF ApplyAdam
+            if name == "adam" and not wd:  # SparseAdam given every row = TF ApplyAdam
                 idx = torch.arange(rows).unsqueeze(0)
                 p.grad = torch.sparse_coo_tensor(idx, torch.tensor(st["grad"]), (rows, dim))
             else:
@@ -412,6 +459,37 @@ CASES = [
                     "initial-accumulator": "0.5"}, ["formula"], [D, S], {}),
     ("ftrl_power0", {"optimizer": "ftrl", "lr": "0.1", "lr-power": "0", "l2": "0.5"},
      ["formula"], [D], {}),
+    # weight-decay: torch's weight_decay, L2 added to the gradient
+    ("sgd_wd", {"optimizer": "sgd", "lr": "0.05", "weight-decay": "0.1"},
+     ["torch", "formula"], [D], {}),
+    ("sgd_wd_sparse", {"optimizer": "sgd", "weight-decay": "0.1"}, ["formula"], [S, D], {}),
+    ("momentum_wd", {"optimizer": "momentum", "lr": "0.01", "weight-decay": "0.05"},
+     ["torch", "formula"], [D], {}),
+    ("nesterov_wd", {"optimizer": "momentum", "lr": "0.01", "nesterov": "true",
+                     "momentum": "0.8", "weight-decay": "0.05"}, ["torch", "formula"], [D], {}),
+    ("adagrad_wd", {"optimizer": "adagrad", "lr": "0.05", "weight-decay": "0.05"},
+     ["torch", "formula"], [D], {}),
+    ("adagrad_wd_sparse", {"optimizer": "adagrad", "lr": "0.05", "weight-decay": "0.05"},
+     ["formula"], [S], {}),
+    ("rmsprop_wd", {"optimizer": "rmsprop", "lr": "0.01", "momentum": "0.9",
+                    "weight-decay": "0.02"}, ["torch", "formula"], [D], {}),
+    ("rmsprop_centered_wd", {"optimizer": "rmsprop", "lr": "0.01", "centered": "true",
+                             "weight-decay": "0.02"}, ["torch", "formula"], [D], {}),
+    ("adam_wd", {"optimizer": "adam", "lr": "0.01", "epsilon": "1e-12",
+                 "weight-decay": "0.05"}, ["torch", "formula"], [D], {}),
+    ("adam_wd_sparse_varlr", {"optimizer": "adam", "weight-decay": "0.05"}, ["formula"],
+     [S, D], {"lr": "vary", "t_scale": 2}),
+    ("adam_async_wd", {"optimizer": "adam_async", "lr": "0.01", "weight-decay": "0.05"},
+     ["formula"], [D, S, E], {}),
+    # AdamW: decoupled decay, torch.optim.AdamW
+    ("adamw", {"optimizer": "adamw", "lr": "0.01", "weight-decay": "0.1"},
+     ["torch", "formula"], [D], {}),
+    ("adamw_default_wd", {"optimizer": "adamw", "lr": "0.01", "beta2": "0.99"},
+     ["torch", "formula"], [D], {}),
+    ("adamw_sparse_lazy", {"optimizer": "adamw", "lr": "0.01", "weight-decay": "0.1"},
+     ["formula"], [S, S, E, D], {}),
+    ("adamw_varlr_step3", {"optimizer": "adamw", "weight-decay": "0.2", "beta1": "0.8"},
+     ["formula"], [D, S], {"lr": "vary", "t_scale": 3}),
 ]
 
 
