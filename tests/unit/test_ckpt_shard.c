@@ -3,7 +3,8 @@
  * with the format's functions alone (ps/ckpt_shard.h): no ps, no cluster.
  *
  * A store holds two dense variables trained by the ps's Adam (per-element
- * slots and scalar ones), one with a moving average, and an embedding
+ * slots and scalar ones), one with a moving average, a third with its own
+ * AdamW (options "optimizer=adamw,weight-decay=0.05"), and an embedding
  * table with its own Adagrad (per-row slots), admission candidates and
  * eviction steps. The shard is snapshotted, then the live variables are
  * changed as an apply would change them (qr__ckpt_before_apply first):
@@ -60,11 +61,13 @@ static ckpt_shard_ctx ctx_of(world *w, qr_store *store) {
 }
 
 static qr_var *dense(world *w, uint32_t id, const char *name, int ndim, const int64_t *shape,
-                     bool average) {
+                     bool average, const char *options) {
     qr_var *v = calloc(1, sizeof *v);
     v->id = id;
     v->name = strdup(name);
-    v->options = strdup("");
+    v->options = strdup(options);
+    if (options[0])
+        assert_int_equal(qr_optim_create_for_var(&v->optim, w->cfg, options), QR_OK);
     v->ndim = ndim;
     v->n = 1;
     for (int i = 0; i < ndim; i++) v->n *= (v->shape[i] = shape[i]);
@@ -73,7 +76,9 @@ static qr_var *dense(world *w, uint32_t id, const char *name, int ndim, const in
     v->value = qr_tensor_new(v->n);
     fill(v->value->data, v->n);
     int64_t dim = shape[ndim - 1];
-    assert_int_equal(qr_optim_slots_create(w->optim, v->n / dim, dim, &v->slots), QR_OK);
+    assert_int_equal(
+        qr_optim_slots_create(v->optim ? v->optim : w->optim, v->n / dim, dim, &v->slots),
+        QR_OK);
     for (int s = 0; s < qr_optim_slots_count(v->slots); s++) {
         const char *slot;
         float *data;
@@ -137,9 +142,13 @@ static int setup(void **state) {
     snprintf(w->dir, sizeof w->dir, "/tmp/qr-test-shard-%d", (int)getpid());
     assert_int_equal(qr_mkdir(w->dir), QR_OK); /* the checkpoint root, as qr__ckpt_init */
     int64_t shape_w[2] = {ROWS, COLS}, shape_b[1] = {BIAS};
-    dense(w, 1, "layer0/weights", 2, shape_w, true);
-    dense(w, 2, "layer0/biases", 1, shape_b, false);
+    dense(w, 1, "layer0/weights", 2, shape_w, true, "");
+    dense(w, 2, "layer0/biases", 1, shape_b, false, "");
     table(w, 3, "emb");
+    qr_var *adamw = dense(w, 4, "layer1/weights", 2, shape_w, false,
+                          "optimizer=adamw,weight-decay=0.05");
+    assert_string_equal(qr_optim_name(adamw->optim), "adamw");
+    assert_int_equal(qr_optim_slots_count(adamw->slots), 2);
     *state = w;
     return 0;
 }
@@ -205,6 +214,10 @@ static void assert_stores_equal(const qr_store *want, const qr_store *got) {
         assert_int_equal(a->version, b->version);
         assert_string_equal(a->options, b->options);
         assert_true((a->optim == NULL) == (b->optim == NULL));
+        if (a->optim) { /* remade from the options: the same optimizer */
+            assert_string_equal(qr_optim_name(a->optim), qr_optim_name(b->optim));
+            assert_true(qr_optim_weight_decay(a->optim) == qr_optim_weight_decay(b->optim));
+        }
         assert_slots_equal(a, b);
         assert_true((a->average == NULL) == (b->average == NULL));
         if (a->average)
@@ -300,6 +313,20 @@ static void test_snapshot_write_restore(void **state) {
     snprintf(path, sizeof path, "%s", j->path);
     assert_non_null(strstr(path, w->dir));
     qr__ckpt_shard_free(j);
+    /* AdamW's slots carry TF's naming, the optimizer's class name:
+     * "layer1/weights/AdamW" (m) and "layer1/weights/AdamW_1" (v) */
+    FILE *fp = fopen(path, "rb");
+    assert_non_null(fp);
+    static char bytes[1 << 16];
+    size_t len = fread(bytes, 1, sizeof bytes - 1, fp);
+    fclose(fp);
+    bytes[len] = 0;
+    bool m_named = false, v_named = false;
+    for (size_t i = 0; i + 24 < len; i++) {
+        m_named |= !memcmp(bytes + i, "\"layer1/weights/AdamW\"", 22);
+        v_named |= !memcmp(bytes + i, "\"layer1/weights/AdamW_1\"", 24);
+    }
+    assert_true(m_named && v_named);
     for (uint32_t i = 0; i < w->store.cap; i++)
         if (w->store.by_id[i]) assert_null(w->store.by_id[i]->ckpt);
 
