@@ -21,6 +21,8 @@ SETTINGS = {
     # A tiny initial accumulator keeps the random initialization (see
     # docs/OPTIMIZERS.md, "FTRL on deep networks").
     "ftrl": ["--lr", "0.05", "--initial-accumulator", "1e-6"],
+    # torch's AdamW, its default weight decay (0.01)
+    "adamw": ["--lr", "0.0005"],
 }
 # Async runs are not reproducible (arrival order varies), so each setting
 # was chosen to clear the target by about 0.02 over repeated runs.
@@ -51,10 +53,13 @@ for name in names:
         failures.append("%s: accuracy %.4f < %.2f" % (name, acc, TARGET[data]))
 if data == "digits" and len(names) == len(SETTINGS):
     # Per-variable optimizers: Adagrad on the first layer, Adam on the
-    # output bias, the ps's momentum on the rest.
+    # output bias, the ps's momentum with weight decay on the rest but the
+    # hidden bias (no decay on a bias, as torch users write param groups).
     proc = Proc([quorum, "launch", "--ps", "2", "--workers", "3", "--data", data, "--epochs",
-                 "40", "--optimizer", "momentum", "--lr", "0.01", "--seed", "3", "--json",
+                 "40", "--optimizer", "momentum", "--lr", "0.01", "--weight-decay", "1e-4",
+                 "--seed", "3", "--json",
                  "--quiet", "--var-opt", "layer0/weights:optimizer=adagrad,lr=0.05",
+                 "--var-opt", "layer1/bias:weight-decay=0",
                  "--var-opt", "layer2/bias:optimizer=adam,lr=0.001"])
     rc, out, err = proc.wait(timeout=600)
     assert rc == 0, err[-2000:]
