@@ -40,7 +40,7 @@ typedef struct bench_opts {
     const char *optims;
 } bench_opts;
 
-static const char *all_optims = "sgd,momentum,adagrad,rmsprop,adam,adam_async,ftrl";
+static const char *all_optims = "sgd,momentum,adagrad,rmsprop,adam,adam_async,ftrl,adamw";
 
 /* ---- the bandwidth bound: same arrays, same read/write pattern --------- */
 
@@ -382,7 +382,8 @@ int qr_bench_optim_main(int argc, char **argv) {
                (long long)o.n, (long long)o.nidx, (long long)o.dim, (long long)o.rows, o.reps);
 
     int rc = QR_OK;
-    const char *names[] = {"sgd", "momentum", "adagrad", "rmsprop", "adam", "adam_async", "ftrl"};
+    const char *names[] = {"sgd",        "momentum", "adagrad", "rmsprop",
+                           "adam",       "adam_async", "ftrl",  "adamw"};
     for (size_t k = 0; k < QR_ARRAY_LEN(names) && !rc; k++) {
         if (!qr__list_has(o.optims, ',', names[k])) continue;
         for (int t = 0; t < o.nthreads && !rc; t++) rc = bench_dense(&o, names[k], o.threads[t], results);
