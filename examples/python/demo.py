@@ -38,7 +38,7 @@ try:
 except TypeError as e:
     print("refused as expected:", e)
 try:
-    quorum.Config(optimizer="adamw")
+    quorum.Config(optimizer="adamax")
 except quorum.InvalidArgumentError as e:
     print("refused as expected:", e)
 w.stop_cluster()

@@ -332,16 +332,23 @@ static float frand(uint64_t *st) {
     return (float)((double)(*st >> 40) / (double)(1ull << 24) - 0.5);
 }
 
-/* Runs 3 dense and 3 sparse applies with `threads` threads; returns var
- * followed by every per-row slot. */
-static float *run_config(const char *name, const char *extra, int threads, int64_t rows,
-                         int64_t dim) {
+/* Optimizer `name` with `threads` apply threads and one more option
+ * (extra, "key=value"), splitting tensors of 1000 elements or more. */
+static qr_optim *make_split(const char *name, int threads, const char *extra) {
     char kv1[64], kv2[64];
     snprintf(kv1, sizeof kv1, "optimizer=%s", name);
     snprintf(kv2, sizeof kv2, "apply-threads=%d", threads);
     qr_optim *opt;
     assert_int_equal(try_make(&opt, kv1, kv2, extra, NULL), QR_OK);
     qr__optim_set_parallel_min(opt, 1000);
+    return opt;
+}
+
+/* Runs 3 dense and 3 sparse applies with `threads` threads; returns var
+ * followed by every per-row slot. */
+static float *run_config(const char *name, const char *extra, int threads, int64_t rows,
+                         int64_t dim) {
+    qr_optim *opt = make_split(name, threads, extra);
     qr_optim_slots *s;
     int64_t n = rows * dim;
     assert_int_equal(qr_optim_slots_create(opt, rows, dim, &s), QR_OK);
@@ -405,13 +412,9 @@ static void test_threads_bit_identical(void **state) {
  * nothing. */
 static void wd_apply(const char *name, const char *wd, int threads, float *var, int64_t rows,
                      int64_t dim, const float *const *grads, int nsteps, float *slots_out) {
-    char kv1[64], kv2[64], kv3[64];
-    snprintf(kv1, sizeof kv1, "optimizer=%s", name);
-    snprintf(kv2, sizeof kv2, "apply-threads=%d", threads);
-    snprintf(kv3, sizeof kv3, "weight-decay=%s", wd);
-    qr_optim *opt;
-    assert_int_equal(try_make(&opt, kv1, kv2, kv3, NULL), QR_OK);
-    qr__optim_set_parallel_min(opt, 1000);
+    char kv[64];
+    snprintf(kv, sizeof kv, "weight-decay=%s", wd);
+    qr_optim *opt = make_split(name, threads, kv);
     qr_optim_slots *s;
     int64_t n = rows * dim;
     assert_int_equal(qr_optim_slots_create(opt, rows, dim, &s), QR_OK);
