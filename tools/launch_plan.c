@@ -209,9 +209,10 @@ static void one_thread_per_task(const launch_plan *plan) {
     setenv("OMP_NUM_THREADS", "1", 1);
     if (!plan->command) return;
     fprintf(stderr, "quorum launch: setting OMP_NUM_THREADS=1 for every task, as torchrun does: "
-            "%d ps tasks and %d workers share this machine's %ld cores, and a thread pool per "
+            "%d ps task%s and %d worker%s share this machine's %ld cores, and a thread pool per "
             "process would overload them; set OMP_NUM_THREADS to tune it for your program\n",
-            plan->nps, plan->nworkers, sysconf(_SC_NPROCESSORS_ONLN));
+            plan->nps, plan->nps == 1 ? "" : "s", plan->nworkers, plan->nworkers == 1 ? "" : "s",
+            sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 int launch_plan_prepare(launch_plan *plan) {

@@ -70,7 +70,7 @@ for p in ps:  # the ps tasks get the thread counts, not the workers' ranks
     assert p == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RANK": None}, p
 assert err.count(NOTICE) == 1, err
 notice = [l for l in err.splitlines() if NOTICE in l][0]
-assert "1 ps tasks and 3 workers" in notice and "set OMP_NUM_THREADS to tune it" in notice, notice
+assert "1 ps task and 3 workers" in notice and "set OMP_NUM_THREADS to tune it" in notice, notice
 print("ok: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE per worker; OMP_NUM_THREADS=1, said once")
 
 # The user's values are kept, for every task, and nothing is said.
