@@ -345,8 +345,11 @@ QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
 QR_API int qr_worker_set_data_position(qr_worker *w, uint64_t position);
 QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
 /* The cluster's training statistics as one JSON object, written to buf:
- * "staleness", the histogram of async push staleness summed over the ps
- * tasks (buckets 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+);
+ * "staleness", the histogram of async gradient staleness (a count per
+ * variable of a push) summed over the ps tasks (buckets 0, 1, 2, 3, 4-7,
+ * 8-15, 16-31, 32-63, 64+); "stale_pushes_applied", the async pushes with
+ * a gradient of staleness 1 or more (a count per push, on each ps task it
+ * reached), summed over the ps tasks;
  * "applied_on_arrival", the large SGD pushes applied while they arrived,
  * and "rebased_on_arrival", the pushes that overtook one (docs/ASYNC.md),
  * both summed over the ps tasks; "tables", per embedding table its rows,

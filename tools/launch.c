@@ -30,8 +30,11 @@
  * workers instead (a PyTorch script, say): the ps tasks as above, and
  * COMMAND once per worker, with TF_CONFIG naming the cluster and the task
  * (the convention of TensorFlow and Kubeflow's TFJob, which the Python
- * package reads) and QUORUM_OPTIONS the options given before "--" (JSON),
- * supervised the same way. When every worker has ended well the ps tasks
+ * package reads), QUORUM_OPTIONS the options given before "--" (JSON), and
+ * torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (the task
+ * index and the number of workers; all run here), supervised the same way.
+ * As torchrun does, every task gets OMP_NUM_THREADS=1 unless the launcher's
+ * environment sets it (launch_plan.c), and the launcher says so. When every worker has ended well the ps tasks
  * are stopped, if the program did not stop the cluster itself.
  * The exit status says how every task ended: 0 all ended well; 1 the run
  * failed (a ps or the chief, or the launch itself); 3 training finished
@@ -189,6 +192,18 @@ static pid_t spawn_command(const launch_plan *plan, int index) {
     if (getppid() != parent) _exit(1);
     setenv("TF_CONFIG", config, 1);
     setenv("QUORUM_OPTIONS", plan->options_json ? plan->options_json : "{}", 1);
+    /* torchrun's variables, so that torch's own DistributedSampler and the
+     * like read this worker's place: every worker runs on this machine, so
+     * its local rank is its rank. No MASTER_ADDR/MASTER_PORT: nothing
+     * serves a torch.distributed rendezvous, and without them
+     * init_process_group fails at once, naming them, instead of waiting. */
+    char rank[16], size[16];
+    snprintf(rank, sizeof rank, "%d", index);
+    snprintf(size, sizeof size, "%d", plan->nworkers);
+    setenv("RANK", rank, 1);
+    setenv("WORLD_SIZE", size, 1);
+    setenv("LOCAL_RANK", rank, 1);
+    setenv("LOCAL_WORLD_SIZE", size, 1);
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
     execvp(plan->command[0], plan->command);
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", plan->command[0], strerror(errno));
@@ -337,8 +352,10 @@ int cmd_launch(int argc, char **argv) {
                    "temporary directory; loopback TCP with --transport tcp)\n"
                    "and train. Every other option is passed to every task.\n"
                    "With \"-- COMMAND\", each worker runs COMMAND instead (a Python script using\n"
-                   "the quorum package), with TF_CONFIG and QUORUM_OPTIONS (the options, JSON)\n"
-                   "set; the ps tasks are stopped once every worker has ended well.\n"
+                   "the quorum package), with TF_CONFIG, QUORUM_OPTIONS (the options, JSON),\n"
+                   "RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (as torchrun) set; the ps\n"
+                   "tasks are stopped once every worker has ended well.\n"
+                   "Every task gets OMP_NUM_THREADS=1 unless it is set already (as torchrun).\n"
                    "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
                    "rejoining at the current step; a ps alone, the cluster rolling back to\n"
                    "its newest checkpoint in place (needs --checkpoint-dir).\n"

@@ -2,10 +2,13 @@
  * launch_internal.h - the two halves of `quorum launch`:
  *   launch_plan.c  the plan: the options read and checked, every task's
  *                  address, the run's secret and directories, the metrics
- *                  ports; everything decided before a child starts, and
- *                  removed when the run ends
- *   launch.c       the supervision: the children started, watched,
- *                  restarted and stopped, and the exit status
+ *                  ports, the tasks' thread count (OMP_NUM_THREADS);
+ *                  everything decided before a child starts, and removed
+ *                  when the run ends
+ *   launch.c       the supervision: the children started (a program's
+ *                  workers with TF_CONFIG and torchrun's RANK, WORLD_SIZE,
+ *                  LOCAL_RANK, LOCAL_WORLD_SIZE), watched, restarted and
+ *                  stopped, and the exit status
  * The plan is read and prepared once; the supervisor only reads it.
  */
 #ifndef QR_LAUNCH_INTERNAL_H
@@ -42,8 +45,8 @@ typedef struct launch_plan {
 /* Read and check the options (argv after `launch`; a "--" ends them and
  * starts the workers' program). 0, or 2 with a message. */
 int launch_plan_read(int argc, char **argv, launch_plan *plan);
-/* Every task's address, checked; the run's directory and secret, named in
- * the environment the children inherit. QR_OK, or LAUNCH_FAILED with a
+/* Every task's address, checked; the run's directory and secret, and
+ * OMP_NUM_THREADS=1 unless set, in the environment the children inherit. QR_OK, or LAUNCH_FAILED with a
  * message. */
 int launch_plan_prepare(launch_plan *plan);
 /* Remove the run's secret and directories and free what the plan holds. */

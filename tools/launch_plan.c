@@ -5,7 +5,8 @@
  * the arguments passed through to every task; an address for every task
  * (Unix sockets in a private temporary directory, or free loopback TCP
  * ports with --transport tcp), checked as the tasks will check them; the
- * run's secret; the metrics ports; and, when the run ends, the removal of
+ * run's secret; the metrics ports; one OpenMP thread per task unless the
+ * environment says otherwise; and, when the run ends, the removal of
  * what the plan made (launch.c supervises the children in between).
  *
  * Unless given a secret (--secret-file, QUORUM_SECRET_FILE) or told to go
@@ -196,7 +197,26 @@ int launch_plan_read(int argc, char **argv, launch_plan *plan) {
     return rc;
 }
 
+/* One OpenMP thread per task, as torchrun sets for its workers: P + W
+ * processes share this machine's cores, and a program that starts a thread
+ * per core in each (torch does) overloads them (measured: a PyTorch job 30
+ * to 50 times slower). A value in the launcher's environment is kept.
+ * quorum's own tasks compute on one OpenBLAS thread already
+ * (OPENBLAS_NUM_THREADS, quorum.c), so the launcher tells only a program's
+ * users, once. */
+static void one_thread_per_task(const launch_plan *plan) {
+    if (getenv("OMP_NUM_THREADS")) return;
+    setenv("OMP_NUM_THREADS", "1", 1);
+    if (!plan->command) return;
+    fprintf(stderr, "quorum launch: setting OMP_NUM_THREADS=1 for every task, as torchrun does: "
+            "%d ps task%s and %d worker%s share this machine's %ld cores, and a thread pool per "
+            "process would overload them; set OMP_NUM_THREADS to tune it for your program\n",
+            plan->nps, plan->nps == 1 ? "" : "s", plan->nworkers, plan->nworkers == 1 ? "" : "s",
+            sysconf(_SC_NPROCESSORS_ONLN));
+}
+
 int launch_plan_prepare(launch_plan *plan) {
+    one_thread_per_task(plan);
     char *dir = plan->socket_dir = plan->tcp ? NULL : make_socket_dir();
     plan->self = realpath("/proc/self/exe", NULL);
     plan->ps_hosts = build_hosts(dir, "ps", plan->nps);

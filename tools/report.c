@@ -28,13 +28,17 @@ void cli_show_progress(const qr_train_progress *p, void *ctx) {
     c->last_shown = p->elapsed;
 }
 
-/* async: how many updates each gradient missed, as a histogram. */
+/* async: how many updates each gradient missed, as a histogram (a count
+ * per variable of a push), and the pushes with a stale gradient (a count
+ * per push on each ps it reached, as the stale_gradients summary). */
 static void add_staleness(cJSON *j, const cJSON *stats) {
     cJSON *st = cJSON_AddObjectToObject(j, "staleness");
     static const char *buckets[] = {"0", "1", "2", "3", "4-7", "8-15", "16-31", "32-63", "64+"};
     cJSON_AddItemToObject(st, "buckets", cJSON_CreateStringArray(buckets, 9));
     cJSON *counts = cJSON_GetObjectItem(stats, "staleness");
     if (counts) cJSON_AddItemToObject(st, "counts", cJSON_Duplicate(counts, 1));
+    cJSON *pushes = cJSON_GetObjectItem(stats, "stale_pushes_applied");
+    if (pushes) cJSON_AddItemToObject(st, "stale_pushes", cJSON_Duplicate(pushes, 1));
 }
 
 static void print_json(const cli_args *a, const char *mode, int nps, int nworkers,

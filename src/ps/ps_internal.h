@@ -475,7 +475,8 @@ struct qr_ps {
     uint64_t *worker_lost_ns;
     /* async */
     bool staleness_lr_scale;
-    uint64_t staleness_hist[QR_STALENESS_BUCKETS];
+    uint64_t staleness_hist[QR_STALENESS_BUCKETS]; /* per gradient (variable) */
+    uint64_t stale_pushes_applied; /* pushes with a gradient of staleness >= 1 */
     uint64_t fused_pushes;  /* items applied as they arrived (fused_apply.c) */
     uint64_t fused_rebases; /* applies that rebased such an item's results */
     push_item *fused;        /* fused pushes under way (fused_apply.c) */

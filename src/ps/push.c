@@ -192,6 +192,7 @@ typedef struct push_apply {
     bool ack_first;   /* acknowledged before the apply */
     float *save;      /* for rebasing another push's fused apply */
     size_t save_cap;
+    bool stale;       /* a gradient of the push missed an update */
 } push_apply;
 
 /* Make every tensor the push writes exclusive, and everything a fused
@@ -300,6 +301,7 @@ static int apply_item(qr_ps *ps, push_item *it, push_apply *a) {
      * pulled the version its gradient was computed at. */
     uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
     ps->staleness_hist[staleness_bucket(staleness)]++;
+    a->stale |= staleness > 0;
     if (it->fused) { /* computed while it arrived */
         qr__fused_install(ps, it);
         v->version++;
@@ -360,6 +362,8 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);
     qr__recv_pool_put(&ps->recv_pool, a.save, a.save_cap);
     if (!rc) qr__ckpt_applied(ps, p);
+    /* The summaries' stale_gradients count pushes, not their variables. */
+    if (!rc && a.stale) ps->stale_pushes_applied++;
     if (!rc && step) rc = count_step(p);
     if (rc && a.ack_first) {
         qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", qr_last_error());
@@ -379,6 +383,7 @@ void qr__push_stats_json(const qr_ps *ps, cJSON *j) {
     cJSON *hist = cJSON_AddArrayToObject(j, "staleness");
     for (int i = 0; i < QR_STALENESS_BUCKETS; i++)
         cJSON_AddItemToArray(hist, cJSON_CreateNumber((double)ps->staleness_hist[i]));
+    cJSON_AddNumberToObject(j, "stale_pushes_applied", (double)ps->stale_pushes_applied);
     cJSON_AddNumberToObject(j, "applied_on_arrival", (double)ps->fused_pushes);
     cJSON_AddNumberToObject(j, "rebased_on_arrival", (double)ps->fused_rebases);
 }

@@ -9,7 +9,9 @@
  *   global_step/sec    global steps per second since the previous point
  *   examples/sec       examples per second since the previous point
  *   stale_gradients    sync: gradients dropped as stale so far; async:
- *                      pushes computed on weights older than the ps's
+ *                      pushes computed on weights older than the ps's,
+ *                      counted per push (on each ps it reached), not per
+ *                      variable
  *   learning_rate      the rate the ps applies at this global step (the
  *                      lr-decay-* schedule)
  *   checkpoint_duration_s  the last checkpoint's, when there is one
@@ -48,19 +50,14 @@ static void from_stats(qr_worker *w, double *stale, double *ckpt_s) {
     if (qr_worker_stats(w, buf, sizeof buf)) return;
     cJSON *j = cJSON_Parse(buf);
     const cJSON *dropped = cJSON_GetObjectItemCaseSensitive(j, "stale_dropped");
-    const cJSON *hist = cJSON_GetObjectItemCaseSensitive(j, "staleness");
+    const cJSON *stale_pushes = cJSON_GetObjectItemCaseSensitive(j, "stale_pushes_applied");
     const cJSON *ck = cJSON_GetObjectItemCaseSensitive(j, "checkpoint");
     const cJSON *dur = cJSON_GetObjectItemCaseSensitive(ck, "last_duration_s");
     const cJSON *written = cJSON_GetObjectItemCaseSensitive(ck, "written");
-    if (cJSON_IsNumber(dropped)) {
-        *stale = dropped->valuedouble;
-    } else if (cJSON_IsArray(hist)) {
-        double n = 0;
-        int i = 0;
-        const cJSON *c;
-        cJSON_ArrayForEach(c, hist) n += i++ > 0 && cJSON_IsNumber(c) ? c->valuedouble : 0;
-        *stale = n;
-    }
+    /* Pushes, not gradients: the staleness histogram counts a push once
+     * per variable in it. */
+    if (cJSON_IsNumber(dropped)) *stale = dropped->valuedouble;
+    else if (cJSON_IsNumber(stale_pushes)) *stale = stale_pushes->valuedouble;
     if (cJSON_IsNumber(dur) && cJSON_IsNumber(written) && written->valuedouble > 0)
         *ckpt_s = dur->valuedouble;
     cJSON_Delete(j);

@@ -369,10 +369,16 @@ static int train_steps(worker_run *r, qr_train_result *res, double start) {
     return rc;
 }
 
+/* One BLAS thread per worker: several workers share the cores. A count
+ * the user set (OPENBLAS_NUM_THREADS, which the quorum tool otherwise sets
+ * to 1) is kept, as torchrun keeps a user's OMP_NUM_THREADS. */
+static void one_blas_thread_unless_set(void) {
+    if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
+}
+
 int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *cfg,
                     const qr_train_opts *o, qr_train_result *res) {
-    /* One BLAS thread per worker: several workers share the cores. */
-    openblas_set_num_threads(1);
+    one_blas_thread_unless_set();
     memset(res, 0, sizeof *res);
     res->test_accuracy_averaged = -1;
     res->test_auc = res->test_logloss = -1;
@@ -492,7 +498,7 @@ static void local_free(local_run *l) {
 }
 
 int qr_train_local(const qr_config *cfg, const qr_train_opts *o, qr_train_result *res) {
-    openblas_set_num_threads(1);
+    one_blas_thread_unless_set();
     memset(res, 0, sizeof *res);
     res->test_accuracy_averaged = -1;
     res->test_auc = res->test_logloss = -1;

@@ -117,6 +117,7 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
             cJSON_DeleteItemFromObject(total, "ps");
         } else {
             add_array(total, part, "staleness");
+            add_number(total, part, "stale_pushes_applied");
             add_number(total, part, "applied_on_arrival");
             add_number(total, part, "rebased_on_arrival");
             add_tables(total, part);

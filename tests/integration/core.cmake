@@ -9,6 +9,7 @@ endfunction()
 qr_integration_test(integration_hostile_client test_hostile.py)
 qr_integration_test(integration_connections test_connections.py)
 qr_integration_test(integration_launch test_launch.py)
+qr_integration_test(integration_launch_env test_launch_env.py)
 qr_integration_test(integration_cli test_cli.py)
 foreach(case many lost needed straggler sigterm hosts orphaned restart_worker restart_chief
              restart_ps hung)

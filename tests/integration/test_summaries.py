@@ -5,8 +5,10 @@ A sync run writes a point every 0.1 s and one at the end. TensorBoard's
 EventAccumulator must find every scalar, steps that only go forward, and a
 last point whose accuracy, test loss and step are the run's JSON summary's;
 summaries.jsonl must hold the same points as the event file. `quorum plot`
-draws a PNG from it. A --logdir that cannot be created stops the chief with
-a message naming it.
+draws a PNG from it. An async run's stale_gradients counts pushes, not
+their variables (docs/SUMMARIES.md): the mlp's 6 variables are in every
+push, so the staleness histogram holds 6 stale gradients per stale push.
+A --logdir that cannot be created stops the chief with a message naming it.
 Usage: test_summaries.py QUORUM_BINARY VENV_PYTHON"""
 
 import json
@@ -55,6 +57,25 @@ try:
         assert abs(l["loss"] - v) <= 1e-6 * max(1, abs(v)), (l["loss"], v)
     print("ok: %d points read back by TensorBoard; the last one is the run's summary "
           "(accuracy %.4f at step %d); summaries.jsonl agrees" % (len(steps), acc, acc_step))
+
+    alogdir = os.path.join(work, "async-logs")
+    rc, out, err = Proc([quorum, "launch", "--ps", "1", "--workers", "3", "--mode", "async",
+                         "--model", "mlp", "--steps", "600", "--logdir", alogdir,
+                         "--summary-secs", "0.1", "--json", "--quiet"]).wait(300)
+    assert rc == 0, err[-3000:]
+    arun = last_json(out)
+    counts, pushes = arun["staleness"]["counts"], arun["staleness"]["stale_pushes"]
+    assert sum(counts) % 6 == 0 and sum(counts[1:]) == 6 * pushes, arun["staleness"]
+    assert pushes > 0, arun["staleness"]  # 3 async workers: some pushes are stale
+    stale = [json.loads(l)["stale_gradients"] for l in open(os.path.join(alogdir,
+                                                                          "summaries.jsonl"))]
+    assert stale == sorted(stale), stale  # a count so far
+    # the last point is read just after the JSON's statistics (other
+    # workers may push in between); counted per variable it would be 6x
+    slack = 20 + arun["global_step"] // 10
+    assert pushes <= stale[-1] <= pushes + slack, (stale[-1], pushes, arun["global_step"])
+    print("ok: async stale_gradients counts pushes (%d), not gradients (%d)"
+          % (stale[-1], sum(counts[1:])))
 
     png = os.path.join(work, "run.png")
     p = subprocess.run([quorum, "plot", logdir, "-o", png], capture_output=True, text=True,
