@@ -1,149 +1,47 @@
-"""quorum for PyTorch: train any ``torch.nn.Module`` on the ps tier.
+"""``Optimizer``: trains a ``torch.nn.Module`` on the ps tier.
 
-    import quorum.torch as qt
-    model = Net()
-    opt = qt.Optimizer(model, "SGD", lr=0.1)   # was torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in batches:
-        opt.zero_grad()
-        loss_fn(model(x), y).backward()
-        opt.step()                              # push the gradients, pull fresh parameters
-    opt.close()
-
-``Optimizer`` declares every parameter by its name in the module, with the
-module's own initial values (the chief's), and the optimizer as the
-parameters' own options, so the ps tasks apply it whatever they were started
-with. ``step()`` pushes the gradients, and in sync mode takes the step's
-token, then pulls the new values into the parameters' own memory (no copy).
-Run alone (no TF_CONFIG), it starts a ps in this process, so the same script
-runs single-process; under ``quorum launch --ps P --workers W -- python
-train.py`` every worker trains one cluster's model.
-
-``Embedding`` is an embedding table on the ps tasks: its forward pulls the
-rows of the batch's distinct ids, and the next ``step()`` pushes their
-gradients as sparse rows (one quorum with the dense gradients in sync mode).
-
-``load_checkpoint`` / ``checkpoint_state_dict`` read a quorum checkpoint
-(safetensors shards) back into a module or a dict of tensors."""
+It declares every parameter by its name in the module, with the module's
+own initial values (the chief's), and the optimizer as the parameters' own
+options (options.py), so the ps tasks apply it whatever they were started
+with. ``step()`` pushes the gradients (and the rows of the model's
+``Embedding`` tables), and in sync mode takes the step's token, then pulls
+the new values into the parameters' own memory (no copy). Run alone (no
+TF_CONFIG), it starts a ps in this process, so the same script runs
+single-process; under ``quorum launch --ps P --workers W -- python
+train.py`` every worker trains one cluster's model."""
 
 from __future__ import annotations
 
 import atexit
-import glob
 import logging
 import os
 import shutil
 import sys
 import tempfile
-import types
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple, Type, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import torch
 
-from .cluster import Cluster, launcher_options
-from .errors import StaleError, StoppedError
-from .ps import PS
-from .worker import Request, Worker
+from ..cluster import Cluster, launcher_options
+from ..errors import StaleError, StoppedError
+from ..ps import PS
+from ..worker import Request, Worker
+from .embedding import Embedding
+from .options import optimizer_options
 
-__all__ = ["Optimizer", "Embedding", "shard", "load_checkpoint", "checkpoint_state_dict"]
+__all__ = ["Optimizer"]
 
 _log = logging.getLogger("quorum")
-
-# Set when the script dies of an uncaught exception (sys.excepthook runs
-# before atexit): a worker closed then has not finished its work, so it does
-# not say LEAVE, and the ps tasks wait for it to come back.
-_script_failed = False
-
-
-def _note_failure() -> None:
-    previous = sys.excepthook
-    if getattr(previous, "_quorum", False):
-        return
-
-    def hook(kind: Type[BaseException], value: BaseException,
-             tb: Optional[types.TracebackType]) -> None:
-        global _script_failed
-        _script_failed = True
-        previous(kind, value, tb)
-
-    setattr(hook, "_quorum", True)
-    sys.excepthook = hook
-
 
 def _close_at_exit(ref: "weakref.ReferenceType[Optimizer]") -> None:
     opt = ref()
     if opt is not None:
-        opt.close(finished=not _script_failed)
-
-
-def worker_rank() -> Tuple[int, int]:
-    """(this worker's index, the number of workers) from TF_CONFIG; (0, 1)
-    when run alone."""
-    text = os.environ.get("TF_CONFIG")
-    if not text:
-        return 0, 1
-    c = Cluster.from_tf_config(text)
-    return (c.task_index if c.job == "worker" else 0), c.num_workers
-
-
-def shard(items: Any) -> Any:
-    """This worker's part of items (every num_workers-th, from its index):
-    a tensor, an array or a list; all of it when run alone."""
-    rank, size = worker_rank()
-    return items[rank::size]
-
-# torch.optim names -> quorum's optimizers, and their hyper-parameters ->
-# quorum's options. Where the two differ in a detail, docs/PYTHON.md says.
-_NAMES = {"sgd": "sgd", "adam": "adam", "adagrad": "adagrad", "rmsprop": "rmsprop",
-          "adamasync": "adam_async", "adam_async": "adam_async", "ftrl": "ftrl",
-          "momentum": "momentum"}
-
-
-def _optimizer_options(optimizer: Union[str, type], hyper: Dict[str, Any]) -> str:
-    """The per-variable options string for optimizer and its settings."""
-    name = optimizer if isinstance(optimizer, str) else optimizer.__name__
-    key = name.lower().replace("-", "_")
-    if key not in _NAMES:
-        raise ValueError("optimizer %r: quorum has SGD, Adam, Adagrad, RMSprop, AdamAsync, "
-                         "FTRL" % (name,))
-    opt = _NAMES[key]
-    out: Dict[str, Any] = {}
-    for k, v in hyper.items():
-        if k == "lr":
-            out["lr"] = v
-        elif k == "momentum":
-            if opt == "sgd" and v:
-                opt = "momentum"
-            if v or opt != "sgd":
-                out["momentum"] = v
-        elif k == "nesterov":
-            out["nesterov"] = bool(v)
-        elif k == "betas":
-            out["beta1"], out["beta2"] = v
-        elif k == "eps" and opt == "adagrad":
-            # TensorFlow's Adagrad, quorum's, has none; torch's 1e-10 outside
-            # the square root changes nothing a float32 shows.
-            if v > 1e-10:
-                raise ValueError("Adagrad: quorum's (TensorFlow's) has no eps; eps=%r would "
-                                 "be dropped" % (v,))
-        elif k == "eps":
-            out["epsilon"] = v
-        elif k == "alpha" and opt == "rmsprop":
-            out["decay"] = v
-        elif k == "centered":
-            out["centered"] = bool(v)
-        elif k == "initial_accumulator_value":
-            out["initial-accumulator"] = v
-        elif k in ("l1", "l2", "lr_power", "beta1", "beta2", "epsilon", "decay",
-                   "apply_sparse_rmsprop", "initial_accumulator"):
-            out[k.replace("_", "-")] = v
-        elif k in ("weight_decay", "dampening") and not v:
-            pass
-        else:
-            raise ValueError("%s: option %r is not supported by quorum's %s" % (name, k, opt))
-    items = ["optimizer=%s" % opt] + ["%s=%s" % (k, str(v).lower() if isinstance(v, bool)
-                                                 else v) for k, v in out.items()]
-    return ",".join(items)
+        # An uncaught exception ended the script if sys.last_value is set
+        # (CPython sets it as it prints the traceback, before atexit runs):
+        # a worker that died so has not finished its work, so it does not
+        # say LEAVE, and the ps tasks wait for it to come back.
+        opt.close(finished=not hasattr(sys, "last_value"))
 
 
 def _float_param(name: str, p: torch.Tensor) -> None:
@@ -151,50 +49,6 @@ def _float_param(name: str, p: torch.Tensor) -> None:
         raise TypeError("parameter %r: quorum trains contiguous float32 CPU tensors, not %s on "
                         "%s%s" % (name, p.dtype, p.device,
                                   "" if p.is_contiguous() else " (non-contiguous)"))
-
-
-class Embedding(torch.nn.Module):
-    """An embedding table on the ps tasks: ids (any int64, no fixed
-    vocabulary) -> rows of ``dim`` floats, made on first use from the seeded
-    initializer. Use it inside a model trained by ``Optimizer``.
-    ``mode="sum"|"mean"`` pools the last dimension of ids (a bag).
-    ``options`` are the table's own, added to the optimizer's: its optimizer
-    settings, and admission and eviction ("admit_after=3,
-    evict_after_steps=100000", docs/EMBEDDINGS.md)."""
-
-    def __init__(self, dim: int, init: str = "normal:0,0.01", seed: int = 0,
-                 options: str = "", mode: Optional[str] = None):
-        super().__init__()
-        if mode not in (None, "sum", "mean"):
-            raise ValueError("mode must be None, 'sum' or 'mean', not %r" % (mode,))
-        self.dim, self.init, self.seed, self.options, self.mode = dim, init, seed, options, mode
-        self._worker: Optional[Worker] = None
-        self._table = -1
-        self._pending: List[Tuple[torch.Tensor, torch.Tensor]] = []
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if self._worker is None:
-            raise RuntimeError("quorum.torch.Embedding: wrap the model with "
-                               "quorum.torch.Optimizer before its first forward")
-        if ids.dtype != torch.int64:
-            raise TypeError("Embedding: ids of %s, not torch.int64" % ids.dtype)
-        uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        rows = torch.empty(uniq.numel(), self.dim)
-        self._worker.pull_rows(self._table, uniq, out=rows, read_only=not self.training)
-        if self.training and torch.is_grad_enabled():
-            rows.requires_grad_(True)
-            self._pending.append((uniq, rows))
-        out = rows[inverse].reshape(*ids.shape, self.dim)
-        if self.mode == "sum":
-            out = out.sum(dim=-2)
-        elif self.mode == "mean":
-            out = out.mean(dim=-2)
-        return out
-
-    def _take_rows(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        done = [(ids, rows.grad) for ids, rows in self._pending if rows.grad is not None]
-        self._pending = []
-        return done
 
 
 class Optimizer:
@@ -227,7 +81,7 @@ class Optimizer:
         if accumulate < 1 or local_steps < 1:
             raise ValueError("accumulate and local_steps must be >= 1")
         self.module = module
-        self.options = _optimizer_options(optimizer, hyper)
+        self.options = optimizer_options(optimizer, hyper)
         self.lr = float(hyper.get("lr", 0.01))
         self.accumulate, self.local_steps = accumulate, local_steps
         self._local_dir: Optional[str] = None
@@ -267,8 +121,7 @@ class Optimizer:
         # close() is optional: a script that ends without it still says it
         # has finished and stops its local ps cleanly (weakly held: the
         # optimizer may go away first). One that dies of an exception does
-        # not say it has finished.
-        _note_failure()
+        # not say it has finished (_close_at_exit).
         ref = weakref.ref(self)
         atexit.register(_close_at_exit, ref)
         self.calls = 0
@@ -471,62 +324,3 @@ class Optimizer:
         if self._local_dir:
             shutil.rmtree(self._local_dir, ignore_errors=True)
             self._local_dir = None
-
-
-# ---- checkpoints ------------------------------------------------------------------
-
-
-def _newest(path: str) -> str:
-    """path itself if it is one checkpoint (has a manifest), else its newest
-    complete ckpt-* folder."""
-    if os.path.exists(os.path.join(path, "manifest.json")):
-        return path
-    done = sorted(d for d in glob.glob(os.path.join(path, "ckpt-*"))
-                  if os.path.exists(os.path.join(d, "manifest.json")))
-    if not done:
-        raise FileNotFoundError("no complete quorum checkpoint in %s" % path)
-    return done[-1]
-
-
-def checkpoint_state_dict(path: str) -> Dict[str, torch.Tensor]:
-    """The tensors of a quorum checkpoint (a checkpoint folder, or a
-    checkpoint directory: its newest): dense variables by name, their
-    partitioned shards (NAME/part_K) joined; tables as NAME (rows) and
-    NAME/ids; optimizer slots as NAME/SLOT."""
-    from safetensors.torch import load_file
-
-    folder = _newest(path)
-    tensors: Dict[str, torch.Tensor] = {}
-    for shard in sorted(glob.glob(os.path.join(folder, "shard-*.safetensors"))):
-        tensors.update(load_file(shard))
-    parts: Dict[str, Dict[int, torch.Tensor]] = {}
-    out: Dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        base, _, last = name.rpartition("/part_")
-        if base and last.isdigit():
-            parts.setdefault(base, {})[int(last)] = t
-        else:
-            out[name] = t
-    for base, shards in parts.items():
-        out[base] = torch.cat([shards[k] for k in sorted(shards)])
-    return out
-
-
-def load_checkpoint(module: torch.nn.Module, path: str, strict: bool = True) -> List[str]:
-    """Load a quorum checkpoint's values into module's parameters (by name);
-    the names loaded. strict: every parameter must be in the checkpoint."""
-    state = checkpoint_state_dict(path)
-    own = dict(module.named_parameters())
-    missing = [n for n in own if n not in state]
-    if strict and missing:
-        raise KeyError("parameters not in the checkpoint: %s" % ", ".join(missing))
-    loaded = []
-    with torch.no_grad():
-        for name, p in own.items():
-            if name in state:
-                if tuple(state[name].shape) != tuple(p.shape):
-                    raise ValueError("%s: shape %s in the checkpoint, %s in the module"
-                                     % (name, tuple(state[name].shape), tuple(p.shape)))
-                p.copy_(state[name])
-                loaded.append(name)
-    return loaded
