@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import weakref
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
@@ -28,7 +28,7 @@ from ..errors import StaleError, StoppedError
 from ..ps import PS
 from ..worker import Request, Worker
 from .embedding import Embedding
-from .options import optimizer_options
+from .options import HYPER, check_keys, group_options, resolve
 
 __all__ = ["Optimizer"]
 
@@ -51,43 +51,85 @@ def _float_param(name: str, p: torch.Tensor) -> None:
                                   "" if p.is_contiguous() else " (non-contiguous)"))
 
 
-class Optimizer:
-    """Trains ``module`` on the ps tier (see the module's docstring).
+class Optimizer(torch.optim.Optimizer):
+    """Trains ``module`` on the ps tier (see the module's docstring): a
+    ``torch.optim.Optimizer``, so torch's schedulers, ``GradScaler`` and
+    step hooks take it.
 
-    optimizer: a name ("SGD", "Adam", "Adagrad", "RMSprop", "AdamAsync",
-    "FTRL") or a torch.optim class, with its settings (lr=, momentum=,
-    betas=, eps=, ...). worker: a ``quorum.Worker`` to use; by default one is
-    made from TF_CONFIG, or, without it, a one-ps cluster in this process.
-    accumulate=k pushes the mean of k steps' gradients; local_steps=k
-    (async) takes k local SGD steps with lr, then pushes their sum as a
-    delta. overlap=True (async): each parameter's gradient is pushed, and
-    its new value fetched in the same request, as soon as backpropagation
-    has produced it, so communication runs under the rest of the backward
-    pass; step() then waits for them and sends the step's tick (one
-    backward per step: use accumulate=k to sum several). Off by default: it
-    pays when communication is a large part of a step and the ps tasks do
-    not share the worker's cores (bench/python/bench_torch.py). Other
-    keyword options (mode="sync", replicas_to_aggregate=...) are the
-    worker's (and the local ps's)."""
+    module: a ``torch.nn.Module`` (every parameter, one group; its
+    ``Embedding`` tables), or torch's params argument (tensors, (name,
+    tensor) pairs or groups of them). params: groups of the module's
+    parameters, as torch's first argument (for example biases with
+    weight_decay=0); a parameter of no group is not trained, and is an
+    error at step() once it has a gradient. optimizer: a name ("SGD",
+    "Adam", "AdamW", "Adagrad", "RMSprop", "AdamAsync", "FTRL") or a
+    torch.optim class, with its settings (lr=, momentum=, betas=, eps=,
+    weight_decay=, ...; a torch optimizer's defaults are torch's). Each
+    group's settings are its variables' own options on the ps. worker: a
+    ``quorum.Worker`` to use; by default one is made from TF_CONFIG, or,
+    without it, a one-ps cluster in this process. accumulate=k pushes the
+    mean of k steps' gradients; local_steps=k (async) takes k local SGD
+    steps with lr, then pushes their sum as a delta. overlap=True (async):
+    each parameter's gradient is pushed, and its new value fetched in the
+    same request, as soon as backpropagation has produced it, so
+    communication runs under the rest of the backward pass; step() then
+    waits for them and sends the step's tick (one backward per step: use
+    accumulate=k to sum several). Off by default: it pays when
+    communication is a large part of a step and the ps tasks do not share
+    the worker's cores (bench/python/bench_torch.py). Other keyword
+    options (mode="sync", replicas_to_aggregate=...) are the worker's (and
+    the local ps's)."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: Union[str, type] = "SGD",
+    def __init__(self, module: Any, optimizer: Union[str, type] = "SGD",
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
-                 overlap: bool = False, **settings: Any):
-        hyper = {k: settings.pop(k) for k in list(settings)
-                 if k in ("lr", "momentum", "nesterov", "betas", "eps", "alpha", "centered",
-                          "initial_accumulator_value", "weight_decay", "dampening", "l1", "l2",
-                          "lr_power", "beta1", "beta2", "epsilon", "decay",
-                          "apply_sparse_rmsprop")}
-        if accumulate < 1 or local_steps < 1:
-            raise ValueError("accumulate and local_steps must be >= 1")
-        self.module = module
-        self.options = optimizer_options(optimizer, hyper)
-        self.lr = float(hyper.get("lr", 0.01))
-        self.accumulate, self.local_steps = accumulate, local_steps
+                 overlap: bool = False, params: Optional[Iterable[Any]] = None,
+                 **settings: Any):
+        self._own_worker: Optional[Worker] = None
         self._local_dir: Optional[str] = None
         self._local_ps: Optional[PS] = None
+        hyper = {k: settings.pop(k) for k in list(settings) if k in HYPER}
+        if accumulate < 1 or local_steps < 1:
+            raise ValueError("accumulate and local_steps must be >= 1")
+        self._name, self._qname, defaults = resolve(optimizer)
+        check_keys(self._name, self._qname, defaults, hyper)
+        defaults.update(hyper)
+        self.module: Optional[torch.nn.Module] = None
+        if isinstance(module, torch.nn.Module):
+            self.module = module
+            groups: Any = list(module.parameters()) if params is None else params
+            names = {id(p): n for n, p in module.named_parameters()}
+        elif params is not None:
+            raise TypeError("params= is for a module's parameters: the first argument is "
+                            "torch's params already")
+        else:
+            groups, names = module, {}
+        self._declared = False
+        super().__init__(groups, defaults)  # checks each group (add_param_group)
+        self.options = group_options(self._name, self._qname, defaults)
+        self.accumulate, self.local_steps = accumulate, local_steps
+        # (name, parameter, variable id). Pulls write into the parameters
+        # themselves, in place and outside autograd as p.data would be (the
+        # library reads only the address), without the new tensor object
+        # that p.data makes on every access.
+        self.params: List[Tuple[str, torch.Tensor, int]] = []
+        # per group: its variables' ids, and its settings as declared
+        self._group_vars: List[List[int]] = []
+        self._group_options: List[str] = []
+        self.embeddings: List[Embedding] = []
+        try:
+            self._declare(worker, settings, names, overlap)
+        except BaseException:
+            self._release()  # nothing of a failed construction stays behind
+            raise
+
+    def _declare(self, worker: Optional[Worker], settings: Dict[str, Any],
+                 names: Dict[int, str], overlap: bool) -> None:
+        accumulate, local_steps = self.accumulate, self.local_steps
         if worker is None:
             worker = self._make_worker(settings)
+        elif settings:
+            raise TypeError("worker options %s with a worker of your own: give them to it"
+                            % ", ".join(sorted(settings)))
         self.worker = worker
         self.sync = (worker._config.get("mode") or "async") == "sync"
         if local_steps > 1 and self.sync:
@@ -99,17 +141,29 @@ class Optimizer:
         self.overlap = bool(overlap)
         self._inflight: List[Request] = []
         self._pushed: Set[int] = set()
-        # (name, parameter, variable id). Pulls write into the parameters
-        # themselves, in place and outside autograd as p.data would be (the
-        # library reads only the address), without the new tensor object
-        # that p.data makes on every access.
-        self.params: List[Tuple[str, torch.Tensor, int]] = []
-        for name, p in module.named_parameters():
-            _float_param(name, p)
-            self.params.append((name, p, worker.declare_values(name, p.detach(),
-                                                              options=self.options)))
-        self.embeddings: List[Embedding] = []
-        for name, m in module.named_modules():
+        seen: Set[str] = set()
+        for g, group in enumerate(self.param_groups):
+            options = group_options(self._name, self._qname, group)
+            given = group.get("param_names")
+            ids = []
+            for k, p in enumerate(group["params"]):
+                name = (given[k] if given else names.get(id(p))) or \
+                    "param%d" % len(self.params)
+                if self.module is not None and id(p) not in names:
+                    raise ValueError("param_groups[%d][%d] is not a parameter of the module"
+                                     % (g, k))
+                if name in seen:
+                    raise ValueError("parameter %r is in two parameter groups" % name)
+                seen.add(name)
+                _float_param(name, p)
+                var = worker.declare_values(name, p.detach(), options=options)
+                self.params.append((name, p, var))
+                ids.append(var)
+            self._group_vars.append(ids)
+            self._group_options.append(options)
+        self._declared = True
+        self._on_ps = {id(p) for _, p, _ in self.params}
+        for name, m in (self.module.named_modules() if self.module is not None else ()):
             if isinstance(m, Embedding):
                 m._worker = worker
                 options = ",".join(o for o in (self.options, m.options) if o)
@@ -137,6 +191,22 @@ class Optimizer:
                 param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
                     self._grad_ready(i))
 
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """A group, checked as the ps will take it; only while the optimizer
+        is made: its variables are declared on the ps tasks then."""
+        if getattr(self, "_declared", True):
+            raise RuntimeError("quorum.torch.Optimizer: add_param_group after the optimizer "
+                               "was made: its variables are on the ps tasks already; give "
+                               "every group to the constructor")
+        check_keys(self._name, self._qname, self.defaults, param_group)
+        super().add_param_group(param_group)
+        group_options(self._name, self._qname, self.param_groups[-1])
+
+    @property
+    def lr(self) -> float:
+        """The first group's learning rate."""
+        return float(self.param_groups[0]["lr"])
+
     def _grad_ready(self, var_id: int) -> Any:
         """The hook that pushes one parameter's gradient as backprop has it,
         its new value coming back into the parameter in the same request."""
@@ -163,7 +233,8 @@ class Optimizer:
 
     def _make_worker(self, settings: Dict[str, Any]) -> Worker:
         if os.environ.get("TF_CONFIG"):
-            return Worker(**settings)
+            self._own_worker = Worker(**settings)
+            return self._own_worker
         # Alone: one ps in this process, on a Unix socket of a private folder.
         self._local_dir = tempfile.mkdtemp(prefix="quorum-local-")
         ps_hosts = ["unix:%s/ps0.sock" % self._local_dir]
@@ -171,13 +242,24 @@ class Optimizer:
         options = dict(launcher_options())
         options.update(settings)
         self._local_ps = PS(Cluster(ps_hosts, worker_hosts, "ps", 0), None, **options)
-        return Worker(Cluster(ps_hosts, worker_hosts, "worker", 0), **settings)
+        self._own_worker = Worker(Cluster(ps_hosts, worker_hosts, "worker", 0), **settings)
+        return self._own_worker
+
+    def _release(self) -> None:
+        """Free what this optimizer made: its worker, its local ps and the
+        folder of their sockets."""
+        if self._own_worker is not None:
+            self._own_worker.close()
+            self._own_worker = None
+        if self._local_ps is not None:
+            self._local_ps.close()
+            self._local_ps = None
+        if self._local_dir:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
+            self._local_dir = None
 
     def _pull(self) -> None:
         self.worker.pull({i: p for _, p, i in self.params})
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.module.zero_grad(set_to_none=set_to_none)
 
     def _grads(self) -> Dict[int, torch.Tensor]:
         grads = {}
@@ -198,12 +280,19 @@ class Optimizer:
         parameters keep their last pulled values. A loop may end early on it."""
         return self.stopped
 
-    def step(self) -> int:
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         """Push this step's gradients (and the embeddings' rows), take the
-        token in sync mode, pull the new parameters; the global step. Once
-        the run has ended in order (should_stop), it does nothing."""
+        token in sync mode, pull the new parameters; the global step (or,
+        given a closure, as torch, the loss it returns). Once the run has
+        ended in order (should_stop), it does nothing."""
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+            self.step()
+            return loss
         if self.stopped:
             return self.global_step
+        self._check_groups()
         try:
             return self._step()
         except StoppedError as e:
@@ -272,10 +361,12 @@ class Optimizer:
     def _local_step(self, grads: Dict[int, torch.Tensor]) -> int:
         if self._start is None:
             self._start = [p.detach().clone() for _, p, _ in self.params]
+        lrs = {i: float(group["lr"]) for group, ids in zip(self.param_groups, self._group_vars)
+               for i in ids}
         with torch.no_grad():
             for _, p, i in self.params:
                 if i in grads:
-                    p -= self.lr * grads[i]
+                    p -= lrs[i] * grads[i]
         if self.calls % self.local_steps:
             return self.global_step
         deltas = {i: (p.detach() - s).contiguous()
@@ -293,11 +384,67 @@ class Optimizer:
         self._inflight = []
         return self.worker.checkpoint()
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
-        """The module's parameters as the ps tasks hold them now (a pull)."""
-        out = {name: torch.empty_like(p) for name, p, _ in self.params}
-        self.worker.pull({i: out[name] for name, _, i in self.params})
-        return out
+    def _check_groups(self) -> None:
+        """Before a step: every parameter with a gradient is on the ps, and
+        each group's settings are those its variables were declared with."""
+        if self.module is not None:
+            for name, p in self.module.named_parameters():
+                if p.grad is not None and id(p) not in self._on_ps:
+                    raise RuntimeError(
+                        "parameter %r has a gradient but is not on the ps tasks, so it would "
+                        "never change: it was added to the module after the optimizer was "
+                        "made, or left out of its parameter groups (a frozen parameter to be "
+                        "trained later belongs in a group from the start)" % name)
+        for g, group in enumerate(self.param_groups):
+            options = group_options(self._name, self._qname, group)
+            if options == self._group_options[g]:
+                continue
+            set_options = getattr(self.worker, "set_options", None)
+            if set_options is None:
+                raise NotImplementedError(
+                    "param_groups[%d] changed (by a scheduler or by hand) from '%s' to '%s', "
+                    "but the ps tasks keep the options a variable was declared with: the C "
+                    "library has no call to change them between steps yet"
+                    % (g, self._group_options[g], options))
+            for var in self._group_vars[g]:
+                set_options(var, options)
+            self._group_options[g] = options
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's layout: "param_groups" (each group's settings, its
+        parameters as indices in order) and "state". The optimizer slots
+        live on the ps tasks, which keep them in their checkpoints and
+        restore them at a restart; the worker's API cannot read them, so
+        "state" is empty (docs/PYTHON.md)."""
+        groups = []
+        start = 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(packed)
+        return {"state": {}, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Each group's settings from a state_dict of this optimizer's shape
+        (the learning rate a scheduler had reached, ...); they take effect
+        at the next step. Optimizer slots cannot be written to the ps
+        tasks through the worker: a non-empty "state" is refused."""
+        groups = state_dict.get("param_groups")
+        if not isinstance(groups, list) or len(groups) != len(self.param_groups):
+            raise ValueError("load_state_dict: %s parameter groups, this optimizer has %d"
+                             % (len(groups) if isinstance(groups, list) else "no",
+                                len(self.param_groups)))
+        for g, (saved, own) in enumerate(zip(groups, self.param_groups)):
+            if len(saved.get("params", ())) != len(own["params"]):
+                raise ValueError("load_state_dict: group %d has %d parameters, this "
+                                 "optimizer's has %d" % (g, len(saved.get("params", ())),
+                                                         len(own["params"])))
+        if state_dict.get("state"):
+            raise ValueError("load_state_dict: optimizer slots ('state') cannot be written to "
+                             "the ps tasks (they restore their own from their checkpoints)")
+        for saved, own in zip(groups, self.param_groups):
+            own.update({k: v for k, v in saved.items() if k not in ("params", "param_names")})
 
     def close(self, stop_cluster: Optional[bool] = None, finished: bool = True) -> None:
         """Done training. This worker tells ps 0 it has finished (unless
@@ -319,8 +466,4 @@ class Optimizer:
         self.worker.close()
         if self._local_ps is not None:
             self._local_ps.join(30)
-            self._local_ps.close()
-            self._local_ps = None
-        if self._local_dir:
-            shutil.rmtree(self._local_dir, ignore_errors=True)
-            self._local_dir = None
+        self._release()
