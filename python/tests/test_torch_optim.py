@@ -279,3 +279,29 @@ def test_adamw_with_groups_matches_torch():  # type: ignore[no-untyped-def]
     train(ref, ropt, steps=30)
     assert max_diff(ours, ref) < 2e-4
     opt.close()
+
+
+def test_shard_and_sampler(monkeypatch):  # type: ignore[no-untyped-def]
+    """shard of a Dataset is a Subset of every num_workers-th item; the
+    sampler is torch's with the cluster's rank and size."""
+    c = quorum.Cluster(["localhost:1"], ["localhost:2", "localhost:3", "localhost:4"],
+                       "worker", 1)
+    monkeypatch.setenv("TF_CONFIG", c.to_tf_config())
+    ds = torch.utils.data.TensorDataset(torch.arange(10))
+    part = qt.shard(ds)
+    assert isinstance(part, torch.utils.data.Subset)
+    assert [int(x) for (x,) in part] == [1, 4, 7]
+    assert qt.shard(list(range(10))) == [1, 4, 7]
+    assert torch.equal(qt.shard(torch.arange(10)), torch.tensor([1, 4, 7]))
+    sampler = qt.DistributedSampler(ds, shuffle=False)
+    ref = torch.utils.data.DistributedSampler(ds, num_replicas=3, rank=1, shuffle=False)
+    assert isinstance(sampler, torch.utils.data.DistributedSampler)
+    assert list(sampler) == list(ref)
+    sampler.set_epoch(2)
+
+    class Stream(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="without len"):
+        qt.shard(Stream())
