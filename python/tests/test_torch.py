@@ -234,8 +234,8 @@ def test_checkpoint_into_module(make_cluster, tmp_path):  # type: ignore[no-unty
 def test_bad_input():  # type: ignore[no-untyped-def]
     with pytest.raises(TypeError, match="float64"):
         qt.Optimizer(torch.nn.Linear(2, 1).double(), "SGD", lr=0.1)
-    with pytest.raises(ValueError, match="weight_decay"):
-        qt.Optimizer(torch.nn.Linear(2, 1), "SGD", lr=0.1, weight_decay=0.1)
+    with pytest.raises(ValueError, match="dampening"):  # weight_decay is taken now (issue 26)
+        qt.Optimizer(torch.nn.Linear(2, 1), "SGD", lr=0.1, momentum=0.9, dampening=0.1)
     with pytest.raises(ValueError, match="quorum has"):
         qt.Optimizer(torch.nn.Linear(2, 1), "LBFGS", lr=0.1)
     emb = qt.Embedding(4)

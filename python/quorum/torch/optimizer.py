@@ -1,0 +1,469 @@
+"""``Optimizer``: trains a ``torch.nn.Module`` on the ps tier.
+
+It declares every parameter by its name in the module, with the module's
+own initial values (the chief's), and the optimizer as the parameters' own
+options (options.py), so the ps tasks apply it whatever they were started
+with. ``step()`` pushes the gradients (and the rows of the model's
+``Embedding`` tables), and in sync mode takes the step's token, then pulls
+the new values into the parameters' own memory (no copy). Run alone (no
+TF_CONFIG), it starts a ps in this process, so the same script runs
+single-process; under ``quorum launch --ps P --workers W -- python
+train.py`` every worker trains one cluster's model."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+
+import torch
+
+from ..cluster import Cluster, launcher_options
+from ..errors import StaleError, StoppedError
+from ..ps import PS
+from ..worker import Request, Worker
+from .embedding import Embedding
+from .options import HYPER, check_keys, group_options, resolve
+
+__all__ = ["Optimizer"]
+
+_log = logging.getLogger("quorum")
+
+def _close_at_exit(ref: "weakref.ReferenceType[Optimizer]") -> None:
+    opt = ref()
+    if opt is not None:
+        # An uncaught exception ended the script if sys.last_value is set
+        # (CPython sets it as it prints the traceback, before atexit runs):
+        # a worker that died so has not finished its work, so it does not
+        # say LEAVE, and the ps tasks wait for it to come back.
+        opt.close(finished=not hasattr(sys, "last_value"))
+
+
+def _float_param(name: str, p: torch.Tensor) -> None:
+    if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
+        raise TypeError("parameter %r: quorum trains contiguous float32 CPU tensors, not %s on "
+                        "%s%s" % (name, p.dtype, p.device,
+                                  "" if p.is_contiguous() else " (non-contiguous)"))
+
+
+class Optimizer(torch.optim.Optimizer):
+    """Trains ``module`` on the ps tier (see the module's docstring): a
+    ``torch.optim.Optimizer``, so torch's schedulers, ``GradScaler`` and
+    step hooks take it.
+
+    module: a ``torch.nn.Module`` (every parameter, one group; its
+    ``Embedding`` tables), or torch's params argument (tensors, (name,
+    tensor) pairs or groups of them). params: groups of the module's
+    parameters, as torch's first argument (for example biases with
+    weight_decay=0); a parameter of no group is not trained, and is an
+    error at step() once it has a gradient. optimizer: a name ("SGD",
+    "Adam", "AdamW", "Adagrad", "RMSprop", "AdamAsync", "FTRL") or a
+    torch.optim class, with its settings (lr=, momentum=, betas=, eps=,
+    weight_decay=, ...; a torch optimizer's defaults are torch's). Each
+    group's settings are its variables' own options on the ps. worker: a
+    ``quorum.Worker`` to use; by default one is made from TF_CONFIG, or,
+    without it, a one-ps cluster in this process. accumulate=k pushes the
+    mean of k steps' gradients; local_steps=k (async) takes k local SGD
+    steps with lr, then pushes their sum as a delta. overlap=True (async):
+    each parameter's gradient is pushed, and its new value fetched in the
+    same request, as soon as backpropagation has produced it, so
+    communication runs under the rest of the backward pass; step() then
+    waits for them and sends the step's tick (one backward per step: use
+    accumulate=k to sum several). Off by default: it pays when
+    communication is a large part of a step and the ps tasks do not share
+    the worker's cores (bench/python/bench_torch.py). Other keyword
+    options (mode="sync", replicas_to_aggregate=...) are the worker's (and
+    the local ps's)."""
+
+    def __init__(self, module: Any, optimizer: Union[str, type] = "SGD",
+                 worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
+                 overlap: bool = False, params: Optional[Iterable[Any]] = None,
+                 **settings: Any):
+        self._own_worker: Optional[Worker] = None
+        self._local_dir: Optional[str] = None
+        self._local_ps: Optional[PS] = None
+        hyper = {k: settings.pop(k) for k in list(settings) if k in HYPER}
+        if accumulate < 1 or local_steps < 1:
+            raise ValueError("accumulate and local_steps must be >= 1")
+        self._name, self._qname, defaults = resolve(optimizer)
+        check_keys(self._name, self._qname, defaults, hyper)
+        defaults.update(hyper)
+        self.module: Optional[torch.nn.Module] = None
+        if isinstance(module, torch.nn.Module):
+            self.module = module
+            groups: Any = list(module.parameters()) if params is None else params
+            names = {id(p): n for n, p in module.named_parameters()}
+        elif params is not None:
+            raise TypeError("params= is for a module's parameters: the first argument is "
+                            "torch's params already")
+        else:
+            groups, names = module, {}
+        self._declared = False
+        super().__init__(groups, defaults)  # checks each group (add_param_group)
+        self.options = group_options(self._name, self._qname, defaults)
+        self.accumulate, self.local_steps = accumulate, local_steps
+        # (name, parameter, variable id). Pulls write into the parameters
+        # themselves, in place and outside autograd as p.data would be (the
+        # library reads only the address), without the new tensor object
+        # that p.data makes on every access.
+        self.params: List[Tuple[str, torch.Tensor, int]] = []
+        # per group: its variables' ids, and its settings as declared
+        self._group_vars: List[List[int]] = []
+        self._group_options: List[str] = []
+        self.embeddings: List[Embedding] = []
+        try:
+            self._declare(worker, settings, names, overlap)
+        except BaseException:
+            self._release()  # nothing of a failed construction stays behind
+            raise
+
+    def _declare(self, worker: Optional[Worker], settings: Dict[str, Any],
+                 names: Dict[int, str], overlap: bool) -> None:
+        accumulate, local_steps = self.accumulate, self.local_steps
+        if worker is None:
+            worker = self._make_worker(settings)
+        elif settings:
+            raise TypeError("worker options %s with a worker of your own: give them to it"
+                            % ", ".join(sorted(settings)))
+        self.worker = worker
+        self.sync = (worker._config.get("mode") or "async") == "sync"
+        if local_steps > 1 and self.sync:
+            raise ValueError("local_steps is for async training")
+        plain = not self.sync and accumulate == 1 and local_steps == 1
+        if overlap and not plain:
+            raise ValueError("overlap is for async training without accumulate or local_steps")
+        # May be turned off (and on again, if it was on) between steps.
+        self.overlap = bool(overlap)
+        self._inflight: List[Request] = []
+        self._pushed: Set[int] = set()
+        seen: Set[str] = set()
+        for g, group in enumerate(self.param_groups):
+            options = group_options(self._name, self._qname, group)
+            given = group.get("param_names")
+            ids = []
+            for k, p in enumerate(group["params"]):
+                name = (given[k] if given else names.get(id(p))) or \
+                    "param%d" % len(self.params)
+                if self.module is not None and id(p) not in names:
+                    raise ValueError("param_groups[%d][%d] is not a parameter of the module"
+                                     % (g, k))
+                if name in seen:
+                    raise ValueError("parameter %r is in two parameter groups" % name)
+                seen.add(name)
+                _float_param(name, p)
+                var = worker.declare_values(name, p.detach(), options=options)
+                self.params.append((name, p, var))
+                ids.append(var)
+            self._group_vars.append(ids)
+            self._group_options.append(options)
+        self._declared = True
+        self._on_ps = {id(p) for _, p, _ in self.params}
+        for name, m in (self.module.named_modules() if self.module is not None else ()):
+            if isinstance(m, Embedding):
+                m._worker = worker
+                options = ",".join(o for o in (self.options, m.options) if o)
+                m._table = worker.declare_table(name or "embedding", m.dim, m.init, m.seed,
+                                                options)
+                self.embeddings.append(m)
+        worker.initialize()
+        self._pull()
+        # close() is optional: a script that ends without it still says it
+        # has finished and stops its local ps cleanly (weakly held: the
+        # optimizer may go away first). One that dies of an exception does
+        # not say it has finished (_close_at_exit).
+        ref = weakref.ref(self)
+        atexit.register(_close_at_exit, ref)
+        self.calls = 0
+        self.stale = 0
+        self.global_step = 0
+        self.stopped = False
+        self.stop_reason = ""
+        self._sums: Optional[List[torch.Tensor]] = None
+        self._start: Optional[List[torch.Tensor]] = None
+        self._hooked = self.overlap
+        if self.overlap:
+            for _, param, i in self.params:
+                param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                    self._grad_ready(i))
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """A group, checked as the ps will take it; only while the optimizer
+        is made: its variables are declared on the ps tasks then."""
+        if getattr(self, "_declared", True):
+            raise RuntimeError("quorum.torch.Optimizer: add_param_group after the optimizer "
+                               "was made: its variables are on the ps tasks already; give "
+                               "every group to the constructor")
+        check_keys(self._name, self._qname, self.defaults, param_group)
+        super().add_param_group(param_group)
+        group_options(self._name, self._qname, self.param_groups[-1])
+
+    @property
+    def lr(self) -> float:
+        """The first group's learning rate."""
+        return float(self.param_groups[0]["lr"])
+
+    def _grad_ready(self, var_id: int) -> Any:
+        """The hook that pushes one parameter's gradient as backprop has it,
+        its new value coming back into the parameter in the same request."""
+        ref = weakref.ref(self)
+
+        def hook(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is None or not opt.overlap or opt.stopped or p.grad is None:  # off for now
+                return
+            if var_id in opt._pushed:
+                raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
+                                   "backward produces it: call step() after each backward (or "
+                                   "use accumulate=k, or overlap=False)")
+            opt._pushed.add(var_id)
+            g = p.grad if not p.grad.is_sparse else p.grad.to_dense()
+            try:
+                opt._inflight.append(opt.worker.push_pull_start(
+                    {var_id: g.contiguous()}, into={var_id: p}, step=False))
+            except StoppedError as e:
+                if e.status_name != "QR_ESTOPPED":
+                    raise
+                opt.stopped, opt.stop_reason = True, str(e)
+        return hook
+
+    def _make_worker(self, settings: Dict[str, Any]) -> Worker:
+        if os.environ.get("TF_CONFIG"):
+            self._own_worker = Worker(**settings)
+            return self._own_worker
+        # Alone: one ps in this process, on a Unix socket of a private folder.
+        self._local_dir = tempfile.mkdtemp(prefix="quorum-local-")
+        ps_hosts = ["unix:%s/ps0.sock" % self._local_dir]
+        worker_hosts = ["unix:%s/w0.sock" % self._local_dir]
+        options = dict(launcher_options())
+        options.update(settings)
+        self._local_ps = PS(Cluster(ps_hosts, worker_hosts, "ps", 0), None, **options)
+        self._own_worker = Worker(Cluster(ps_hosts, worker_hosts, "worker", 0), **settings)
+        return self._own_worker
+
+    def _release(self) -> None:
+        """Free what this optimizer made: its worker, its local ps and the
+        folder of their sockets."""
+        if self._own_worker is not None:
+            self._own_worker.close()
+            self._own_worker = None
+        if self._local_ps is not None:
+            self._local_ps.close()
+            self._local_ps = None
+        if self._local_dir:
+            shutil.rmtree(self._local_dir, ignore_errors=True)
+            self._local_dir = None
+
+    def _pull(self) -> None:
+        self.worker.pull({i: p for _, p, i in self.params})
+
+    def _grads(self) -> Dict[int, torch.Tensor]:
+        grads = {}
+        for name, p, i in self.params:
+            if p.grad is None:
+                continue
+            g = p.grad
+            if g.is_sparse:
+                g = g.to_dense()
+            grads[i] = g.contiguous()
+        return grads
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the cluster has ended the run in order (the chief
+        stopped it, or in sync mode the other workers finished and too few
+        are left for a step): step() does nothing from then on and the
+        parameters keep their last pulled values. A loop may end early on it."""
+        return self.stopped
+
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+        """Push this step's gradients (and the embeddings' rows), take the
+        token in sync mode, pull the new parameters; the global step (or,
+        given a closure, as torch, the loss it returns). Once the run has
+        ended in order (should_stop), it does nothing."""
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+            self.step()
+            return loss
+        if self.stopped:
+            return self.global_step
+        self._check_groups()
+        try:
+            return self._step()
+        except StoppedError as e:
+            if e.status_name != "QR_ESTOPPED":
+                raise  # aborted or rolled back: not an orderly end
+            self.stopped, self.stop_reason = True, str(e)
+            _log.info("training is over for this worker at global step %d: %s",
+                      self.global_step, e)
+            return self.global_step
+
+    def _overlapped_step(self) -> int:
+        inflight, self._inflight = self._inflight, []
+        pushed, self._pushed = self._pushed, set()
+        error: Optional[BaseException] = None
+        for r in inflight:  # every one is waited for, whatever fails
+            try:
+                r.wait()
+            except BaseException as e:  # noqa: B902 - re-raised below
+                error = error or e
+        if error is not None:
+            raise error
+        for emb in self.embeddings:
+            for ids, rows in emb._take_rows():
+                self.worker.add_rows(emb._table, ids, rows.contiguous())
+        self.global_step = self.worker.push({}, step=True, every_ps=True)
+        rest = {i: p for _, p, i in self.params if i not in pushed}
+        if rest:
+            self.worker.pull(rest)
+        return self.global_step
+
+    def _step(self) -> int:
+        self.calls += 1
+        if self.overlap and self._hooked:
+            return self._overlapped_step()
+        grads = self._grads()
+        if self.local_steps > 1:
+            return self._local_step(grads)
+        if self.accumulate > 1:
+            if self._sums is None:
+                self._sums = [torch.zeros_like(p) for _, p, _ in self.params]
+            for k, (_, p, i) in enumerate(self.params):
+                if i in grads:
+                    self._sums[k] += grads[i]
+            if self.calls % self.accumulate:
+                return self.global_step
+            grads = {i: self._sums[k] / self.accumulate for k, (_, _, i) in enumerate(self.params)}
+            self._sums = None
+        for emb in self.embeddings:
+            for ids, rows in emb._take_rows():
+                self.worker.add_rows(emb._table, ids, rows.contiguous())
+        if not self.sync and len(grads) == len(self.params):
+            # One round trip per ps: the push's reply brings the new values
+            # straight into the parameters.
+            self.global_step = self.worker.push_pull(
+                grads, into={i: p for _, p, i in self.params})
+            return self.global_step
+        try:
+            self.global_step = self.worker.push(grads)
+        except StaleError:
+            self.stale += 1  # a late gradient of a backup worker: dropped, go on
+        if self.sync:
+            self.global_step = self.worker.take_token()
+        self._pull()
+        return self.global_step
+
+    def _local_step(self, grads: Dict[int, torch.Tensor]) -> int:
+        if self._start is None:
+            self._start = [p.detach().clone() for _, p, _ in self.params]
+        lrs = {i: float(group["lr"]) for group, ids in zip(self.param_groups, self._group_vars)
+               for i in ids}
+        with torch.no_grad():
+            for _, p, i in self.params:
+                if i in grads:
+                    p -= lrs[i] * grads[i]
+        if self.calls % self.local_steps:
+            return self.global_step
+        deltas = {i: (p.detach() - s).contiguous()
+                  for (_, p, i), s in zip(self.params, self._start)}
+        self.global_step = self.worker.push(deltas, delta=True)
+        self._start = None
+        self._pull()
+        return self.global_step
+
+    def checkpoint(self) -> int:
+        """A checkpoint of the whole cluster now (its global step), with the
+        gradients pushed so far; see Worker.checkpoint."""
+        for r in self._inflight:  # an overlapped step's pushes first
+            r.wait()
+        self._inflight = []
+        return self.worker.checkpoint()
+
+    def _check_groups(self) -> None:
+        """Before a step: every parameter with a gradient is on the ps, and
+        each group's settings are those its variables were declared with."""
+        if self.module is not None:
+            for name, p in self.module.named_parameters():
+                if p.grad is not None and id(p) not in self._on_ps:
+                    raise RuntimeError(
+                        "parameter %r has a gradient but is not on the ps tasks, so it would "
+                        "never change: it was added to the module after the optimizer was "
+                        "made, or left out of its parameter groups (a frozen parameter to be "
+                        "trained later belongs in a group from the start)" % name)
+        for g, group in enumerate(self.param_groups):
+            options = group_options(self._name, self._qname, group)
+            if options == self._group_options[g]:
+                continue
+            set_options = getattr(self.worker, "set_options", None)
+            if set_options is None:
+                raise NotImplementedError(
+                    "param_groups[%d] changed (by a scheduler or by hand) from '%s' to '%s', "
+                    "but the ps tasks keep the options a variable was declared with: the C "
+                    "library has no call to change them between steps yet"
+                    % (g, self._group_options[g], options))
+            for var in self._group_vars[g]:
+                set_options(var, options)
+            self._group_options[g] = options
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's layout: "param_groups" (each group's settings, its
+        parameters as indices in order) and "state". The optimizer slots
+        live on the ps tasks, which keep them in their checkpoints and
+        restore them at a restart; the worker's API cannot read them, so
+        "state" is empty (docs/PYTHON.md)."""
+        groups = []
+        start = 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(packed)
+        return {"state": {}, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Each group's settings from a state_dict of this optimizer's shape
+        (the learning rate a scheduler had reached, ...); they take effect
+        at the next step. Optimizer slots cannot be written to the ps
+        tasks through the worker: a non-empty "state" is refused."""
+        groups = state_dict.get("param_groups")
+        if not isinstance(groups, list) or len(groups) != len(self.param_groups):
+            raise ValueError("load_state_dict: %s parameter groups, this optimizer has %d"
+                             % (len(groups) if isinstance(groups, list) else "no",
+                                len(self.param_groups)))
+        for g, (saved, own) in enumerate(zip(groups, self.param_groups)):
+            if len(saved.get("params", ())) != len(own["params"]):
+                raise ValueError("load_state_dict: group %d has %d parameters, this "
+                                 "optimizer's has %d" % (g, len(saved.get("params", ())),
+                                                         len(own["params"])))
+        if state_dict.get("state"):
+            raise ValueError("load_state_dict: optimizer slots ('state') cannot be written to "
+                             "the ps tasks (they restore their own from their checkpoints)")
+        for saved, own in zip(groups, self.param_groups):
+            own.update({k: v for k, v in saved.items() if k not in ("params", "param_names")})
+
+    def close(self, stop_cluster: Optional[bool] = None, finished: bool = True) -> None:
+        """Done training. This worker tells ps 0 it has finished (unless
+        finished=False), so the others go on without it and the run ends in
+        order once every worker has finished (in sync mode: once too few are
+        left to make a step). The chief stops the cluster when run alone, or
+        when asked (stop_cluster=True)."""
+        if not self.worker._handle:
+            return  # closed already
+        if stop_cluster is None:
+            stop_cluster = self._local_ps is not None
+        try:
+            if stop_cluster and self.worker.cluster.task_index == 0:
+                self.worker.stop_cluster()
+            elif finished and not self.stopped:
+                self.worker.leave()
+        except StoppedError:
+            pass  # the cluster has ended already: nothing to leave
+        self.worker.close()
+        if self._local_ps is not None:
+            self._local_ps.join(30)
+        self._release()
