@@ -38,7 +38,7 @@ def test_a_refused_option() -> None:
     # The optimizer names are the optimizer table's, given to the option
     # table when the library is loaded.
     with pytest.raises(quorum.InvalidArgumentError) as e:
-        quorum.Config(optimizer="adamw")
+        quorum.Config(optimizer="adamax")
     assert e.value.status == STATUS["QR_EINVAL"] and e.value.status_name == "QR_EINVAL"
     assert "not one of sgd|momentum|adagrad|rmsprop|adam|adam_async|ftrl" in str(e.value)
     assert quorum.Config().get("optimizer") == "sgd"

@@ -79,7 +79,7 @@ def test_push_pull_fused(cluster):  # type: ignore[no-untyped-def]
 
 def test_exceptions_carry_the_message(cluster):  # type: ignore[no-untyped-def]
     with pytest.raises(quorum.InvalidArgumentError, match="optimizer") as e:
-        quorum.Config(optimizer="adamw")
+        quorum.Config(optimizer="adamax")
     assert isinstance(e.value, ValueError) and e.value.status_name == "QR_EINVAL"
     w = cluster.worker()
     w.declare("v", 2)
