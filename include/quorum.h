@@ -343,6 +343,19 @@ QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
  * its last push that counted (0 when the cluster started fresh or keeps no
  * checkpoints), so the data stream goes on where it was. */
 QR_API int qr_worker_set_data_position(qr_worker *w, uint64_t position);
+/* The learning rate the ps applies this variable's gradients with, from
+ * this worker's next push on (a schedule driven by the worker, as torch's
+ * lr_scheduler): every later push of it carries lr, which the ps uses as
+ * it is, in place of the variable's own lr and the ps's lr-decay schedule
+ * (staleness-lr-scale still divides it in async mode). lr < 0 returns to
+ * the ps's own. Async: each push is applied with the lr it carries. Sync:
+ * a variable's step uses the lr of its first gradient in the step's
+ * member order (by worker, then seq), so every worker should set the
+ * same (running the same schedule, they do). Dense variables (every
+ * shard of a partitioned one), rows added to them, and embedding tables
+ * alike; a delta push (QR_PUSH_DELTA) has none. QR_ENOTFOUND for an
+ * unknown id, QR_EINVAL for a NaN or infinite lr. */
+QR_API int qr_worker_set_lr(qr_worker *w, int var_id, float lr);
 QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
 /* The cluster's training statistics as one JSON object, written to buf:
  * "staleness", the histogram of async gradient staleness (a count per

@@ -97,7 +97,7 @@ int qr__fused_begin(qr_ps *ps, push_item *it, bool delta) {
     it->own = qr__recv_pool_get(&ps->recv_pool, (size_t)v->n * sizeof(float), &it->own_cap);
     if (!it->own) return QR_ENOMEM;
     it->fused = true;
-    it->fused_lr = delta ? -1.0f : qr__ps_lr(ps, v, qr__var_optim(ps, v), ps->applied_steps);
+    it->fused_lr = delta ? -1.0f : qr__item_lr(ps, it, qr__var_optim(ps, v), ps->applied_steps);
     it->data = (uint8_t *)it->own;
     it->fused_done = 0;
     it->next_fused = ps->fused;

@@ -89,6 +89,8 @@ typedef struct push_item {
     bool nonfinite;   /* its gradient holds a NaN or Inf (grad_check.c) */
     bool skip;        /* non-finite, with nonfinite=skip */
     int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
+    float lr;         /* the learning rate its push carried (QR_PUSH_LR), used
+                       * as is; QR_MSG_PUSH_LR_NONE: the ps's own (qr__ps_lr) */
     bool to_spare;    /* computed into the variable's spare, then swapped in */
     /* Applied as it arrives (fused_apply.c): it has its own receive
      * buffer, which holds the variable's next value once all is in:
@@ -509,6 +511,14 @@ static inline float qr__ps_lr(const qr_ps *ps, const qr_var *v, const qr_optim *
                                ps->lr_decay_staircase);
 }
 
+/* The learning rate of one apply of `it`'s gradient to its variable: the
+ * one its push carried, as is (the worker's schedule replaces the ps's: no
+ * lr-decay), else qr__ps_lr. */
+static inline float qr__item_lr(const qr_ps *ps, const push_item *it, const qr_optim *opt,
+                                int64_t step) {
+    return it->lr >= 0 ? it->lr : qr__ps_lr(ps, it->var, opt, step);
+}
+
 /* peer.c: replies. A reply to `req` is queued on p's connection; past
  * PEER_MAX_PENDING queued bytes the connection stops being read until its
  * replies drain. qr__peer_reply returns QR_OK if queued; on failure cb
@@ -571,10 +581,11 @@ void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const i
  * its table placed on this ps; otherwise msg says which is not (QR_EINVAL). */
 int qr__rows_check(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz);
 /* rows.c: apply summed sparse rows (rows.h) to v, a table or the rows of
- * a dense variable: its optimizer at step t (Adam's t; the learning rate
- * of t - 1 steps applied), or added as they are (delta). A table gets the
+ * a dense variable: its optimizer at step t (Adam's t) with the learning
+ * rate pushed_lr (a push's, QR_PUSH_LR), or when it is negative the ps's
+ * of t - 1 steps applied; or added as they are (delta). A table gets the
  * rows it lacks, initialized, first. */
-int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t);
+int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t, float pushed_lr);
 
 /* lookup.c: LOOKUP, the rows of an embedding table. */
 #define QR_LOOKUP_MAX_IDS (1 << 24)

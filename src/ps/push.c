@@ -22,6 +22,7 @@
 #include "ps/ps_internal.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,17 +134,22 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (!rc) rc = qr__peer_reserve_items(p, head.count);
     if (rc) return rc;
     uint64_t offset = 0;
+    bool with_lr = f->flags & QR_PUSH_LR;
     p->ps->mark++;
     for (uint32_t i = 0; i < head.count; i++) {
         qr_msg_var rec;
         qr_msg_get_var(&r, &rec);
+        float lr = with_lr ? qr_msg_get_push_lr(&r) : QR_MSG_PUSH_LR_NONE;
         if (r.bad) return qr__fail(QR_EPROTO, "PUSH meta is truncated at item %u", i);
         qr_var *v = NULL;
         int64_t nrows;
         if ((rc = qr__peer_lookup(p, "PUSH", rec.id, &v))) return rc;
         if ((rc = check_item(&rec, v, &nrows))) return rc;
+        if (!(isfinite(lr) && (lr >= 0 || lr == QR_MSG_PUSH_LR_NONE)))
+            return qr__fail(QR_EINVAL, "PUSH: variable '%s': learning rate %g is not a finite "
+                            "number >= 0 (or -1: the ps's own)", v->name, (double)lr);
         p->items[i] = (push_item){.var = v, .offset = offset, .version = rec.version,
-                                  .nrows = nrows};
+                                  .nrows = nrows, .lr = lr};
         offset += rec.nbytes;
     }
     p->nitems = (int)head.count;
@@ -266,7 +272,7 @@ static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     int rc = row_sum_init(&sum, v->shape[v->ndim - 1], (uint64_t)it->nrows);
     if (!rc) rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows),
                               it->nrows);
-    if (!rc) rc = qr__rows_apply(ps, v, &sum, delta, t);
+    if (!rc) rc = qr__rows_apply(ps, v, &sum, delta, t, it->lr);
     row_sum_free(&sum);
     return rc;
 }
@@ -283,7 +289,7 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
         qr_optim_add_delta(out, v->value->data, g, v->n);
     } else {
         const qr_optim *opt = qr__var_optim(ps, v);
-        float lr = qr__ps_lr(ps, v, opt, t - 1);
+        float lr = qr__item_lr(ps, it, opt, t - 1);
         if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
         *lr_used = lr;
         rc = it->to_spare ? qr_optim_apply_dense_to(opt, out, v->value->data, g, v->n, lr)

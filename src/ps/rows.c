@@ -78,11 +78,11 @@ void row_sum_scale(row_sum *s, float divisor, bool per_row) {
     }
 }
 
-int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t) {
+int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t, float pushed_lr) {
     if (!s->n) return QR_OK; /* no rows: nothing changes, AdamAsync's powers included */
     int64_t dim = s->dim;
     const qr_optim *opt = qr__var_optim(ps, v);
-    float lr = qr__ps_lr(ps, v, opt, t - 1);
+    float lr = pushed_lr >= 0 ? pushed_lr : qr__ps_lr(ps, v, opt, t - 1);
     if (!v->table) {
         int64_t rows = v->n / dim;
         if (delta) return qr_optim_add_delta_rows(v->value->data, rows, dim, s->ids, s->sum,

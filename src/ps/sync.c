@@ -13,6 +13,12 @@
  * Because ps 0 names the members, the same pushes make the step on every
  * ps and for every variable (TensorFlow takes them per variable), and
  * because the order is fixed, the result does not depend on arrival order.
+ *
+ * A push may carry a learning rate per variable (QR_PUSH_LR, the worker's
+ * schedule: qr_worker_set_lr), held with it. A variable's step is applied
+ * with the one carried by its first gradient in member order (the first
+ * member, by worker then seq, that pushed it), so it is the same whatever
+ * the arrival order; workers that run the same scheduler agree anyway.
  */
 #include "ps/ps_internal.h"
 
@@ -182,7 +188,7 @@ static int reduce_rows(qr_ps *ps, qr_var *v, const sync_source *src, int n, floa
         rc = qr__ckpt_before_apply(ps, v);
     }
     if (!rc && !v->table) rc = qr_var_prepare_write(v);
-    if (!rc) rc = qr__rows_apply(ps, v, &sum, false, step + 1);
+    if (!rc) rc = qr__rows_apply(ps, v, &sum, false, step + 1, src[0].it->lr);
     row_sum_free(&sum);
     return rc;
 }
@@ -223,7 +229,7 @@ static int reduce_dense(qr_ps *ps, qr_var *v, const sync_source *src, int n, flo
     const qr_optim *opt = qr__var_optim(ps, v);
     if (!rc)
         rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
-                                  qr__ps_lr(ps, v, opt, step), step + 1);
+                                  qr__item_lr(ps, src[0].it, opt, step), step + 1);
     free(own);
     return rc;
 }

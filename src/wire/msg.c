@@ -108,6 +108,14 @@ void qr_msg_get_var(qr_rbuf *r, qr_msg_var *m) {
     m->version = qr_rbuf_u64(r);
 }
 
+void qr_msg_put_push_lr(qr_wbuf *b, float lr) {
+    qr_wbuf_f32(b, lr);
+}
+
+float qr_msg_get_push_lr(qr_rbuf *r) {
+    return qr_rbuf_f32(r);
+}
+
 void qr_msg_put_id(qr_wbuf *b, uint32_t id) {
     qr_wbuf_u32(b, id);
 }

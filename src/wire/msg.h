@@ -41,10 +41,17 @@
  *              kind 1, sparse rows of a (rows, dim) variable, dim its last
  *                   dimension, or of a table: K i64 row indices (ids),
  *                   then K x dim floats (nbytes = K * (8 + 4 dim))
+ *              with QR_PUSH_LR, each item's record is followed by
+ *                   f32 lr (qr_msg_put_push_lr): the learning rate to
+ *                   apply its gradient with, as is (no lr-decay), or -1
+ *                   for the ps's own; without the flag no item has one
+ *                   (the records are as above, byte for byte)
  *              payload: the gradients, in order
  *              flags: QR_PUSH_STEP (async: advance the global step),
  *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
- *                     QR_PUSH_SYNC (hold for the step's quorum)
+ *                     QR_PUSH_SYNC (hold for the step's quorum),
+ *                     QR_PUSH_REPLY_VALUES (async: the values come back),
+ *                     QR_PUSH_LR (the items carry their learning rates)
  *              reply: i64 global_step (async) or the ps's step (sync);
  *                     status QR_ESTALE if the gradient is stale
  *   PULL       req: u32 count, then u32 var_id each
@@ -172,6 +179,13 @@ typedef struct qr_msg_var {
 } qr_msg_var;
 void qr_msg_put_var(qr_wbuf *b, const qr_msg_var *m);
 void qr_msg_get_var(qr_rbuf *r, qr_msg_var *m);
+
+/* PUSH with QR_PUSH_LR: an item's learning rate, right after its
+ * qr_msg_var record; QR_MSG_PUSH_LR_NONE: the ps's own. */
+#define QR_MSG_PUSH_LR_LEN 4
+#define QR_MSG_PUSH_LR_NONE (-1.0f)
+void qr_msg_put_push_lr(qr_wbuf *b, float lr);
+float qr_msg_get_push_lr(qr_rbuf *r);
 
 /* A PULL request's variable id. */
 void qr_msg_put_id(qr_wbuf *b, uint32_t id);

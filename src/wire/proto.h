@@ -100,7 +100,12 @@ typedef enum qr_msg_type {
  * records and values of the push's dense variables as this push left them
  * (a fused push-and-pull: one round trip instead of two). */
 #define QR_PUSH_REPLY_VALUES 8u
-#define QR_PUSH_FLAGS_ALL 15u
+/* Each item record is followed by the learning rate to apply it with
+ * (qr_worker_set_lr; wire/msg.h). 16 is QR_PUSH_EVERY_PS, a worker's
+ * flag that never travels: skipped, so a stray one is still refused. */
+#define QR_PUSH_LR 32u
+#define QR_PUSH_FLAGS_ALL \
+    (QR_PUSH_STEP | QR_PUSH_SYNC | QR_PUSH_DELTA | QR_PUSH_REPLY_VALUES | QR_PUSH_LR)
 
 #define QR_GRAD_DENSE 0u
 #define QR_GRAD_SPARSE 1u

@@ -236,6 +236,11 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
      * checkpoint can tell a push that reached some of them from a whole
      * one (src/ps/ckpt_cut.c). */
     uint32_t nparts = 0;
+    /* The learning rates ride along when some variable of the push has one
+     * set (qr_worker_set_lr); a delta has none. */
+    bool with_lr = !(flags & QR_PUSH_DELTA) && wk_rows_with_lr(w);
+    for (int i = 0; i < n && !with_lr && !(flags & QR_PUSH_DELTA); i++)
+        with_lr = w->vars[ids[i]].push_lr >= 0;
     for (int p = 0; p < w->nps; p++) {
         bool reaches = (step_to_ps0 && p == 0) || (flags & QR_PUSH_EVERY_PS) || wk_rows_items(w, p);
         for (int i = 0; i < n && !reaches; i++) reaches = wk_part_on(&w->vars[ids[i]], p) != NULL;
@@ -254,6 +259,7 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
         reqs[nreq++] = r;
         if (p == 0) c->step_req = r;
         r->flags = w->sync ? QR_PUSH_SYNC : (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
+        if (with_lr) r->flags |= QR_PUSH_LR;
         r->payload = qr__calloc((size_t)QR_MAX(count + 2 * row_items, 1), sizeof *r->payload);
         if (!r->payload) {
             rc = QR_ENOMEM;
@@ -280,6 +286,7 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
             qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)ids[i], .kind = QR_GRAD_DENSE,
                                                    .nbytes = (uint64_t)part->n * 4,
                                                    .version = part->version});
+            if (with_lr) qr_msg_put_push_lr(&r->meta, v->push_lr);
             r->payload[r->npayload++] =
                 (qr_iov){(void *)(grads[i] + part->offset), (size_t)part->n * 4};
             if (r->flags & QR_PUSH_REPLY_VALUES) {
@@ -288,7 +295,7 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
                 r->dst[r->nvars++] = (values[i] ? values[i] : v->data) + part->offset;
             }
         }
-        wk_rows_put(w, p, r);
+        wk_rows_put(w, p, r, with_lr);
     }
     c->n = nreq;
     c->counts_step = step_to_ps0;

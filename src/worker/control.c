@@ -1,6 +1,7 @@
 /*
  * control.c - a worker's control calls: the sync token and steps, the
- * staleness bound, the data position, statistics summed over every ps,
+ * staleness bound, the data position, the learning rate pushes carry
+ * (set_lr), statistics summed over every ps,
  * a checkpoint on demand, leaving the run, and stopping the cluster.
  * A call that asks the cluster sends one request to ps 0 (to every ps
  * for statistics and stop) and waits for it in link.c; the others read or
@@ -9,6 +10,7 @@
 #include "worker/worker_internal.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +156,19 @@ int qr_worker_global_step(qr_worker *w, int64_t *global_step) {
 int qr_worker_set_data_position(qr_worker *w, uint64_t position) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_set_data_position: worker is NULL");
     w->data_pos = position;
+    return QR_OK;
+}
+
+int qr_worker_set_lr(qr_worker *w, int var_id, float lr) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_set_lr: worker is NULL");
+    if (var_id < 0 || var_id >= w->nvars)
+        return qr__fail(QR_ENOTFOUND, "set_lr: no variable with id %d (%d declared)", var_id,
+                        w->nvars);
+    wk_var *v = &w->vars[var_id];
+    if (!isfinite(lr))
+        return qr__fail(QR_EINVAL, "set_lr: '%s': the learning rate is %g, not a finite number",
+                        v->name, (double)lr);
+    v->push_lr = lr < 0 ? QR_MSG_PUSH_LR_NONE : lr;
     return QR_OK;
 }
 

@@ -191,6 +191,7 @@ static int declare_variable(qr_worker *w, const char *name, int ndim, const int6
     v->n = n;
     v->seed = seed;
     v->lr = lr;
+    v->push_lr = QR_MSG_PUSH_LR_NONE;
     if (var_id) *var_id = w->nvars;
     w->nvars++;
     return QR_OK;

@@ -359,7 +359,13 @@ int wk_rows_items(const qr_worker *w, int p) {
     return n;
 }
 
-void wk_rows_put(qr_worker *w, int p, wk_request *r) {
+bool wk_rows_with_lr(const qr_worker *w) {
+    for (int i = 0; i < w->nvars; i++)
+        if (w->vars[i].added && w->vars[i].added->start && w->vars[i].push_lr >= 0) return true;
+    return false;
+}
+
+void wk_rows_put(qr_worker *w, int p, wk_request *r, bool with_lr) {
     for (int i = 0; i < w->nvars; i++) {
         wk_var *v = &w->vars[i];
         if (!item_for(w, v, p)) continue;
@@ -370,6 +376,7 @@ void wk_rows_put(qr_worker *w, int p, wk_request *r) {
                                                .nbytes = k * (8 + 4 * (uint64_t)dim),
                                                .version = v->table ? v->version
                                                                    : wk_part_on(v, p)->version});
+        if (with_lr) qr_msg_put_push_lr(&r->meta, v->push_lr);
         r->payload[r->npayload++] = (qr_iov){a->split_ids + a->start[p], (size_t)k * 8};
         r->payload[r->npayload++] =
             (qr_iov){a->split_rows + a->start[p] * (uint64_t)dim, (size_t)(k * dim) * 4};

@@ -61,6 +61,9 @@ typedef struct wk_var {
     int64_t n;
     uint64_t seed;
     float lr;
+    /* qr_worker_set_lr's: carried by every later push of it (QR_PUSH_LR);
+     * QR_MSG_PUSH_LR_NONE: the ps's own */
+    float push_lr;
     int want_parts;   /* its partitions=N option (0: by partition-min-mb) */
     int nparts;       /* dense: set at placement (1: not partitioned) */
     wk_part *parts;
@@ -275,8 +278,11 @@ void wk_rows_free(qr_worker *w);
 int wk_rows_prepare(qr_worker *w);
 /* How many items of rows the push to ps p carries (0: none). */
 int wk_rows_items(const qr_worker *w, int p);
-/* Their meta records and payload (two iovs each) into r. */
-void wk_rows_put(qr_worker *w, int p, wk_request *r);
+/* Their meta records and payload (two iovs each) into r; with_lr: each
+ * record followed by its variable's push_lr (QR_PUSH_LR). */
+void wk_rows_put(qr_worker *w, int p, wk_request *r, bool with_lr);
+/* Some variable with rows added has a push_lr set. */
+bool wk_rows_with_lr(const qr_worker *w);
 /* The push went (or failed): the added rows are used up. */
 void wk_rows_clear(qr_worker *w);
 /* Rows added and not pushed yet? */

@@ -36,7 +36,7 @@ from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, 
                     frame, header, pad, push_meta, ready_meta)
 
 COMMIT, TOKEN, APPLY, CLOCK, LOOKUP = 8, 9, 10, 12, 15
-PUSH_STEP, PUSH_SYNC, PUSH_DELTA, CREATE_CHECK_ONLY = 1, 2, 4, 1
+PUSH_STEP, PUSH_SYNC, PUSH_DELTA, PUSH_LR, CREATE_CHECK_ONLY = 1, 2, 4, 0x20, 1
 
 
 def sparse_push(var_id, rows, dim):
@@ -54,6 +54,10 @@ seeds = {
     "push_dense": frame(PUSH, 5, push_meta([(0, 48)]), floats([0.25] * 12), flags=PUSH_STEP),
     "push_sparse": sparse_push(1, [3, 0, 3], 2),
     "push_adam": frame(PUSH, 7, push_meta([(2, 20)]), floats([1.0] * 5)),
+    # each item with its learning rate (-1: the ps's own); rows of a table too
+    "push_lr": frame(PUSH, 20, push_meta([(0, 48), (2, 20), (3, 32, 1)], lrs=[0.05, -1.0, 0.5]),
+                     floats([0.25] * 17) + b"".join(struct.pack("<q", i) for i in (5, 9)) +
+                     floats([0.5] * 4), flags=PUSH_STEP | PUSH_LR),
     "push_delta": frame(PUSH, 8, push_meta([(0, 48), (2, 20)]), floats([0.1] * 17),
                         flags=PUSH_DELTA),
     "create": frame(CREATE, 9, create_meta([(4, [2], -1.0, "fresh", "optimizer=momentum")]),
@@ -71,6 +75,9 @@ seeds = {
     "hello_sync": frame(HELLO, 13, struct.pack("<III", 1, 0, 1)),
     "push_sync": frame(PUSH, 14, push_meta([(0, 48)], local_step=0, worker=0, seq=1),
                        floats([0.25] * 12), flags=PUSH_SYNC),
+    "push_sync_lr": frame(PUSH, 21, push_meta([(0, 48)], local_step=0, worker=0, seq=2,
+                                              lrs=[0.125]),
+                          floats([0.25] * 12), flags=PUSH_SYNC | PUSH_LR),
     "commit": frame(COMMIT, 15, struct.pack("<IIq", 0, 1, 0)),
     "token": frame(TOKEN, 16, struct.pack("<I", 0)),
     "apply": frame(APPLY, 17, struct.pack("<qIII", 0, 1, 0, 1)),

@@ -21,6 +21,7 @@ LEAVE, SAVE = 16, 17
 COMMIT, TOKEN, APPLY, STATS = 8, 9, 10, 11
 REPLY = 0x80
 PUSH_STEP = 1
+PUSH_LR = 0x20  # the items carry their learning rates (push_meta's lrs)
 
 STATUS = {0: "OK", -1: "EINVAL", -4: "EPROTO", -5: "ENOTFOUND", -6: "EEXIST",
           -7: "ESHAPE", -10: "ESTOPPED", -11: "ENOTREADY", -14: "ENONFINITE",
@@ -91,14 +92,17 @@ def create_meta(items):
     return meta
 
 
-def push_meta(items, local_step=0, worker=0, seq=0):
+def push_meta(items, local_step=0, worker=0, seq=0, lrs=None):
     """items: list of (var_id, nbytes) or (var_id, nbytes, kind): kind 0
-    dense (the default), 1 sparse rows."""
+    dense (the default), 1 sparse rows. lrs: each item's learning rate
+    after its record (a push with flag PUSH_LR; -1: the ps's own)."""
     meta = struct.pack("<IqIIIQ", len(items), local_step, worker, seq, 1, 0)
-    for item in items:
+    for k, item in enumerate(items):
         var_id, nbytes = item[:2]
         kind = item[2] if len(item) > 2 else 0
         meta += struct.pack("<IIQQ", var_id, kind, nbytes, 0)
+        if lrs is not None:
+            meta += struct.pack("<f", lrs[k])
     return meta
 
 

@@ -10,7 +10,8 @@
 2. Precise checks: a push with the wrong shape, to an unknown variable,
    with NaN, or naming a variable twice is refused with the right status
    and a message naming the problem, and the variable is unchanged; a good
-   push applies SGD exactly.
+   push applies SGD exactly. A push with learning rates (PUSH_LR) has them
+   checked (finite, >= 0, or -1 for the ps's own) and applies them as given.
 3. A normal worker then trains the MLP on digits against the same ps to
    >= 0.95 test accuracy, and the ps exits 0 when the chief stops it.
 Usage: test_hostile.py QUORUM_BINARY"""
@@ -20,7 +21,8 @@ import socket
 import struct
 import sys
 
-from qrtest import (CREATE, HELLO, LEAVE, PULL, PUSH, READY, REPLY, SAVE, STATUS, STEP, Proc,
+from qrtest import (CREATE, HELLO, LEAVE, PULL, PUSH, PUSH_LR, READY, REPLY, SAVE, STATUS, STEP,
+                    Proc,
                     connect, create_meta, floats, frame, free_port, header, last_json,
                     pad, push_meta, read_reply, ready_meta, recv_exact, unfloats)
 
@@ -178,12 +180,13 @@ try:
                  "EINVAL", "'timeout-ms' is not an optimizer option", "a CREATE with a foreign option")
 
     # --- 2. precise checks on a real variable -------------------------------
-    probe, big = 1000, 1001
+    probe, big, lrp = 1000, 1001, 1002
     big_n = 40000  # 160,000 bytes: a "large" payload to the transport (>= 64 KiB)
     big_init = [(i % 97) * 0.01 for i in range(big_n)]
     mtype, _, status, meta, _ = request(
-        s, frame(CREATE, 20, create_meta([(probe, [4], -1.0, "probe"), (big, [big_n], -1.0, "big")]),
-                 floats([1, 2, 3, 4] + big_init)))
+        s, frame(CREATE, 20, create_meta([(probe, [4], -1.0, "probe"), (big, [big_n], -1.0, "big"),
+                                          (lrp, [2], -1.0, "lrprobe")]),
+                 floats([1, 2, 3, 4] + big_init + [0, 0])))
     assert status == 0, meta
     assert request(s, frame(READY, 21, ready_meta(1)))[2] == 0
 
@@ -215,6 +218,27 @@ try:
     want = [1 - 0.1 * 1, 2 - 0.1 * 2, 3 + 0.1, 4]
     assert all(abs(a - b) < 1e-6 for a, b in zip(got, want)), (got, want)
     print("ok: a good push applied SGD exactly:", got)
+
+    def pull_lrp():
+        status, meta, payload = request(s, frame(PULL, next_id(), struct.pack("<II", 1, lrp)))[2:]
+        assert status == 0, meta
+        return unfloats(payload)
+
+    for lr in (float("nan"), float("inf"), -0.5):
+        expect_error(s, frame(PUSH, next_id(), push_meta([(lrp, 8)], lrs=[lr]), floats([1, 1]),
+                              flags=PUSH_LR),
+                     "EINVAL", "variable 'lrprobe': learning rate %g is not a finite number >= 0"
+                     % lr, "a push with learning rate %g" % lr)
+    expect_error(s, frame(PUSH, next_id(), push_meta([(lrp, 8)]), floats([1, 1]), flags=PUSH_LR),
+                 "EPROTO", "PUSH meta is truncated at item 0", "PUSH_LR without the learning rate")
+    assert pull_lrp() == [0, 0], "a refused push changed the variable"
+    for lr, g in ((0.5, [1, 2]), (-1.0, [1, 1])):  # as given, then the ps's own (0.1)
+        status, meta = request(s, frame(PUSH, next_id(), push_meta([(lrp, 8)], lrs=[lr]),
+                                        floats(g), flags=PUSH_LR))[2:4]
+        assert status == 0, meta
+    applied, want = pull_lrp(), [-0.5 - 0.1, -1.0 - 0.1]
+    assert all(abs(a - b) < 1e-6 for a, b in zip(applied, want)), (applied, want)
+    print("ok: pushed learning rates checked and applied as given:", applied)
 
     # Requests that arrive together behind a large one. After a large
     # payload the ps reads the next head with a short read and leaves out

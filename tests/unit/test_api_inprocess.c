@@ -5,7 +5,8 @@
  * caller buffers, placement over two ps, declaration checks between
  * workers, error paths, the clean stop, and that a large pull (spliced,
  * zero-copy) is always one whole version of the variable, and that a pull
- * over PEER_MAX_PENDING (256 MiB) does not leave its connection paused.
+ * over PEER_MAX_PENDING (256 MiB) does not leave its connection paused,
+ * and the learning rate a worker sets (qr_worker_set_lr) in async mode.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +15,8 @@
 #include <cmocka.h>
 
 #include "cluster_fixture.h"
+
+#include <math.h>
 
 /* nps ps tasks (and two workers) with lr 0.5 over the given transport. */
 static void start_cluster(cluster_fixture *f, int nps, const char *transport) {
@@ -496,6 +499,79 @@ static void test_declare_values(void **state) {
     join_cluster(&f);
 }
 
+/* qr_worker_set_lr (async): every later push of the variable carries the
+ * learning rate, which the ps applies as is in place of its own (0.5): a
+ * dense variable, both shards of a partitioned one, rows added to it, an
+ * embedding table's rows, and a large push applied as it arrives
+ * (fused_apply.c); lr < 0 returns to the ps's own; bad ids and rates are
+ * refused by name. */
+static void test_set_lr(void **state) {
+    (void)state;
+    cluster_fixture f;
+    start_cluster(&f, 2, "auto");
+    qr_worker *chief = make_worker(&f, 0);
+    enum { BIG = 2 << 20 }; /* 8 MiB: applied as it arrives */
+    int64_t sp[2] = {2, 2}, sb[1] = {3}, sbig[1] = {BIG};
+    int p, b, emb, big;
+    assert_int_equal(qr_worker_declare_opts(chief, "p", 2, sp, "zeros", 1, "partitions=2", &p),
+                     QR_OK);
+    assert_int_equal(qr_worker_declare(chief, "b", 1, sb, "zeros", 1, -1, &b), QR_OK);
+    assert_int_equal(qr_worker_declare_table(chief, "emb", 2, "zeros", 1, "", &emb), QR_OK);
+    assert_int_equal(qr_worker_declare(chief, "big", 1, sbig, "zeros", 1, -1, &big), QR_OK);
+    assert_int_equal(qr_worker_set_lr(NULL, p, 0.1f), QR_EINVAL);
+    assert_int_equal(qr_worker_set_lr(chief, 7, 0.1f), QR_ENOTFOUND);
+    assert_non_null(strstr(qr_last_error(), "no variable with id 7"));
+    assert_int_equal(qr_worker_set_lr(chief, -1, 0.1f), QR_ENOTFOUND);
+    assert_int_equal(qr_worker_set_lr(chief, b, NAN), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "'b': the learning rate is nan, not a finite"));
+    assert_int_equal(qr_worker_set_lr(chief, b, INFINITY), QR_EINVAL);
+    assert_int_equal(qr_worker_initialize(chief), QR_OK);
+
+    assert_int_equal(qr_worker_set_lr(chief, p, 0.1f), QR_OK);
+    assert_int_equal(qr_worker_set_lr(chief, big, 0.125f), QR_OK);
+    float *ones = malloc(BIG * sizeof *ones);
+    assert_non_null(ones);
+    for (int i = 0; i < BIG; i++) ones[i] = 1;
+    const float *grads[3] = {ones, ones, ones};
+    int ids[3] = {p, b, big};
+    assert_int_equal(qr_worker_push(chief, 3, ids, grads, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(chief, 0, NULL, NULL), QR_OK);
+    const float *pv = qr_worker_var_data(chief, p), *bv = qr_worker_var_data(chief, b);
+    const float *bigv = qr_worker_var_data(chief, big);
+    for (int i = 0; i < 4; i++) assert_float_equal(pv[i], -0.1f, 1e-7); /* its own, both shards */
+    for (int i = 0; i < 3; i++) assert_float_equal(bv[i], -0.5f, 1e-7);  /* the ps's */
+    assert_true(bigv[0] == -0.125f && bigv[BIG - 1] == -0.125f);
+    char stats[4096];
+    assert_int_equal(qr_worker_stats(chief, stats, sizeof stats), QR_OK);
+    assert_non_null(strstr(stats, "\"applied_on_arrival\":1"));
+
+    /* Back to the ps's own. */
+    assert_int_equal(qr_worker_set_lr(chief, p, -3.0f), QR_OK);
+    assert_int_equal(qr_worker_push(chief, 1, &p, grads, QR_PUSH_STEP, NULL), QR_OK);
+    /* Rows of the partitioned variable (its row 1, on the second shard)
+     * and of the table, each at its own rate. */
+    assert_int_equal(qr_worker_set_lr(chief, p, 0.25f), QR_OK);
+    assert_int_equal(qr_worker_set_lr(chief, emb, 0.75f), QR_OK);
+    int64_t row1 = 1, id7 = 7;
+    float rg[2] = {1, 2};
+    assert_int_equal(qr_worker_add_rows(chief, p, 1, &row1, rg), QR_OK);
+    assert_int_equal(qr_worker_add_rows(chief, emb, 1, &id7, rg), QR_OK);
+    assert_int_equal(qr_worker_push(chief, 0, NULL, NULL, QR_PUSH_STEP, NULL), QR_OK);
+    assert_int_equal(qr_worker_pull(chief, 1, &p, NULL), QR_OK);
+    assert_float_equal(pv[0], -0.6f, 1e-6);
+    assert_float_equal(pv[1], -0.6f, 1e-6);
+    assert_float_equal(pv[2], -0.6f - 0.25f, 1e-6);
+    assert_float_equal(pv[3], -0.6f - 0.5f, 1e-6);
+    float row[2];
+    assert_int_equal(qr_worker_pull_rows(chief, emb, 1, &id7, row, 0), QR_OK);
+    assert_float_equal(row[0], -0.75f, 1e-7);
+    assert_float_equal(row[1], -1.5f, 1e-7);
+    free(ones);
+    assert_int_equal(qr_worker_stop_cluster(chief), QR_OK);
+    qr_worker_free(chief);
+    join_cluster(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_declare_values),
@@ -509,6 +585,7 @@ int main(void) {
         cmocka_unit_test(test_large_pulls_are_whole_versions),
         cmocka_unit_test(test_pull_over_the_pending_limit),
         cmocka_unit_test(test_log_callback),
+        cmocka_unit_test(test_set_lr),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

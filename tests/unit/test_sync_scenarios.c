@@ -414,6 +414,43 @@ static void test_lr_decay(void **state) {
     run_decay(true, stairs);
 }
 
+/* qr_worker_set_lr in sync mode: a variable's step uses the learning rate
+ * of its first gradient in member order (by worker), whatever order the
+ * pushes arrived in; one set on no member's push leaves the ps's own (lr
+ * 1, decayed here by 0.5 a step), and a pushed one is used as is, not
+ * decayed. R = N = 2, g = [2, 4] then [1, 1] from each. */
+static void test_pushed_lr_first_member(void **state) {
+    (void)state;
+    scenario s;
+    static const char *const decay[] = {"lr-decay-rate", "0.5", "lr-decay-steps", "1",
+                                        "lr-decay-staircase", "true", NULL};
+    extra = decay;
+    start(&s, 2, 2, -1);
+    extra = NULL;
+    /* step 0: worker 1's push arrives first, but worker 0 is the first
+     * member: its 0.25 applies, not 0.5. w = -0.25 * [2, 4] */
+    assert_int_equal(qr_worker_set_lr(s.w[0], s.id[0], 0.25f), QR_OK);
+    assert_int_equal(qr_worker_set_lr(s.w[1], s.id[1], 0.5f), QR_OK);
+    assert_int_equal(push(&s, 1, 2, 4), QR_OK);
+    assert_int_equal(push(&s, 0, 2, 4), QR_OK);
+    for (int i = 0; i < 2; i++) assert_int_equal(token(&s, i), 1);
+    expect_w(&s, -0.5f, -1.0f);
+    /* step 1: worker 0 back to the ps's own, 1 * 0.5^1 (decayed); worker
+     * 1's 0.5 is not the first member's. w -= 0.5 * [1, 1] */
+    assert_int_equal(qr_worker_set_lr(s.w[0], s.id[0], -1.0f), QR_OK);
+    assert_int_equal(push(&s, 1, 1, 1), QR_OK);
+    assert_int_equal(push(&s, 0, 1, 1), QR_OK);
+    for (int i = 0; i < 2; i++) assert_int_equal(token(&s, i), 2);
+    expect_w(&s, -1.0f, -1.5f);
+    /* step 2: both 2 (one scheduler): used as is, not decayed (0.25).
+     * w -= 2 * [1, 1] */
+    for (int i = 0; i < 2; i++) assert_int_equal(qr_worker_set_lr(s.w[i], s.id[i], 2.0f), QR_OK);
+    for (int i = 0; i < 2; i++) assert_int_equal(push(&s, i, 1, 1), QR_OK);
+    for (int i = 0; i < 2; i++) assert_int_equal(token(&s, i), 3);
+    expect_w(&s, -3.0f, -3.5f);
+    finish(&s);
+}
+
 static void test_no_moving_average_refused(void **state) {
     (void)state;
     scenario s;
@@ -439,6 +476,7 @@ int main(void) {
         cmocka_unit_test(test_leave_then_come_back),
         cmocka_unit_test(test_moving_averages),
         cmocka_unit_test(test_lr_decay),
+        cmocka_unit_test(test_pushed_lr_first_member),
         cmocka_unit_test(test_no_moving_average_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

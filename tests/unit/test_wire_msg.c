@@ -2,7 +2,8 @@
  * test_wire_msg.c - the meta records of wire/msg.h: each put writes the
  * bytes the layout table gives (checked against bytes written out by
  * hand here, so a change of the codec that would change the wire fails),
- * each get reads back what its put wrote, the fixed sizes agree with the
+ * each get reads back what its put wrote (a push's learning rates with
+ * QR_PUSH_LR too), the fixed sizes agree with the
  * records, and a CREATE record's lengths are checked before the bytes
  * they count are read.
  */
@@ -139,6 +140,68 @@ static void test_push_layout(void **state) {
     qr_msg_get_push_head(&r, &h);
     qr_msg_get_var(&r, &v);
     assert_true(r.bad);
+    qr_wbuf_free(&b);
+}
+
+/* QR_PUSH_LR: each item record is followed by its f32 learning rate
+ * (IEEE 754 bits, little-endian); -1 is the ps's own. */
+static void test_push_lr_layout(void **state) {
+    (void)state;
+    qr_wbuf b = {0};
+    qr_msg_put_push_head(&b, &(qr_msg_push_head){.count = 2, .worker = 1, .seq = 4, .nparts = 1});
+    qr_msg_put_var(&b, &(qr_msg_var){.id = 3, .kind = QR_GRAD_DENSE, .nbytes = 16, .version = 2});
+    qr_msg_put_push_lr(&b, 0.25f);
+    qr_msg_put_var(&b, &(qr_msg_var){.id = 4, .kind = QR_GRAD_SPARSE, .nbytes = 12});
+    qr_msg_put_push_lr(&b, QR_MSG_PUSH_LR_NONE);
+    uint8_t want[128];
+    size_t n = 0;
+    le(want, &n, 2, 4);
+    le(want, &n, 0, 8);
+    le(want, &n, 1, 4);
+    le(want, &n, 4, 4);
+    le(want, &n, 1, 4);
+    le(want, &n, 0, 8);
+    le(want, &n, 3, 4);
+    le(want, &n, 0, 4);
+    le(want, &n, 16, 8);
+    le(want, &n, 2, 8);
+    le(want, &n, 0x3E800000u, 4); /* 0.25f */
+    assert_int_equal(n, QR_MSG_PUSH_HEAD_LEN + QR_MSG_VAR_LEN + QR_MSG_PUSH_LR_LEN);
+    le(want, &n, 4, 4);
+    le(want, &n, 1, 4);
+    le(want, &n, 12, 8);
+    le(want, &n, 0, 8);
+    le(want, &n, 0xBF800000u, 4); /* -1.0f */
+    assert_int_equal(n, QR_MSG_PUSH_HEAD_LEN + 2 * (QR_MSG_VAR_LEN + QR_MSG_PUSH_LR_LEN));
+    assert_bytes(&b, want, n);
+
+    qr_rbuf r;
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_push_head h;
+    qr_msg_var v;
+    qr_msg_get_push_head(&r, &h);
+    qr_msg_get_var(&r, &v);
+    assert_true(v.id == 3 && v.nbytes == 16 && v.version == 2);
+    assert_true(qr_msg_get_push_lr(&r) == 0.25f);
+    qr_msg_get_var(&r, &v);
+    assert_true(v.id == 4 && v.kind == QR_GRAD_SPARSE && v.nbytes == 12);
+    assert_true(qr_msg_get_push_lr(&r) == QR_MSG_PUSH_LR_NONE);
+    assert_false(r.bad);
+    assert_int_equal(r.left, 0);
+    /* The last learning rate cut short: the reader says so. */
+    qr_rbuf_init(&r, b.data, b.len - 1);
+    qr_msg_get_push_head(&r, &h);
+    qr_msg_get_var(&r, &v);
+    (void)qr_msg_get_push_lr(&r);
+    qr_msg_get_var(&r, &v);
+    (void)qr_msg_get_push_lr(&r);
+    assert_true(r.bad);
+    /* The flag is its own bit, one of the flags a ps takes, apart from
+     * the worker's QR_PUSH_EVERY_PS (which never travels). */
+    assert_int_equal(QR_PUSH_LR & (QR_PUSH_STEP | QR_PUSH_SYNC | QR_PUSH_DELTA |
+                                   QR_PUSH_REPLY_VALUES | QR_PUSH_EVERY_PS), 0);
+    assert_int_equal(QR_PUSH_FLAGS_ALL & QR_PUSH_LR, QR_PUSH_LR);
+    assert_int_equal(QR_PUSH_FLAGS_ALL & QR_PUSH_EVERY_PS, 0);
     qr_wbuf_free(&b);
 }
 
@@ -387,6 +450,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hello_layout),
         cmocka_unit_test(test_push_layout),
+        cmocka_unit_test(test_push_lr_layout),
         cmocka_unit_test(test_pull_and_small_layouts),
         cmocka_unit_test(test_ckpt_layout),
         cmocka_unit_test(test_create_layout),
