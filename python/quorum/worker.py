@@ -400,6 +400,20 @@ class Worker:
     def set_data_position(self, position: int) -> None:
         check(lib.qr_worker_set_data_position(self._handle, int(position)))
 
+    def set_lr(self, var: Var, lr: Optional[float]) -> None:
+        """The learning rate the ps tasks apply ``var``'s gradients with,
+        from this worker's next push on, in place of the variable's own
+        and the ps's lr-decay schedule: a schedule run by the worker (torch's
+        lr_scheduler, through quorum.torch.Optimizer). None (or a negative
+        number) returns to the ps's own. Sync: a step takes the rate of
+        its first member (by worker), so every worker sets the same."""
+        i = self.id(var)
+        if lr is None:
+            lr = -1.0
+        if isinstance(lr, bool) or not isinstance(lr, (int, float, np.floating, np.integer)):
+            raise TypeError("set_lr(%r): the learning rate is a number, not %r" % (var, lr))
+        check(lib.qr_worker_set_lr(self._handle, i, float(lr)))
+
     def data_position(self) -> int:
         out = ctypes.c_uint64()
         check(lib.qr_worker_data_position(self._handle, ctypes.byref(out)))

@@ -68,8 +68,6 @@ needs_weight_decay = pytest.mark.skipif(not library_takes(weight_decay=0.1),
                                         reason="the C library has no weight-decay option yet")
 needs_adamw = pytest.mark.skipif(not library_takes(optimizer="adamw"),
                                  reason="the C library has no adamw optimizer yet")
-needs_set_options = pytest.mark.skipif(not hasattr(quorum.Worker, "set_options"),
-                                       reason="the worker cannot change a variable's options")
 
 
 def test_is_a_torch_optimizer():  # type: ignore[no-untyped-def]
@@ -115,46 +113,156 @@ def test_schedulers_drive_the_groups_as_torchs(make):  # type: ignore[no-untyped
     opt.close()
 
 
-def test_changed_lr_is_not_silently_ignored():  # type: ignore[no-untyped-def]
-    """Until the ps can take a new lr between steps, a changed one is an
-    error at step() naming the group, never a silent no-op."""
-    if hasattr(quorum.Worker, "set_options"):
-        pytest.skip("the worker can change a variable's options")
+def test_changed_lr_takes_effect_other_settings_refused():  # type: ignore[no-untyped-def]
+    """An lr set by hand reaches the ps at the next step (Adam, against
+    torch's); a change of any other setting (momentum, betas,
+    weight_decay) is an error at step() naming it, never a silent no-op."""
+    ours, ref = mlp(), mlp()
+    opt = qt.Optimizer(ours, "Adam", lr=0.01)
+    ropt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    for lr in (0.05, 0.002, torch.tensor(0.02)):  # torch allows a tensor lr
+        opt.param_groups[0]["lr"], ropt.param_groups[0]["lr"] = lr, lr
+        train(ours, opt, steps=4)
+        train(ref, ropt, steps=4)
+    assert max_diff(ours, ref) < 2e-4, max_diff(ours, ref)
+    for k, v in (("betas", (0.8, 0.999)), ("weight_decay", 0.1)):
+        saved = opt.param_groups[0][k]
+        opt.param_groups[0][k] = v
+        loss_of(ours).backward()
+        with pytest.raises(NotImplementedError, match=r"param_groups\[0\]: %s changed" % k):
+            opt.step()
+        opt.param_groups[0][k] = saved
+    for bad, error in ((-0.1, ValueError), (float("nan"), ValueError), ("fast", TypeError)):
+        opt.param_groups[0]["lr"] = bad
+        with pytest.raises(error, match=r"param_groups\[0\]: lr="):
+            opt.step()
+    opt.close()
+
+
+def test_one_cycle_momentum_is_refused_by_name():  # type: ignore[no-untyped-def]
+    """OneCycleLR cycles SGD's momentum too by default (cycle_momentum=True):
+    it sets momentum to max_momentum as it is made, so the first step()
+    raises naming momentum (cycle_momentum=False cycles the lr alone)."""
     model = mlp()
-    opt = qt.Optimizer(model, "SGD", lr=0.1)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    train(model, opt, steps=1)
-    sched.step()
+    opt = qt.Optimizer(model, "SGD", lr=0.1, momentum=0.9)
+    torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.5, total_steps=12)
     loss_of(model).backward()
-    with pytest.raises(NotImplementedError, match=r"param_groups\[0\].*lr=0.05"):
+    with pytest.raises(NotImplementedError, match=r"momentum changed .*from momentum=0.9 to "
+                                                  r"momentum=0.95.*cycle_momentum=False"):
         opt.step()
     opt.close()
 
 
-@needs_set_options
+def test_embedding_keeps_its_declared_lr():  # type: ignore[no-untyped-def]
+    """An Embedding is in no parameter group: a scheduler of the groups
+    changes the parameters' lr but leaves the table's (the optimizer's lr=)
+    as it was; Worker.set_lr sets it."""
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = qt.Embedding(2, init="zeros")
+            self.bias = torch.nn.Parameter(torch.zeros(2))
+
+    model = Model()
+    opt = qt.Optimizer(model, "SGD", lr=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
+    ids = torch.tensor([3])
+    for table_lr, lr in ((0.5, 0.5), (0.5, 0.05), (0.25, 0.005)):
+        if table_lr == 0.25:
+            opt.worker.set_lr(model.emb._table, 0.25)
+        before, bias = model.emb(ids).detach(), model.bias.detach().clone()
+        opt.zero_grad()
+        (model.emb(ids) + model.bias).sum().backward()
+        opt.step()
+        sched.step()
+        assert torch.allclose(before - model.emb(ids).detach(), torch.full((1, 2), table_lr))
+        assert torch.allclose(bias - model.bias.detach(), torch.full((2,), lr))
+    opt.close()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("make", [
     lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5),
     lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10),
     lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.5, total_steps=12,
                                                   cycle_momentum=False),
 ])
-def test_ps_applies_the_scheduled_lr(make):  # type: ignore[no-untyped-def]
+def test_ps_applies_the_scheduled_lr(make, overlap):  # type: ignore[no-untyped-def]
     """Plain SGD with a gradient of ones: each step moves the parameter by
-    the lr the ps applied, which is torch's scheduled lr of that step."""
+    the lr the ps applied, which is torch's scheduled lr of that step (with
+    overlap, the gradient pushed by its backward hook carries it too)."""
     w = torch.nn.Parameter(torch.zeros(3))
-    opt = qt.Optimizer([("w", w)], "SGD", lr=0.1)
+    opt = qt.Optimizer([("w", w)], "SGD", lr=0.1, overlap=overlap)
     ref = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
     ours, theirs = make(opt), make(ref)
     for _ in range(10):
         before = w.detach().clone()
-        w.grad = torch.ones(3)
         lr = ref.param_groups[0]["lr"]
+        if overlap:
+            w.sum().backward()  # a gradient of ones, pushed by its hook
+        else:
+            w.grad = torch.ones(3)
         opt.step()
+        opt.zero_grad()
         assert torch.allclose(before - w.detach(), torch.full((3,), lr), atol=1e-6)
         ref.step()
         ours.step()
         theirs.step()
     opt.close()
+
+
+def test_sync_scheduled_lr_matches_torch(make_cluster):  # type: ignore[no-untyped-def]
+    """Sync, two workers, each running StepLR on its optimizer: the lr
+    halves mid-run, and the trained parameters equal one torch SGD
+    (momentum 0.9) with the same schedule on the mean of the two halves'
+    gradients."""
+    c = make_cluster(2, 2, mode="sync")
+    models = [mlp(0), mlp(1)]  # the chief's initial values win
+    errors: list = []
+
+    def run(k: int) -> None:
+        try:
+            opt = qt.Optimizer(models[k], "SGD", worker=c.worker(k), lr=0.1, momentum=0.9)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+            X, y = data()
+            half = slice(0, 32) if k == 0 else slice(32, 64)
+            for _ in range(10):
+                opt.zero_grad()
+                ((models[k](X[half]) - y[half]) ** 2).mean().backward()
+                opt.step()
+                sched.step()
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    ref = mlp(0)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    rsched = torch.optim.lr_scheduler.StepLR(ropt, step_size=3, gamma=0.5)
+    X, y = data()
+    for _ in range(10):
+        ropt.zero_grad()
+        g0 = torch.autograd.grad(((ref(X[:32]) - y[:32]) ** 2).mean(), list(ref.parameters()))
+        g1 = torch.autograd.grad(((ref(X[32:]) - y[32:]) ** 2).mean(), list(ref.parameters()))
+        for p, a, b in zip(ref.parameters(), g0, g1):
+            p.grad = (a + b) / 2
+        ropt.step()
+        rsched.step()
+    assert ropt.param_groups[0]["lr"] == 0.1 * 0.5 ** 3
+    for model in models:
+        assert max_diff(model, ref) < 1e-5, max_diff(model, ref)
+    # the same run at a constant lr ends elsewhere: the schedule counted
+    flat = mlp(0)
+    fopt = torch.optim.SGD(flat.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(10):
+        fopt.zero_grad()
+        loss_of(flat).backward()
+        fopt.step()
+    assert max_diff(models[0], flat) > 1e-3
 
 
 def test_param_groups_have_their_own_settings():  # type: ignore[no-untyped-def]

@@ -51,6 +51,29 @@ def _float_param(name: str, p: torch.Tensor) -> None:
                                   "" if p.is_contiguous() else " (non-contiguous)"))
 
 
+def _setting(v: Any) -> Any:
+    """A group's setting as compared between steps (a tensor by its value)."""
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    if isinstance(v, list):
+        return tuple(_setting(x) for x in v)
+    return v
+
+
+def _lr_of(group: Dict[str, Any], g: int) -> float:
+    """A group's lr (a float or a one-element tensor, as torch allows),
+    checked: the ps tasks apply it as it is."""
+    lr = group["lr"]
+    try:
+        value = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError("param_groups[%d]: lr=%r is not a number" % (g, lr)) from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("param_groups[%d]: lr=%r: the ps tasks take a finite learning rate "
+                         ">= 0" % (g, lr))
+    return value
+
+
 class Optimizer(torch.optim.Optimizer):
     """Trains ``module`` on the ps tier (see the module's docstring): a
     ``torch.optim.Optimizer``, so torch's schedulers, ``GradScaler`` and
@@ -112,9 +135,12 @@ class Optimizer(torch.optim.Optimizer):
         # library reads only the address), without the new tensor object
         # that p.data makes on every access.
         self.params: List[Tuple[str, torch.Tensor, int]] = []
-        # per group: its variables' ids, and its settings as declared
+        # per group: its variables' ids, its settings as declared, and the
+        # learning rate the ps tasks apply to its variables
         self._group_vars: List[List[int]] = []
         self._group_options: List[str] = []
+        self._group_settings: List[Dict[str, Any]] = []
+        self._ps_lr: List[float] = []
         self.embeddings: List[Embedding] = []
         try:
             self._declare(worker, settings, names, overlap)
@@ -161,6 +187,9 @@ class Optimizer(torch.optim.Optimizer):
                 ids.append(var)
             self._group_vars.append(ids)
             self._group_options.append(options)
+            self._group_settings.append({k: _setting(v) for k, v in group.items()
+                                         if k in HYPER and k != "lr"})
+            self._ps_lr.append(_lr_of(group, g))
         self._declared = True
         self._on_ps = {id(p) for _, p, _ in self.params}
         for name, m in (self.module.named_modules() if self.module is not None else ()):
@@ -216,6 +245,7 @@ class Optimizer(torch.optim.Optimizer):
             opt = ref()
             if opt is None or not opt.overlap or opt.stopped or p.grad is None:  # off for now
                 return
+            opt._send_lrs()  # a scheduler's lr of this step, before its first push
             if var_id in opt._pushed:
                 raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
                                    "backward produces it: call step() after each backward (or "
@@ -384,9 +414,22 @@ class Optimizer(torch.optim.Optimizer):
         self._inflight = []
         return self.worker.checkpoint()
 
+    def _send_lrs(self) -> None:
+        """Each group's lr, where it is not what the ps tasks apply, becomes
+        its variables' (Worker.set_lr): every later push carries it."""
+        for g, group in enumerate(self.param_groups):
+            lr = _lr_of(group, g)
+            if lr == self._ps_lr[g]:
+                continue
+            for var in self._group_vars[g]:
+                self.worker.set_lr(var, lr)
+            self._ps_lr[g] = lr
+
     def _check_groups(self) -> None:
-        """Before a step: every parameter with a gradient is on the ps, and
-        each group's settings are those its variables were declared with."""
+        """Before a step: every parameter with a gradient is on the ps; each
+        group's lr (a scheduler's, or set by hand) goes to the ps tasks with
+        this step's push; any other setting is the one its variables were
+        declared with."""
         if self.module is not None:
             for name, p in self.module.named_parameters():
                 if p.grad is not None and id(p) not in self._on_ps:
@@ -396,19 +439,19 @@ class Optimizer(torch.optim.Optimizer):
                         "made, or left out of its parameter groups (a frozen parameter to be "
                         "trained later belongs in a group from the start)" % name)
         for g, group in enumerate(self.param_groups):
-            options = group_options(self._name, self._qname, group)
-            if options == self._group_options[g]:
-                continue
-            set_options = getattr(self.worker, "set_options", None)
-            if set_options is None:
+            declared = self._group_settings[g]
+            changed = sorted(k for k in set(declared) | {k for k in group if k in HYPER}
+                             if k != "lr" and _setting(group.get(k)) != declared.get(k))
+            if changed:
                 raise NotImplementedError(
-                    "param_groups[%d] changed (by a scheduler or by hand) from '%s' to '%s', "
-                    "but the ps tasks keep the options a variable was declared with: the C "
-                    "library has no call to change them between steps yet"
-                    % (g, self._group_options[g], options))
-            for var in self._group_vars[g]:
-                set_options(var, options)
-            self._group_options[g] = options
+                    "param_groups[%d]: %s changed (by a scheduler or by hand) from %s to %s, but "
+                    "the ps tasks keep the settings a variable was declared with ('%s'): only "
+                    "lr may change between steps (for OneCycleLR, cycle_momentum=False)"
+                    % (g, ", ".join(changed),
+                       ", ".join("%s=%r" % (k, declared.get(k)) for k in changed),
+                       ", ".join("%s=%r" % (k, _setting(group.get(k))) for k in changed),
+                       self._group_options[g]))
+        self._send_lrs()
 
     def state_dict(self) -> Dict[str, Any]:
         """torch's layout: "param_groups" (each group's settings, its
