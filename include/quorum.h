@@ -259,6 +259,52 @@ QR_API int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst);
 QR_API int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst);
 
 /*
+ * A dense variable's optimizer state on the ps tasks (torch's
+ * Optimizer.state_dict and load_state_dict are made of these).
+ *
+ * qr_worker_slot_names writes the names of the variable's slots, as its
+ * optimizer on the ps keeps them, into buf (cap bytes, NUL-terminated),
+ * comma-separated: "m,v" (adam, adamw), "momentum" (momentum),
+ * "accumulator" (adagrad), "rms,momentum" and ",mg" if centered
+ * (rmsprop), "m,v,beta1_power,beta2_power" (adam_async), "accum,linear"
+ * (ftrl); "" for SGD. QR_ETOOBIG if cap is too small.
+ *
+ * qr_worker_pull_slot reads slot `slot` into dst, n floats: the
+ * variable's size for a per-element slot (a partitioned variable's parts
+ * come from their ps tasks), 1 for a scalar one (beta1_power); any other
+ * n is QR_ESHAPE.
+ * qr_worker_set_slot writes src (n floats, all finite) into it, on every
+ * ps holding a part. A slot NULL or "" names the variable's values
+ * themselves: set_slot then replaces them as a push would (gradients
+ * computed from the old values are one version stale). Every ps checks a
+ * write before any is changed: QR_ENOTFOUND for a slot the optimizer does
+ * not keep (the message lists the ones it does), QR_ESHAPE for a size
+ * that is not the slot's, QR_ENONFINITE for a NaN or Inf; then nothing
+ * has changed. An embedding table's slots are not reached (QR_EINVAL):
+ * they are in the ps tasks' checkpoints. Slots may be read and written
+ * at any time; a write lands between two applies.
+ *
+ * qr_worker_set_step makes `step` the step the cluster counts from: the
+ * global step, and on every ps the steps applied there (Adam's and
+ * AdamW's t for bias correction, the learning-rate schedule), as a
+ * checkpoint's restore does. Only the chief (worker 0) may, and only on a
+ * cluster that has applied no step yet (a new one, before its first push)
+ * or is at `step` already (then it changes nothing); QR_EINVAL otherwise,
+ * saying at which step the cluster is. So a run saved with torch.save
+ * resumes in a new cluster: the variables declared with the saved values,
+ * the slots written, the step set, before the first push. In sync mode
+ * the step's tokens become of that step, and the chief's next push is of
+ * it (another worker initialized before the call finds its first push
+ * stale, and goes on with the next token).
+ */
+QR_API int qr_worker_slot_names(qr_worker *w, int var_id, char *buf, size_t cap);
+QR_API int qr_worker_pull_slot(qr_worker *w, int var_id, const char *slot, float *dst,
+                               int64_t n);
+QR_API int qr_worker_set_slot(qr_worker *w, int var_id, const char *slot, const float *src,
+                              int64_t n);
+QR_API int qr_worker_set_step(qr_worker *w, int64_t step);
+
+/*
  * Push gradients for n variables (grads[i] for ids[i], each of the
  * variable's size). The ps applies them with its optimizer as they arrive.
  * If flags has QR_PUSH_STEP, the global step is incremented by one with

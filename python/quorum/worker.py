@@ -185,6 +185,58 @@ class Worker:
         check(min(0, lib.qr_worker_var_placement(self._handle, i, n, ps, off, cnt)))
         return [(ps[k], off[k], cnt[k]) for k in range(n)]
 
+    # ---- optimizer state -------------------------------------------------------------
+
+    def _dense_id(self, what: str, var: Var) -> int:
+        i = self.id(var)
+        if i in self._tables:
+            raise ValueError("%s: '%s' is an embedding table: its slots are kept only in the ps "
+                             "tasks' checkpoints" % (what, self._name_list[i]))
+        return i
+
+    def slot_names(self, var: Var) -> List[str]:
+        """The names of a dense variable's optimizer slots as its optimizer
+        on the ps keeps them (["m", "v"] for Adam; [] for SGD)."""
+        i = self._dense_id("slot_names", var)
+        buf = ctypes.create_string_buffer(1024)
+        check(lib.qr_worker_slot_names(self._handle, i, buf, len(buf)))
+        text = buf.value.decode()
+        return text.split(",") if text else []
+
+    def pull_slot(self, var: Var, slot: str, into: Optional[ArrayLike] = None,
+                  scalar: bool = False) -> ArrayLike:
+        """A dense variable's optimizer slot on the ps tasks (all of its
+        parts), into ``into`` (the variable's size, float32) or a new array
+        of its shape; scalar=True for a per-variable scalar slot
+        (AdamAsync's beta1_power): one float. slot "" is the variable's
+        values."""
+        i = self._dense_id("pull_slot", var)
+        n = 1 if scalar else self._sizes[i]
+        out: ArrayLike = np.empty(self._shapes[i] if not scalar else (1,), np.float32) \
+            if into is None else into
+        ptr = address(out, ("slot %r of '%s'", slot, self._name_list[i]), count=n,
+                      writable=True)[0]
+        check(lib.qr_worker_pull_slot(self._handle, i, slot.encode(), ptr, n))
+        return out
+
+    def set_slot(self, var: Var, slot: str, values: ArrayLike) -> None:
+        """Write a dense variable's optimizer slot (slot "": its values) on
+        every ps holding a part: the variable's size of finite float32
+        values, or one for a scalar slot. Every ps checks the write before
+        any changes (an unknown slot, a size, a NaN: nothing changes)."""
+        i = self._dense_id("set_slot", var)
+        what = ("slot %r of '%s'", slot, self._name_list[i])
+        ptr, n = address(values, what)[:2]
+        check(lib.qr_worker_set_slot(self._handle, i, slot.encode(), ptr, n))
+
+    def set_step(self, step: int) -> None:
+        """The chief, on a cluster that has applied no step yet: the global
+        step, and on every ps the steps applied there (Adam's t, the
+        learning-rate schedule), become ``step``, so a saved run resumes in
+        a new cluster. Refused (InvalidArgumentError, saying at which step
+        the cluster is) past step 0 unless it is at ``step`` already."""
+        check(lib.qr_worker_set_step(self._handle, int(step)))
+
     # ---- dense pull and push ------------------------------------------------------
 
     def _targets(self, what: str, items: Iterable[Tuple[Var, Optional[ArrayLike]]],

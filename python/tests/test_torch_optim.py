@@ -308,7 +308,7 @@ def test_state_dict_in_torchs_layout():  # type: ignore[no-untyped-def]
     opt.load_state_dict(saved)
     assert opt.param_groups[0]["lr"] == 0.01
     train(model, opt, steps=2)  # the same settings as declared: steps go on
-    with pytest.raises(ValueError, match="cannot be written"):
+    with pytest.raises(ValueError, match="exp_avg"):  # a step alone is not an Adam state
         opt.load_state_dict(ref.state_dict() | {"state": {0: {"step": torch.tensor(1.0)}}})
     with pytest.raises(ValueError, match="parameter groups"):
         opt.load_state_dict({"state": {}, "param_groups": []})

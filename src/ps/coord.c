@@ -378,6 +378,12 @@ void qr__coord_ready(qr_ps *ps) {
         if (push_token(s, ps->global_step)) return;
 }
 
+void qr__coord_set_step(qr_ps *ps, int64_t step) {
+    ps_sync *s = &ps->sync;
+    s->step = step;
+    for (int i = 0; i < s->ntokens; i++) s->tokens[(s->tokens_head + i) % s->tokens_cap] = step;
+}
+
 int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const qr_ps *ps = p->ps;
     if (!ps->sync.on)

@@ -14,6 +14,9 @@
  *             abort, rollback, carried out in one place
  *   control.c HELLO, READY, STEP, STATS: the small requests about the
  *             connection and the run
+ *   slots.c   SLOTS: a variable's optimizer slots read and written by a
+ *             worker (torch's state_dict), and the step set before the
+ *             first push (a saved run resumed in a new cluster)
  *   push.c    async pushes: checked, acknowledged, applied, counted
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
  *             token barrier, the global step, stall reports, statistics
@@ -562,6 +565,10 @@ int qr__peer_reserve_items(ps_peer *p, uint32_t n);
 int qr__peer_take_recv(ps_peer *p, size_t bytes);
 void qr__peer_release_recv(ps_peer *p);
 
+/* slots.c: SLOTS, a variable's optimizer state read and written. */
+int qr__slots_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__slots_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+
 /* push.c: async pushes (a sync one is handed to sync.c). */
 int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__push_message(ps_peer *p, const qr_frame *f);
@@ -736,6 +743,9 @@ qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
 int qr__coord_init(qr_ps *ps);
 void qr__coord_close(qr_ps *ps);
 void qr__coord_ready(qr_ps *ps);
+/* Before the first step (slots.c): the run goes on from `step`, the
+ * tokens queued already being of it. */
+void qr__coord_set_step(qr_ps *ps, int64_t step);
 /* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
 int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -84,6 +84,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_BEAT] = {qr__liveness_beat_header, qr__liveness_beat, false}, /* no reply */
     [QR_MSG_LEAVE] = {NULL, qr__liveness_leave, false},
     [QR_MSG_SAVE] = {NULL, qr__ckpt_save_message, false},
+    [QR_MSG_SLOTS] = {qr__slots_header, qr__slots_message, false},
 };
 
 static const ps_handler *handler_of(unsigned type) {

@@ -6,6 +6,8 @@
  */
 #include "wire/msg.h"
 
+#include <string.h>
+
 void qr_msg_put_count(qr_wbuf *b, uint32_t count) {
     qr_wbuf_u32(b, count);
 }
@@ -277,4 +279,41 @@ void qr_msg_get_shard(qr_rbuf *r, qr_msg_shard *m) {
     m->bytes = qr_rbuf_u64(r);
     m->crc32 = qr_rbuf_u32(r);
     m->nvars = qr_rbuf_u32(r);
+}
+
+void qr_msg_put_slots(qr_wbuf *b, const qr_msg_slots *m) {
+    qr_wbuf_u32(b, m->op);
+    qr_wbuf_u32(b, m->var_id);
+    qr_wbuf_i64(b, m->step);
+    qr_wbuf_u64(b, m->count);
+    qr_wbuf_u32(b, m->name_len);
+    qr_wbuf_bytes(b, m->name, m->name_len);
+}
+bool qr_msg_get_slots(qr_rbuf *r, qr_msg_slots *m) {
+    *m = (qr_msg_slots){0};
+    m->op = qr_rbuf_u32(r);
+    m->var_id = qr_rbuf_u32(r);
+    m->step = qr_rbuf_i64(r);
+    m->count = qr_rbuf_u64(r);
+    m->name_len = qr_rbuf_u32(r);
+    if (!r->bad && m->name_len > QR_MSG_MAX_SLOT_NAME) return false;
+    m->name = (const char *)qr_rbuf_bytes(r, m->name_len);
+    return true;
+}
+
+void qr_msg_put_slot_name(qr_wbuf *b, const char *name, uint64_t elements) {
+    size_t len = strlen(name);
+    qr_wbuf_u32(b, (uint32_t)len);
+    qr_wbuf_bytes(b, name, len);
+    qr_wbuf_u64(b, elements);
+}
+bool qr_msg_get_slot_name(qr_rbuf *r, const char **name, uint32_t *name_len,
+                          uint64_t *elements) {
+    *name_len = qr_rbuf_u32(r);
+    *name = NULL;
+    *elements = 0;
+    if (!r->bad && *name_len > QR_MSG_MAX_SLOT_NAME) return false;
+    *name = (const char *)qr_rbuf_bytes(r, *name_len);
+    *elements = qr_rbuf_u64(r);
+    return true;
 }

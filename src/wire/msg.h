@@ -96,6 +96,23 @@
  *              i64 clock (steps the worker has pushed). The reply, sent
  *              when clock - (fewest steps of any live worker) <= k:
  *              i64 that fewest
+ *   SLOTS      (src/ps/slots.c) req (qr_msg_slots): u32 op, u32 var_id,
+ *              i64 step, u64 count, u32 name_len, name bytes (a slot of
+ *              the variable's optimizer; "" names the variable's values).
+ *              NAMES: reply u32 count, then per slot u32 name_len, name
+ *              bytes, u64 elements (the variable's part here for a
+ *              per-element slot, 1 for a scalar one).
+ *              READ: reply u64 count; payload: the count floats of the
+ *              slot here (count must be its size).
+ *              WRITE: payload: count floats, the slot's new values here.
+ *              STEP (only from worker 0): the steps applied here (Adam's
+ *              t, the lr schedule) and on ps 0 the global step become
+ *              `step`; refused unless the ps has applied nothing and
+ *              holds no pushes, or is at that step already.
+ *              reply of WRITE, STEP: i64 the global step (ps 0) or the
+ *              steps applied (ps k).
+ *              flags: QR_SLOTS_CHECK_ONLY (WRITE, STEP): checked in full,
+ *              nothing changed (no payload)
  *
  * A qr_msg_get_* never reads past the meta: a short record sets r->bad
  * and yields zeros (qr_rbuf), so a decoder checks r->bad once at the end.
@@ -118,6 +135,7 @@
 #define QR_MSG_CLOCK_LEN 12
 #define QR_MSG_PUSH_HEAD_LEN 32
 #define QR_MSG_VAR_LEN 24
+#define QR_MSG_SLOTS_LEN 28 /* without the name */
 
 /* A list's length: PULL, its reply, CREATE. */
 void qr_msg_put_count(qr_wbuf *b, uint32_t count);
@@ -271,6 +289,28 @@ typedef struct qr_msg_ckpt {
 #define QR_MSG_CKPT_LEN 24
 void qr_msg_put_ckpt(qr_wbuf *b, const qr_msg_ckpt *m);
 void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m);
+
+/* SLOTS: a variable's optimizer slots, read and written, and the step. */
+enum { QR_SLOTS_NAMES = 1, QR_SLOTS_READ = 2, QR_SLOTS_WRITE = 3, QR_SLOTS_STEP = 4 };
+/* Longest slot name a SLOTS request may carry. */
+#define QR_MSG_MAX_SLOT_NAME 64
+typedef struct qr_msg_slots {
+    uint32_t op;
+    uint32_t var_id;
+    int64_t step;       /* STEP: the step to set; 0 otherwise */
+    uint64_t count;     /* READ, WRITE: floats (the slot's size here) */
+    uint32_t name_len;  /* <= QR_MSG_MAX_SLOT_NAME */
+    const char *name;   /* not NUL-terminated: on reading, into the meta */
+} qr_msg_slots;
+void qr_msg_put_slots(qr_wbuf *b, const qr_msg_slots *m);
+/* False if name_len is over QR_MSG_MAX_SLOT_NAME (reading stops there). */
+bool qr_msg_get_slots(qr_rbuf *r, qr_msg_slots *m);
+/* One slot of a NAMES reply. */
+void qr_msg_put_slot_name(qr_wbuf *b, const char *name, uint64_t elements);
+/* name points into the meta, name_len bytes; false if name_len is over
+ * QR_MSG_MAX_SLOT_NAME. */
+bool qr_msg_get_slot_name(qr_rbuf *r, const char **name, uint32_t *name_len,
+                          uint64_t *elements);
 
 /* One worker's part of a cut. */
 typedef struct qr_msg_cut {

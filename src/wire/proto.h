@@ -78,7 +78,8 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
     X(BEAT, 14)            \
     X(LOOKUP, 15)          \
     X(LEAVE, 16)           \
-    X(SAVE, 17)
+    X(SAVE, 17)            \
+    X(SLOTS, 18)
 
 typedef enum qr_msg_type {
 #define QR__MSG_ENUM(name, code) QR_MSG_##name = code,
@@ -94,6 +95,8 @@ typedef enum qr_msg_type {
 #define QR_CREATE_CHECK_ONLY 1u
 #define QR_PULL_AVERAGES 1u
 #define QR_LOOKUP_READ_ONLY 1u
+/* SLOTS: check the write or the step as if made, change nothing. */
+#define QR_SLOTS_CHECK_ONLY 1u
 /* PUSH flags: QR_PUSH_STEP (1) and QR_PUSH_DELTA (4) are public, in quorum.h. */
 #define QR_PUSH_SYNC 2u
 /* Async: the reply carries, after the step, a PULL reply's count and

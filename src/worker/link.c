@@ -242,6 +242,20 @@ static int expect_values(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rbp,
     return rc;
 }
 
+/* A lookup's reply (or a slot read's): u64 count, then count rows of
+ * rows_dim floats read straight into dst[0]. */
+static int expect_floats(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rb,
+                         const qr_frame *f) {
+    uint64_t count = qr_rbuf_u64(rb);
+    uint64_t bytes = r->rows * (uint64_t)r->rows_dim * sizeof(float);
+    if (rb->bad || count != r->rows || f->payload_len != bytes)
+        return qr__fail(QR_EPROTO, "ps %d answered a %s of %llu rows with %llu (%llu bytes)",
+                        l->index, qr_msg_name(r->type), (unsigned long long)r->rows,
+                        (unsigned long long)count, (unsigned long long)f->payload_len);
+    qr_iov iov = {r->dst[0], (size_t)bytes};
+    return qr_conn_expect(c, &iov, 1);
+}
+
 static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_link *l = qr_conn_data(c);
     wk_request *r = l->head;
@@ -271,16 +285,12 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         r->data_pos = m.data_pos;
         break;
     }
-    case QR_MSG_LOOKUP: {
-        uint64_t count = qr_rbuf_u64(&rb);
-        uint64_t bytes = r->rows * (uint64_t)r->rows_dim * sizeof(float);
-        if (rb.bad || count != r->rows || f->payload_len != bytes)
-            return qr__fail(QR_EPROTO, "ps %d answered a lookup of %llu rows with %llu (%llu "
-                            "bytes)", l->index, (unsigned long long)r->rows,
-                            (unsigned long long)count, (unsigned long long)f->payload_len);
-        qr_iov iov = {r->dst[0], (size_t)bytes};
-        return qr_conn_expect(c, &iov, 1);
-    }
+    case QR_MSG_SLOTS:
+        if (r->want_meta) break; /* the names: kept whole (reply_message) */
+        if (r->dst) return expect_floats(c, l, r, &rb, f); /* a read */
+        r->step = qr_msg_get_step(&rb); /* a write or the step: the ps's step */
+        break;
+    case QR_MSG_LOOKUP: return expect_floats(c, l, r, &rb, f);
     case QR_MSG_PULL: return expect_values(c, l, r, &rb, f);
     default: break;
     }

@@ -11,6 +11,8 @@
  *   rows.c      embedding tables and sparse rows: pull a batch's rows
  *               (deduplicated, split by shard, in parallel), rows added
  *               to the next push
+ *   slots.c     a variable's optimizer slots read and written, the step
+ *               set (torch's state_dict and load_state_dict)
  *   link.c      the request engine: connections to the ps tasks, requests
  *               in flight, retries, waits, and the loop that runs them
  *   heartbeat.c the thread that tells ps 0 the worker lives (its blocking
@@ -22,7 +24,7 @@
  * a row, so they form no circle:
  *   inflight.c  declare.c       (initialize: the chief pulls, wk_pull_vars)
  *   client.c
- *   control.c   rows.c          (a sync push_pull takes the token; a push
+ *   control.c   rows.c   slots.c (a sync push_pull takes the token; a push
  *                                carries the rows added)
  *   link.c      heartbeat.c
  * link.c calls no other worker file: the files above build requests and
@@ -138,7 +140,7 @@ typedef struct wk_request {
     int status;
     char errmsg[512];
     int64_t step;
-    uint64_t rows;      /* LOOKUP: rows expected, of rows_dim floats, into dst[0] */
+    uint64_t rows;      /* LOOKUP, a SLOTS read: rows expected, of rows_dim floats, into dst[0] */
     int64_t rows_dim;
     uint32_t ready;
     uint64_t data_pos; /* READY: this worker's restored data position */

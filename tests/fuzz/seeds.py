@@ -35,8 +35,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, floats,  # noqa: E402
                     frame, header, pad, push_meta, ready_meta)
 
-COMMIT, TOKEN, APPLY, CLOCK, LOOKUP = 8, 9, 10, 12, 15
+COMMIT, TOKEN, APPLY, CLOCK, LOOKUP, SLOTS = 8, 9, 10, 12, 15, 18
+SLOTS_NAMES, SLOTS_READ, SLOTS_WRITE, SLOTS_STEP, SLOTS_CHECK_ONLY = 1, 2, 3, 4, 1
 PUSH_STEP, PUSH_SYNC, PUSH_DELTA, PUSH_LR, CREATE_CHECK_ONLY = 1, 2, 4, 0x20, 1
+
+
+def slots_meta(op, var_id, name=b"", count=0, step=0):
+    return struct.pack("<IIqQI", op, var_id, step, count, len(name)) + name
 
 
 def sparse_push(var_id, rows, dim):
@@ -71,6 +76,13 @@ seeds = {
                           floats([0.0] * 12), flags=CREATE_CHECK_ONLY),
     "stats": frame(STATS, 11),
     "clock": frame(CLOCK, 12, struct.pack("<Iq", 0, 1)),
+    "slots_names": frame(SLOTS, 20, slots_meta(SLOTS_NAMES, 2)),
+    "slots_read": frame(SLOTS, 21, slots_meta(SLOTS_READ, 2, b"m", 5)),
+    "slots_write": frame(SLOTS, 22, slots_meta(SLOTS_WRITE, 2, b"v", 5), floats([0.5] * 5)),
+    "slots_value": frame(SLOTS, 23, slots_meta(SLOTS_WRITE, 0, b"", 12), floats([1.0] * 12)),
+    "slots_check": frame(SLOTS, 24, slots_meta(SLOTS_WRITE, 2, b"m", 5),
+                         flags=SLOTS_CHECK_ONLY),
+    "slots_step": frame(SLOTS, 25, slots_meta(SLOTS_STEP, 0, step=7)),
     # sync mode
     "hello_sync": frame(HELLO, 13, struct.pack("<III", 1, 0, 1)),
     "push_sync": frame(PUSH, 14, push_meta([(0, 48)], local_step=0, worker=0, seq=1),

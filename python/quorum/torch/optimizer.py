@@ -29,6 +29,7 @@ from ..ps import PS
 from ..worker import Request, Worker
 from .embedding import Embedding
 from .options import HYPER, check_keys, group_options, resolve
+from .state import check_state, read_state, write_state
 
 __all__ = ["Optimizer"]
 
@@ -455,10 +456,12 @@ class Optimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:
         """torch's layout: "param_groups" (each group's settings, its
-        parameters as indices in order) and "state". The optimizer slots
-        live on the ps tasks, which keep them in their checkpoints and
-        restore them at a restart; the worker's API cannot read them, so
-        "state" is empty (docs/PYTHON.md)."""
+        parameters as indices in order) and "state": per parameter index its
+        optimizer slots under torch's names (exp_avg, exp_avg_sq for Adam
+        and AdamW; momentum_buffer for SGD with momentum; sum for Adagrad;
+        square_avg, momentum_buffer, grad_avg for RMSprop), pulled from the
+        ps tasks, and "step", the cluster's global step (state.py,
+        docs/PYTHON.md). Empty state before the first step, as torch's."""
         groups = []
         start = 0
         for group in self.param_groups:
@@ -466,13 +469,19 @@ class Optimizer(torch.optim.Optimizer):
             packed["params"] = list(range(start, start + len(group["params"])))
             start += len(group["params"])
             groups.append(packed)
-        return {"state": {}, "param_groups": groups}
+        return {"state": read_state(self), "param_groups": groups}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Each group's settings from a state_dict of this optimizer's shape
-        (the learning rate a scheduler had reached, ...); they take effect
-        at the next step. Optimizer slots cannot be written to the ps
-        tasks through the worker: a non-empty "state" is refused."""
+        """Each group's settings (the learning rate a scheduler had reached,
+        ...; they take effect at the next step) and, on the chief, the
+        state: every parameter's values as the module holds them now (load
+        the model's state_dict first, as torch's tutorial does), the slots,
+        and the step, which a cluster takes only before its first push (a
+        new one: the saved run resumes exactly). Everything is checked
+        before anything changes: a state of another optimizer, a wrong
+        shape, a NaN is a ValueError naming the parameter and the key.
+        Other workers check it and take the groups' settings: the chief's
+        writes are the cluster's."""
         groups = state_dict.get("param_groups")
         if not isinstance(groups, list) or len(groups) != len(self.param_groups):
             raise ValueError("load_state_dict: %s parameter groups, this optimizer has %d"
@@ -483,9 +492,10 @@ class Optimizer(torch.optim.Optimizer):
                 raise ValueError("load_state_dict: group %d has %d parameters, this "
                                  "optimizer's has %d" % (g, len(saved.get("params", ())),
                                                          len(own["params"])))
-        if state_dict.get("state"):
-            raise ValueError("load_state_dict: optimizer slots ('state') cannot be written to "
-                             "the ps tasks (they restore their own from their checkpoints)")
+        lrs = [float(saved.get("lr", own["lr"])) for saved, own in zip(groups, self.param_groups)]
+        step, writes = check_state(self, state_dict.get("state", {}), lrs)
+        if self.worker.cluster.task_index == 0:
+            write_state(self, step, writes)
         for saved, own in zip(groups, self.param_groups):
             own.update({k: v for k, v in saved.items() if k not in ("params", "param_names")})
 

@@ -64,6 +64,8 @@ def resolve(optimizer: Union[str, type]) -> Tuple[str, str, Dict[str, Any]]:
             if p.default is not inspect.Parameter.empty:
                 defaults[p.name] = p.default
         defaults.update(_OWN_DEFAULTS.get(key, {}))
+        if key == "adamw":  # in torch's AdamW groups, though not in its signature
+            defaults["decoupled_weight_decay"] = True
     else:  # quorum's own: its lr (the rest stays quorum's unless given)
         defaults["lr"] = {"momentum": 0.05}.get(_NAMES[key], 0.001)
     return name, _NAMES[key], defaults
