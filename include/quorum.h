@@ -493,6 +493,61 @@ QR_API int qr_worker_checkpoint(qr_worker *w, int64_t *global_step);
  * already. */
 QR_API int qr_worker_leave(qr_worker *w);
 
+/* ------------------------------------------------------------------------ */
+/* A program's own training loop: summaries, metrics, progress             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * What quorum's trainer writes and serves, for a training loop of the
+ * program's own (quorum.torch's optimizer does this): a monitor watches a
+ * worker handle, and the program tells it of each step.
+ *   - The summary service (the chief's, docs/SUMMARIES.md): a point every
+ *     every_secs seconds and at qr_monitor_flush, into logdir's TensorBoard
+ *     event file and summaries.jsonl: loss (a moving average, 0.95, of the
+ *     losses reported), global_step/sec, examples/sec (the whole cluster's:
+ *     a sync step counts replicas-to-aggregate of this worker's batches),
+ *     stale_gradients, learning_rate (as reported), checkpoint_duration_s,
+ *     and the program's own scalars (their latest values).
+ *   - The worker's Prometheus page (docs/METRICS.md), the trainer's
+ *     families: global step, loss, steps/s, examples/s, pushes, pulls and
+ *     their times (counted by the worker handle), stale pushes, memory.
+ * Every call is made on the thread that uses the worker handle; the page
+ * is written on its server's thread from figures the calls leave under a
+ * lock, never from the handle.
+ */
+typedef struct qr_monitor qr_monitor;
+
+/* A monitor of w, which it borrows (free the monitor first), writing and
+ * serving nothing until told to. */
+QR_API int qr_monitor_create(qr_monitor **out, qr_worker *w);
+/* Write summaries into logdir (made if need be), a point every every_secs
+ * (> 0) seconds. Once per monitor. QR_EIO naming logdir if it cannot be
+ * made or written. */
+QR_API int qr_monitor_open_summaries(qr_monitor *m, const char *logdir, double every_secs);
+/* Serve the metrics page at http://bind:port/metrics (bind: an IPv4
+ * address; NULL or "": 127.0.0.1). Once per monitor. QR_EIO if the port
+ * cannot be had. */
+QR_API int qr_monitor_serve_metrics(qr_monitor *m, const char *bind, int port);
+/* A step of this worker ended: the global step after it, the examples the
+ * step consumed on this worker (>= 0; 0 if not known), its loss and the
+ * learning rate it was applied with (NAN: not known). Writes a point if
+ * one is due (asking the ps tasks for their statistics). */
+QR_API int qr_monitor_step(qr_monitor *m, int64_t global_step, int64_t examples, double loss,
+                           double lr);
+/* A scalar of the program's own (tag: 1-128 printable characters, no
+ * quote or backslash; at most 32 tags), written with the next point; tag
+ * "loss" is a loss, as qr_monitor_step's. */
+QR_API int qr_monitor_scalar(qr_monitor *m, const char *tag, double value);
+/* The figures of a progress line: the last global step, the loss's moving
+ * average (NAN: none yet), and the cluster's examples per second since the
+ * first step (0: not known). Any pointer may be NULL. */
+QR_API int qr_monitor_progress(const qr_monitor *m, int64_t *global_step, double *loss,
+                               double *examples_per_sec);
+/* A point now, the run's last (while the ps tasks still answer). */
+QR_API int qr_monitor_flush(qr_monitor *m);
+/* Stops the page's server and closes the summary files. */
+QR_API void qr_monitor_free(qr_monitor *m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -32,7 +32,10 @@
  * (the convention of TensorFlow and Kubeflow's TFJob, which the Python
  * package reads), QUORUM_OPTIONS the options given before "--" (JSON), and
  * torchrun's RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (the task
- * index and the number of workers; all run here), supervised the same way.
+ * index and the number of workers; all run here), and QUORUM_LOGDIR,
+ * QUORUM_SUMMARY_SECS, QUORUM_QUIET and QUORUM_METRICS_PORT for the
+ * summaries, progress line and metrics page that quorum's own workers get
+ * as flags (program_summaries_env), supervised the same way.
  * As torchrun does, every task gets OMP_NUM_THREADS=1 unless the launcher's
  * environment sets it (launch_plan.c), and the launcher says so. When every worker has ended well the ps tasks
  * are stopped, if the program did not stop the cluster itself.
@@ -178,6 +181,28 @@ static void report_worker_lost(const child *c, const launch_plan *plan, int nlos
             (long long)plan->restart_wait_ms);
 }
 
+/* What quorum's own workers get as --logdir, --summary-secs, --quiet and
+ * --metrics-port, a program gets in its environment (quorum.torch reads
+ * it; docs/PYTHON.md): the chief writes summaries into QUORUM_LOGDIR every
+ * QUORUM_SUMMARY_SECS seconds and shows a progress line unless
+ * QUORUM_QUIET=1; every worker serves its metrics on QUORUM_METRICS_PORT,
+ * the port launch_announce_metrics listed for it. A port inherited from
+ * the launcher's environment is dropped: every worker would take it. */
+static void program_summaries_env(const launch_plan *plan, int index) {
+    char value[32];
+    if (plan->logdir) {
+        setenv("QUORUM_LOGDIR", plan->logdir, 1);
+        snprintf(value, sizeof value, "%g", plan->summary_secs);
+        setenv("QUORUM_SUMMARY_SECS", value, 1);
+    }
+    if (plan->quiet) setenv("QUORUM_QUIET", "1", 1);
+    unsetenv("QUORUM_METRICS_PORT");
+    if (plan->metrics_base) {
+        snprintf(value, sizeof value, "%d", plan->metrics_base + plan->nps + index);
+        setenv("QUORUM_METRICS_PORT", value, 1);
+    }
+}
+
 /* Worker `index` as the user's program: COMMAND with its environment. */
 static pid_t spawn_command(const launch_plan *plan, int index) {
     char *config = launch_tf_config(plan, "worker", index);
@@ -204,6 +229,7 @@ static pid_t spawn_command(const launch_plan *plan, int index) {
     setenv("WORLD_SIZE", size, 1);
     setenv("LOCAL_RANK", rank, 1);
     setenv("LOCAL_WORLD_SIZE", size, 1);
+    program_summaries_env(plan, index);
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
     execvp(plan->command[0], plan->command);
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", plan->command[0], strerror(errno));
@@ -355,6 +381,10 @@ int cmd_launch(int argc, char **argv) {
                    "the quorum package), with TF_CONFIG, QUORUM_OPTIONS (the options, JSON),\n"
                    "RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE (as torchrun) set; the ps\n"
                    "tasks are stopped once every worker has ended well.\n"
+                   "With --logdir, the program's chief writes its summaries there (QUORUM_LOGDIR,\n"
+                   "QUORUM_SUMMARY_SECS); with --metrics-port-base, worker i serves its metrics\n"
+                   "on the port listed for it (QUORUM_METRICS_PORT); --quiet: no progress line\n"
+                   "(QUORUM_QUIET=1). quorum.torch does all three (docs/PYTHON.md).\n"
                    "Every task gets OMP_NUM_THREADS=1 unless it is set already (as torchrun).\n"
                    "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
                    "rejoining at the current step; a ps alone, the cluster rolling back to\n"

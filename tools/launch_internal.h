@@ -7,8 +7,10 @@
  *                  when the run ends
  *   launch.c       the supervision: the children started (a program's
  *                  workers with TF_CONFIG and torchrun's RANK, WORLD_SIZE,
- *                  LOCAL_RANK, LOCAL_WORLD_SIZE), watched, restarted and
- *                  stopped, and the exit status
+ *                  LOCAL_RANK, LOCAL_WORLD_SIZE, and QUORUM_LOGDIR,
+ *                  QUORUM_METRICS_PORT and the like for their summaries
+ *                  and metrics), watched, restarted and stopped, and the
+ *                  exit status
  * The plan is read and prepared once; the supervisor only reads it.
  */
 #ifndef QR_LAUNCH_INTERNAL_H
@@ -29,6 +31,8 @@ typedef struct launch_plan {
     int max_restarts;        /* --max-restarts */
     int metrics_base;        /* --metrics-port-base: task i serves on base + i; 0 off */
     const char *logdir;      /* --logdir, to list the metrics ports in */
+    double summary_secs;     /* --summary-secs (a program's QUORUM_SUMMARY_SECS) */
+    bool quiet;              /* --quiet (a program's QUORUM_QUIET) */
     bool checkpoints;        /* --checkpoint-dir was given */
     bool secret_given;       /* --secret-file (a path, or none) */
     char **command;          /* after "--": the program each worker runs; NULL: quorum worker */

@@ -149,6 +149,8 @@ static int read_options(int argc, char **argv, launch_plan *plan) {
         plan->max_restarts = a.launch_max_restarts;
         plan->metrics_base = a.launch_metrics_base;
         plan->logdir = a.train.logdir;
+        plan->summary_secs = a.train.summary_secs;
+        plan->quiet = a.quiet;
         if (qr__config_int(a.cfg, "metrics-port") != 0) {
             fprintf(stderr, "quorum launch: --metrics-port would give every task the same port; "
                     "use --metrics-port-base N (task i serves on N + i)\n");

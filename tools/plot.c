@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,15 +18,17 @@
 static int usage(FILE *f, int status) {
     fprintf(f, "usage: quorum plot LOGDIR -o FILE.png\n\n"
                "Draw the loss and examples/sec of a run (LOGDIR/summaries.jsonl, written by\n"
-               "the chief with --logdir) against the global step into a PNG, with gnuplot.\n");
+               "the chief with --logdir, quorum's or a program's) against the global step\n"
+               "into a PNG, with gnuplot; a run that recorded no loss gets examples/sec alone.\n");
     return status;
 }
 
 typedef struct point {
-    double step, loss, examples_per_sec;
+    double step, loss, examples_per_sec; /* NAN: not in the point */
 } point;
 
-/* The points of summaries.jsonl that have a loss, in file order. */
+/* The points of summaries.jsonl that have a loss or examples/sec (a
+ * program's job gives no loss unless told it), in file order. */
 static int read_points(const char *logdir, point **out, int *n) {
     char path[4200];
     snprintf(path, sizeof path, "%s/summaries.jsonl", logdir);
@@ -44,7 +47,7 @@ static int read_points(const char *logdir, point **out, int *n) {
         const cJSON *step = cJSON_GetObjectItemCaseSensitive(j, "step");
         const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
         const cJSON *eps = cJSON_GetObjectItemCaseSensitive(j, "examples/sec");
-        if (!cJSON_IsNumber(step) || !cJSON_IsNumber(loss)) {
+        if (!cJSON_IsNumber(step) || (!cJSON_IsNumber(loss) && !cJSON_IsNumber(eps))) {
             bad++;
         } else {
             if (count == cap) {
@@ -53,8 +56,9 @@ static int read_points(const char *logdir, point **out, int *n) {
                 if (!grown) break;
                 pts = grown;
             }
-            pts[count++] = (point){step->valuedouble, loss->valuedouble,
-                                   cJSON_IsNumber(eps) ? eps->valuedouble : 0};
+            pts[count++] = (point){step->valuedouble,
+                                   cJSON_IsNumber(loss) ? loss->valuedouble : NAN,
+                                   cJSON_IsNumber(eps) ? eps->valuedouble : NAN};
         }
         cJSON_Delete(j);
     }
@@ -72,23 +76,36 @@ static int read_points(const char *logdir, point **out, int *n) {
     return 0;
 }
 
+/* One panel: the points that have the value (gnuplot refuses a plot of none). */
+static void panel(FILE *g, const point *p, int n, bool loss) {
+    const char *title = loss ? "loss" : "examples/sec";
+    fprintf(g, "set ylabel '%s'\nplot '-' using 1:2 with linespoints title '%s'\n", title, title);
+    for (int i = 0; i < n; i++) {
+        double v = loss ? p[i].loss : p[i].examples_per_sec;
+        if (!isnan(v)) fprintf(g, "%.0f %.9g\n", p[i].step, v);
+    }
+    fprintf(g, "e\n");
+}
+
 static int draw(const point *p, int n, const char *logdir, const char *png) {
+    int with_loss = 0, with_rate = 0;
+    for (int i = 0; i < n; i++) {
+        with_loss += !isnan(p[i].loss);
+        with_rate += !isnan(p[i].examples_per_sec);
+    }
     FILE *g = popen("gnuplot", "w");
     if (!g) {
         fprintf(stderr, "quorum plot: cannot run gnuplot: %s (apt-get install gnuplot-nox)\n",
                 strerror(errno));
         return 1;
     }
-    /* The data go inline twice ("-" once per plot), as gnuplot wants. */
+    /* The data go inline once per plot ("-"), as gnuplot wants. */
     fprintf(g, "set terminal pngcairo size 1000,700\nset output '%s'\n"
-               "set multiplot layout 2,1 title \"%s\"\nset grid\nset xlabel 'global step'\n"
-               "set ylabel 'loss'\nplot '-' using 1:2 with linespoints title 'loss'\n",
-            png, logdir);
-    for (int i = 0; i < n; i++) fprintf(g, "%.0f %.9g\n", p[i].step, p[i].loss);
-    fprintf(g, "e\nset ylabel 'examples/sec'\n"
-               "plot '-' using 1:2 with linespoints title 'examples/sec'\n");
-    for (int i = 0; i < n; i++) fprintf(g, "%.0f %.9g\n", p[i].step, p[i].examples_per_sec);
-    fprintf(g, "e\nunset multiplot\n");
+               "set multiplot layout %d,1 title \"%s\"\nset grid\nset xlabel 'global step'\n",
+            png, (with_loss > 0) + (with_rate > 0), logdir);
+    if (with_loss) panel(g, p, n, true);
+    if (with_rate) panel(g, p, n, false);
+    fprintf(g, "unset multiplot\n");
     int status = pclose(g);
     if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "quorum plot: gnuplot failed%s (is gnuplot-nox installed? can %s be "

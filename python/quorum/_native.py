@@ -90,6 +90,15 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
                                       P(c_int64)]),
     "qr_worker_stop_cluster": (c_int, [c_void_p]),
     "qr_worker_leave": (c_int, [c_void_p]),
+    "qr_monitor_create": (c_int, [P(c_void_p), c_void_p]),
+    "qr_monitor_open_summaries": (c_int, [c_void_p, c_char_p, ctypes.c_double]),
+    "qr_monitor_serve_metrics": (c_int, [c_void_p, c_char_p, c_int]),
+    "qr_monitor_step": (c_int, [c_void_p, c_int64, c_int64, ctypes.c_double, ctypes.c_double]),
+    "qr_monitor_scalar": (c_int, [c_void_p, c_char_p, ctypes.c_double]),
+    "qr_monitor_progress": (c_int, [c_void_p, P(c_int64), P(ctypes.c_double),
+                                    P(ctypes.c_double)]),
+    "qr_monitor_flush": (c_int, [c_void_p]),
+    "qr_monitor_free": (None, [c_void_p]),
 }
 
 PUSH_STEP = 1

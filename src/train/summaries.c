@@ -16,6 +16,8 @@
  *                      lr-decay-* schedule)
  *   checkpoint_duration_s  the last checkpoint's, when there is one
  *   accuracy, test_loss    at the end, on the test split
+ * A program's own training loop (src/train/monitor.c) reports the loss,
+ * the examples and the rate itself, and adds scalars of its own.
  */
 #include "train/summaries.h"
 
@@ -23,20 +25,23 @@
 #include "optim/optim.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <string.h>
 
 int qr__summaries_open(train_summaries *t, const char *logdir, double every_secs,
                        const qr_config *cfg) {
     memset(t, 0, sizeof *t);
     if (!logdir || !logdir[0]) return QR_OK;
-    qr_optim *opt = NULL;
-    int rc = qr_optim_create(&opt, cfg);
-    if (rc) return rc;
-    t->lr = qr_optim_lr(opt);
-    qr_optim_free(opt);
-    t->decay_rate = qr__config_float(cfg, "lr-decay-rate");
-    t->decay_steps = qr__config_int(cfg, "lr-decay-steps");
-    t->staircase = qr__config_bool(cfg, "lr-decay-staircase");
+    if (cfg) { /* the trainer's: the rate from the options' schedule */
+        qr_optim *opt = NULL;
+        int rc = qr_optim_create(&opt, cfg);
+        if (rc) return rc;
+        t->lr = qr_optim_lr(opt);
+        qr_optim_free(opt);
+        t->decay_rate = qr__config_float(cfg, "lr-decay-rate");
+        t->decay_steps = qr__config_int(cfg, "lr-decay-steps");
+        t->staircase = qr__config_bool(cfg, "lr-decay-staircase");
+    }
     t->every_secs = every_secs;
     t->last_time = qr__now_sec();
     return qr_summary_open(&t->out, logdir);
@@ -63,37 +68,52 @@ static void from_stats(qr_worker *w, double *stale, double *ckpt_s) {
     cJSON_Delete(j);
 }
 
-int qr__summaries_point(train_summaries *t, qr_worker *w, int64_t step, double loss,
-                        int64_t examples_per_step, bool final, double accuracy,
-                        double test_loss) {
+bool qr__summaries_due(const train_summaries *t) {
+    return t->out && qr__now_sec() - t->last_time >= t->every_secs;
+}
+
+int qr__summaries_write(train_summaries *t, qr_worker *w, int64_t step, double loss,
+                        double examples, double lr, int nextra, const char *const *extra_tags,
+                        const double *extra_values) {
     if (!t->out) return QR_OK;
     double now = qr__now_sec();
-    if (!final && now - t->last_time < t->every_secs) return QR_OK;
     double secs = now - t->last_time;
     double steps = (double)(step - t->last_step);
     double stale, ckpt_s;
     from_stats(w, &stale, &ckpt_s);
-    const char *tags[9];
-    double values[9];
+    enum { OWN = 6, MAX = OWN + QR_SUMMARIES_MAX_EXTRA };
+    if (nextra < 0 || nextra > QR_SUMMARIES_MAX_EXTRA)
+        return qr__fail(QR_EINVAL, "a summary point of %d scalars of the program's own: at most "
+                        "%d", nextra, QR_SUMMARIES_MAX_EXTRA);
+    const char *tags[MAX];
+    double values[MAX];
     int n = 0;
 #define ADD(tag, value) (tags[n] = (tag), values[n++] = (value))
-    ADD("loss", loss);
+    if (!isnan(loss)) ADD("loss", loss);
     if (secs > 0) {
         ADD("global_step/sec", steps / secs);
-        ADD("examples/sec", steps * (double)examples_per_step / secs);
+        if (examples >= 0) ADD("examples/sec", examples / secs);
     }
     if (stale >= 0) ADD("stale_gradients", stale);
-    ADD("learning_rate", qr_optim_decayed_lr((float)t->lr, step, t->decay_rate, t->decay_steps,
-                                             t->staircase));
+    if (!isnan(lr)) ADD("learning_rate", lr);
     if (ckpt_s >= 0) ADD("checkpoint_duration_s", ckpt_s);
-    if (final) {
-        ADD("accuracy", accuracy);
-        ADD("test_loss", test_loss);
-    }
 #undef ADD
+    for (int i = 0; i < nextra; i++) tags[n] = extra_tags[i], values[n++] = extra_values[i];
     t->last_time = now;
     t->last_step = step;
     return qr_summary_write(t->out, step, n, tags, values);
+}
+
+int qr__summaries_point(train_summaries *t, qr_worker *w, int64_t step, double loss,
+                        int64_t examples_per_step, bool final, double accuracy,
+                        double test_loss) {
+    if (!t->out || (!final && !qr__summaries_due(t))) return QR_OK;
+    double lr = qr_optim_decayed_lr((float)t->lr, step, t->decay_rate, t->decay_steps,
+                                    t->staircase);
+    double examples = (double)(step - t->last_step) * (double)examples_per_step;
+    const char *tags[2] = {"accuracy", "test_loss"};
+    double values[2] = {accuracy, test_loss};
+    return qr__summaries_write(t, w, step, loss, examples, lr, final ? 2 : 0, tags, values);
 }
 
 void qr__summaries_close(train_summaries *t) {

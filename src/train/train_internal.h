@@ -9,6 +9,8 @@
  *                    the figures at the end of the steps
  *   summaries.c      the chief's summary service (--logdir)
  *   worker_metrics.c a worker's Prometheus endpoint (--metrics-port)
+ *   monitor.c        both of them for a program's own training loop
+ *                    (qr_monitor_*, include/quorum.h; quorum.torch)
  * A cluster trained by either loop and qr_train_local draw the same seeds
  * and batches from here, which is what keeps their digests comparable.
  */

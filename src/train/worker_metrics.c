@@ -3,7 +3,9 @@
  * (--metrics-port; docs/METRICS.md). The training loop updates a few
  * figures after each step under a mutex; the HTTP server's thread writes
  * the page from them under the same mutex, so it never touches the
- * worker handle, which belongs to the training thread.
+ * worker handle, which belongs to the training thread. A program's own
+ * loop (monitor.c) serves the same page, its call figures taken from the
+ * handle's (worker/worker.h).
  */
 #include "train/worker_metrics.h"
 
@@ -44,13 +46,32 @@ static void render(FILE *f, void *ctx) {
 int qr__worker_metrics_start(worker_metrics *m, const qr_config *cfg) {
     memset(m, 0, sizeof *m);
     int port = (int)qr__config_int(cfg, "metrics-port");
-    if (!port) return QR_OK;
+    return port ? qr__worker_metrics_serve(m, qr__config_str(cfg, "metrics-bind"), port) : QR_OK;
+}
+
+int qr__worker_metrics_serve(worker_metrics *m, const char *bind, int port) {
+    memset(m, 0, sizeof *m);
     pthread_mutex_init(&m->mu, NULL);
     m->on = true;
-    const char *bind = qr__config_str(cfg, "metrics-bind");
     int rc = qr_metrics_start(&m->server, bind, port, render, m);
-    if (!rc) qr__log(QR_LOG_INFO, "metrics at http://%s:%d/metrics", bind, port);
-    return rc;
+    if (rc) {
+        pthread_mutex_destroy(&m->mu);
+        m->on = false;
+        return rc;
+    }
+    qr__log(QR_LOG_INFO, "metrics at http://%s:%d/metrics", bind, port);
+    return QR_OK;
+}
+
+void qr__worker_metrics_calls(worker_metrics *m, const qr_prom_hist *push,
+                              const qr_prom_hist *pull) {
+    if (!m->on) return;
+    pthread_mutex_lock(&m->mu);
+    m->pushes = push->total;
+    m->pulls = pull->total;
+    m->push_latency = *push;
+    m->pull_latency = *pull;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void qr__worker_metrics_call(worker_metrics *m, bool push, double seconds) {

@@ -21,6 +21,12 @@ typedef struct worker_metrics {
 
 /* Serve them if metrics-port is set; else every call returns at once. */
 int qr__worker_metrics_start(worker_metrics *m, const qr_config *cfg);
+/* Serve them on bind:port (QR_EINVAL, QR_EIO naming the port). */
+int qr__worker_metrics_serve(worker_metrics *m, const char *bind, int port);
+/* Every push and pull so far, counted elsewhere (instead of
+ * qr__worker_metrics_call for each). */
+void qr__worker_metrics_calls(worker_metrics *m, const qr_prom_hist *push,
+                              const qr_prom_hist *pull);
 void qr__worker_metrics_call(worker_metrics *m, bool push, double seconds);
 void qr__worker_metrics_step(worker_metrics *m, int64_t step, double loss, double steps_per_sec,
                              double examples_per_sec, int64_t stale);

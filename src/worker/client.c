@@ -106,6 +106,25 @@ void qr_worker_free(qr_worker *w) {
     free(w);
 }
 
+/* ---- the figures of a metrics page (worker.h) -------------------------------- */
+
+void wk_count_call(qr_worker *w, bool is_push, int rc, double seconds) {
+    if (!w) return;
+    if (rc == QR_ESTALE) w->calls.stale_pushes++;
+    if (!rc || rc == QR_ESTALE) qr_prom_observe(is_push ? &w->calls.push : &w->calls.pull, seconds);
+}
+
+void qr__worker_calls(const qr_worker *w, qr_worker_calls *out) {
+    *out = w->calls;
+}
+
+int qr__worker_batches_per_step(const qr_worker *w) {
+    int replicas = 1;
+    if (w->sync && qr_sync_check_config(w->cfg, w->cluster->nworkers, &replicas, NULL))
+        replicas = w->cluster->nworkers; /* checked at create already: not reached */
+    return w->sync ? replicas : 1;
+}
+
 /* ---- pull ------------------------------------------------------------------ */
 
 /* Room in r for the count variables whose values its reply brings. */
@@ -169,7 +188,11 @@ int wk_pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flag
 int qr_worker_pull(qr_worker *w, int n, const int *ids, float **dst) {
     int rc = wk_check_ids(w, "pull", n, ids);
     if (!rc) rc = wk_check_dense(w, "pull", n, ids);
-    return rc ? rc : wk_pull_vars(w, n, ids, dst, 0);
+    if (rc) return rc;
+    double t0 = qr__now_sec();
+    rc = wk_pull_vars(w, n, ids, dst, 0);
+    wk_count_call(w, false, rc, qr__now_sec() - t0);
+    return rc;
 }
 
 int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst) {
@@ -182,8 +205,10 @@ int qr_worker_pull_averages(qr_worker *w, int n, const int *ids, float **dst) {
 
 int qr_worker_push(qr_worker *w, int n, const int *ids, const float *const *grads,
                    unsigned flags, int64_t *global_step) {
+    double t0 = qr__now_sec();
     int rc = push(w, n, ids, grads, flags, NULL, global_step);
     wk_rows_clear(w); /* sent, or not: the added rows are used up either way */
+    wk_count_call(w, true, rc, qr__now_sec() - t0);
     return rc;
 }
 
@@ -191,9 +216,11 @@ int qr_worker_push_pull(qr_worker *w, int n, const int *ids, const float *const 
                         float *const *values, unsigned flags, int64_t *global_step) {
     float **copies = NULL; /* values NULL: every variable into the worker's copy */
     if (!values && n > 0 && !(copies = qr__calloc((size_t)n, sizeof *copies))) return QR_ENOMEM;
+    double t0 = qr__now_sec();
     int rc = push(w, n, ids, grads, flags, values ? values : copies, global_step);
     wk_rows_clear(w);
     free(copies);
+    wk_count_call(w, true, rc, qr__now_sec() - t0);
     return rc;
 }
 

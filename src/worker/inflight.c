@@ -15,11 +15,13 @@ struct qr_request {
     qr_worker *w;
     wk_call call;
     bool push;
+    double started; /* for the metrics page's call times */
 };
 
 static int start(qr_worker *w, qr_request *r, qr_request **out) {
     wk_send_requests(w, r->call.reqs, r->call.n);
     r->w = w;
+    r->started = qr__now_sec();
     *out = r;
     return QR_OK;
 }
@@ -84,6 +86,7 @@ int qr_request_wait(qr_request *r, int64_t *global_step) {
     qr_worker *w = r->w;
     int rc = wk_run_requests(w, r->call.reqs, r->call.n, w->timeout_ms);
     if (!rc && r->push) wk_push_done(w, &r->call, global_step);
+    wk_count_call(w, r->push, rc, qr__now_sec() - r->started);
     wk_call_free(&r->call);
     free(r);
     return rc;

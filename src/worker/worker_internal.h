@@ -17,6 +17,8 @@
  *               in flight, retries, waits, and the loop that runs them
  *   heartbeat.c the thread that tells ps 0 the worker lives (its blocking
  *               socket is wire/blocking.h's)
+ * worker.h is what the layers above read beyond the public API (the
+ * figures of a metrics page, counted by client.c and inflight.c).
  * Everything but the heartbeat runs on the caller's thread, inside its
  * calls.
  *
@@ -40,6 +42,7 @@
 #include "wire/msg.h"
 #include "wire/secret.h"
 #include "worker/heartbeat.h"
+#include "worker/worker.h"
 
 #include <string.h>
 
@@ -202,6 +205,7 @@ struct qr_worker {
     int stop_status;     /* a ps's stop notice: QR_ESTOPPED or its abort's status */
     char stop_msg[512];
     wk_lookup lookup;    /* qr_worker_pull_rows's scratch */
+    qr_worker_calls calls; /* for a metrics page (worker.h) */
 };
 
 /* link.c: requests. One request goes to one ps; wk_run_requests sends
@@ -263,6 +267,8 @@ int wk_pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flag
 int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads,
                   unsigned flags, float *const *values, wk_call *c);
 void wk_push_done(qr_worker *w, const wk_call *c, int64_t *global_step);
+/* A dense push or pull ended (rc): its time into the handle's figures. */
+void wk_count_call(qr_worker *w, bool is_push, int rc, double seconds);
 void wk_call_free(wk_call *c);
 
 /* The part of dense variable v that ps p holds, or NULL. */

@@ -13,14 +13,17 @@ A file each: optimizer.py (``Optimizer``: declares the parameters on the
 ps tasks and steps them there), options.py (torch.optim's names and
 hyper-parameters as quorum's per-variable options), embedding.py
 (``Embedding``, a table on the ps tasks), data.py (``worker_rank``,
-``shard``, ``DistributedSampler``: this worker's part of the data) and
+``shard``, ``DistributedSampler``: this worker's part of the data),
 checkpoint.py (``checkpoint_state_dict``, ``load_checkpoint``: a quorum
-checkpoint back into a module). docs/PYTHON.md describes them."""
+checkpoint back into a module) and summaries.py (``log_scalar``; the
+summaries, metrics page and progress line the optimizer keeps under
+``quorum launch --logdir``). docs/PYTHON.md describes them."""
 
 from .checkpoint import checkpoint_state_dict, load_checkpoint
 from .data import DistributedSampler, shard, worker_rank
 from .embedding import Embedding
 from .optimizer import Optimizer
+from .summaries import log_scalar
 
 __all__ = ["DistributedSampler", "Embedding", "Optimizer", "checkpoint_state_dict",
-           "load_checkpoint", "shard", "worker_rank"]
+           "load_checkpoint", "log_scalar", "shard", "worker_rank"]

@@ -30,6 +30,7 @@ from ..worker import Request, Worker
 from .embedding import Embedding
 from .options import HYPER, check_keys, group_options, resolve
 from .state import check_state, read_state, write_state
+from .summaries import Monitor, check_step_args
 
 __all__ = ["Optimizer"]
 
@@ -109,6 +110,7 @@ class Optimizer(torch.optim.Optimizer):
                  overlap: bool = False, params: Optional[Iterable[Any]] = None,
                  **settings: Any):
         self._own_worker: Optional[Worker] = None
+        self._monitor: Optional[Monitor] = None  # summaries, metrics, progress (summaries.py)
         self._local_dir: Optional[str] = None
         self._local_ps: Optional[PS] = None
         hyper = {k: settings.pop(k) for k in list(settings) if k in HYPER}
@@ -220,6 +222,7 @@ class Optimizer(torch.optim.Optimizer):
             for _, param, i in self.params:
                 param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
                     self._grad_ready(i))
+        self._monitor = Monitor.for_optimizer(self)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """A group, checked as the ps will take it; only while the optimizer
@@ -279,6 +282,9 @@ class Optimizer(torch.optim.Optimizer):
     def _release(self) -> None:
         """Free what this optimizer made: its worker, its local ps and the
         folder of their sockets."""
+        if self._monitor is not None:  # it borrows the worker's handle
+            self._monitor.close(flush=False)
+            self._monitor = None
         if self._own_worker is not None:
             self._own_worker.close()
             self._own_worker = None
@@ -311,21 +317,30 @@ class Optimizer(torch.optim.Optimizer):
         parameters keep their last pulled values. A loop may end early on it."""
         return self.stopped
 
-    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
+    def step(self, closure: Optional[Callable[[], Any]] = None, loss: Any = None,
+             examples: Optional[int] = None) -> Any:
         """Push this step's gradients (and the embeddings' rows), take the
         token in sync mode, pull the new parameters; the global step (or,
         given a closure, as torch, the loss it returns). Once the run has
-        ended in order (should_stop), it does nothing."""
+        ended in order (should_stop), it does nothing. loss (or the
+        closure's) and examples (this step's batch; by default counted by
+        the model's forward passes) go to the summaries and metrics
+        (summaries.py)."""
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-            self.step()
+            self.step(loss=loss, examples=examples)
             return loss
+        if self._monitor is None and (loss is not None or examples is not None):
+            check_step_args(loss, examples)
         if self.stopped:
             return self.global_step
         self._check_groups()
         try:
-            return self._step()
+            self._step()
+            if self._monitor is not None:
+                self._monitor.step(self, loss, examples)
+            return self.global_step
         except StoppedError as e:
             if e.status_name != "QR_ESTOPPED":
                 raise  # aborted or rolled back: not an orderly end
@@ -509,6 +524,9 @@ class Optimizer(torch.optim.Optimizer):
             return  # closed already
         if stop_cluster is None:
             stop_cluster = self._local_ps is not None
+        if self._monitor is not None:  # the last point, while the ps tasks answer
+            monitor, self._monitor = self._monitor, None
+            monitor.close()
         try:
             if stop_cluster and self.worker.cluster.task_index == 0:
                 self.worker.stop_cluster()
