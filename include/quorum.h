@@ -209,7 +209,16 @@ QR_API int qr_worker_declare(qr_worker *w, const char *name, int ndim,
  * the options override the ps's. Checked here and on the ps.
  * "partitions=N" splits the variable along dimension 0 into N shards on N
  * different ps tasks (the "partition-min-mb" option does so by size; see
- * qr_worker_var_placement); the worker still sees one tensor. */
+ * qr_worker_var_placement); the worker still sees one tensor.
+ * "trainable=false" (with no optimizer setting) declares a dense variable
+ * no optimizer touches, a module's buffer (BatchNorm's running
+ * statistics): in a push, its array is its new value, not a gradient.
+ * Async: the ps assigns it at once (a QR_PUSH_DELTA push adds it). Sync:
+ * at the step's apply, the mean of the values the step's members pushed
+ * for it (not counting members that pushed none) is assigned; so one
+ * worker pushing it sets it, every worker pushing it averages it. It has
+ * no slots, no moving average, and counts in no staleness figure; sparse
+ * rows of it are refused. */
 QR_API int qr_worker_declare_opts(qr_worker *w, const char *name, int ndim,
                                   const int64_t *shape, const char *init,
                                   uint64_t seed, const char *options, int *var_id);
@@ -386,8 +395,9 @@ QR_API int qr_worker_set_step_limit(qr_worker *w, int64_t last_step);
  * checkpoint holds. After qr_worker_initialize, qr_worker_data_position
  * gives the position restored from the checkpoint the cluster resumed
  * from, or, for a worker restarted into a live cluster, the position after
- * its last push that counted (0 when the cluster started fresh or keeps no
- * checkpoints), so the data stream goes on where it was. */
+ * its last push that counted (ps 0 keeps each worker's, with checkpoints
+ * or without; 0 when the cluster started fresh), so the data stream goes
+ * on where it was. */
 QR_API int qr_worker_set_data_position(qr_worker *w, uint64_t position);
 /* The learning rate the ps applies this variable's gradients with, from
  * this worker's next push on (a schedule driven by the worker, as torch's

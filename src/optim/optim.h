@@ -54,6 +54,11 @@ void qr_optim_free(qr_optim *opt);
  * an optimizer, else global's with the options on top (global may be NULL).
  * Refuses keys that are not optimizer options. */
 int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options);
+/* Option "trainable" of a variable's options: *trainable false for
+ * "trainable=false" (its pushes carry values, assigned with no optimizer),
+ * true if it is "true" or absent; QR_EINVAL for any other value. With
+ * trainable=false, qr_optim_create_for_var refuses every optimizer setting. */
+int qr_var_options_trainable(const char *options, bool *trainable);
 /* The optimizer's name: "sgd", "momentum", "adagrad", "rmsprop", "adam",
  * "adam_async", "ftrl" or "adamw". */
 const char *qr_optim_name(const qr_optim *opt);

@@ -7,6 +7,12 @@
  * options of another optimizer do not apply. Otherwise the variable's
  * options override the global ones. Either way the result is validated as
  * a whole, as qr_optim_create validates the global configuration.
+ *
+ * "trainable=false" declares a variable no optimizer touches (a torch
+ * module's buffer, BatchNorm's running statistics): a push carries its
+ * new value, which the ps assigns (src/ps/push.c, sync.c). It takes no
+ * other optimizer setting, and gets a slotless SGD only so that every
+ * variable has an optimizer object.
  */
 #include "common/config.h"
 #include "common/table_options.h"
@@ -18,10 +24,53 @@
 /* Keys a variable may set: the optimizer's, nothing about transport. */
 static const char *const var_keys = "optimizer|" QR__OPTIM_KEYS;
 
+/* The value of key "trainable" in options: "true" (or absent) or "false". */
+int qr_var_options_trainable(const char *options, bool *trainable) {
+    *trainable = true;
+    for (const char *item = options; *item;) {
+        size_t len = strcspn(item, ",");
+        static const char key[] = "trainable=";
+        if (len >= sizeof key - 1 && !strncmp(item, key, sizeof key - 1)) {
+            const char *value = item + sizeof key - 1;
+            size_t vlen = len - (sizeof key - 1);
+            if (vlen == 4 && !strncmp(value, "true", 4)) *trainable = true;
+            else if (vlen == 5 && !strncmp(value, "false", 5)) *trainable = false;
+            else
+                return qr__fail(QR_EINVAL, "variable options: trainable=%.*s: want true or false",
+                                (int)vlen, value);
+        }
+        item += len + (item[len] == ',');
+    }
+    return QR_OK;
+}
+
+/* A non-trainable variable: "trainable=false" and no optimizer setting. */
+static int create_non_trainable(qr_optim **out, const char *options) {
+    for (const char *item = options; *item;) {
+        size_t len = strcspn(item, ",");
+        size_t klen = strcspn(item, "=");
+        if (len && strncmp(item, "trainable=", 10))
+            return qr__fail(QR_EINVAL, "variable options: '%.*s' is an optimizer setting, but "
+                            "the variable is declared trainable=false (no optimizer touches it)",
+                            (int)QR_MIN(len, klen), item);
+        item += len + (item[len] == ',');
+    }
+    qr_config *cfg = NULL;
+    int rc = qr_config_new(&cfg);
+    if (!rc) rc = qr_config_set(cfg, "optimizer", "sgd");
+    if (!rc) rc = qr_optim_create(out, cfg);
+    qr_config_free(cfg);
+    return rc;
+}
+
 int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char *options) {
     *out = NULL;
     if (strlen(options) > 1024)
         return qr__fail(QR_EINVAL, "variable options are longer than 1024 bytes");
+    bool trainable;
+    int trc = qr_var_options_trainable(options, &trainable);
+    if (trc) return trc;
+    if (!trainable) return create_non_trainable(out, options);
     char *copy = qr__strdup(options);
     qr_config *cfg = NULL;
     int rc = copy ? qr_config_new(&cfg) : QR_ENOMEM;
@@ -41,6 +90,7 @@ int qr_optim_create_for_var(qr_optim **out, const qr_config *global, const char 
         for (char *c = item; *c; c++)
             if (*c == '_') *c = '-';
         if (qr__list_has(QR_TABLE_OPTION_KEYS, '|', item)) continue; /* the table's */
+        if (!strcmp(item, "trainable")) continue; /* "true": checked above */
         if (!qr__list_has(var_keys, '|', item)) {
             rc = qr__fail(QR_EINVAL, "variable options: '%s' is not an optimizer option "
                           "(one of %s)", item, var_keys);

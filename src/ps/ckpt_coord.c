@@ -450,6 +450,12 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
 int qr__ckpt_init(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->last_step = c->restored_step = -1;
+    /* ps 0 keeps each worker's data position, checkpoints or not: a worker
+     * restarted into the live cluster reads its own back (control.c). */
+    if (ps->index == 0) {
+        c->data_pos = qr__calloc((size_t)ps->cluster->nworkers, sizeof *c->data_pos);
+        if (!c->data_pos) return QR_ENOMEM;
+    }
     const char *dir = qr__config_str(ps->cfg, "checkpoint-dir");
     if (!dir[0]) return QR_OK;
     c->dir = qr__strdup(dir);
@@ -457,9 +463,7 @@ int qr__ckpt_init(qr_ps *ps) {
     c->every_steps = qr__config_int(ps->cfg, "checkpoint-steps");
     c->keep = (int)qr__config_int(ps->cfg, "keep-checkpoints");
     c->last_ns = qr__now_ns();
-    if (ps->index == 0)
-        c->data_pos = qr__calloc((size_t)ps->cluster->nworkers, sizeof *c->data_pos);
-    if (!c->dir || (ps->index == 0 && !c->data_pos)) return QR_ENOMEM;
+    if (!c->dir) return QR_ENOMEM;
     int rc = qr_mkdir(dir);
     if (rc) return rc;
     qr_ckpt_info info = {0};

@@ -567,6 +567,9 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     v->value = v->name && v->options ? qr_tensor_new(v->n) : NULL;
     int rc = v->value ? QR_OK : QR_ENOMEM;
     if (!rc && v->options[0]) rc = qr_optim_create_for_var(&v->optim, c->cfg, v->options);
+    bool trainable = true;
+    if (!rc) rc = qr_var_options_trainable(v->options, &trainable);
+    v->non_trainable = !trainable;
     int64_t dim = v->shape[v->ndim - 1];
     if (!rc) rc = qr_optim_slots_create(ckpt_shard_optim(c, v), v->n / dim, dim, &v->slots);
     if (!rc) rc = qr_st_read(f, t, v->value->data);

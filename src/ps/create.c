@@ -66,6 +66,10 @@ static int check_record(const qr_rbuf *r, qr_msg_create_bad bad, const qr_msg_cr
     int prc = qr_table_options_parse(opts, &policy);
     if (!prc && m->kind != QR_VAR_TABLE && qr_table_options_set(&policy))
         prc = qr__fail(QR_EINVAL, "admit_after and evict_after_steps are for embedding tables");
+    bool trainable = true;
+    if (!prc) prc = qr_var_options_trainable(opts, &trainable);
+    if (!prc && !trainable && m->kind == QR_VAR_TABLE)
+        prc = qr__fail(QR_EINVAL, "trainable=false is for dense variables, not tables");
     if (prc) return qr__fail(prc, "CREATE: variable '%s': %s", name, qr_last_error());
     if (m->kind == QR_VAR_TABLE) {
         if (m->ndim != 1 || m->shape[0] > QR_TABLE_MAX_DIM)
@@ -155,6 +159,9 @@ static int new_var(ps_peer *p, const qr_msg_create_var *m, const char *name, con
     v->options = qr__strdup(opts);
     if (!v->name || (!table && !v->value) || !v->options) return QR_ENOMEM;
     int rc = opts[0] ? qr_optim_create_for_var(&v->optim, ps->cfg, opts) : QR_OK;
+    bool trainable = true;
+    if (!rc) rc = qr_var_options_trainable(opts, &trainable);
+    v->non_trainable = !trainable;
     if (rc) {
         qr__error_prefix("CREATE: variable '%s': ", name);
         return rc;
@@ -165,7 +172,7 @@ static int new_var(ps_peer *p, const qr_msg_create_var *m, const char *name, con
     rc = qr_optim_slots_create(qr__var_optim(ps, v), table ? 0 : n / dim, dim, &v->slots);
     if (!rc && table) rc = qr__create_table(qr__var_optim(ps, v), v, m);
     if (rc) return rc;
-    if (!table && ps->average_decay > 0 &&
+    if (!table && !v->non_trainable && ps->average_decay > 0 &&
         (!ps->average_vars[0] || qr__list_has(ps->average_vars, ',', name))) {
         v->average = qr_tensor_new(n); /* filled with the initial values on arrival */
         if (!v->average) return QR_ENOMEM;

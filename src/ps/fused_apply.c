@@ -55,7 +55,7 @@
  * it can be computed out of place and checked before anything is
  * written, and repeated on another buffer (qr__fused_follow). */
 static bool sgd_like(const qr_ps *ps, const push_item *it, bool delta) {
-    if (it->nrows >= 0) return false;
+    if (it->nrows >= 0 || it->var->non_trainable) return false; /* a value is assigned */
     if (delta) return true;
     const qr_optim *opt = qr__var_optim(ps, it->var);
     /* weight decay reads the value too: the ordinary apply does it */

@@ -13,7 +13,9 @@
  *   ack      acknowledge before applying when nothing can fail any more,
  *            so the worker's next request travels while the ps applies
  *   apply    the optimizer (or the delta) on each item, the staleness
- *            recorded, a fused push installed
+ *            recorded, a fused push installed; a non-trainable
+ *            variable's item (trainable=false, a module's buffer) is its
+ *            new value, assigned (added, in a delta push)
  *   count    a step push advances the steps applied here, the moving
  *            averages, and on ps 0 the global step and the worker's clock
  * Nothing else is served until the apply is done (one loop thread), so
@@ -82,6 +84,9 @@ static int expect_payload(ps_peer *p, const qr_frame *f) {
  * a sparse item, -1 for a dense one. */
 static int check_item(const qr_msg_var *rec, const qr_var *v, int64_t *nrows) {
     *nrows = -1;
+    if (rec->kind == QR_GRAD_SPARSE && v->non_trainable)
+        return qr__fail(QR_EINVAL, "PUSH: '%s' is not trainable (trainable=false): push its "
+                        "whole value, not rows", v->name);
     if (rec->kind == QR_GRAD_SPARSE) {
         uint64_t row_bytes = 8 + 4 * (uint64_t)v->shape[v->ndim - 1];
         if (rec->nbytes % row_bytes)
@@ -232,7 +237,8 @@ static int prepare_tensors(ps_peer *p, const qr_frame *f, push_apply *a) {
          * (two passes over it) when the update can be written straight
          * into the spare instead (one pass). */
         it->to_spare = it->nrows < 0 && v->value->refs > 1 &&
-                       (a->delta || qr_optim_stateless(qr__var_optim(ps, v)));
+                       (a->delta || v->non_trainable ||
+                        qr_optim_stateless(qr__var_optim(ps, v)));
         if (it->to_spare ? qr_var_prepare_spare(v) : qr_var_prepare_write(v)) goto oom;
     }
     if (save_floats) {
@@ -277,8 +283,9 @@ static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     return rc;
 }
 
-/* A dense gradient or delta, into the value or its spare (then swapped
- * in); a gradient's learning rate in *lr_used. */
+/* A dense gradient or delta (or a non-trainable variable's new value),
+ * into the value or its spare (then swapped in); a gradient's learning
+ * rate in *lr_used. */
 static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness, int64_t t,
                        float *lr_used) {
     qr_var *v = it->var;
@@ -287,6 +294,8 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
     int rc = QR_OK;
     if (delta) {
         qr_optim_add_delta(out, v->value->data, g, v->n);
+    } else if (v->non_trainable) {
+        memcpy(out, g, (size_t)v->n * sizeof *out);
     } else {
         const qr_optim *opt = qr__var_optim(ps, v);
         float lr = qr__item_lr(ps, it, opt, t - 1);
@@ -304,10 +313,13 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
 static int apply_item(qr_ps *ps, push_item *it, push_apply *a) {
     qr_var *v = it->var;
     /* Staleness: how many updates this variable took since the worker
-     * pulled the version its gradient was computed at. */
+     * pulled the version its gradient was computed at (a value assigned
+     * to a non-trainable variable is no gradient: not counted). */
     uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
-    ps->staleness_hist[staleness_bucket(staleness)]++;
-    a->stale |= staleness > 0;
+    if (!v->non_trainable) {
+        ps->staleness_hist[staleness_bucket(staleness)]++;
+        a->stale |= staleness > 0;
+    }
     if (it->fused) { /* computed while it arrived */
         qr__fused_install(ps, it);
         v->version++;
@@ -340,7 +352,7 @@ static int count_step(ps_peer *p) {
     qr_ps *ps = p->ps;
     ps->applied_steps++;
     for (int i = 0; i < p->nitems && ps->average_decay > 0; i++)
-        if (!p->items[i].var->table &&
+        if (!p->items[i].var->table && !p->items[i].var->non_trainable &&
             qr_var_update_average(p->items[i].var, ps->average_decay, ps->applied_steps))
             return qr__fail(QR_ENOMEM, "out of memory updating an average");
     if (ps->index == 0) {

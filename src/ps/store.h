@@ -60,6 +60,10 @@ typedef struct qr_var {
     uint64_t version;   /* applies so far */
     qr_optim *optim;    /* its own optimizer, or NULL for the ps's */
     char *options;      /* the options it was declared with ("" if none) */
+    /* Declared trainable=false (a module's buffer): a push carries its new
+     * value, assigned with no optimizer (async: at once; sync: the mean of
+     * the values the step's members pushed), never a gradient. */
+    bool non_trainable;
     qr_optim_slots *slots;
     uint64_t nonfinite_skipped;
     uint64_t mark; /* last message that named it: catches duplicates */

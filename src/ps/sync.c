@@ -19,6 +19,10 @@
  * with the one carried by its first gradient in member order (the first
  * member, by worker then seq, that pushed it), so it is the same whatever
  * the arrival order; workers that run the same scheduler agree anyway.
+ *
+ * A non-trainable variable (trainable=false, a module's buffer) takes no
+ * gradient: the members that pushed it pushed values, and their mean (over
+ * those members only; one member's: its value) is assigned.
  */
 #include "ps/ps_internal.h"
 
@@ -234,6 +238,19 @@ static int reduce_dense(qr_ps *ps, qr_var *v, const sync_source *src, int n, flo
     return rc;
 }
 
+/* A non-trainable variable's values (sources src[0..n), dense: checked at
+ * the header) averaged in member order over the members that pushed one,
+ * and assigned. */
+static int assign_mean(qr_ps *ps, qr_var *v, const sync_source *src, int n, const float **srcs) {
+    for (int i = 0; i < n; i++) srcs[i] = (const float *)src[i].it->data;
+    float *mean = (float *)srcs[0]; /* owned by the pending push */
+    qr_optim_reduce(mean, srcs, n, v->n, (float)n);
+    int rc = qr__ckpt_before_apply(ps, v);
+    if (!rc) rc = qr_var_prepare_write(v);
+    if (!rc) memcpy(v->value->data, mean, (size_t)v->n * sizeof *mean);
+    return rc;
+}
+
 /* Reduce the step's gradients of each variable (sources[0..n), sorted)
  * in member order and apply the optimizer once: sparse rows only (a table,
  * or a dense variable every member pushed rows of) by the sparse apply,
@@ -249,10 +266,13 @@ static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
         bool all_rows = true;
         for (end = i; end < s->nsources && s->sources[end].var == v; end++)
             all_rows &= s->sources[end].it->nrows >= 0;
-        rc = v->table || all_rows ? reduce_rows(ps, v, s->sources + i, end - i, divisor, step)
-                                  : reduce_dense(ps, v, s->sources + i, end - i, divisor, step,
-                                                 srcs);
-        if (!rc && !v->table && ps->average_decay > 0)
+        if (v->non_trainable)
+            rc = assign_mean(ps, v, s->sources + i, end - i, srcs);
+        else if (v->table || all_rows)
+            rc = reduce_rows(ps, v, s->sources + i, end - i, divisor, step);
+        else
+            rc = reduce_dense(ps, v, s->sources + i, end - i, divisor, step, srcs);
+        if (!rc && !v->table && !v->non_trainable && ps->average_decay > 0)
             rc = qr_var_update_average(v, ps->average_decay, step + 1);
         if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
         v->version++;

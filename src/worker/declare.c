@@ -151,6 +151,10 @@ static int declare_variable(qr_worker *w, const char *name, int ndim, const int6
     if (!rc && !table && qr_table_options_set(&table_options))
         rc = qr__fail(QR_EINVAL, "admit_after and evict_after_steps are for embedding tables "
                       "(declare_table)");
+    bool trainable = true;
+    if (!rc) rc = qr_var_options_trainable(optim_options, &trainable);
+    if (!rc && !trainable && table)
+        rc = qr__fail(QR_EINVAL, "trainable=false is for dense variables, not tables");
     if (rc) return qr__fail(rc, "declare '%s': %s", name, qr_last_error());
     options = optim_options;
     if (options[0]) {

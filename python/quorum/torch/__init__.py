@@ -12,8 +12,10 @@
 A file each: optimizer.py (``Optimizer``: declares the parameters on the
 ps tasks and steps them there), options.py (torch.optim's names and
 hyper-parameters as quorum's per-variable options), embedding.py
-(``Embedding``, a table on the ps tasks), data.py (``worker_rank``,
-``shard``, ``DistributedSampler``: this worker's part of the data),
+(``Embedding``, a table on the ps tasks), buffers.py (a module's
+buffers, BatchNorm's statistics, shared on the ps tasks), data.py
+(``worker_rank``, ``shard``, ``DistributedSampler``: this worker's part of
+the data, resumed where it was after a restart),
 checkpoint.py (``checkpoint_state_dict``, ``load_checkpoint``: a quorum
 checkpoint back into a module) and summaries.py (``log_scalar``; the
 summaries, metrics page and progress line the optimizer keeps under

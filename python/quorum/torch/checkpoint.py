@@ -1,6 +1,6 @@
 """A quorum checkpoint (safetensors shards, docs/CHECKPOINTS.md) read back
 as torch tensors: ``checkpoint_state_dict`` gives them by name,
-``load_checkpoint`` loads them into a module's parameters."""
+``load_checkpoint`` loads them into a module's parameters and buffers."""
 
 from __future__ import annotations
 
@@ -50,13 +50,19 @@ def checkpoint_state_dict(path: str) -> Dict[str, torch.Tensor]:
 
 
 def load_checkpoint(module: torch.nn.Module, path: str, strict: bool = True) -> List[str]:
-    """Load a quorum checkpoint's values into module's parameters (by name);
-    the names loaded. strict: every parameter must be in the checkpoint."""
+    """Load a quorum checkpoint's values into module's parameters and
+    buffers (by name; a buffer in its own dtype and shape: the ps keeps
+    them as float32, a scalar as one element); the names loaded. strict:
+    every parameter and persistent buffer must be in the checkpoint (one
+    trained with buffers="local" has none: strict=False loads the rest)."""
     state = checkpoint_state_dict(path)
     own = dict(module.named_parameters())
-    missing = [n for n in own if n not in state]
+    persistent = set(module.state_dict().keys())
+    buffers = {n: b for n, b in module.named_buffers() if b is not None}
+    missing = [n for n in own if n not in state] + \
+        [n for n in buffers if n in persistent and n not in state]
     if strict and missing:
-        raise KeyError("parameters not in the checkpoint: %s" % ", ".join(missing))
+        raise KeyError("not in the checkpoint: %s" % ", ".join(missing))
     loaded = []
     with torch.no_grad():
         for name, p in own.items():
@@ -65,5 +71,13 @@ def load_checkpoint(module: torch.nn.Module, path: str, strict: bool = True) -> 
                     raise ValueError("%s: shape %s in the checkpoint, %s in the module"
                                      % (name, tuple(state[name].shape), tuple(p.shape)))
                 p.copy_(state[name])
+                loaded.append(name)
+        for name, b in buffers.items():
+            if name in state:
+                t = state[name]
+                if t.numel() != b.numel():
+                    raise ValueError("buffer %s: %d values in the checkpoint, %d in the module"
+                                     % (name, t.numel(), b.numel()))
+                b.copy_(t.reshape(b.shape))
                 loaded.append(name)
     return loaded

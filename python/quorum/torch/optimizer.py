@@ -3,9 +3,13 @@
 It declares every parameter by its name in the module, with the module's
 own initial values (the chief's), and the optimizer as the parameters' own
 options (options.py), so the ps tasks apply it whatever they were started
-with. ``step()`` pushes the gradients (and the rows of the model's
-``Embedding`` tables), and in sync mode takes the step's token, then pulls
-the new values into the parameters' own memory (no copy). Run alone (no
+with; and the module's buffers as non-trainable variables (buffers.py).
+``step()`` pushes the gradients (with the rows of the model's
+``Embedding`` tables, and the buffers), and the worker's position in its
+data (its sampler's), in sync mode takes the step's token, then pulls
+the new values into the parameters' own memory (no copy). A worker
+restarted into the running cluster gets its position back, and its
+sampler goes on from there. Run alone (no
 TF_CONFIG), it starts a ps in this process, so the same script runs
 single-process; under ``quorum launch --ps P --workers W -- python
 train.py`` every worker trains one cluster's model."""
@@ -27,6 +31,8 @@ from ..cluster import Cluster, launcher_options
 from ..errors import StaleError, StoppedError
 from ..ps import PS
 from ..worker import Request, Worker
+from .buffers import BUFFER_MODES, Buffers, wait_all
+from .data import DistributedSampler
 from .embedding import Embedding
 from .options import HYPER, check_keys, group_options, resolve
 from .state import check_state, read_state, write_state
@@ -103,16 +109,34 @@ class Optimizer(torch.optim.Optimizer):
     communication is a large part of a step and the ps tasks do not share
     the worker's cores (bench/python/bench_torch.py). Other keyword
     options (mode="sync", replicas_to_aggregate=...) are the worker's (and
-    the local ps's)."""
+    the local ps's).
+
+    buffers: how the module's buffers (BatchNorm's running statistics) are
+    shared: "chief" (the default: the chief's, received by every worker at
+    each step, as DDP's broadcast_buffers), "average" (over the workers) or
+    "local" (not shared, not checkpointed); see buffers.py. sampler: a
+    ``quorum.torch.DistributedSampler`` of the training data: its position
+    rides on every push, and a worker restarted into the running cluster
+    resumes it where its last push that counted left it. Without one the
+    position is the number of step() calls, given back as
+    ``data_position``."""
 
     def __init__(self, module: Any, optimizer: Union[str, type] = "SGD",
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
                  overlap: bool = False, params: Optional[Iterable[Any]] = None,
+                 buffers: str = "chief", sampler: Optional[DistributedSampler] = None,
                  **settings: Any):
         self._own_worker: Optional[Worker] = None
         self._monitor: Optional[Monitor] = None  # summaries, metrics, progress (summaries.py)
         self._local_dir: Optional[str] = None
         self._local_ps: Optional[PS] = None
+        if buffers not in BUFFER_MODES:
+            raise ValueError("buffers=%r: one of %s"
+                             % (buffers, ", ".join(repr(m) for m in BUFFER_MODES)))
+        if sampler is not None and not isinstance(sampler, DistributedSampler):
+            raise TypeError("sampler: a quorum.torch.DistributedSampler (whose position a "
+                            "restarted worker can resume), not %s" % type(sampler).__name__)
+        self._buffer_mode, self.sampler = buffers, sampler
         hyper = {k: settings.pop(k) for k in list(settings) if k in HYPER}
         if accumulate < 1 or local_steps < 1:
             raise ValueError("accumulate and local_steps must be >= 1")
@@ -195,6 +219,8 @@ class Optimizer(torch.optim.Optimizer):
             self._ps_lr.append(_lr_of(group, g))
         self._declared = True
         self._on_ps = {id(p) for _, p, _ in self.params}
+        self.buffers = Buffers(self.module, worker,
+                               self._buffer_mode if self.module is not None else "local")
         for name, m in (self.module.named_modules() if self.module is not None else ()):
             if isinstance(m, Embedding):
                 m._worker = worker
@@ -203,7 +229,13 @@ class Optimizer(torch.optim.Optimizer):
                                                 options)
                 self.embeddings.append(m)
         worker.initialize()
-        self._pull()
+        # Where this worker's data stream was at its last push that counted
+        # (0 unless it was restarted into the running cluster).
+        self.data_position = worker.data_position()
+        self._batches = self.data_position
+        if self.sampler is not None:
+            self.sampler.resume(self.data_position)
+        self._pull(buffers=True)
         # close() is optional: a script that ends without it still says it
         # has finished and stops its local ps cleanly (weakly held: the
         # optimizer may go away first). One that dies of an exception does
@@ -295,8 +327,37 @@ class Optimizer(torch.optim.Optimizer):
             shutil.rmtree(self._local_dir, ignore_errors=True)
             self._local_dir = None
 
-    def _pull(self) -> None:
-        self.worker.pull({i: p for _, p, i in self.params})
+    def _pull(self, buffers: Optional[bool] = None) -> None:
+        """The parameters, and the buffers at the start and after a sync
+        step (an async step exchanges them beside its push: _with_buffers)."""
+        into: Dict[int, torch.Tensor] = {i: p for _, p, i in self.params}
+        if buffers is None:
+            buffers = self.sync
+        if buffers and self.buffers:
+            into.update(self.buffers.targets())
+        self.worker.pull(into)
+        if buffers and self.buffers:
+            self.buffers.pulled()
+
+    def _with_buffers(self, push: Callable[[], int]) -> int:
+        """Async: push() (a step's push) with the buffers' exchange sent
+        just before it, so both travel in the same round trip."""
+        requests, pulls = self.buffers.start_async()
+        try:
+            step = push()
+        except BaseException:
+            for r in requests:
+                r.wait(raise_error=False)
+            raise
+        wait_all(requests)
+        if pulls:
+            self.buffers.pulled()
+        return step
+
+    def _position(self) -> int:
+        """Where this worker is in its data: its sampler's position, or the
+        steps it has made."""
+        return self.sampler.position if self.sampler is not None else self._batches
 
     def _grads(self) -> Dict[int, torch.Tensor]:
         grads = {}
@@ -336,6 +397,8 @@ class Optimizer(torch.optim.Optimizer):
         if self.stopped:
             return self.global_step
         self._check_groups()
+        self._batches += 1
+        self.worker.set_data_position(self._position())  # rides on the pushes
         try:
             self._step()
             if self._monitor is not None:
@@ -360,13 +423,17 @@ class Optimizer(torch.optim.Optimizer):
                 error = error or e
         if error is not None:
             raise error
-        for emb in self.embeddings:
-            for ids, rows in emb._take_rows():
-                self.worker.add_rows(emb._table, ids, rows.contiguous())
-        self.global_step = self.worker.push({}, step=True, every_ps=True)
-        rest = {i: p for _, p, i in self.params if i not in pushed}
-        if rest:
-            self.worker.pull(rest)
+
+        def tick() -> int:
+            for emb in self.embeddings:
+                for ids, rows in emb._take_rows():
+                    self.worker.add_rows(emb._table, ids, rows.contiguous())
+            step = self.worker.push({}, step=True, every_ps=True)
+            rest = {i: p for _, p, i in self.params if i not in pushed}
+            if rest:
+                self.worker.pull(rest)
+            return step
+        self.global_step = self._with_buffers(tick)
         return self.global_step
 
     def _step(self) -> int:
@@ -386,6 +453,13 @@ class Optimizer(torch.optim.Optimizer):
                 return self.global_step
             grads = {i: self._sums[k] / self.accumulate for k, (_, _, i) in enumerate(self.params)}
             self._sums = None
+        if self.sync:  # the buffers go in the step's push, the step's pull brings them
+            grads.update(self.buffers.values())
+            return self._push(grads)
+        return self._with_buffers(lambda: self._push(grads))
+
+    def _push(self, grads: Dict[int, torch.Tensor]) -> int:
+        """The step's push (the embeddings' rows with it) and its pull."""
         for emb in self.embeddings:
             for ids, rows in emb._take_rows():
                 self.worker.add_rows(emb._table, ids, rows.contiguous())
@@ -417,7 +491,7 @@ class Optimizer(torch.optim.Optimizer):
             return self.global_step
         deltas = {i: (p.detach() - s).contiguous()
                   for (_, p, i), s in zip(self.params, self._start)}
-        self.global_step = self.worker.push(deltas, delta=True)
+        self.global_step = self._with_buffers(lambda: self.worker.push(deltas, delta=True))
         self._start = None
         self._pull()
         return self.global_step
