@@ -181,3 +181,28 @@ def test_refusals_change_nothing():  # type: ignore[no-untyped-def]
     opt.load_state_dict(good)  # the step it is at: taken, nothing changes
     assert same(before, snapshot(opt))
     opt.close()
+
+
+def test_state_of_this_run_reloaded_midway():  # type: ignore[no-untyped-def]
+    """A state saved at step 3 and loaded back at step 5 (what a script that
+    saves and reloads midway does while other workers push): the values and
+    slots are the saved ones, the cluster keeps its step."""
+    import copy
+    model = mlp()
+    opt = qt.Optimizer(model, "AdamW", lr=0.01)
+    train(model, opt, 0, 3)
+    saved_model, saved = copy.deepcopy(model.state_dict()), opt.state_dict()
+    train(model, opt, 3, 2)
+    assert opt.worker.global_step() == 5
+    model.load_state_dict(saved_model)
+    opt.load_state_dict(saved)
+    assert opt.worker.global_step() == 5
+    now = opt.state_dict()
+    for k, entry in saved["state"].items():
+        assert torch.equal(now["state"][k]["exp_avg"], entry["exp_avg"])
+        assert torch.equal(now["state"][k]["exp_avg_sq"], entry["exp_avg_sq"])
+        assert float(now["state"][k]["step"]) == 5.0
+    ps_values = [torch.from_numpy(opt.worker.pull_slot(v, "").copy()).reshape(p.shape)
+                 for _, p, v in opt.params]
+    assert all(torch.equal(a, b) for a, b in zip(ps_values, saved_model.values()))
+    opt.close()

@@ -29,6 +29,7 @@ only: they are not in this state."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from .optimizer import Optimizer
 
 __all__ = ["read_state", "check_state", "write_state"]
+
+_log = logging.getLogger("quorum")
 
 # quorum optimizer -> (torch state key -> quorum slot), and whether torch keeps a step.
 _SLOTS: Dict[str, Tuple[Dict[str, str], bool]] = {
@@ -189,12 +192,22 @@ def check_state(opt: "Optimizer", state: Any, lrs: List[float]
 
 def write_state(opt: "Optimizer", step: Optional[int],
                 writes: List[Tuple[int, str, torch.Tensor]]) -> None:
-    """The chief: the step first (refused past step 0 of the cluster, before
-    anything changed), then each parameter's values as the module holds
-    them now (a model.load_state_dict just before reaches the ps so), then
-    the slots."""
+    """The chief: the step first, then each parameter's values as the
+    module holds them now (a model.load_state_dict just before reaches the
+    ps so), then the slots. The step is set on a new cluster (global step
+    0), so that Adam's bias correction goes on from the saved step. A
+    cluster that has trained past the saved step (the state of this run,
+    reloaded midway while other workers push) keeps its own step, the
+    cluster's count of updates, which cannot move back under pushes in
+    flight; a state of a later step than a cluster already training is
+    refused (the ps says so) before anything changes."""
     if step is not None:
-        opt.worker.set_step(step)
+        at = opt.worker.global_step()
+        if 0 < step < at:
+            _log.info("load_state_dict: the cluster is at global step %d, the state is of step "
+                      "%d: the values and slots are loaded, the step stays %d", at, step, at)
+        else:
+            opt.worker.set_step(step)  # refused if the cluster trained meanwhile
     for _, p, var in opt.params:
         opt.worker.set_slot(var, "", p.detach())
     for var, slot, values in writes:
