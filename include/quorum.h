@@ -385,7 +385,10 @@ QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
  * reached), summed over the ps tasks;
  * "applied_on_arrival", the large SGD pushes applied while they arrived,
  * and "rebased_on_arrival", the pushes that overtook one (docs/ASYNC.md),
- * both summed over the ps tasks; "tables", per embedding table its rows,
+ * both summed over the ps tasks; "push_bytes" and "pull_bytes", the
+ * payload bytes of the pushes received and the pulls answered, summed
+ * over the ps tasks (half as many on a bf16 or fp16 wire:
+ * qr_worker_set_dtype); "tables", per embedding table its rows,
  * bytes, admission_candidates, admitted, unadmitted_reads, dropped_rows
  * and evicted, summed over the ps tasks; and in sync
  * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker

@@ -412,4 +412,8 @@ void qr__push_stats_json(const qr_ps *ps, cJSON *j) {
     cJSON_AddNumberToObject(j, "stale_pushes_applied", (double)ps->stale_pushes_applied);
     cJSON_AddNumberToObject(j, "applied_on_arrival", (double)ps->fused_pushes);
     cJSON_AddNumberToObject(j, "rebased_on_arrival", (double)ps->fused_rebases);
+    /* the payload bytes of the pushes and pulls served: what a narrower
+     * wire (qr_worker_set_dtype) saves */
+    cJSON_AddNumberToObject(j, "push_bytes", (double)ps->metrics.push_bytes);
+    cJSON_AddNumberToObject(j, "pull_bytes", (double)ps->metrics.pull_bytes);
 }

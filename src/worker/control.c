@@ -122,6 +122,8 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
             add_number(total, part, "stale_pushes_applied");
             add_number(total, part, "applied_on_arrival");
             add_number(total, part, "rebased_on_arrival");
+            add_number(total, part, "push_bytes");
+            add_number(total, part, "pull_bytes");
             add_tables(total, part);
             cJSON_Delete(part);
         }
