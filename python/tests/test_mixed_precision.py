@@ -187,7 +187,6 @@ def test_bf16_and_fp16_models_train_like_float32(make_cluster):  # type: ignore[
     assert acc32 > 0.8
     for dtype in (torch.bfloat16, torch.float16):
         acc, push, pull = train_sync(make_cluster, dtype)
-        print(dtype, acc, acc32, push, push32)
         assert acc > acc32 - 0.03, (dtype, acc, acc32)
         assert push == push32 // 2 and pull == pull32 // 2, (push, push32, pull, pull32)
     acc, push, pull = train_sync(make_cluster, torch.float32, wire_dtype="bf16")

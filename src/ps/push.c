@@ -104,14 +104,17 @@ static int check_item(const qr_msg_var *rec, const qr_var *v, int64_t *nrows) {
     if (v->table)
         return qr__fail(QR_EINVAL, "PUSH: '%s' is an embedding table: push its gradient as "
                         "sparse rows (ids and rows)", v->name);
-    if (rec->nbytes != qr_dt_wire_bytes((int)dtype, (uint64_t)v->n)) {
-        char shape[128];
+    uint64_t want = qr_dt_wire_bytes((int)dtype, (uint64_t)v->n);
+    if (rec->nbytes != want) {
+        char shape[128], half[96] = "";
         qr_shape_str(v->ndim, v->shape, shape, sizeof shape);
+        if (dtype != QR_FLOAT32)
+            snprintf(half, sizeof half, " (in %s: %llu)", qr_dt_name((int)dtype),
+                     (unsigned long long)want);
         return qr__fail(QR_ESHAPE,
-                        "PUSH: variable '%s' has shape %s (%lld floats) but the %s gradient "
-                        "has %llu bytes (%llu expected)", v->name, shape, (long long)v->n,
-                        qr_dt_name((int)dtype), (unsigned long long)rec->nbytes,
-                        (unsigned long long)qr_dt_wire_bytes((int)dtype, (uint64_t)v->n));
+                        "PUSH: variable '%s' has shape %s (%lld floats) but the gradient "
+                        "has %llu bytes%s", v->name, shape, (long long)v->n,
+                        (unsigned long long)rec->nbytes, half);
     }
     return QR_OK;
 }
