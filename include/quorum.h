@@ -253,6 +253,26 @@ QR_API float *qr_worker_var_data(qr_worker *w, int var_id);
 QR_API int qr_worker_var_placement(const qr_worker *w, int var_id, int cap, int *ps,
                                    int64_t *offset, int64_t *count);
 
+/* Element types of a variable's arrays and of its wire (qr_worker_set_dtype). */
+#define QR_FLOAT32 0
+#define QR_BFLOAT16 1 /* bfloat16: the top 16 bits of a float32 */
+#define QR_FLOAT16 2  /* IEEE 754 half */
+
+/* Mixed precision. Variable var_id's gradients and values travel as
+ * `wire` (QR_FLOAT32, QR_BFLOAT16 or QR_FLOAT16: the two last take half
+ * the bytes of float32), and the caller's arrays of it, the grads of a
+ * push and the dst of a pull or push-and-pull, hold `array` elements (the
+ * pointers stay float *: cast them). array is QR_FLOAT32 (the worker converts to and from the wire,
+ * rounding to nearest even) or the same as wire (a bf16 or fp16 model's
+ * own tensors, sent as they are). The ps keeps the variable, and its
+ * optimizer's slots, in float32 whatever the wire: it widens a gradient
+ * before the NaN/Inf check and the apply, and narrows the values a pull
+ * asks for. The worker's own copy (qr_worker_var_data, a dst of NULL)
+ * stays float32. Dense variables only (a table's rows are float32); set
+ * after declaring, before or between pushes; the default is float32 for
+ * both. QR_EINVAL for another pair, QR_ENOTFOUND for an unknown id. */
+QR_API int qr_worker_set_dtype(qr_worker *w, int var_id, int wire, int array);
+
 /*
  * Pull n variables (all of them if n == 0 and ids == NULL). dst[i] receives
  * variable ids[i]; if dst is NULL, each lands in the worker's local copy,
@@ -421,7 +441,10 @@ QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
  * reached), summed over the ps tasks;
  * "applied_on_arrival", the large SGD pushes applied while they arrived,
  * and "rebased_on_arrival", the pushes that overtook one (docs/ASYNC.md),
- * both summed over the ps tasks; "tables", per embedding table its rows,
+ * both summed over the ps tasks; "push_bytes" and "pull_bytes", the
+ * payload bytes of the pushes received and the pulls answered, summed
+ * over the ps tasks (half as many on a bf16 or fp16 wire:
+ * qr_worker_set_dtype); "tables", per embedding table its rows,
  * bytes, admission_candidates, admitted, unadmitted_reads, dropped_rows
  * and evicted, summed over the ps tasks; and in sync
  * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker

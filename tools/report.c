@@ -6,6 +6,8 @@
  */
 #include "cli.h"
 
+#include "common/dtype.h"
+
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,7 +71,13 @@ static void print_json(const cli_args *a, const char *mode, int nps, int nworker
     cJSON_AddStringToObject(j, "params_digest", digest);
     cJSON_AddNumberToObject(j, "rollbacks", (double)r->rollbacks);
     cJSON_AddNumberToObject(j, "lost_pushes", (double)r->lost_pushes);
+    cJSON_AddStringToObject(j, "wire_dtype", qr_dt_name(o->wire_dtype));
     cJSON *stats = r->stats[0] ? cJSON_Parse(r->stats) : NULL;
+    /* the payload bytes the ps tasks received and sent (--wire-dtype) */
+    for (const char **key = (const char *[]){"push_bytes", "pull_bytes", NULL}; *key; key++) {
+        const cJSON *bytes = cJSON_GetObjectItem(stats, *key);
+        if (cJSON_IsNumber(bytes)) cJSON_AddNumberToObject(j, *key, bytes->valuedouble);
+    }
     if (stats && !strcmp(mode, "sync")) {
         cJSON_AddItemToObject(j, "sync", stats);
     } else if (stats) {

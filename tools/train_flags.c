@@ -7,6 +7,8 @@
  */
 #include "cli.h"
 
+#include "common/dtype.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,13 @@ static int set_embedding_dim(cli_args *a, const char *value) {
     int64_t v;
     if (qr__parse_int64(value, 1, 1024, &v)) return qr__fail(QR_EINVAL, "expected 1..1024");
     a->train.embedding_dim = (int)v;
+    return QR_OK;
+}
+
+static int set_wire_dtype(cli_args *a, const char *value) {
+    int dt = qr_dt_parse(value);
+    if (dt < 0) return qr__fail(QR_EINVAL, "expected float32, bf16 or fp16");
+    a->train.wire_dtype = dt;
     return QR_OK;
 }
 
@@ -191,6 +200,9 @@ static const train_flag flags[] = {
      "hidden layer widths of the mlp (and of wide-deep's)"},
     {"embedding-dim", "D", CLI_TRAIN, NULL, set_embedding_dim,
      "wide-deep: the width of its embedding rows (default 8)"},
+    {"wire-dtype", "float32|bf16|fp16", CLI_TRAIN, NULL, set_wire_dtype,
+     "workers: dense gradients and values travel as this\n"
+     "(bf16, fp16: half the bytes; the ps keeps float32)"},
     {"data", "NAME|PATH", CLI_TRAIN, NULL, set_data,
      "fashion-mnist, digits, or a directory of IDX files\n"
      "or a digits-style .csv(.gz) (default digits); for\n"

@@ -3,7 +3,10 @@ address itself: no copy is ever made of tensor data.
 
 An array is a NumPy ndarray or a CPU torch.Tensor (torch is not imported
 here: a tensor is recognized by its type's module). Values must be
-float32, ids int64, both C-contiguous with exactly the expected number of
+float32 (or, for a variable set so with ``Worker.set_dtype``, bfloat16 or
+float16: a torch tensor of that dtype, or a NumPy float16 array; NumPy
+has no bfloat16, so its bf16 values are a uint16 array of their bits),
+ids int64, both C-contiguous with exactly the expected number of
 elements, and an array the library writes into must be writable. Anything
 else raises TypeError or ValueError naming the argument and what is wrong:
 nothing is ever converted or reinterpreted silently (NumPy's default
@@ -25,7 +28,8 @@ ArrayLike = Any  # a numpy.ndarray or a torch.Tensor (torch is optional)
 # the checks themselves.
 What = Union[str, Tuple[Any, ...]]
 
-_NUMPY_DTYPES = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64)}
+_NUMPY_DTYPES = {"float32": np.dtype(np.float32), "int64": np.dtype(np.int64),
+                 "float16": np.dtype(np.float16), "bfloat16": np.dtype(np.uint16)}
 
 
 def _name(what: What) -> str:
@@ -62,10 +66,14 @@ def address(x: ArrayLike, what: What, dtype: str = "float32", count: Optional[in
 
     what names the argument in messages ("gradient for 'layer0/weights'",
     or ("gradient for '%s'", name) to format it only for a message);
-    dtype is "float32" or "int64"; count, if given, is the exact number of
+    dtype is "float32", "bfloat16", "float16" or "int64"; count, if given, is the exact number of
     elements x must have."""
     if isinstance(x, np.ndarray):
         if x.dtype != _NUMPY_DTYPES[dtype]:
+            if dtype == "bfloat16":
+                raise TypeError("%s: bfloat16 values, and NumPy has no bfloat16: a uint16 "
+                                "array of their bits, or a torch.bfloat16 tensor, not an "
+                                "array of %s" % (_name(what), x.dtype))
             raise TypeError("%s: an array of %s, not %s (convert it first, e.g. "
                             "x.astype(np.%s); quorum never converts silently)"
                             % (_name(what), x.dtype, dtype, dtype))

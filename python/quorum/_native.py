@@ -81,6 +81,7 @@ _SIGNATURES: Dict[str, Tuple[Any, List[Any]]] = {
     "qr_worker_set_step_limit": (c_int, [c_void_p, c_int64]),
     "qr_worker_set_data_position": (c_int, [c_void_p, c_uint64]),
     "qr_worker_set_lr": (c_int, [c_void_p, c_int, c_float]),
+    "qr_worker_set_dtype": (c_int, [c_void_p, c_int, c_int, c_int]),
     "qr_worker_data_position": (c_int, [c_void_p, P(c_uint64)]),
     "qr_worker_stats": (c_int, [c_void_p, c_char_p, c_size_t]),
     "qr_worker_wait_bound": (c_int, [c_void_p]),

@@ -6,7 +6,9 @@ dense push and pull (a dict of float32 arrays) go through _fastcall.c,
 which makes the same checks in C; anything else comes back to the
 Python path, which names what is wrong.
 
-Variables are named by the id ``declare`` returns or by their name."""
+Variables are named by the id ``declare`` returns or by their name.
+A variable's arrays are float32 unless ``set_dtype`` says otherwise (a
+bf16 or fp16 model's tensors, or a float32 model on a bf16 wire)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,26 @@ from ._native import (PUSH_DELTA, PUSH_EVERY_PS, PUSH_STEP, ROWS_READ_ONLY, STAT
 from .cluster import Cluster, Config
 
 Var = Union[int, str]
+
+# The element types set_dtype takes, by every name it accepts, and their
+# numbers in quorum.h (QR_FLOAT32, QR_BFLOAT16, QR_FLOAT16).
+_DTYPES = {"float32": "float32", "f32": "float32", "fp32": "float32",
+           "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16"}
+_DTYPE_CODES = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
+def dtype_name(dtype: Any) -> str:
+    """"float32", "bfloat16" or "float16" for any name of one of them (a
+    string, a torch dtype, a NumPy float16/float32 dtype); ValueError
+    naming the choices for anything else."""
+    name = str(dtype)
+    if name.startswith("torch."):
+        name = name[len("torch."):]
+    if name not in _DTYPES:
+        raise ValueError("dtype %r: quorum's wire takes float32, bfloat16 (bf16) or float16 "
+                         "(fp16)" % (dtype,))
+    return _DTYPES[name]
 
 
 class Request:
@@ -74,6 +96,8 @@ class Worker:
         self._sizes: List[int] = []
         self._shapes: List[Tuple[int, ...]] = []
         self._tables: Dict[int, int] = {}  # id -> dim
+        self._dtypes: List[str] = []  # by id: the dtype of the caller's arrays
+        self._typed = False  # some variable's arrays are not float32
         self._inflight: List["Request"] = []
         bind_torch()
 
@@ -84,6 +108,7 @@ class Worker:
         self._name_list.append(name)
         self._sizes.append(int(lib.qr_worker_var_size(self._handle, var_id)))
         self._shapes.append(shape)
+        self._dtypes.append("float32")
         if table_dim:
             self._tables[var_id] = table_dim
         return var_id
@@ -175,6 +200,26 @@ class Worker:
         flat: np.ndarray = np.frombuffer(memoryview(buf).cast("B"), dtype=np.float32)
         return flat.reshape(self._shapes[i]).copy()
 
+    def set_dtype(self, var: Var, wire: Any, array: Any = "float32") -> None:
+        """Mixed precision (qr_worker_set_dtype): ``var``'s gradients and
+        values travel as ``wire`` ("bfloat16"/"bf16", "float16"/"fp16", or
+        "float32"; a torch dtype too), half the bytes of float32, and the
+        arrays given for it to push and pull hold ``array`` elements:
+        float32 (converted to and from the wire in C, rounding to nearest
+        even) or the wire's own (a bf16 model's tensors, sent as they are).
+        The ps tasks keep the variable and its optimizer's slots in
+        float32. ``value()`` (the worker's copy) stays float32."""
+        i = self.id(var)
+        wire_name, array_name = dtype_name(wire), dtype_name(array)
+        check(lib.qr_worker_set_dtype(self._handle, i, _DTYPE_CODES[wire_name],
+                                      _DTYPE_CODES[array_name]))
+        self._dtypes[i] = array_name
+        self._typed = any(d != "float32" for d in self._dtypes)
+
+    def dtype(self, var: Var) -> str:
+        """The dtype of the arrays ``var`` is pushed and pulled with."""
+        return self._dtypes[self.id(var)]
+
     def placement(self, var: Var) -> List[Tuple[int, int, int]]:
         """(ps, first element, elements) of each shard of a dense variable."""
         i = self.id(var)
@@ -247,7 +292,7 @@ class Worker:
         # The ctypes path: the calls _fastcall.c leaves (the non-blocking
         # ones, a list of variables, any array it does not take), and
         # every call when the package was built without it.
-        names, sizes, tables = self._names, self._sizes, self._tables
+        names, sizes, tables, dtypes = self._names, self._sizes, self._tables, self._dtypes
         ids: List[int] = []
         ptrs: List[Optional[int]] = []
         for var, arr in items:
@@ -263,7 +308,7 @@ class Worker:
                 ptrs.append(None)
             else:
                 ptrs.append(address(arr, ("%s of '%s'", what, self._name_list[i]),
-                                    count=sizes[i], writable=writable)[0])
+                                    dtypes[i], count=sizes[i], writable=writable)[0])
         n = len(ids)
         return (ctypes.c_int * n)(*ids), (ctypes.c_void_p * n)(*ptrs), n
 
@@ -274,7 +319,7 @@ class Worker:
         variable -> destination array (None: the worker's copy)."""
         items: Iterable[Tuple[Var, Optional[ArrayLike]]]
         if type(into) is dict:  # the common case, first
-            if fastcall is not None:
+            if fastcall is not None and not self._typed:  # it takes float32 only
                 status = fastcall.pull(self._handle.value, into, self._names, self._sizes,
                                        self._tables, averages)
                 if status is not NotImplemented:
@@ -303,7 +348,7 @@ class Worker:
         step's tick after its variables were pushed apart without step."""
         flags = ((PUSH_STEP if step else 0) | (PUSH_DELTA if delta else 0) |
                  (PUSH_EVERY_PS if every_ps else 0))
-        if fastcall is not None and type(grads) is dict:
+        if fastcall is not None and type(grads) is dict and not self._typed:
             done = fastcall.push(self._handle.value, grads, self._names, self._sizes,
                                  self._tables, flags)
             if done is not NotImplemented:
@@ -326,7 +371,8 @@ class Worker:
         push left them; sync: push, the step's token, the pull (a stale
         gradient raises StaleError after the values have come). Returns the
         global step."""
-        if fastcall is not None and type(grads) is dict and (into is None or type(into) is dict):
+        if fastcall is not None and type(grads) is dict and not self._typed and \
+                (into is None or type(into) is dict):
             done = fastcall.push_pull(self._handle.value, grads, into, self._names, self._sizes,
                                       self._tables, PUSH_STEP if step else 0)
             if done is not NotImplemented:

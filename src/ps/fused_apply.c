@@ -84,7 +84,9 @@ static void unlink_fused(qr_ps *ps, push_item *it) {
 
 bool qr__fused_eligible(const qr_ps *ps, const push_item *it, bool delta) {
     const qr_var *v = it->var;
-    if (qr__fused_of(ps, v) || ps->staleness_lr_scale) return false;
+    /* A bf16/fp16 gradient is widened once it is all in, never applied as
+     * it arrives. */
+    if (qr__fused_of(ps, v) || ps->staleness_lr_scale || it->dtype != QR_FLOAT32) return false;
     return (uint64_t)v->n * sizeof(float) >= QR_FUSED_MIN_BYTES && sgd_like(ps, it, delta);
 }
 

@@ -14,6 +14,10 @@
  * the rows after the int64 indices for a sparse one (indices are checked
  * once the message is complete). Every offset is a multiple of 4, so a
  * region is scanned in whole floats up to the last complete one received.
+ * A bf16 or fp16 item is scanned the same way in its own 2-byte elements
+ * (its padding is not), then widened to float32 once the push is in
+ * (qr__grad_widen): widening is exact, so a NaN or Inf found in the half
+ * is the one the float would hold.
  * An item applied as it arrives (fused_apply.c) is not scanned: its apply
  * runs on the same pieces and checks every value it writes.
  */
@@ -29,7 +33,7 @@ static void float_region(const push_item *it, uint64_t *lo, uint64_t *hi) {
         *hi = *lo + 4 * dim * (uint64_t)it->nrows;
     } else {
         *lo = it->offset;
-        *hi = it->offset + 4 * (uint64_t)v->n;
+        *hi = it->offset + qr_dt_size(it->dtype) * (uint64_t)v->n;
     }
 }
 
@@ -45,13 +49,18 @@ void qr__grad_check_advance(grad_check *gc, uint64_t got) {
         float_region(it, &lo, &hi);
         if (gc->done < lo) gc->done = lo;
         uint64_t end = QR_MIN(got, hi);
+        uint64_t size = it->nrows >= 0 ? 4 : qr_dt_size(it->dtype);
         if (end > gc->done) {
-            end -= (end - gc->done) % 4; /* whole floats only */
-            const float *x = (const float *)(it->data + (gc->done - it->offset));
+            end -= (end - gc->done) % size; /* whole elements only */
+            const uint8_t *x = it->data + (gc->done - it->offset);
+            int64_t count = (int64_t)((end - gc->done) / size);
             if (it->fused) /* the apply checks its results as it writes them */
                 qr__fused_advance(it, (int64_t)(gc->done - lo) / 4, (int64_t)(end - lo) / 4);
+            else if (!it->nonfinite && size == 4)
+                it->nonfinite = !qr_optim_all_finite((const float *)x, count);
             else if (!it->nonfinite)
-                it->nonfinite = !qr_optim_all_finite(x, (int64_t)(end - gc->done) / 4);
+                it->nonfinite = !qr_dt_half_all_finite(it->dtype, (const uint16_t *)x,
+                                                    (size_t)count);
             gc->done = end;
         }
         if (gc->done < hi) return; /* the rest of this item is still on the wire */
@@ -62,4 +71,25 @@ void qr__grad_check_advance(grad_check *gc, uint64_t got) {
 void qr__grad_check_finish(grad_check *gc, uint64_t payload_len) {
     if (gc->items) qr__grad_check_advance(gc, payload_len);
     gc->items = NULL;
+}
+
+int qr__grad_widen(qr_ps *ps, push_item *items, int nitems, float **buf, size_t *cap) {
+    *buf = NULL;
+    *cap = 0;
+    size_t floats = 0;
+    for (int i = 0; i < nitems; i++)
+        if (items[i].dtype != QR_FLOAT32) floats += (size_t)items[i].var->n;
+    if (!floats) return QR_OK;
+    float *wide = qr__recv_pool_get(&ps->recv_pool, floats * sizeof(float), cap);
+    if (!wide) return QR_ENOMEM;
+    *buf = wide;
+    for (int i = 0; i < nitems; i++) {
+        push_item *it = &items[i];
+        if (it->dtype == QR_FLOAT32) continue;
+        size_t n = (size_t)it->var->n;
+        qr_dt_to_f32(it->dtype, wide, it->data, n);
+        it->data = (uint8_t *)wide;
+        wide += n;
+    }
+    return QR_OK;
 }

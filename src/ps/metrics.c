@@ -36,7 +36,7 @@ void qr__metrics_request(ps_peer *p, const qr_frame *f) {
         }
     } else if (f->type == QR_MSG_PULL) {
         uint64_t bytes = 0;
-        for (int i = 0; i < p->nitems; i++) bytes += (uint64_t)p->items[i].var->n * 4;
+        for (int i = 0; i < p->nitems; i++) bytes += qr_dt_wire_bytes(p->items[i].dtype, (uint64_t)p->items[i].var->n);
         m->pulls++;
         m->pull_bytes += bytes;
         qr_prom_observe(&m->pull_latency, secs);

@@ -62,6 +62,7 @@
 
 #include "cluster/cluster.h"
 #include "common/config.h"
+#include "common/dtype.h"
 #include "common/metrics.h"
 #include "ps/ckpt_shard.h"
 #include "ps/rows.h"
@@ -92,6 +93,9 @@ typedef struct push_item {
     bool nonfinite;   /* its gradient holds a NaN or Inf (grad_check.c) */
     bool skip;        /* non-finite, with nonfinite=skip */
     int64_t nrows;    /* sparse items: how many rows; -1 for a dense gradient */
+    uint8_t dtype;    /* of a dense item's elements on the wire (quorum.h's QR_FLOAT32...): a
+                       * bf16/fp16 gradient is widened to float32 once in
+                       * (qr__grad_widen), and a pull's values go back so */
     float lr;         /* the learning rate its push carried (QR_PUSH_LR), used
                        * as is; QR_MSG_PUSH_LR_NONE: the ps's own (qr__ps_lr) */
     bool to_spare;    /* computed into the variable's spare, then swapped in */
@@ -141,6 +145,11 @@ void qr__grad_check_advance(grad_check *gc, uint64_t got);
 /* The whole payload is in: scan whatever is left (normally nothing, the
  * last `payload` event did it) and detach, so items[].nonfinite is final. */
 void qr__grad_check_finish(grad_check *gc, uint64_t payload_len);
+/* Once the payload is in and checked: every bf16/fp16 item widened to
+ * float32 into one buffer from the pool (*buf, *cap; NULL when the push
+ * has none), its data pointing there, so what follows reads float32
+ * only. QR_ENOMEM (with the error set). */
+int qr__grad_widen(qr_ps *ps, push_item *items, int nitems, float **buf, size_t *cap);
 
 /* fused_apply.c. An async dense push of a variable of this many bytes or
  * more, applied by SGD (or a delta), is applied while it arrives. */
@@ -181,6 +190,8 @@ typedef struct sync_push {
     push_item *items;
     float *data; /* the payload, received here in place (from ps->recv_pool) */
     size_t data_cap;
+    float *wide; /* its bf16/fp16 gradients widened (qr__grad_widen), or NULL */
+    size_t wide_cap;
 } sync_push;
 
 typedef struct ps_peer {

@@ -84,9 +84,16 @@ static int expect_payload(ps_peer *p, const qr_frame *f) {
  * a sparse item, -1 for a dense one. */
 static int check_item(const qr_msg_var *rec, const qr_var *v, int64_t *nrows) {
     *nrows = -1;
-    if (rec->kind == QR_GRAD_SPARSE && v->non_trainable)
+    if (qr_msg_kind_grad(rec->kind) == QR_GRAD_SPARSE && v->non_trainable)
         return qr__fail(QR_EINVAL, "PUSH: '%s' is not trainable (trainable=false): push its "
                         "whole value, not rows", v->name);
+    uint32_t dtype = qr_msg_kind_dtype(rec->kind);
+    if (qr_msg_kind_grad(rec->kind) == QR_GRAD_DENSE && dtype != QR_FLOAT32 &&
+        (!qr_dt_size((int)dtype) || v->table))
+        return qr__fail(QR_EINVAL, "PUSH: variable '%s': %s", v->name,
+                        v->table ? "an embedding table's rows are float32"
+                                 : "unknown dtype in the item's kind (0 float32, 1 bfloat16, "
+                                   "2 float16)");
     if (rec->kind == QR_GRAD_SPARSE) {
         uint64_t row_bytes = 8 + 4 * (uint64_t)v->shape[v->ndim - 1];
         if (rec->nbytes % row_bytes)
@@ -96,19 +103,23 @@ static int check_item(const qr_msg_var *rec, const qr_var *v, int64_t *nrows) {
         *nrows = (int64_t)(rec->nbytes / row_bytes);
         return QR_OK;
     }
-    if (rec->kind != QR_GRAD_DENSE)
+    if (qr_msg_kind_grad(rec->kind) != QR_GRAD_DENSE)
         return qr__fail(QR_EINVAL, "PUSH: variable '%s': gradient kind %u is not supported "
-                        "(0 dense, 1 sparse rows)", v->name, rec->kind);
+                        "(0 dense, 1 sparse rows; a dtype only with dense)", v->name, rec->kind);
     if (v->table)
         return qr__fail(QR_EINVAL, "PUSH: '%s' is an embedding table: push its gradient as "
                         "sparse rows (ids and rows)", v->name);
-    if (rec->nbytes != (uint64_t)v->n * sizeof(float)) {
-        char shape[128];
+    uint64_t want = qr_dt_wire_bytes((int)dtype, (uint64_t)v->n);
+    if (rec->nbytes != want) {
+        char shape[128], half[96] = "";
         qr_shape_str(v->ndim, v->shape, shape, sizeof shape);
+        if (dtype != QR_FLOAT32)
+            snprintf(half, sizeof half, " (in %s: %llu)", qr_dt_name((int)dtype),
+                     (unsigned long long)want);
         return qr__fail(QR_ESHAPE,
                         "PUSH: variable '%s' has shape %s (%lld floats) but the gradient "
-                        "has %llu bytes", v->name, shape, (long long)v->n,
-                        (unsigned long long)rec->nbytes);
+                        "has %llu bytes%s", v->name, shape, (long long)v->n,
+                        (unsigned long long)rec->nbytes, half);
     }
     return QR_OK;
 }
@@ -154,7 +165,8 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
             return qr__fail(QR_EINVAL, "PUSH: variable '%s': learning rate %g is not a finite "
                             "number >= 0 (or -1: the ps's own)", v->name, (double)lr);
         p->items[i] = (push_item){.var = v, .offset = offset, .version = rec.version,
-                                  .nrows = nrows, .lr = lr};
+                                  .nrows = nrows, .lr = lr,
+                                  .dtype = (uint8_t)qr_msg_kind_dtype(rec.kind)};
         offset += rec.nbytes;
     }
     p->nitems = (int)head.count;
@@ -166,12 +178,29 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 
 /* ---- check ------------------------------------------------------------- */
 
+/* What the apply phase carries from one item to the next. */
+typedef struct push_apply {
+    bool delta;       /* add to the weights, no optimizer */
+    int64_t t;        /* the step this apply is (Adam's t): applied_steps + 1 */
+    bool ack_first;   /* acknowledged before the apply */
+    float *save;      /* for rebasing another push's fused apply */
+    size_t save_cap;
+    bool stale;       /* a gradient of the push missed an update */
+    float *wide;      /* the bf16/fp16 gradients widened (qr__grad_widen) */
+    size_t wide_cap;
+} push_apply;
+
 /* Every gradient is usable, or the push is refused whole (replied here).
- * A NaN/Inf gradient with nonfinite=skip is marked to be skipped. */
-static int check_items(ps_peer *p, const qr_frame *f) {
+ * A NaN/Inf gradient with nonfinite=skip is marked to be skipped. The
+ * bf16/fp16 ones are widened to float32 (into a->wide). */
+static int check_items(ps_peer *p, const qr_frame *f, push_apply *a) {
     qr_ps *ps = p->ps;
     /* The NaN/Inf scan ran while the payload arrived; this finishes it. */
     qr__grad_check_finish(&p->check, f->payload_len);
+    if (qr__grad_widen(ps, p->items, p->nitems, &a->wide, &a->wide_cap)) {
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory widening a bf16/fp16 gradient");
+        return QR_ENOMEM;
+    }
     char msg[400];
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
@@ -195,16 +224,6 @@ static int check_items(ps_peer *p, const qr_frame *f) {
 }
 
 /* ---- prepare ------------------------------------------------------------ */
-
-/* What the apply phase carries from one item to the next. */
-typedef struct push_apply {
-    bool delta;       /* add to the weights, no optimizer */
-    int64_t t;        /* the step this apply is (Adam's t): applied_steps + 1 */
-    bool ack_first;   /* acknowledged before the apply */
-    float *save;      /* for rebasing another push's fused apply */
-    size_t save_cap;
-    bool stale;       /* a gradient of the push missed an update */
-} push_apply;
 
 /* Make every tensor the push writes exclusive, and everything a fused
  * item needs to be installed, so that a dense apply cannot fail after. */
@@ -371,7 +390,10 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
     /* Applied (this function again) when the checkpoint's cut is decided. */
     if (qr__ckpt_park(p, f, qr__push_message)) return;
-    if (check_items(p, f) || prepare_tensors(p, f, &a)) return;
+    if (check_items(p, f, &a) || prepare_tensors(p, f, &a)) {
+        qr__recv_pool_put(&ps->recv_pool, a.wide, a.wide_cap);
+        return;
+    }
     bool values = f->flags & QR_PUSH_REPLY_VALUES;
     a.ack_first = can_ack_first(p) && !values;
     if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
@@ -379,6 +401,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     for (int i = 0; i < p->nitems && !rc; i++)
         if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);
     qr__recv_pool_put(&ps->recv_pool, a.save, a.save_cap);
+    qr__recv_pool_put(&ps->recv_pool, a.wide, a.wide_cap);
     if (!rc) qr__ckpt_applied(ps, p);
     /* The summaries' stale_gradients count pushes, not their variables. */
     if (!rc && a.stale) ps->stale_pushes_applied++;
@@ -404,4 +427,8 @@ void qr__push_stats_json(const qr_ps *ps, cJSON *j) {
     cJSON_AddNumberToObject(j, "stale_pushes_applied", (double)ps->stale_pushes_applied);
     cJSON_AddNumberToObject(j, "applied_on_arrival", (double)ps->fused_pushes);
     cJSON_AddNumberToObject(j, "rebased_on_arrival", (double)ps->fused_rebases);
+    /* the payload bytes of the pushes and pulls served: what a narrower
+     * wire (qr_worker_set_dtype) saves */
+    cJSON_AddNumberToObject(j, "push_bytes", (double)ps->metrics.push_bytes);
+    cJSON_AddNumberToObject(j, "pull_bytes", (double)ps->metrics.pull_bytes);
 }

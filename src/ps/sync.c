@@ -48,6 +48,7 @@ void qr__sync_push_free(qr_ps *ps, sync_push *sp) {
     if (!sp) return;
     free(sp->items);
     qr__recv_pool_put(&ps->recv_pool, sp->data, sp->data_cap);
+    qr__recv_pool_put(&ps->recv_pool, sp->wide, sp->wide_cap);
     free(sp);
 }
 
@@ -113,6 +114,11 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     p->incoming = NULL;
     qr__grad_check_finish(&p->check, f->payload_len); /* it ran as the payload arrived */
     char msg[512];
+    if (qr__grad_widen(ps, sp->items, sp->nitems, &sp->wide, &sp->wide_cap)) {
+        qr__sync_push_free(ps, sp);
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory widening a bf16/fp16 gradient");
+        return;
+    }
     if (sp->local_step < s->step) {
         s->stale_pushes++;
         snprintf(msg, sizeof msg, "dropped: stale: a gradient of step %lld from worker %u, but "

@@ -213,6 +213,8 @@ static int declare_params(worker_run *r) {
         int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init,
                                         qr__train_param_seed(r->o, i),
                                         qr__train_var_opts_of(r->o, name), &r->ids[i]);
+        if (!rc && r->o->wire_dtype != QR_FLOAT32)
+            rc = qr_worker_set_dtype(r->w, r->ids[i], r->o->wire_dtype, QR_FLOAT32);
         if (rc) return rc;
         r->sizes[i] = qr_worker_var_size(r->w, r->ids[i]);
         r->grads[i] = qr__aligned_alloc((size_t)r->sizes[i] * sizeof(float));

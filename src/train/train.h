@@ -45,6 +45,10 @@ typedef struct qr_train_opts {
     int slow_ms;                /* ... this long every step (-1: none) */
     int accumulate;             /* async: batches summed into one push (>= 1) */
     int local_steps;            /* async: local SGD steps before a delta push (>= 1) */
+    /* QR_FLOAT32 (0, the default), QR_BFLOAT16 or QR_FLOAT16: the wire
+     * of every dense variable (qr_worker_set_dtype; the arrays stay
+     * float32, converted at the worker boundary) */
+    int wire_dtype;
     /* "NAME:key=value,...": a variable's own optimizer options */
     int nvar_opts;
     const char *var_opt[QR_TRAIN_MAX_VAR_OPTS];

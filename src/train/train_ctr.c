@@ -166,6 +166,8 @@ static int declare(ctr_run *r) {
         int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init,
                                         qr__train_param_seed(r->o, i),
                                         qr__train_var_opts_of(r->o, name), &r->dense_id[i]);
+        if (!rc && r->o->wire_dtype != QR_FLOAT32)
+            rc = qr_worker_set_dtype(r->w, r->dense_id[i], r->o->wire_dtype, QR_FLOAT32);
         if (rc) return rc;
         r->dense_grad[i] = qr__aligned_alloc((size_t)qr_worker_var_size(r->w, r->dense_id[i]) *
                                              sizeof(float));

@@ -126,6 +126,14 @@ uint32_t qr_msg_get_id(qr_rbuf *r) {
     return qr_rbuf_u32(r);
 }
 
+void qr_msg_put_dtype(qr_wbuf *b, uint32_t dtype) {
+    qr_wbuf_u32(b, dtype);
+}
+
+uint32_t qr_msg_get_dtype(qr_rbuf *r) {
+    return qr_rbuf_u32(r);
+}
+
 void qr_msg_put_create_var(qr_wbuf *b, const qr_msg_create_var *m) {
     qr_wbuf_u32(b, m->id);
     qr_wbuf_u32(b, m->ndim);

@@ -41,6 +41,15 @@
  *              kind 1, sparse rows of a (rows, dim) variable, dim its last
  *                   dimension, or of a table: K i64 row indices (ids),
  *                   then K x dim floats (nbytes = K * (8 + 4 dim))
+ *              a dense item's kind may carry a dtype in bits 8..15
+ *                   (qr_msg_kind; QR_FLOAT32... of quorum.h): 1 bf16, 2 fp16,
+ *                   n elements of 2 bytes, nbytes = 2n rounded up to a
+ *                   multiple of 4 (the 2 bytes of padding are zero, and
+ *                   ignored), so that every item still starts at a
+ *                   multiple of 4. dtype 0, float32, is the plain kind 0:
+ *                   a float32 message is byte for byte what it was.
+ *                   The ps widens such a gradient to float32 before it
+ *                   checks and applies it.
  *              with QR_PUSH_LR, each item's record is followed by
  *                   f32 lr (qr_msg_put_push_lr): the learning rate to
  *                   apply its gradient with, as is (no lr-decay), or -1
@@ -54,10 +63,17 @@
  *                     QR_PUSH_LR (the items carry their learning rates)
  *              reply: i64 global_step (async) or the ps's step (sync);
  *                     status QR_ESTALE if the gradient is stale
- *   PULL       req: u32 count, then u32 var_id each
- *              flags: QR_PULL_AVERAGES = the moving averages instead
- *              reply: u32 count, then per item a qr_msg_var (kind 0);
- *                     payload: the values
+ *   PULL       req: u32 count, then u32 var_id each; with
+ *                   QR_PULL_DTYPES each var_id is followed by u32 dtype
+ *                   (qr_msg_put_dtype): the type its values come back in
+ *              flags: QR_PULL_AVERAGES = the moving averages instead,
+ *                     QR_PULL_DTYPES = the ids carry their dtypes
+ *              reply: u32 count, then per item a qr_msg_var (kind 0 with
+ *                     the item's dtype, as a push's dense item; padded
+ *                     the same way); payload: the values, converted from
+ *                     the ps's float32 for a bf16 or fp16 item. A fused
+ *                     push-and-pull's values come back in the dtype of
+ *                     the item's gradient.
  *   LOOKUP     req: u32 var_id (a table), u32 0, u64 count; payload: count
  *                   i64 ids, distinct, each placed on this ps
  *              flags: QR_LOOKUP_READ_ONLY = an absent id reads as its
@@ -208,6 +224,20 @@ float qr_msg_get_push_lr(qr_rbuf *r);
 /* A PULL request's variable id. */
 void qr_msg_put_id(qr_wbuf *b, uint32_t id);
 uint32_t qr_msg_get_id(qr_rbuf *r);
+/* With QR_PULL_DTYPES, the dtype after each id. */
+void qr_msg_put_dtype(qr_wbuf *b, uint32_t dtype);
+uint32_t qr_msg_get_dtype(qr_rbuf *r);
+
+/* An item record's kind: a QR_GRAD_* and the dtype of its elements. */
+static inline uint32_t qr_msg_kind(uint32_t grad_kind, uint32_t dtype) {
+    return grad_kind | dtype << QR_GRAD_DTYPE_SHIFT;
+}
+static inline uint32_t qr_msg_kind_grad(uint32_t kind) {
+    return kind & QR_GRAD_KIND_MASK;
+}
+static inline uint32_t qr_msg_kind_dtype(uint32_t kind) {
+    return kind >> QR_GRAD_DTYPE_SHIFT;
+}
 
 /* One variable of a CREATE request. name and options are not
  * NUL-terminated: on reading they point into the meta. */

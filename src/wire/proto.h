@@ -94,6 +94,10 @@ typedef enum qr_msg_type {
 
 #define QR_CREATE_CHECK_ONLY 1u
 #define QR_PULL_AVERAGES 1u
+/* Each id of the PULL is followed by the dtype its values come back in
+ * (wire/msg.h); without it every variable comes back as float32. */
+#define QR_PULL_DTYPES 2u
+#define QR_PULL_FLAGS_ALL (QR_PULL_AVERAGES | QR_PULL_DTYPES)
 #define QR_LOOKUP_READ_ONLY 1u
 /* SLOTS: check the write or the step as if made, change nothing. */
 #define QR_SLOTS_CHECK_ONLY 1u
@@ -112,6 +116,11 @@ typedef enum qr_msg_type {
 
 #define QR_GRAD_DENSE 0u
 #define QR_GRAD_SPARSE 1u
+/* An item record's kind holds, above its low byte, the dtype (QR_FLOAT32 ... of
+ * quorum.h) of a dense item's elements: 0, float32, leaves the record
+ * as it always was (wire/msg.h, qr_msg_kind). */
+#define QR_GRAD_KIND_MASK 0xffu
+#define QR_GRAD_DTYPE_SHIFT 8
 
 /* The one message a ps sends unasked: when it stops, every worker
  * connected to it gets a STOP reply with this request id (a worker never

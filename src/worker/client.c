@@ -132,7 +132,20 @@ static int expect_values_alloc(wk_request *r, int count) {
     r->var_ids = qr__calloc((size_t)count, sizeof *r->var_ids);
     r->dst = qr__calloc((size_t)count, sizeof *r->dst);
     r->parts = qr__calloc((size_t)count, sizeof *r->parts);
-    return r->var_ids && r->dst && r->parts ? QR_OK : QR_ENOMEM;
+    r->dst_dt = qr__calloc((size_t)count, sizeof *r->dst_dt);
+    return r->var_ids && r->dst && r->parts && r->dst_dt ? QR_OK : QR_ENOMEM;
+}
+
+/* Value i of r's reply goes to the caller's array (in the variable's
+ * array type) or, when that is NULL, the worker's float32 copy: where in
+ * it this part starts. */
+static void expect_value(wk_request *r, const wk_var *v, int id, wk_part *part, void *caller) {
+    int dt = caller ? v->array_dt : QR_FLOAT32;
+    uint8_t *base = caller ? caller : (uint8_t *)v->data;
+    r->var_ids[r->nvars] = id;
+    r->parts[r->nvars] = part;
+    r->dst_dt[r->nvars] = (uint8_t)dt;
+    r->dst[r->nvars++] = base + (size_t)part->offset * qr_dt_size(dt);
 }
 
 void wk_call_free(wk_call *c) {
@@ -160,17 +173,24 @@ int wk_pull_build(qr_worker *w, int n, const int *ids, float **dst, uint16_t fla
         reqs[nreq++] = r;
         r->flags = flags;
         if ((rc = expect_values_alloc(r, count))) break;
+        /* Each id is followed by the dtype its values come in when some
+         * variable asked for travels in other than float32. */
+        bool typed = false;
+        for (int i = 0; i < total; i++) {
+            const wk_var *v = &w->vars[n ? ids[i] : i];
+            typed |= v->wire_dt != QR_FLOAT32 && wk_part_on(v, p);
+        }
+        if (typed) r->flags |= QR_PULL_DTYPES;
         qr_msg_put_count(&r->meta, (uint32_t)count);
         for (int i = 0; i < total; i++) {
             int id = n ? ids[i] : i;
-            wk_part *part = wk_part_on(&w->vars[id], p);
+            wk_var *v = &w->vars[id];
+            wk_part *part = wk_part_on(v, p);
             if (!part) continue;
-            r->var_ids[r->nvars] = id;
-            r->parts[r->nvars] = part;
             /* A NULL entry, like a NULL array, means the worker's copy. */
-            r->dst[r->nvars] = (dst && dst[i] ? dst[i] : w->vars[id].data) + part->offset;
-            r->nvars++;
+            expect_value(r, v, id, part, dst ? dst[i] : NULL);
             qr_msg_put_id(&r->meta, (uint32_t)id);
+            if (typed) qr_msg_put_dtype(&r->meta, v->wire_dt);
         }
     }
     c->n = nreq;
@@ -275,7 +295,14 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
     }
     for (int p = 0; p < w->nps && !rc; p++) {
         int count = 0, row_items = wk_rows_items(w, p);
-        for (int i = 0; i < n; i++) count += wk_part_on(&w->vars[ids[i]], p) != NULL;
+        uint64_t staged = 0; /* bytes of the items converted to their wire type */
+        for (int i = 0; i < n; i++) {
+            const wk_var *v = &w->vars[ids[i]];
+            const wk_part *part = wk_part_on(v, p);
+            count += part != NULL;
+            if (part && v->wire_dt != v->array_dt)
+                staged += qr_dt_wire_bytes(v->wire_dt, (uint64_t)part->n);
+        }
         if (!count && !row_items && !(step_to_ps0 && p == 0) && !(flags & QR_PUSH_EVERY_PS))
             continue;
         wk_request *r = wk_request_new(w, p, QR_MSG_PUSH);
@@ -287,8 +314,12 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
         if (p == 0) c->step_req = r;
         r->flags = w->sync ? QR_PUSH_SYNC : (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
         if (with_lr) r->flags |= QR_PUSH_LR;
-        r->payload = qr__calloc((size_t)QR_MAX(count + 2 * row_items, 1), sizeof *r->payload);
-        if (!r->payload) {
+        /* an iov per item, and one more for a half-width item's padding */
+        r->payload = qr__calloc((size_t)QR_MAX(2 * count + 2 * row_items, 1),
+                                sizeof *r->payload);
+        if (staged && !(r->out_stage = malloc(staged))) rc = QR_ENOMEM;
+        if (rc || !r->payload) {
+            rc = QR_ENOMEM;
             rc = QR_ENOMEM;
             break;
         }
@@ -302,6 +333,7 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
                                                            .worker = (uint32_t)w->index,
                                                            .seq = seq, .nparts = nparts,
                                                            .data_pos = w->data_pos});
+        uint8_t *stage = r->out_stage;
         for (int i = 0; i < n; i++) {
             wk_var *v = &w->vars[ids[i]];
             wk_part *part = wk_part_on(v, p);
@@ -310,17 +342,24 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
                 rc = qr__fail(QR_EINVAL, "push: gradient %d ('%s') is NULL", i, v->name);
                 break;
             }
-            qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)ids[i], .kind = QR_GRAD_DENSE,
-                                                   .nbytes = (uint64_t)part->n * 4,
-                                                   .version = part->version});
+            uint64_t nbytes = qr_dt_wire_bytes(v->wire_dt, (uint64_t)part->n);
+            qr_msg_put_var(&r->meta, &(qr_msg_var){.id = (uint32_t)ids[i],
+                                                   .kind = qr_msg_kind(QR_GRAD_DENSE, v->wire_dt),
+                                                   .nbytes = nbytes, .version = part->version});
             if (with_lr) qr_msg_put_push_lr(&r->meta, v->push_lr);
-            r->payload[r->npayload++] =
-                (qr_iov){(void *)(grads[i] + part->offset), (size_t)part->n * 4};
-            if (r->flags & QR_PUSH_REPLY_VALUES) {
-                r->var_ids[r->nvars] = ids[i];
-                r->parts[r->nvars] = part;
-                r->dst[r->nvars++] = (values[i] ? values[i] : v->data) + part->offset;
+            const uint8_t *src = (const uint8_t *)grads[i] +
+                                 (size_t)part->offset * qr_dt_size(v->array_dt);
+            size_t raw = (size_t)part->n * qr_dt_size(v->wire_dt);
+            if (v->wire_dt != v->array_dt) { /* a float32 array on a narrower wire */
+                qr_dt_from_f32(v->wire_dt, stage, (const float *)src, (size_t)part->n);
+                memset(stage + raw, 0, nbytes - raw);
+                r->payload[r->npayload++] = (qr_iov){stage, (size_t)nbytes};
+                stage += nbytes;
+            } else {
+                r->payload[r->npayload++] = (qr_iov){(void *)src, raw};
+                if (nbytes > raw) r->payload[r->npayload++] = (qr_iov){&r->pad, nbytes - raw};
             }
+            if (r->flags & QR_PUSH_REPLY_VALUES) expect_value(r, v, ids[i], part, values[i]);
         }
         wk_rows_put(w, p, r, with_lr);
     }

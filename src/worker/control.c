@@ -122,6 +122,8 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
             add_number(total, part, "stale_pushes_applied");
             add_number(total, part, "applied_on_arrival");
             add_number(total, part, "rebased_on_arrival");
+            add_number(total, part, "push_bytes");
+            add_number(total, part, "pull_bytes");
             add_tables(total, part);
             cJSON_Delete(part);
         }
@@ -169,6 +171,27 @@ int qr_worker_set_lr(qr_worker *w, int var_id, float lr) {
         return qr__fail(QR_EINVAL, "set_lr: '%s': the learning rate is %g, not a finite number",
                         v->name, (double)lr);
     v->push_lr = lr < 0 ? QR_MSG_PUSH_LR_NONE : lr;
+    return QR_OK;
+}
+
+int qr_worker_set_dtype(qr_worker *w, int var_id, int wire, int array) {
+    if (!w) return qr__fail(QR_EINVAL, "qr_worker_set_dtype: worker is NULL");
+    if (var_id < 0 || var_id >= w->nvars)
+        return qr__fail(QR_ENOTFOUND, "set_dtype: no variable with id %d (%d declared)", var_id,
+                        w->nvars);
+    wk_var *v = &w->vars[var_id];
+    if (!qr_dt_size(wire) || !qr_dt_size(array))
+        return qr__fail(QR_EINVAL, "set_dtype: '%s': dtype %d is not one of QR_FLOAT32, "
+                        "QR_BFLOAT16, QR_FLOAT16", v->name, qr_dt_size(wire) ? array : wire);
+    if (array != QR_FLOAT32 && array != wire)
+        return qr__fail(QR_EINVAL, "set_dtype: '%s': %s arrays travel as %s, not %s (the "
+                        "worker converts only float32 arrays)", v->name, qr_dt_name(array),
+                        qr_dt_name(array), qr_dt_name(wire));
+    if (v->table && (wire != QR_FLOAT32 || array != QR_FLOAT32))
+        return qr__fail(QR_EINVAL, "set_dtype: '%s' is an embedding table: its rows are "
+                        "float32", v->name);
+    v->wire_dt = (uint8_t)wire;
+    v->array_dt = (uint8_t)array;
     return QR_OK;
 }
 

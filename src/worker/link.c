@@ -56,7 +56,10 @@ void wk_request_free(wk_request *r) {
     free(r->payload);
     free(r->var_ids);
     free(r->dst);
+    free(r->dst_dt);
     free(r->parts);
+    free(r->out_stage);
+    free(r->in_stage);
     free(r);
 }
 
@@ -209,7 +212,8 @@ static bool is_stop_notice(const qr_frame *f) {
 
 /* A pull's reply (or a fused push's, after its step): the records of the
  * variables asked for, in order, and their values read straight into the
- * request's destinations. */
+ * request's destinations; values in another type than their destination's
+ * (a bf16 wire, a float32 array) land in r->in_stage, for unstage_values. */
 static int expect_values(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rbp,
                          const qr_frame *f) {
     qr_rbuf rb = *rbp;
@@ -217,9 +221,22 @@ static int expect_values(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rbp,
     if (count != (uint32_t)r->nvars)
         return qr__fail(QR_EPROTO, "ps %d answered a pull of %d variables with %u",
                         l->index, r->nvars, count);
-    qr_iov *iov = malloc((size_t)QR_MAX(count, 1) * sizeof *iov);
-    if (!iov) return QR_ENOMEM;
+    uint64_t staged = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        const wk_var *v = &l->w->vars[r->var_ids[i]];
+        if (r->dst_dt[i] != v->wire_dt)
+            staged += qr_dt_wire_bytes(v->wire_dt, (uint64_t)r->parts[i]->n);
+    }
+    free(r->in_stage); /* a retried request's */
+    r->in_stage = staged ? malloc(staged) : NULL;
+    qr_iov *iov = malloc((size_t)QR_MAX(2 * count, 1) * sizeof *iov);
+    if (!iov || (staged && !r->in_stage)) {
+        free(iov);
+        return QR_ENOMEM;
+    }
     uint64_t total = 0;
+    uint8_t *stage = r->in_stage;
+    int niov = 0;
     for (uint32_t i = 0; i < count; i++) {
         qr_msg_var rec;
         qr_msg_get_var(&rb, &rec);
@@ -227,15 +244,24 @@ static int expect_values(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rbp,
         wk_var *v = &l->w->vars[r->var_ids[i]];
         wk_part *part = r->parts[i];
         part->version = rec.version;
-        if (rb.bad || rec.id != (uint32_t)r->var_ids[i] || nbytes != (uint64_t)part->n * 4) {
+        if (rb.bad || rec.id != (uint32_t)r->var_ids[i] ||
+            rec.kind != qr_msg_kind(QR_GRAD_DENSE, v->wire_dt) ||
+            nbytes != qr_dt_wire_bytes(v->wire_dt, (uint64_t)part->n)) {
             free(iov);
             return qr__fail(QR_EPROTO, "ps %d answered the pull of '%s' with a bad record",
                             l->index, v->name);
         }
-        iov[i] = (qr_iov){r->dst[i], nbytes};
+        size_t raw = (size_t)part->n * qr_dt_size(v->wire_dt);
+        if (r->dst_dt[i] != v->wire_dt) {
+            iov[niov++] = (qr_iov){stage, (size_t)nbytes};
+            stage += nbytes;
+        } else {
+            iov[niov++] = (qr_iov){r->dst[i], raw};
+            if (nbytes > raw) iov[niov++] = (qr_iov){&r->pad, (size_t)nbytes - raw};
+        }
         total += nbytes;
     }
-    int rc = total == f->payload_len ? qr_conn_expect(c, iov, (int)count)
+    int rc = total == f->payload_len ? qr_conn_expect(c, iov, niov)
                                       : qr__fail(QR_EPROTO, "ps %d: pull reply size mismatch",
                                                  l->index);
     free(iov);
@@ -254,6 +280,18 @@ static int expect_floats(qr_conn *c, ps_link *l, wk_request *r, qr_rbuf *rb,
                         (unsigned long long)count, (unsigned long long)f->payload_len);
     qr_iov iov = {r->dst[0], (size_t)bytes};
     return qr_conn_expect(c, &iov, 1);
+}
+
+/* The reply is in: values staged in their wire type are widened into
+ * their float32 destinations. */
+static void unstage_values(const qr_worker *w, wk_request *r) {
+    const uint8_t *stage = r->in_stage;
+    for (int i = 0; stage && i < r->nvars; i++) {
+        const wk_var *v = &w->vars[r->var_ids[i]];
+        if (r->dst_dt[i] == v->wire_dt) continue;
+        qr_dt_to_f32(v->wire_dt, r->dst[i], stage, (size_t)r->parts[i]->n);
+        stage += qr_dt_wire_bytes(v->wire_dt, (uint64_t)r->parts[i]->n);
+    }
 }
 
 static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
@@ -340,6 +378,7 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
                 r->reply_meta_len = f->meta_len;
             }
         }
+        if (r->nvars) unstage_values(l->w, r);
         request_finish(r, QR_OK, NULL);
     }
 }

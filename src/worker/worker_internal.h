@@ -37,6 +37,7 @@
 
 #include "cluster/cluster.h"
 #include "common/config.h"
+#include "common/dtype.h"
 #include "common/idmap.h"
 #include "wire/conn.h"
 #include "wire/msg.h"
@@ -69,6 +70,9 @@ typedef struct wk_var {
     /* qr_worker_set_lr's: carried by every later push of it (QR_PUSH_LR);
      * QR_MSG_PUSH_LR_NONE: the ps's own */
     float push_lr;
+    /* qr_worker_set_dtype's: the wire's element type and the caller's
+     * arrays' (QR_FLOAT32 and so on; the worker's copy, data, is float32 always) */
+    uint8_t wire_dt, array_dt;
     int want_parts;   /* its partitions=N option (0: by partition-min-mb) */
     int nparts;       /* dense: set at placement (1: not partitioned) */
     wk_part *parts;
@@ -133,11 +137,22 @@ typedef struct wk_request {
     qr_wbuf meta;
     qr_iov *payload;
     int npayload;
-    /* PULL: where each variable's values (its part on this ps) go */
+    /* PULL: where each variable's values (its part on this ps) go, and
+     * in what element type (QR_FLOAT32...): a type other than the variable's
+     * wire_dt is received into stage and converted once the reply is in */
     int nvars;
     int *var_ids;
-    float **dst;
+    void **dst;
+    uint8_t *dst_dt;
     wk_part **parts;
+    /* a push's gradients converted to their wire type (float32 arrays
+     * on a bf16/fp16 wire), and a reply's values received in wire form
+     * where their destination's type differs (converted by link.c once
+     * the reply is in); the zero bytes a half-width item is padded with,
+     * or where a reply's padding goes (msg.h) */
+    uint8_t *out_stage;
+    uint8_t *in_stage;
+    uint32_t pad;
     bool sent, done, internal;
     int retries;
     int status;

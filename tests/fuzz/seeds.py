@@ -38,6 +38,15 @@ from qrtest import (CREATE, HELLO, PULL, PUSH, READY, STATS, STEP, create_meta, 
 COMMIT, TOKEN, APPLY, CLOCK, LOOKUP, SLOTS = 8, 9, 10, 12, 15, 18
 SLOTS_NAMES, SLOTS_READ, SLOTS_WRITE, SLOTS_STEP, SLOTS_CHECK_ONLY = 1, 2, 3, 4, 1
 PUSH_STEP, PUSH_SYNC, PUSH_DELTA, PUSH_LR, CREATE_CHECK_ONLY = 1, 2, 4, 0x20, 1
+PULL_DTYPES = 2
+# a dense item's kind with a dtype in bits 8..15 (src/wire/msg.h)
+KIND_BF16, KIND_F16 = 1 << 8, 2 << 8
+
+
+def halves(values, fmt="<H"):
+    """2-byte elements, zero-padded to a multiple of 4 as the wire wants."""
+    data = b"".join(struct.pack(fmt, v) for v in values)
+    return data + b"\0" * (-len(data) % 4)
 
 
 def slots_meta(op, var_id, name=b"", count=0, step=0):
@@ -90,6 +99,14 @@ seeds = {
     "push_sync_lr": frame(PUSH, 21, push_meta([(0, 48)], local_step=0, worker=0, seq=2,
                                               lrs=[0.125]),
                           floats([0.25] * 12), flags=PUSH_SYNC | PUSH_LR),
+    # bf16 and fp16 gradients (fp16 "adam" [5]: 10 bytes padded to 12)
+    "push_bf16": frame(PUSH, 22, push_meta([(0, 24, KIND_BF16), (2, 12, KIND_F16)]),
+                       halves([0x3e80] * 12) + halves([0x3400] * 5), flags=PUSH_STEP),
+    "push_sync_bf16": frame(PUSH, 23, push_meta([(0, 24, KIND_BF16)], local_step=0, worker=0,
+                                                seq=3),
+                            halves([0x3e80] * 12), flags=PUSH_SYNC),
+    # values asked for in bf16 and fp16
+    "pull_typed": frame(PULL, 24, struct.pack("<IIIII", 2, 0, 1, 2, 2), flags=PULL_DTYPES),
     "commit": frame(COMMIT, 15, struct.pack("<IIq", 0, 1, 0)),
     "token": frame(TOKEN, 16, struct.pack("<I", 0)),
     "apply": frame(APPLY, 17, struct.pack("<qIII", 0, 1, 0, 1)),
@@ -115,6 +132,9 @@ worker_seeds = {
     "stats": b"\x03" + frame(STATS | REPLY_BIT, 1, b'{"staleness":[1,0,0,0,0,0,0,0,0]}'),
     "sparse": b"\x04" + frame(PUSH | REPLY_BIT, 1, struct.pack("<q", 5)),
     "error": b"\x00" + header(PULL | REPLY_BIT, 1, 9, 0, status=-1) + b"bad thing" + pad(41),
+    # a bf16 reply to a float32 pull: refused as a bad record
+    "pull_bf16": b"\x00" + frame(PULL | REPLY_BIT, 1, struct.pack("<IIIQQ", 1, 0, 1 << 8, 24, 1),
+                                 halves([0x3f00] * 12)),
 }
 config_seeds = {
     "tf_config": b'\x00{"cluster":{"ps":["127.0.0.1:2222"],"worker":["127.0.0.1:2223",'

@@ -3,6 +3,7 @@
 qr_unit_test(test_wire_proto ${CMAKE_CURRENT_LIST_DIR}/test_wire_proto.c)
 qr_unit_test(test_wire_msg ${CMAKE_CURRENT_LIST_DIR}/test_wire_msg.c)
 qr_unit_test(test_common_config ${CMAKE_CURRENT_LIST_DIR}/test_common_config.c)
+qr_unit_test(test_common_dtype ${CMAKE_CURRENT_LIST_DIR}/test_common_dtype.c)
 qr_unit_test(test_common_addr ${CMAKE_CURRENT_LIST_DIR}/test_common_addr.c)
 qr_unit_test(test_ps_store ${CMAKE_CURRENT_LIST_DIR}/test_ps_store.c)
 qr_unit_test(test_api_inprocess ${CMAKE_CURRENT_LIST_DIR}/test_api_inprocess.c)

@@ -30,7 +30,7 @@ import torch
 from ..cluster import Cluster, launcher_options
 from ..errors import StaleError, StoppedError
 from ..ps import PS
-from ..worker import Request, Worker
+from ..worker import Request, Worker, dtype_name
 from .buffers import BUFFER_MODES, Buffers, wait_all
 from .data import DistributedSampler
 from .embedding import Embedding
@@ -52,11 +52,18 @@ def _close_at_exit(ref: "weakref.ReferenceType[Optimizer]") -> None:
         opt.close(finished=not hasattr(sys, "last_value"))
 
 
+# The parameter dtypes quorum trains: float32, and bf16/fp16 ones, whose
+# gradients travel and values come back in their own dtype while the ps
+# tasks keep float32 master weights (Worker.set_dtype).
+_PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def _float_param(name: str, p: torch.Tensor) -> None:
-    if p.dtype != torch.float32 or p.device.type != "cpu" or not p.is_contiguous():
-        raise TypeError("parameter %r: quorum trains contiguous float32 CPU tensors, not %s on "
-                        "%s%s" % (name, p.dtype, p.device,
-                                  "" if p.is_contiguous() else " (non-contiguous)"))
+    if p.dtype not in _PARAM_DTYPES or p.device.type != "cpu" or not p.is_contiguous():
+        raise TypeError("parameter %r: quorum trains contiguous float32, bfloat16 or float16 "
+                        "CPU tensors, not %s on %s%s"
+                        % (name, p.dtype, p.device,
+                           "" if p.is_contiguous() else " (non-contiguous)"))
 
 
 def _setting(v: Any) -> Any:
@@ -107,7 +114,12 @@ class Optimizer(torch.optim.Optimizer):
     waits for them and sends the step's tick (one backward per step: use
     accumulate=k to sum several). Off by default: it pays when
     communication is a large part of a step and the ps tasks do not share
-    the worker's cores (bench/python/bench_torch.py). Other keyword
+    the worker's cores (bench/python/bench_torch.py). Parameters may be
+    float32, bfloat16 or float16: a bf16/fp16 parameter's gradient travels
+    in its dtype (half the bytes) and its new values come back so, while
+    the ps tasks keep float32 master weights and slots. wire_dtype="bf16"
+    (or "fp16") sends a float32 model's gradients and values so too,
+    converted in C (docs/PYTHON.md, "Mixed precision"). Other keyword
     options (mode="sync", replicas_to_aggregate=...) are the worker's (and
     the local ps's).
 
@@ -125,7 +137,7 @@ class Optimizer(torch.optim.Optimizer):
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
                  overlap: bool = False, params: Optional[Iterable[Any]] = None,
                  buffers: str = "chief", sampler: Optional[DistributedSampler] = None,
-                 **settings: Any):
+                 wire_dtype: Optional[str] = None, **settings: Any):
         self._own_worker: Optional[Worker] = None
         self._monitor: Optional[Monitor] = None  # summaries, metrics, progress (summaries.py)
         self._local_dir: Optional[str] = None
@@ -140,6 +152,7 @@ class Optimizer(torch.optim.Optimizer):
         hyper = {k: settings.pop(k) for k in list(settings) if k in HYPER}
         if accumulate < 1 or local_steps < 1:
             raise ValueError("accumulate and local_steps must be >= 1")
+        self.wire_dtype = dtype_name(wire_dtype or "float32")
         self._name, self._qname, defaults = resolve(optimizer)
         check_keys(self._name, self._qname, defaults, hyper)
         defaults.update(hyper)
@@ -209,7 +222,12 @@ class Optimizer(torch.optim.Optimizer):
                     raise ValueError("parameter %r is in two parameter groups" % name)
                 seen.add(name)
                 _float_param(name, p)
-                var = worker.declare_values(name, p.detach(), options=options)
+                # The chief's initial values, widened: the ps keeps float32.
+                var = worker.declare_values(name, p.detach().float(), options=options)
+                if p.dtype != torch.float32:
+                    worker.set_dtype(var, p.dtype, p.dtype)
+                elif self.wire_dtype != "float32":
+                    worker.set_dtype(var, self.wire_dtype, "float32")
                 self.params.append((name, p, var))
                 ids.append(var)
             self._group_vars.append(ids)
