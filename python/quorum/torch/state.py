@@ -203,11 +203,11 @@ def write_state(opt: "Optimizer", step: Optional[int],
     refused (the ps says so) before anything changes."""
     if step is not None:
         at = opt.worker.global_step()
-        if 0 < step < at:
+        if at == 0 or step > at:
+            opt.worker.set_step(step)  # refused if the cluster trained meanwhile
+        elif step < at:
             _log.info("load_state_dict: the cluster is at global step %d, the state is of step "
                       "%d: the values and slots are loaded, the step stays %d", at, step, at)
-        else:
-            opt.worker.set_step(step)  # refused if the cluster trained meanwhile
     for _, p, var in opt.params:
         opt.worker.set_slot(var, "", p.detach())
     for var, slot, values in writes:
