@@ -136,7 +136,12 @@ size_t qr_conn_pending_bytes(const qr_conn *c);
 bool qr_conn_all_written(const qr_conn *c);
 
 /* Stop / resume reading from the peer: a ps pauses a peer whose replies
- * pile up unsent (libuv itself applies no backpressure). */
+ * pile up unsent (libuv itself applies no backpressure), or whose push
+ * waits for a checkpoint's cut. A paused connection delivers nothing more,
+ * not even messages that came in the same read as the one it was paused
+ * in; after qr_conn_resume they are delivered first, in order, before the
+ * loop next waits (never inside qr_conn_resume), and only then is the
+ * peer read again. */
 void qr_conn_pause(qr_conn *c);
 void qr_conn_resume(qr_conn *c);
 bool qr_conn_paused(const qr_conn *c);

@@ -137,6 +137,13 @@ struct qr_conn {
     struct send_req *written, *written_tail;
     bool defer_ready;
     uv_prepare_t defer;
+    /* Bytes read but not walked yet: the owner paused the connection in the
+     * middle of them (a ps parks a push while later requests of the same
+     * read wait behind it). They are walked, in order, from the prepare
+     * handle after it resumes, before anything more is read, so a paused
+     * connection delivers nothing and its replies keep their order. */
+    uint8_t *held;
+    size_t held_len;
     int open_handles; /* the stream, splice_poll, defer and hs_timer once set up */
 
     /* Authentication and encryption (secure.h): in its handshake while
@@ -263,6 +270,7 @@ static void conn_free(qr_conn *c) {
     free(c->meta);
     free(c->iov);
     free(c->staging);
+    free(c->held);
     free(c);
 }
 
@@ -304,10 +312,13 @@ static void finish_written(qr_conn *c) {
     }
 }
 
+static void walk_held(qr_conn *c);
+
 static void on_defer(uv_prepare_t *h) {
     qr_conn *c = h->data;
     finish_written(c);
     uv_prepare_stop(h);
+    walk_held(c);
 }
 
 static void on_defer_closed(uv_handle_t *h) {
@@ -508,9 +519,27 @@ static void header_done(qr_conn *c) {
     if (c->meta_want == 0) start_payload(c);
 }
 
+/* The owner paused the connection with n bytes of this read left: keep
+ * them for its resume (walk_held). */
+static void hold(qr_conn *c, const uint8_t *p, size_t n) {
+    uint8_t *held = malloc(n);
+    if (!held) {
+        qr__fail(QR_ENOMEM, "out of memory holding %zu bytes read from %s", n, c->peer);
+        close_with(c, QR_ENOMEM);
+        return;
+    }
+    memcpy(held, p, n);
+    c->held = held;
+    c->held_len = n;
+}
+
 /* Walk the state machine over n bytes received into the staging buffer. */
 static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
     while (n > 0 && !c->closing) {
+        if (c->paused) {
+            hold(c, p, n);
+            return;
+        }
         if (qr_secure_handshaking(&c->sec)) { /* a plain ps answering a HELLO (header_done) */
             qr_secure_feed(&c->sec, p, n);
             return;
@@ -610,6 +639,21 @@ static int start_reading(qr_conn *c) {
     int rc = uv_read_start(&c->h.stream, on_alloc, on_read);
     if (rc) return qr__fail(QR_EIO, "cannot read from %s: %s", c->peer, uv_strerror(rc));
     return QR_OK;
+}
+
+/* A resumed connection's held bytes, walked before it reads again (from
+ * the prepare handle, not inside qr_conn_resume: the owner resumes from
+ * its own callbacks, which must not run its message callbacks again). The
+ * walk may pause it again, holding what is left. */
+static void walk_held(qr_conn *c) {
+    if (!c->held || c->paused || c->closing) return;
+    uint8_t *held = c->held;
+    size_t len = c->held_len;
+    c->held = NULL;
+    c->held_len = 0;
+    process_bytes(c, held, len);
+    free(held);
+    if (!c->paused && !c->closing && !c->held && start_reading(c)) close_with(c, QR_EIO);
 }
 
 /* ---- sending ------------------------------------------------------------ */
@@ -743,21 +787,26 @@ static void on_write(uv_write_t *req, int status) {
     if (status < 0 && !c->closing) close_with(c, from_uv(status));
 }
 
-/* Queue the callback of a send that is already written. */
-static void defer_callback(qr_conn *c, send_req *r) {
+/* Run on_defer before the loop next waits. */
+static void defer(qr_conn *c) {
     if (!c->defer_ready) {
         uv_prepare_init(c->loop, &c->defer); /* cannot fail */
         c->defer.data = c;
         c->defer_ready = true;
         c->open_handles++;
     }
+    uv_prepare_start(&c->defer, on_defer);
+}
+
+/* Queue the callback of a send that is already written. */
+static void defer_callback(qr_conn *c, send_req *r) {
     r->next = NULL;
     r->bufs = NULL;
     if (c->written_tail) c->written_tail->next = r;
     else c->written = r;
     c->written_tail = r;
     c->pending_bytes += r->bytes; /* finish_sends takes it off */
-    uv_prepare_start(&c->defer, on_defer);
+    defer(c);
 }
 
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
@@ -902,7 +951,8 @@ void qr_conn_pause(qr_conn *c) {
 void qr_conn_resume(qr_conn *c) {
     if (!c->paused || c->closing) return;
     c->paused = false;
-    if (start_reading(c)) close_with(c, QR_EIO);
+    if (c->held) defer(c); /* walk_held, which then reads again */
+    else if (start_reading(c)) close_with(c, QR_EIO);
 }
 
 bool qr_conn_paused(const qr_conn *c) {

@@ -21,6 +21,10 @@
  * encrypted ones (every message sealed in records, wire/seal.h), where a
  * message's bytes reach the reader through records cut anywhere; and a
  * client with another secret is refused on both ends.
+ *
+ * A connection paused from a message's callback delivers nothing more of
+ * the read that message came in until it resumes, then all of it in order
+ * (a ps's parked push keeps the requests behind it waiting).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -342,12 +346,124 @@ static void test_other_secret_refused_on_both_ends(void **state) {
     qr_auth_free(theirs);
 }
 
+/* ---- a pause in the middle of a read ------------------------------------ */
+
+/* A ps pauses a connection from a message's callback (a push parked for a
+ * checkpoint's cut) while the same read holds the peer's next requests.
+ * None of them may be delivered until it resumes, and not inside
+ * qr_conn_resume; then all, in order. */
+#define BURST 100
+typedef struct pauser {
+    uv_loop_t loop;
+    qr_conn *server, *client;
+    bool connected, paused, in_resume, bad;
+    int received, pauses, lost;
+    uv_timer_t resume;
+    char why[200];
+} pauser;
+
+static void pauser_accepted(qr_listener *l, qr_conn *c) {
+    pauser *p = qr_listener_data(l);
+    p->server = c;
+    qr_conn_set_data(c, p);
+}
+
+static void pauser_connected(qr_conn *c, int status) {
+    pauser *p = qr_conn_data(c);
+    p->connected = status == QR_OK;
+}
+
+static int pauser_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    (void)c, (void)f, (void)meta;
+    return QR_OK;
+}
+
+static void on_resume_due(uv_timer_t *t) {
+    pauser *p = t->data;
+    p->paused = false;
+    p->in_resume = true;
+    qr_conn_resume(p->server);
+    p->in_resume = false;
+}
+
+static void pauser_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    (void)meta;
+    pauser *p = qr_conn_data(c);
+    if (p->bad) return;
+    if (p->paused || p->in_resume || f->request_id != (uint32_t)p->received + 1) {
+        p->bad = true;
+        snprintf(p->why, sizeof p->why, "request %u delivered %s (expected %d)", f->request_id,
+                 p->paused ? "while paused" : p->in_resume ? "inside qr_conn_resume" : "out of order",
+                 p->received + 1);
+        return;
+    }
+    if (++p->received % 7 == 0) {
+        qr_conn_pause(c);
+        p->paused = true;
+        p->pauses++;
+        uv_timer_start(&p->resume, on_resume_due, 2, 0);
+    }
+}
+
+static void pauser_lost(qr_conn *c, int status) {
+    (void)status;
+    pauser *p = qr_conn_data(c);
+    p->lost++;
+}
+
+static void test_pause_holds_the_rest_of_a_read(void **state) {
+    (void)state;
+    pauser *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    uv_loop_init(&p->loop);
+    uv_timer_init(&p->loop, &p->resume);
+    p->resume.data = p;
+    qr_conn_events ev = {.connected = pauser_connected, .header = pauser_header,
+                         .message = pauser_message, .lost = pauser_lost,
+                         .accepted = pauser_accepted};
+    qr_conn_options opt = {.max_payload = 1 << 20};
+    char address[96];
+    unix_address(address, sizeof address);
+    qr_addr addr;
+    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
+    qr_listener *l = NULL;
+    assert_int_equal(qr_listen(&p->loop, &addr, NULL, false, &opt, &ev, p, &l), QR_OK);
+    assert_int_equal(qr_connect(&p->loop, &addr, false, &opt, &ev, p, &p->client), QR_OK);
+    uint64_t end = uv_now(&p->loop) + 10000;
+    while (!(p->connected && p->server) && uv_now(&p->loop) < end) uv_run(&p->loop, UV_RUN_ONCE);
+    assert_true(p->connected && p->server);
+    /* Every request written before the loop turns: the server reads many
+     * of them at once. */
+    for (int k = 0; k < BURST; k++) {
+        qr_frame f = {.type = QR_MSG_STEP, .request_id = (uint32_t)k + 1};
+        assert_int_equal(qr_conn_send(p->client, &f, &k, 4, NULL, 0, NULL, NULL), QR_OK);
+    }
+    end = uv_now(&p->loop) + 10000;
+    uv_timer_t ticker; /* so that no turn sleeps past the last message */
+    uv_timer_init(&p->loop, &ticker);
+    uv_timer_start(&ticker, tick, 10, 10);
+    while (p->received < BURST && !p->bad && uv_now(&p->loop) < end) uv_run(&p->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&ticker, NULL);
+    if (p->bad) fail_msg("%s", p->why);
+    assert_int_equal(p->received, BURST);
+    assert_int_equal(p->pauses, BURST / 7);
+    assert_int_equal(p->lost, 0);
+    qr_conn_close(p->client);
+    qr_conn_close(p->server);
+    qr_listener_close(l);
+    uv_close((uv_handle_t *)&p->resume, NULL);
+    uv_run(&p->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&p->loop), 0);
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unix),
         cmocka_unit_test(test_tcp),
         cmocka_unit_test(test_authenticated_and_encrypted),
         cmocka_unit_test(test_other_secret_refused_on_both_ends),
+        cmocka_unit_test(test_pause_holds_the_rest_of_a_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
