@@ -14,9 +14,11 @@ one. The optimizer (optimizer.py) exchanges them with each push:
   delta push), as if one module had seen every worker's batches in turn.
 - ``"local"``: not shared (each worker keeps its own), nor checkpointed.
 
-float32 buffers travel as they are; integer, bool, float16 and bfloat16
-ones through a float32 copy, exact below 2**24 (a count past that is
-refused by name); float64 ones are refused (float32 would round them)."""
+float32 CPU buffers travel as they are; integer, bool, float16 and
+bfloat16 ones, those on a GPU (and every one when the optimizer stages
+its parameters, staging.py) through a float32 host copy (pinned for a
+GPU's), exact below 2**24 (a count past that is refused by name);
+float64 ones are refused (float32 would round them)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from ..worker import Request, Worker
+from .staging import host_like
 
 __all__ = ["Buffers", "BUFFER_MODES", "wait_all"]
 
@@ -84,7 +87,8 @@ class Buffers:
     module's docstring); made by the optimizer before the worker is
     initialized."""
 
-    def __init__(self, module: Optional[torch.nn.Module], worker: Worker, mode: str):
+    def __init__(self, module: Optional[torch.nn.Module], worker: Worker, mode: str,
+                 staged: bool = False):
         if mode not in BUFFER_MODES:
             raise ValueError("buffers=%r: one of %s" % (mode, ", ".join(repr(m) for m in
                                                                            BUFFER_MODES)))
@@ -107,8 +111,8 @@ class Buffers:
                 raise TypeError("buffer %r is %s: the ps keeps float32 (buffers='local' keeps "
                                 "it on each worker)" % (name, t.dtype))
             path, _, attr = name.rpartition(".")
-            stage = None if _travels_as_is(t) else \
-                torch.empty(tuple(t.shape) or (1,), dtype=torch.float32)
+            stage = None if _travels_as_is(t) and not staged else \
+                host_like(t.reshape(tuple(t.shape) or (1,)), torch.float32)
             entry = _Buffer(name, owners[path], attr, -1, stage)
             entry.var = worker.declare_values(name, entry.values().detach(),
                                               options="trainable=false")

@@ -40,9 +40,18 @@ class Embedding(torch.nn.Module):
                                "quorum.torch.Optimizer before its first forward")
         if ids.dtype != torch.int64:
             raise TypeError("Embedding: ids of %s, not torch.int64" % ids.dtype)
+        device = ids.device
         uniq, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
-        rows = torch.empty(uniq.numel(), self.dim)
+        if device.type != "cpu":
+            # ids on a GPU: the rows come through pinned host memory
+            # (staging.py), their gradients go back to it at step()
+            uniq = uniq.cpu()
+            rows = torch.empty(uniq.numel(), self.dim, pin_memory=device.type == "cuda")
+        else:
+            rows = torch.empty(uniq.numel(), self.dim)
         self._worker.pull_rows(self._table, uniq, out=rows, read_only=not self.training)
+        if device.type != "cpu":
+            rows = rows.to(device, non_blocking=True)
         if self.training and torch.is_grad_enabled():
             rows.requires_grad_(True)
             self._pending.append((uniq, rows))
@@ -54,6 +63,6 @@ class Embedding(torch.nn.Module):
         return out
 
     def _take_rows(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
-        done = [(ids, rows.grad) for ids, rows in self._pending if rows.grad is not None]
+        done = [(ids, rows.grad.cpu()) for ids, rows in self._pending if rows.grad is not None]
         self._pending = []
         return done

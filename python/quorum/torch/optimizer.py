@@ -7,7 +7,8 @@ with; and the module's buffers as non-trainable variables (buffers.py).
 ``step()`` pushes the gradients (with the rows of the model's
 ``Embedding`` tables, and the buffers), and the worker's position in its
 data (its sampler's), in sync mode takes the step's token, then pulls
-the new values into the parameters' own memory (no copy). A worker
+the new values into the parameters' own memory (no copy; a GPU model's
+through pinned host buffers, staging.py). A worker
 restarted into the running cluster gets its position back, and its
 sampler goes on from there. Run alone (no
 TF_CONFIG), it starts a ps in this process, so the same script runs
@@ -35,6 +36,7 @@ from .buffers import BUFFER_MODES, Buffers, wait_all
 from .data import DistributedSampler
 from .embedding import Embedding
 from .options import HYPER, check_keys, group_options, resolve
+from .staging import Staging, wants_staging
 from .state import check_state, read_state, write_state
 from .summaries import Monitor, check_step_args
 
@@ -59,9 +61,10 @@ _PARAM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _float_param(name: str, p: torch.Tensor) -> None:
-    if p.dtype not in _PARAM_DTYPES or p.device.type != "cpu" or not p.is_contiguous():
+    if p.dtype not in _PARAM_DTYPES or p.device.type not in ("cpu", "cuda") or \
+            not p.is_contiguous():
         raise TypeError("parameter %r: quorum trains contiguous float32, bfloat16 or float16 "
-                        "CPU tensors, not %s on %s%s"
+                        "tensors on the CPU or a CUDA device, not %s on %s%s"
                         % (name, p.dtype, p.device,
                            "" if p.is_contiguous() else " (non-contiguous)"))
 
@@ -119,7 +122,10 @@ class Optimizer(torch.optim.Optimizer):
     in its dtype (half the bytes) and its new values come back so, while
     the ps tasks keep float32 master weights and slots. wire_dtype="bf16"
     (or "fp16") sends a float32 model's gradients and values so too,
-    converted in C (docs/PYTHON.md, "Mixed precision"). Other keyword
+    converted in C (docs/PYTHON.md, "Mixed precision"). Parameters on a
+    CUDA device travel through pinned host buffers (staging.py, docs/PYTHON.md
+    "GPU models"); staging=True stages CPU ones so too (the same path, for
+    tests; also QUORUM_TORCH_FORCE_STAGING=1). Other keyword
     options (mode="sync", replicas_to_aggregate=...) are the worker's (and
     the local ps's).
 
@@ -137,7 +143,8 @@ class Optimizer(torch.optim.Optimizer):
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
                  overlap: bool = False, params: Optional[Iterable[Any]] = None,
                  buffers: str = "chief", sampler: Optional[DistributedSampler] = None,
-                 wire_dtype: Optional[str] = None, **settings: Any):
+                 wire_dtype: Optional[str] = None, staging: Optional[bool] = None,
+                 **settings: Any):
         self._own_worker: Optional[Worker] = None
         self._monitor: Optional[Monitor] = None  # summaries, metrics, progress (summaries.py)
         self._local_dir: Optional[str] = None
@@ -183,13 +190,13 @@ class Optimizer(torch.optim.Optimizer):
         self._ps_lr: List[float] = []
         self.embeddings: List[Embedding] = []
         try:
-            self._declare(worker, settings, names, overlap)
+            self._declare(worker, settings, names, overlap, staging)
         except BaseException:
             self._release()  # nothing of a failed construction stays behind
             raise
 
     def _declare(self, worker: Optional[Worker], settings: Dict[str, Any],
-                 names: Dict[int, str], overlap: bool) -> None:
+                 names: Dict[int, str], overlap: bool, staging: Optional[bool]) -> None:
         accumulate, local_steps = self.accumulate, self.local_steps
         if worker is None:
             worker = self._make_worker(settings)
@@ -223,7 +230,7 @@ class Optimizer(torch.optim.Optimizer):
                 seen.add(name)
                 _float_param(name, p)
                 # The chief's initial values, widened: the ps keeps float32.
-                var = worker.declare_values(name, p.detach().float(), options=options)
+                var = worker.declare_values(name, p.detach().float().cpu(), options=options)
                 if p.dtype != torch.float32:
                     worker.set_dtype(var, p.dtype, p.dtype)
                 elif self.wire_dtype != "float32":
@@ -237,8 +244,20 @@ class Optimizer(torch.optim.Optimizer):
             self._ps_lr.append(_lr_of(group, g))
         self._declared = True
         self._on_ps = {id(p) for _, p, _ in self.params}
+        # Parameters on a GPU (or any, when asked) travel through host
+        # buffers (staging.py); CPU ones, by default, are read and written
+        # in place.
+        self._staging: Optional[Staging] = None
+        if wants_staging(self.params, staging):
+            if overlap or local_steps > 1:
+                raise ValueError("%s with staged parameters (on a GPU, or staging=True): not "
+                                 "supported; the gradients' copies to the host already run "
+                                 "under the backward pass"
+                                 % ("overlap=True" if overlap else "local_steps"))
+            self._staging = Staging(self.params)
         self.buffers = Buffers(self.module, worker,
-                               self._buffer_mode if self.module is not None else "local")
+                               self._buffer_mode if self.module is not None else "local",
+                               staged=self._staging is not None)
         for name, m in (self.module.named_modules() if self.module is not None else ()):
             if isinstance(m, Embedding):
                 m._worker = worker
@@ -345,15 +364,28 @@ class Optimizer(torch.optim.Optimizer):
             shutil.rmtree(self._local_dir, ignore_errors=True)
             self._local_dir = None
 
+    def _into(self) -> Dict[int, torch.Tensor]:
+        """Where a pull of every parameter lands: the parameters, or their
+        host buffers (then _land after it)."""
+        if self._staging is not None:
+            return self._staging.targets()
+        return {i: p for _, p, i in self.params}
+
+    def _land(self) -> None:
+        """After a pull into _into(): staged values into the parameters."""
+        if self._staging is not None:
+            self._staging.land()
+
     def _pull(self, buffers: Optional[bool] = None) -> None:
         """The parameters, and the buffers at the start and after a sync
         step (an async step exchanges them beside its push: _with_buffers)."""
-        into: Dict[int, torch.Tensor] = {i: p for _, p, i in self.params}
+        into = self._into()
         if buffers is None:
             buffers = self.sync
         if buffers and self.buffers:
             into.update(self.buffers.targets())
         self.worker.pull(into)
+        self._land()
         if buffers and self.buffers:
             self.buffers.pulled()
 
@@ -378,6 +410,8 @@ class Optimizer(torch.optim.Optimizer):
         return self.sampler.position if self.sampler is not None else self._batches
 
     def _grads(self) -> Dict[int, torch.Tensor]:
+        if self._staging is not None:
+            return self._staging.gradients()
         grads = {}
         for name, p, i in self.params:
             if p.grad is None:
@@ -463,7 +497,7 @@ class Optimizer(torch.optim.Optimizer):
             return self._local_step(grads)
         if self.accumulate > 1:
             if self._sums is None:
-                self._sums = [torch.zeros_like(p) for _, p, _ in self.params]
+                self._sums = [torch.zeros_like(p, device="cpu") for _, p, _ in self.params]
             for k, (_, p, i) in enumerate(self.params):
                 if i in grads:
                     self._sums[k] += grads[i]
@@ -484,8 +518,8 @@ class Optimizer(torch.optim.Optimizer):
         if not self.sync and len(grads) == len(self.params):
             # One round trip per ps: the push's reply brings the new values
             # straight into the parameters.
-            self.global_step = self.worker.push_pull(
-                grads, into={i: p for _, p, i in self.params})
+            self.global_step = self.worker.push_pull(grads, into=self._into())
+            self._land()
             return self.global_step
         try:
             self.global_step = self.worker.push(grads)

@@ -209,6 +209,6 @@ def write_state(opt: "Optimizer", step: Optional[int],
             _log.info("load_state_dict: the cluster is at global step %d, the state is of step "
                       "%d: the values and slots are loaded, the step stays %d", at, step, at)
     for _, p, var in opt.params:
-        opt.worker.set_slot(var, "", p.detach())
+        opt.worker.set_slot(var, "", p.detach().cpu())  # a GPU one through the host
     for var, slot, values in writes:
         opt.worker.set_slot(var, slot, values)
