@@ -306,9 +306,14 @@ def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
     os._exit(0)
 
 
+def worker_reports(out: str) -> List[Dict[str, Any]]:
+    """The workers' JSON reports in their output (their lines may share a line)."""
+    return [json.loads(m) for m in re.findall(r'\{"rank"[^}]*\}', out)]
+
+
 def rates(out: str) -> float:
-    """The workers' samples/s, summed (their lines may share a line)."""
-    return sum(json.loads(m)["samples_per_s"] for m in re.findall(r'\{"rank"[^}]*\}', out))
+    """The workers' samples/s, summed."""
+    return sum(r["samples_per_s"] for r in worker_reports(out))
 
 
 def launch(mode: str, command: List[str], env: Dict[str, str]) -> str:
@@ -389,7 +394,8 @@ def script_worker(script: str) -> None:
 
 
 def examples(out: str) -> int:
-    return sum(json.loads(m)["examples"] for m in re.findall(r'\{"rank"[^}]*\}', out))
+    """The workers' training examples, summed."""
+    return sum(r["examples"] for r in worker_reports(out))
 
 
 def readme_script(rounds: int) -> Dict[str, Any]:
