@@ -13,10 +13,21 @@ baselines (issue 17):
   3. training throughput, sync with 2 workers (`quorum launch --ps 2
      --workers 2 --mode sync`), against torch.nn.parallel.
      DistributedDataParallel (gloo) on the same model, batch and cores
-     (one torch thread per process).
+     (one torch thread per process), with float32 and with bf16 on the
+     wire (qt.Optimizer(..., wire_dtype="bf16"));
+  4. the README's script (examples/python/digits_quorum.py, "From
+     PyTorch") under `quorum launch --ps 2 --workers 2`, async and sync,
+     its workers' examples/s summed, against the plain script
+     (digits_torch.py) run alone, one torch thread per process. Both run
+     unchanged (runpy, inside this file): global torch hooks count the
+     examples of the forward passes under grad and time them from the first
+     one to the end of the last optimizer step, so start-up, data loading
+     and the test pass are left out; the whole runs' wall times (start-up
+     and the ps tasks included) are given beside them.
 
 Every figure is measured in this run; ratios compare figures of this run.
-The machine is shared and noisy: each figure is the best of a few rounds.
+The machine is shared and noisy: each figure is the best of a few rounds,
+and in each round a figure and its baseline run one after the other.
 
     python bench/python/bench_torch.py [--quick] [--json]
 
@@ -29,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import runpy
 import shutil
 import socket
 import subprocess
@@ -47,7 +59,11 @@ import quorum.torch as qt
 from quorum._native import lib
 
 HERE = os.path.abspath(__file__)
-QUORUM = shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
+# Against a build tree (QUORUM_LIBRARY set, its tools on PATH) the quorum on
+# PATH is that tree's; otherwise the one installed beside this Python.
+QUORUM = (shutil.which("quorum") if os.environ.get("QUORUM_LIBRARY") else None) or \
+    shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
+EXAMPLES = os.path.join(os.path.dirname(HERE), "..", "..", "examples", "python")
 BATCH = 128
 
 
@@ -268,11 +284,11 @@ def report_training(model: torch.nn.Module, opt: Any, rank: int, steps: int) -> 
     sys.stdout.flush()
 
 
-def worker_quorum(steps: int) -> None:
+def worker_quorum(steps: int, wire_dtype: str) -> None:
     """Run by `quorum launch` once per worker: sync SGD."""
     torch.set_num_threads(1)
     model = mlp()
-    opt = qt.Optimizer(model, "SGD", lr=0.01)
+    opt = qt.Optimizer(model, "SGD", lr=0.01, wire_dtype=wire_dtype)
     report_training(model, opt, qt.worker_rank()[0], steps)
     opt.close()
 
@@ -290,21 +306,34 @@ def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
     os._exit(0)
 
 
+def worker_reports(out: str) -> List[Dict[str, Any]]:
+    """The workers' JSON reports in their output (their lines may share a line)."""
+    return [json.loads(m) for m in re.findall(r'\{"rank"[^}]*\}', out)]
+
+
 def rates(out: str) -> float:
-    """The workers' samples/s, summed (their lines may share a line)."""
-    return sum(json.loads(m)["samples_per_s"] for m in re.findall(r'\{"rank"[^}]*\}', out))
+    """The workers' samples/s, summed."""
+    return sum(r["samples_per_s"] for r in worker_reports(out))
+
+
+def launch(mode: str, command: List[str], env: Dict[str, str]) -> str:
+    """`quorum launch --ps 2 --workers 2 --mode MODE -- COMMAND`'s stdout."""
+    q = subprocess.run([QUORUM, "launch", "--ps", "2", "--workers", "2", "--mode", mode,
+                        "--lr", "0.01", "--"] + command, capture_output=True, text=True,
+                       env=env, timeout=900)
+    if q.returncode:
+        raise RuntimeError("quorum launch failed: " + q.stderr[-2000:])
+    return q.stdout
 
 
 def throughput(steps: int, rounds: int) -> Dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    best_q = best_d = 0.0
-    for _ in range(rounds):
-        q = subprocess.run([QUORUM, "launch", "--ps", "2", "--workers", "2", "--mode", "sync",
-                            "--lr", "0.01", "--", sys.executable, HERE, "--quorum-worker",
-                            str(steps)], capture_output=True, text=True, env=env, timeout=900)
-        if q.returncode:
-            raise RuntimeError("quorum launch failed: " + q.stderr[-2000:])
-        best_q = max(best_q, rates(q.stdout))
+    best_q = best_b = best_d = 0.0
+    for _ in range(rounds):  # each round: float32, bf16, DDP, one after the other
+        best_q = max(best_q, rates(launch("sync", [sys.executable, HERE, "--quorum-worker",
+                                                   str(steps), "float32"], env)))
+        best_b = max(best_b, rates(launch("sync", [sys.executable, HERE, "--quorum-worker",
+                                                   str(steps), "bf16"], env)))
         port = free_port()
         ddp = [subprocess.Popen([sys.executable, HERE, "--ddp-worker", str(r), "2", str(port),
                                  str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -314,33 +343,100 @@ def throughput(steps: int, rounds: int) -> Dict[str, Any]:
             if p.returncode:
                 raise RuntimeError("DDP worker failed: " + err[-2000:])
         best_d = max(best_d, sum(rates(o) for o, _ in outs))
-    return {"quorum_samples_per_s": best_q, "ddp_samples_per_s": best_d,
-            "ratio": best_q / best_d if best_d else 0.0}
+    return {"quorum_samples_per_s": best_q, "quorum_bf16_samples_per_s": best_b,
+            "ddp_samples_per_s": best_d, "ratio": best_q / best_d if best_d else 0.0,
+            "ratio_bf16": best_b / best_d if best_d else 0.0}
+
+
+# ---- 4. the README's script under launch against the plain script alone ----------------
+
+def script_worker(script: str) -> None:
+    """Runs a training script unchanged, as `python SCRIPT` would, and
+    prints its training examples/s: the examples of the top-level forward
+    passes under grad (the test pass runs under no_grad), timed from the
+    first of them to the end of the last optimizer step."""
+    torch.set_num_threads(1)
+    count = {"examples": 0, "depth": 0}
+    first: List[float] = []
+    last: List[float] = []
+
+    def before_forward(module: torch.nn.Module, args: Any) -> None:
+        if count["depth"] == 0 and torch.is_grad_enabled() and args and \
+                isinstance(args[0], torch.Tensor):
+            if not first:
+                first.append(time.perf_counter())
+            count["examples"] += int(args[0].shape[0])
+        count["depth"] += 1  # a submodule's forward is inside its parent's
+
+    def after_forward(module: torch.nn.Module, args: Any, out: Any) -> None:
+        count["depth"] -= 1
+
+    def after_step(opt: Any, args: Any, kwargs: Any) -> None:
+        last[:] = [time.perf_counter()]
+
+    from torch.nn.modules.module import (register_module_forward_hook,
+                                         register_module_forward_pre_hook)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    hooks = [register_module_forward_pre_hook(before_forward),
+             register_module_forward_hook(after_forward),
+             register_optimizer_step_post_hook(after_step)]
+    sys.argv = [script]
+    runpy.run_path(script, run_name="__main__")
+    for h in hooks:
+        h.remove()
+    if not first or not last or last[0] <= first[0]:
+        raise RuntimeError("%s: no training step was seen" % script)
+    rank = int(os.environ.get("RANK", "0"))
+    sys.stdout.write(json.dumps({"rank": rank, "examples": count["examples"],
+                                 "samples_per_s": count["examples"] / (last[0] - first[0])})
+                     + "\n")
+    sys.stdout.flush()
+
+
+def examples(out: str) -> int:
+    """The workers' training examples, summed."""
+    return sum(r["examples"] for r in worker_reports(out))
+
+
+def readme_script(rounds: int) -> Dict[str, Any]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TF_CONFIG", None)
+    plain = os.path.join(EXAMPLES, "digits_torch.py")
+    distributed = os.path.join(EXAMPLES, "digits_quorum.py")
+    best: Dict[str, float] = {}
+    seen: Dict[str, int] = {}
+
+    def keep(key: str, out: str, wall: float) -> None:
+        best[key] = max(best.get(key, 0.0), rates(out))
+        seen[key] = examples(out)  # the same every round: epochs x training rows
+        best[key + "_wall"] = max(best.get(key + "_wall", 0.0), seen[key] / wall)
+
+    for _ in range(rounds):  # each round: alone, async, sync, one after the other
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, HERE, "--script-worker", plain],
+                           capture_output=True, text=True, env=env, timeout=900)
+        if p.returncode:
+            raise RuntimeError("digits_torch.py failed: " + p.stderr[-2000:])
+        keep("alone", p.stdout, time.perf_counter() - t0)
+        for mode in ("async", "sync"):
+            t0 = time.perf_counter()
+            out = launch(mode, [sys.executable, HERE, "--script-worker", distributed], env)
+            keep(mode, out, time.perf_counter() - t0)
+    res: Dict[str, Any] = {"examples_alone": seen["alone"], "examples_async": seen["async"],
+                           "examples_sync": seen["sync"]}
+    for key in ("alone", "async", "sync"):
+        res[key + "_samples_per_s"] = best[key]
+        res[key + "_wall_samples_per_s"] = best[key + "_wall"]
+    for mode in ("async", "sync"):
+        res["ratio_" + mode] = best[mode] / best["alone"]
+        res["ratio_" + mode + "_wall"] = best[mode + "_wall"] / best["alone_wall"]
+    return res
 
 
 # ---- the run -------------------------------------------------------------------------
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few steps of each (a smoke test)")
-    ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
-    ap.add_argument("--quorum-worker", type=int, metavar="STEPS", help=argparse.SUPPRESS)
-    ap.add_argument("--ddp-worker", nargs=4, type=int, metavar="N", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.quorum_worker is not None:
-        return worker_quorum(a.quorum_worker)
-    if a.ddp_worker is not None:
-        return worker_ddp(*a.ddp_worker)
-    quick = a.quick
-    sizes = [64, 4096, 1 << 20] if quick else [64, 4096, 65536, 1 << 20, 4 << 20]
-    report = {
-        "python_overhead": python_overhead(sizes, 0.02 if quick else 0.2, 1 if quick else 5),
-        "step": step_time(5 if quick else 40, 1 if quick else 3),
-        "throughput": throughput(10 if quick else 150, 1 if quick else 2),
-    }
-    if a.json:
-        print(json.dumps(report))
-        return
+def print_tables(report: Dict[str, Any]) -> None:
+    """The report as a reader takes it in: a line or a table per figure."""
     print("1. Python layer per push+pull (1 ps, Unix socket, one at a time), medians of "
           "paired calls")
     print("   %-8s %10s %10s %10s %8s %12s %14s" % ("size", "Worker_us", "C_API_us", "extra_us",
@@ -359,6 +455,46 @@ def main() -> None:
     t = report["throughput"]
     print("3. sync, 2 workers, batch %d each: quorum %.0f samples/s, DDP (gloo) %.0f: %.2fx "
           "(goal 1.2x)" % (BATCH, t["quorum_samples_per_s"], t["ddp_samples_per_s"], t["ratio"]))
+    print("   bf16 on the wire: quorum %.0f samples/s: %.2fx DDP's" % (
+        t["quorum_bf16_samples_per_s"], t["ratio_bf16"]))
+    r = report["readme_script"]
+    print("4. the README's script (digits, batch 32, %d examples), examples/s in training, "
+          "and (in brackets) over the whole run" % r["examples_alone"])
+    print("   alone (digits_torch.py) %.0f (%.0f)" % (r["alone_samples_per_s"],
+                                                     r["alone_wall_samples_per_s"]))
+    for mode in ("async", "sync"):
+        print("   launch --ps 2 --workers 2 --mode %-5s %.0f summed: %.2fx (%.0f: %.2fx) "
+              "(goal 1.0x)" % (mode, r[mode + "_samples_per_s"], r["ratio_" + mode],
+                               r[mode + "_wall_samples_per_s"], r["ratio_" + mode + "_wall"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few steps of each (a smoke test)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
+    ap.add_argument("--quorum-worker", nargs=2, metavar=("STEPS", "WIRE_DTYPE"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--ddp-worker", nargs=4, type=int, metavar="N", help=argparse.SUPPRESS)
+    ap.add_argument("--script-worker", metavar="SCRIPT", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.quorum_worker is not None:
+        return worker_quorum(int(a.quorum_worker[0]), a.quorum_worker[1])
+    if a.ddp_worker is not None:
+        return worker_ddp(*a.ddp_worker)
+    if a.script_worker is not None:
+        return script_worker(a.script_worker)
+    quick = a.quick
+    sizes = [64, 4096, 1 << 20] if quick else [64, 4096, 65536, 1 << 20, 4 << 20]
+    report = {
+        "python_overhead": python_overhead(sizes, 0.02 if quick else 0.2, 1 if quick else 5),
+        "step": step_time(5 if quick else 40, 1 if quick else 3),
+        "throughput": throughput(10 if quick else 150, 1 if quick else 2),
+        "readme_script": readme_script(1 if quick else 3),
+    }
+    if a.json:
+        print(json.dumps(report))
+    else:
+        print_tables(report)
 
 
 if __name__ == "__main__":
