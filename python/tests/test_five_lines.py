@@ -3,7 +3,8 @@ training with five changed lines or fewer. examples/python/digits_torch.py
 and digits_quorum.py differ by those lines (counted here), and both run:
 the plain one, the quorum one alone (a ps in its own process), and the
 quorum one under `quorum launch` with 2 ps and 2 workers, async and sync,
-each to the same accuracy."""
+each to the same accuracy (under the launcher: the plain script's, within
+0.02 in sync mode and 0.04 in async mode)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ def test_five_lines_or_fewer():  # type: ignore[no-untyped-def]
     print("\n".join(changed))
 
 
+_plain: list = []  # type: ignore[type-arg]  # the plain script's accuracy (run first)
+
+
 @pytest.mark.parametrize("how", ["plain", "alone", "launch async", "launch sync"])
 def test_runs(how):  # type: ignore[no-untyped-def]
     if how == "plain":
@@ -50,6 +54,13 @@ def test_runs(how):  # type: ignore[no-untyped-def]
     assert p.returncode == 0, p.stderr[-3000:]
     acc = accuracies(p.stdout)
     assert len(acc) == (2 if how.startswith("launch") else 1), p.stdout
+    if how == "plain":
+        _plain.append(acc[0])
+    elif how.startswith("launch") and _plain:
+        # The single-process script's accuracy, within 0.02 (sync) and
+        # 0.04 (async: the worker that saw every push).
+        best = min(acc) if how == "launch sync" else max(acc)
+        assert best >= _plain[0] - (0.02 if how == "launch sync" else 0.04), (how, acc, _plain)
     if how == "launch async":
         # A worker evaluates the parameters as they are when it finishes:
         # under load one may finish while the other still trains (0.80
