@@ -467,14 +467,7 @@ class Optimizer(torch.optim.Optimizer):
     def _overlapped_step(self) -> int:
         inflight, self._inflight = self._inflight, []
         pushed, self._pushed = self._pushed, set()
-        error: Optional[BaseException] = None
-        for r in inflight:  # every one is waited for, whatever fails
-            try:
-                r.wait()
-            except BaseException as e:  # noqa: B902 - re-raised below
-                error = error or e
-        if error is not None:
-            raise error
+        wait_all(inflight)  # every one is waited for, whatever fails
 
         def tick() -> int:
             for emb in self.embeddings:
