@@ -263,7 +263,9 @@ static int assign_mean(qr_ps *ps, qr_var *v, const sync_source *src, int n, cons
  * anything else by the dense one. */
 static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
     ps_sync *s = &ps->sync;
-    qsort(s->sources, (size_t)s->nsources, sizeof *s->sources, cmp_source);
+    /* A step with nothing for this ps (its members pushed only to others)
+     * has no sources, and qsort must not be handed a NULL array. */
+    if (s->nsources > 1) qsort(s->sources, (size_t)s->nsources, sizeof *s->sources, cmp_source);
     const float **srcs = qr__calloc((size_t)QR_MAX(s->nsources, 1), sizeof *srcs);
     if (!srcs) return QR_ENOMEM;
     int rc = QR_OK;
