@@ -138,8 +138,6 @@ int qr_worker_stats(qr_worker *w, char *buf, size_t len) {
         free(text);
     }
     cJSON_Delete(total);
-    for (int p = 0; p < w->nps; p++)
-        if (reqs[p]) free(reqs[p]->reply_meta);
     wk_free_requests(reqs, w->nps);
     free(reqs);
     return rc;

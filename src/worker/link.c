@@ -53,6 +53,7 @@ wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type) {
 void wk_request_free(wk_request *r) {
     if (!r) return;
     qr_wbuf_free(&r->meta);
+    free(r->reply_meta); /* kept whole for its caller (want_meta) */
     free(r->payload);
     free(r->var_ids);
     free(r->dst);
