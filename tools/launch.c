@@ -105,7 +105,7 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
     }
     args[n] = NULL;
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
-    execv(self, args); /* inherits OPENBLAS_NUM_THREADS=1 (quorum.c, main) */
+    execv(self, args); /* inherits OPENBLAS_NUM_THREADS and _CORETYPE (quorum.c) */
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", self, strerror(errno));
     _exit(127);
 }

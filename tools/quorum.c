@@ -7,11 +7,14 @@
 #include "data/ctr.h"
 #include "wire/secret.h"
 #include "bench/bench.h"
+#include "common/cpu.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 static const char *cluster_help =
@@ -225,17 +228,71 @@ static int cmd_bench(int argc, char **argv) {
  * reads OPENBLAS_NUM_THREADS only when it loads, and without it starts a
  * thread pool whose threads spin on sched_yield for a while (measured:
  * ~0.1 s of a core per process, and during the first points of `quorum
- * bench wire` it ran beside the baseline). So the variable is set and the
- * binary run again, once, before anything else happens. If that exec
- * fails, quorum goes on as it is. */
-static void one_blas_thread(char **argv) {
-    if (getenv("OPENBLAS_NUM_THREADS")) return;
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
+ * bench wire` it ran beside the baseline).
+ *
+ * OpenBLAS also chooses its kernels when it loads, from the CPU's model
+ * number: one older than the CPU (Debian 12's 0.3.21 on a Sapphire Rapids
+ * Xeon) falls back to its SSE3 kernels, a third of the speed. If it chose
+ * kernels narrower than the CPU's features allow (common/cpu.h) and
+ * nothing set OPENBLAS_CORETYPE, quorum sets it from cpuid. A value the
+ * user or the environment set is kept: some machines set it on purpose.
+ *
+ * Either way the variables are set and the binary run again, once,
+ * before anything else happens (the second time both are set: no loop);
+ * the tasks `quorum launch` starts inherit them. If that exec fails,
+ * quorum goes on as it is. */
+static const char *choose_coretype(void) {
+    qr_cpu cpu;
+    qr__cpu_describe(&cpu);
+    const char *kernel = qr__blas_kernel();
+    const char *coretype =
+        qr__blas_coretype_to_set(cpu.coretype, getenv("OPENBLAS_CORETYPE"), kernel);
+    if (!coretype) return NULL;
+    const char *has = !strcmp(coretype, "SkylakeX")  ? "AVX-512"
+                      : !strcmp(coretype, "Haswell") ? "AVX2 and FMA"
+                                                     : "AVX";
+    qr__log(QR_LOG_INFO,
+            "OpenBLAS chose its %s kernels on this CPU (%s), which has %s: using "
+            "OPENBLAS_CORETYPE=%s (set OPENBLAS_CORETYPE yourself to choose others)",
+            kernel, cpu.model, has, coretype);
+    return coretype;
+}
+
+/* After quorum chose the kernels: say so if OpenBLAS did not take them
+ * (a build without them ignores the variable and detects as before). */
+static void check_chosen_coretype(void) {
+    const char *chosen = getenv(QR_CPU_CHOSEN_ENV), *set = getenv("OPENBLAS_CORETYPE");
+    if (!chosen || !set || strcmp(chosen, set)) return;
+    const char *kernel = qr__blas_kernel();
+    if (strcasecmp(kernel, chosen))
+        qr__log(QR_LOG_WARN, "OPENBLAS_CORETYPE=%s, but OpenBLAS runs its %s kernels", chosen,
+                kernel);
+}
+
+static void prepare_blas(char **argv) {
+    bool again = false;
+    if (!getenv("OPENBLAS_NUM_THREADS")) {
+        setenv("OPENBLAS_NUM_THREADS", "1", 1);
+        again = true;
+    }
+    const char *coretype = choose_coretype();
+    if (coretype) {
+        setenv("OPENBLAS_CORETYPE", coretype, 1);
+        setenv(QR_CPU_CHOSEN_ENV, coretype, 1);
+        again = true;
+    }
+    if (!again) {
+        check_chosen_coretype();
+        return;
+    }
     execv("/proc/self/exe", argv);
+    if (coretype)
+        qr__log(QR_LOG_WARN, "cannot run quorum again with OPENBLAS_CORETYPE=%s (%s): OpenBLAS "
+                "keeps the kernels it chose", coretype, strerror(errno));
 }
 
 int main(int argc, char **argv) {
-    one_blas_thread(argv);
+    prepare_blas(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -6,6 +6,7 @@
  */
 #include "cli.h"
 
+#include "common/cpu.h"
 #include "common/dtype.h"
 
 #include <cjson/cJSON.h>
@@ -84,6 +85,9 @@ static void print_json(const cli_args *a, const char *mode, int nps, int nworker
         add_staleness(j, stats);
         cJSON_Delete(stats);
     }
+    /* what ran it: examples/s on one machine say little about another */
+    cJSON *cpu = qr__cpu_json();
+    if (cpu) cJSON_AddItemToObject(j, "cpu", cpu);
     char *text = cJSON_PrintUnformatted(j);
     if (text) printf("%s\n", text);
     fflush(stdout);
