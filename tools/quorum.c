@@ -34,7 +34,7 @@ static void usage(FILE *f) {
             "  ps       run one parameter-server task of a cluster\n"
             "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
             "  train    --local: the single-process reference of synchronous training\n"
-            "  bench    benchmarks: quorum bench wire | optim | ckpt | embed\n"
+            "  bench    benchmarks: quorum bench wire | optim | ckpt | embed | mlp\n"
             "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
             "  gen-ctr  write a synthetic click data set: quorum gen-ctr --out DIR\n"
             "  keygen   write a new cluster secret: quorum keygen PATH (docs/SECURITY.md)\n"
@@ -208,6 +208,7 @@ static int cmd_bench(int argc, char **argv) {
                "       quorum bench optim [options]   optimizer applies vs memory bandwidth\n"
                "       quorum bench ckpt [options]    checkpoint pause and write speed vs the disk\n"
                "       quorum bench embed [options]   sparse rows vs dense bytes, memory per row\n"
+               "       quorum bench mlp [options]     the MLP's forward and backward, per step\n"
                "`quorum bench NAME --help` lists a benchmark's options.\n");
         return argc < 1 ? 2 : 0;
     }
@@ -218,7 +219,8 @@ static int cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(argv[0], "ckpt")) return qr_bench_ckpt_main(argc, argv);
     if (!strcmp(argv[0], "embed")) return qr_bench_embed_main(argc, argv);
-    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim, ckpt or embed)\n",
+    if (!strcmp(argv[0], "mlp")) return qr_bench_mlp_main(argc, argv);
+    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim, ckpt, embed or mlp)\n",
             argv[0]);
     return 2;
 }
