@@ -18,6 +18,7 @@
  */
 #include "bench/bench.h"
 
+#include "common/cpu.h"
 #include "quorum.h"
 
 #include <cjson/cJSON.h>
@@ -347,6 +348,9 @@ int qr_bench_ckpt_main(int argc, char **argv) {
     double p999 = quantile(&during_s, 0.999), base_p999 = quantile(&base_s, 0.999);
     free(base_s.ms);
     free(during_s.ms);
+    char cpu[256];
+    qr__cpu_summary(cpu, sizeof cpu);
+    printf("cpu    %s\n", cpu);
     printf("pause  probe push+pull with checkpoints: longest %.2f ms, p99.9 %.3f, p99 %.3f "
            "(%ld rounds); without: longest %.2f ms, p99.9 %.3f, p99 %.3f (%ld rounds); the "
            "loop's part (snapshot): %.3f ms\n",

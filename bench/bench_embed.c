@@ -27,6 +27,7 @@
 #include "bench/bench.h"
 
 #include "common/common.h"
+#include "common/cpu.h"
 #include "ps/table.h"
 #include "quorum.h"
 
@@ -447,6 +448,11 @@ int qr_bench_embed_main(int argc, char **argv) {
         return 2;
     }
     qr_set_log_level(QR_LOG_WARN);
+    if (!o.json) {
+        char cpu[256];
+        qr__cpu_summary(cpu, sizeof cpu);
+        printf("# cpu: %s\n", cpu);
+    }
     if (!o.json)
         printf("quorum bench embed: batches of %d ids over %d values (Zipf s=%.1f or uniform), "
                "warm table, SGD;\nbaseline: a dense variable of the same bytes over the same "

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/cpu.h"
 #include "optim/optim_internal.h"
 
 typedef struct bench_opts {
@@ -376,6 +377,13 @@ int qr_bench_optim_main(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "dim", (double)o.dim);
     cJSON_AddNumberToObject(root, "reps", o.reps);
     cJSON_AddItemToObject(root, "results", results);
+    cJSON *cpu = qr__cpu_json();
+    if (cpu) cJSON_AddItemToObject(root, "cpu", cpu);
+    if (!o.json) {
+        char line[256];
+        qr__cpu_summary(line, sizeof line);
+        printf("# cpu: %s\n", line);
+    }
     if (!o.json)
         printf("optimizer applies: dense %lld floats, sparse %lld rows x %lld of a %lld-row "
                "variable; best of %d\n",

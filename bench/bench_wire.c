@@ -66,6 +66,7 @@
 #include "cluster/placement.h"
 #include "common/common.h"
 #include "common/addr.h"
+#include "common/cpu.h"
 #include "optim/optim_internal.h"
 #include "wire/auth.h"
 #include "wire/proto.h"
@@ -1555,6 +1556,9 @@ static const char *baseline_name(const opts *o) {
 }
 
 static void print_header(const opts *o) {
+    char cpu[256];
+    qr__cpu_summary(cpu, sizeof cpu);
+    printf("# cpu: %s\n", cpu);
     printf("%-9s %-8s %8s %2s %7s | %8s %8s %5s | %10s %10s %5s", "transport", "op", "size",
            "ps", "workers", "GB/s", "raw GB/s", "ratio", "latency_us", "raw_us", "ratio");
     if (o->variants[V_AUTH]) printf(" | %9s %6s", "auth GB/s", "/plain");
@@ -1805,6 +1809,8 @@ static int print_json(const opts *o, const point *pts, int n, const conn_cost *c
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "benchmark", "wire");
     cJSON_AddStringToObject(root, "version", qr_version());
+    cJSON *cpu = qr__cpu_json();
+    if (cpu) cJSON_AddItemToObject(root, "cpu", cpu);
     cJSON_AddNumberToObject(root, "seconds_per_round", o->seconds);
     cJSON_AddNumberToObject(root, "rounds_per_point", o->repeat);
     cJSON_AddNumberToObject(root, "min_ops_per_worker", MIN_OPS);
