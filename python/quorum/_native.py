@@ -116,6 +116,10 @@ def _candidates() -> List[str]:
 
 
 def _load() -> ctypes.CDLL:
+    # OPENBLAS_CORETYPE is left as it is here, unlike the quorum command
+    # (tools/quorum.c, the README's "BLAS kernels"): nothing the package
+    # calls runs the library's sgemm (torch computes), and the variable,
+    # read by every OpenBLAS when it loads, would steer numpy's too.
     tried = []
     for path in _candidates():
         if os.path.exists(path):
