@@ -218,10 +218,12 @@ static int reduce_rows(qr_ps *ps, qr_var *v, const sync_source *src, int n, floa
  * quorum), and it is the cheaper place: there the check reads each piece
  * from L2 right after the kernel copied it, in time the ps would spend
  * waiting for the next piece, where here it would be one more pass over
- * the members' gradients from memory while every worker waits. `quorum
- * bench optim`'s sync points measure both (check_cold_ratio: the check of
- * the R gradients from memory against the fused apply; on the 2-core
- * development machine, 4 x 1M floats, ~0.3 of an SGD step's fused pass). */
+ * the members' gradients while every worker waits: `quorum bench optim`'s
+ * sync points time that scan of the members' gradients against the fused
+ * pass (check/fused): for 4 x 1M floats on the shared 2-core development
+ * machine, ~0.5 of the fused pass for SGD and ~0.3 for Adam, so that moving
+ * the check here would give back most of what the fusion saves (1.2-1.45x
+ * for SGD and Adam, 4 x 1M and 4 x 4M floats, on a quiet 16-core Xeon). */
 static int reduce_dense(qr_ps *ps, qr_var *v, const sync_source *src, int n, float divisor,
                         int64_t step, const float **srcs) {
     bool all_dense = true;
