@@ -15,6 +15,16 @@
  * (default 64) applied to an R-row variable (default 10M rows, 2.5 GB per
  * array: Adam needs ~8 GB); the bound does the same row updates on the
  * distinct rows. Reports rows/s.
+ * Sync: a synchronous step's ps work on one variable, --members M
+ * gradients of --sync-n floats (default 4 x 1M) reduced in member order and
+ * applied, two ways in the same run: the two passes of before (the
+ * reduce into the first gradient's buffer as the ps made it, then
+ * qr_optim_apply_dense) and the fused pass (qr_optim_reduce_apply_dense),
+ * alternating which goes first. speedup = the median over the repetitions
+ * of t_two_pass / t_fused; check_ratio = the median of t_check / t_fused,
+ * where t_check is a NaN/Inf scan of the M gradients (qr_optim_all_finite):
+ * what a check at apply time would add to the fused pass (the ps checks
+ * each push as it arrives instead, ps/grad_check.c).
  * Each point: elements/s and GB/s of the best of --reps applies after one
  * warm-up (the machine is shared; the best time is the least disturbed),
  * bound_gbps of the best bound run, and ratio = the median over the
@@ -35,13 +45,16 @@
 
 typedef struct bench_opts {
     bool json, quick;
-    int64_t n, rows, nidx, dim;
+    int64_t n, rows, nidx, dim, sync_n;
+    int members;
     int reps;
     int threads[8], nthreads;
     const char *optims;
 } bench_opts;
 
 static const char *all_optims = "sgd,momentum,adagrad,rmsprop,adam,adam_async,ftrl,adamw";
+
+#define QR_BENCH_MAX_MEMBERS 64
 
 /* ---- the bandwidth bound: same arrays, same read/write pattern --------- */
 
@@ -232,6 +245,93 @@ out:
     return rc;
 }
 
+/* ---- sync step: reduce + apply, two passes against one ------------------- */
+
+/* The ps's reduce before the fusion, the baseline of the sync points: the
+ * first gradient's buffer becomes the sum, one pass over it per further
+ * gradient and one for the division. */
+static void reduce_before(float *dst, const float *const *srcs, int k, int64_t n, float divisor) {
+    for (int j = 1; j < k; j++)
+        for (int64_t i = 0; i < n; i++) dst[i] += srcs[j][i];
+    if (divisor != 1.0f)
+        for (int64_t i = 0; i < n; i++) dst[i] /= divisor;
+}
+
+static int bench_sync(const bench_opts *o, const char *name, int threads, cJSON *results) {
+    qr_optim *opt;
+    int rc = make_optim(name, threads, &opt);
+    if (rc) return rc;
+    qr_rng rng;
+    qr_rng_seed(&rng, 3);
+    int64_t n = o->sync_n;
+    int m = o->members;
+    float *var = alloc_floats(n, &rng, 2.0f), *grads[QR_BENCH_MAX_MEMBERS] = {0};
+    qr_optim_slots *s = NULL;
+    bool ok = var != NULL;
+    for (int i = 0; i < m; i++) ok &= (grads[i] = alloc_floats(n, &rng, 0.02f)) != NULL;
+    if (!ok || (rc = qr_optim_slots_create(opt, 1, n, &s))) {
+        rc = rc ? rc : QR_ENOMEM;
+        goto out;
+    }
+    const float *srcs[QR_BENCH_MAX_MEMBERS];
+    for (int i = 0; i < m; i++) srcs[i] = grads[i];
+    double best_fused = 1e30, best_two = 1e30, t_fused[1000], t_two[1000], t_check[1000];
+    int64_t step = 1;
+    bool all_finite = true;
+    for (int r = 0; r <= o->reps; r++) { /* r == 0: warm-up */
+        double tf = 0, tt = 0;
+        for (int turn = 0; turn < 2; turn++) {
+            bool fused_now = (turn == 0) == (r % 2 == 0); /* alternate which goes first */
+            double t0 = qr__now_sec();
+            if (fused_now) {
+                rc = qr_optim_reduce_apply_dense(opt, s, var, srcs, m, n, (float)m, -1, step++);
+            } else { /* before: the sum into the first push's buffer, then the apply */
+                reduce_before(grads[0], srcs, m, n, (float)m);
+                rc = qr_optim_apply_dense(opt, s, var, grads[0], n, -1, step++);
+            }
+            if (rc) goto out;
+            *(fused_now ? &tf : &tt) = qr__now_sec() - t0;
+        }
+        double t0 = qr__now_sec();
+        for (int i = 0; i < m; i++) all_finite &= qr_optim_all_finite(grads[i], n);
+        double tc = qr__now_sec() - t0;
+        if (r == 0) continue;
+        best_fused = QR_MIN(best_fused, tf);
+        best_two = QR_MIN(best_two, tt);
+        t_fused[r - 1] = tf;
+        t_two[r - 1] = tt;
+        t_check[r - 1] = tc;
+    }
+    if (!all_finite) {
+        rc = qr__fail(QR_EINTERNAL, "bench optim: sync %s: the gradients went non-finite", name);
+        goto out;
+    }
+    double sp = median_ratio(t_fused, t_two, o->reps), cr = median_ratio(t_fused, t_check, o->reps);
+    cJSON *p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "optimizer", name);
+    cJSON_AddStringToObject(p, "kind", "sync");
+    cJSON_AddNumberToObject(p, "threads", threads);
+    cJSON_AddNumberToObject(p, "members", m);
+    cJSON_AddNumberToObject(p, "elements", (double)n);
+    cJSON_AddNumberToObject(p, "fused_ms", best_fused * 1e3);
+    cJSON_AddNumberToObject(p, "two_pass_ms", best_two * 1e3);
+    cJSON_AddNumberToObject(p, "speedup", sp);
+    cJSON_AddNumberToObject(p, "check_ratio", cr);
+    cJSON_AddItemToArray(results, p);
+    if (!o->json) {
+        printf("%-11s %-6s %2d thr  %d x %lld floats: fused %7.3f ms, two passes %7.3f ms (best)"
+               "  speedup %.2f  check/fused %.2f\n",
+               name, "sync", threads, m, (long long)n, best_fused * 1e3, best_two * 1e3, sp, cr);
+        fflush(stdout);
+    }
+out:
+    qr_optim_slots_free(s);
+    free(var);
+    for (int i = 0; i < m; i++) free(grads[i]);
+    qr_optim_free(opt);
+    return rc;
+}
+
 /* ---- sparse ------------------------------------------------------------- */
 
 typedef struct sparse_data {
@@ -284,7 +384,8 @@ out:
 static void usage(FILE *f, const char *prog) {
     fprintf(f,
             "usage: %s [--json] [--quick] [--n N] [--rows R] [--nidx K] [--dim D]\n"
-            "          [--threads 1,2] [--reps R] [--optim sgd,adam,...] [--no-sparse]\n",
+            "          [--threads 1,2] [--reps R] [--optim sgd,adam,...] [--no-sparse]\n"
+            "          [--sync-n N] [--members M] [--no-sync]\n",
             prog);
 }
 
@@ -295,7 +396,8 @@ static int help(const char *prog) {
            "How fast a ps applies each optimizer, beside the memory-bandwidth bound for\n"
            "the same bytes (a STREAM-triad-like kernel over the same arrays) measured in\n"
            "the same run. Each point reports elements/s and GB/s of the best repetition,\n"
-           "the bound's GB/s and their ratio.\n"
+           "the bound's GB/s and their ratio. Sync points time a synchronous step's\n"
+           "reduce and apply, in two passes and fused, in the same run.\n"
            "\n"
            "options:\n"
            "  --n N              dense: floats per tensor (default 16M)\n"
@@ -305,7 +407,10 @@ static int help(const char *prog) {
            "  --threads 1,2      apply threads to measure (default 1 and the cores)\n"
            "  --reps R           repetitions of each point after a warm-up (default 5)\n"
            "  --optim a,b        optimizers to measure (default all)\n"
-           "  --no-sparse        dense applies only\n"
+           "  --no-sparse        no sparse applies\n"
+           "  --sync-n N         sync: floats per gradient (default 1M)\n"
+           "  --members M        sync: gradients reduced per step, 1..64 (default 4)\n"
+           "  --no-sync          no sync-step points (reduce + apply, two passes vs fused)\n"
            "  --quick            small sizes for a smoke test\n"
            "  --json             print one JSON object with every result\n"
            "  --help             this text\n");
@@ -322,11 +427,12 @@ static int bad_usage(const char *prog, const char *arg, const char *value) {
 
 int qr_bench_optim_main(int argc, char **argv) {
     bench_opts o = {.n = 16 << 20, .rows = 10000000, .nidx = 1 << 20, .dim = 64, .reps = 5,
-                    .optims = all_optims};
+                    .sync_n = 1 << 20, .members = 4, .optims = all_optims};
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     o.threads[o.nthreads++] = 1;
     if (ncpu > 1) o.threads[o.nthreads++] = (int)QR_MIN(ncpu, 64);
-    bool sparse = true, n_set = false, rows_set = false, nidx_set = false, reps_set = false;
+    bool sparse = true, sync = true, n_set = false, rows_set = false, nidx_set = false,
+         reps_set = false, sync_n_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x;
@@ -334,8 +440,16 @@ int qr_bench_optim_main(int argc, char **argv) {
         if (!strcmp(a, "--json")) o.json = true;
         else if (!strcmp(a, "--quick")) o.quick = true;
         else if (!strcmp(a, "--no-sparse")) sparse = false;
-        else if (v && (!strcmp(a, "--n") || !strcmp(a, "--rows") || !strcmp(a, "--nidx") ||
-                       !strcmp(a, "--dim") || !strcmp(a, "--reps"))) {
+        else if (!strcmp(a, "--no-sync")) sync = false;
+        else if (v && !strcmp(a, "--members")) {
+            if (qr__parse_int64(v, 1, QR_BENCH_MAX_MEMBERS, &x)) {
+                fprintf(stderr, "%s: %s %s: %s\n", argv[0], a, v, qr_last_error());
+                return 2;
+            }
+            o.members = (int)x;
+            i++;
+        } else if (v && (!strcmp(a, "--n") || !strcmp(a, "--rows") || !strcmp(a, "--nidx") ||
+                       !strcmp(a, "--dim") || !strcmp(a, "--reps") || !strcmp(a, "--sync-n"))) {
             if (qr__parse_int64(v, 1, (int64_t)1 << 40, &x)) {
                 fprintf(stderr, "%s: %s %s: %s\n", argv[0], a, v, qr_last_error());
                 return 2;
@@ -344,6 +458,7 @@ int qr_bench_optim_main(int argc, char **argv) {
             else if (!strcmp(a, "--rows")) o.rows = x, rows_set = true;
             else if (!strcmp(a, "--nidx")) o.nidx = x, nidx_set = true;
             else if (!strcmp(a, "--dim")) o.dim = x;
+            else if (!strcmp(a, "--sync-n")) o.sync_n = x, sync_n_set = true;
             else o.reps = (int)QR_MIN(x, 1000), reps_set = true;
             i++;
         } else if (v && !strcmp(a, "--threads")) {
@@ -367,6 +482,7 @@ int qr_bench_optim_main(int argc, char **argv) {
         if (!rows_set) o.rows = 100000;
         if (!nidx_set) o.nidx = 20000;
         if (!reps_set) o.reps = 2;
+        if (!sync_n_set) o.sync_n = 100003; /* no multiple of the block */
     }
 
     cJSON *root = cJSON_CreateObject(), *results = cJSON_CreateArray();
@@ -375,6 +491,8 @@ int qr_bench_optim_main(int argc, char **argv) {
     cJSON_AddNumberToObject(root, "sparse_rows", (double)o.rows);
     cJSON_AddNumberToObject(root, "sparse_indices", (double)o.nidx);
     cJSON_AddNumberToObject(root, "dim", (double)o.dim);
+    cJSON_AddNumberToObject(root, "sync_elements", (double)o.sync_n);
+    cJSON_AddNumberToObject(root, "sync_members", o.members);
     cJSON_AddNumberToObject(root, "reps", o.reps);
     cJSON_AddItemToObject(root, "results", results);
     cJSON *cpu = qr__cpu_json();
@@ -395,6 +513,11 @@ int qr_bench_optim_main(int argc, char **argv) {
     for (size_t k = 0; k < QR_ARRAY_LEN(names) && !rc; k++) {
         if (!qr__list_has(o.optims, ',', names[k])) continue;
         for (int t = 0; t < o.nthreads && !rc; t++) rc = bench_dense(&o, names[k], o.threads[t], results);
+    }
+
+    for (size_t k = 0; k < QR_ARRAY_LEN(names) && sync && !rc; k++) {
+        if (!qr__list_has(o.optims, ',', names[k])) continue;
+        for (int t = 0; t < o.nthreads && !rc; t++) rc = bench_sync(&o, names[k], o.threads[t], results);
     }
 
     sparse_data d = {0};

@@ -4,8 +4,10 @@
  * checks, and running an element kernel over a dense tensor (split across
  * the pool for large ones) or over the touched rows of a sparse gradient,
  * with coupled weight decay (torch's weight_decay, L2) added to the
- * gradient on the way. The algorithms themselves are in sgd.c momentum.c
- * adagrad.c rmsprop.c adam.c adam_async.c adamw.c ftrl.c.
+ * gradient on the way, and a synchronous step's reduce made block by
+ * block on the way in (qr_optim_reduce_apply_dense). The algorithms
+ * themselves are in sgd.c momentum.c adagrad.c rmsprop.c adam.c
+ * adam_async.c adamw.c ftrl.c.
  */
 #include "optim/optim_internal.h"
 
@@ -174,7 +176,10 @@ int qr_optim_slots_create(const qr_optim *opt, int64_t rows, int64_t dim,
         int64_t len = sp->scalar ? 1 : s->n;
         s->name[j] = sp->name;
         s->len[j] = len;
-        s->data[j] = qr__aligned_alloc((size_t)len * sizeof(float));
+        /* zeroed only when zero is the initial value: a slot filled with
+         * its initial value is not cleared first */
+        size_t bytes = (size_t)len * sizeof(float);
+        s->data[j] = sp->init == 0.0f ? qr__aligned_alloc(bytes) : qr__aligned_alloc_uninit(bytes);
         if (!s->data[j]) {
             qr_optim_slots_free(s);
             return QR_ENOMEM;
@@ -313,7 +318,8 @@ static void run_kernel_to(const qr_optim_call *c, const qr_optim_ops *ops, float
     }
 }
 
-/* Dense: one kernel call per thread on a contiguous chunk. */
+/* Dense: one kernel call per thread on a contiguous chunk. The gradient is
+ * g, or (srcs != NULL) the reduce of a synchronous step, made here. */
 typedef struct dense_job {
     const qr_optim_call *c;
     qr_optim_kernel kernel;
@@ -322,12 +328,35 @@ typedef struct dense_job {
     float *const *slot;
     int nrow_slots;
     int64_t n;
+    const float *const *srcs; /* k gradients to reduce, or NULL */
+    int k;
+    float divisor;
 } dense_job;
+
+/* A synchronous step (qr_optim_reduce_apply_dense): the gradients are
+ * reduced FUSE_BLOCK elements at a time into a buffer on the stack and
+ * the kernel runs on that block while it is still in L1, so the sum is
+ * never written to memory and read back. 1024 floats: the block, its
+ * decayed copy (run_kernel) and the block of the variable and of each
+ * slot fit in a 32 KiB L1 beside the sources' streams. Both the reduce
+ * and the kernels are element-wise, so cutting the range into blocks
+ * changes no result. */
+#define FUSE_BLOCK 1024
 
 static void dense_range(const dense_job *j, int64_t lo, int64_t hi) {
     float *slot[QR_OPTIM_MAX_SLOTS];
-    for (int k = 0; k < j->nrow_slots; k++) slot[k] = j->slot[k] + lo;
-    run_kernel(j->c, j->kernel, j->var + lo, slot, j->nrow_slots, j->g + lo, hi - lo);
+    if (!j->srcs) {
+        for (int k = 0; k < j->nrow_slots; k++) slot[k] = j->slot[k] + lo;
+        run_kernel(j->c, j->kernel, j->var + lo, slot, j->nrow_slots, j->g + lo, hi - lo);
+        return;
+    }
+    _Alignas(64) float block[FUSE_BLOCK];
+    for (int64_t b = lo; b < hi; b += FUSE_BLOCK) {
+        int64_t len = QR_MIN(FUSE_BLOCK, hi - b);
+        qr__optim_reduce_at(block, j->srcs, j->k, b, len, j->divisor);
+        for (int k = 0; k < j->nrow_slots; k++) slot[k] = j->slot[k] + b;
+        run_kernel(j->c, j->kernel, j->var + b, slot, j->nrow_slots, block, len);
+    }
 }
 
 /* Part `part` of nparts of n elements, as [*lo, *hi). Boundaries on
@@ -362,24 +391,59 @@ static void dense_to_part(void *arg, int part, int nparts) {
     if (lo < hi) run_kernel_to(j->c, j->ops, j->out + lo, j->var + lo, j->g + lo, hi - lo);
 }
 
-int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
-                         const float *grad, int64_t n, float lr, int64_t global_step) {
+/* A dense apply of j (var, g or srcs, n set): the checks, the call's
+ * constants, the kernel over the tensor (split across the pool when it is
+ * large), then the optimizer's end. */
+static int run_dense(const qr_optim *opt, qr_optim_slots *s, float lr, int64_t global_step,
+                     dense_job *j) {
     qr_optim_call c;
     int rc = begin_call(opt, s, lr, global_step, false, &c);
     if (rc) return rc;
+    int64_t n = j->n;
     if (n != s->n)
         return qr__fail(QR_ESHAPE, "optimizer %s: dense apply of %lld elements to slots of %lld",
                         opt->ops->name, (long long)n, (long long)s->n);
-    if (n > 0 && (!var || !grad))
+    if (n > 0 && (!j->var || (!j->g && !j->srcs)))
         return qr__fail(QR_EINVAL, "optimizer %s: var and grad must not be NULL", opt->ops->name);
-    dense_job j = {&c, opt->ops->apply_dense, var, grad, s->data, s->nrow_slots, n};
-    if (opt->pool && n >= opt->parallel_min && qr__optim_pool_run(opt->pool, dense_part, &j)) {
+    j->c = &c;
+    j->kernel = opt->ops->apply_dense;
+    j->slot = s->data;
+    j->nrow_slots = s->nrow_slots;
+    if (opt->pool && n >= opt->parallel_min && qr__optim_pool_run(opt->pool, dense_part, j)) {
         /* done by the pool */
     } else if (n > 0) {
-        dense_range(&j, 0, n);
+        dense_range(j, 0, n);
     }
     if (opt->ops->end) opt->ops->end(opt, s, &c);
     return QR_OK;
+}
+
+int qr_optim_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
+                         const float *grad, int64_t n, float lr, int64_t global_step) {
+    dense_job j = {.var = var, .g = grad, .n = n};
+    return run_dense(opt, s, lr, global_step, &j);
+}
+
+int qr_optim_reduce_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
+                                const float *const *grads, int k, int64_t n, float divisor,
+                                float lr, int64_t global_step) {
+    const char *name = opt ? opt->ops->name : "?";
+    if (k < 1 || !grads)
+        return qr__fail(QR_EINVAL, "optimizer %s: a reduce of %d gradients (at least 1)", name, k);
+    if (!(divisor > 0.0f && isfinite(divisor)))
+        return qr__fail(QR_EINVAL, "optimizer %s: reduce divisor %g is not a finite number > 0",
+                        name, (double)divisor);
+    for (int i = 0; i < k && n > 0; i++)
+        if (!grads[i])
+            return qr__fail(QR_EINVAL, "optimizer %s: gradient %d of the reduce is NULL", name, i);
+    dense_job j = {.var = var, .n = n, .srcs = grads, .k = k, .divisor = divisor};
+    /* One gradient and nothing to divide: the sum is that gradient, read in
+     * place as a plain apply would. */
+    if (k == 1 && divisor == 1.0f) {
+        j.g = grads[0];
+        j.srcs = NULL;
+    }
+    return run_dense(opt, s, lr, global_step, &j);
 }
 
 bool qr_optim_stateless(const qr_optim *opt) {

@@ -199,4 +199,19 @@ int qr_optim_add_delta_rows(float *var, int64_t rows, int64_t dim, const int64_t
  * order (dst may be srcs[0]). The reduction of a synchronous step. */
 void qr_optim_reduce(float *dst, const float *const *srcs, int k, int64_t n, float divisor);
 
+/*
+ * A synchronous step's reduce and dense apply in one pass over the
+ * gradients: bit-identical to
+ *     qr_optim_reduce(g, grads, k, n, divisor);
+ *     qr_optim_apply_dense(opt, s, var, g, n, lr, global_step);
+ * but the sum is made a cache-sized block at a time and handed to the
+ * optimizer while it is in L1, never written out: grads are only read.
+ * k >= 1 gradients of n floats, none overlapping var or the slots;
+ * divisor a finite number > 0. Refuses what qr_optim_apply_dense refuses,
+ * changing nothing.
+ */
+int qr_optim_reduce_apply_dense(const qr_optim *opt, qr_optim_slots *s, float *var,
+                                const float *const *grads, int k, int64_t n, float divisor,
+                                float lr, int64_t global_step);
+
 #endif /* QR_OPTIM_H */

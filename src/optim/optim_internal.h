@@ -4,8 +4,9 @@
  * constants handed to the element kernels, the thread pool and the
  * duplicate-index helper. The algorithms: sgd.c momentum.c adagrad.c
  * rmsprop.c adam.c adam_async.c adamw.c ftrl.c; optim.c runs them (and
- * adds coupled weight decay to the gradient), pool.c dedup.c reduce.c
- * delta.c var_options.c around them.
+ * adds coupled weight decay to the gradient, and fuses a synchronous
+ * step's reduce into the apply), pool.c dedup.c reduce.c delta.c
+ * var_options.c around them.
  *
  * Shape of the code (llm.c style): each optimizer file has plain loops
  * "run" functions over n consecutive elements with restrict pointers, so
@@ -175,6 +176,13 @@ void qr__optim_pool_free(qr_optim_pool *p);
  * then does the work alone (never blocks behind another variable's apply). */
 bool qr__optim_pool_run(qr_optim_pool *p, void (*fn)(void *arg, int part, int nparts),
                         void *arg);
+
+/* ---- the reduce of a synchronous step (reduce.c) ----------------------- */
+/* dst[0..n) = (srcs[0][off..off+n) + ... + srcs[k-1][off..off+n)) / divisor,
+ * added in that order (qr_optim_reduce on a range). dst may be srcs[0] + off
+ * (in place) or a buffer that overlaps no source. */
+void qr__optim_reduce_at(float *dst, const float *const *srcs, int k, int64_t off, int64_t n,
+                         float divisor);
 
 /* ---- duplicate indices (dedup.c) --------------------------------------- */
 /* The distinct rows of a sparse gradient in first-occurrence order, each

@@ -6,7 +6,8 @@
  * keeps it, received in place into a buffer of its own, until ps 0 has
  * decided the step's quorum and sends APPLY(step, members). Then the ps
  * reduces, variable by variable, the members' gradients in member order
- * (sorted by worker, then seq), applies the optimizer once, advances its
+ * (sorted by worker, then seq) and applies the optimizer once, the two in
+ * one pass over the gradients (reduce_dense), advances its
  * accumulator step, and drops every other push of that step or older:
  * those are the stale ones.
  *
@@ -204,57 +205,81 @@ static int reduce_rows(qr_ps *ps, qr_var *v, const sync_source *src, int n, floa
 }
 
 /* The gradients of a dense variable (dense ones, and any sparse rows
- * scattered into a dense sum), reduced in member order into one buffer
- * and applied by the dense apply. */
+ * scattered into a dense sum), reduced in member order and applied by the
+ * dense apply, in one pass: qr_optim_reduce_apply_dense sums a block of
+ * the members' gradients in L1 and runs the optimizer on it there, the
+ * same bits as a reduce into a buffer and an apply of that buffer, with
+ * the pushes' buffers only read.
+ *
+ * The NaN/Inf check is not in this pass: it ran on each push as it
+ * arrived (grad_check.c), and an accepted push holds only finite
+ * gradients (a refused one got QR_ENONFINITE and is not pending; with
+ * nonfinite=skip the item is not a source). That is the behaviour to keep
+ * (the worker learns at its push, and a bad gradient never reaches a
+ * quorum), and it is the cheaper place: there the check reads each piece
+ * from L2 right after the kernel copied it, in time the ps would spend
+ * waiting for the next piece, where here it would be one more pass over
+ * the members' gradients while every worker waits: `quorum bench optim`'s
+ * sync points time that scan of the members' gradients against the fused
+ * pass (check/fused): for 4 x 1M floats on the shared 2-core development
+ * machine, ~0.5 of the fused pass for SGD and ~0.3 for Adam, so that moving
+ * the check here would give back most of what the fusion saves (the
+ * fused pass took 0.70-0.87 of the two passes for SGD and Adam, 4 x 1M
+ * and 4 x 4M floats, on a quiet 16-core Xeon). */
 static int reduce_dense(qr_ps *ps, qr_var *v, const sync_source *src, int n, float divisor,
                         int64_t step, const float **srcs) {
     bool all_dense = true;
     for (int i = 0; i < n; i++) all_dense &= src[i].it->nrows < 0;
-    float *sum, *own = NULL;
+    float *own = NULL;
+    int k = n;
     if (all_dense) {
         for (int i = 0; i < n; i++) srcs[i] = (const float *)src[i].it->data;
-        sum = (float *)srcs[0]; /* owned by the pending push */
-        qr_optim_reduce(sum, srcs, n, v->n, divisor);
     } else {
-        own = sum = qr__aligned_alloc((size_t)v->n * sizeof(float));
+        /* Zeroed: every source is added into it, and rows no member sent
+         * stay 0 (the division by the divisor is left to the fused apply). */
+        own = qr__aligned_alloc((size_t)v->n * sizeof(float));
         if (!own) return qr__fail(QR_ENOMEM, "out of memory reducing '%s'", v->name);
         int64_t dim = v->shape[v->ndim - 1];
         for (int i = 0; i < n; i++) {
             const push_item *it = src[i].it;
             const float *g = (const float *)(it->data + (it->nrows < 0 ? 0 : 8 * it->nrows));
             if (it->nrows < 0) {
-                for (int64_t k = 0; k < v->n; k++) sum[k] += g[k];
+                for (int64_t e = 0; e < v->n; e++) own[e] += g[e];
                 continue;
             }
             for (int64_t r = 0; r < it->nrows; r++) {
                 int64_t row;
                 memcpy(&row, it->data + 8 * r, 8);
-                for (int64_t k = 0; k < dim; k++) sum[row * dim + k] += g[r * dim + k];
+                for (int64_t e = 0; e < dim; e++) own[row * dim + e] += g[r * dim + e];
             }
         }
-        for (int64_t k = 0; k < v->n && divisor != 1.0f; k++) sum[k] /= divisor;
+        srcs[0] = own;
+        k = 1;
     }
     int rc = qr__ckpt_before_apply(ps, v);
     if (!rc) rc = qr_var_prepare_write(v);
     const qr_optim *opt = qr__var_optim(ps, v);
     if (!rc)
-        rc = qr_optim_apply_dense(opt, v->slots, v->value->data, sum, v->n,
-                                  qr__item_lr(ps, src[0].it, opt, step), step + 1);
+        rc = qr_optim_reduce_apply_dense(opt, v->slots, v->value->data, srcs, k, v->n, divisor,
+                                         qr__item_lr(ps, src[0].it, opt, step), step + 1);
     free(own);
     return rc;
 }
 
 /* A non-trainable variable's values (sources src[0..n), dense: checked at
  * the header) averaged in member order over the members that pushed one,
- * and assigned. */
+ * and assigned: reduced straight into the variable's storage, or into its
+ * spare when a pull reply still reads the value (which is then not
+ * copied first only to be overwritten). */
 static int assign_mean(qr_ps *ps, qr_var *v, const sync_source *src, int n, const float **srcs) {
     for (int i = 0; i < n; i++) srcs[i] = (const float *)src[i].it->data;
-    float *mean = (float *)srcs[0]; /* owned by the pending push */
-    qr_optim_reduce(mean, srcs, n, v->n, (float)n);
     int rc = qr__ckpt_before_apply(ps, v);
-    if (!rc) rc = qr_var_prepare_write(v);
-    if (!rc) memcpy(v->value->data, mean, (size_t)v->n * sizeof *mean);
-    return rc;
+    bool to_spare = v->value->refs > 1;
+    if (!rc) rc = to_spare ? qr_var_prepare_spare(v) : QR_OK;
+    if (rc) return rc;
+    qr_optim_reduce(to_spare ? v->spare->data : v->value->data, srcs, n, v->n, (float)n);
+    if (to_spare) qr_var_swap_spare(v);
+    return QR_OK;
 }
 
 /* Reduce the step's gradients of each variable (sources[0..n), sorted)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdbool.h>
 #include <time.h>
 
@@ -355,6 +356,62 @@ static void test_leave_then_come_back(void **state) {
     assert_int_equal(s.f.run_status[0], QR_OK);
 }
 
+/* A gradient with NaN or Inf (nonfinite=error, the default) is refused
+ * as it arrives, with QR_ENONFINITE naming the variable: it is no part of
+ * any step, and the variable stays as it was until a quorum of finite
+ * gradients makes the step. R = N = 2. */
+static void test_nonfinite_push_refused(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 2, -1);
+    assert_int_equal(push(&s, 0, NAN, 1), QR_ENONFINITE);
+    assert_non_null(strstr(qr_last_error(),
+                           "the gradient of variable 'w' contains NaN or Inf; the push was refused"));
+    assert_int_equal(push(&s, 1, 0, 2), QR_OK);
+    assert_int_equal(push(&s, 1, 0, INFINITY), QR_ENONFINITE);
+    /* one gradient of the two the step needs */
+    assert_int_equal(global_step(&s), 0);
+    expect_w(&s, 0.0f, 0.0f);
+    assert_int_equal(push(&s, 0, 2, 0), QR_OK);
+    /* step 0 = mean([0,2], [2,0]) = [1, 1]: the refused ones left no trace */
+    expect_w(&s, -1.0f, -1.0f);
+    assert_int_equal(global_step(&s), 1);
+    finish(&s);
+}
+
+/* nonfinite=skip: the push is accepted, its gradient counts as a zero in
+ * the step's mean (the divisor is still R) and is counted. */
+static void test_nonfinite_push_skipped(void **state) {
+    (void)state;
+    scenario s;
+    static const char *const skip[] = {"nonfinite", "skip", NULL};
+    extra = skip;
+    start(&s, 2, 2, -1);
+    extra = NULL;
+    assert_int_equal(push(&s, 0, NAN, 1), QR_OK);
+    assert_int_equal(push(&s, 1, 0, 2), QR_OK);
+    /* step 0 = ([0,0] + [0,2]) / 2 */
+    expect_w(&s, 0.0f, -1.0f);
+    assert_int_equal(global_step(&s), 1);
+    finish(&s);
+}
+
+/* A dense variable one member pushes rows of and the other a dense
+ * gradient: the rows are scattered into a dense sum with the gradient,
+ * then the mean is applied densely. */
+static void test_dense_and_rows_of_one_variable(void **state) {
+    (void)state;
+    scenario s;
+    start(&s, 2, 2, -1);
+    assert_int_equal(push(&s, 0, 1, 2), QR_OK);
+    int64_t row0[1] = {0};
+    const float rows[2] = {3, 6};
+    assert_int_equal(qr_worker_push_sparse(s.w[1], s.id[1], 1, row0, rows, 0, NULL), QR_OK);
+    /* step 0 = ([1,2] + [3,6]) / 2 = [2, 4] */
+    expect_w(&s, -2.0f, -4.0f);
+    finish(&s);
+}
+
 /* Moving averages: after each step, with num_updates = the new global
  * step t, d = min(decay, (1 + t) / (10 + t)) and avg -= (1 - d)(avg - w). */
 static void test_moving_averages(void **state) {
@@ -474,6 +531,9 @@ int main(void) {
         cmocka_unit_test(test_missing_worker_stall_report_and_abort),
         cmocka_unit_test(test_finished_workers_end_the_run),
         cmocka_unit_test(test_leave_then_come_back),
+        cmocka_unit_test(test_nonfinite_push_refused),
+        cmocka_unit_test(test_nonfinite_push_skipped),
+        cmocka_unit_test(test_dense_and_rows_of_one_variable),
         cmocka_unit_test(test_moving_averages),
         cmocka_unit_test(test_lr_decay),
         cmocka_unit_test(test_pushed_lr_first_member),
