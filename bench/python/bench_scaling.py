@@ -194,17 +194,17 @@ class Bench:
                           self.env, a.timeout)[0]
             c_rates.append(float(last_json(out)["examples_per_sec"]))
         floats = sum(v for v, _ in step_model.mlp_variables(a.dims)) // 4
-        optim = last_json(run_all([[q, "bench", "optim", "--optim", "sgd", "--no-sparse",
+        optim = step_model.load_text(run_all([[q, "bench", "optim", "--optim", "sgd", "--no-sparse",
                                     "--threads", "1", "--n", str(floats), "--reps",
                                     "2" if a.quick else "5", "--json"]],
-                                  self.env, a.timeout)[0].replace("\n", " ").replace("\t", ""))
+                                  self.env, a.timeout)[0])
         apply_rate = step_model.apply_from_optim(optim)
         big = 1 << 20 if a.quick else 4 << 20
-        wire = last_json(run_all([[q, "bench", "wire", "--ops", "fused", "--ps", "1", "--workers",
+        wire = step_model.load_text(run_all([[q, "bench", "wire", "--ops", "fused", "--ps", "1", "--workers",
                                    "1", "--transports", "unix", "--sizes", "64,%d" % big,
                                    "--repeat", "1" if a.quick else "5", "--seconds",
                                    "0.02" if a.quick else "0.2", "--json"]],
-                                 self.env, a.timeout)[0].replace("\n", " ").replace("\t", ""))
+                                 self.env, a.timeout)[0])
         link = step_model.link_from_wire(wire, apply_rate)
         t_rate, c_rate = float(np.median(torch_rates)), float(np.median(c_rates))
         return {"apply_rate": apply_rate, "rtt_s": link["rtt_s"], "bandwidth": link["bandwidth"],

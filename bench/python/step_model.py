@@ -286,16 +286,21 @@ def print_extrapolation(rows: List[Dict[str, Any]], gbit: float, rtt: float, app
 
 # ---- the command line ---------------------------------------------------------------------
 
-def load(path: str) -> Dict[str, Any]:
-    with open(path) as f:
-        text = f.read()
+def load_text(text: str, what: str = "the output") -> Dict[str, Any]:
+    """A JSON document: the whole text, else its last line that is one (a
+    benchmark's stdout with lines of text before its JSON)."""
     try:
         return dict(json.loads(text))
-    except ValueError:  # a benchmark's stdout: its last JSON line
+    except ValueError:
         for line in reversed(text.splitlines()):
             if line.startswith("{"):
                 return dict(json.loads(line))
-        raise ValueError("%s: no JSON object in it" % path) from None
+        raise ValueError("%s: no JSON object in it" % what) from None
+
+
+def load(path: str) -> Dict[str, Any]:
+    with open(path) as f:
+        return load_text(f.read(), path)
 
 
 def with_measured(doc: Dict[str, Any], wire: Optional[str], optim: Optional[str]) -> None:
