@@ -10,13 +10,13 @@ baselines (issue 17):
      beside its compute alone and its communication alone, their sum and
      their maximum: without overlap, and with quorum.torch's overlap
      (each gradient pushed as backward produces it);
-  3. training throughput, sync with 2 workers (`quorum launch --ps 2
-     --workers 2 --mode sync`), against torch.nn.parallel.
+  3. training throughput, sync with W workers and P ps (`quorum launch
+     --ps P --workers W --mode sync`), against torch.nn.parallel.
      DistributedDataParallel (gloo) on the same model, batch and cores
      (one torch thread per process), with float32 and with bf16 on the
      wire (qt.Optimizer(..., wire_dtype="bf16"));
   4. the README's script (examples/python/digits_quorum.py, "From
-     PyTorch") under `quorum launch --ps 2 --workers 2`, async and sync,
+     PyTorch") under `quorum launch --ps P --workers W`, async and sync,
      its workers' examples/s summed, against the plain script
      (digits_torch.py) run alone, one torch thread per process. Both run
      unchanged (runpy, inside this file): global torch hooks count the
@@ -26,10 +26,18 @@ baselines (issue 17):
      and the ps tasks included) are given beside them.
 
 Every figure is measured in this run; ratios compare figures of this run.
-The machine is shared and noisy: each figure is the best of a few rounds,
-and in each round a figure and its baseline run one after the other.
+Each timed figure is the median of --rounds rounds (default 3) of --steps
+steps (default 500), and in each round a figure and its baseline run one
+after the other, so both see the same machine. The machine's CPU, cores
+and the BLAS kernels in use (bench_env.py) are printed above the figures
+and kept in the JSON ("machine").
 
-    python bench/python/bench_torch.py [--quick] [--json]
+    python bench/python/bench_torch.py [--workers W] [--ps P] [--steps S]
+        [--rounds R] [--batch B] [--quick] [--json]
+
+The worker modes (--quorum-worker, --ddp-worker) are run by this file and
+by bench_scaling.py, once per worker, under `quorum launch` or side by
+side.
 
 (run with the Python environment that has quorum installed: .venv/bin/python)
 """
@@ -59,12 +67,17 @@ import quorum.torch as qt
 from quorum._native import lib
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import bench_env  # noqa: E402  (beside this file)
+
 # Against a build tree (QUORUM_LIBRARY set, its tools on PATH) the quorum on
-# PATH is that tree's; otherwise the one installed beside this Python.
-QUORUM = (shutil.which("quorum") if os.environ.get("QUORUM_LIBRARY") else None) or \
+# PATH is that tree's; otherwise the one installed beside this Python
+# ($QUORUM_BINARY names one outright).
+QUORUM = os.environ.get("QUORUM_BINARY") or \
+    (shutil.which("quorum") if os.environ.get("QUORUM_LIBRARY") else None) or \
     shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
 EXAMPLES = os.path.join(os.path.dirname(HERE), "..", "..", "examples", "python")
-BATCH = 128
+BATCH = 128  # examples per worker step; --batch sets it (the worker modes too)
 
 
 def mlp() -> torch.nn.Module:
@@ -194,15 +207,20 @@ def stop_ps_tasks(procs: List[Any]) -> None:
             p.wait()
 
 
-def timed_steps(fn: Any, steps: int, rounds: int) -> float:
-    """Best mean milliseconds per call of fn over rounds of `steps` calls."""
-    best = float("inf")
+def timed_rounds(fn: Any, steps: int, rounds: int) -> List[float]:
+    """Mean milliseconds per call of fn in each of rounds of `steps` calls."""
+    out = []
     for _ in range(rounds):
         t0 = time.perf_counter()
         for k in range(steps):
             fn(k)
-        best = min(best, (time.perf_counter() - t0) / steps * 1e3)
-    return best
+        out.append((time.perf_counter() - t0) / steps * 1e3)
+    return out
+
+
+def timed_steps(fn: Any, steps: int, rounds: int) -> float:
+    """Median over rounds of the mean milliseconds per call of fn."""
+    return float(np.median(timed_rounds(fn, steps, rounds)))
 
 
 def step_time(steps: int, rounds: int) -> Dict[str, Any]:
@@ -242,12 +260,16 @@ def step_time(steps: int, rounds: int) -> Dict[str, Any]:
             opt.worker.push_pull(grads, into=into)
 
         res["comm_ms"] = timed_steps(comm, steps, rounds)
-        for overlap in (False, True, False, True):  # alternated: both see the same machine
-            opt.overlap = overlap
-            for _ in range(2):
-                train(0)
-            key = "step_ms_overlap" if overlap else "step_ms"
-            res[key] = min(res.get(key, float("inf")), timed_steps(train, steps, rounds))
+        seen: Dict[str, List[float]] = {"step_ms": [], "step_ms_overlap": []}
+        for _ in range(rounds):  # alternated round by round: both see the same machine
+            for overlap in (False, True):
+                opt.overlap = overlap
+                for _ in range(2):
+                    train(0)
+                seen["step_ms_overlap" if overlap else "step_ms"] += \
+                    timed_rounds(train, steps, 1)
+        for key, times in seen.items():
+            res[key] = float(np.median(times))
         opt.worker.stop_cluster()
         opt.close(finished=False)
     finally:
@@ -293,6 +315,14 @@ def worker_quorum(steps: int, wire_dtype: str) -> None:
     opt.close()
 
 
+def worker_alone(steps: int) -> None:
+    """The same model, batch and steps trained in one process by torch alone
+    (torch.optim.SGD): the compute a worker does, without communication."""
+    torch.set_num_threads(1)
+    model = mlp()
+    report_training(model, torch.optim.SGD(model.parameters(), lr=0.01), 0, steps)
+
+
 def worker_ddp(rank: int, world: int, port: int, steps: int) -> None:
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
@@ -316,36 +346,58 @@ def rates(out: str) -> float:
     return sum(r["samples_per_s"] for r in worker_reports(out))
 
 
-def launch(mode: str, command: List[str], env: Dict[str, str]) -> str:
-    """`quorum launch --ps 2 --workers 2 --mode MODE -- COMMAND`'s stdout."""
-    q = subprocess.run([QUORUM, "launch", "--ps", "2", "--workers", "2", "--mode", mode,
-                        "--lr", "0.01", "--"] + command, capture_output=True, text=True,
+def launch(mode: str, command: List[str], env: Dict[str, str], workers: int, ps: int) -> str:
+    """`quorum launch --ps PS --workers WORKERS --mode MODE -- COMMAND`'s stdout."""
+    q = subprocess.run([QUORUM, "launch", "--ps", str(ps), "--workers", str(workers), "--mode",
+                        mode, "--lr", "0.01", "--"] + command, capture_output=True, text=True,
                        env=env, timeout=900)
     if q.returncode:
         raise RuntimeError("quorum launch failed: " + q.stderr[-2000:])
     return q.stdout
 
 
-def throughput(steps: int, rounds: int) -> Dict[str, Any]:
+def worker_command(steps: int, wire_dtype: str = "float32") -> List[str]:
+    """The command `quorum launch -- ...` runs once per worker (quorum.torch,
+    the launch's --mode), at this run's batch."""
+    return [sys.executable, HERE, "--batch", str(BATCH), "--quorum-worker", str(steps), wire_dtype]
+
+
+def ddp_run(workers: int, steps: int, env: Dict[str, str], timeout: float = 900) -> float:
+    """DDP (gloo) with `workers` processes side by side: their samples/s, summed."""
+    port = free_port()
+    ddp = [subprocess.Popen([sys.executable, HERE, "--batch", str(BATCH), "--ddp-worker", str(r),
+                             str(workers), str(port), str(steps)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+           for r in range(workers)]
+    try:
+        deadline = time.monotonic() + timeout
+        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in ddp]
+    finally:
+        for p in ddp:  # a worker left behind (a timeout, a failed peer): its group, by pid
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+                p.wait()
+    for p, (_, err) in zip(ddp, outs):
+        if p.returncode:
+            raise RuntimeError("DDP worker failed: " + err[-2000:])
+    return sum(rates(o) for o, _ in outs)
+
+
+def throughput(steps: int, rounds: int, workers: int, ps: int) -> Dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    best_q = best_b = best_d = 0.0
+    seen: Dict[str, List[float]] = {"q": [], "b": [], "d": []}
     for _ in range(rounds):  # each round: float32, bf16, DDP, one after the other
-        best_q = max(best_q, rates(launch("sync", [sys.executable, HERE, "--quorum-worker",
-                                                   str(steps), "float32"], env)))
-        best_b = max(best_b, rates(launch("sync", [sys.executable, HERE, "--quorum-worker",
-                                                   str(steps), "bf16"], env)))
-        port = free_port()
-        ddp = [subprocess.Popen([sys.executable, HERE, "--ddp-worker", str(r), "2", str(port),
-                                 str(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env) for r in range(2)]
-        outs = [p.communicate(timeout=900) for p in ddp]
-        for p, (_, err) in zip(ddp, outs):
-            if p.returncode:
-                raise RuntimeError("DDP worker failed: " + err[-2000:])
-        best_d = max(best_d, sum(rates(o) for o, _ in outs))
-    return {"quorum_samples_per_s": best_q, "quorum_bf16_samples_per_s": best_b,
-            "ddp_samples_per_s": best_d, "ratio": best_q / best_d if best_d else 0.0,
-            "ratio_bf16": best_b / best_d if best_d else 0.0}
+        seen["q"].append(rates(launch("sync", worker_command(steps), env, workers, ps)))
+        seen["b"].append(rates(launch("sync", worker_command(steps, "bf16"), env,
+                                      workers, ps)))
+        seen["d"].append(ddp_run(workers, steps, env))
+    q, b, d = (float(np.median(seen[k])) for k in ("q", "b", "d"))
+    return {"workers": workers, "ps": ps, "steps": steps, "rounds": rounds,
+            "quorum_samples_per_s": q, "quorum_bf16_samples_per_s": b,
+            "ddp_samples_per_s": d, "ratio": q / d if d else 0.0,
+            "ratio_bf16": b / d if d else 0.0,
+            "rounds_samples_per_s": {"quorum": seen["q"], "quorum_bf16": seen["b"],
+                                     "ddp": seen["d"]}}
 
 
 # ---- 4. the README's script under launch against the plain script alone ----------------
@@ -398,18 +450,18 @@ def examples(out: str) -> int:
     return sum(r["examples"] for r in worker_reports(out))
 
 
-def readme_script(rounds: int) -> Dict[str, Any]:
+def readme_script(rounds: int, workers: int, ps: int) -> Dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("TF_CONFIG", None)
     plain = os.path.join(EXAMPLES, "digits_torch.py")
     distributed = os.path.join(EXAMPLES, "digits_quorum.py")
-    best: Dict[str, float] = {}
+    figures: Dict[str, List[float]] = {}
     seen: Dict[str, int] = {}
 
     def keep(key: str, out: str, wall: float) -> None:
-        best[key] = max(best.get(key, 0.0), rates(out))
         seen[key] = examples(out)  # the same every round: epochs x training rows
-        best[key + "_wall"] = max(best.get(key + "_wall", 0.0), seen[key] / wall)
+        figures.setdefault(key, []).append(rates(out))
+        figures.setdefault(key + "_wall", []).append(seen[key] / wall)
 
     for _ in range(rounds):  # each round: alone, async, sync, one after the other
         t0 = time.perf_counter()
@@ -420,9 +472,11 @@ def readme_script(rounds: int) -> Dict[str, Any]:
         keep("alone", p.stdout, time.perf_counter() - t0)
         for mode in ("async", "sync"):
             t0 = time.perf_counter()
-            out = launch(mode, [sys.executable, HERE, "--script-worker", distributed], env)
+            out = launch(mode, [sys.executable, HERE, "--script-worker", distributed], env,
+                         workers, ps)
             keep(mode, out, time.perf_counter() - t0)
-    res: Dict[str, Any] = {"examples_alone": seen["alone"], "examples_async": seen["async"],
+    best = {key: float(np.median(v)) for key, v in figures.items()}  # medians of the rounds
+    res: Dict[str, Any] = {"workers": workers, "ps": ps, "examples_alone": seen["alone"], "examples_async": seen["async"],
                            "examples_sync": seen["sync"]}
     for key in ("alone", "async", "sync"):
         res[key + "_samples_per_s"] = best[key]
@@ -437,6 +491,8 @@ def readme_script(rounds: int) -> Dict[str, Any]:
 
 def print_tables(report: Dict[str, Any]) -> None:
     """The report as a reader takes it in: a line or a table per figure."""
+    if "machine" in report:
+        print(bench_env.header(report["machine"]))
     print("1. Python layer per push+pull (1 ps, Unix socket, one at a time), medians of "
           "paired calls")
     print("   %-8s %10s %10s %10s %8s %12s %14s" % ("size", "Worker_us", "C_API_us", "extra_us",
@@ -447,49 +503,74 @@ def print_tables(report: Dict[str, Any]) -> None:
             100 * r["overhead_fraction"], r["overhead_cpu_us"], r["c_program_us"]))
     print("   goals: under 10 us for small tensors, under 3% from 1 MiB")
     s = report["step"]
-    print("2. async step of the 1.07 M-parameter MLP, batch %d, 2 ps (ms)" % BATCH)
+    print("2. async step of the 1.07 M-parameter MLP, batch %d, 2 ps (ms, medians of "
+          "rounds)" % BATCH)
     print("   compute %.2f, communication %.2f: sum %.2f, max %.2f" % (
         s["compute_ms"], s["comm_ms"], s["sum_ms"], s["max_ms"]))
     print("   step without overlap %.2f, with overlap %.2f (%.0f%% of the smaller hidden)" % (
         s["step_ms"], s["step_ms_overlap"], 100 * s["overlap_efficiency"]))
     t = report["throughput"]
-    print("3. sync, 2 workers, batch %d each: quorum %.0f samples/s, DDP (gloo) %.0f: %.2fx "
-          "(goal 1.2x)" % (BATCH, t["quorum_samples_per_s"], t["ddp_samples_per_s"], t["ratio"]))
+    print("3. sync, %d workers (%d ps), batch %d each, medians of %d rounds of %d steps: "
+          "quorum %.0f samples/s, DDP (gloo) %.0f: %.2fx (goal 1.2x)" % (
+              t["workers"], t["ps"], BATCH, t["rounds"], t["steps"], t["quorum_samples_per_s"],
+              t["ddp_samples_per_s"], t["ratio"]))
     print("   bf16 on the wire: quorum %.0f samples/s: %.2fx DDP's" % (
         t["quorum_bf16_samples_per_s"], t["ratio_bf16"]))
     r = report["readme_script"]
     print("4. the README's script (digits, batch 32, %d examples), examples/s in training, "
-          "and (in brackets) over the whole run" % r["examples_alone"])
+          "and (in brackets) over the whole run, medians of the rounds" % r["examples_alone"])
     print("   alone (digits_torch.py) %.0f (%.0f)" % (r["alone_samples_per_s"],
                                                      r["alone_wall_samples_per_s"]))
     for mode in ("async", "sync"):
-        print("   launch --ps 2 --workers 2 --mode %-5s %.0f summed: %.2fx (%.0f: %.2fx) "
-              "(goal 1.0x)" % (mode, r[mode + "_samples_per_s"], r["ratio_" + mode],
+        print("   launch --ps %d --workers %d --mode %-5s %.0f summed: %.2fx (%.0f: %.2fx) "
+              "(goal 1.0x)" % (r["ps"], r["workers"], mode, r[mode + "_samples_per_s"],
+                               r["ratio_" + mode],
                                r[mode + "_wall_samples_per_s"], r["ratio_" + mode + "_wall"]))
 
 
 def main() -> None:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a few steps of each (a smoke test)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a few steps of each, one round (a smoke test)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="workers of the throughput runs and the README's script (default 2)")
+    ap.add_argument("--ps", type=int, default=2, help="their ps tasks (default 2)")
+    ap.add_argument("--steps", type=int, default=500,
+                    help="timed steps of each round of a timed figure (default 500)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds of each figure; the median is reported (default 3)")
+    ap.add_argument("--batch", type=int, default=BATCH,
+                    help="examples per worker step (default %d)" % BATCH)
     ap.add_argument("--quorum-worker", nargs=2, metavar=("STEPS", "WIRE_DTYPE"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--ddp-worker", nargs=4, type=int, metavar="N", help=argparse.SUPPRESS)
     ap.add_argument("--script-worker", metavar="SCRIPT", help=argparse.SUPPRESS)
+    ap.add_argument("--alone-worker", type=int, metavar="STEPS", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.batch < 1 or a.workers < 1 or a.ps < 1 or a.steps < 1 or a.rounds < 1:
+        ap.error("--batch, --workers, --ps, --steps and --rounds must be at least 1 (got %d, %d, "
+                 "%d, %d, %d)" % (a.batch, a.workers, a.ps, a.steps, a.rounds))
+    BATCH = a.batch
     if a.quorum_worker is not None:
         return worker_quorum(int(a.quorum_worker[0]), a.quorum_worker[1])
+    if a.alone_worker is not None:
+        return worker_alone(a.alone_worker)
     if a.ddp_worker is not None:
         return worker_ddp(*a.ddp_worker)
     if a.script_worker is not None:
         return script_worker(a.script_worker)
     quick = a.quick
+    steps, rounds = (10, 1) if quick else (a.steps, a.rounds)
     sizes = [64, 4096, 1 << 20] if quick else [64, 4096, 65536, 1 << 20, 4 << 20]
     report = {
+        "machine": bench_env.machine(library=os.environ.get("QUORUM_LIBRARY") or
+                                     getattr(lib, "_name", None)),
         "python_overhead": python_overhead(sizes, 0.02 if quick else 0.2, 1 if quick else 5),
-        "step": step_time(5 if quick else 40, 1 if quick else 3),
-        "throughput": throughput(10 if quick else 150, 1 if quick else 2),
-        "readme_script": readme_script(1 if quick else 3),
+        "step": step_time(steps, rounds),
+        "throughput": throughput(steps, rounds, a.workers, a.ps),
+        "readme_script": readme_script(rounds, a.workers, a.ps),
     }
     if a.json:
         print(json.dumps(report))

@@ -21,6 +21,10 @@ def test_bench_torch_quick(capsys):  # type: ignore[no-untyped-def]
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     report = json.loads(p.stdout.splitlines()[-1])
+    # What the figures were measured on (bench_env.py): CPU, cores, kernels.
+    machine = report["machine"]
+    assert machine["cpu_model"] and machine["cores"] >= 1, machine
+    assert machine["quorum_blas"]["kernel"] and machine["torch"]["kernel"], machine
     sizes = [r["size_bytes"] for r in report["python_overhead"]]
     assert sizes == [64, 4096, 1 << 20], sizes
     for r in report["python_overhead"]:
@@ -29,6 +33,7 @@ def test_bench_torch_quick(capsys):  # type: ignore[no-untyped-def]
     for key in ("compute_ms", "comm_ms", "sum_ms", "max_ms", "step_ms", "step_ms_overlap"):
         assert step[key] > 0, (key, step)
     t = report["throughput"]
+    assert (t["workers"], t["ps"]) == (2, 2), t  # the defaults of --workers and --ps
     assert t["quorum_samples_per_s"] > 0 and t["ddp_samples_per_s"] > 0, t
     assert t["quorum_bf16_samples_per_s"] > 0 and t["ratio_bf16"] > 0, t
     r = report["readme_script"]
@@ -46,6 +51,6 @@ def test_bench_torch_quick(capsys):  # type: ignore[no-untyped-def]
     spec.loader.exec_module(bench)
     bench.print_tables(report)
     out = capsys.readouterr().out
-    for line in ("3. sync, 2 workers", "bf16 on the wire: quorum", "4. the README's script",
+    for line in ("machine: ", "quorum BLAS kernel: ", "torch BLAS kernel: ", "3. sync, 2 workers (2 ps)", "bf16 on the wire: quorum", "4. the README's script",
                  "alone (digits_torch.py)", "--mode async", "--mode sync"):
         assert line in out, (line, out)

@@ -1,0 +1,96 @@
+# Smoke tests of the end-to-end benchmarks under bench/python, against this
+# build tree (its quorum binary and libquorum.so, the package from
+# python/, the .venv's torch): each runs tiny and its JSON is checked for
+# every figure, never a timing (the machine is shared and noisy).
+# (The Python below must not contain ';', which CMake would split on.)
+set(qr_bench_python_env
+    "QUORUM_BINARY=$<TARGET_FILE:quorum>"
+    "QUORUM_LIBRARY=$<TARGET_FILE:quorum_shared>"
+    "PYTHONPATH=${PROJECT_SOURCE_DIR}/python")
+
+# bench_scaling.py --quick at 1 and 2 workers: every mode (DDP, quorum.torch
+# and the C trainer, sync and async) at every count, the model's measured
+# parameters, its comparison and the 25 Gbit/s table; then step_model.py's
+# command line on the JSON it wrote.
+set(qr_bench_scaling_check [=[
+import json, os, subprocess, sys, tempfile
+bench = os.path.join(sys.argv[1], "bench", "python")
+out_json = os.path.join(tempfile.mkdtemp(prefix="qr-scaling-"), "scaling.json")
+p = subprocess.run([sys.executable, os.path.join(bench, "bench_scaling.py"), "--quick",
+                    "--workers", "1,2", "--json", out_json], capture_output=True, text=True,
+                   timeout=500)
+assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+doc = json.load(open(out_json))
+m = doc["machine"]
+assert m["cpu_model"] and m["cores"] >= 1 and m["quorum_blas"]["kernel"], m
+assert m["torch"]["kernel"], m
+modes = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async")
+got = {(pt["workers"], pt["mode"]): pt for pt in doc["points"]}
+assert set(got) == {(w, md) for w in (1, 2) for md in modes}, sorted(got)
+for pt in doc["points"]:
+    assert pt["examples_per_s"] > 0 and "error" not in pt, pt
+    assert pt["ps"] == 1 and pt["ratio_to_ddp"] > 0, pt
+par = doc["params"]
+for k in ("apply_rate", "rtt_s", "bandwidth"):
+    assert par[k] > 0, (k, par)
+assert par["compute_s"]["torch"] > 0 and par["compute_s"]["c"] > 0, par
+assert len(doc["extrapolation_25gbit"]) == 6, doc["extrapolation_25gbit"]
+for line in ("machine: ", "quorum BLAS kernel: ", "torch BLAS kernel: ", "| workers (ps) | DDP",
+             "| 1 (1) | 1.00 |", "| 2 (1) | 1.00 |", "model vs measurement", "model: 4.28 MB"):
+    assert line in p.stdout, (line, p.stdout[-3000:])
+model = os.path.join(bench, "step_model.py")
+c = json.loads(subprocess.run([sys.executable, model, "compare", out_json, "--json"],
+                              check=True, capture_output=True, text=True, timeout=60).stdout)
+assert len(c["rows"]) == 8 and all(r["predicted_3rtt"] > 0 for r in c["rows"]), c
+e = json.loads(subprocess.run([sys.executable, model, "extrapolate", out_json, "--json"],
+                              check=True, capture_output=True, text=True, timeout=60).stdout)
+assert {(r["workers"], r["ps"]) for r in e["rows"]} == {(w, p) for w in (100, 1000)
+                                                       for p in (10, 20, 50)}, e
+r = subprocess.run([sys.executable, model, "recommend", "--workers", "12", "--cores", "16"],
+                   check=True, capture_output=True, text=True, timeout=60).stdout
+assert r.strip() == "4", r
+bad = subprocess.run([sys.executable, os.path.join(bench, "bench_scaling.py"), "--workers", "0"],
+                     capture_output=True, text=True, timeout=60)
+assert bad.returncode == 2 and "at least 1" in bad.stderr, bad.stderr
+os.remove(out_json)
+os.rmdir(os.path.dirname(out_json))
+print("bench_scaling_smoke: %d points, model compare and extrapolation ok" % len(doc["points"]))
+]=])
+add_test(NAME bench_scaling_smoke
+         COMMAND ${QR_VENV_PYTHON} -c "${qr_bench_scaling_check}" ${PROJECT_SOURCE_DIR})
+set_tests_properties(bench_scaling_smoke PROPERTIES TIMEOUT 600
+                     ENVIRONMENT "${qr_bench_python_env}")
+
+# bench_netns.py --quick: a ps and a worker in two namespaces of their own
+# over a shaped veth link (netem, or tbf and the relay), both modes, each
+# point beside the model's; skipped (77, the reason printed) only where
+# namespaces cannot be made. Its namespaces are gone afterwards.
+set(qr_bench_netns_check [=[
+import json, os, subprocess, sys
+bench = os.path.join(sys.argv[1], "bench", "python", "bench_netns.py")
+p = subprocess.run([sys.executable, bench, "--quick", "--json"], capture_output=True, text=True,
+                   timeout=280)
+if p.returncode == 77:
+    print(p.stdout.strip())
+    sys.exit(77)
+assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+doc = json.loads(p.stdout.splitlines()[-1])
+assert doc["shaping"] and doc["params"]["apply_rate"] > 0, doc
+got = {(r["mode"], r["size_bytes"]) for r in doc["results"]}
+assert got == {(m, s) for m in ("async", "sync") for s in (4096, 262144)}, got
+for r in doc["results"]:
+    assert r["median_s"] > 0 and r["predicted_s"] > 0 and r["steps"] >= 3, r
+    # the set round trip (2 ms) is on every step: the link was really shaped
+    assert r["median_s"] > 0.002, r
+left = [l.split()[0] for l in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                             text=True).stdout.splitlines() if l.strip()]
+assert len(doc["namespaces"]) == 2 and not set(doc["namespaces"]) & set(left), (doc, left)
+bad = subprocess.run([sys.executable, bench, "--sizes", "7"], capture_output=True, text=True,
+                     timeout=60)
+assert bad.returncode == 2 and "multiples of 4" in bad.stderr, bad.stderr
+print("bench_netns_smoke: %s, %d points" % (doc["shaping"], len(doc["results"])))
+]=])
+add_test(NAME bench_netns_smoke
+         COMMAND ${QR_VENV_PYTHON} -c "${qr_bench_netns_check}" ${PROJECT_SOURCE_DIR})
+set_tests_properties(bench_netns_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77
+                     ENVIRONMENT "${qr_bench_python_env}")
