@@ -27,8 +27,12 @@
  * A stop (the chief's STOP, or a signal) ends every token wait with
  * QR_ESTOPPED.
  *
+ * A sync push-and-pull (a held push, "held pushes" below) does steps 1
+ * and 5 in one round trip: the push is the commit, counted once every ps
+ * it went to says it holds it (HELD), and its answer goes with the token.
+ *
  * ps 0 reaches the other ps tasks through its links (links.c), which
- * carry APPLY and STOP.
+ * carry APPLY, RELEASE and STOP, and bring HELD.
  */
 #include "ps/ps_internal.h"
 

@@ -20,7 +20,8 @@
  *   push.c    async pushes: checked, acknowledged, applied, counted
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
  *             token barrier, the global step, stall reports, statistics
- *   sync.c    synchronous replicas on every ps: pushes held per step, and
+ *   sync.c    synchronous replicas on every ps: pushes held per step (and
+ *             a sync push-and-pull's answer, until its step is done), and
  *             the reduce-and-apply of a step once its quorum is decided
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids

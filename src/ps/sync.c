@@ -20,6 +20,12 @@
  * member, by worker then seq, that pushed it), so it is the same whatever
  * the arrival order; workers that run the same scheduler agree anyway.
  *
+ * A held push (QR_PUSH_SYNC | QR_PUSH_REPLY_VALUES: a sync push-and-pull
+ * in one round trip) is kept the same way; on ps k its answer is held too
+ * (held_pull), ps 0 is told (HELD), and the answer goes out with the
+ * values once the push's step is applied here (or at ps 0's RELEASE).
+ * ps 0's own part goes to coord.c, which answers it with the token.
+ *
  * A non-trainable variable (trainable=false, a module's buffer) takes no
  * gradient: the members that pushed it pushed values, and their mean (over
  * those members only; one member's: its value) is assigned.
