@@ -360,9 +360,14 @@ QR_API int qr_worker_push(qr_worker *w, int n, const int *ids,
  * values after the push. Async: in one round trip per ps (ps-lite's
  * ZPushPull): each ps answers the push, once applied, with the variables'
  * values as it left them (later pushes of other workers not yet in).
- * Sync: the push, the step's token (its wait) and the pull of the step's
- * result, three round trips; a stale push still gets the token and the
- * values, and returns QR_ESTALE. flags as for qr_worker_push.
+ * Sync: one round trip per ps too: each ps answers once the push's step
+ * is done there, with the step's values, and ps 0 with the next token
+ * (set as the local step, and in *global_step): the push, the token
+ * barrier and the pull of qr_worker_push, qr_worker_take_token and
+ * qr_worker_pull in one exchange (docs/SYNC.md, "One round trip"). The
+ * push reaches ps 0 even when none of the variables is there. A stale
+ * push still gets the token and the values, and returns QR_ESTALE.
+ * flags as for qr_worker_push.
  */
 QR_API int qr_worker_push_pull(qr_worker *w, int n, const int *ids,
                                const float *const *grads, float *const *values,
@@ -377,10 +382,13 @@ QR_API int qr_worker_push_pull(qr_worker *w, int n, const int *ids,
  * order it was asked. The arrays (gradients, destinations) must stay
  * valid and unchanged until the wait; wait for every handle before
  * qr_worker_free. Replies are taken in while the worker waits (in any of
- * its calls), not in the background. Pushes: async mode only (a sync
- * step's push is committed whole: use qr_worker_push), and no rows added
- * with qr_worker_add_rows pending (they go with a blocking push).
- * values in qr_worker_push_pull_start as in qr_worker_push_pull.
+ * its calls), not in the background. Pushes: async mode only, but
+ * qr_worker_push_pull_start, which is a sync step in sync mode (its wait
+ * takes the token; use qr_worker_push otherwise), and no rows added with
+ * qr_worker_add_rows pending (they go with a blocking push). values in
+ * qr_worker_push_pull_start as in qr_worker_push_pull. Replies are
+ * matched by id: a sync push-and-pull's come after its step, those of
+ * requests made later may come before.
  */
 typedef struct qr_request qr_request;
 QR_API int qr_worker_push_start(qr_worker *w, int n, const int *ids, const float *const *grads,

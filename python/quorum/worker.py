@@ -367,10 +367,13 @@ class Worker:
                   step: bool = True) -> int:
         """Push gradients and get the variables' new values in the same call
         (``into``: variable -> destination array, None or absent: the
-        worker's copy). Async: one round trip per ps, the values as this
-        push left them; sync: push, the step's token, the pull (a stale
-        gradient raises StaleError after the values have come). Returns the
-        global step."""
+        worker's copy). One round trip per ps. Async: the values as this
+        push left them. Sync: each ps answers once the push's step is done
+        there, ps 0 with the next token (the worker's local step), so the
+        call is the push, the token barrier and the pull of the step's
+        result at once; a stale gradient raises StaleError after the values
+        and the token have come. Returns the global step (sync: the
+        token's)."""
         if fastcall is not None and type(grads) is dict and not self._typed and \
                 (into is None or type(into) is dict):
             done = fastcall.push_pull(self._handle.value, grads, into, self._names, self._sizes,
@@ -405,8 +408,9 @@ class Worker:
     def push_pull_start(self, grads: Mapping[Any, ArrayLike],
                         into: Optional[Mapping[Any, Optional[ArrayLike]]] = None,
                         step: bool = True) -> "Request":
-        """``push_pull`` without waiting (async mode): the values are in
-        ``into`` (or the worker's copies) once ``wait()`` returns."""
+        """``push_pull`` without waiting: the values are in ``into`` (or the
+        worker's copies) once ``wait()`` returns (sync: with the step's
+        token; compute what does not need them meanwhile)."""
         ids, ptrs, n = self._targets("gradient", grads.items(), writable=False, caller="push_pull_start")
         dst = {self.id(k): a for k, a in (into or {}).items()}
         _, outs, _ = self._targets("push_pull values",

@@ -154,6 +154,13 @@ def test_sync_workers_stay_equal(make_cluster):  # type: ignore[no-untyped-def]
     def run(k: int) -> None:
         try:
             opts[k] = qt.Optimizer(models[k], "SGD", worker=c.worker(k), lr=0.1)
+
+            def three_trips(*args: object, **kwargs: object) -> int:
+                raise AssertionError("a sync step took a token or pulled: not one round trip")
+
+            # a step is one push_pull: its answers bring the values and the token
+            opts[k].worker.take_token = three_trips
+            opts[k].worker.pull = three_trips
             X, y = data()
             half = slice(0, 32) if k == 0 else slice(32, 64)
             for _ in range(10):
@@ -185,6 +192,7 @@ def test_sync_workers_stay_equal(make_cluster):  # type: ignore[no-untyped-def]
     for a, b in zip(models[0].parameters(), ref.parameters()):
         assert float((a - b).detach().abs().max()) < 1e-5
     assert opts[0].global_step == 10
+    assert opts[0].worker.local_step == opts[1].worker.local_step == 10
 
 
 def test_accumulate_and_local_steps():  # type: ignore[no-untyped-def]

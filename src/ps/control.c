@@ -66,6 +66,8 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_msg_put_welcome(&out, &welcome);
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
+    /* ps 0's link is (back) up: what it may have missed of the held pushes */
+    if (m.role == QR_ROLE_COORDINATOR && ps->sync.on) qr__sync_coordinator_linked(ps);
 }
 
 static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {

@@ -27,8 +27,12 @@
  * A stop (the chief's STOP, or a signal) ends every token wait with
  * QR_ESTOPPED.
  *
+ * A sync push-and-pull (a held push, "held pushes" below) does steps 1
+ * and 5 in one round trip: the push is the commit, counted once every ps
+ * it went to says it holds it (HELD), and its answer goes with the token.
+ *
  * ps 0 reaches the other ps tasks through its links (links.c), which
- * carry APPLY and STOP.
+ * carry APPLY, RELEASE and STOP, and bring HELD.
  */
 #include "ps/ps_internal.h"
 
@@ -71,6 +75,12 @@ static void unpop_token(ps_sync *s, int64_t step) {
 }
 
 static void answer_token(token_waiter *w, int status, int64_t step, const char *msg) {
+    if (w->held) { /* a held push: the values come with the token */
+        if (status) qr__held_fail(w->held, status, msg);
+        else qr__held_answer(w->held, step);
+        w->held = NULL;
+        return;
+    }
     if (status) {
         qr__peer_reply_error(w->peer, &w->req, status, msg);
         return;
@@ -81,7 +91,10 @@ static void answer_token(token_waiter *w, int status, int64_t step, const char *
 /* Grant tokens to waiting places in order; answer those whose TOKEN
  * request is in. A granted place whose request has not come yet keeps its
  * token (and its place) until it comes. */
-static void serve_waiters(ps_sync *s) {
+static void release_others(qr_ps *ps, const held_pull *h);
+
+static void serve_waiters(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
     token_waiter **link = &s->waiters;
     while (*link) {
         token_waiter *w = *link;
@@ -91,6 +104,7 @@ static void serve_waiters(ps_sync *s) {
             w->token = pop_token(s);
         }
         if (w->has_request) {
+            if (w->held) release_others(ps, w->held);
             answer_token(w, QR_OK, w->token, NULL);
             *link = w->next;
             free(w);
@@ -121,6 +135,8 @@ static int add_waiter(ps_sync *s, ps_peer *p, token_waiter **out) {
     return QR_OK;
 }
 
+static void end_commits(ps_sync *s, int status, const char *msg);
+
 static void end_waiters(ps_sync *s, int status, const char *msg) {
     while (s->waiters) {
         token_waiter *w = s->waiters;
@@ -129,9 +145,12 @@ static void end_waiters(ps_sync *s, int status, const char *msg) {
         free(w);
     }
     s->waiters_tail = NULL;
+    end_commits(s, status, msg);
 }
 
 static void abort_training(qr_ps *ps, const char *why);
+static void judge_commits(qr_ps *ps);
+static void on_held(qr_ps *ps, int from, const uint8_t *meta, uint32_t len);
 
 /* ---- steps ------------------------------------------------------------------ */
 
@@ -179,12 +198,13 @@ static void complete_step(qr_ps *ps) {
     s->nquorum = 0;
     s->step_started_ns = qr__now_ns();
     int release = QR_MAX(s->N, s->R);
+    judge_commits(ps);
     for (int i = 0; i < release; i++)
         if (push_token(s, ps->global_step)) {
             abort_training(ps, qr_last_error());
             return;
         }
-    serve_waiters(s);
+    serve_waiters(ps);
     qr__ckpt_step_done(ps);
 }
 
@@ -348,6 +368,7 @@ int qr__coord_init(qr_ps *ps) {
         if (!s->stats_file)
             return qr__fail(QR_EIO, "sync-stats-file %s: cannot open for writing", path);
     }
+    s->on_held = on_held;
     uv_timer_init(&ps->loop, &s->timer);
     s->timer.data = ps;
     s->timer_on = true;
@@ -393,60 +414,254 @@ int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return qr__peer_check_small(f, f->type == QR_MSG_COMMIT ? QR_MSG_COMMIT_LEN : QR_MSG_TOKEN_LEN);
 }
 
-void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    qr_ps *ps = p->ps;
+/* Count the push (worker, seq) of local_step for the step under way, or
+ * drop it as stale, and queue the worker's place in the token queue.
+ * held: a held push's answer, which goes with the worker's token (p, f
+ * are its request); NULL: a COMMIT, answered here. */
+static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit *m,
+                   held_pull *held) {
     ps_sync *s = &ps->sync;
-    qr_rbuf r;
-    qr_rbuf_init(&r, meta, f->meta_len);
-    qr_msg_commit m;
-    qr_msg_get_commit(&r, &m);
-    uint32_t worker = m.worker, seq = m.seq;
-    int64_t local_step = m.local_step;
+    uint32_t worker = m->worker, seq = m->seq;
+    int64_t local_step = m->local_step;
     char msg[512];
-    if (s->aborted) {
-        qr__peer_reply_error(p, f, QR_EABORTED, s->abort_msg);
-        return;
-    }
-    if (!ps->ready) {
-        qr__peer_reply_error(p, f, QR_ENOTREADY, "COMMIT: the chief has not initialized yet");
-        return;
-    }
+    int status = QR_OK;
     bool known = qr__is_worker(worker, s->N);
-    if (!known || local_step > ps->global_step) {
+    bool twice = false;
+    for (int i = 0; i < s->nquorum; i++)
+        twice |= s->quorum[i].worker == worker && s->quorum[i].seq == seq;
+    if (s->aborted) {
+        status = QR_EABORTED;
+        snprintf(msg, sizeof msg, "%s", s->abort_msg);
+    } else if (!ps->ready) {
+        status = QR_ENOTREADY;
+        snprintf(msg, sizeof msg, "COMMIT: the chief has not initialized yet");
+    } else if (!known || local_step > ps->global_step) {
+        status = QR_EINVAL;
         snprintf(msg, sizeof msg, "COMMIT: worker %u, step %lld: %s", worker,
                  (long long)local_step, !known ? "no such worker" : "that step has not started");
-        qr__peer_reply_error(p, f, QR_EINVAL, msg);
-        return;
+    } else if (held && twice) { /* before its place: a held push's answer is its token */
+        status = QR_EINVAL;
+        snprintf(msg, sizeof msg, "COMMIT: this push was committed already");
     }
     /* The worker's place in the token queue, fresh or stale alike. */
-    int rc = add_waiter(s, p, NULL);
-    if (rc) {
+    token_waiter *w = NULL;
+    if (!status && (status = add_waiter(s, p, &w)))
         snprintf(msg, sizeof msg, "COMMIT: %s", qr_last_error());
-        qr__peer_reply_error(p, f, rc, msg);
+    if (status) {
+        if (held) qr__held_fail(held, status, msg);
+        else qr__peer_reply_error(p, f, status, msg);
         return;
     }
-    if (local_step < ps->global_step || s->applying) {
-        qr__ckpt_data_pos(ps, worker, m.data_pos); /* its batch is spent all the same */
+    bool stale = local_step < ps->global_step || s->applying;
+    if (held) {
+        held->stale = stale;
+        w->held = held;
+        w->has_request = true;
+        w->req = held->req;
+    }
+    if (stale) {
+        qr__ckpt_data_pos(ps, worker, m->data_pos); /* its batch is spent all the same */
         s->stale_commits++;
         s->stale_by_worker[worker]++;
         snprintf(msg, sizeof msg, "dropped: stale: worker %u's gradient of step %lld came after "
                  "step %lld had its %d gradients", worker, (long long)local_step,
                  (long long)local_step, s->R);
-        qr__peer_reply_error(p, f, QR_ESTALE, msg);
-        serve_waiters(s);
+        if (!held) qr__peer_reply_error(p, f, QR_ESTALE, msg);
+        serve_waiters(ps);
         return;
     }
-    for (int i = 0; i < s->nquorum; i++)
-        if (s->quorum[i].worker == worker && s->quorum[i].seq == seq) {
-            qr__peer_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
-            return;
-        }
-    s->quorum[s->nquorum++] = (quorum_member){worker, seq, m.data_pos};
+    if (twice) {
+        qr__peer_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
+        return;
+    }
+    s->quorum[s->nquorum++] = (quorum_member){worker, seq, m->data_pos};
     s->last_grad_ns = qr__now_ns();
-    qr__peer_reply_step(p, f, ps->global_step);
-    serve_waiters(s);
+    if (!held) qr__peer_reply_step(p, f, ps->global_step);
+    serve_waiters(ps);
     if (s->nquorum == s->R) start_apply(ps);
     else qr__liveness_end_if_finished(ps);
+}
+
+void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_commit m;
+    qr_msg_get_commit(&r, &m);
+    commit(p->ps, p, f, &m, NULL);
+}
+
+/* ---- held pushes: a sync push-and-pull in one round trip ------------------------
+ *
+ * A held push goes to every ps that holds its variables and to ps 0
+ * always; each ps k keeps it for its step and says so (HELD). ps 0 counts
+ * it (commit) once its own part is in and every other ps the push went to
+ * has said what it did with it: so a gradient is in a quorum only when
+ * every ps that should have it has it. Its answer waits for the worker's
+ * token: the token is implied by the answer. A ps k answers once the
+ * push's step is applied there; when ps 0 answers before that (a token of
+ * an earlier step: initial tokens, fewer workers than replicas, a
+ * refusal), it tells the others to answer now (RELEASE), as a TOKEN then
+ * a PULL would have read them. */
+
+typedef struct held_commit {
+    struct held_commit *next;
+    uint32_t worker, seq;
+    int64_t local_step;
+    uint64_t data_pos;
+    held_pull *own;  /* ps 0's part, the answer to give; NULL until it is in */
+    int nparts;      /* the ps tasks the push went to, ps 0 included */
+    int noted;       /* how many of the others said what they did with it */
+    int refused;     /* the first refusal one of them noted, and why */
+    char why[512];
+    uint8_t from[];  /* per ps: it has noted */
+} held_commit;
+
+static held_commit *find_commit(qr_ps *ps, uint32_t worker, uint32_t seq, bool make) {
+    ps_sync *s = &ps->sync;
+    for (held_commit *c = s->commits; c; c = c->next)
+        if (c->worker == worker && c->seq == seq) return c;
+    if (!make) return NULL;
+    held_commit *c = qr__calloc(1, sizeof *c + (size_t)ps->cluster->nps);
+    if (!c) return NULL;
+    c->worker = worker;
+    c->seq = seq;
+    c->next = s->commits;
+    s->commits = c;
+    return c;
+}
+
+static void drop_commit(ps_sync *s, held_commit *c) {
+    held_commit **link = &s->commits;
+    while (*link != c) link = &(*link)->next;
+    *link = c->next;
+    free(c->own);
+    free(c);
+}
+
+/* The other ps tasks answer the held push now (RELEASE) when its step is
+ * not done everywhere: the answer of ps 0 is going ahead of it. */
+static void release_others(qr_ps *ps, const held_pull *h) {
+    if (h->step >= ps->global_step) qr__links_release(ps, h->worker, h->seq);
+}
+
+/* Commit c if every ps has said what it did with it (or its step is over:
+ * a HELD lost with a link cannot hold up a stale push). */
+static void try_commit(qr_ps *ps, held_commit *c) {
+    ps_sync *s = &ps->sync;
+    if (!c->own) return;
+    bool over = c->local_step < ps->global_step;
+    if (c->noted < c->nparts - 1 && !over) return;
+    held_pull *h = c->own;
+    c->own = NULL;
+    int refused = c->refused;
+    char why[sizeof c->why];
+    memcpy(why, c->why, sizeof why);
+    qr_msg_commit m = {.worker = c->worker, .seq = c->seq, .local_step = c->local_step,
+                       .data_pos = c->data_pos};
+    drop_commit(s, c);
+    if (refused) {
+        release_others(ps, h);
+        qr__held_fail(h, refused, why);
+        return;
+    }
+    commit(ps, h->peer, &h->req, &m, h);
+}
+
+void qr__coord_held_push(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    const sync_push *in = p->incoming;
+    uint32_t worker = in->worker, seq = in->seq;
+    int64_t local_step = in->local_step;
+    int held = 0;
+    for (const token_waiter *w = s->waiters; w; w = w->next) held += w->peer == p;
+    for (const held_commit *c = s->commits; c; c = c->next) held += c->own && c->own->peer == p;
+    char msg[512];
+    int rc;
+    if (held >= PEER_MAX_WAITS) {
+        qr__grad_check_finish(&p->check, f->payload_len);
+        qr__sync_push_free(ps, p->incoming);
+        p->incoming = NULL;
+        rc = QR_EINVAL;
+        snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
+                 "waiting for their token already (at most %d)", ps->name, held, PEER_MAX_WAITS);
+    } else {
+        rc = qr__sync_push_keep(p, f, msg, sizeof msg);
+    }
+    held_commit *c = find_commit(ps, worker, seq, !rc || rc == QR_ESTALE);
+    held_pull *h = NULL;
+    if (!rc || rc == QR_ESTALE) {
+        h = qr__held_new(p, f, worker, seq, local_step, p->items, p->nitems);
+        if (!h || !c) {
+            free(h);
+            rc = QR_ENOMEM;
+            snprintf(msg, sizeof msg, "out of memory holding a push-and-pull");
+        }
+    }
+    if (rc && rc != QR_ESTALE) {
+        if (c) drop_commit(s, c);
+        qr__links_release(ps, worker, seq);
+        qr__peer_reply_error(p, f, rc, msg);
+        return;
+    }
+    if (c->own) { /* the same (worker, seq) held twice */
+        free(h);
+        qr__peer_reply_error(p, f, QR_EINVAL, "PUSH: this push is held already");
+        return;
+    }
+    c->own = h;
+    c->local_step = local_step;
+    c->data_pos = p->push_data_pos;
+    c->nparts = (int)QR_MIN(QR_MAX(p->push_nparts, 1u), (uint32_t)ps->cluster->nps);
+    try_commit(ps, c);
+}
+
+/* A HELD from ps `from` (links.c). */
+static void on_held(qr_ps *ps, int from, const uint8_t *meta, uint32_t len) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, len);
+    qr_msg_held m;
+    qr_msg_get_held(&r, &m);
+    if (r.bad || from < 1 || from >= ps->cluster->nps) return;
+    if (m.local_step >= 0 && m.local_step < ps->global_step - 1) return; /* long over */
+    held_commit *c = find_commit(ps, m.worker, m.seq, true);
+    if (!c) {
+        abort_training(ps, "out of memory for a held push");
+        return;
+    }
+    if (!c->own && m.local_step >= 0) c->local_step = m.local_step;
+    if (c->from[from]) return; /* said again after its link was remade */
+    c->from[from] = 1;
+    c->noted++;
+    if (m.status && m.status != QR_ESTALE && !c->refused) {
+        c->refused = m.status;
+        snprintf(c->why, sizeof c->why, "ps %d: %.*s", from, (int)QR_MIN(r.left, 400u),
+                 (const char *)meta + QR_MSG_HELD_LEN);
+    }
+    try_commit(ps, c);
+}
+
+/* A step is over: held pushes waiting for a HELD that a lost link took
+ * can be judged (stale), and what other ps tasks said of pushes whose
+ * own part never came (a worker that died mid-call) is forgotten. */
+static void judge_commits(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    held_commit *c = s->commits;
+    while (c) {
+        held_commit *next = c->next;
+        if (c->own) try_commit(ps, c);
+        else if (c->local_step < ps->global_step) drop_commit(s, c);
+        c = next;
+    }
+}
+
+static void end_commits(ps_sync *s, int status, const char *msg) {
+    while (s->commits) {
+        held_commit *c = s->commits;
+        if (c->own) qr__held_fail(c->own, status, msg);
+        c->own = NULL;
+        drop_commit(s, c);
+    }
 }
 
 void qr__coord_token(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -469,7 +684,7 @@ void qr__coord_token(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     }
     w->has_request = true;
     w->req = *f;
-    serve_waiters(s);
+    serve_waiters(ps);
 }
 
 void qr__coord_stats_json(qr_ps *ps, cJSON *j) {
@@ -504,13 +719,18 @@ void qr__coord_peer_lost(ps_peer *p) {
         if (w->peer == p) {
             if (w->granted) unpop_token(s, w->token);
             *link = w->next;
+            free(w->held);
             free(w);
         } else {
             s->waiters_tail = w;
             link = &w->next;
         }
     }
-    serve_waiters(s);
+    for (held_commit *c = s->commits, *next; c; c = next) {
+        next = c->next;
+        if (c->own && c->own->peer == p) drop_commit(s, c);
+    }
+    serve_waiters(ps);
     if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
     int w = p->worker_index;
     if (ps->worker_conns[w] > 0 || ps->stopping) return; /* control.c and server.c count them */

@@ -1,6 +1,7 @@
 /*
  * links.c - ps 0's connections to the other ps tasks: what travels on
- * them (the APPLY of a sync step, the CKPT requests of a checkpoint, STOP)
+ * them (the APPLY of a sync step, the HELD and RELEASE of its held
+ * pushes, the CKPT requests of a checkpoint, STOP)
  * and what they tell about those tasks: whether each one is up, and which
  * run of it (its incarnation) answers.
  *
@@ -212,6 +213,8 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
             l->apply_sent = false;
         }
         l->apply_cb(ps, l->index, step, f->status, (const char *)meta, f->meta_len);
+    } else if (f->type == QR_MSG_HELD) {
+        if (ps->sync.on_held) ps->sync.on_held(ps, l->index, meta, f->meta_len);
     } else if (type == QR_MSG_CKPT && l->ckpt_cb) {
         l->ckpt_cb(ps, l->index, f->status, f, meta);
     } else if (type == QR_MSG_STOP) {
@@ -269,6 +272,17 @@ void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb) {
         l->apply_sent = false;
         link_flush(l);
     }
+}
+
+void qr__links_release(qr_ps *ps, uint32_t worker, uint32_t seq) {
+    qr_wbuf meta = {0};
+    qr_msg_put_member(&meta, worker, seq);
+    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        /* A link down loses it: that ps then answers after the step. */
+        if (l->up && l->conn) link_send(l, QR_MSG_RELEASE, &meta);
+    }
+    qr_wbuf_free(&meta);
 }
 
 void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb) {

@@ -20,7 +20,8 @@
  *   push.c    async pushes: checked, acknowledged, applied, counted
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
  *             token barrier, the global step, stall reports, statistics
- *   sync.c    synchronous replicas on every ps: pushes held per step, and
+ *   sync.c    synchronous replicas on every ps: pushes held per step (and
+ *             a sync push-and-pull's answer, until its step is done), and
  *             the reduce-and-apply of a step once its quorum is decided
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
@@ -227,10 +228,27 @@ typedef struct quorum_member {
     uint64_t data_pos; /* the worker's data position after that push */
 } quorum_member;
 
+/* A held push's answer (a sync push-and-pull in one round trip,
+ * docs/SYNC.md): the request to answer and the dense variables whose
+ * values it brings back (var and dtype of each). ps k keeps it until the
+ * push's step is applied there (sync.c); ps 0 until the worker's token
+ * is granted (coord.c). */
+typedef struct held_pull {
+    struct held_pull *next;
+    ps_peer *peer;
+    qr_frame req;
+    uint32_t worker, seq;
+    int64_t step;   /* the push's local_step */
+    bool stale;     /* dropped as stale: the answer says so */
+    int nitems;
+    push_item items[];
+} held_pull;
+
 /* A worker's place in the token queue. It is taken when the worker's push
  * is committed (as if TensorFlow's dequeue followed apply_gradients with
  * no gap), granted a token in FIFO order, and answered when the worker's
- * TOKEN request arrives. */
+ * TOKEN request arrives, or at once for a held push (its token is implied
+ * by its answer). */
 typedef struct token_waiter {
     struct token_waiter *next;
     ps_peer *peer;
@@ -238,6 +256,7 @@ typedef struct token_waiter {
     int64_t token;    /* the step of the granted token */
     bool has_request; /* the TOKEN request has arrived: reply to req */
     qr_frame req;
+    held_pull *held;  /* a held push's answer goes with the token */
 } token_waiter;
 
 typedef struct coord_link coord_link;
@@ -258,6 +277,9 @@ typedef void (*qr_link_ckpt_cb)(qr_ps *ps, int index, int status, const qr_frame
  * back (or aborts): the link must do nothing more. */
 typedef bool (*qr_link_welcome_cb)(qr_ps *ps, int index, uint64_t known,
                                    const qr_msg_welcome *m);
+/* A HELD from ps `index` (its meta: a qr_msg_held, then the refusal's
+ * text): what that ps did with a held push. */
+typedef void (*qr_link_held_cb)(qr_ps *ps, int index, const uint8_t *meta, uint32_t len);
 
 /* One gradient of a sync step's reduce: member `member` pushed `it` for v
  * (dense, or sparse rows: it->nrows >= 0). */
@@ -283,6 +305,8 @@ typedef struct ps_sync {
     sync_source *sources; /* the step being applied: gradients per variable */
     int nsources, sources_cap;
     uint64_t stale_pushes; /* dropped here as stale */
+    held_pull *held;     /* ps k: held pushes' answers, waiting for their step */
+
 
     /* ps 0 only */
     quorum_member *quorum;
@@ -295,6 +319,8 @@ typedef struct ps_sync {
     token_waiter *waiters, *waiters_tail;
     coord_link *links;  /* to ps 1..P-1 */
     qr_link_welcome_cb on_welcome; /* the answer to every link's HELLO */
+    qr_link_held_cb on_held;       /* a HELD from a linked ps */
+    struct held_commit *commits;   /* held pushes waiting for the other ps tasks' HELD */
     uv_timer_t timer;
     bool timer_on;
     uint64_t step_started_ns, last_grad_ns, last_report_ns;
@@ -594,6 +620,9 @@ void qr__pull_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
  * or a fused push's dense gradients': QR_PUSH_REPLY_VALUES), lent from
  * their tensors; step: the global step first in the meta, or NULL. */
 void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const int64_t *step);
+/* The same for items[0..nitems), the meta starting with head's bytes. */
+void qr__pull_reply_items(ps_peer *p, const qr_frame *f, const push_item *items, int nitems,
+                          bool averages, const qr_wbuf *head);
 
 /* rows.c: a sparse item's ids are rows of its dense variable, or ids of
  * its table placed on this ps; otherwise msg says which is not (QR_EINVAL). */
@@ -632,6 +661,29 @@ void qr__sync_free(qr_ps *ps);
 int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
                          int64_t local_step);
 void qr__sync_push_message(ps_peer *p, const qr_frame *f);
+/* The synchronous push just received, checked and kept for its step:
+ * QR_OK, QR_ESTALE (stale here: dropped) or a refusal (dropped); msg
+ * says why. Nothing is answered. */
+int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len);
+/* A held push's answer (QR_PUSH_SYNC | QR_PUSH_REPLY_VALUES): the dense
+ * items' variables whose values it brings. NULL when out of memory. */
+held_pull *qr__held_new(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
+                        int64_t step, const push_item *items, int nitems);
+/* Answer it with its values (then `step`, and QR_HELD_STALE if stale),
+ * or with an error; either frees it. */
+void qr__held_answer(held_pull *h, int64_t step);
+void qr__held_fail(held_pull *h, int status, const char *msg);
+/* A request refused at its header: a held push's ps 0 hears of it. */
+void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg);
+/* ps k: ps 0's link (re)connected: say again which held pushes are here. */
+void qr__sync_coordinator_linked(qr_ps *ps);
+/* The peer is gone: its held pushes' answers with it. */
+void qr__sync_peer_lost(ps_peer *p);
+/* The ps stops: every held push is answered with why. */
+void qr__sync_stop(qr_ps *ps, int status, const char *why);
+/* RELEASE comes from ps 0's coordinator link: answer a held push now. */
+int qr__sync_release_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* APPLY comes from ps 0's coordinator link, in sync mode. */
 int qr__sync_apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -730,6 +782,8 @@ void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb);
  * any APPLY queued after it; cb gets its answer, or the link's loss. */
 void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb);
 void qr__links_stop_all(qr_ps *ps);
+/* RELEASE (worker, seq) to every ps k linked now: answer that held push. */
+void qr__links_release(qr_ps *ps, uint32_t worker, uint32_t seq);
 /* ps 0's watch: a link down for restart-wait-ms ends the run. */
 void qr__links_watch(qr_ps *ps);
 /* A link still has a STOP to deliver. */
@@ -761,6 +815,10 @@ void qr__coord_set_step(qr_ps *ps, int64_t step);
 int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_token(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* A held push (QR_PUSH_SYNC | QR_PUSH_REPLY_VALUES) on ps 0: kept as
+ * any sync push, and committed once every other ps it went to has said it
+ * holds it (HELD); answered when the worker's token is granted. */
+void qr__coord_held_push(ps_peer *p, const qr_frame *f);
 /* Add the coordinator's statistics to a cJSON object. */
 void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);

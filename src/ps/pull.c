@@ -2,7 +2,8 @@
  * pull.c - PULL: the current values (or moving averages) of variables of
  * this ps, sent from the variables' own tensors without a copy. A fused
  * push-and-pull (an async PUSH with QR_PUSH_REPLY_VALUES, push.c) is
- * answered the same way, after its apply.
+ * answered the same way, after its apply, and so is a held sync push
+ * (sync.c, coord.c), after its step.
  *
  * The reply holds a reference on each tensor it sends (store.h): an apply
  * that comes while the reply is still being written copies the tensor
@@ -70,10 +71,18 @@ void qr__pull_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 }
 
 void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const int64_t *step) {
+    qr_wbuf head = {0};
+    if (step) qr_msg_put_step(&head, *step);
+    qr__pull_reply_items(p, f, p->items, p->nitems, averages, &head);
+    qr_wbuf_free(&head);
+}
+
+void qr__pull_reply_items(ps_peer *p, const qr_frame *f, const push_item *items, int nitems,
+                          bool averages, const qr_wbuf *head) {
     int n = 0;
     uint64_t narrow_bytes = 0;
-    for (int i = 0; i < p->nitems; i++) {
-        const push_item *it = &p->items[i];
+    for (int i = 0; i < nitems; i++) {
+        const push_item *it = &items[i];
         if (it->var->table || it->nrows >= 0) continue;
         n++;
         if (it->dtype != QR_FLOAT32)
@@ -90,15 +99,15 @@ void qr__pull_reply_values(ps_peer *p, const qr_frame *f, bool averages, const i
         return;
     }
     qr_wbuf meta = {0};
-    if (step) qr_msg_put_step(&meta, *step);
+    if (head->len) qr_wbuf_bytes(&meta, head->data, head->len);
     qr_msg_put_count(&meta, (uint32_t)n);
     refs->n = 0;
     refs->narrowed = narrowed;
     uint8_t *at = narrowed;
-    for (int i = 0, k = 0; i < p->nitems; i++) {
-        qr_var *v = p->items[i].var;
-        int dtype = p->items[i].dtype;
-        if (v->table || p->items[i].nrows >= 0) continue; /* rows: no values back */
+    for (int i = 0, k = 0; i < nitems; i++) {
+        qr_var *v = items[i].var;
+        int dtype = items[i].dtype;
+        if (v->table || items[i].nrows >= 0) continue; /* rows: no values back */
         uint64_t bytes = qr_dt_wire_bytes(dtype, (uint64_t)v->n);
         qr_msg_put_var(&meta, &(qr_msg_var){.id = v->id,
                                             .kind = qr_msg_kind(QR_GRAD_DENSE, (uint32_t)dtype),

@@ -139,9 +139,6 @@ int qr__push_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return qr__fail(QR_EINVAL, "PUSH: unknown flags 0x%x", f->flags);
     if (sync && (f->flags & QR_PUSH_DELTA))
         return qr__fail(QR_EINVAL, "PUSH: delta pushes are for async training");
-    if (sync && (f->flags & QR_PUSH_REPLY_VALUES))
-        return qr__fail(QR_EINVAL, "PUSH: a fused push-and-pull is for async training (a sync "
-                        "step's values come after its quorum)");
     if (sync != p->ps->sync.on)
         return qr__fail(QR_EINVAL, "PUSH: a %s push, but this ps trains in %s mode",
                         sync ? "synchronous" : "asynchronous", p->ps->sync.on ? "sync" : "async");

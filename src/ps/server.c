@@ -50,7 +50,9 @@ static void stop_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 
 /* A push is held for its step's quorum (sync.c) or applied now (push.c). */
 static void push_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
+    bool held = (f->flags & QR_PUSH_SYNC) && (f->flags & QR_PUSH_REPLY_VALUES);
+    if (held && p->ps->index == 0) qr__coord_held_push(p, f);
+    else if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
     else qr__push_message(p, f);
 }
 
@@ -74,6 +76,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_COMMIT] = {qr__coord_header, qr__coord_commit, false},
     [QR_MSG_TOKEN] = {qr__coord_header, qr__coord_token, false},
     [QR_MSG_APPLY] = {qr__sync_apply_header, qr__sync_apply_message, false},
+    [QR_MSG_RELEASE] = {qr__sync_release_header, qr__sync_release_message, false}, /* no reply */
     [QR_MSG_CLOCK] = {qr__bound_clock_header, qr__bound_clock, false},
     [QR_MSG_STOP] = {NULL, stop_message, false},
     [QR_MSG_PUSH] = {qr__push_header, push_message, true},
@@ -139,8 +142,12 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     if (rolling_back(p->ps, c)) return; /* its buffers go back in on_lost */
     /* check_request held an error for any type without a handler. */
     const ps_handler *h = handler_of(f->type);
-    if (p->err) qr__peer_reply_error(p, f, p->err, p->errmsg);
-    else h->handle(p, f, meta);
+    if (p->err) {
+        qr__peer_reply_error(p, f, p->err, p->errmsg);
+        qr__sync_push_refused(p, f, p->err, p->errmsg);
+    } else {
+        h->handle(p, f, meta);
+    }
     if (!p->err && h->timed) qr__metrics_request(p, f);
     /* Every request is done with its payload by now, but a parked push. */
     if (!p->parked) qr__peer_release_recv(p);
@@ -222,6 +229,7 @@ static void on_lost(qr_conn *c, int status) {
         ps->worker_lost_ns[p->worker_index] = qr__now_ns();
     if (p->role == QR_ROLE_COORDINATOR) qr__liveness_coordinator_lost(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
+    if (ps->sync.on) qr__sync_peer_lost(p);
     if (!ps->sync.on && ps->index == 0) qr__bound_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
     else ps->peers = p->next;
@@ -286,6 +294,8 @@ static void begin_stop(qr_ps *ps) {
     ps->stop_begun = ps->stopping = true;
     qr__links_stop(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
+    if (ps->sync.on)
+        qr__sync_stop(ps, ps->exit_status ? ps->exit_status : QR_ESTOPPED, qr__ps_stop_reason(ps));
     if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;

@@ -21,6 +21,12 @@
  * member, by worker then seq, that pushed it), so it is the same whatever
  * the arrival order; workers that run the same scheduler agree anyway.
  *
+ * A held push (QR_PUSH_SYNC | QR_PUSH_REPLY_VALUES: a sync push-and-pull
+ * in one round trip) is kept the same way; on ps k its answer is held too
+ * (held_pull), ps 0 is told (HELD), and the answer goes out with the
+ * values once the push's step is applied here (or at ps 0's RELEASE).
+ * ps 0's own part goes to coord.c, which answers it with the token.
+ *
  * A non-trainable variable (trainable=false, a module's buffer) takes no
  * gradient: the members that pushed it pushed values, and their mean (over
  * those members only; one member's: its value) is assigned.
@@ -62,8 +68,14 @@ void qr__sync_free(qr_ps *ps) {
     }
     while (s->waiters) {
         token_waiter *next = s->waiters->next;
+        free(s->waiters->held);
         free(s->waiters);
         s->waiters = next;
+    }
+    while (s->held) {
+        held_pull *next = s->held->next;
+        free(s->held);
+        s->held = next;
     }
     free(s->sources);
     free(s->quorum);
@@ -108,56 +120,243 @@ static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq) {
     return NULL;
 }
 
-void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
+int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
     sync_push *sp = p->incoming;
     p->incoming = NULL;
     qr__grad_check_finish(&p->check, f->payload_len); /* it ran as the payload arrived */
-    char msg[512];
     if (qr__grad_widen(ps, sp->items, sp->nitems, &sp->wide, &sp->wide_cap)) {
         qr__sync_push_free(ps, sp);
-        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory widening a bf16/fp16 gradient");
-        return;
+        snprintf(msg, len, "out of memory widening a bf16/fp16 gradient");
+        return QR_ENOMEM;
     }
     if (sp->local_step < s->step) {
         s->stale_pushes++;
-        snprintf(msg, sizeof msg, "dropped: stale: a gradient of step %lld from worker %u, but "
+        snprintf(msg, len, "dropped: stale: a gradient of step %lld from worker %u, but "
                  "%s is at step %lld", (long long)sp->local_step, sp->worker, ps->name,
                  (long long)s->step);
         qr__sync_push_free(ps, sp);
-        qr__peer_reply_error(p, f, QR_ESTALE, msg);
-        return;
+        return QR_ESTALE;
     }
     if (sp->local_step > s->step || find_pending(s, sp->worker, sp->seq)) {
-        snprintf(msg, sizeof msg, "%s: PUSH: worker %u's push %u for step %lld: %s", ps->name,
+        snprintf(msg, len, "%s: PUSH: worker %u's push %u for step %lld: %s", ps->name,
                  sp->worker, sp->seq, (long long)sp->local_step,
                  sp->local_step > s->step ? "that step has not started" : "pushed twice");
         qr__sync_push_free(ps, sp);
-        qr__peer_reply_error(p, f, QR_EINVAL, msg);
-        return;
+        return QR_EINVAL;
     }
     for (int i = 0; i < sp->nitems; i++) {
         push_item *it = &sp->items[i];
-        if (it->nrows >= 0 && qr__rows_check(ps, it, msg, sizeof msg)) {
+        if (it->nrows >= 0 && qr__rows_check(ps, it, msg, len)) {
             qr__sync_push_free(ps, sp);
-            qr__peer_reply_error(p, f, QR_EINVAL, msg);
-            return;
+            return QR_EINVAL;
         }
         if (!it->nonfinite) continue;
         if (!ps->skip_nonfinite) {
-            snprintf(msg, sizeof msg, "%s: PUSH: the gradient of variable '%s' contains NaN or "
+            snprintf(msg, len, "%s: PUSH: the gradient of variable '%s' contains NaN or "
                      "Inf; the push was refused", ps->name, it->var->name);
             qr__sync_push_free(ps, sp);
-            qr__peer_reply_error(p, f, QR_ENONFINITE, msg);
-            return;
+            return QR_ENONFINITE;
         }
         it->skip = true; /* counts as a zero gradient in the mean */
         it->var->nonfinite_skipped++;
     }
+    if (!sp->nitems) { /* a held push's commit to ps 0: nothing to reduce here */
+        qr__sync_push_free(ps, sp);
+        return QR_OK;
+    }
     sp->next = s->pending;
     s->pending = sp;
-    qr__peer_reply_step(p, f, s->step);
+    return QR_OK;
+}
+
+/* ---- held pushes (a sync push-and-pull in one round trip) ----------------------- */
+
+held_pull *qr__held_new(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
+                        int64_t step, const push_item *items, int nitems) {
+    int dense = 0;
+    for (int i = 0; i < nitems; i++) dense += !items[i].var->table && items[i].nrows < 0;
+    held_pull *h = qr__calloc(1, sizeof *h + (size_t)dense * sizeof h->items[0]);
+    if (!h) return NULL;
+    *h = (held_pull){.peer = p, .req = *f, .worker = worker, .seq = seq, .step = step};
+    for (int i = 0; i < nitems; i++)
+        if (!items[i].var->table && items[i].nrows < 0)
+            h->items[h->nitems++] = (push_item){.var = items[i].var, .nrows = -1,
+                                                .dtype = items[i].dtype};
+    return h;
+}
+
+void qr__held_answer(held_pull *h, int64_t step) {
+    qr_wbuf head = {0};
+    qr_msg_put_held_reply(&head, step, h->stale ? QR_HELD_STALE : 0);
+    qr__pull_reply_items(h->peer, &h->req, h->items, h->nitems, false, &head);
+    qr_wbuf_free(&head);
+    free(h);
+}
+
+void qr__held_fail(held_pull *h, int status, const char *msg) {
+    qr__peer_reply_error(h->peer, &h->req, status, msg);
+    free(h);
+}
+
+/* ps k: tell ps 0 what became of a held push (QR_OK: held here for its
+ * step), on the link ps 0 opened to this ps. Without one (ps 0's link is
+ * being remade), the held ones are told again when it is back
+ * (qr__sync_coordinator_linked); a refusal then is the worker's to see. */
+static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t step,
+                             int status, const char *why) {
+    ps_peer *c = ps->peers;
+    while (c && c->role != QR_ROLE_COORDINATOR) c = c->next;
+    if (!c) return;
+    qr_wbuf meta = {0};
+    qr_msg_put_held(&meta, &(qr_msg_held){.worker = worker, .seq = seq, .local_step = step,
+                                          .status = status});
+    if (status && status != QR_ESTALE && why) qr_wbuf_bytes(&meta, why, strlen(why));
+    qr_frame f = {.type = QR_MSG_HELD, .request_id = QR_STOP_NOTICE_ID};
+    if (!meta.oom && qr_conn_send(c->conn, &f, meta.data, (uint32_t)meta.len, NULL, 0, NULL, NULL))
+        qr__log(QR_LOG_DEBUG, "HELD not sent to ps 0: %s", qr_last_error());
+    qr_wbuf_free(&meta);
+}
+
+static bool is_held(const qr_frame *f) {
+    return (f->flags & QR_PUSH_SYNC) && (f->flags & QR_PUSH_REPLY_VALUES);
+}
+
+/* A connection may hold PEER_MAX_WAITS answers: beyond, a client that
+ * keeps pushing ahead of its steps would grow the ps's memory. */
+static int held_by(const ps_sync *s, const ps_peer *p) {
+    int n = 0;
+    for (const held_pull *h = s->held; h; h = h->next) n += h->peer == p;
+    return n;
+}
+
+void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
+    qr_ps *ps = p->ps;
+    ps_sync *s = &ps->sync;
+    const sync_push *in = p->incoming;
+    uint32_t worker = in->worker, seq = in->seq;
+    int64_t step = in->local_step;
+    char msg[512];
+    int rc;
+    if (is_held(f) && held_by(s, p) >= PEER_MAX_WAITS) {
+        qr__grad_check_finish(&p->check, f->payload_len);
+        qr__sync_push_free(ps, p->incoming);
+        p->incoming = NULL;
+        rc = QR_EINVAL;
+        snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
+                 "waiting for their step already (at most %d)", ps->name, PEER_MAX_WAITS,
+                 PEER_MAX_WAITS);
+    } else {
+        rc = qr__sync_push_keep(p, f, msg, sizeof msg);
+    }
+    if (!is_held(f)) {
+        if (rc) qr__peer_reply_error(p, f, rc, msg);
+        else qr__peer_reply_step(p, f, s->step);
+        return;
+    }
+    /* A held push on ps k (ps 0's go to coord.c): ps 0 hears what became
+     * of it; the answer comes once its step is applied here, or now. */
+    tell_coordinator(ps, worker, seq, step, rc, msg);
+    if (rc && rc != QR_ESTALE) {
+        qr__peer_reply_error(p, f, rc, msg);
+        return;
+    }
+    held_pull *h = qr__held_new(p, f, worker, seq, step, p->items, p->nitems);
+    if (!h) {
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
+        return;
+    }
+    if (rc == QR_ESTALE) {
+        h->stale = true;
+        qr__held_answer(h, s->step);
+        return;
+    }
+    h->next = s->held;
+    s->held = h;
+}
+
+void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg) {
+    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on || p->ps->index == 0) return;
+    tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg);
+}
+
+void qr__sync_coordinator_linked(qr_ps *ps) {
+    for (const held_pull *h = ps->sync.held; h; h = h->next)
+        tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL);
+}
+
+/* ps k: the held pushes of `step` or older are answered, with the values
+ * that step left. */
+static void answer_held(qr_ps *ps, int64_t step) {
+    ps_sync *s = &ps->sync;
+    held_pull **link = &s->held, *done = NULL;
+    while (*link) {
+        held_pull *h = *link;
+        if (h->step <= step) {
+            *link = h->next;
+            h->next = done;
+            done = h;
+        } else {
+            link = &h->next;
+        }
+    }
+    /* Oldest first: each connection's answers in the order asked. */
+    held_pull *ordered = NULL;
+    while (done) {
+        held_pull *next = done->next;
+        done->next = ordered;
+        ordered = done;
+        done = next;
+    }
+    while (ordered) {
+        held_pull *next = ordered->next;
+        qr__held_answer(ordered, s->step);
+        ordered = next;
+    }
+}
+
+int qr__sync_release_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    if (!p->ps->sync.on || p->role != QR_ROLE_COORDINATOR)
+        return qr__fail(QR_EINVAL, "RELEASE comes only from ps 0's coordinator, in sync mode");
+    return qr__peer_check_small(f, QR_MSG_MEMBER_LEN);
+}
+
+void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t worker, seq;
+    qr_msg_get_member(&r, &worker, &seq);
+    ps_sync *s = &p->ps->sync;
+    for (held_pull **link = &s->held; *link; link = &(*link)->next) {
+        held_pull *h = *link;
+        if (h->worker != worker || h->seq != seq) continue;
+        *link = h->next;
+        qr__held_answer(h, s->step);
+        return;
+    }
+}
+
+void qr__sync_peer_lost(ps_peer *p) {
+    held_pull **link = &p->ps->sync.held;
+    while (*link) {
+        held_pull *h = *link;
+        if (h->peer == p) {
+            *link = h->next;
+            free(h);
+        } else {
+            link = &h->next;
+        }
+    }
+}
+
+void qr__sync_stop(qr_ps *ps, int status, const char *why) {
+    ps_sync *s = &ps->sync;
+    while (s->held) {
+        held_pull *h = s->held;
+        s->held = h->next;
+        qr__held_fail(h, status, why);
+    }
 }
 
 static int add_source(ps_sync *s, qr_var *v, int member, const push_item *it) {
@@ -357,6 +556,7 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     }
     s->step = step + 1;
     ps->applied_steps = step + 1;
+    answer_held(ps, step);
     return QR_OK;
 }
 

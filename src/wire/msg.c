@@ -199,6 +199,30 @@ void qr_msg_get_commit(qr_rbuf *r, qr_msg_commit *m) {
     m->data_pos = qr_rbuf_u64(r);
 }
 
+void qr_msg_put_held(qr_wbuf *b, const qr_msg_held *m) {
+    qr_wbuf_u32(b, m->worker);
+    qr_wbuf_u32(b, m->seq);
+    qr_wbuf_i64(b, m->local_step);
+    qr_wbuf_u32(b, (uint32_t)m->status);
+}
+
+void qr_msg_get_held(qr_rbuf *r, qr_msg_held *m) {
+    m->worker = qr_rbuf_u32(r);
+    m->seq = qr_rbuf_u32(r);
+    m->local_step = qr_rbuf_i64(r);
+    m->status = (int32_t)qr_rbuf_u32(r);
+}
+
+void qr_msg_put_held_reply(qr_wbuf *b, int64_t step, uint32_t flags) {
+    qr_wbuf_i64(b, step);
+    qr_wbuf_u32(b, flags);
+}
+
+void qr_msg_get_held_reply(qr_rbuf *r, int64_t *step, uint32_t *flags) {
+    *step = qr_rbuf_i64(r);
+    *flags = qr_rbuf_u32(r);
+}
+
 void qr_msg_put_worker(qr_wbuf *b, uint32_t worker) {
     qr_wbuf_u32(b, worker);
 }

@@ -59,10 +59,23 @@
  *              flags: QR_PUSH_STEP (async: advance the global step),
  *                     QR_PUSH_DELTA (async: add to the weights, no optimizer),
  *                     QR_PUSH_SYNC (hold for the step's quorum),
- *                     QR_PUSH_REPLY_VALUES (async: the values come back),
+ *                     QR_PUSH_REPLY_VALUES (the values come back; with
+ *                       QR_PUSH_SYNC a held push, below),
  *                     QR_PUSH_LR (the items carry their learning rates)
  *              reply: i64 global_step (async) or the ps's step (sync);
  *                     status QR_ESTALE if the gradient is stale
+ *              a held push (QR_PUSH_SYNC | QR_PUSH_REPLY_VALUES) goes to
+ *                     ps 0 always (it is the COMMIT too; nparts counts
+ *                     every ps it went to, ps 0 included). Each ps k
+ *                     tells ps 0 it holds it (HELD) and answers once the
+ *                     push's step is done there (at once when it is
+ *                     stale there); ps 0 counts it once every ps has
+ *                     said so and answers when the worker's token is
+ *                     granted. reply (qr_msg_held_reply): i64 step (ps
+ *                     0: the token's; ps k: its step), u32 flags
+ *                     (QR_HELD_STALE: ps 0 dropped the gradient as
+ *                     stale), then a PULL reply's count, records and
+ *                     values of the push's dense variables
  *   PULL       req: u32 count, then u32 var_id each; with
  *                   QR_PULL_DTYPES each var_id is followed by u32 dtype
  *                   (qr_msg_put_dtype): the type its values come back in
@@ -88,6 +101,14 @@
  *              reply: i64 global_step; status QR_ESTALE if it is too late
  *   TOKEN      (to ps 0) req: u32 worker. The reply, sent when a token is
  *              free: i64 the token's step
+ *   HELD       (ps k to ps 0, on ps 0's link, unasked: no reply) u32 worker,
+ *              u32 seq, i64 local_step, i32 status (QR_OK: held for its
+ *              step; QR_ESTALE: stale here; another: refused), then the
+ *              refusal's message: what ps k did with a held push
+ *   RELEASE    (ps 0 to ps k, no reply) u32 worker, u32 seq: answer that
+ *              held push now, with the values as they are (ps 0 answered
+ *              it before its step was done: an earlier step's token, or a
+ *              refusal)
  *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
  *              u32 seq per member: reduce these pushes and apply the step
  *   STATS      reply: meta = JSON text of the ps's statistics
@@ -288,6 +309,21 @@ typedef struct qr_msg_commit {
 } qr_msg_commit;
 void qr_msg_put_commit(qr_wbuf *b, const qr_msg_commit *m);
 void qr_msg_get_commit(qr_rbuf *r, qr_msg_commit *m);
+
+/* HELD: ps k about a held push (then the refusal's text, if any). */
+typedef struct qr_msg_held {
+    uint32_t worker, seq;
+    int64_t local_step;
+    int32_t status;
+} qr_msg_held;
+#define QR_MSG_HELD_LEN 20
+void qr_msg_put_held(qr_wbuf *b, const qr_msg_held *m);
+void qr_msg_get_held(qr_rbuf *r, qr_msg_held *m);
+
+/* A held push's reply, before its values. */
+#define QR_HELD_STALE 1u
+void qr_msg_put_held_reply(qr_wbuf *b, int64_t step, uint32_t flags);
+void qr_msg_get_held_reply(qr_rbuf *r, int64_t *step, uint32_t *flags);
 
 /* TOKEN: the worker asking. */
 void qr_msg_put_worker(qr_wbuf *b, uint32_t worker);

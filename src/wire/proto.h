@@ -79,7 +79,9 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
     X(LOOKUP, 15)          \
     X(LEAVE, 16)           \
     X(SAVE, 17)            \
-    X(SLOTS, 18)
+    X(SLOTS, 18)           \
+    X(HELD, 19)            \
+    X(RELEASE, 20)
 
 typedef enum qr_msg_type {
 #define QR__MSG_ENUM(name, code) QR_MSG_##name = code,
@@ -105,7 +107,10 @@ typedef enum qr_msg_type {
 #define QR_PUSH_SYNC 2u
 /* Async: the reply carries, after the step, a PULL reply's count and
  * records and values of the push's dense variables as this push left them
- * (a fused push-and-pull: one round trip instead of two). */
+ * (a fused push-and-pull: one round trip instead of two). With
+ * QR_PUSH_SYNC, a held push (a sync push-and-pull in one round trip,
+ * docs/SYNC.md): each ps answers once the push's step is done there, ps 0
+ * once the worker's token is granted, with the values (wire/msg.h). */
 #define QR_PUSH_REPLY_VALUES 8u
 /* Each item record is followed by the learning rate to apply it with
  * (qr_worker_set_lr; wire/msg.h). 16 is QR_PUSH_EVERY_PS, a worker's

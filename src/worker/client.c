@@ -276,9 +276,14 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
     if (!reqs) return QR_ENOMEM;
     int nreq = 0;
     uint32_t seq = c->seq = ++w->push_seq;
+    c->local_step = w->local_step;
+    /* Sync with values: a held push, to ps 0 always (it counts it and
+     * answers with the token) and to every ps of its variables (each
+     * answers after the step): one round trip. */
+    c->held = w->sync && values;
     /* Async: the step flag rides on the push to ps 0. Sync: ps 0 counts
-     * the push when it is committed, below. */
-    bool step_to_ps0 = !w->sync && (flags & QR_PUSH_STEP);
+     * the push when it is committed (push, below), or held. */
+    bool step_to_ps0 = (!w->sync && (flags & QR_PUSH_STEP)) || c->held;
     /* How many ps this call reaches: each is told, so that an async
      * checkpoint can tell a push that reached some of them from a whole
      * one (src/ps/ckpt_cut.c). */
@@ -313,6 +318,7 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
         reqs[nreq++] = r;
         if (p == 0) c->step_req = r;
         r->flags = w->sync ? QR_PUSH_SYNC : (uint16_t)(flags & (QR_PUSH_STEP | QR_PUSH_DELTA));
+        if (c->held) r->flags |= QR_PUSH_REPLY_VALUES;
         if (with_lr) r->flags |= QR_PUSH_LR;
         /* an iov per item, and one more for a half-width item's padding */
         r->payload = qr__calloc((size_t)QR_MAX(2 * count + 2 * row_items, 1),
@@ -323,10 +329,10 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
             rc = QR_ENOMEM;
             break;
         }
-        if (values && !w->sync && count) {
+        if (values && (c->held || count)) {
             /* The reply brings the values of the dense items, in order. */
             r->flags |= QR_PUSH_REPLY_VALUES;
-            if ((rc = expect_values_alloc(r, count))) break;
+            if ((rc = expect_values_alloc(r, QR_MAX(count, 1)))) break;
         }
         qr_msg_put_push_head(&r->meta, &(qr_msg_push_head){.count = (uint32_t)(count + row_items),
                                                            .local_step = w->local_step,
@@ -364,28 +370,47 @@ int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads
         wk_rows_put(w, p, r, with_lr);
     }
     c->n = nreq;
-    c->counts_step = step_to_ps0;
+    c->counts_step = step_to_ps0 && !c->held;
     return rc;
 }
 
-/* The async part of a push once its requests are answered. */
-void wk_push_done(qr_worker *w, const wk_call *c, int64_t *global_step) {
+int wk_call_timeout_ms(const qr_worker *w, const wk_call *c) {
+    /* ps 0 ends a stalled step after sync-timeout-ms with its report (the
+     * answers then say so); this is only the safety net of a token wait. */
+    return c->held ? 2 * w->sync_timeout_ms + 5000 : w->timeout_ms;
+}
+
+int wk_push_done(qr_worker *w, const wk_call *c, int rc, int64_t *global_step) {
+    if (rc) return rc;
     if (global_step && c->step_req) *global_step = c->step_req->step;
     if (c->counts_step) w->steps_pushed++;
+    if (!c->held) return QR_OK;
+    /* The token came with ps 0's answer: the next step's. */
+    w->local_step = c->step_req->step;
+    bool stale = false;
+    for (int i = 0; i < c->n; i++) stale |= (c->reqs[i]->held_flags & QR_HELD_STALE) != 0;
+    if (stale)
+        return qr__fail(QR_ESTALE, "dropped: stale: worker %d's gradient of step %lld came after "
+                        "that step had its gradients; the values and the token of step %lld "
+                        "came back", w->index, (long long)c->local_step, (long long)w->local_step);
+    return QR_OK;
 }
 
 static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
                 unsigned flags, float *const *values, int64_t *global_step) {
     wk_call call;
     int rc = wk_push_build(w, n, ids, grads, flags, values, &call);
-    if (!rc) rc = wk_run_requests(w, call.reqs, call.n, w->timeout_ms);
-    if (!rc) wk_push_done(w, &call, global_step);
+    if (!rc && call.held && !w->initialized)
+        rc = qr__fail(QR_ENOTREADY, "push_pull: call qr_worker_initialize first");
+    if (!rc) rc = wk_run_requests(w, call.reqs, call.n, wk_call_timeout_ms(w, &call));
+    rc = wk_push_done(w, &call, rc, global_step);
     uint32_t seq = call.seq;
+    bool held = call.held;
     wk_call_free(&call);
     /* Sync: a push some ps found stale is still committed, so that ps 0
      * counts it and gives the worker its place in the token queue (it
-     * will find it stale too). */
-    if (!w->sync || (rc && rc != QR_ESTALE)) return rc;
+     * will find it stale too). A held push was all of that already. */
+    if (!w->sync || held || (rc && rc != QR_ESTALE)) return rc;
 
     /* Every ps holds this push's gradients: now ps 0 may count it. */
     wk_request *c = wk_request_new(w, 0, QR_MSG_COMMIT);
@@ -396,14 +421,5 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
     rc = wk_run_requests(w, &c, 1, w->timeout_ms);
     if (!rc && global_step) *global_step = c->step;
     wk_request_free(c);
-    if ((rc && rc != QR_ESTALE) || !values) return rc;
-    /* Sync: the values after this step are there once the step is done,
-     * which taking the token waits for (a stale push too: the caller gets
-     * QR_ESTALE and fresh values). Three round trips, not one. */
-    int stale = rc;
-    int64_t step;
-    rc = qr_worker_take_token(w, &step);
-    if (!rc && global_step) *global_step = step;
-    if (!rc) rc = wk_pull_vars(w, n, ids, (float **)values, 0);
-    return rc ? rc : stale;
+    return rc;
 }

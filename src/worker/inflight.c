@@ -5,6 +5,9 @@
  * are answered. Each ps answers its requests in order, so any number may
  * be in flight: a worker pipelines small requests, or pushes each
  * parameter's gradient as soon as backpropagation has it and waits once.
+ * In sync mode a push-and-pull is held by the ps tasks until its step is
+ * done (client.c): the worker may compute, or ask for other things,
+ * meanwhile, and its wait takes the step's token.
  */
 #include "worker/worker_internal.h"
 
@@ -31,9 +34,11 @@ static int push_start(qr_worker *w, int n, const int *ids, const float *const *g
     if (!out) return qr__fail(QR_EINVAL, "push_start: request is NULL");
     *out = NULL;
     if (!w) return qr__fail(QR_EINVAL, "push_start: worker is NULL");
-    if (w->sync)
+    if (w->sync && !values)
         return qr__fail(QR_EINVAL, "push_start: a synchronous step's push is committed whole; "
-                        "use qr_worker_push in sync mode");
+                        "use qr_worker_push or qr_worker_push_pull_start in sync mode");
+    if (w->sync && !w->initialized)
+        return qr__fail(QR_ENOTREADY, "push_pull_start: call qr_worker_initialize first");
     if (wk_rows_pending(w))
         return qr__fail(QR_EINVAL, "push_start: rows added with qr_worker_add_rows go with a "
                         "blocking qr_worker_push");
@@ -84,8 +89,8 @@ int qr_worker_pull_start(qr_worker *w, int n, const int *ids, float **dst,
 int qr_request_wait(qr_request *r, int64_t *global_step) {
     if (!r) return qr__fail(QR_EINVAL, "qr_request_wait: request is NULL");
     qr_worker *w = r->w;
-    int rc = wk_run_requests(w, r->call.reqs, r->call.n, w->timeout_ms);
-    if (!rc && r->push) wk_push_done(w, &r->call, global_step);
+    int rc = wk_run_requests(w, r->call.reqs, r->call.n, wk_call_timeout_ms(w, &r->call));
+    if (r->push) rc = wk_push_done(w, &r->call, rc, global_step);
     wk_count_call(w, r->push, rc, qr__now_sec() - r->started);
     wk_call_free(&r->call);
     free(r);

@@ -126,7 +126,7 @@ static void link_fail_pending(ps_link *l, int status, const char *why) {
     snprintf(msg, sizeof msg, "ps %d (%s): connection lost: %s", l->index,
              l->w->cluster->ps[l->index], why);
     wk_request *r = l->head;
-    l->head = l->tail = NULL;
+    l->head = l->tail = l->replying = NULL;
     while (r) {
         wk_request *next = r->next;
         request_finish(r, status, msg);
@@ -295,14 +295,30 @@ static void unstage_values(const qr_worker *w, wk_request *r) {
     }
 }
 
+/* The sent request a reply answers. A ps answers in the order asked, but
+ * a held push's answer waits for its step while later requests are
+ * answered, so it is looked for by id. */
+static wk_request *answered(const ps_link *l, uint32_t id) {
+    wk_request *r = l->head;
+    while (r && r->id != id) r = r->next;
+    return r;
+}
+
+static void unqueue(ps_link *l, wk_request *r) {
+    wk_request **link = &l->head, *prev = NULL;
+    while (*link != r) prev = *link, link = &(*link)->next;
+    *link = r->next;
+    if (l->tail == r) l->tail = prev;
+}
+
 static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_link *l = qr_conn_data(c);
-    wk_request *r = l->head;
     if (is_stop_notice(f))
         return f->payload_len ? qr__fail(QR_EPROTO, "ps %d sent a stop notice with a payload",
                                          l->index)
                               : QR_OK;
-    if (!r || f->request_id != r->id || f->type != (r->type | QR_MSG_REPLY))
+    wk_request *r = l->replying = answered(l, f->request_id);
+    if (!r || f->type != (r->type | QR_MSG_REPLY))
         return qr__fail(QR_EPROTO, "ps %d sent an unexpected %s reply (id %u)", l->index,
                         qr_msg_name(f->type), f->request_id);
     if (f->status != QR_OK) return QR_OK; /* error text in meta; no payload */
@@ -310,6 +326,10 @@ static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&rb, meta, f->meta_len);
     switch (r->type) {
     case QR_MSG_PUSH:
+        if ((r->flags & QR_PUSH_SYNC) && (r->flags & QR_PUSH_REPLY_VALUES)) {
+            qr_msg_get_held_reply(&rb, &r->step, &r->held_flags); /* held: values follow */
+            return expect_values(c, l, r, &rb, f);
+        }
         r->step = qr_msg_get_step(&rb);
         return r->nvars ? expect_values(c, l, r, &rb, f) : QR_OK; /* fused: values follow */
     case QR_MSG_STEP:
@@ -355,9 +375,9 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         stop_noticed(l, f, meta);
         return;
     }
-    wk_request *r = l->head;
-    l->head = r->next;
-    if (!l->head) l->tail = NULL;
+    wk_request *r = l->replying;
+    l->replying = NULL;
+    unqueue(l, r);
     if (f->status == QR_ESTOPPED) l->w->stopping = true;
     if (r->type == QR_MSG_HELLO && f->status == QR_OK) hello_answered(l, meta, f->meta_len);
     if (r->type == QR_MSG_HELLO && f->status == QR_EAUTH) { /* this worker has no secret */
@@ -463,6 +483,12 @@ static void report_waits(const qr_worker *w, wk_request **reqs, int n, uint64_t 
             qr__log(QR_LOG_INFO, "waiting %.0f s for a token of step %lld or later from ps 0: the "
                     "step's quorum is not complete (ps 0 reports whom it waits for)", waited,
                     (long long)w->local_step + 1);
+        else if (r->type == QR_MSG_PUSH && (r->flags & QR_PUSH_REPLY_VALUES) &&
+                 (r->flags & QR_PUSH_SYNC))
+            qr__log(QR_LOG_INFO, "waiting %.0f s for ps %d (%s) to answer a sync push-and-pull: "
+                    "it answers once step %lld is done%s", waited, l->index, addr,
+                    (long long)w->local_step,
+                    l->index ? "" : " and a token is free (ps 0 reports whom it waits for)");
         else if (r->type == QR_MSG_CLOCK)
             qr__log(QR_LOG_INFO, "waiting %.0f s at the staleness bound (max-staleness %lld) for "
                     "the slowest worker to catch up", waited, (long long)w->max_staleness);

@@ -158,6 +158,7 @@ typedef struct wk_request {
     int status;
     char errmsg[512];
     int64_t step;
+    uint32_t held_flags; /* a held push's reply: QR_HELD_STALE */
     uint64_t rows;      /* LOOKUP, a SLOTS read: rows expected, of rows_dim floats, into dst[0] */
     int64_t rows_dim;
     uint32_t ready;
@@ -176,7 +177,9 @@ struct ps_link {
     enum { LINK_DOWN, LINK_CONNECTING, LINK_HELLO, LINK_UP } state;
     int attempts;
     uint64_t retry_at_ns;
-    wk_request *head, *tail; /* sent, awaiting reply, in order */
+    wk_request *head, *tail; /* sent, awaiting reply (answered in order, but a
+                              * held push's answer, which waits for its step) */
+    wk_request *replying;    /* the request whose reply is coming in */
     char last_error[256];
     int refused;      /* the ps refused our HELLO: every request fails so */
     char refusal[512];
@@ -273,6 +276,9 @@ typedef struct wk_call {
     wk_request *step_req; /* the push to ps 0 (its reply has the global step) */
     bool counts_step;     /* an async step push: counted once answered */
     uint32_t seq;         /* a push's sequence number */
+    bool held;            /* a sync push-and-pull in one round trip: each ps
+                           * answers after the step, ps 0 with the token */
+    int64_t local_step;   /* the step a sync push was computed for */
 } wk_call;
 int wk_pull_build(qr_worker *w, int n, const int *ids, float **dst, uint16_t flags, wk_call *c);
 /* Pull and wait: ids already checked; n == 0 pulls every variable. */
@@ -281,7 +287,12 @@ int wk_pull_vars(qr_worker *w, int n, const int *ids, float **dst, uint16_t flag
  * worker's copies), or NULL. Rows added since the last push go too. */
 int wk_push_build(qr_worker *w, int n, const int *ids, const float *const *grads,
                   unsigned flags, float *const *values, wk_call *c);
-void wk_push_done(qr_worker *w, const wk_call *c, int64_t *global_step);
+/* A push's requests ran, with rc: the call's status (a held push's
+ * QR_ESTALE), the global step (a held push's: its token's, which becomes
+ * the worker's local step). */
+int wk_push_done(qr_worker *w, const wk_call *c, int rc, int64_t *global_step);
+/* How long a call's requests may wait: a held push waits for its step. */
+int wk_call_timeout_ms(const qr_worker *w, const wk_call *c);
 /* A dense push or pull ended (rc): its time into the handle's figures. */
 void wk_count_call(qr_worker *w, bool is_push, int rc, double seconds);
 void wk_call_free(wk_call *c);

@@ -514,6 +514,20 @@ class Optimizer(torch.optim.Optimizer):
             self.global_step = self.worker.push_pull(grads, into=self._into())
             self._land()
             return self.global_step
+        if self.sync and len(grads) == len(self.params) + len(self.buffers.targets()):
+            # One round trip per ps too: each answers after the step with
+            # its values (the buffers' too), ps 0 with the next token.
+            into = self._into()
+            into.update(self.buffers.targets())
+            try:
+                self.global_step = self.worker.push_pull(grads, into=into)
+            except StaleError:
+                self.stale += 1  # a late gradient of a backup worker: dropped, go on
+                self.global_step = self.worker.local_step
+            self._land()
+            if self.buffers:
+                self.buffers.pulled()
+            return self.global_step
         try:
             self.global_step = self.worker.push(grads)
         except StaleError:
