@@ -249,10 +249,13 @@ class Optimizer(torch.optim.Optimizer):
         if overlap and self.sync and self.module is None:
             raise ValueError("overlap=True in sync mode lands the pulled values before the "
                              "module's next forward: give the optimizer the module")
-        given = overlap
+        overlap_asked = overlap
         if overlap is None:
             spare, cores, needed = spare_core(worker.cluster, self._local_ps is not None)
-            overlap = plain and spare and (not self.sync or self.module is not None)
+            # Async overlap pushes each gradient as backward produces it,
+            # before code between backward and step() (clipping, GradScaler)
+            # could change it: it is asked for (overlap=True), never chosen.
+            overlap = plain and spare and self.sync and self.module is not None
             _log.info("overlap %s: %d cores for this machine's tasks, which use %d "
                       "(overlap=True/False to choose)", "on" if overlap else "off", cores, needed)
         # May be turned off (and on again, if it was on) between steps.
@@ -298,12 +301,12 @@ class Optimizer(torch.optim.Optimizer):
         # in place.
         self._staging: Optional[Staging] = None
         if wants_staging(self.params, staging):
-            self.overlap = self.overlap and given is not None  # auto: off here
-            if given or local_steps > 1:
+            self.overlap = self.overlap and overlap_asked is not None  # auto: off here
+            if overlap_asked or local_steps > 1:
                 raise ValueError("%s with staged parameters (on a GPU, or staging=True): not "
                                  "supported; the gradients' copies to the host already run "
                                  "under the backward pass"
-                                 % ("overlap=True" if given else "local_steps"))
+                                 % ("overlap=True" if overlap_asked else "local_steps"))
             self._staging = Staging(self.params)
         self.buffers = Buffers(self.module, worker,
                                self._buffer_mode if self.module is not None else "local",
@@ -372,6 +375,8 @@ class Optimizer(torch.optim.Optimizer):
                 return
             opt._send_lrs()  # a scheduler's lr of this step, before its first push
             if var_id in opt._pushed:
+                # refused, not pushed again: the step keeps the first push
+                opt._pushed[var_id] = (id(p.grad), p.grad._version)
                 raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
                                    "backward produces it: call step() after each backward (or "
                                    "use accumulate=k, or overlap=False)")
