@@ -2,9 +2,8 @@
 next batch's loading (the values equal those without overlap, bit for
 bit), in async mode each gradient is pushed as backward produces it (the
 last layer's before the first layer's backward is done), a gradient
-changed after its push is an error, and the default follows the cores
-(spare_core, the rule of quorum's own --overlap auto) in sync mode,
-where it changes nothing a script can see but when the values land."""
+changed after its push is an error, and spare_core counts the cores as
+quorum's own --overlap auto does."""
 
 from __future__ import annotations
 
@@ -111,18 +110,19 @@ def test_async_overlap_pushes_the_last_layer_first() -> None:
 
 def test_default_follows_the_cores(monkeypatch: Any) -> None:
     torch.set_num_threads(1)
-    for cores, expected in ((2, False), (3, True)):
-        # alone: this worker (1 thread) and its ps in this process use 2
+    for cores in (2, 3):
+        # alone: this worker (1 thread) and its ps in this process use 2;
+        # overlap changes what a script sees between step() and the next
+        # forward, so it is asked for, never chosen
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))
-        for settings, on in (({"mode": "sync"}, expected),
-                             ({"mode": "sync", "accumulate": 2}, False),
-                             ({"mode": "sync", "overlap": False}, False),
-                             # async overlap pushes gradients before code between
-                             # backward and step() could change them: asked for only
-                             ({}, False), ({"overlap": True}, True)):
+        for settings, on in (({"mode": "sync"}, False), ({}, False),
+                             ({"mode": "sync", "overlap": True}, True),
+                             ({"overlap": True}, True)):
             opt = qt.Optimizer(mlp(), "SGD", lr=0.1, **settings)
             assert opt.overlap is on, (cores, settings)
             opt.close()
+        assert spare_core(qt.Optimizer(mlp(), "SGD", lr=0.1).worker.cluster, True) == \
+            (cores > 2, cores, 2)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     # tasks elsewhere do not count; local ones (Unix sockets, loopback) do
     remote = quorum.Cluster(["10.0.0.1:2222"], ["10.0.0.2:2222", "10.0.0.3:2222"], "worker", 0)

@@ -149,10 +149,11 @@ class Optimizer(torch.optim.Optimizer):
     starts the pull of the new values and returns; they land before the
     module's next forward (the data loading runs under them), its
     state_dict() and any call of this optimizer (read a parameter by hand
-    in between after opt.synchronize()). overlap=None (the default): on
-    when this machine has a core to spare (spare_core: it pays only when
-    the ps tasks do not share the worker's cores), where the mode and the
-    other options allow it. Parameters may be
+    in between after opt.synchronize()). overlap=None (the default): off,
+    since both change what a script sees between step() and the next
+    forward; the log says when this machine has a core to spare
+    (spare_core, the rule of quorum's own --overlap auto), where it pays.
+    Parameters may be
     float32, bfloat16 or float16: a bf16/fp16 parameter's gradient travels
     in its dtype (half the bytes) and its new values come back so, while
     the ps tasks keep float32 master weights and slots. wire_dtype="bf16"
@@ -251,13 +252,17 @@ class Optimizer(torch.optim.Optimizer):
                              "module's next forward: give the optimizer the module")
         overlap_asked = overlap
         if overlap is None:
+            # Both forms of overlap change what a script sees between
+            # step() and the next forward (async: gradients pushed before
+            # clipping or GradScaler could change them; sync: parameters
+            # read by hand before the pull has landed), so the default is
+            # off; where quorum's own trainer would turn it on (a core to
+            # spare, spare_core), the log says so.
             spare, cores, needed = spare_core(worker.cluster, self._local_ps is not None)
-            # Async overlap pushes each gradient as backward produces it,
-            # before code between backward and step() (clipping, GradScaler)
-            # could change it: it is asked for (overlap=True), never chosen.
-            overlap = plain and spare and self.sync and self.module is not None
-            _log.info("overlap %s: %d cores for this machine's tasks, which use %d "
-                      "(overlap=True/False to choose)", "on" if overlap else "off", cores, needed)
+            if spare and plain:
+                _log.info("overlap off (overlap=True turns it on): this machine has a core to "
+                          "spare (%d cores for tasks that use %d)", cores, needed)
+            overlap = False
         # May be turned off (and on again, if it was on) between steps.
         self.overlap = bool(overlap)
         self._inflight: List[Request] = []
@@ -407,7 +412,7 @@ class Optimizer(torch.optim.Optimizer):
                     raise
                 opt.stopped, opt.stop_reason = True, str(e)
         module.register_forward_pre_hook(land)
-        module.register_state_dict_pre_hook(land)
+        module.register_state_dict_pre_hook(land)  # type: ignore[no-untyped-call]
 
     def synchronize(self) -> None:
         """The last step's values in the parameters now. Only sync overlap
