@@ -41,6 +41,16 @@ static int set_wire_dtype(cli_args *a, const char *value) {
     return QR_OK;
 }
 
+static int set_overlap(cli_args *a, const char *value) {
+    static const char *const choices[] = {"off", "on", "auto"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(value, choices[i])) {
+            a->train.overlap = i == 2 ? -1 : i;
+            return QR_OK;
+        }
+    return qr__fail(QR_EINVAL, "expected auto, on or off");
+}
+
 static int set_hidden(cli_args *a, const char *value) {
     int n = 0;
     const char *p = value;
@@ -226,6 +236,11 @@ static const train_flag flags[] = {
      "async: K plain SGD steps on a local copy (lr: --lr,\n"
      "default 0.05, decayed by the lr-decay-* schedule at the\n"
      "global step), then push the delta w_local - w_pulled"},
+    {"overlap", "auto|on|off", CLUSTER_ONLY, NULL, set_overlap,
+     "workers: push each layer's gradient as backward has\n"
+     "it and pull each layer's values under the next batch\n"
+     "and forward; auto (default): on when this machine's\n"
+     "cores outnumber what its tasks use (README)"},
     {"var-opt", "NAME:K=V,...", CLUSTER_ONLY, NULL, set_var_opt,
      "a variable's own optimizer options, e.g.\n"
      "layer0/weights:optimizer=adagrad,lr=0.05 (repeatable)"},

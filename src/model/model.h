@@ -41,6 +41,28 @@ void qr_model_param_info(const qr_model *m, int i, const char **name, int *ndim,
 int qr_model_loss_grad(qr_model *m, const float *const *params, float *const *grads,
                        const float *x, const int32_t *y, int batch, double *loss);
 
+/* The layers of a loss_grad, for a training loop that overlaps its
+ * communication with them (src/train/train.c): before_forward(ctx, l) is
+ * called before layer l's forward reads its parameters (2l and 2l + 1:
+ * wait for their values), in order 0..L-1; after_backward(ctx, l) once
+ * layer l's backward has written their gradients and no longer reads the
+ * parameters (send the gradients; new values may land in the parameters
+ * from then on), in order L-1..0. Either may be NULL. A hook's error ends
+ * the call with it. A step whose loss is not finite calls no
+ * after_backward (nothing of it should be pushed). */
+typedef struct qr_model_hooks {
+    int (*before_forward)(void *ctx, int layer);
+    int (*after_backward)(void *ctx, int layer);
+    void *ctx;
+} qr_model_hooks;
+
+/* qr_model_loss_grad with hooks (NULL: none). */
+int qr_model_loss_grad_hooked(qr_model *m, const float *const *params, float *const *grads,
+                              const float *x, const int32_t *y, int batch, double *loss,
+                              const qr_model_hooks *hooks);
+/* L: the dense layers (parameters 2l, 2l + 1 are layer l's). */
+int qr_model_num_layers(const qr_model *m);
+
 /* Accuracy and mean loss over a whole dataset (evaluated in chunks of
  * max_batch). Either output may be NULL. */
 int qr_model_evaluate(qr_model *m, const float *const *params, const qr_dataset *d,

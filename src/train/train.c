@@ -14,6 +14,22 @@
  * accumulate (k batches summed) and local SGD (k steps on a local copy,
  * then the delta). qr_train_local is the single-process reference of sync
  * training.
+ *
+ * Overlap (--overlap; by default when the machine has a core to spare,
+ * qr__train_overlap_default): a plain step's communication runs under its
+ * compute, through the model's layer hooks and the non-blocking calls.
+ *   async: each layer's gradient is pushed, with its new values asked
+ *          back in the same request, as soon as backward has it (the last
+ *          layer first, as DDP's buckets); the first layer's push carries
+ *          the step to every ps (QR_PUSH_EVERY_PS: each ps counts the step
+ *          once, so every apply uses the step number one push would). The
+ *          next batch is drawn before those replies are waited for, and
+ *          layer l's forward waits only for layer l's.
+ *   sync:  the step's push is committed whole (qr_worker_push); after the
+ *          token, each layer's values are pulled apart (qr_worker_pull_start,
+ *          first layer first), and the next batch is drawn and layer l's
+ *          forward waits only for layer l's. The values are the same, so
+ *          the digests are.
  */
 #include "train/train_internal.h"
 #include "train/summaries.h"
@@ -47,6 +63,7 @@ void qr_train_opts_default(qr_train_opts *o) {
     o->accumulate = 1;
     o->local_steps = 1;
     o->embedding_dim = 8;
+    o->overlap = -1;
 }
 
 /* Hash of every variable's bytes in id order: two runs that end with the
@@ -131,6 +148,11 @@ typedef struct worker_run {
     double local_lr, decay_rate;
     int64_t decay_steps;
     bool decay_staircase;
+    /* overlap: per layer, its request in flight (NULL: none) */
+    bool overlap;
+    int nlayers;
+    qr_request **layer_req;
+    qr_train_result *res;
 } worker_run;
 
 /* A step strategy: compute what the step pushes into r->grads. */
@@ -194,6 +216,97 @@ static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res)
                             &global);
     qr__worker_metrics_call(&r->metrics, true, qr__now_sec() - t0);
     return qr__train_after_push(r->w, rc, r->sync, global, &r->step, res);
+}
+
+/* ---- overlap: a step's communication under its compute ---------------- */
+
+/* Layer l's request waited for. A push lost with its ps is counted and
+ * training goes on, as qr__train_after_push does for a whole push. */
+static int wait_layer(worker_run *r, int l, int64_t *global) {
+    qr_request *req = r->layer_req[l];
+    if (!req) return QR_OK;
+    r->layer_req[l] = NULL;
+    double t0 = qr__now_sec();
+    int rc = qr_request_wait(req, global);
+    qr__worker_metrics_call(&r->metrics, !r->sync, qr__now_sec() - t0);
+    if (rc == QR_EPEERLOST && !r->sync) {
+        qr__log(QR_LOG_WARN, "push of layer %d lost: %s", l, qr_last_error());
+        r->res->lost_pushes++;
+        rc = QR_OK;
+    }
+    return rc;
+}
+
+/* Every request still in flight waited for (each must be, before the
+ * worker goes); returns the first failure. */
+static int wait_layers(worker_run *r) {
+    int rc = QR_OK;
+    for (int l = 0; l < r->nlayers; l++) {
+        int lrc = wait_layer(r, l, NULL);
+        if (!rc) rc = lrc;
+    }
+    return rc;
+}
+
+/* The model's hook: layer l's values are in before its forward reads them. */
+static int layer_values_in(void *ctx, int l) {
+    return wait_layer(ctx, l, NULL);
+}
+
+/* The model's hook (async): layer l's gradients go out as backward has
+ * them, its new values coming back into the worker's copies. The first
+ * layer's push, the step's last, carries the step to every ps. */
+static int layer_grads_out(void *ctx, int l) {
+    worker_run *r = ctx;
+    unsigned flags = l == 0 ? QR_PUSH_STEP | QR_PUSH_EVERY_PS : 0;
+    return qr_worker_push_pull_start(r->w, 2, &r->ids[2 * l],
+                                     (const float *const *)&r->grads[2 * l], NULL, flags,
+                                     &r->layer_req[l]);
+}
+
+/* Sync: the step's values pulled a layer at a time, the first layer first. */
+static int start_layer_pulls(worker_run *r) {
+    int rc = qr_worker_wait_bound(r->w);
+    for (int l = 0; !rc && l < r->nlayers; l++)
+        rc = qr_worker_pull_start(r->w, 2, &r->ids[2 * l], NULL, &r->layer_req[l]);
+    return rc;
+}
+
+/* One overlapped step: draw the batch (under the last step's requests),
+ * then the forward (each layer waiting for its values) and the backward
+ * (async: pushing each layer's gradients as it goes). Async: the step
+ * ends once the first layer's push is answered, with the global step;
+ * sync: with the whole push and the token, then the next step's pulls. */
+static int overlapped_step(worker_run *r, double *loss) {
+    sample_batch(&r->t, &r->rng, r->o->batch_size);
+    int64_t global = r->step;
+    int rc = QR_OK;
+    if (!r->sync && r->layer_req[0]) {
+        /* The last step's first-layer push carries its global step: only
+         * now is it known whether that step was the run's last. */
+        rc = wait_layer(r, 0, &global);
+        rc = qr__train_after_push(r->w, rc, false, global, &r->step, r->res);
+        if (rc || r->step >= r->total) return rc;
+        rc = qr_worker_wait_bound(r->w);
+        if (rc) return rc;
+    }
+    if (!r->sync) qr__train_slow_down(r->o, r->task_index);
+    qr_worker_set_data_position(r->w, r->t.drawn); /* rides on this step's pushes */
+    qr_model_hooks hooks = {.before_forward = layer_values_in,
+                            .after_backward = r->sync ? NULL : layer_grads_out, .ctx = r};
+    rc = qr_model_loss_grad_hooked(r->t.model, (const float *const *)r->params, r->grads,
+                                   r->t.bx, r->t.by, r->o->batch_size, loss, &hooks);
+    if (rc || !r->sync) return rc;
+    rc = push_and_advance(r, QR_PUSH_STEP, r->res);
+    if (!rc && r->step < r->total) rc = start_layer_pulls(r);
+    return rc;
+}
+
+/* The first step's values, whole: nothing is in flight yet. */
+static int first_values(worker_run *r) {
+    int rc = qr_worker_wait_bound(r->w);
+    if (!rc) rc = qr_worker_pull(r->w, 0, NULL, NULL);
+    return rc;
 }
 
 /* Declare the model's parameters (every worker declares the same seeds;
@@ -265,6 +378,25 @@ static void read_local_lr(worker_run *r, const qr_config *cfg) {
 
 /* Everything before the first step: data, model, worker, variables
  * (initialized by the chief, waited for by the others). */
+/* --overlap: on, off, or (auto) when this machine has a core to spare
+ * (qr__train_overlap_default); plain steps only. */
+static int choose_overlap(worker_run *r, const qr_cluster *cluster) {
+    const qr_train_opts *o = r->o;
+    bool plain = o->accumulate <= 1 && o->local_steps <= 1;
+    if (o->overlap == 1 && !plain)
+        return qr__fail(QR_EINVAL, "--overlap on: a step of several batches (--accumulate, "
+                        "--local-steps) pushes once at its end; use --overlap off or auto");
+    int cores = 0, needed = 0;
+    bool spare = qr__train_overlap_default(cluster, openblas_get_num_threads(), &cores, &needed);
+    r->overlap = plain && (o->overlap < 0 ? spare : o->overlap == 1);
+    if (r->chief && o->overlap < 0)
+        qr__log(QR_LOG_INFO, "overlap %s: %d cores for this machine's tasks, which use %d "
+                "(--overlap on|off to choose)", r->overlap ? "on" : "off", cores, needed);
+    r->nlayers = qr_model_num_layers(r->t.model);
+    r->layer_req = qr__calloc((size_t)QR_MAX(r->nlayers, 1), sizeof *r->layer_req);
+    return r->layer_req ? QR_OK : QR_ENOMEM;
+}
+
 static int run_setup(worker_run *r, const qr_cluster *cluster, const qr_config *cfg) {
     int rc = qr__config_check_mode(cfg);
     if (!rc) rc = trainer_setup(&r->t, r->o);
@@ -277,6 +409,7 @@ static int run_setup(worker_run *r, const qr_cluster *cluster, const qr_config *
     r->total = qr__train_total_steps(r->o, r->t.train.n, r->batches);
     if (!rc) rc = check_var_opts(r);
     if (!rc) rc = alloc_extra(r);
+    if (!rc) rc = choose_overlap(r, cluster);
     read_local_lr(r, cfg);
     if (!rc && r->chief) rc = qr_worker_set_step_limit(r->w, r->total);
     if (!rc) rc = qr_worker_initialize(r->w);
@@ -328,6 +461,7 @@ static void run_free(worker_run *r) {
         if (r->grads) free(r->grads[i]);
         if (r->extra) free(r->extra[i]);
     }
+    free(r->layer_req); /* every request was waited for (overlapped_steps) */
     free(r->extra);
     free(r->grads);
     free(r->params);
@@ -337,16 +471,50 @@ static void run_free(worker_run *r) {
     trainer_free(&r->t);
 }
 
-static worker_run new_run(const qr_train_opts *o, int task_index, const qr_config *cfg) {
+static worker_run new_run(const qr_train_opts *o, int task_index, const qr_config *cfg,
+                          qr_train_result *res) {
     return (worker_run){.o = o, .task_index = task_index, .chief = task_index == 0,
-                        .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN};
+                        .sync = !strcmp(qr__config_str(cfg, "mode"), "sync"), .loss_avg = NAN,
+                        .res = res};
+}
+
+/* After a step that reached r->step: progress, metrics and the chief's
+ * summaries. */
+static int step_done(worker_run *r, double loss, double start) {
+    int64_t examples_per_step = (int64_t)r->o->batch_size * r->batches;
+    r->loss_avg = qr__train_smooth_loss(r->loss_avg, loss);
+    qr__train_report(r->o, r->step, r->total, r->loss_avg, start, false, 0);
+    double elapsed = qr__now_sec() - start;
+    qr__worker_metrics_step(&r->metrics, r->step, r->loss_avg, r->step / elapsed,
+                            (double)r->step * (double)examples_per_step / elapsed,
+                            r->res->stale_pushes);
+    if (!r->chief) return QR_OK;
+    return qr__summaries_point(&r->summaries, r->w, r->step, r->loss_avg, examples_per_step,
+                               false, 0, 0);
+}
+
+/* The steps with their communication overlapped (overlapped_step). An
+ * async step is done once the next batch is drawn and its first layer's
+ * push answered: its loss waits in `pending` until then. */
+static int overlapped_steps(worker_run *r, double start) {
+    int rc = first_values(r);
+    double pending = NAN;
+    while (!rc && r->step < r->total) {
+        double loss = 0;
+        int64_t before = r->step;
+        rc = overlapped_step(r, &loss);
+        if (!rc && !r->sync && r->step != before) rc = step_done(r, pending, start);
+        if (!rc && r->sync) rc = step_done(r, loss, start);
+        pending = loss;
+    }
+    int wait_rc = wait_layers(r); /* what is still in flight, whatever happened */
+    return rc ? rc : wait_rc;
 }
 
 /* Steps until the run's last one, or a failure. */
 static int train_steps(worker_run *r, qr_train_result *res, double start) {
-    const qr_train_opts *o = r->o;
-    int64_t examples_per_step = (int64_t)o->batch_size * r->batches;
-    step_fn compute_step = pick_strategy(o);
+    if (r->overlap) return overlapped_steps(r, start);
+    step_fn compute_step = pick_strategy(r->o);
     int rc = QR_OK;
     while (!rc && r->step < r->total) {
         unsigned flags = QR_PUSH_STEP;
@@ -356,17 +524,8 @@ static int train_steps(worker_run *r, qr_train_result *res, double start) {
         if (!rc) rc = qr_worker_pull(r->w, 0, NULL, NULL);
         qr__worker_metrics_call(&r->metrics, false, qr__now_sec() - t0);
         if (!rc) rc = compute_step(r, &loss, &flags);
-        if (rc) break;
-        r->loss_avg = qr__train_smooth_loss(r->loss_avg, loss);
-        rc = push_and_advance(r, flags, res);
-        if (!rc) qr__train_report(o, r->step, r->total, r->loss_avg, start, false, 0);
-        double elapsed = qr__now_sec() - start;
-        qr__worker_metrics_step(&r->metrics, r->step, r->loss_avg, r->step / elapsed,
-                                (double)r->step * (double)examples_per_step / elapsed,
-                                res->stale_pushes);
-        if (!rc && r->chief)
-            rc = qr__summaries_point(&r->summaries, r->w, r->step, r->loss_avg, examples_per_step,
-                                     false, 0, 0);
+        if (!rc) rc = push_and_advance(r, flags, res);
+        if (!rc) rc = step_done(r, loss, start);
     }
     return rc;
 }
@@ -384,8 +543,11 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     memset(res, 0, sizeof *res);
     res->test_accuracy_averaged = -1;
     res->test_auc = res->test_logloss = -1;
+    if (qr__train_is_ctr(o->model) && o->overlap == 1)
+        return qr__fail(QR_EINVAL, "--overlap on: the click models (%s) push once a step; use "
+                        "--overlap off or auto", o->model);
     if (qr__train_is_ctr(o->model)) return qr__train_ctr_worker(cluster, task_index, cfg, o, res);
-    worker_run r = new_run(o, task_index, cfg);
+    worker_run r = new_run(o, task_index, cfg, res);
     int rc = qr__worker_metrics_start(&r.metrics, cfg);
     if (!rc) rc = run_setup(&r, cluster, cfg);
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
@@ -396,7 +558,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     while (rc == QR_EROLLEDBACK) {
         qr__log(QR_LOG_INFO, "rejoining the cluster at its checkpoint");
         run_free(&r);
-        worker_run again = new_run(o, task_index, cfg);
+        worker_run again = new_run(o, task_index, cfg, res);
         again.loss_avg = r.loss_avg; /* what goes on across the rollback */
         again.summaries = r.summaries;
         again.metrics = r.metrics;
@@ -407,6 +569,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     }
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
                                res);
+    res->overlapped = r.overlap;
     if (!rc && r.chief) rc = chief_finish(&r, cfg, res);
     qr__summaries_close(&r.summaries);
     qr__worker_metrics_stop(&r.metrics);

@@ -53,6 +53,10 @@ typedef struct qr_train_opts {
     int nvar_opts;
     const char *var_opt[QR_TRAIN_MAX_VAR_OPTS];
     int virtual_workers;        /* workers simulated by qr_train_local */
+    /* A worker's communication under its compute (train.c, "Overlap"):
+     * 1 on, 0 off, -1 (the default) on when this machine has a core to
+     * spare (qr__train_overlap_default). Plain steps only. */
+    int overlap;
     /* Called by qr_train_worker after every step and once at the end
      * (final), if set; the callback decides what to show and how often. */
     qr_train_progress_fn on_progress;
@@ -79,6 +83,7 @@ typedef struct qr_train_result {
     double examples_per_sec;
     double wall_seconds;
     uint64_t params_digest;
+    bool overlapped;            /* the steps overlapped communication with compute */
 } qr_train_result;
 
 /* Run worker `task_index` of `cluster` to the end of training. The chief

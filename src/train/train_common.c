@@ -3,16 +3,20 @@
  * loop (train_ctr.c) do the same way (train_internal.h): how many steps a
  * run has, the seeds of variables and batches, a variable's --var-opt, what
  * follows a push, the progress report and the figures at the end of the
- * steps. One copy, so the two loops cannot drift apart in what a seeded
+ * steps; and whether a worker overlaps its communication by default. One copy, so the two loops cannot drift apart in what a seeded
  * run draws or counts.
  */
 #include "train/train_internal.h"
 
+#include "cluster/cluster.h"
+#include "common/addr.h"
 #include "common/config.h"
 
 #include <math.h>
+#include <sched.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 int64_t qr__train_total_steps(const qr_train_opts *o, int64_t ntrain, int batches_per_step) {
     if (o->steps) return o->steps;
@@ -36,6 +40,28 @@ void qr__train_worker_rng(qr_rng *rng, const qr_train_opts *o, int w) {
 void qr__train_skip_batches(qr_rng *rng, int batch, int64_t n, uint64_t batches) {
     for (uint64_t i = 0; i < batches; i++)
         for (int b = 0; b < batch; b++) qr_rng_below(rng, (uint64_t)n);
+}
+
+/* Whether address s is on this machine: a Unix socket, or loopback TCP. */
+static bool local_address(const char *s) {
+    qr_addr a;
+    return !qr_addr_parse(s, &a) && (a.kind == QR_ADDR_UNIX || a.loopback);
+}
+
+bool qr__train_overlap_default(const qr_cluster *cluster, int compute_threads, int *cores,
+                               int *needed) {
+    int workers = 0, ps = 0;
+    bool self = cluster->task_index >= 0 && !strcmp(cluster->job, "worker");
+    for (int i = 0; i < cluster->nworkers; i++)
+        workers += local_address(cluster->workers[i]) || (self && i == cluster->task_index);
+    for (int i = 0; i < cluster->nps; i++) ps += local_address(cluster->ps[i]);
+    int use = QR_MAX(workers, 1) * QR_MAX(compute_threads, 1) + ps;
+    cpu_set_t set;
+    int have = sched_getaffinity(0, sizeof set, &set) ? (int)sysconf(_SC_NPROCESSORS_ONLN)
+                                                      : CPU_COUNT(&set);
+    if (cores) *cores = have;
+    if (needed) *needed = use;
+    return have > use;
 }
 
 bool qr__train_var_opt_names(const char *spec, const char *name) {

@@ -6,7 +6,8 @@
  *                    deep) over embedding tables
  *   train_common.c   what both loops do the same way: the run's steps,
  *                    the seeds, --var-opt, the outcome of a push, progress,
- *                    the figures at the end of the steps
+ *                    the figures at the end of the steps; the --overlap
+ *                    default
  *   summaries.c      the chief's summary service (--logdir)
  *   worker_metrics.c a worker's Prometheus endpoint (--metrics-port)
  *   monitor.c        both of them for a program's own training loop
@@ -37,6 +38,19 @@ void qr__train_worker_rng(qr_rng *rng, const qr_train_opts *o, int w);
 /* Resume a data stream: draw what `batches` minibatches of `batch`
  * examples out of n would have drawn, without copying them. */
 void qr__train_skip_batches(qr_rng *rng, int batch, int64_t n, uint64_t batches);
+
+/* Whether a worker overlaps its communication with its compute by
+ * default (--overlap auto; quorum.torch's overlap=None follows the same
+ * rule): when the cores this process may run on (sched_getaffinity)
+ * outnumber what the cluster's tasks on this machine use: each local
+ * worker its compute threads (compute_threads, this worker's count), each
+ * local ps one. A task is local when its address is a Unix socket or a
+ * loopback one; this worker always is. Overlap trades waiting for more,
+ * smaller requests, which only pays when the ps tasks and the kernel's
+ * network work have a core of their own beside the backward pass. The
+ * counts go to *cores and *needed (may be NULL). */
+bool qr__train_overlap_default(const qr_cluster *cluster, int compute_threads, int *cores,
+                               int *needed);
 
 /* Whether a --var-opt spec ("NAME:key=value,...") names the variable. */
 bool qr__train_var_opt_names(const char *spec, const char *name);

@@ -26,6 +26,9 @@ foreach(case determinism digits fashion slow kill ps_lost)
   qr_integration_test(integration_sync_${case} test_sync.py ${case})
 endforeach()
 qr_integration_test(integration_async_modes test_async_modes.py)
+foreach(case sync async flags)
+  qr_integration_test(integration_overlap_${case} test_overlap.py ${case})
+endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
 foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
              late_worker)

@@ -5,7 +5,10 @@
  * forward pass written here with loops computes the loss, and central
  * finite differences of it give every parameter's gradient, which the
  * model's float32 backward pass must match element by element. A few tiny
- * cases are also checked against values worked out by hand.
+ * cases are also checked against values worked out by hand. The layer
+ * hooks (what the trainer overlaps its communication with) are checked
+ * to come in layer order with each layer's values read only after its
+ * before_forward and its gradients final at its after_backward.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -412,6 +415,89 @@ static void test_blas_threads_do_not_change_results(void **state) {
     net_free(&a);
 }
 
+/* What the layer hooks see: the order of their calls, and at each
+ * after_backward whether the first layer's gradient is still untouched. */
+typedef struct hook_trace {
+    net *n;
+    const net *ref;  /* the same model, run without hooks */
+    char events[32]; /* "F0" ... "B0": forward / backward hooks in order */
+    int nevents;
+    bool first_layer_untouched[8]; /* at after_backward(l) */
+    int fail_at_backward;          /* this layer's hook fails (-1: none) */
+} hook_trace;
+
+/* A layer's values "land" only now: they were NaN until its forward. */
+static int values_land(void *ctx, int l) {
+    hook_trace *t = ctx;
+    t->events[t->nevents++] = 'F';
+    t->events[t->nevents++] = (char)('0' + l);
+    for (int i = 2 * l; i < 2 * l + 2; i++)
+        memcpy(t->n->p[i], t->ref->p[i], (size_t)t->n->size[i] * sizeof(float));
+    return QR_OK;
+}
+
+/* A layer's gradients "go out": they must be final already, and its
+ * values may be overwritten (new ones landing) without changing the
+ * step's other gradients. */
+static int grads_out(void *ctx, int l) {
+    hook_trace *t = ctx;
+    t->events[t->nevents++] = 'B';
+    t->events[t->nevents++] = (char)('0' + l);
+    t->first_layer_untouched[l] = isnan(t->n->g[0][0]);
+    for (int i = 2 * l; i < 2 * l + 2; i++) {
+        assert_memory_equal(t->n->g[i], t->ref->g[i], (size_t)t->n->size[i] * sizeof(float));
+        for (int64_t k = 0; k < t->n->size[i]; k++) t->n->p[i][k] = NAN;
+    }
+    return l == t->fail_at_backward ? qr__fail(QR_EPEERLOST, "hook failed") : QR_OK;
+}
+
+static void test_layer_hooks(void **state) {
+    (void)state;
+    int hidden[] = {7, 6};
+    net ref, n;
+    net_create(&ref, "mlp", 5, hidden, 2, 4, 8);
+    net_create(&n, "mlp", 5, hidden, 2, 4, 8);
+    net_random(&ref, 21, 0.5);
+    float x[8 * 5];
+    int32_t y[8];
+    random_batch(x, y, 8, 5, 4, 22);
+    double ref_l, l;
+    assert_int_equal(net_loss_grad(&ref, x, y, 8, &ref_l), QR_OK);
+    assert_int_equal(qr_model_num_layers(n.m), 3);
+    for (int fail = -1; fail < 3; fail += 3) {
+        hook_trace t = {.n = &n, .ref = &ref, .fail_at_backward = fail};
+        for (int i = 0; i < n.np; i++)
+            for (int64_t k = 0; k < n.size[i]; k++) n.p[i][k] = n.g[i][k] = NAN;
+        qr_model_hooks hooks = {values_land, grads_out, &t};
+        int rc = qr_model_loss_grad_hooked(n.m, (const float *const *)n.p, n.g, x, y, 8, &l, &hooks);
+        if (fail >= 0) { /* a hook's error ends the call with it, at once */
+            assert_int_equal(rc, QR_EPEERLOST);
+            assert_string_equal(t.events, "F0F1F2B2");
+            continue;
+        }
+        assert_int_equal(rc, QR_OK);
+        assert_true(l == ref_l);
+        assert_string_equal(t.events, "F0F1F2B2B1B0");
+        /* the last layer's gradient went out before the first layer's
+         * backward had written anything */
+        assert_true(t.first_layer_untouched[2] && t.first_layer_untouched[1]);
+        assert_false(t.first_layer_untouched[0]);
+        for (int i = 0; i < n.np; i++)
+            assert_memory_equal(n.g[i], ref.g[i], (size_t)n.size[i] * sizeof(float));
+    }
+    /* A diverged step: its gradients are written, but none goes out. */
+    hook_trace t = {.n = &n, .ref = &ref, .fail_at_backward = -1};
+    for (int i = 0; i < n.np; i++)
+        for (int64_t k = 0; k < n.size[i]; k++) n.p[i][k] = ref.p[i][k];
+    ref.p[4][0] = INFINITY;
+    qr_model_hooks only_forward = {values_land, grads_out, &t};
+    assert_int_equal(qr_model_loss_grad_hooked(n.m, (const float *const *)n.p, n.g, x, y, 8, &l,
+                                               &only_forward), QR_ENONFINITE);
+    assert_string_equal(t.events, "F0F1F2");
+    net_free(&ref);
+    net_free(&n);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax_gradient),
@@ -423,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_evaluate_matches_reference),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_blas_threads_do_not_change_results),
+        cmocka_unit_test(test_layer_hooks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

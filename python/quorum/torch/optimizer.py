@@ -69,6 +69,35 @@ def _float_param(name: str, p: torch.Tensor) -> None:
                            "" if p.is_contiguous() else " (non-contiguous)"))
 
 
+def _local_address(address: str) -> bool:
+    """A task at this address runs on this machine: a Unix socket, or a
+    loopback TCP address."""
+    if address.startswith("unix:"):
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]").lower()
+    return host in ("localhost", "localhost.", "::1") or host.startswith("127.")
+
+
+def spare_core(cluster: Cluster, local_ps: bool = False) -> Tuple[bool, int, int]:
+    """The overlap's default (overlap=None), the rule of quorum's own
+    trainer (--overlap auto, src/train/train_common.c): on when the cores
+    this process may run on outnumber what the cluster's tasks on this
+    machine use, each local worker torch's thread count (this worker's),
+    each local ps one. A task is local when its address is a Unix socket or
+    a loopback one; this worker always is, and so is a ps run in this
+    process (local_ps). Returns (on, cores, needed)."""
+    workers = cluster.addresses("worker")
+    me = cluster.task_index if cluster.job == "worker" else -1
+    nworkers = sum(1 for i, a in enumerate(workers) if _local_address(a) or i == me)
+    nps = sum(1 for a in cluster.addresses("ps") if _local_address(a))
+    if local_ps:
+        nps = max(nps, 1)
+    needed = max(nworkers, 1) * max(torch.get_num_threads(), 1) + nps
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    return cores > needed, cores, needed
+
+
 def _setting(v: Any) -> Any:
     """A group's setting as compared between steps (a tensor by its value)."""
     if isinstance(v, torch.Tensor):
@@ -115,9 +144,16 @@ class Optimizer(torch.optim.Optimizer):
     same request, as soon as backpropagation has produced it, so
     communication runs under the rest of the backward pass; step() then
     waits for them and sends the step's tick (one backward per step: use
-    accumulate=k to sum several). Off by default: it pays when
-    communication is a large part of a step and the ps tasks do not share
-    the worker's cores (bench/python/bench_torch.py). Parameters may be
+    accumulate=k to sum several). overlap=True (sync, a module's
+    parameters): step() pushes the step whole and takes its token, then
+    starts the pull of the new values and returns; they land before the
+    module's next forward (the data loading runs under them), its
+    state_dict() and any call of this optimizer (read a parameter by hand
+    in between after opt.synchronize()). overlap=None (the default): off,
+    since both change what a script sees between step() and the next
+    forward; the log says when this machine has a core to spare
+    (spare_core, the rule of quorum's own --overlap auto), where it pays.
+    Parameters may be
     float32, bfloat16 or float16: a bf16/fp16 parameter's gradient travels
     in its dtype (half the bytes) and its new values come back so, while
     the ps tasks keep float32 master weights and slots. wire_dtype="bf16"
@@ -141,7 +177,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, module: Any, optimizer: Union[str, type] = "SGD",
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
-                 overlap: bool = False, params: Optional[Iterable[Any]] = None,
+                 overlap: Optional[bool] = None, params: Optional[Iterable[Any]] = None,
                  buffers: str = "chief", sampler: Optional[DistributedSampler] = None,
                  wire_dtype: Optional[str] = None, staging: Optional[bool] = None,
                  **settings: Any):
@@ -196,7 +232,8 @@ class Optimizer(torch.optim.Optimizer):
             raise
 
     def _declare(self, worker: Optional[Worker], settings: Dict[str, Any],
-                 names: Dict[int, str], overlap: bool, staging: Optional[bool]) -> None:
+                 names: Dict[int, str], overlap: Optional[bool],
+                 staging: Optional[bool]) -> None:
         accumulate, local_steps = self.accumulate, self.local_steps
         if worker is None:
             worker = self._make_worker(settings)
@@ -207,13 +244,33 @@ class Optimizer(torch.optim.Optimizer):
         self.sync = (worker._config.get("mode") or "async") == "sync"
         if local_steps > 1 and self.sync:
             raise ValueError("local_steps is for async training")
-        plain = not self.sync and accumulate == 1 and local_steps == 1
+        plain = accumulate == 1 and local_steps == 1
         if overlap and not plain:
-            raise ValueError("overlap is for async training without accumulate or local_steps")
+            raise ValueError("overlap is for training without accumulate or local_steps")
+        if overlap and self.sync and self.module is None:
+            raise ValueError("overlap=True in sync mode lands the pulled values before the "
+                             "module's next forward: give the optimizer the module")
+        overlap_asked = overlap
+        if overlap is None:
+            # Both forms of overlap change what a script sees between
+            # step() and the next forward (async: gradients pushed before
+            # clipping or GradScaler could change them; sync: parameters
+            # read by hand before the pull has landed), so the default is
+            # off; where quorum's own trainer would turn it on (a core to
+            # spare, spare_core), the log says so.
+            spare, cores, needed = spare_core(worker.cluster, self._local_ps is not None)
+            if spare and plain:
+                _log.info("overlap off (overlap=True turns it on): this machine has a core to "
+                          "spare (%d cores for tasks that use %d)", cores, needed)
+            overlap = False
         # May be turned off (and on again, if it was on) between steps.
         self.overlap = bool(overlap)
         self._inflight: List[Request] = []
-        self._pushed: Set[int] = set()
+        # sync overlap: the step's pulls in flight, until the next forward
+        self._landing: List[Request] = []
+        # overlap (async): the variables pushed this step, each with its
+        # gradient as pushed (its id and version: an edit after is caught)
+        self._pushed: Dict[int, Tuple[int, int]] = {}
         seen: Set[str] = set()
         for g, group in enumerate(self.param_groups):
             options = group_options(self._name, self._qname, group)
@@ -249,11 +306,12 @@ class Optimizer(torch.optim.Optimizer):
         # in place.
         self._staging: Optional[Staging] = None
         if wants_staging(self.params, staging):
-            if overlap or local_steps > 1:
+            self.overlap = self.overlap and overlap_asked is not None  # auto: off here
+            if overlap_asked or local_steps > 1:
                 raise ValueError("%s with staged parameters (on a GPU, or staging=True): not "
                                  "supported; the gradients' copies to the host already run "
                                  "under the backward pass"
-                                 % ("overlap=True" if overlap else "local_steps"))
+                                 % ("overlap=True" if overlap_asked else "local_steps"))
             self._staging = Staging(self.params)
         self.buffers = Buffers(self.module, worker,
                                self._buffer_mode if self.module is not None else "local",
@@ -286,11 +344,13 @@ class Optimizer(torch.optim.Optimizer):
         self.stop_reason = ""
         self._sums: Optional[List[torch.Tensor]] = None
         self._start: Optional[List[torch.Tensor]] = None
-        self._hooked = self.overlap
-        if self.overlap:
+        self._hooked = self.overlap and not self.sync
+        if self._hooked:
             for _, param, i in self.params:
                 param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
                     self._grad_ready(i))
+        if self.sync and self.module is not None:
+            self._land_before_use(self.module)
         self._monitor = Monitor.for_optimizer(self)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -320,10 +380,12 @@ class Optimizer(torch.optim.Optimizer):
                 return
             opt._send_lrs()  # a scheduler's lr of this step, before its first push
             if var_id in opt._pushed:
+                # refused, not pushed again: the step keeps the first push
+                opt._pushed[var_id] = (id(p.grad), p.grad._version)
                 raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
                                    "backward produces it: call step() after each backward (or "
                                    "use accumulate=k, or overlap=False)")
-            opt._pushed.add(var_id)
+            opt._pushed[var_id] = (id(p.grad), p.grad._version)
             g = p.grad if not p.grad.is_sparse else p.grad.to_dense()
             try:
                 opt._inflight.append(opt.worker.push_pull_start(
@@ -333,6 +395,45 @@ class Optimizer(torch.optim.Optimizer):
                     raise
                 opt.stopped, opt.stop_reason = True, str(e)
         return hook
+
+    def _land_before_use(self, module: torch.nn.Module) -> None:
+        """Sync overlap: the values pulled after a step land before the
+        module's next forward and its state_dict() (weakly held hooks)."""
+        ref = weakref.ref(self)
+
+        def land(*_: Any) -> None:
+            opt = ref()
+            if opt is None or not opt._landing:
+                return
+            try:
+                opt.synchronize()
+            except StoppedError as e:
+                if e.status_name != "QR_ESTOPPED":
+                    raise
+                opt.stopped, opt.stop_reason = True, str(e)
+        module.register_forward_pre_hook(land)
+        module.register_state_dict_pre_hook(land)  # type: ignore[no-untyped-call]
+
+    def synchronize(self) -> None:
+        """The last step's values in the parameters now. Only sync overlap
+        leaves them in flight when step() returns (they land by themselves
+        before the module's next forward, its state_dict() and any call of
+        this optimizer): call it before reading a parameter by hand."""
+        landing, self._landing = self._landing, []
+        if not landing:
+            return
+        wait_all(landing)
+        self._land()
+        if self.buffers:
+            self.buffers.pulled()
+
+    def _pull_later(self) -> None:
+        """Sync overlap: the step's pull (parameters and buffers, as _pull)
+        started, to land at synchronize(): the next batch is loaded under it."""
+        into = self._into()
+        if self.buffers:
+            into.update(self.buffers.targets())
+        self._landing.append(self.worker.pull_start(into))
 
     def _make_worker(self, settings: Dict[str, Any]) -> Worker:
         if os.environ.get("TF_CONFIG"):
@@ -452,6 +553,7 @@ class Optimizer(torch.optim.Optimizer):
         self._batches += 1
         self.worker.set_data_position(self._position())  # rides on the pushes
         try:
+            self.synchronize()  # the last step's values, if still in flight
             self._step()
             if self._monitor is not None:
                 self._monitor.step(self, loss, examples)
@@ -466,8 +568,17 @@ class Optimizer(torch.optim.Optimizer):
 
     def _overlapped_step(self) -> int:
         inflight, self._inflight = self._inflight, []
-        pushed, self._pushed = self._pushed, set()
+        pushed, self._pushed = self._pushed, {}
         wait_all(inflight)  # every one is waited for, whatever fails
+        for name, p, i in self.params:
+            g = p.grad
+            if i in pushed and (g is None or pushed[i] != (id(g), g._version)):
+                raise RuntimeError(
+                    "parameter %r: its gradient changed after backward pushed it (gradient "
+                    "clipping, GradScaler's unscale_, a hook of your own), and the ps has applied "
+                    "it as backward left it: with overlap (on by default where this machine has "
+                    "a core to spare) each gradient goes out as backward produces it; make the "
+                    "optimizer with overlap=False to change gradients before step()" % name)
 
         def tick() -> int:
             for emb in self.embeddings:
@@ -534,6 +645,9 @@ class Optimizer(torch.optim.Optimizer):
             self.stale += 1  # a late gradient of a backup worker: dropped, go on
         if self.sync:
             self.global_step = self.worker.take_token()
+        if self.sync and self.overlap and self._staging is None and self.module is not None:
+            self._pull_later()
+            return self.global_step
         self._pull()
         return self.global_step
 
@@ -558,6 +672,7 @@ class Optimizer(torch.optim.Optimizer):
     def checkpoint(self) -> int:
         """A checkpoint of the whole cluster now (its global step), with the
         gradients pushed so far; see Worker.checkpoint."""
+        self.synchronize()
         for r in self._inflight:  # an overlapped step's pushes first
             r.wait()
         self._inflight = []
@@ -610,6 +725,7 @@ class Optimizer(torch.optim.Optimizer):
         square_avg, momentum_buffer, grad_avg for RMSprop), pulled from the
         ps tasks, and "step", the cluster's global step (state.py,
         docs/PYTHON.md). Empty state before the first step, as torch's."""
+        self.synchronize()
         groups = []
         start = 0
         for group in self.param_groups:
@@ -630,6 +746,7 @@ class Optimizer(torch.optim.Optimizer):
         shape, a NaN is a ValueError naming the parameter and the key.
         Other workers check it and take the groups' settings: the chief's
         writes are the cluster's."""
+        self.synchronize()
         groups = state_dict.get("param_groups")
         if not isinstance(groups, list) or len(groups) != len(self.param_groups):
             raise ValueError("load_state_dict: %s parameter groups, this optimizer has %d"
@@ -655,6 +772,10 @@ class Optimizer(torch.optim.Optimizer):
         when asked (stop_cluster=True)."""
         if not self.worker._handle:
             return  # closed already
+        try:
+            self.synchronize()
+        except StoppedError:
+            pass  # the run ended under the last pull: the values stay as they were
         if stop_cluster is None:
             stop_cluster = self._local_ps is not None
         if self._monitor is not None:  # the last point, while the ps tasks answer
