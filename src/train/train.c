@@ -9,7 +9,9 @@
  *          the run).
  *   sync:  the push is tagged with the worker's local step; then the worker
  *          takes a token (the barrier) and its step from it; training ends
- *          at the token that carries the last step.
+ *          at the token that carries the last step. A plain step does push,
+ *          token and pull in one round trip per ps (qr_worker_push_pull);
+ *          accumulation keeps the three.
  * What a step computes is one of three strategies: plain (one batch),
  * accumulate (k batches summed) and local SGD (k steps on a local copy,
  * then the delta). qr_train_local is the single-process reference of sync
@@ -141,6 +143,7 @@ typedef struct worker_run {
     qr_rng rng;
     int batches;        /* batches one global step consumes */
     int64_t step, total;
+    bool values_due;    /* the next step must pull first (one-trip sync) */
     double loss_avg;
     train_summaries summaries; /* the chief's, with --logdir */
     worker_metrics metrics;    /* with --metrics-port */
@@ -216,6 +219,40 @@ static int push_and_advance(worker_run *r, unsigned flags, qr_train_result *res)
                             &global);
     qr__worker_metrics_call(&r->metrics, true, qr__now_sec() - t0);
     return qr__train_after_push(r->w, rc, r->sync, global, &r->step, res);
+}
+
+/* Sync without overlap, one round trip per ps (docs/SYNC.md, "One round
+ * trip"): the push's answers come after the step with its values, into the
+ * worker's copies, and ps 0's with the token, whose step is the worker's
+ * next local step. A stale push is answered with the values and a token
+ * too (QR_ESTALE after both), so the next step starts from them as after
+ * TOKEN and PULL. */
+static int push_pull_and_advance(worker_run *r, unsigned flags, qr_train_result *res) {
+    qr__train_slow_down(r->o, r->task_index);
+    int64_t token = 0;
+    qr_worker_set_data_position(r->w, r->t.drawn);
+    double t0 = qr__now_sec();
+    int rc = qr_worker_push_pull(r->w, r->t.nparams, r->ids, (const float *const *)r->grads,
+                                 NULL, flags, &token);
+    qr__worker_metrics_call(&r->metrics, true, qr__now_sec() - t0);
+    if (rc == QR_ESTALE) {
+        res->stale_pushes++;
+        res->local_steps++;
+        return qr_worker_local_step(r->w, &r->step);
+    }
+    if (rc == QR_EPEERLOST) {
+        /* As a lost push (qr__train_after_push): the next pull waits for the
+         * ps to come back, and the cluster rolls back or the wait ends. */
+        qr__log(QR_LOG_WARN, "push of step %lld lost: %s", (long long)r->step, qr_last_error());
+        res->lost_pushes++;
+        res->local_steps++;
+        r->values_due = true;
+        return QR_OK;
+    }
+    if (rc) return rc;
+    res->local_steps++;
+    r->step = token;
+    return QR_OK;
 }
 
 /* ---- overlap: a step's communication under its compute ---------------- */
@@ -515,16 +552,25 @@ static int overlapped_steps(worker_run *r, double start) {
 static int train_steps(worker_run *r, qr_train_result *res, double start) {
     if (r->overlap) return overlapped_steps(r, start);
     step_fn compute_step = pick_strategy(r->o);
+    /* A plain sync step is one round trip: its answer brings the next
+     * step's values, so only the first step (and one after a lost push)
+     * pulls. */
+    bool one_trip = r->sync && compute_step == step_plain;
+    r->values_due = true;
     int rc = QR_OK;
     while (!rc && r->step < r->total) {
         unsigned flags = QR_PUSH_STEP;
         double loss = 0;
         rc = qr_worker_wait_bound(r->w); /* max-staleness; returns at once if unset */
-        double t0 = qr__now_sec();
-        if (!rc) rc = qr_worker_pull(r->w, 0, NULL, NULL);
-        qr__worker_metrics_call(&r->metrics, false, qr__now_sec() - t0);
+        if (!rc && (r->values_due || !one_trip)) {
+            double t0 = qr__now_sec();
+            rc = qr_worker_pull(r->w, 0, NULL, NULL);
+            qr__worker_metrics_call(&r->metrics, false, qr__now_sec() - t0);
+            r->values_due = false;
+        }
         if (!rc) rc = compute_step(r, &loss, &flags);
-        if (!rc) rc = push_and_advance(r, flags, res);
+        if (!rc) rc = one_trip ? push_pull_and_advance(r, flags, res)
+                               : push_and_advance(r, flags, res);
         if (!rc) rc = step_done(r, loss, start);
     }
     return rc;

@@ -55,7 +55,14 @@ if case == "determinism":
     c, _ = launch(["--ps", "2"] + sync + common[:6] + common[8:] + adam)
     ref2 = train_local(["--virtual-workers", "3"] + common[:6] + common[8:] + adam)
     assert c["params_digest"] == ref2["params_digest"], (c["params_digest"], ref2["params_digest"])
-    print("PASS: bit-identical cluster and single-process runs (sgd and adam)")
+    # Without overlap a plain sync step is one round trip per ps: its answer
+    # brings the next step's values, so the run pulls only the first ones
+    # (pull_bytes: one model per worker, the pushes' answers are counted
+    # with push_bytes). Push, token and pull would pull every step.
+    d, _ = launch(["--ps", "2", "--overlap", "off"] + sync + common)
+    assert d["params_digest"] == ref["params_digest"], (d["params_digest"], ref["params_digest"])
+    assert d["pull_bytes"] * 20 < d["push_bytes"], (d["pull_bytes"], d["push_bytes"])
+    print("PASS: bit-identical cluster and single-process runs (sgd and adam), one trip a step")
 
 elif case == "digits":
     for extra in (["--workers", "3"], ["--workers", "3", "--replicas-to-aggregate", "2"]):
