@@ -109,7 +109,8 @@ static int load_digits(const char *data_dir, qr_dataset *train, qr_dataset *test
         if (is_file(plain))
             memcpy(path, plain, sizeof path);
         else
-            return qr__fail(QR_ENOTFOUND, "digits: no digits.csv.gz or digits.csv in %s", dir);
+            return qr__fail(QR_ENOTFOUND, "digits: no digits.csv.gz or digits.csv in %s "
+                            "(--data-dir or QR_DATA_DIR name another folder)", dir);
     }
     return load_csv_split(path, 65, NAMED_NCLASSES, train, test);
 }
