@@ -6,9 +6,13 @@
  *           complete or not
  *   show    every tensor of one checkpoint (the newest complete one, or
  *           --step N): shard, dtype, shape, and min, max, mean, NaN count
- *   verify  every complete checkpoint (or --step N) against its manifest:
- *           sizes, crc32, headers; exit status 1 on any problem, the newest
- *           folder lacking a manifest included
+ *   verify  every checkpoint (or --step N) against its manifest: sizes,
+ *           crc32, and each shard's header (its global step, shard number,
+ *           mode and checkpoint: no shard of another step or run mixed in);
+ *           exit status 1 on any damaged checkpoint. Folders newer than the
+ *           newest complete checkpoint that have no manifest are writes
+ *           interrupted (or under way), and temporary files are writes of
+ *           live or dead writers: reported, not failures.
  */
 #include "cli.h"
 
@@ -27,8 +31,10 @@ static int usage(FILE *f, int status) {
                "Look at the checkpoints a cluster wrote with --checkpoint-dir DIR\n"
                "(docs/CHECKPOINTS.md). ls lists them; show prints every tensor of the\n"
                "newest complete one (or step N) with min, max, mean and NaN count; verify\n"
-               "checks sizes, crc32 and headers against the manifests. Exit status 1 on\n"
-               "any problem, 2 on bad usage.\n");
+               "checks sizes, crc32 and every shard's header (global step, shard, mode,\n"
+               "checkpoint) against the manifests. Exit status 1 on a damaged checkpoint\n"
+               "(a write interrupted after the newest complete one is only reported), 2 on\n"
+               "bad usage.\n");
     return status;
 }
 
@@ -53,7 +59,9 @@ static int cmd_ls(const char *dir) {
         if (list[i].complete) when(list[i].unix_time, t, sizeof t);
         printf("%-12lld %-19s %12llu %7d  %s\n", (long long)list[i].step, t,
                (unsigned long long)list[i].bytes, list[i].nshards,
-               list[i].complete ? "complete" : "incomplete (no readable manifest)");
+               list[i].complete       ? "complete"
+               : list[i].has_manifest ? "damaged (its manifest does not read)"
+                                      : "incomplete (no manifest: a write interrupted or under way)");
     }
     qr_ckpt_list_free(list, n);
     return 0;
@@ -71,8 +79,7 @@ static int find(const char *dir, int64_t step, qr_ckpt_info *out) {
     for (int i = 0; i < n && rc; i++) {
         if (step >= 0 ? list[i].step != step : !list[i].complete) continue;
         if (!list[i].complete) {
-            fprintf(stderr, "quorum ckpt: %s is incomplete (no readable manifest.json)\n",
-                    list[i].path);
+            fprintf(stderr, "quorum ckpt: %s is incomplete: %s\n", list[i].path, list[i].problem);
             break;
         }
         *out = list[i];
@@ -154,6 +161,26 @@ static int cmd_show(const char *dir, int64_t step) {
     return rc;
 }
 
+/* The temporary files of interrupted or ongoing writes: reported only (a
+ * ps removes a dead writer's once its next checkpoint is complete). */
+static void report_tmp(const char *dir) {
+    qr_ckpt_tmp *tmp;
+    int n;
+    if (qr_ckpt_list_tmp(dir, &tmp, &n)) {
+        printf("%s: %s\n", dir, qr_last_error());
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tmp[i].alive)
+            printf("%s: a temporary file being written (pid %d runs on this machine)\n",
+                   tmp[i].path, tmp[i].pid);
+        else
+            printf("%s: a temporary file left by a writer that died (pid %d is not running "
+                   "here); the next checkpoint removes it\n", tmp[i].path, tmp[i].pid);
+    }
+    free(tmp);
+}
+
 static int cmd_verify(const char *dir, int64_t step) {
     qr_ckpt_info *list;
     int n;
@@ -162,15 +189,21 @@ static int cmd_verify(const char *dir, int64_t step) {
         return 1;
     }
     int bad = 0, checked = 0;
+    bool seen_complete = false; /* a complete one newer than list[i] */
     for (int i = 0; i < n; i++) {
-        if (step >= 0 && list[i].step != step) continue;
+        bool interrupted = !list[i].complete && !list[i].has_manifest;
+        bool asked = step >= 0 && list[i].step == step;
+        if (step >= 0 && !asked) continue;
         checked++;
-        if (!list[i].complete) {
-            /* Only the newest may be one being written; say so either way. */
-            printf("%s: incomplete (no readable manifest.json)%s\n", list[i].path,
-                   i == 0 ? "; it may still be being written" : "");
-            bad++;
-        } else if (qr_ckpt_verify(&list[i])) {
+        if (interrupted && !asked && !seen_complete) {
+            /* Newer than every complete checkpoint: a write a crash
+             * interrupted, or one under way. Not a checkpoint, and no
+             * damage to one: the restore skips it. */
+            printf("%s: not a checkpoint: %s; skipped\n", list[i].path, list[i].problem);
+            continue;
+        }
+        if (list[i].complete) seen_complete = true;
+        if (qr_ckpt_verify(&list[i])) {
             printf("%s: %s\n", list[i].path, qr_last_error());
             bad++;
         } else {
@@ -179,9 +212,14 @@ static int cmd_verify(const char *dir, int64_t step) {
         }
     }
     qr_ckpt_list_free(list, n);
+    if (step < 0) report_tmp(dir);
     if (!checked) {
         fprintf(stderr, "quorum ckpt: nothing to verify in %s%s\n", dir,
                 step >= 0 ? " at that step" : "");
+        return 1;
+    }
+    if (step < 0 && !seen_complete) {
+        fprintf(stderr, "quorum ckpt: no complete checkpoint in %s\n", dir);
         return 1;
     }
     return bad ? 1 : 0;

@@ -97,7 +97,12 @@ void qr_st_close(qr_st_file *f);
 /* ---- checkpoints and their folder (manifest.c) ---------------------------- */
 
 #define QR_CKPT_FORMAT "quorum-checkpoint"
-#define QR_CKPT_VERSION 1
+/* 2: the manifest and every shard's header name the checkpoint they belong
+ * to (ps 0's incarnation and its checkpoint id). Version 1 checkpoints are
+ * still read; their shards are matched to the manifest by step, shard
+ * number and mode only (docs/CHECKPOINTS.md). */
+#define QR_CKPT_VERSION 2
+#define QR_CKPT_OLDEST_VERSION 1
 
 /* One shard as the manifest lists it. */
 typedef struct qr_ckpt_shard {
@@ -111,6 +116,13 @@ typedef struct qr_ckpt_info {
     char path[4096];  /* the checkpoint's folder */
     int64_t step;     /* from its name; the manifest's when it has one */
     bool complete;    /* a manifest that reads and matches the name */
+    bool has_manifest; /* a manifest.json is there (complete or not) */
+    char problem[512]; /* not complete: why (no manifest, or what is wrong with it) */
+    int version;      /* the manifest's format version */
+    /* Which checkpoint this is (version 2): the incarnation of the ps 0
+     * that took it, and its id among that run's checkpoints. Every shard's
+     * header names the same two. */
+    uint64_t incarnation, checkpoint_id;
     double unix_time; /* when it was taken (manifest) */
     char mode[8];     /* "sync" or "async" */
     int nshards;
@@ -134,14 +146,37 @@ void qr_ckpt_list_free(qr_ckpt_info *list, int n);
 int qr_ckpt_read_manifest(qr_ckpt_info *c);
 
 /* Check a complete checkpoint's files: every shard present, of the size
- * and crc32 the manifest says, and a safetensors header that parses. On
- * a problem: QR_EIO with a message naming the file and what is wrong. */
+ * and crc32 the manifest says, a safetensors header that parses, and a
+ * header that says it is this checkpoint's shard K of P: the manifest's
+ * global step, mode and (version 2) ps 0 incarnation and checkpoint id, so
+ * that a shard of another step or another run cannot pass for one of
+ * this checkpoint even with the size and crc32 made to match. On a
+ * problem: QR_EIO with a message naming the file and what is wrong. */
 int qr_ckpt_verify(const qr_ckpt_info *c);
 
 /* The newest checkpoint of dir that verifies, in *out (its folder and
  * manifest). Newer ones that do not verify are skipped, each with a
- * warning naming the file. QR_ENOTFOUND (no message) when there is none. */
+ * warning naming the file. QR_ENOTFOUND (no message) when there is none
+ * and no folder has a manifest either (nothing but interrupted writes: a
+ * fresh start is right). QR_EIO when there were checkpoints with a
+ * manifest and none verifies, with a message naming each one's problem:
+ * starting fresh would throw them away silently. */
 int qr_ckpt_latest(const char *dir, qr_ckpt_info *out);
+
+/* Temporary files (NAME.tmp-PID, durable.c) inside the checkpoint
+ * folders of dir. A file whose PID runs on this machine is being
+ * written; any other is left over by a writer that died. */
+typedef struct qr_ckpt_tmp {
+    char path[4200];
+    int pid;
+    bool alive;
+} qr_ckpt_tmp;
+/* Every one of them, in *out (free() it), *n of them. */
+int qr_ckpt_list_tmp(const char *dir, qr_ckpt_tmp **out, int *n);
+/* Remove those of dead writers, each with a warning naming it. Called
+ * once a checkpoint is complete: no other write of the cluster is under
+ * way then, so a file there is one a killed or stopped writer left. */
+void qr_ckpt_remove_dead_tmp(const char *dir);
 
 /* Write c's manifest into c->path, durably: the checkpoint now exists. */
 int qr_ckpt_write_manifest(const qr_ckpt_info *c);

@@ -4,17 +4,23 @@
  * prune old ones.
  *
  * manifest.json:
- *   {"format": "quorum-checkpoint", "version": 1, "global_step": 1200,
+ *   {"format": "quorum-checkpoint", "version": 2, "global_step": 1200,
  *    "unix_time": 1795474801.5, "mode": "sync", "num_shards": 2,
+ *    "incarnation": "5f0c2a9e11d2b7c4", "checkpoint_id": 7,
  *    "shards": [{"file": "shard-00000-of-00002.safetensors",
  *                "bytes": 1234, "crc32": "9ae0daaf", "variables": 3}, ...]}
  * crc32 is zlib's (the one `zlib.crc32` and `gzip` use) of the whole file.
+ * incarnation (ps 0's run, 16 hex digits) and checkpoint_id (that run's
+ * count of checkpoints) name the checkpoint; every shard's header names
+ * the same ones, with its global step, shard number and mode, and verify
+ * checks them (version 1 manifests have neither: checked by step).
  */
 #include "ckpt/ckpt.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +63,10 @@ int qr_ckpt_write_manifest(const qr_ckpt_info *c) {
     cJSON_AddNumberToObject(m, "unix_time", c->unix_time);
     cJSON_AddStringToObject(m, "mode", c->mode);
     cJSON_AddNumberToObject(m, "num_shards", c->nshards);
+    char incarnation[24];
+    snprintf(incarnation, sizeof incarnation, "%016llx", (unsigned long long)c->incarnation);
+    cJSON_AddStringToObject(m, "incarnation", incarnation);
+    cJSON_AddNumberToObject(m, "checkpoint_id", (double)c->checkpoint_id);
     cJSON *shards = cJSON_AddArrayToObject(m, "shards");
     for (int i = 0; i < c->nshards; i++) {
         cJSON *s = cJSON_CreateObject();
@@ -135,14 +145,47 @@ static int parse_shards(qr_ckpt_info *c, const cJSON *shards, const char *path) 
     return QR_OK;
 }
 
+/* A 64-bit number written as 16 hex digits (JSON numbers are doubles). */
+static bool parse_hex64(const char *s, uint64_t *out) {
+    char *end;
+    if (!s || strlen(s) != 16) return false;
+    errno = 0;
+    *out = strtoull(s, &end, 16);
+    return !*end && !errno;
+}
+
+/* The checkpoint's name in a version 2 manifest. */
+static bool read_identity(const cJSON *m, qr_ckpt_info *c) {
+    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(m, "incarnation");
+    int64_t id;
+    if (!cJSON_IsString(inc) || !parse_hex64(inc->valuestring, &c->incarnation) ||
+        !json_int(m, "checkpoint_id", 0, INT64_MAX / 2, &id))
+        return false;
+    c->checkpoint_id = (uint64_t)id;
+    return true;
+}
+
 int qr_ckpt_read_manifest(qr_ckpt_info *c) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", c->path, MANIFEST);
     size_t len = 0;
+    c->has_manifest = false;
+    c->problem[0] = '\0';
+    errno = 0;
     char *text = read_small_file(path, MAX_MANIFEST, &len);
-    if (!text)
-        return qr__fail(errno == ENOENT ? QR_ENOTFOUND : QR_EIO, "cannot read '%s'%s%s", path,
-                        errno ? ": " : "", errno ? strerror(errno) : "");
+    if (!text) {
+        int e = errno;
+        c->complete = false;
+        c->has_manifest = e != ENOENT;
+        int rc = e == ENOENT
+                     ? qr__fail(QR_ENOTFOUND, "'%s' has no %s (a write interrupted, or one under "
+                                "way)", c->path, MANIFEST)
+                     : qr__fail(QR_EIO, "cannot read '%s'%s%s", path, e ? ": " : " (too large)",
+                                e ? strerror(e) : "");
+        snprintf(c->problem, sizeof c->problem, "%s", qr_last_error());
+        return rc;
+    }
+    c->has_manifest = true;
     cJSON *m = cJSON_ParseWithLength(text, len);
     free(text);
     const cJSON *format = cJSON_GetObjectItemCaseSensitive(m, "format");
@@ -153,26 +196,33 @@ int qr_ckpt_read_manifest(qr_ckpt_info *c) {
     int rc = QR_OK;
     if (!cJSON_IsObject(m) || !cJSON_IsString(format) || strcmp(format->valuestring, QR_CKPT_FORMAT))
         rc = qr__fail(QR_EIO, "'%s' is not a quorum checkpoint manifest (torn or foreign)", path);
-    else if (!json_int(m, "version", 1, 1 << 20, &version) || version != QR_CKPT_VERSION)
-        rc = qr__fail(QR_EIO, "'%s': format version unsupported (this quorum reads %d)", path,
-                      QR_CKPT_VERSION);
+    else if (!json_int(m, "version", 1, 1 << 20, &version) || version < QR_CKPT_OLDEST_VERSION ||
+             version > QR_CKPT_VERSION)
+        rc = qr__fail(QR_EIO, "'%s': format version unsupported (this quorum reads %d to %d)",
+                      path, QR_CKPT_OLDEST_VERSION, QR_CKPT_VERSION);
     else if (!json_int(m, "global_step", 0, INT64_MAX / 2, &step) ||
              !json_int(m, "num_shards", 1, 1 << 16, &nshards) || !cJSON_IsArray(shards) ||
              cJSON_GetArraySize(shards) != nshards || !cJSON_IsString(mode) ||
-             strlen(mode->valuestring) >= sizeof c->mode || !cJSON_IsNumber(time))
-        rc = qr__fail(QR_EIO, "'%s' is malformed (global_step, num_shards, shards, mode or "
-                      "unix_time missing or wrong)", path);
+             strlen(mode->valuestring) >= sizeof c->mode || !cJSON_IsNumber(time) ||
+             (version >= 2 && !read_identity(m, c)))
+        rc = qr__fail(QR_EIO, "'%s' is malformed (global_step, num_shards, shards, mode, "
+                      "unix_time, incarnation or checkpoint_id missing or wrong)", path);
     else if (step != c->step)
-        rc = qr__fail(QR_EIO, "'%s' says global step %lld, its folder %lld", path,
+        rc = qr__fail(QR_EIO, "'%s' says global step %lld but its folder is named for step "
+                      "%lld: the manifest does not belong to this folder", path,
                       (long long)step, (long long)c->step);
     if (!rc) {
+        c->version = (int)version;
         c->nshards = (int)nshards;
         c->unix_time = time->valuedouble;
         snprintf(c->mode, sizeof c->mode, "%s", mode->valuestring);
         rc = parse_shards(c, shards, path);
     }
     cJSON_Delete(m);
-    if (rc) qr_ckpt_info_free(c);
+    if (rc) {
+        qr_ckpt_info_free(c);
+        snprintf(c->problem, sizeof c->problem, "%s", qr_last_error());
+    }
     c->complete = rc == QR_OK;
     return rc;
 }
@@ -231,7 +281,73 @@ int qr_ckpt_list(const char *dir, qr_ckpt_info **out, int *n) {
     return QR_OK;
 }
 
-static int verify_shard(const qr_ckpt_info *c, const qr_ckpt_shard *s) {
+/* A metadata string of a shard's header that must read `want`. */
+static bool meta_is(const qr_st_file *f, const char *key, const char *want) {
+    const char *v = qr_st_meta(f, key);
+    return v && !strcmp(v, want);
+}
+
+static const char *meta_or(const qr_st_file *f, const char *key, const char *missing) {
+    const char *v = qr_st_meta(f, key);
+    return v ? v : missing;
+}
+
+/* Does the shard's header say it is shard `index` of checkpoint c? The
+ * size and crc32 only say the file is the one the manifest was written
+ * with; a shard copied from another step, or left from another run's
+ * checkpoint of the same step, and the manifest made to match it, must
+ * still not pass: its header names its own step and checkpoint. */
+static int check_shard_header(const qr_ckpt_info *c, int index, const qr_st_file *f) {
+    char want[32];
+    const char *step = qr_st_meta(f, "global_step");
+    if (!meta_is(f, "format", QR_CKPT_FORMAT))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' is not a quorum shard (no format in its "
+                        "header)", f->path);
+    snprintf(want, sizeof want, "%lld", (long long)c->step);
+    if (!step || strcmp(step, want))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' holds global step %s, its manifest step "
+                        "%lld: a shard of another checkpoint (mixed steps)", f->path,
+                        step ? step : "(none)", (long long)c->step);
+    int64_t tensor_step = -1;
+    const qr_st_tensor *t = qr_st_find(f, "global_step");
+    if (!t || t->dtype != QR_DT_I64 || t->ndim != 0 || qr_st_read(f, t, &tensor_step) ||
+        tensor_step != c->step)
+        return qr__fail(QR_EIO, "checkpoint shard '%s': its global_step tensor is %lld, its "
+                        "header and manifest %lld", f->path, (long long)tensor_step,
+                        (long long)c->step);
+    snprintf(want, sizeof want, "%d", index);
+    bool placed = meta_is(f, "shard", want);
+    snprintf(want, sizeof want, "%d", c->nshards);
+    if (!placed || !meta_is(f, "num_shards", want))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' says it is shard %s of %s; the manifest "
+                        "lists it as %d of %d", f->path, meta_or(f, "shard", "?"),
+                        meta_or(f, "num_shards", "?"), index, c->nshards);
+    if (!meta_is(f, "mode", c->mode))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' was written in %s mode, its manifest says "
+                        "%s", f->path, meta_or(f, "mode", "no"), c->mode);
+    snprintf(want, sizeof want, "%d", c->version);
+    if (!meta_is(f, "version", want))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' has format version %s, its manifest %d",
+                        f->path, meta_or(f, "version", "(none)"), c->version);
+    if (c->version < 2) return QR_OK;
+    uint64_t incarnation = 0, id = 0, writer = 0;
+    const char *id_text = qr_st_meta(f, "checkpoint_id");
+    char *end = NULL;
+    if (id_text && *id_text) id = strtoull(id_text, &end, 10);
+    if (!parse_hex64(qr_st_meta(f, "checkpoint_incarnation"), &incarnation) || !end || *end ||
+        !parse_hex64(qr_st_meta(f, "incarnation"), &writer) || incarnation != c->incarnation ||
+        id != c->checkpoint_id || (index == 0 && writer != incarnation))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' belongs to checkpoint %s/%s of ps 0, its "
+                        "manifest is checkpoint %016llx/%llu: a shard of the same step from "
+                        "another run (mixed checkpoints)", f->path,
+                        meta_or(f, "checkpoint_incarnation", "?"), id_text ?: "?",
+                        (unsigned long long)c->incarnation,
+                        (unsigned long long)c->checkpoint_id);
+    return QR_OK;
+}
+
+static int verify_shard(const qr_ckpt_info *c, int index) {
+    const qr_ckpt_shard *s = &c->shards[index];
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", c->path, s->file);
     FILE *f = fopen(path, "rb");
@@ -259,16 +375,19 @@ static int verify_shard(const qr_ckpt_info *c, const qr_ckpt_shard *s) {
                         "(corrupt)", path, crc, s->crc32);
     qr_st_file st;
     int rc = qr_st_open(&st, path);
-    if (!rc) qr_st_close(&st);
+    if (!rc) {
+        rc = check_shard_header(c, index, &st);
+        qr_st_close(&st);
+    }
     return rc;
 }
 
 int qr_ckpt_verify(const qr_ckpt_info *c) {
     if (!c->complete)
-        return qr__fail(QR_EIO, "checkpoint '%s' has no readable %s (unfinished or torn)",
-                        c->path, MANIFEST);
+        return qr__fail(QR_EIO, "checkpoint '%s' is incomplete: %s", c->path,
+                        c->problem[0] ? c->problem : "its manifest was not read");
     for (int i = 0; i < c->nshards; i++) {
-        int rc = verify_shard(c, &c->shards[i]);
+        int rc = verify_shard(c, i);
         if (rc) return rc;
     }
     return QR_OK;
@@ -279,16 +398,24 @@ int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
     int n, rc = qr_ckpt_list(dir, &list, &n);
     if (rc) return rc;
     rc = QR_ENOTFOUND;
+    /* What was wrong with each checkpoint that had a manifest, for the
+     * error when none verifies. */
+    size_t cap = 4096, used = 0;
+    char *problems = malloc(cap);
+    if (problems) problems[0] = '\0';
     for (int i = 0; i < n; i++) {
-        if (!list[i].complete) {
+        if (!list[i].complete && !list[i].has_manifest) {
             /* The newest may be one being written right now, or one a
              * crash interrupted: either way it is not a checkpoint. */
-            qr__log(QR_LOG_WARN, "checkpoint %s is incomplete (no readable manifest.json): "
-                    "skipped", list[i].path);
+            qr__log(QR_LOG_WARN, "checkpoint %s skipped: %s", list[i].path, list[i].problem);
             continue;
         }
         if (qr_ckpt_verify(&list[i])) {
             qr__log(QR_LOG_WARN, "checkpoint skipped: %s", qr_last_error());
+            if (problems && used < cap - 1)
+                used += (size_t)snprintf(problems + used, cap - used, "%s%s", used ? "; " : "",
+                                         qr_last_error());
+            used = QR_MIN(used, cap - 1);
             continue;
         }
         *out = list[i];
@@ -296,8 +423,87 @@ int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
         rc = QR_OK;
         break;
     }
+    if (rc && used)
+        rc = qr__fail(QR_EIO, "no checkpoint of %s verifies: %s", dir, problems);
+    free(problems);
     qr_ckpt_list_free(list, n);
     return rc;
+}
+
+/* "shard-00000-of-00002.safetensors.tmp-4242" -> 4242; 0 for any other name. */
+static int tmp_pid(const char *name) {
+    const char *at = strstr(name, ".tmp-");
+    int64_t pid;
+    if (!at || qr__parse_int64(at + 5, 1, INT32_MAX, &pid)) return 0;
+    return (int)pid;
+}
+
+static bool pid_alive(int pid) {
+    return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+int qr_ckpt_list_tmp(const char *dir, qr_ckpt_tmp **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? QR_OK
+                                   : qr__fail(QR_EIO, "cannot read checkpoint folder '%s': %s",
+                                              dir, strerror(errno));
+    qr_ckpt_tmp *list = NULL;
+    int count = 0, cap = 0, rc = QR_OK;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (step_of_name(e->d_name) < 0) continue;
+        char folder[4200];
+        snprintf(folder, sizeof folder, "%s/%s", dir, e->d_name);
+        DIR *f = opendir(folder);
+        struct dirent *g;
+        while (!rc && f && (g = readdir(f))) {
+            int pid = tmp_pid(g->d_name);
+            if (!pid) continue;
+            if (count == cap) {
+                cap = cap ? 2 * cap : 8;
+                qr_ckpt_tmp *grown = realloc(list, (size_t)cap * sizeof *grown);
+                if (!grown) {
+                    rc = qr__fail(QR_ENOMEM, "out of memory listing '%s'", dir);
+                    break;
+                }
+                list = grown;
+            }
+            qr_ckpt_tmp *t = &list[count++];
+            snprintf(t->path, sizeof t->path, "%.4095s/%.100s", folder, g->d_name);
+            t->pid = pid;
+            t->alive = pid_alive(pid);
+        }
+        if (f) closedir(f);
+    }
+    closedir(d);
+    if (rc) {
+        free(list);
+        return rc;
+    }
+    *out = list;
+    *n = count;
+    return QR_OK;
+}
+
+void qr_ckpt_remove_dead_tmp(const char *dir) {
+    qr_ckpt_tmp *list;
+    int n;
+    if (qr_ckpt_list_tmp(dir, &list, &n)) {
+        qr__log(QR_LOG_WARN, "looking for leftover temporary files: %s", qr_last_error());
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if (list[i].alive) continue;
+        if (unlink(list[i].path) && errno != ENOENT)
+            qr__log(QR_LOG_WARN, "cannot remove '%s', left by a writer that died (pid %d): %s",
+                    list[i].path, list[i].pid, strerror(errno));
+        else
+            qr__log(QR_LOG_WARN, "removed '%s', left by a checkpoint writer that died (pid %d)",
+                    list[i].path, list[i].pid);
+    }
+    free(list);
 }
 
 /* rm -r of a checkpoint folder (it holds files only). */

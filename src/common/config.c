@@ -130,6 +130,9 @@ static const key_spec keys[] = {
      "ps: take a checkpoint every this many global steps (0: not by steps)"},
     {"keep-checkpoints", ANY, KEY_INT, "5", 1, 1 << 20, 0, NULL,
      "ps: complete checkpoints kept; older ones are deleted once a newer one is complete"},
+    {"allow-fresh-start", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
+     "ps: when every checkpoint in checkpoint-dir is damaged, start from scratch instead of "
+     "refusing to start"},
     /* optimizer */
     /* choices and default: optim's own list (qr__config_provide_choices) */
     {"optimizer", ANY, KEY_ENUM, PROVIDED, 0, 0, 0, PROVIDED, "optimizer applied on the ps"},

@@ -50,7 +50,9 @@ static ckpt_shard_ctx shard_ctx(qr_ps *ps) {
                             .index = ps->index, .nps = ps->cluster->nps,
                             .nworkers = ps->cluster->nworkers, .sync = ps->sync.on,
                             .applied_steps = ps->applied_steps,
-                            .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos};
+                            .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos,
+                            .incarnation = ps->incarnation,
+                            .coordinator = ps->index == 0 ? ps->incarnation : ps->coordinator};
 }
 
 /* ---- this ps's shard: taken, written, answered ------------------------------- */
@@ -125,6 +127,9 @@ static void write_manifest(uv_work_t *w) {
     m->status = qr_ckpt_write_manifest(&m->info);
     if (!m->status && qr_ckpt_prune(m->ps->ckpt.dir, m->keep))
         qr__log(QR_LOG_WARN, "removing old checkpoints: %s", qr_last_error());
+    /* Every shard of this checkpoint is in place and no other is being
+     * written: a temporary file left now is a dead writer's. */
+    if (!m->status) qr_ckpt_remove_dead_tmp(m->ps->ckpt.dir);
     if (m->status) snprintf(m->error, sizeof m->error, "%s", qr_last_error());
 }
 
@@ -173,6 +178,8 @@ static void shards_complete(qr_ps *ps) {
     m->info.unix_time = (double)time(NULL);
     snprintf(m->info.mode, sizeof m->info.mode, "%s", ps->sync.on ? "sync" : "async");
     m->info.nshards = ps->cluster->nps;
+    m->info.incarnation = ps->incarnation;
+    m->info.checkpoint_id = c->next_id;
     m->info.shards = c->shards; /* read by the writer; freed after the checkpoint */
     for (int i = 0; i < m->info.nshards; i++) m->info.bytes += c->shards[i].bytes;
     if (uv_queue_work(&ps->loop, &m->work, write_manifest, on_manifest_written)) {
@@ -434,6 +441,12 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
     ckpt_shard_ctx sc = shard_ctx(ps);
     int64_t counters[2];
     int rc = qr__ckpt_shard_restore(&sc, path, counters);
+    /* qr_ckpt_verify matched the header to the manifest; the counter read
+     * back must say the same (a shard replaced since is refused). */
+    if (!rc && counters[0] != info->step)
+        rc = qr__fail(QR_EIO, "checkpoint shard '%s' holds global step %lld, its manifest %lld: "
+                      "a shard of another checkpoint (mixed steps)", path,
+                      (long long)counters[0], (long long)info->step);
     if (!rc) {
         ps->global_step = counters[0];
         ps->sync.step = counters[0];
@@ -488,6 +501,17 @@ int qr__ckpt_init(qr_ps *ps) {
     }
     if (rc == QR_ENOTFOUND) {
         qr__log(QR_LOG_INFO, "no checkpoint in %s: starting fresh", dir);
+        return QR_OK;
+    }
+    if (rc == QR_EIO && ps->restore_step < 0) {
+        /* Every checkpoint there is damaged: a fresh start would train from
+         * nothing and, at the next checkpoints, prune them away. */
+        if (!qr__config_bool(ps->cfg, "allow-fresh-start")) {
+            qr__error_prefix("refusing to start fresh over damaged checkpoints (repair or move "
+                             "them, or pass --allow-fresh-start to train from scratch): ");
+            return rc;
+        }
+        qr__log(QR_LOG_WARN, "%s; starting fresh, as --allow-fresh-start says", qr_last_error());
         return QR_OK;
     }
     if (!rc && info.nshards != ps->cluster->nps)

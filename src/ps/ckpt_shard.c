@@ -311,6 +311,15 @@ int qr__ckpt_shard_snapshot(const ckpt_shard_ctx *c, const char *ckpt_dir, uint6
     add_meta(j->meta, "num_shards", "%lld", c->nps);
     add_meta(j->meta, "num_workers", "%lld", nw);
     cJSON_AddStringToObject(j->meta, "mode", c->sync ? "sync" : "async");
+    /* Which checkpoint this shard belongs to (ps 0's run and its count),
+     * and which run of this ps wrote it: qr_ckpt_verify matches them to
+     * the manifest, so a shard of another checkpoint is never mixed in. */
+    char hex[24];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)c->coordinator);
+    cJSON_AddStringToObject(j->meta, "checkpoint_incarnation", hex);
+    add_meta(j->meta, "checkpoint_id", "%lld", (long long)id);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)c->incarnation);
+    cJSON_AddStringToObject(j->meta, "incarnation", hex);
     cJSON_AddStringToObject(j->meta, "optimizer", qr_optim_name(c->optim));
     char *vars_text = cJSON_PrintUnformatted(vars);
     cJSON_Delete(vars);

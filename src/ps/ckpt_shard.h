@@ -28,6 +28,9 @@ typedef struct ckpt_shard_ctx {
     int64_t applied_steps;   /* async: step pushes applied here (Adam's t) */
     float average_decay;     /* restore: 0 leaves moving averages out */
     uint64_t *data_pos;      /* ps 0: the workers' data positions [nworkers]; NULL */
+    /* written into the shard's header, so that it names its checkpoint:
+     * this ps run's incarnation, and the ps 0 run whose checkpoint it is */
+    uint64_t incarnation, coordinator;
 } ckpt_shard_ctx;
 
 /* The optimizer that applies to v: its own, else the ps's. */

@@ -41,6 +41,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define STAGING_BYTES (64 * 1024)
@@ -1271,16 +1272,43 @@ void qr_listener_close(qr_listener *l) {
     if (l->has_tcp) uv_close((uv_handle_t *)&l->tcp, on_listener_close);
 }
 
-static int listen_unix(qr_listener *l, const char *path) {
+/* Make way for a Unix socket at path. A socket file left by a killed
+ * (SIGKILLed) process would make bind fail, and is removed: stale when
+ * `owned` (the TCP bind of the same address, done first, proved no live
+ * process serves it), else when nothing listens on it. A socket a live
+ * process listens on, or a file that is no socket, is refused, naming it:
+ * removing it would steal another task's address. */
+static int clear_stale_socket(const char *path, bool owned) {
+    struct stat st;
+    if (lstat(path, &st)) return QR_OK;
+    if (!S_ISSOCK(st.st_mode))
+        return qr__fail(QR_EIO, "cannot listen on unix:%s: it exists and is not a socket", path);
+    if (!owned) {
+        struct sockaddr_un sa = {.sun_family = AF_UNIX};
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int rc = fd < 0 ? -1 : connect(fd, (struct sockaddr *)&sa, sizeof sa);
+        int e = errno;
+        if (fd >= 0) close(fd);
+        if (!rc || e != ECONNREFUSED)
+            return qr__fail(QR_EIO, "cannot listen on unix:%s: %s", path,
+                            rc ? strerror(e) : "another process listens on it");
+    }
+    if (unlink(path) && errno != ENOENT)
+        return qr__fail(QR_EIO, "cannot remove the stale socket unix:%s: %s", path,
+                        strerror(errno));
+    return QR_OK;
+}
+
+static int listen_unix(qr_listener *l, const char *path, bool owned) {
     snprintf(l->unix_path, sizeof l->unix_path, "%s", path);
+    int rc = clear_stale_socket(path, owned);
+    if (rc) return rc;
     uv_pipe_init(l->loop, &l->pipe, 0);
     l->pipe.data = l;
     l->has_pipe = true;
     l->open_handles++;
-    /* A socket file left by a killed ps would make bind fail; the TCP bind
-     * (done first) already proved no live ps owns this address. */
-    unlink(path);
-    int rc = uv_pipe_bind(&l->pipe, path);
+    rc = uv_pipe_bind(&l->pipe, path);
     if (!rc) rc = uv_listen((uv_stream_t *)&l->pipe, 128, on_connection);
     if (rc) return qr__fail(QR_EIO, "cannot listen on unix:%s: %s", path, uv_strerror(rc));
     return QR_OK;
@@ -1307,7 +1335,7 @@ int qr_listen(uv_loop_t *loop, const qr_addr *addr, const char *bind_host, bool 
     l->opt = *opt;
     int rc = QR_OK;
     if (addr->kind == QR_ADDR_UNIX) {
-        rc = listen_unix(l, addr->path);
+        rc = listen_unix(l, addr->path, false);
     } else {
         struct sockaddr_storage ss;
         rc = resolve_bind(addr, bind_host, &ss);
@@ -1325,14 +1353,17 @@ int qr_listen(uv_loop_t *loop, const qr_addr *addr, const char *bind_host, bool 
             rc = qr__fail(QR_EIO, "cannot listen on %s:%d: %s",
                           bind_host && *bind_host ? bind_host : addr->host, addr->port,
                           uv_strerror(urc));
-        } else if (!tcp_only && addr->loopback) {
+        } else if (addr->loopback) {
+            /* TCP only: no Unix socket, but one a killed run of this
+             * address left would still draw local peers to it. */
             char path[108];
             rc = qr_addr_local_unix_path(addr, path, sizeof path);
-            if (!rc) rc = listen_unix(l, path);
+            if (!rc) rc = tcp_only ? clear_stale_socket(path, true) : listen_unix(l, path, true);
         }
     }
     if (rc) {
-        qr_listener_close(l);
+        if (!l->open_handles) free(l); /* refused before any handle was made */
+        else qr_listener_close(l);
         return rc;
     }
     *out = l;

@@ -16,6 +16,19 @@
  * one that hangs or stops answering aborts it. An input that stops the ps
  * on purpose (a STOP message) just gets a new ps for the next input.
  *
+ * Every input meets a ps of its own, just made (its variables created and
+ * initialized, nothing else), so that a finding replays from its own file:
+ *   build-fuzz/tests/fuzz/fuzz_ps_sync build-fuzz/crash-...   (or any input)
+ * A ps kept across inputs would let one input's state (a push held, a
+ * step applied, a buffer grown) decide what the next one does, and a crash
+ * file alone would not show it (the NULL array handed to qsort in
+ * sync.c's reduce_and_apply crashed only on a ps that had never held a
+ * push: tests/fuzz/regressions/sync-apply-no-sources). The price is the
+ * start of a ps per input (measured in scripts/fuzz.sh's header).
+ * FUZZ_KEEP_STATE=1 keeps one ps across inputs instead (faster, and
+ * reaches states only a sequence makes, but its findings may not replay
+ * from one file).
+ *
  * fuzz_ps_auth, built with FUZZ_AUTH, runs the async ps with a cluster
  * secret (written once into a mkdtemp directory) and encrypt on, so that
  * every connection goes through the handshake (src/wire/secure.c).
@@ -62,6 +75,7 @@ static qr_auth *auth; /* a worker's credentials for the running ps's job */
 static cluster_fixture fix;
 static bool running;
 static int ps_port;
+static bool keep_state; /* FUZZ_KEEP_STATE: one ps across inputs */
 
 #ifdef FUZZ_AUTH
 static void remove_secret(void) {
@@ -331,10 +345,29 @@ static bool ps_stopped_cleanly(void) {
     return false;
 }
 
+/* End the running ps, so that the next input gets a new one. */
+static void stop_cluster(void) {
+    qr_ps_stop(fix.ps[0]);
+    pthread_join(fix.thread[0], NULL);
+    qr_ps_free(fix.ps[0]);
+    qr_config_free(fix.cfg);
+    running = false;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    const char *keep = getenv("FUZZ_KEEP_STATE");
+    keep_state = keep && keep[0] && strcmp(keep, "0");
+    return 0;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!running) start_cluster();
     send_input(data, size);
-    if (ps_answers()) return 0;
+    if (ps_answers()) {
+        if (!keep_state) stop_cluster();
+        return 0;
+    }
     if (ps_stopped_cleanly()) return 0; /* a STOP in the input: next input gets a new ps */
     fprintf(stderr, "fuzz_ps: the ps no longer answers STEP after this input\n");
     abort();

@@ -107,7 +107,7 @@ seeds = {
                             halves([0x3e80] * 12), flags=PUSH_SYNC),
     # values asked for in bf16 and fp16
     "pull_typed": frame(PULL, 24, struct.pack("<IIIII", 2, 0, 1, 2, 2), flags=PULL_DTYPES),
-    "commit": frame(COMMIT, 15, struct.pack("<IIq", 0, 1, 0)),
+    "commit": frame(COMMIT, 15, struct.pack("<IIqQ", 0, 1, 0, 0)),
     "token": frame(TOKEN, 16, struct.pack("<I", 0)),
     "apply": frame(APPLY, 17, struct.pack("<qIII", 0, 1, 0, 1)),
 }

@@ -31,7 +31,7 @@ foreach(case sync async flags)
 endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
 foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
-             late_worker)
+             late_worker stale_socket)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()
 qr_integration_test(integration_liveness test_liveness.py)
@@ -40,7 +40,7 @@ qr_integration_test(integration_waits_bounded test_waits.py)
 qr_integration_test(integration_fused_apply test_fused_apply.py)
 # Checkpoints: resume, fallback, mismatch, async (safetensors read back
 # with the venv's Python, which scripts/test.sh makes).
-foreach(case resume fallback mismatch async)
+foreach(case resume fallback mismatch async mixed leftovers)
   qr_integration_test(integration_checkpoint_${case} test_checkpoint.py ${QR_VENV_PYTHON} ${case})
 endforeach()
 # The checkpoint benchmark end to end on a small model (a smoke test: its

@@ -18,6 +18,17 @@
   async      async with one ps and with two: resumed runs continue at the
              checkpoint's global step (the cut itself is tested with a
              workload where a torn one shows: tests/unit/test_ckpt_cut.c)
+  mixed      the newest checkpoint's shard 0 replaced by the shard of an
+             older step, and by the shard of the same step from another run,
+             the manifest's size and crc32 rewritten to match: `ckpt verify`
+             fails naming the shard and why, and the resume falls back to the
+             previous checkpoint on every ps
+  leftovers  a dead writer's .tmp-PID files are reported by `ckpt verify` and
+             removed once the next checkpoint is complete; a newer write
+             interrupted (no manifest) is reported and verify still exits 0;
+             a manifest of another step is named as such; when every
+             checkpoint is damaged the ps refuses to start fresh, naming the
+             files, unless --allow-fresh-start
 Usage: test_checkpoint.py QUORUM_BINARY VENV_PYTHON CASE"""
 
 import glob
@@ -27,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zlib
 
 from qrtest import Proc, last_json
 
@@ -72,6 +84,40 @@ print(json.dumps(out))
                          timeout=120)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
+
+
+def verify(d):
+    p = subprocess.run([quorum, "ckpt", "verify", d], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def forge(folder, shard_from, index):
+    """Put shard_from in place of shard `index` of folder, and rewrite the
+    manifest's size and crc32 to match it, as a hand or a bad copy would."""
+    name = "shard-%05d-of-00002.safetensors" % index
+    target = os.path.join(folder, name)
+    shutil.copyfile(shard_from, target)
+    data = open(target, "rb").read()
+    m = manifest(folder)
+    entry = [e for e in m["shards"] if e["file"] == name][0]
+    entry["bytes"], entry["crc32"] = len(data), "%08x" % zlib.crc32(data)
+    with open(os.path.join(folder, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    return target
+
+
+def flip(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 3)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xff]))
+
+
+def dead_pid():
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
 
 
 SYNC = ["--ps", "2", "--workers", "2", "--mode", "sync", "--init-tokens", "0",
@@ -206,6 +252,100 @@ try:
         assert "(global step %d)" % step in err, err
         assert second["global_step"] >= 1000
         print("ok: async on two ps checkpoints at one global step and resumes at %d" % step)
+    elif case == "mixed":
+        d = os.path.join(work, "ckpt")
+        args = SYNC + ["--checkpoint-dir", d, "--checkpoint-steps", "10"]
+        launch(args + ["--steps", "30"])
+        # (the one of step 20 may have been taken a few steps late)
+        newest, older = ckpts(d)[-1], ckpts(d)[-2]
+        assert newest.endswith("0000000030"), ckpts(d)
+        old_step = int(older.rsplit("-", 1)[1])
+        rc, out = verify(d)
+        assert rc == 0, out
+        # The same step from another run of the cluster (its own incarnation).
+        d2 = os.path.join(work, "other")
+        launch(SYNC + ["--checkpoint-dir", d2, "--checkpoint-steps", "10", "--steps", "30"])
+        keep = open(os.path.join(newest, "shard-00000-of-00002.safetensors"), "rb").read()
+        keep_manifest = open(os.path.join(newest, "manifest.json")).read()
+        shard = forge(newest, os.path.join(d2, "ckpt-0000000030",
+                                           "shard-00000-of-00002.safetensors"), 0)
+        rc, out = verify(d)
+        assert rc == 1 and shard + "' belongs to checkpoint" in out, out
+        assert "mixed checkpoints" in out, out
+        print("ok: a shard of the same step from another run fails verify, named")
+        # Shard 0 of an older step in the checkpoint of step 30.
+        shard = forge(newest, os.path.join(older, "shard-00000-of-00002.safetensors"), 0)
+        rc, out = verify(d)
+        assert rc == 1, out
+        assert shard + "' holds global step %d" % old_step in out and "mixed steps" in out, out
+        assert older + ": ok" in out, out
+        print("ok: verify fails naming the shard of step %d in the checkpoint of step 30"
+              % old_step)
+        res, err = launch(SYNC + ["--checkpoint-dir", d, "--checkpoint-steps", "1000",
+                                  "--checkpoint-secs", "0", "--steps", "31"])
+        assert shard in err and "mixed steps" in err, err
+        restored = [l for l in err.splitlines() if "restored" in l]
+        assert len(restored) == 2, restored
+        assert all("(global step %d)" % old_step in l for l in restored), restored
+        assert res["global_step"] == 31, res
+        print("ok: the resume skips it with a warning naming the shard; both ps restore step %d"
+              % old_step)
+        # With the shard put back, the checkpoint is whole again.
+        with open(os.path.join(newest, "shard-00000-of-00002.safetensors"), "wb") as f:
+            f.write(keep)
+        with open(os.path.join(newest, "manifest.json"), "w") as f:
+            f.write(keep_manifest)
+        rc, out = verify(d)
+        assert rc == 0 and "ckpt-0000000030: ok" in out, out
+
+    elif case == "leftovers":
+        d = os.path.join(work, "ckpt")
+        base = SYNC + ["--checkpoint-dir", d, "--checkpoint-secs", "0"]
+        launch(base + ["--steps", "20", "--checkpoint-steps", "10"])
+        first, second = os.path.join(d, "ckpt-0000000010"), os.path.join(d, "ckpt-0000000020")
+        assert ckpts(d) == [first, second], ckpts(d)
+        pid = dead_pid()
+        stale = os.path.join(first, "shard-00001-of-00002.safetensors.tmp-%d" % pid)
+        open(stale, "wb").write(b"half a shard")
+        interrupted = os.path.join(d, "ckpt-0000000025")
+        os.mkdir(interrupted)
+        stale2 = os.path.join(interrupted, "shard-00000-of-00002.safetensors.tmp-%d" % pid)
+        open(stale2, "wb").write(b"half a shard")
+        rc, out = verify(d)
+        assert rc == 0, out
+        assert interrupted + ": not a checkpoint" in out and "no manifest.json" in out, out
+        assert stale + ": a temporary file left by a writer that died (pid %d" % pid in out, out
+        assert stale2 + ": a temporary file left by a writer that died" in out, out
+        assert second + ": ok" in out and first + ": ok" in out, out
+        print("ok: verify exits 0 with a newer write interrupted, and reports the dead "
+              "writers' temporary files")
+        # A manifest of another step in a folder: named as such.
+        saved = open(os.path.join(first, "manifest.json")).read()
+        shutil.copyfile(os.path.join(second, "manifest.json"), os.path.join(first, "manifest.json"))
+        rc, out = verify(d)
+        assert rc == 1 and "says global step 20 but its folder is named for step 10" in out, out
+        assert "no readable manifest" not in out, out
+        print("ok: a manifest of step 20 in the folder of step 10 is named as such")
+        open(os.path.join(first, "manifest.json"), "w").write(saved)
+        # The next checkpoint removes the dead writers' files.
+        res, err = launch(base + ["--steps", "22", "--checkpoint-steps", "1000"])
+        assert not os.path.exists(stale) and not os.path.exists(stale2), os.listdir(first)
+        assert "removed '%s'" % stale in err, err
+        print("ok: the next checkpoint removes them, naming each")
+        # Every checkpoint damaged: no fresh start unless asked.
+        for c in ckpts(d):
+            if os.path.exists(os.path.join(c, "manifest.json")):
+                flip(os.path.join(c, "shard-00001-of-00002.safetensors"))
+        rc, err = launch(base + ["--steps", "24"], expect_ok=False, timeout=120)
+        assert rc != 0, err
+        assert "refusing to start fresh" in err and "--allow-fresh-start" in err, err
+        for step in (10, 20, 22):
+            assert os.path.join(d, "ckpt-%010d" % step, "shard-00001-of-00002.safetensors") \
+                in err, (step, err)
+        print("ok: with every checkpoint damaged the ps refuses to start, naming each file")
+        res, err = launch(base + ["--steps", "4", "--allow-fresh-start"])
+        assert "as --allow-fresh-start says" in err and res["global_step"] == 4, err
+        print("ok: --allow-fresh-start starts from scratch, with a warning")
     else:
         raise SystemExit("unknown case " + case)
 finally:

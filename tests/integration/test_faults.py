@@ -28,6 +28,11 @@ container orchestrator would), and the end of a job seen by every task.
   late_worker     a worker started after the job ended says every few seconds
                   what it waits for, and gives up at init-timeout-ms naming
                   ps 0, not the chief
+  stale_socket    a SIGKILLed ps's Unix socket file (the fast path to a
+                  loopback address) is removed when the address is served
+                  again, also by a TCP-only restart; on a unix: address a
+                  stale socket is replaced but a live ps's is not taken: the
+                  second ps is refused, naming it
 Usage: test_faults.py QUORUM_BINARY CASE"""
 
 import os
@@ -186,6 +191,62 @@ if case == "bind":
     rc, _, err = p.wait(10)
     assert "listening on 192.0.2.1:%d (port %d on every interface)" % (port, port) in err, err
     print("PASS: every interface by default, --bind restricts, a non-local spec address serves")
+
+elif case == "stale_socket":
+    sockets = tempfile.mkdtemp(prefix="qr-sockets-")
+    env = dict(os.environ, QUORUM_SOCKET_DIR=sockets)
+    try:
+        port = free_port()
+        path = os.path.join(sockets, "quorum-127.0.0.1-%d.sock" % port)
+
+        def ps_at(hosts, extra=()):
+            return Proc([quorum, "ps", "--ps_hosts", hosts, "--worker_hosts",
+                         "127.0.0.1:%d" % free_port(), "--job_name", "ps", "--task_index", "0",
+                         "--linger-ms", "100"] + list(extra), env=env)
+
+        p = ps_at("127.0.0.1:%d" % port)
+        reachable("127.0.0.1", port)
+        wait_for(lambda: os.path.exists(path), 10, path)
+        p.kill()
+        p.wait(10)
+        assert os.path.exists(path), "SIGKILL leaves the socket file (nothing else can remove it)"
+        p = ps_at("127.0.0.1:%d" % port, ["--transport", "tcp"])
+        reachable("127.0.0.1", port)
+        assert not os.path.exists(path), "a TCP-only restart left the stale " + path
+        p.kill()
+        p.wait(10)
+        print("PASS: a killed ps's socket file is removed by the next ps at its address, "
+              "TCP-only too")
+        unix = os.path.join(sockets, "ps0.sock")
+        a = ps_at("unix:" + unix)
+        wait_for(lambda: os.path.exists(unix), 10, unix)
+        b = ps_at("unix:" + unix)
+        rc, _, err = b.wait(20)
+        assert rc != 0 and "cannot listen on unix:%s: another process listens on it" % unix \
+            in err, (rc, err[-2000:])
+        probe = socket.socket(socket.AF_UNIX)
+        probe.connect(unix)  # still a's
+        probe.close()
+        a.kill()
+        a.wait(10)
+        assert os.path.exists(unix)
+        a = ps_at("unix:" + unix)
+        deadline = time.time() + 10
+        while True:
+            try:
+                probe = socket.socket(socket.AF_UNIX)
+                probe.connect(unix)
+                probe.close()
+                break
+            except (ConnectionRefusedError, FileNotFoundError):
+                assert time.time() < deadline and a.alive(), "the restarted ps does not listen"
+                time.sleep(0.05)
+        a.kill()
+        a.wait(10)
+        print("PASS: on a unix: address a live ps's socket is refused to a second ps, naming it; "
+              "a killed one's is replaced")
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
 
 elif case == "ps_restart_async":
     c = Cluster(2, 2, ["--data", "digits", "--steps", "8000", "--checkpoint-dir", "CKPT",

@@ -15,7 +15,10 @@
  * Then the refusals: a shard cut short, one whose header is damaged, one
  * of the other mode, each refused with an error naming the problem; a
  * flipped tensor byte is caught by the checkpoint's crc32 (qr_ckpt_verify),
- * which is how a starting ps refuses it.
+ * which is how a starting ps refuses it. A shard of another checkpoint
+ * (another step, or the same step from another run) whose manifest was
+ * made to match its size and crc32 is refused by its header, and a
+ * version 1 checkpoint (no checkpoint id) still verifies.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,11 +32,15 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <cjson/cJSON.h>
 
 #include "ps/ps_internal.h"
 
 enum { ROWS = 6, COLS = 5, BIAS = 7, DIM = 4, TABLE_ROWS = 9, CANDIDATES = 3, WORKERS = 3 };
 #define STEP 42
+/* The ps run that wrote the shards (ps 0: its own checkpoints' coordinator). */
+#define INCARNATION 0x5eed0000cafe0042ull
 
 /* The world of one test: a config (Adam), the ps's optimizer, a store. */
 typedef struct world {
@@ -57,7 +64,8 @@ static void fill(float *x, int64_t n) {
 static ckpt_shard_ctx ctx_of(world *w, qr_store *store) {
     return (ckpt_shard_ctx){.store = store, .optim = w->optim, .cfg = w->cfg, .index = 0,
                             .nps = 1, .nworkers = WORKERS, .sync = false, .applied_steps = 17,
-                            .average_decay = 0.99f, .data_pos = w->data_pos};
+                            .average_decay = 0.99f, .data_pos = w->data_pos,
+                            .incarnation = INCARNATION, .coordinator = INCARNATION};
 }
 
 static qr_var *dense(world *w, uint32_t id, const char *name, int ndim, const int64_t *shape,
@@ -396,7 +404,7 @@ static void test_damaged_shards_refused(void **state) {
      * crc32, in its manifest, is what refuses it. */
     assert_int_equal(shard.bytes, (uint64_t)st.st_size);
     qr_ckpt_info info = {.step = STEP, .mode = "async", .nshards = 1, .shards = &shard,
-                         .bytes = shard.bytes};
+                         .bytes = shard.bytes, .incarnation = INCARNATION, .checkpoint_id = 1};
     assert_int_equal(qr_ckpt_path(info.path, sizeof info.path, w->dir, STEP), QR_OK);
     assert_int_equal(qr_ckpt_write_manifest(&info), QR_OK);
     /* Read back as a starting ps reads it (qr__ckpt_init). */
@@ -410,10 +418,143 @@ static void test_damaged_shards_refused(void **state) {
     qr_ckpt_info_free(&read);
 }
 
+/* The manifest of a one-shard checkpoint at `step` listing `shard`, as a
+ * forger would write it: the size and crc32 of whatever file is there. */
+static void write_manifest_for(world *w, int64_t step, const char *shard_path, uint64_t id,
+                               qr_ckpt_info *read) {
+    struct stat st;
+    assert_int_equal(stat(shard_path, &st), 0);
+    FILE *f = fopen(shard_path, "rb");
+    assert_non_null(f);
+    uint8_t *buf = malloc((size_t)st.st_size);
+    assert_int_equal(fread(buf, 1, (size_t)st.st_size, f), (size_t)st.st_size);
+    fclose(f);
+    qr_ckpt_shard shard = {.bytes = (uint64_t)st.st_size,
+                           .crc32 = (uint32_t)crc32(0L, buf, (uInt)st.st_size), .nvars = 4};
+    free(buf);
+    qr_ckpt_shard_name(shard.file, sizeof shard.file, 0, 1);
+    qr_ckpt_info info = {.step = step, .mode = "async", .nshards = 1, .shards = &shard,
+                         .bytes = shard.bytes, .incarnation = INCARNATION, .checkpoint_id = id};
+    assert_int_equal(qr_ckpt_path(info.path, sizeof info.path, w->dir, step), QR_OK);
+    assert_int_equal(qr_ckpt_write_manifest(&info), QR_OK);
+    *read = (qr_ckpt_info){.step = step};
+    snprintf(read->path, sizeof read->path, "%s", info.path);
+    assert_int_equal(qr_ckpt_read_manifest(read), QR_OK);
+}
+
+static void test_mixed_checkpoint_refused(void **state) {
+    world *w = *state;
+    char old_path[4200], path[4200], cmd[9000];
+    /* The shard of step STEP - 10, copied into the checkpoint of STEP. */
+    write_shard(w, STEP - 10, old_path, sizeof old_path, NULL);
+    write_shard(w, STEP, path, sizeof path, NULL);
+    qr_ckpt_info c;
+    write_manifest_for(w, STEP, path, 1, &c);
+    assert_int_equal(qr_ckpt_verify(&c), QR_OK);
+    qr_ckpt_info_free(&c);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", old_path, path);
+    assert_int_equal(system(cmd), 0);
+    write_manifest_for(w, STEP, path, 1, &c); /* its size and crc32 made to match */
+    assert_int_equal(qr_ckpt_verify(&c), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), path));
+    assert_non_null(strstr(qr_last_error(), "holds global step 32"));
+    assert_non_null(strstr(qr_last_error(), "mixed steps"));
+    qr_ckpt_info_free(&c);
+    /* The same step from another checkpoint (another id: the shards were
+     * written with id 1). */
+    write_shard(w, STEP, path, sizeof path, NULL);
+    write_manifest_for(w, STEP, path, 2, &c);
+    assert_int_equal(qr_ckpt_verify(&c), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "mixed checkpoints"));
+    qr_ckpt_info_free(&c);
+    /* The newest damaged, the one before intact: latest takes that one; all
+     * damaged: latest says so (QR_EIO naming the file), not "none". */
+    write_shard(w, STEP - 10, old_path, sizeof old_path, NULL);
+    write_manifest_for(w, STEP - 10, old_path, 1, &c);
+    qr_ckpt_info_free(&c);
+    qr_ckpt_info latest;
+    assert_int_equal(qr_ckpt_latest(w->dir, &latest), QR_OK);
+    assert_int_equal(latest.step, STEP - 10);
+    qr_ckpt_info_free(&latest);
+    poke(old_path, 9, 'x');
+    assert_int_equal(qr_ckpt_latest(w->dir, &latest), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), path));
+    assert_non_null(strstr(qr_last_error(), old_path));
+}
+
+/* A version 1 manifest (no incarnation, no checkpoint id) over a version 1
+ * shard is read and checked by step; version 3 is refused naming both. */
+static void test_version_1_read(void **state) {
+    world *w = *state;
+    char path[4200], mpath[4300];
+    write_shard(w, STEP, path, sizeof path, NULL);
+    /* A version 1 shard: the same header with "version": "1" and none of
+     * the checkpoint's names. Rewritten here as an old quorum wrote it. */
+    qr_st_file f;
+    assert_int_equal(qr_st_open(&f, path), QR_OK);
+    cJSON *meta = cJSON_Duplicate(f.metadata, 1);
+    cJSON_ReplaceItemInObject(meta, "version", cJSON_CreateString("1"));
+    cJSON_DeleteItemFromObject(meta, "checkpoint_incarnation");
+    cJSON_DeleteItemFromObject(meta, "checkpoint_id");
+    cJSON_DeleteItemFromObject(meta, "incarnation");
+    int n = f.n;
+    qr_st_tensor *t = calloc((size_t)n, sizeof *t);
+    void **data = calloc((size_t)n, sizeof *data);
+    for (int i = 0; i < n; i++) {
+        t[i] = f.t[i];
+        data[i] = malloc(qr_st_bytes(&t[i]) + 1);
+        assert_int_equal(qr_st_read(&f, &f.t[i], data[i]), QR_OK);
+        t[i].data = data[i];
+    }
+    uint32_t crc;
+    uint64_t bytes;
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.v1", path);
+    assert_int_equal(qr_st_write_file(tmp, t, n, meta, &crc, &bytes), QR_OK);
+    for (int i = 0; i < n; i++) free(data[i]);
+    free(data);
+    free(t);
+    cJSON_Delete(meta);
+    qr_st_close(&f);
+    assert_int_equal(rename(tmp, path), 0);
+    char dir[4096];
+    assert_int_equal(qr_ckpt_path(dir, sizeof dir, w->dir, STEP), QR_OK);
+    snprintf(mpath, sizeof mpath, "%s/manifest.json", dir);
+    FILE *m = fopen(mpath, "w");
+    assert_non_null(m);
+    fprintf(m, "{\"format\": \"quorum-checkpoint\", \"version\": 1, \"global_step\": %d, "
+            "\"unix_time\": 1, \"mode\": \"async\", \"num_shards\": 1, \"shards\": "
+            "[{\"file\": \"shard-00000-of-00001.safetensors\", \"bytes\": %llu, "
+            "\"crc32\": \"%08x\", \"variables\": 4}]}\n", STEP, (unsigned long long)bytes, crc);
+    fclose(m);
+    qr_ckpt_info c = {.step = STEP};
+    snprintf(c.path, sizeof c.path, "%s", dir);
+    assert_int_equal(qr_ckpt_read_manifest(&c), QR_OK);
+    assert_int_equal(c.version, 1);
+    assert_int_equal(qr_ckpt_verify(&c), QR_OK);
+    qr_ckpt_info_free(&c);
+    /* and restored */
+    qr_store store;
+    qr_store_init(&store);
+    ckpt_shard_ctx sc = ctx_of(w, &store);
+    int64_t counters[2];
+    assert_int_equal(qr__ckpt_shard_restore(&sc, path, counters), QR_OK);
+    assert_int_equal(counters[0], STEP);
+    qr_store_free(&store);
+    /* A version this quorum does not know. */
+    m = fopen(mpath, "w");
+    fprintf(m, "{\"format\": \"quorum-checkpoint\", \"version\": 3}\n");
+    fclose(m);
+    assert_int_equal(qr_ckpt_read_manifest(&c), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "reads 1 to 2"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_snapshot_write_restore, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_shards_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mixed_checkpoint_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_version_1_read, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
