@@ -293,9 +293,12 @@ static void abort_training(qr_ps *ps, const char *why) {
     ps_sync *s = &ps->sync;
     if (s->aborted) return;
     s->aborted = true;
-    snprintf(s->abort_msg, sizeof s->abort_msg, "synchronous training aborted: %s", why);
-    end_waiters(s, QR_EABORTED, s->abort_msg);
-    qr__ps_ask_abort(ps, QR_EABORTED, s->abort_msg);
+    char msg[sizeof s->abort_msg];
+    snprintf(msg, sizeof msg, "synchronous training: %s", why);
+    qr__ps_ask_abort(ps, QR_EABORTED, msg);
+    /* The cluster's first abort is the one every waiting call is told. */
+    snprintf(s->abort_msg, sizeof s->abort_msg, "%s", ps->abort_msg);
+    end_waiters(s, ps->exit_status, s->abort_msg);
 }
 
 /* The worker missing from the step that has been gone longest, or -1: a
@@ -744,6 +747,8 @@ void qr__coord_peer_lost(ps_peer *p) {
 
 void qr__coord_stop(qr_ps *ps) {
     ps_sync *s = &ps->sync;
-    end_waiters(s, QR_ESTOPPED, ps->end_msg[0] ? ps->end_msg : "stopped: training is over");
+    /* An abort (a lost ps, say) ends them with its status and reason, not
+     * as the end of training: a worker takes QR_ESTOPPED for a job done. */
+    end_waiters(s, ps->exit_status ? ps->exit_status : QR_ESTOPPED, qr__ps_stop_reason(ps));
     if (s->timer_on) uv_timer_stop(&s->timer);
 }
