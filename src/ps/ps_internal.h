@@ -254,6 +254,7 @@ typedef struct token_waiter {
     ps_peer *peer;
     bool granted;
     int64_t token;    /* the step of the granted token */
+    int64_t committed; /* the local step of the commit that queued it; -1 none */
     bool has_request; /* the TOKEN request has arrived: reply to req */
     qr_frame req;
     held_pull *held;  /* a held push's answer goes with the token */

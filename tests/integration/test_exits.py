@@ -117,9 +117,32 @@ def ps_lost(mode):
         c.close()
 
 
+def worker_lost():
+    # Worker 0 sleeps 40 ms a step, so workers 1 and 2 spend most of each
+    # step waiting for its gradient: a kill lands there, between worker 2's
+    # gradient and its token, where its token was left to the survivors.
+    for delay in (0.3, 1.0, 2.0):
+        c = Cluster(2, 3, ["--mode", "sync", "--data", "digits", "--steps", "10000000",
+                           "--restart-wait-ms", "2000", "--slow-worker", "0:40", "--quiet"])
+        try:
+            c.start_all()
+            c.wait_log("worker", 2, "connected to ps 1", 30)
+            time.sleep(delay)
+            c.kill("worker", 2)
+            t0 = time.time()
+            ends = c.ends(60)
+            check_ends(ends, 1, "job aborted: synchronous training: worker 2 left")
+            print("PASS: worker 2 killed %.1f s into the run: every other task exited 1 within "
+                  "%.1f s: %s" % (delay, time.time() - t0, ends[("ps", 1)][1]))
+        finally:
+            c.close()
+
+
 if case == "ps_lost_sync":
     ps_lost("sync")
 elif case == "ps_lost_async":
     ps_lost("async")
+elif case == "worker_lost":
+    worker_lost()
 else:
     sys.exit("unknown case " + case)
