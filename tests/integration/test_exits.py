@@ -13,6 +13,9 @@ orchestrator never counts a pod of a failed job as succeeded.
                   docs/SYNC.md: the survivors never take its place in a
                   step); every other task exits 1 and its last line is "job
                   aborted: ... worker 2 ..."; both ps tasks exit 1
+  restart_digest  sync with R = N and --init-tokens 0: worker 2, and the chief,
+                  killed and restarted by launch --max-restarts at several
+                  moments: the params_digest of a run nothing killed
   chief_gone      async: the chief SIGKILLed and never restarted; the other
                   workers finish their steps, and every other task exits 3
                   with a last line that says nobody evaluated the model
@@ -25,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from qrtest import Proc
+from qrtest import Proc, last_json
 
 quorum, case = sys.argv[1], sys.argv[2]
 
@@ -138,11 +141,54 @@ def worker_lost():
             c.close()
 
 
+def launch_pid(p, job, index):
+    """The pid of task `index` of `job` among launch's children."""
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
+            try:
+                args = open("/proc/%s/cmdline" % pid).read().split("\0")
+            except OSError:
+                continue
+            if len(args) > 1 and args[1] == job and \
+                    args[args.index("--task_index") + 1] == str(index):
+                return int(pid)
+        time.sleep(0.05)
+    raise AssertionError("%s %d not found" % (job, index))
+
+
+def restart_digest():
+    # Lockstep: a worker or the chief killed and restarted by --max-restarts
+    # rejoins without changing a step: the digest of a run nothing killed.
+    # A slow worker keeps the victim waiting for its token most of the
+    # time, where its restarted self used to take a token left for it and
+    # add a second gradient to a step.
+    base = ["--ps", "2", "--workers", "3", "--mode", "sync", "--init-tokens", "0", "--data",
+            "digits", "--steps", "800", "--seed", "5", "--json", "--quiet"]
+    rc, out, err = Proc([quorum, "launch"] + base + ["--slow-worker", "1:10"]).wait(300)
+    assert rc == 0, err[-3000:]
+    whole = last_json(out)["params_digest"]
+    for victim, slow in ((2, "1:10"), (0, "1:10"), (2, "0:10")):
+        for delay in (0.5, 1.5):
+            p = Proc([quorum, "launch"] + base + ["--slow-worker", slow, "--max-restarts", "1"])
+            pid = launch_pid(p, "worker", victim)
+            time.sleep(delay)
+            os.kill(pid, signal.SIGKILL)
+            rc, out, err = p.wait(300)
+            assert rc == 0 and "restarting it" in err, err[-3000:]
+            s = last_json(out)
+            assert s["params_digest"] == whole, (victim, delay, s, whole)
+    print("PASS: worker 2 and the chief killed and restarted at six moments: every run ended "
+          "with the digest of a run nothing killed (%s)" % whole)
+
+
 if case == "ps_lost_sync":
     ps_lost("sync")
 elif case == "ps_lost_async":
     ps_lost("async")
 elif case == "worker_lost":
     worker_lost()
+elif case == "restart_digest":
+    restart_digest()
 else:
     sys.exit("unknown case " + case)
