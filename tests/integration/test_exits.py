@@ -16,9 +16,6 @@ orchestrator never counts a pod of a failed job as succeeded.
   restart_digest  sync with R = N and --init-tokens 0: worker 2, and the chief,
                   killed and restarted by launch --max-restarts at several
                   moments: the params_digest of a run nothing killed
-  chief_gone      async: the chief SIGKILLed and never restarted; the other
-                  workers finish their steps, and every other task exits 3
-                  with a last line that says nobody evaluated the model
 Usage: test_exits.py QUORUM_BINARY CASE"""
 
 import os
