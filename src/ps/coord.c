@@ -88,6 +88,11 @@ static void answer_token(token_waiter *w, int status, int64_t step, const char *
     qr__peer_reply_step(w->peer, &w->req, step);
 }
 
+/* R = N and no initial tokens: every worker gives each step one gradient. */
+static bool lockstep(const ps_sync *s) {
+    return s->R == s->N && s->init_tokens == 0;
+}
+
 /* Grant tokens to waiting places in order; answer those whose TOKEN
  * request is in. A granted place whose request has not come yet keeps its
  * token (and its place) until it comes. */
@@ -99,6 +104,13 @@ static void serve_waiters(qr_ps *ps) {
     while (*link) {
         token_waiter *w = *link;
         if (!w->granted) {
+            /* Lockstep: a token of the step this place's gradient is in, or
+             * an earlier one, was released for a worker that is gone (one
+             * that comes back starts at the global step without a token).
+             * Taken, it would make this worker's next gradient a second
+             * one for that step: it is dropped instead. */
+            while (s->ntokens && lockstep(s) && s->tokens[s->tokens_head] <= w->committed)
+                pop_token(s);
             if (!s->ntokens) break; /* FIFO: nobody behind may pass */
             w->granted = true;
             w->token = pop_token(s);
@@ -128,6 +140,7 @@ static int add_waiter(ps_sync *s, ps_peer *p, token_waiter **out) {
     token_waiter *w = qr__calloc(1, sizeof *w);
     if (!w) return QR_ENOMEM;
     w->peer = p;
+    w->committed = -1;
     if (s->waiters_tail) s->waiters_tail->next = w;
     else s->waiters = w;
     s->waiters_tail = w;
@@ -293,9 +306,12 @@ static void abort_training(qr_ps *ps, const char *why) {
     ps_sync *s = &ps->sync;
     if (s->aborted) return;
     s->aborted = true;
-    snprintf(s->abort_msg, sizeof s->abort_msg, "synchronous training aborted: %s", why);
-    end_waiters(s, QR_EABORTED, s->abort_msg);
-    qr__ps_ask_abort(ps, QR_EABORTED, s->abort_msg);
+    char msg[sizeof s->abort_msg];
+    snprintf(msg, sizeof msg, "synchronous training: %s", why);
+    qr__ps_ask_abort(ps, QR_EABORTED, msg);
+    /* The cluster's first abort is the one every waiting call is told. */
+    snprintf(s->abort_msg, sizeof s->abort_msg, "%s", ps->abort_msg);
+    end_waiters(s, ps->exit_status, s->abort_msg);
 }
 
 /* The worker missing from the step that has been gone longest, or -1: a
@@ -452,7 +468,16 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
         else qr__peer_reply_error(p, f, status, msg);
         return;
     }
-    bool stale = local_step < ps->global_step || s->applying;
+    /* Lockstep (R = N, no initial tokens): a step is every worker once
+     * (docs/SYNC.md, "Determinism"). A second gradient of a worker for one
+     * step can only come with the token of a worker that is gone; counting
+     * it would let the survivors finish the run without that worker or
+     * not, by timing. It is dropped as stale, and the step waits for the
+     * worker's restart, up to restart-wait-ms. */
+    bool again = false;
+    for (int i = 0; lockstep(s) && i < s->nquorum; i++) again |= s->quorum[i].worker == worker;
+    bool stale = local_step < ps->global_step || s->applying || (again && !twice);
+    w->committed = local_step;
     if (held) {
         held->stale = stale;
         w->held = held;
@@ -463,9 +488,14 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
         qr__ckpt_data_pos(ps, worker, m->data_pos); /* its batch is spent all the same */
         s->stale_commits++;
         s->stale_by_worker[worker]++;
-        snprintf(msg, sizeof msg, "dropped: stale: worker %u's gradient of step %lld came after "
-                 "step %lld had its %d gradients", worker, (long long)local_step,
-                 (long long)local_step, s->R);
+        if (again && local_step == ps->global_step && !s->applying)
+            snprintf(msg, sizeof msg, "dropped: stale: worker %u has a gradient in step %lld "
+                     "already (R = N, no initial tokens: a step takes one gradient from each "
+                     "worker)", worker, (long long)local_step);
+        else
+            snprintf(msg, sizeof msg, "dropped: stale: worker %u's gradient of step %lld came "
+                     "after step %lld had its %d gradients", worker, (long long)local_step,
+                     (long long)local_step, s->R);
         if (!held) qr__peer_reply_error(p, f, QR_ESTALE, msg);
         serve_waiters(ps);
         return;
@@ -744,6 +774,8 @@ void qr__coord_peer_lost(ps_peer *p) {
 
 void qr__coord_stop(qr_ps *ps) {
     ps_sync *s = &ps->sync;
-    end_waiters(s, QR_ESTOPPED, ps->end_msg[0] ? ps->end_msg : "stopped: training is over");
+    /* An abort (a lost ps, say) ends them with its status and reason, not
+     * as the end of training: a worker takes QR_ESTOPPED for a job done. */
+    end_waiters(s, ps->exit_status ? ps->exit_status : QR_ESTOPPED, qr__ps_stop_reason(ps));
     if (s->timer_on) uv_timer_stop(&s->timer);
 }

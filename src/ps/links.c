@@ -57,12 +57,28 @@ static coord_link *link_of(qr_ps *ps, int index) {
     return &ps->sync.links[index - 1];
 }
 
-static void link_send(coord_link *l, uint8_t type, const qr_wbuf *meta) {
-    qr_frame f = {.type = type, .request_id = ++l->next_id};
+static void link_send_status(coord_link *l, uint8_t type, int status, const qr_wbuf *meta) {
+    qr_frame f = {.type = type, .request_id = ++l->next_id, .status = status};
     if (qr_conn_send(l->conn, &f, meta ? meta->data : NULL, meta ? (uint32_t)meta->len : 0, NULL,
                      0, NULL, NULL))
         qr__log(QR_LOG_WARN, "sending %s to ps %d failed: %s", qr_msg_name(type), l->index,
                 qr_last_error());
+}
+
+static void link_send(coord_link *l, uint8_t type, const qr_wbuf *meta) {
+    link_send_status(l, type, QR_OK, meta);
+}
+
+/* STOP says how the run ended (the abort's status, or none) and why, so
+ * that the other ps tasks exit with that status and tell their workers
+ * the same reason as ps 0 does. */
+static void link_send_stop(coord_link *l) {
+    qr_wbuf meta = {0};
+    const char *why = qr__ps_stop_reason(l->ps);
+    qr_wbuf_bytes(&meta, why, strlen(why));
+    link_send_status(l, QR_MSG_STOP, l->ps->exit_status, &meta);
+    qr_wbuf_free(&meta);
+    l->stop_sent = true;
 }
 
 /* Send what is wanted, in the order a ps must see it. */
@@ -72,10 +88,7 @@ static void link_flush(coord_link *l) {
     if (!l->up) {
         /* Only a STOP goes before the HELLO's answer: it is for any run of
          * the ps (a ps 0 that aborts at that answer still stops it). */
-        if (l->stop_wanted && !l->stop_sent) {
-            link_send(l, QR_MSG_STOP, NULL);
-            l->stop_sent = true;
-        }
+        if (l->stop_wanted && !l->stop_sent) link_send_stop(l);
         return;
     }
     if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
@@ -91,10 +104,7 @@ static void link_flush(coord_link *l) {
         qr_wbuf_free(&meta);
         l->apply_sent = true;
     }
-    if (l->stop_wanted && !l->stop_sent) {
-        link_send(l, QR_MSG_STOP, NULL);
-        l->stop_sent = true;
-    }
+    if (l->stop_wanted && !l->stop_sent) link_send_stop(l);
 }
 
 static void on_retry(uv_timer_t *t) {

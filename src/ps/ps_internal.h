@@ -254,6 +254,7 @@ typedef struct token_waiter {
     ps_peer *peer;
     bool granted;
     int64_t token;    /* the step of the granted token */
+    int64_t committed; /* the local step of the commit that queued it; -1 none */
     bool has_request; /* the TOKEN request has arrived: reply to req */
     qr_frame req;
     held_pull *held;  /* a held push's answer goes with the token */
@@ -738,15 +739,25 @@ static inline void qr__ps_ask_end(qr_ps *ps, const char *why) {
     snprintf(ps->end_msg, sizeof ps->end_msg, "%s", why);
 }
 
-/* The run fails: log why, make qr_ps_run return status with that message,
- * and stop the whole cluster (ps 0; any other ps stops itself). The first
- * abort is the one reported. */
-static inline void qr__ps_ask_abort(qr_ps *ps, int status, const char *why) {
+/* The run fails with status and msg as they are (ps 0's STOP of an abort,
+ * relayed by another ps): qr_ps_run returns them, every worker's stop
+ * notice and every waiting call carry them, and the whole cluster stops
+ * (ps 0; any other ps stops itself). The first abort is the one reported. */
+static inline void qr__ps_abort_as(qr_ps *ps, int status, const char *msg) {
     if (ps->exit_status) return;
-    qr__log(QR_LOG_ERROR, "%s", why);
-    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", why);
+    qr__log(QR_LOG_ERROR, "%s", msg);
+    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s", msg);
     ps->exit_status = status;
     qr__ps_ask_stop_cluster(ps);
+}
+
+/* The run fails because of why: "job aborted: why" (QR_EABORTED), so that
+ * the last line of every task of the job says it was aborted and why
+ * (docs/SYNC.md, "How a job ends"). */
+static inline void qr__ps_ask_abort(qr_ps *ps, int status, const char *why) {
+    char msg[sizeof ps->abort_msg];
+    snprintf(msg, sizeof msg, "job aborted: %s", why);
+    qr__ps_abort_as(ps, status, msg);
 }
 
 /* End this run of the ps so that qr_ps_run starts it again from the

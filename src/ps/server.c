@@ -39,8 +39,31 @@
 
 /* ---- dispatch -------------------------------------------------------------- */
 
+/* A STOP from a worker is bare; ps 0's says how the run ended and why
+ * (wire/msg.h), which only ps 0 may say. */
+static int stop_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    bool from_ps0 = p->role == QR_ROLE_COORDINATOR;
+    if (f->payload_len || f->meta_len >= sizeof p->ps->abort_msg || (f->meta_len && !from_ps0))
+        return qr__fail(QR_EPROTO, "STOP carries %u meta and %llu payload bytes (a worker's "
+                        "carries none, ps 0's up to %zu of meta)", f->meta_len,
+                        (unsigned long long)f->payload_len, sizeof p->ps->abort_msg - 1);
+    if (f->status && (!from_ps0 || f->status != QR_EABORTED))
+        return qr__fail(QR_EINVAL, "STOP with status %d: only ps 0 stops a run with a status "
+                        "(QR_EABORTED)", f->status);
+    return QR_OK;
+}
+
 static void stop_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr__log(QR_LOG_INFO, "stop requested by %s", p->worker_index >= 0 ? "a worker" : "a peer");
+    if (f->meta_len) {
+        /* ps 0 says why the run ended: this ps ends with the same status
+         * and tells its workers the same reason. */
+        char why[sizeof p->ps->abort_msg];
+        memcpy(why, meta, f->meta_len);
+        why[f->meta_len] = 0;
+        if (f->status) qr__ps_abort_as(p->ps, f->status, why);
+        else if (!p->ps->end_msg[0]) snprintf(p->ps->end_msg, sizeof p->ps->end_msg, "%s", why);
+    }
     /* An orderly stop on ps 0 writes the final checkpoint first; the
      * reply and the stop follow it. */
     if (qr__ckpt_final(p->ps, p, f)) return;
@@ -78,7 +101,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_APPLY] = {qr__sync_apply_header, qr__sync_apply_message, false},
     [QR_MSG_RELEASE] = {qr__sync_release_header, qr__sync_release_message, false}, /* no reply */
     [QR_MSG_CLOCK] = {qr__bound_clock_header, qr__bound_clock, false},
-    [QR_MSG_STOP] = {NULL, stop_message, false},
+    [QR_MSG_STOP] = {stop_header, stop_message, false},
     [QR_MSG_PUSH] = {qr__push_header, push_message, true},
     [QR_MSG_PULL] = {qr__pull_header, qr__pull_message, true},
     [QR_MSG_LOOKUP] = {qr__lookup_header, qr__lookup_message, false},

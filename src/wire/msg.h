@@ -95,6 +95,9 @@
  *                     the order of the ids
  *   STEP       req: (empty)   reply: i64 global_step
  *   STOP       req: (empty)   reply: (empty)
+ *              from ps 0 to another ps: the frame's status says how the
+ *              run ended (0, or the abort's status) and the meta, text of
+ *              up to 1023 bytes, why
  *   COMMIT     (to ps 0) req: u32 worker, u32 seq, i64 local_step,
  *              u64 data_position: the push (worker, seq) reached every ps;
  *              count it for the step.

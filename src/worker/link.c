@@ -102,7 +102,7 @@ static void hello_answered(ps_link *l, const uint8_t *meta, uint32_t len) {
         } else {
             w->rolled_back = QR_EABORTED;
             snprintf(w->rollback_msg, sizeof w->rollback_msg,
-                     "ps %d (%s) was restarted and has lost its variables: without "
+                     "job aborted: ps %d (%s) was restarted and has lost its variables: without "
                      "--checkpoint-dir there is nothing to roll back to, training cannot go on",
                      l->index, w->cluster->ps[l->index]);
         }
@@ -449,8 +449,8 @@ static void give_up_message(const qr_worker *w, const wk_request *r, int timeout
                             char *msg, size_t len) {
     const ps_link *l = r->link;
     if (!r->sent && l->lost_ns)
-        snprintf(msg, len, "ps %d (%s) was lost %.1f s ago and did not come back within "
-                 "restart-wait-ms (%d ms); last error: %s", l->index, w->cluster->ps[l->index],
+        snprintf(msg, len, "job aborted: ps %d (%s) was lost %.1f s ago and did not come back "
+                 "within restart-wait-ms (%d ms); last error: %s", l->index, w->cluster->ps[l->index],
                  (double)(qr__now_ns() - l->lost_ns) / 1e9, w->restart_wait_ms, l->last_error);
     else
         snprintf(msg, len, "ps %d (%s): no %s reply within %d ms%s%s", l->index,

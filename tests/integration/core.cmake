@@ -34,6 +34,10 @@ foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice
              late_worker stale_socket)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()
+# How every task ends after a fault: its exit status and last line.
+foreach(case ps_lost_sync ps_lost_async worker_lost restart_digest)
+  qr_integration_test(integration_exits_${case} test_exits.py ${case})
+endforeach()
 qr_integration_test(integration_liveness test_liveness.py)
 set_tests_properties(integration_liveness PROPERTIES SKIP_RETURN_CODE 77)
 qr_integration_test(integration_waits_bounded test_waits.py)
