@@ -81,8 +81,9 @@ typedef struct qr_conn_options {
      * closed; the messages being received by all of the listener's
      * connections together may claim max_incomplete_bytes (their meta
      * and payload, counted from their header), beyond which a new one of
-     * STAGING_BYTES or more waits, its connection not read from, until
-     * others complete (one alone always goes ahead). */
+     * 64 KiB or more waits, its connection not read from, until others
+     * complete (one alone always goes ahead). Only accepted connections
+     * are bounded; the ps sets them (docs/SECURITY.md). */
     int message_timeout_ms;
     uint64_t message_min_rate; /* bytes a second */
     int first_message_timeout_ms;

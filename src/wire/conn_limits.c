@@ -243,9 +243,12 @@ bool qr__conn_limits_admit(qr_conn *c) {
     lim->wait_tail = c;
     uv_read_stop(&c->h.stream);
     qr__conn_limits_stall(c);
+    /* A debug line: under a heavy but honest load (several workers pushing
+     * 64 MiB at once) messages wait all the time; a flood shows in the
+     * closes that follow. */
     uint64_t dropped;
-    if (qr__log_allow(&lim->wait_log, 1, &dropped))
-        qr__log(QR_LOG_INFO, "a %s message of %llu bytes from %s waits: %llu bytes of "
+    if (qr__log_enabled(QR_LOG_DEBUG) && qr__log_allow(&lim->wait_log, 1, &dropped))
+        qr__log(QR_LOG_DEBUG, "a %s message of %llu bytes from %s waits: %llu bytes of "
                 "incomplete messages are being received (max-incomplete-mb)%s",
                 qr_msg_name(c->frame.type), (unsigned long long)need, c->peer,
                 (unsigned long long)lim->in_flight, dropped ? "; others wait too" : "");
