@@ -74,8 +74,23 @@ static const key_spec keys[] = {
     {"linger-ms", ANY, KEY_INT, "3000", 0, 600000, 0, NULL,
      "after a stop request, how long a ps waits for workers to hang up"},
     {"max-connections", ANY, KEY_INT, "1024", 4, 1000000, 0, NULL,
-     "a ps closes connections beyond this many at once (each worker holds one per ps, "
-     "plus a heartbeat's to ps 0; ps 0 one per other ps)"},
+     "a ps keeps at most this many connections: a new one beyond them closes the oldest that "
+     "has not said who it is (HELLO), else it is closed at once (each worker holds one per "
+     "ps, plus a heartbeat's to ps 0; ps 0 one per other ps)"},
+    /* what one peer can make a ps hold, with or without a secret (docs/SECURITY.md) */
+    {"message-timeout-ms", ANY, KEY_INT, "10000", 0, 86400000, 0, NULL,
+     "ps: a request whose first byte has come must be complete within max(this, its size at "
+     "message-min-rate-kb), else its connection is closed (0: no deadline)"},
+    {"message-min-rate-kb", ANY, KEY_INT, "1024", 1, 1 << 30, 0, NULL,
+     "ps: the slowest a large request may arrive (KiB a second): a 64 MiB push at 1024 may "
+     "take 64 s"},
+    {"first-message-timeout-ms", ANY, KEY_INT, "10000", 0, 86400000, 0, NULL,
+     "ps: a connection that has completed no request this long after it opened is closed "
+     "(0: never)"},
+    {"max-incomplete-mb", ANY, KEY_INT, "256", 0, 1 << 20, 0, NULL,
+     "ps: the requests being received may claim this much memory together; a new one of "
+     "64 KiB or more beyond it waits (its connection is not read) until others complete; "
+     "one alone always goes ahead (0: no bound)"},
     /* security (docs/SECURITY.md) */
     {"secret-file", ANY, KEY_STRING, "", 0, 0, 0, NULL,
      "the cluster secret (32 bytes or more; `quorum keygen PATH` makes one; readable by its "

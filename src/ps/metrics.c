@@ -173,11 +173,14 @@ static void render_tables(const qr_ps *ps, FILE *f) {
            (double)ps->metrics.rows_pushed);
 }
 
-/* Connections: open, refused, and the handshakes refused by reason. */
+/* Connections: open, refused, evicted, and the handshakes refused by reason. */
 static void render_connections(const qr_ps *ps, FILE *f) {
     family(f, "quorum_connections", "gauge", "Connections open to this ps.", ps->npeers);
     family(f, "quorum_connections_refused_total", "counter",
            "Connections closed at once: max-connections were open.", (double)ps->peers_refused);
+    family(f, "quorum_connections_evicted_total", "counter",
+           "Connections not yet identified (no HELLO) closed to make room for a new one at "
+           "max-connections.", (double)ps->peers_evicted);
     family(f, "quorum_authenticated", "gauge",
            "1 if every connection must authenticate with the cluster secret.", ps->auth != NULL);
     qr_prom_family(f, "quorum_handshakes_refused_total", "counter",

@@ -213,6 +213,7 @@ typedef struct ps_peer {
     uint64_t push_data_pos; /* and the data position it carries */
     uint32_t push_seq, push_nparts;
     bool parked;          /* its push waits for a checkpoint's cut */
+    bool evicted;         /* closed to make room at max-connections */
     int beat_worker;      /* the worker whose heartbeats come here; -1 */
     uint64_t header_ns;   /* when the current request's header arrived */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
@@ -482,6 +483,9 @@ struct qr_ps {
     int max_peers;           /* max-connections: more are closed at once */
     uint64_t peers_refused;  /* ... counted, logged once a second at most */
     qr_log_limit refused_log;
+    uint64_t peers_evicted;  /* closed to make room for a new one (server.c, evict_for) */
+    int peers_evicting;      /* of those, not lost yet (still in npeers) */
+    qr_log_limit evicted_log;
     /* The job's credentials (wire/auth.h), NULL without a secret; failed
      * handshakes counted by reason (qr_hs_refusal) and logged with the
      * peer's address, 5 lines a second at most. */

@@ -184,9 +184,46 @@ static void on_payload(qr_conn *c, uint64_t got) {
 
 /* ---- connections ---------------------------------------------------------- */
 
+/* Not known to be a task of the job: no HELLO (a worker, ps 0's link)
+ * and no heartbeat yet. */
+static bool unidentified(const ps_peer *p) {
+    return p->role == 0 && p->beat_worker < 0;
+}
+
+/* At max-connections, make room for a new connection by closing the one
+ * least likely to be a task of the job: the oldest that has completed no
+ * request, else the oldest unidentified one. Connections that anyone can
+ * open without a secret must not lock a worker out (they did: 1,030 silent
+ * connections kept a real worker out until it gave up); a worker says
+ * HELLO as its first request, so it is never the one closed once it has.
+ * False if every connection is identified. */
+static bool evict_for(qr_ps *ps, qr_conn *incoming) {
+    ps_peer *silent = NULL, *anonymous = NULL; /* the list runs newest first */
+    for (ps_peer *p = ps->peers; p; p = p->next) {
+        if (!unidentified(p) || p->evicted) continue;
+        anonymous = p;
+        if (qr_conn_messages_in(p->conn) == 0) silent = p;
+    }
+    ps_peer *victim = silent ? silent : anonymous;
+    if (!victim) return false;
+    victim->evicted = true;
+    ps->peers_evicting++;
+    ps->peers_evicted++;
+    uint64_t dropped;
+    if (qr__log_allow(&ps->evicted_log, 1, &dropped))
+        qr__log(QR_LOG_WARN, "closed the connection from %s (%s) to make room for one from %s: "
+                "%d connections are open (max-connections); %llu closed so far",
+                qr_conn_peer(victim->conn),
+                victim == silent ? "no complete request yet" : "no HELLO",
+                qr_conn_peer(incoming), ps->npeers, (unsigned long long)ps->peers_evicted);
+    qr_conn_close(victim->conn);
+    return true;
+}
+
 static void on_accepted(qr_listener *l, qr_conn *c) {
     qr_ps *ps = qr_listener_data(l);
-    if (ps->npeers >= ps->max_peers) {
+    /* Those closed to make room are gone once their `lost` comes. */
+    if (ps->npeers - ps->peers_evicting >= ps->max_peers && !evict_for(ps, c)) {
         /* Anyone who can reach the port could otherwise hold the ps's
          * memory and file descriptors with idle connections. */
         ps->peers_refused++;
@@ -258,6 +295,7 @@ static void on_lost(qr_conn *c, int status) {
     else ps->peers = p->next;
     if (p->next) p->next->prev = p->prev;
     ps->npeers--;
+    if (p->evicted) ps->peers_evicting--;
     qr__create_drop(p);
     qr__ckpt_peer_lost(p);
     qr__sync_push_free(p->ps, p->incoming);
@@ -411,6 +449,11 @@ static int read_options(qr_ps *ps) {
     ps->conn_opt.max_payload = (uint64_t)qr__config_int(ps->cfg, "max-message-mb") << 20;
     ps->conn_opt.auth = ps->auth;
     ps->conn_opt.handshake_timeout_ms = (int)qr__config_int(ps->cfg, "handshake-timeout-ms");
+    ps->conn_opt.message_timeout_ms = (int)qr__config_int(ps->cfg, "message-timeout-ms");
+    ps->conn_opt.message_min_rate = (uint64_t)qr__config_int(ps->cfg, "message-min-rate-kb") << 10;
+    ps->conn_opt.first_message_timeout_ms =
+        (int)qr__config_int(ps->cfg, "first-message-timeout-ms");
+    ps->conn_opt.max_incomplete_bytes = (uint64_t)qr__config_int(ps->cfg, "max-incomplete-mb") << 20;
     if (!ps->average_vars || !ps->worker_conns || !ps->worker_lost_ns) return QR_ENOMEM;
     return QR_OK;
 }

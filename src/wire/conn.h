@@ -73,6 +73,21 @@ typedef struct qr_conn_options {
      * connection is `lost` with QR_EAUTH (qr_conn_refusal says why). */
     const qr_auth *auth;
     int handshake_timeout_ms; /* a handshake not done by then fails */
+    /* Listeners: what one peer may hold, whatever the authentication
+     * (conn_limits.c; 0 = no bound). A message begun must be complete
+     * within max(message_timeout_ms, its size at message_min_rate bytes a
+     * second), time the connection was not read from aside; a connection
+     * that completes no message within first_message_timeout_ms is
+     * closed; the messages being received by all of the listener's
+     * connections together may claim max_incomplete_bytes (their meta
+     * and payload, counted from their header), beyond which a new one of
+     * 64 KiB or more waits, its connection not read from, until others
+     * complete (one alone always goes ahead). Only accepted connections
+     * are bounded; the ps sets them (docs/SECURITY.md). */
+    int message_timeout_ms;
+    uint64_t message_min_rate; /* bytes a second */
+    int first_message_timeout_ms;
+    uint64_t max_incomplete_bytes;
 } qr_conn_options;
 
 typedef void (*qr_send_cb)(qr_conn *c, int status, void *ctx);
@@ -102,6 +117,8 @@ void *qr_conn_data(const qr_conn *c);
 /* "unix" or "tcp", and the peer's printable address. */
 const char *qr_conn_kind(const qr_conn *c);
 const char *qr_conn_peer(const qr_conn *c);
+/* Messages received whole on it so far. */
+uint64_t qr_conn_messages_in(const qr_conn *c);
 
 /* Why the connection's handshake failed (qr_hs_refusal; 0 if it did
  * not), and the message said of it, naming the peer. */

@@ -24,10 +24,13 @@
  * qr_conn_send hands it each message to seal, and the layer answers
  * through the calls of secure_io ("the security layer's calls", below):
  * write these bytes, open, here is plaintext for the state machine, close.
+ *
+ * What a listener's peers may hold (a message's deadline, the first
+ * message's, the budget of incomplete messages) is conn_limits.c's: the
+ * state machine tells it where a message begins, its header and its end,
+ * and it may stop reading a connection until there is room.
  */
-#include "wire/conn.h"
-#include "wire/secure.h"
-#include "wire/splice.h"
+#include "wire/conn_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -44,7 +47,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#define STAGING_BYTES (64 * 1024)
 /* Below this many bytes still to come, a payload goes through the staging
  * buffer: the extra copy is cheaper than another read() call. */
 #define IN_PLACE_MIN (16 * 1024)
@@ -74,87 +76,6 @@
  * (qr_conn_send). */
 #define TRY_WRITE_MAX (64 * 1024)
 
-typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
-
-/* A connection: its libuv handle, the receive state machine, the sends
- * under way, and its security state. */
-struct qr_conn {
-    union {
-        uv_handle_t handle;
-        uv_stream_t stream;
-        uv_tcp_t tcp;
-        uv_pipe_t pipe;
-    } h;
-    bool is_tcp;
-    bool accepted;  /* by a listener (the peer connected to us) */
-    bool connected;
-    bool closing;
-    int close_status;
-    uv_loop_t *loop;
-    const qr_conn_events *ev;
-    void *data;
-    qr_conn_options opt;
-    uv_connect_t connect_req;
-    char peer[160];
-
-    rx_state state;
-    /* Bit 0: the last message's payload was large; bit 1: the one before
-     * it. Either set: read heads short. */
-    uint8_t large_recent;
-    uint8_t hdr[QR_PROTO_HEADER_LEN];
-    size_t hdr_got;
-    qr_frame frame;
-    uint8_t *meta; /* meta_len bytes, then its pad */
-    size_t meta_cap, meta_got, meta_want;
-    qr_iov *iov;
-    int niov, iov_cap, iov_idx;
-    size_t iov_off;
-    bool discard;
-    uint64_t payload_got;
-    uint32_t trailer_left;
-    uint8_t *staging; /* 64-byte aligned, like the payload destinations */
-    bool in_place;
-    size_t in_place_len; /* bytes the last in-place read asked for */
-    bool skip_read;      /* answer the next alloc with no buffer (see on_read) */
-
-    size_t pending_bytes;
-    bool paused;
-    uint64_t messages_in; /* received whole */
-
-    /* Spliced sends (see "sending"). The socket is watched for room by a
-     * poll handle on a dup of its fd, since libuv's stream owns the
-     * original's watch. */
-    qr_splicer splicer;
-    bool splice_ready;
-    bool splice_polling;
-    uv_poll_t splice_poll;
-    int splice_fd;
-    struct send_req *splicing, *splicing_tail; /* in order; the head is moving */
-    struct send_req *lent, *lent_tail; /* in the socket, pages not read yet */
-    size_t lent_bytes; /* of those: in the kernel already, not queued here */
-    /* Sends written whole at once whose callbacks have not run: they run
-     * from a prepare handle, just before the loop next waits (see
-     * qr_conn_send), in order after those of earlier writes. */
-    struct send_req *written, *written_tail;
-    bool defer_ready;
-    uv_prepare_t defer;
-    /* Bytes read but not walked yet: the owner paused the connection in the
-     * middle of them (a ps parks a push while later requests of the same
-     * read wait behind it). They are walked, in order, from the prepare
-     * handle after it resumes, before anything more is read, so a paused
-     * connection delivers nothing and its replies keep their order. */
-    uint8_t *held;
-    size_t held_len;
-    int open_handles; /* the stream, splice_poll, defer and hs_timer once set up */
-
-    /* Authentication and encryption (secure.h): in its handshake while
-     * qr_secure_handshaking, when this holds no staging buffer yet and
-     * delivers no message; hs_timer is its deadline. */
-    qr_secure sec;
-    bool hs_timer_ready;
-    uv_timer_t hs_timer;
-};
-
 typedef struct send_req {
     uv_write_t req;
     qr_conn *c;
@@ -180,6 +101,7 @@ struct qr_listener {
     const qr_conn_events *ev;
     void *data;
     qr_conn_options opt;
+    qr_conn_limits *lim; /* shared with the connections it accepted; NULL: none */
 };
 
 /* Events of a connection that failed before its owner could see it. */
@@ -279,6 +201,10 @@ static void conn_release(qr_conn *c) {
     if (--c->open_handles == 0) conn_free(c);
 }
 
+void qr__conn_release(qr_conn *c) {
+    conn_release(c);
+}
+
 /* Run the callbacks of a detached list of sends (spliced, or written at
  * once), and free them. */
 static void finish_sends(qr_conn *c, send_req *list, int status) {
@@ -314,11 +240,27 @@ static void finish_written(qr_conn *c) {
 }
 
 static void walk_held(qr_conn *c);
+static void close_with(qr_conn *c, int status);
+static void header_admitted(qr_conn *c);
+static int start_reading(qr_conn *c);
+
+/* The budget made room for the header it stopped at (conn_limits.c):
+ * carry on from it, then with the bytes held behind it, or read again. */
+static void budget_granted(qr_conn *c) {
+    c->budget_granted = false;
+    if (c->closing) return;
+    qr__conn_limits_unstall(c);
+    if (c->closing) return;
+    header_admitted(c);
+    if (!c->held && !qr__conn_rx_stopped(c) && !c->closing && start_reading(c))
+        close_with(c, QR_EIO);
+}
 
 static void on_defer(uv_prepare_t *h) {
     qr_conn *c = h->data;
     finish_written(c);
     uv_prepare_stop(h);
+    if (c->budget_granted) budget_granted(c);
     walk_held(c);
 }
 
@@ -331,6 +273,7 @@ static void on_close(uv_handle_t *h) {
     finish_written(c);
     fail_spliced(c, c->close_status);
     if (c->ev->lost) c->ev->lost(c, c->close_status);
+    if (c->lim) qr__conn_limits_lost(c);
     conn_release(c);
 }
 
@@ -346,6 +289,7 @@ static void close_with(qr_conn *c, int status) {
     if (c->closing) return;
     c->closing = true;
     c->close_status = status;
+    if (c->lim) qr__conn_limits_close(c);
     if (c->splice_ready) {
         /* Every descriptor of the socket and the pipe is closed before
          * this returns, so the kernel drops the pages lent to them: the
@@ -360,6 +304,10 @@ static void close_with(qr_conn *c, int status) {
     if (c->defer_ready) uv_close((uv_handle_t *)&c->defer, on_defer_closed);
     if (c->hs_timer_ready) uv_close((uv_handle_t *)&c->hs_timer, on_hs_timer_closed);
     uv_close(&c->h.handle, on_close);
+}
+
+void qr__conn_close_with(qr_conn *c, int status) {
+    close_with(c, status);
 }
 
 void qr_conn_close(qr_conn *c) {
@@ -441,12 +389,24 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
     return QR_OK;
 }
 
+/* A meta buffer grown beyond this for one message is given back after it:
+ * a peer could otherwise make the ps keep up to QR_PROTO_MAX_META (1 MiB)
+ * per connection with one message each. */
+#define META_KEEP_BYTES 4096
+
 static void message_done(qr_conn *c) {
     qr_frame f = c->frame;
     c->large_recent = (uint8_t)(((c->large_recent << 1) | (f.payload_len >= STAGING_BYTES)) & 3);
     c->messages_in++;
     if (c->ev->message) c->ev->message(c, &f, c->meta);
-    if (!c->closing) rx_reset(c);
+    if (c->closing) return;
+    rx_reset(c);
+    if (c->lim) qr__conn_limits_done(c);
+    if (c->meta_cap > META_KEEP_BYTES) {
+        free(c->meta);
+        c->meta = NULL;
+        c->meta_cap = 0;
+    }
 }
 
 /* Skip empty destination buffers so iov_idx names one with room left. */
@@ -489,6 +449,7 @@ static void start_payload(qr_conn *c) {
     c->iov_idx = 0;
     c->iov_off = 0;
     if (!c->discard) skip_full_iovs(c);
+    else if (c->reserved) qr__conn_limits_keep(c, c->meta_want); /* read into staging */
     if (c->frame.payload_len == 0) payload_done(c);
 }
 
@@ -505,6 +466,13 @@ static void header_done(qr_conn *c) {
         return;
     }
     c->meta_want = c->frame.meta_len + qr_proto_pad(QR_PROTO_HEADER_LEN + (uint64_t)c->frame.meta_len);
+    /* Nothing is allocated for the message before the budget has room. */
+    if (c->lim && !qr__conn_limits_admit(c)) return;
+    header_admitted(c);
+}
+
+/* The header is in and the budget has room: receive the meta. */
+static void header_admitted(qr_conn *c) {
     if (c->meta_want > c->meta_cap) {
         size_t cap = QR_MAX(c->meta_want, 256u);
         uint8_t *m = realloc(c->meta, cap);
@@ -520,24 +488,26 @@ static void header_done(qr_conn *c) {
     if (c->meta_want == 0) start_payload(c);
 }
 
-/* The owner paused the connection with n bytes of this read left: keep
- * them for its resume (walk_held). */
+/* Reading stopped (the owner paused the connection, or the budget has no
+ * room for its next message) with n bytes of this read left: keep them
+ * for when it goes on (walk_held), after any kept already (the security
+ * layer may hand in the plaintext of several records of one read). */
 static void hold(qr_conn *c, const uint8_t *p, size_t n) {
-    uint8_t *held = malloc(n);
+    uint8_t *held = realloc(c->held, c->held_len + n);
     if (!held) {
         qr__fail(QR_ENOMEM, "out of memory holding %zu bytes read from %s", n, c->peer);
         close_with(c, QR_ENOMEM);
         return;
     }
-    memcpy(held, p, n);
+    memcpy(held + c->held_len, p, n);
     c->held = held;
-    c->held_len = n;
+    c->held_len += n;
 }
 
 /* Walk the state machine over n bytes received into the staging buffer. */
 static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
     while (n > 0 && !c->closing) {
-        if (c->paused) {
+        if (qr__conn_rx_stopped(c)) {
             hold(c, p, n);
             return;
         }
@@ -548,6 +518,7 @@ static void process_bytes(qr_conn *c, const uint8_t *p, size_t n) {
         size_t take;
         switch (c->state) {
         case RX_HEADER:
+            if (c->hdr_got == 0 && c->lim) qr__conn_limits_begin(c);
             take = QR_MIN(n, QR_PROTO_HEADER_LEN - c->hdr_got);
             memcpy(c->hdr + c->hdr_got, p, take);
             c->hdr_got += take;
@@ -647,14 +618,15 @@ static int start_reading(qr_conn *c) {
  * its own callbacks, which must not run its message callbacks again). The
  * walk may pause it again, holding what is left. */
 static void walk_held(qr_conn *c) {
-    if (!c->held || c->paused || c->closing) return;
+    if (!c->held || qr__conn_rx_stopped(c) || c->closing) return;
     uint8_t *held = c->held;
     size_t len = c->held_len;
     c->held = NULL;
     c->held_len = 0;
     process_bytes(c, held, len);
     free(held);
-    if (!c->paused && !c->closing && !c->held && start_reading(c)) close_with(c, QR_EIO);
+    if (!qr__conn_rx_stopped(c) && !c->closing && !c->held && start_reading(c))
+        close_with(c, QR_EIO);
 }
 
 /* ---- sending ------------------------------------------------------------ */
@@ -789,7 +761,7 @@ static void on_write(uv_write_t *req, int status) {
 }
 
 /* Run on_defer before the loop next waits. */
-static void defer(qr_conn *c) {
+void qr__conn_defer(qr_conn *c) {
     if (!c->defer_ready) {
         uv_prepare_init(c->loop, &c->defer); /* cannot fail */
         c->defer.data = c;
@@ -807,7 +779,7 @@ static void defer_callback(qr_conn *c, send_req *r) {
     else c->written = r;
     c->written_tail = r;
     c->pending_bytes += r->bytes; /* finish_sends takes it off */
-    defer(c);
+    qr__conn_defer(c);
 }
 
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
@@ -947,12 +919,18 @@ void qr_conn_pause(qr_conn *c) {
     if (c->paused || c->closing) return;
     c->paused = true;
     uv_read_stop(&c->h.stream);
+    if (c->lim) qr__conn_limits_stall(c);
 }
 
 void qr_conn_resume(qr_conn *c) {
     if (!c->paused || c->closing) return;
     c->paused = false;
-    if (c->held) defer(c); /* walk_held, which then reads again */
+    /* Waiting for the budget, or given room and not on yet (on_defer):
+     * that path reads it again. */
+    if (c->budget_wait || c->budget_granted) return;
+    if (c->lim) qr__conn_limits_unstall(c); /* which may close it: a deadline had passed */
+    if (c->closing) return;
+    if (c->held) qr__conn_defer(c); /* walk_held, which then reads again */
     else if (start_reading(c)) close_with(c, QR_EIO);
 }
 
@@ -1103,6 +1081,9 @@ const char *qr_conn_kind(const qr_conn *c) {
 const char *qr_conn_peer(const qr_conn *c) {
     return c->peer;
 }
+uint64_t qr_conn_messages_in(const qr_conn *c) {
+    return c->messages_in;
+}
 int qr_conn_refusal(const qr_conn *c) {
     return qr_secure_refusal(&c->sec);
 }
@@ -1211,6 +1192,7 @@ static void on_connection(uv_stream_t *server, int status) {
     }
     c->connected = true;
     c->accepted = true;
+    if (l->lim) qr__conn_limits_attach(c, l->lim);
     if (is_tcp) {
         struct sockaddr_storage ss;
         int len = sizeof ss;
@@ -1256,7 +1238,10 @@ static void on_connection(uv_stream_t *server, int status) {
 
 static void on_listener_close(uv_handle_t *h) {
     qr_listener *l = h->data;
-    if (--l->open_handles == 0) free(l);
+    if (--l->open_handles == 0) {
+        qr__conn_limits_unref(l->lim);
+        free(l);
+    }
 }
 
 const char *qr_listener_unix_path(const qr_listener *l) {
@@ -1333,13 +1318,18 @@ int qr_listen(uv_loop_t *loop, const qr_addr *addr, const char *bind_host, bool 
     l->ev = ev;
     l->data = data;
     l->opt = *opt;
-    int rc = QR_OK;
+    int rc = qr__conn_limits_new(opt, &l->lim);
+    if (rc) {
+        free(l);
+        return rc;
+    }
     if (addr->kind == QR_ADDR_UNIX) {
         rc = listen_unix(l, addr->path, false);
     } else {
         struct sockaddr_storage ss;
         rc = resolve_bind(addr, bind_host, &ss);
         if (rc) {
+            qr__conn_limits_unref(l->lim);
             free(l);
             return rc;
         }

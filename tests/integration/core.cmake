@@ -8,6 +8,10 @@ endfunction()
 
 qr_integration_test(integration_hostile_client test_hostile.py)
 qr_integration_test(integration_connections test_connections.py)
+# What one peer can make a ps without a secret hold, and for how long.
+foreach(case half_sent idle locked_out)
+  qr_integration_test(integration_bounds_${case} test_bounds.py ${case})
+endforeach()
 qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_launch_env test_launch_env.py)
 qr_integration_test(integration_cli test_cli.py)

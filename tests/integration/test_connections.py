@@ -1,9 +1,12 @@
 """test_connections.py - what idle connections cost a ps, and its cap.
 
 1. max-connections: a ps started with --max-connections 40 keeps 40
-   connections and closes the next 20 at once; the refusal is logged with
-   the peer's address (once a second at most) and counted on the metrics
-   page; once some close, a new client is served again.
+   connections of a worker (each said HELLO) and closes the next 20 at
+   once; the refusal is logged with the peer's address (once a second at
+   most) and counted on the metrics page; once some close, a new client is
+   served again. Connections that have not said who they are make room
+   instead: with 30 of the 40 silent, 20 new ones close the 20 oldest
+   silent ones (logged, counted) and are served.
 2. Memory: 300 connections (TCP, then the ps's Unix socket, which local
    workers use) that each made one request and then stay idle cost the ps
    under 64 KiB apiece (measured: its resident set before and after).
@@ -15,7 +18,7 @@ import sys
 import time
 import urllib.request
 
-from qrtest import (STEP, STOP, REPLY, Proc, closed_by_peer, connect, frame, free_port,
+from qrtest import (HELLO, STEP, STOP, REPLY, Proc, closed_by_peer, connect, frame, free_port,
                     read_reply, rss_kb)
 
 quorum = sys.argv[1]
@@ -62,6 +65,8 @@ ps, port, metrics = start_ps("--max-connections", "40")
 time.sleep(0.5)  # the ps has seen start_ps's probe connection close
 kept = [connect(port) for _ in range(40)]
 for i, s in enumerate(kept):
+    s.sendall(frame(HELLO, 500 + i, struct.pack("<III", 1, 0, 0)))  # worker 0
+    assert read_reply(s)[2] == 0
     step(s, i + 1)  # each is one the ps serves
 extra = [connect(port) for _ in range(20)]
 refused = sum(closed_by_peer(s) for s in extra)
@@ -82,6 +87,32 @@ refusal = [l for l in err.splitlines() if "refused a connection from" in l]
 assert refusal and "127.0.0.1:" in refusal[0] and "(max-connections)" in refusal[0], err[-2000:]
 print("ok: 20 connections beyond max-connections 40 closed, logged and counted; room again "
       "after some closed")
+
+ps, port, metrics = start_ps("--max-connections", "40", "--first-message-timeout-ms", "0")
+time.sleep(0.5)
+workers = [connect(port) for _ in range(10)]
+for i, s in enumerate(workers):
+    s.sendall(frame(HELLO, 500 + i, struct.pack("<III", 1, 0, 0)))
+    assert read_reply(s)[2] == 0
+silent = [connect(port) for _ in range(30)]
+time.sleep(0.3)
+fresh = [connect(port) for _ in range(20)]
+for i, s in enumerate(fresh):
+    step(s, 200 + i)  # served: room was made for it
+closed = sum(closed_by_peer(s, 0.5) for s in silent)
+assert closed == 20, "%d of the 30 silent connections were closed" % closed
+assert all(closed_by_peer(s, 2.0) for s in silent[:20]), "not the oldest silent ones"
+for i, s in enumerate(workers):
+    step(s, 300 + i)  # the workers' connections were left alone
+page = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics, timeout=10).read().decode()
+assert "quorum_connections_evicted_total 20" in page, page[-2000:]
+for s in workers + silent + fresh:
+    s.close()
+rc, _, err = stop(ps, port)
+assert rc == 0, err[-2000:]
+assert "to make room for one from" in err, err[-2000:]
+print("ok: at max-connections 40, 20 new connections closed the 20 oldest silent ones and were "
+      "served; the workers' connections were left alone")
 
 # --- 2. memory of idle connections ------------------------------------------
 ps, port, _ = start_ps()
