@@ -525,7 +525,9 @@ static int step_done(worker_run *r, double loss, double start) {
     qr__worker_metrics_step(&r->metrics, r->step, r->loss_avg, r->step / elapsed,
                             (double)r->step * (double)examples_per_step / elapsed,
                             r->res->stale_pushes);
-    if (!r->chief) return QR_OK;
+    /* The last step's point is the final one (chief_finish), with the
+     * accuracy: a periodic point due then would repeat its step. */
+    if (!r->chief || r->step >= r->total) return QR_OK;
     return qr__summaries_point(&r->summaries, r->w, r->step, r->loss_avg, examples_per_step,
                                false, 0, 0);
 }
