@@ -411,6 +411,11 @@ typedef struct ps_ckpt {
 /* ps 0: the workers' heartbeats (liveness.c). */
 typedef struct ps_liveness {
     int64_t timeout_ms;    /* heartbeat-timeout-ms */
+    int64_t beat_ms;       /* heartbeat-ms: ps 0's beats on its links (0: none, nothing hung) */
+    uint64_t hung_ps_total; /* ps tasks declared hung (ps 0: linked ones; ps k: ps 0) */
+    uint64_t watch_ns;     /* the watch timer's last tick */
+    uint64_t turn_ns;      /* the loop's last turn (server.c stamps it): a ps stopped
+                            * longer than timeout_ms sees the gap and is fenced */
     uint64_t *beat_ns;     /* [workers]: the last beat; 0 = none yet */
     bool *hung;            /* [workers]: declared hung, not beaten since */
     uint64_t hung_total;
@@ -460,11 +465,16 @@ struct qr_ps {
     uint64_t follows;      /* ps k: the coordinator incarnation whose rollback made this run (0: none) */
     uint64_t coordinator;  /* ps k: the coordinator incarnation it met (0: none yet) */
     uint64_t coordinator_lost_ns; /* ps k: when ps 0's link went (0: connected, or never) */
+    uint64_t coordinator_heard_ns; /* ps k: the last message from ps 0's link (its beats) */
+    uint64_t cause;        /* ps 0: the restarted ps run whose HELLO answer made this run (0: none) */
+    bool changed;          /* a request that changes the state was handled in this run */
+    bool fenced;           /* stopped past heartbeat-timeout-ms: this run is over (peer.c) */
     int64_t restore_step;  /* at start: QR_RESTORE_NEWEST, QR_RESTORE_NONE, or that step */
     struct {
         bool wanted;       /* the loop is ending for a rollback to `step` */
         int64_t step;      /* -1: to nothing (no checkpoint was written yet) */
         uint64_t follows;
+        uint64_t cause;    /* ps 0: the restarted ps run that asked for it */
         bool closed;       /* server.c has closed the run for it */
     } rollback;
     int restart_wait_ms;
@@ -706,6 +716,14 @@ void qr__bound_stop(qr_ps *ps);
 /* Close the stall-report timer (the ps is stopping or being freed). */
 void qr__bound_close(qr_ps *ps);
 
+/* peer.c: this ps did not run for heartbeat-timeout-ms or more (SIGSTOP,
+ * a wedged loop) since the loop's last turn: the others have declared it
+ * hung and a new run of it may serve its shard. It is fenced off: true
+ * from then on, and every path that would serve, answer, write a
+ * checkpoint or tell the cluster anything asks first (server.c then ends
+ * the run without a word to anyone). */
+bool qr__ps_fenced(qr_ps *ps);
+
 /* ---- The lifecycle ----------------------------------------------------------
  * Whoever decides that the ps stops, ends its run, aborts or rolls back
  * (a request handler, a link, a timer, a checkpoint that completes) only
@@ -751,13 +769,17 @@ static inline void qr__ps_ask_abort(qr_ps *ps, int status, const char *why) {
 
 /* End this run of the ps so that qr_ps_run starts it again from the
  * checkpoint of `step` (-1: from nothing), following the coordinator
- * incarnation `follows` (0: none). False (nothing asked) if the ps is
- * stopping or rolling back already. */
-static inline bool qr__ps_ask_rollback(qr_ps *ps, int64_t step, uint64_t follows) {
+ * incarnation `follows` (0: none); ps 0: `cause` is the incarnation of
+ * the restarted ps that asked for it (0: none), which the next run's
+ * HELLOs name. False (nothing asked) if the ps is stopping or rolling
+ * back already. */
+static inline bool qr__ps_ask_rollback(qr_ps *ps, int64_t step, uint64_t follows,
+                                       uint64_t cause) {
     if (ps->rollback.wanted || ps->stopping) return false;
     ps->rollback.wanted = true;
     ps->rollback.step = step;
     ps->rollback.follows = follows;
+    ps->rollback.cause = cause;
     ps->stopping = true; /* requests still in flight are answered "stopped" */
     return true;
 }
