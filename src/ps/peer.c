@@ -1,6 +1,7 @@
 /*
  * peer.c - what every request family of the ps uses: replies, the checks
- * of a request's meta, and the request's receive buffer (like Redis's
+ * of a request's meta, the request's receive buffer, and the fence of a
+ * run that was stopped past heartbeat-timeout-ms (like Redis's
  * networking.c beside its command files).
  *
  * A request is checked completely before it changes anything. A check

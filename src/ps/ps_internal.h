@@ -26,7 +26,7 @@
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
- *                 run with no worker left; ps k: ps 0 gone
+ *                 run with no worker left; ps k: ps 0 gone, or hung
  *   ckpt_coord.c  checkpoints: when one is due, ps 0 collecting the shards
  *                 and writing the manifest, ps k answering CKPT, and the
  *                 checkpoint a starting ps restores
@@ -37,14 +37,14 @@
  *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
- *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT and STOP
- *             travel on them, each request with the callback of its
- *             answer; they see a ps die and come back
+ *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
+ *             BEAT travel on them, each request with the callback of its
+ *             answer; they see a ps die, hang and come back
  *   rollback.c    a ps that comes back as a new run (restarted): the
  *                 whole cluster rolls back to its checkpoint, in place
  *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
  *   peer.c    what every request family uses: replies, request checks,
- *             receive buffers
+ *             receive buffers, the fence of a run stopped too long
  *   fused_apply.c large async SGD pushes applied as they arrive, the
  *                 gradient's buffer becoming the variable's next value
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first

@@ -131,6 +131,8 @@
  *              bytes, u32 crc32, u32 variables. RELEASE: empty.
  *   BEAT       (to ps 0, a worker's heartbeat thread) req: u32 worker.
  *              No reply: the sender only writes (src/worker/heartbeat.c).
+ *              From ps 0 on its link to ps k (u32 0): answered with an
+ *              empty reply, so that ps 0 hears a live ps (src/ps/links.c).
  *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
  *              i64 clock (steps the worker has pushed). The reply, sent
  *              when clock - (fewest steps of any live worker) <= k:

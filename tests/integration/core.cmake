@@ -31,7 +31,7 @@ foreach(case sync async flags)
 endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
 foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
-             late_worker)
+             late_worker hung_ps)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()
 qr_integration_test(integration_liveness test_liveness.py)
