@@ -7,9 +7,17 @@ paths:
     python3 scripts/soak.py build/tools/quorum --runs 50
 
 Each run is `quorum launch --ps 2 --workers 3` (sync or async, drawn at
-random) with checkpoints every 50 steps and --max-restarts 2. Between 0.5
-and 3 s in, one task (a ps or a worker, drawn at random) gets SIGKILL, or
-SIGSTOP one time in five (a hung task). Afterwards it checks:
+random; --sync-timeout-ms only for sync, which async refuses) with
+checkpoints every 50 steps, --max-restarts 2 and --heartbeat-timeout-ms
+2000. Between 0.5 and 3 s in, one fault from this menu, drawn at random:
+  SIGKILL        a task (a ps or a worker)
+  SIGSTOP        a worker, never continued (a hung worker)
+  SIGSTOP ps     a ps, never continued: ps 0 (or ps 1, for ps 0) names it
+                 hung, launch kills and restarts it, the cluster rolls back
+  SIGSTOP+CONT   a ps, continued 1 to 6 s later: before heartbeat-timeout-ms
+                 it goes on; after, launch has killed it already (or, if it
+                 wakes first, it fences itself and exits, and is restarted)
+Afterwards it checks:
   hung       the launcher did not end within --timeout seconds
   failed     it ended with a status other than 0 (or 3, when the task hit
              was a SIGSTOPped worker that launch had to stop at the end)
@@ -102,22 +110,29 @@ def newest_checkpoint_problem(d):
     return None
 
 
-def one_run(quorum, i, timeout, rng):
+FAULTS = ["SIGKILL", "SIGKILL", "SIGSTOP", "SIGSTOP ps", "SIGSTOP+CONT"]
+
+
+def one_run(quorum, i, timeout, rng, steps):
     mode = rng.choice(["sync", "async"])
-    steps = 3000
     work = tempfile.mkdtemp(prefix="qr-soak-")
     args = [quorum, "launch", "--ps", "2", "--workers", "3", "--mode", mode, "--data", "digits",
             "--steps", str(steps), "--checkpoint-dir", os.path.join(work, "ckpt"),
             "--checkpoint-steps", "50", "--max-restarts", "2", "--heartbeat-timeout-ms", "2000",
-            "--sync-timeout-ms", "20000", "--json", "--quiet"]
+            "--json", "--quiet"]
     if mode == "sync":
-        args += ["--replicas-to-aggregate", "2"]
+        args += ["--replicas-to-aggregate", "2", "--sync-timeout-ms", "20000"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     time.sleep(rng.uniform(0.5, 3.0))
     kids = [(pid, task_of(pid)) for pid in children(p.pid)]
     kids = [(pid, name) for pid, name in kids if name]
-    sig = signal.SIGSTOP if rng.random() < 0.2 else signal.SIGKILL
+    fault = rng.choice(FAULTS)
+    if fault == "SIGSTOP":
+        kids = [k for k in kids if k[1].startswith("worker")]
+    elif fault != "SIGKILL":
+        kids = [k for k in kids if k[1].startswith("ps")]
+    sig = signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP
     victim = rng.choice(kids) if kids else (None, "nothing (the run had ended)")
     if victim[0]:
         try:
@@ -125,13 +140,20 @@ def one_run(quorum, i, timeout, rng):
         except ProcessLookupError:
             pass
     problems = []
+    deadline = time.time() + timeout
+    if fault == "SIGSTOP+CONT" and victim[0]:
+        time.sleep(rng.uniform(1.0, 6.0))
+        try:
+            os.kill(victim[0], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
     try:
-        out, err = p.communicate(timeout=timeout)
+        out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
         problems.append("hung")
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-    ok_status = {0, 3} if sig == signal.SIGSTOP and "worker" in victim[1] else {0}
+    ok_status = {0, 3} if fault == "SIGSTOP" else {0}
     if "hung" not in problems and p.returncode not in ok_status:
         problems.append("failed (exit %d: %s)" % (p.returncode,
                                                   err.strip().splitlines()[-1:] or ""))
@@ -150,8 +172,8 @@ def one_run(quorum, i, timeout, rng):
         problems.append("left %d process(es) behind" % len(left))
         os.killpg(p.pid, signal.SIGKILL)
     shutil.rmtree(work, ignore_errors=True)
-    print("run %3d: %-5s %-7s %-9s -> %s" % (i, mode, signal.Signals(sig).name, victim[1],
-                                            "; ".join(problems) or "ok"), flush=True)
+    print("run %3d: %-5s %-12s %-9s -> %s" % (i, mode, fault, victim[1],
+                                             "; ".join(problems) or "ok"), flush=True)
     return problems
 
 
@@ -161,13 +183,14 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=180, help="seconds before a run is hung")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=3000, help="global steps of each run")
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int(time.time())
     rng = random.Random(seed)
     print("soak: %d runs, seed %d" % (a.runs, seed))
     totals = {"hung": 0, "failed": 0, "lost data": 0, "left": 0}
     for i in range(a.runs):
-        for problem in one_run(a.quorum, i, a.timeout, rng):
+        for problem in one_run(a.quorum, i, a.timeout, rng, a.steps):
             for k in totals:
                 if problem.startswith(k):
                     totals[k] += 1

@@ -5,6 +5,10 @@
  * secret), starts P ps tasks and W workers as child processes of this same
  * binary (each a real `quorum ps` / `quorum worker`, given the cluster by
  * flags), and supervises them:
+ *   - a ps that another ps finds hung (no answer to its heartbeats for
+ *     heartbeat-timeout-ms: SIGSTOPped, wedged) tells the launcher
+ *     (read_notices), which SIGKILLs it: from then on it is a failed ps
+ *     like any other, named as hung;
  *   - when a ps or the chief fails, the others are stopped (SIGTERM, then
  *     SIGKILL after a grace period) and the failure is reported with its
  *     exit;
@@ -49,11 +53,13 @@
 #include "launch_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,7 +72,14 @@ typedef struct child {
     bool exited;
     bool reported;
     int status;
+    uint64_t started_ms;
+    char hung[160]; /* killed by launch as hung: who said so, and why ("" otherwise) */
 } child;
+
+/* ps tasks tell the launcher of a ps they found hung (qr__tell_supervisor:
+ * "hung ps K SILENT_MS"), on a datagram socket whose other end they
+ * inherit as QUORUM_SUPERVISOR_FD. */
+static int notices[2] = {-1, -1};
 
 static volatile sig_atomic_t interrupted;
 
@@ -105,13 +118,22 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
     }
     args[n] = NULL;
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
+    if (notices[1] >= 0 && !strcmp(job, "ps")) {
+        char fd[16];
+        snprintf(fd, sizeof fd, "%d", notices[1]);
+        fcntl(notices[1], F_SETFD, 0); /* this end goes through exec */
+        setenv("QUORUM_SUPERVISOR_FD", fd, 1);
+    }
     execv(self, args); /* inherits OPENBLAS_NUM_THREADS and _CORETYPE (quorum.c) */
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", self, strerror(errno));
     _exit(127);
 }
 
 static void describe_exit(const child *c, char *buf, size_t len) {
-    if (WIFEXITED(c->status))
+    if (c->hung[0])
+        snprintf(buf, len, "%s (pid %d) was hung (%s) and was killed", c->name, (int)c->pid,
+                 c->hung);
+    else if (WIFEXITED(c->status))
         snprintf(buf, len, "%s (pid %d) exited with status %d", c->name, (int)c->pid,
                  WEXITSTATUS(c->status));
     else if (WIFSIGNALED(c->status))
@@ -244,6 +266,8 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     snprintf(c->name, sizeof c->name, "%s %d", is_ps ? "ps" : "worker", index);
     c->exited = c->reported = false;
     c->status = 0;
+    c->hung[0] = 0;
+    c->started_ms = qr__now_ns() / 1000000;
     if (!is_ps && plan->command)
         c->pid = spawn_command(plan, index);
     else
@@ -283,12 +307,39 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
     return true;
 }
 
+/* A ps found ps K hung ("hung ps K SILENT_MS"): SIGKILL it, which a
+ * stopped process cannot ignore, so that it is handled as a dead one (a
+ * restart with --max-restarts, else the end of the run) and never serves
+ * again. A notice about a run of it younger than the silence it reports
+ * is about an earlier run, already gone. */
+static void read_notices(child *kids, const launch_plan *plan) {
+    char line[256];
+    ssize_t n;
+    while (notices[0] >= 0 && (n = recv(notices[0], line, sizeof line - 1, MSG_DONTWAIT)) > 0) {
+        line[n] = 0;
+        int index;
+        unsigned long long silent_ms;
+        if (sscanf(line, "hung ps %d %llu", &index, &silent_ms) != 2 || index < 0 ||
+            index >= plan->nps)
+            continue;
+        child *c = &kids[index];
+        uint64_t age_ms = qr__now_ns() / 1000000 - c->started_ms;
+        if (c->exited || c->hung[0] || age_ms < silent_ms) continue;
+        snprintf(c->hung, sizeof c->hung, "no answer to heartbeats for %llu ms, "
+                 "heartbeat-timeout-ms", silent_ms);
+        fprintf(stderr, "quorum launch: %s (pid %d) is hung: %s; killing it\n", c->name,
+                (int)c->pid, c->hung);
+        kill(c->pid, SIGKILL);
+    }
+}
+
 /* Supervise the children until all have exited; returns the exit status. */
 static int supervise(child *kids, int n, const launch_plan *plan) {
     int nlost = 0, restarts = 0;
     uint64_t run_ended_ms = 0; /* when the chief and every ps had ended well */
     bool ps_told = false;
     for (;;) {
+        read_notices(kids, plan);
         int running = reap(kids, n);
         /* A program run as the workers need not stop the cluster: once
          * every worker has ended well, the launcher stops the ps tasks
@@ -388,7 +439,9 @@ int cmd_launch(int argc, char **argv) {
                    "Every task gets OMP_NUM_THREADS=1 unless it is set already (as torchrun).\n"
                    "--max-restarts K: restart up to K failed tasks (default 0): a worker alone,\n"
                    "rejoining at the current step; a ps alone, the cluster rolling back to\n"
-                   "its newest checkpoint in place (needs --checkpoint-dir).\n"
+                   "its newest checkpoint in place (needs --checkpoint-dir). A ps that another\n"
+                   "ps finds hung (no answer to heartbeats for heartbeat-timeout-ms) is killed\n"
+                   "and is then a failed ps like any other.\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"
@@ -424,8 +477,12 @@ int cmd_launch(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if (plan.metrics_base) launch_announce_metrics(&plan);
+    if (socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0, notices))
+        notices[0] = notices[1] = -1; /* no notices: a hung ps is then only reported */
     for (int i = 0; i < n; i++) start_child(kids, i, &plan);
     rc = supervise(kids, n, &plan);
+    for (int i = 0; i < 2; i++)
+        if (notices[i] >= 0) close(notices[i]);
     if (rc == LAUNCH_OK) rc = final_status(kids, n);
 done:
     launch_plan_free(&plan);

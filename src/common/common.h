@@ -47,6 +47,12 @@ bool qr__log_allow(qr_log_limit *l, int per_sec, uint64_t *dropped);
 /* Tag printed in front of every log line of this process ("ps 0"). */
 void qr__log_set_tag(const char *tag);
 
+/* A one-line notice to the process supervising this task (quorum launch),
+ * on the datagram socket named by QUORUM_SUPERVISOR_FD when there is one:
+ * "hung ps 1 5012" tells launch to kill and restart ps 1 (tools/launch.c).
+ * Never blocks, never raises SIGPIPE; nothing happens without a supervisor. */
+void qr__tell_supervisor(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Monotonic clock. */
 uint64_t qr__now_ns(void);
 double qr__now_sec(void);

@@ -54,10 +54,13 @@ static const key_spec keys[] = {
     {"max-message-mb", ANY, KEY_INT, "2048", 1, 65536, 0, NULL,
      "largest message a ps accepts; larger ones close the connection"},
     {"heartbeat-ms", ANY, KEY_INT, "1000", 0, 600000, 0, NULL,
-     "worker: how often it tells ps 0 it is alive, from a thread of its own (0: never)"},
+     "worker: how often it tells ps 0 it is alive, from a thread of its own; ps 0: how often "
+     "it beats on its links to the other ps (0: never, and no task is ever declared hung)"},
     {"heartbeat-timeout-ms", ANY, KEY_INT, "5000", 100, 86400000, 0, NULL,
      "ps 0: a worker whose heartbeats stop this long is hung (stopped, wedged): it is "
-     "treated as lost and its connections are closed"},
+     "treated as lost and its connections are closed; a ps whose link brings nothing this "
+     "long is hung too (treated as lost; launch kills and restarts it), and a ps that did "
+     "not run this long itself is fenced: it ends without serving or writing"},
     {"metrics-port", ANY, KEY_INT, "0", 0, 65535, 0, NULL,
      "serve Prometheus metrics at http://metrics-bind:PORT/metrics (0: off): read-only "
      "(GET /metrics only, no authentication), on loopback unless --metrics-bind says otherwise"},

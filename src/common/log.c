@@ -13,11 +13,14 @@
  */
 #include "common.h"
 
+#include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -112,4 +115,22 @@ void qr__log(int level, const char *fmt, ...) {
     /* One fprintf per line so lines of concurrent processes do not mix. */
     fprintf(stderr, "%s.%03dZ [%s pid %d] %s: %s\n", when, (int)(tv.tv_usec / 1000), tag,
             (int)getpid(), names[level], line);
+}
+
+/* ---- notices to a supervisor ----------------------------------------------- */
+
+void qr__tell_supervisor(const char *fmt, ...) {
+    const char *env = getenv("QUORUM_SUPERVISOR_FD");
+    int64_t fd;
+    if (!env || qr__parse_int64(env, 0, 65535, &fd)) return;
+    char line[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n <= 0) return;
+    /* A datagram: one notice, whole or not at all (launch reads them). */
+    size_t len = (size_t)QR_MIN(n, (int)sizeof line - 1);
+    if (send((int)fd, line, len, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+        qr__log(QR_LOG_DEBUG, "notice to the supervisor not sent: %s", strerror(errno));
 }

@@ -275,7 +275,7 @@ static bool read_reports(qr_ps *ps, call_view *v) {
 
 static void on_poll(uv_timer_t *t) {
     qr_ps *ps = t->data;
-    if (ps->ckpt.busy) collect(ps, QR_CKPT_QUERY);
+    if (ps->ckpt.busy && !qr__ps_fenced(ps)) collect(ps, QR_CKPT_QUERY);
 }
 
 static void decide(qr_ps *ps) {

@@ -51,6 +51,7 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         }
         if (qr__rollback_check_coordinator(ps, &m)) return; /* this run of the ps ends */
         ps->coordinator_lost_ns = 0;
+        ps->coordinator_heard_ns = qr__now_ns(); /* its beats are due from now on */
     }
     p->role = (int)m.role;
     if (m.role == QR_ROLE_WORKER) {
@@ -76,13 +77,17 @@ static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_msg_get_ready(r, &m);
     /* ps 0 is ready once the chief says so and every other ps is in step
      * with it (linked: after a rollback, each has rolled back too). */
-    if (m.set && !ps->ready && qr__links_all_up(ps)) {
+    bool linked = qr__links_all_up(ps);
+    if (m.set && !ps->ready && linked) {
         ps->ready = true;
         ps->step_limit = m.step;
         if (ps->sync.on && ps->index == 0) qr__coord_ready(ps);
     }
+    /* Not while a link is down: a ps may be coming back as a new run, and
+     * a worker rejoining after a rollback would start training with this
+     * run only to meet the next one (rollback.c): one rollback, seen twice. */
     qr_wbuf out = {0};
-    qr_msg_put_ready(&out, &(qr_msg_ready){.set = ps->ready, .step = ps->global_step,
+    qr_msg_put_ready(&out, &(qr_msg_ready){.set = ps->ready && linked, .step = ps->global_step,
                                            .data_pos = qr__ckpt_worker_pos(ps, p->worker_index)});
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);

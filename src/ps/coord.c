@@ -337,7 +337,7 @@ static int lost_worker_missing(const qr_ps *ps, uint64_t *gone_ms) {
 static void on_timer(uv_timer_t *t) {
     qr_ps *ps = t->data;
     ps_sync *s = &ps->sync;
-    if (s->aborted || ps->stopping || !ps->ready) return;
+    if (s->aborted || qr__ps_fenced(ps) || ps->stopping || !ps->ready) return;
     uint64_t now = qr__now_ns();
     uint64_t waited_ms = (now - s->step_started_ns) / 1000000;
     uint64_t gone_ms = 0;

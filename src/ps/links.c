@@ -8,7 +8,10 @@
  * ps 0 opens every link at its start and keeps it open, remaking it with
  * backoff (10 ms doubling to 1 s) whenever it is lost, so that a ps that
  * dies is seen at once and a ps that comes back is seen at its first
- * answer. A HELLO opens every connection, carrying ps 0's incarnation and
+ * answer. A ps that hangs (SIGSTOP, a wedged loop) keeps its sockets open
+ * and closes nothing: ps 0 beats on every link (BEAT every heartbeat-ms,
+ * answered), and a link silent for heartbeat-timeout-ms is declared hung
+ * and closed, as if the ps had died (beat_or_declare_hung). A HELLO opens every connection, carrying ps 0's incarnation and
  * the checkpoint it restored; nothing else is sent before its answer,
  * which carries the other's. The answer goes to the welcome callback the
  * links were made with (rollback.c's check: must the cluster roll back, a
@@ -42,6 +45,9 @@ struct coord_link {
     uint64_t incarnation; /* of the ps at the other end; 0 until its first answer */
     int64_t apply_step;  /* sync: step to apply there; -1 = none */
     uint64_t down_ns;    /* when it was lost, or first failed to connect; 0 while up */
+    uint64_t heard_ns;   /* the last message from it, or when the connection was made */
+    uint64_t beat_ns;    /* when the last BEAT went */
+    bool hung;           /* declared hung (silent for heartbeat-timeout-ms), not heard since */
     bool apply_sent;
     bool stop_wanted, stop_sent;
     qr_link_apply_cb apply_cb; /* the APPLY's answer goes there */
@@ -144,10 +150,12 @@ static void on_link_connected(qr_conn *c, int status) {
     if (status) return; /* `lost` follows */
     l->refusal_logged = false;
     qr_ps *ps = l->ps;
+    l->heard_ns = qr__now_ns(); /* its HELLO's answer is due within heartbeat-timeout-ms */
     qr_wbuf meta = {0};
     qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = ps->sync.on,
                                             .incarnation = ps->incarnation,
-                                            .restored_step = ps->ckpt.restored_step});
+                                            .restored_step = ps->ckpt.restored_step,
+                                            .cause = ps->cause});
     link_send(l, QR_MSG_HELLO, &meta);
     qr_wbuf_free(&meta);
     link_flush(l); /* a STOP may be waiting */
@@ -201,6 +209,7 @@ static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *met
     else if (!known)
         qr__log(QR_LOG_INFO, "linked to ps %d (%s)", l->index, ps->cluster->ps[l->index]);
     l->up = true;
+    l->hung = false;
     l->attempts = 0;
     l->down_ns = 0;
     link_flush(l);
@@ -214,6 +223,8 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
     coord_link *l = qr_conn_data(c);
     qr_ps *ps = l->ps;
     int type = f->type & ~QR_MSG_REPLY;
+    if (qr__ps_fenced(ps)) return;
+    l->heard_ns = qr__now_ns();
     if (type == QR_MSG_HELLO) {
         on_hello_answer(l, f, meta);
     } else if (type == QR_MSG_APPLY && l->apply_step >= 0) {
@@ -314,6 +325,42 @@ void qr__links_stop_all(qr_ps *ps) {
     }
 }
 
+/* A BEAT every heartbeat-ms on a link that is up; the other ps answers
+ * each one. A connected link that brings nothing for heartbeat-timeout-ms
+ * (no answer to its beats, or to its HELLO) leads to a ps that is stopped
+ * or wedged with its sockets open: it is declared hung, named, reported
+ * to the supervisor (launch kills and restarts it), and its link closed,
+ * so that what follows is what follows a death (restart-wait-ms, a
+ * rollback when a new run of it answers). */
+static void beat_or_declare_hung(coord_link *l, uint64_t now) {
+    qr_ps *ps = l->ps;
+    const ps_liveness *lv = &ps->liveness;
+    if (lv->beat_ms <= 0 || !l->conn || l->connecting || l->closing || !l->incarnation) return;
+    uint64_t silent_ms = (now - l->heard_ns) / 1000000;
+    if (silent_ms >= (uint64_t)lv->timeout_ms) {
+        if (!l->hung) {
+            qr__log(QR_LOG_ERROR, "ps %d (%s) answered nothing for %llu ms (heartbeat-timeout-ms "
+                    "%lld): hung or stopped; treated as lost: waiting up to %.0f s "
+                    "(restart-wait-ms) for a new run of it", l->index, ps->cluster->ps[l->index],
+                    (unsigned long long)silent_ms, (long long)lv->timeout_ms,
+                    ps->restart_wait_ms / 1e3);
+            qr__tell_supervisor("hung ps %d %llu", l->index, (unsigned long long)silent_ms);
+            ps->liveness.hung_ps_total++;
+        }
+        l->hung = true;
+        if (!l->down_ns) l->down_ns = now;
+        qr_conn_close(l->conn); /* `lost` follows: the link is remade with backoff */
+        return;
+    }
+    if (l->up && now - l->beat_ns >= (uint64_t)lv->beat_ms * 1000000ull) {
+        qr_wbuf meta = {0};
+        qr_msg_put_worker(&meta, 0);
+        link_send(l, QR_MSG_BEAT, &meta);
+        qr_wbuf_free(&meta);
+        l->beat_ns = now;
+    }
+}
+
 /* A link down for restart-wait-ms ends the run; a lost link is reported
  * every stall-report-ms meanwhile. Called by ps 0's watch timer. */
 void qr__links_watch(qr_ps *ps) {
@@ -321,16 +368,17 @@ void qr__links_watch(qr_ps *ps) {
     uint64_t now = qr__now_ns();
     for (int k = 1; k < ps->cluster->nps; k++) {
         coord_link *l = link_of(ps, k);
+        beat_or_declare_hung(l, now);
         /* A ps never reached is still starting (pods come up minutes
          * apart): only one that was up and went is waited for. */
         if (!l->down_ns || l->closing || !l->incarnation) continue;
         uint64_t gone_ms = (now - l->down_ns) / 1000000;
         if (gone_ms >= (uint64_t)ps->restart_wait_ms) {
             char why[512];
-            snprintf(why, sizeof why, "ps %d (%s) has been unreachable for %.1f s and did not "
-                     "come back within restart-wait-ms (%d ms); last error: %s", k,
-                     ps->cluster->ps[k], (double)gone_ms / 1e3, ps->restart_wait_ms,
-                     qr_last_error());
+            snprintf(why, sizeof why, "ps %d (%s) has been %s for %.1f s and did not come back "
+                     "within restart-wait-ms (%d ms); last error: %s", k, ps->cluster->ps[k],
+                     l->hung ? "hung (no answer to its heartbeats)" : "unreachable",
+                     (double)gone_ms / 1e3, ps->restart_wait_ms, qr_last_error());
             qr__ps_ask_abort(ps, QR_EABORTED, why);
             return;
         }

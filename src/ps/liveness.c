@@ -9,7 +9,14 @@
  *         stops the cluster with an error. A link to another ps down for
  *         restart-wait-ms ends the run too (links.c).
  *   ps k: ps 0 gone for restart-wait-ms (its link closed and not made
- *         again): this ps stops with an error.
+ *         again): this ps stops with an error. ps 0 beats on its link
+ *         (links.c) every heartbeat-ms; a link silent for
+ *         heartbeat-timeout-ms is a hung ps 0 (stopped, wedged): named,
+ *         told to the supervisor, closed, and then waited for as a dead one.
+ *   Every ps judged by another (a cluster of several ps) that finds its
+ *   own loop did not run for heartbeat-timeout-ms (SIGSTOP and SIGCONT)
+ *   knows it was declared hung and may have been replaced: it is fenced
+ *   (peer.c, qr__ps_fenced) and ends without serving or writing anything.
  *
  * A worker that has finished its work (its data is done) says LEAVE to
  * ps 0 before it goes, so that its going is not taken for a death: ps 0
@@ -77,8 +84,34 @@ void qr__liveness_coordinator_lost(qr_ps *ps) {
     if (!ps->stopping && !ps->coordinator_lost_ns) ps->coordinator_lost_ns = qr__now_ns();
 }
 
+/* ps k: ps 0 beats on its link every heartbeat-ms; a link that brings
+ * nothing for heartbeat-timeout-ms comes from a ps 0 that is stopped or
+ * wedged with its socket open: it is declared hung, named, reported to the
+ * supervisor (launch kills and restarts it), and its link closed, so that
+ * what follows a death follows (restart-wait-ms; a rollback when a new
+ * run of ps 0 says HELLO). */
+static void watch_coordinator_beats(qr_ps *ps, uint64_t now) {
+    ps_liveness *l = &ps->liveness;
+    if (l->beat_ms <= 0 || ps->coordinator_lost_ns || !ps->coordinator_heard_ns) return;
+    uint64_t silent_ms = (now - ps->coordinator_heard_ns) / 1000000;
+    if (silent_ms < (uint64_t)l->timeout_ms) return;
+    bool linked = false;
+    for (ps_peer *p = ps->peers; p; p = p->next) linked |= p->role == QR_ROLE_COORDINATOR;
+    if (!linked) return;
+    qr__log(QR_LOG_ERROR, "ps 0 (%s) sent nothing for %llu ms (heartbeat-timeout-ms %lld; it "
+            "beats every heartbeat-ms): hung or stopped; treated as lost: waiting up to %.0f s "
+            "(restart-wait-ms) for a new run of it", ps->cluster->ps[0],
+            (unsigned long long)silent_ms, (long long)l->timeout_ms, ps->restart_wait_ms / 1e3);
+    qr__tell_supervisor("hung ps 0 %llu", (unsigned long long)silent_ms);
+    l->hung_ps_total++;
+    ps->coordinator_heard_ns = 0;
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->role == QR_ROLE_COORDINATOR) qr_conn_close(p->conn); /* `lost` follows */
+}
+
 /* ps k: ps 0 has been gone too long. */
 static void watch_coordinator(qr_ps *ps, uint64_t now) {
+    watch_coordinator_beats(ps, now);
     if (!ps->coordinator_lost_ns) return;
     uint64_t gone_ms = (now - ps->coordinator_lost_ns) / 1000000;
     if (gone_ms < (uint64_t)ps->restart_wait_ms) return;
@@ -94,7 +127,13 @@ static void on_watch(uv_timer_t *t) {
     qr_ps *ps = t->data;
     ps_liveness *l = &ps->liveness;
     uint64_t now = qr__now_ns();
-    if (ps->stopping) return;
+    if (ps->stopping || qr__ps_fenced(ps)) return;
+    /* This ps itself did not run for a while (stopped, with one ps only:
+     * nobody fences it): the workers' silence meanwhile is its own. */
+    if (l->watch_ns && now - l->watch_ns >= (uint64_t)l->timeout_ms * 1000000ull && l->beat_ns)
+        for (int w = 0; w < ps->cluster->nworkers; w++)
+            if (l->beat_ns[w]) l->beat_ns[w] = now;
+    l->watch_ns = now;
     if (ps->index != 0) {
         watch_coordinator(ps, now);
         return;
@@ -117,6 +156,7 @@ static void on_watch(uv_timer_t *t) {
 int qr__liveness_init(qr_ps *ps) {
     ps_liveness *l = &ps->liveness;
     l->timeout_ms = qr__config_int(ps->cfg, "heartbeat-timeout-ms");
+    l->beat_ms = qr__config_int(ps->cfg, "heartbeat-ms");
     if (ps->index == 0) {
         int n = QR_MAX(ps->cluster->nworkers, 1);
         l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
@@ -206,13 +246,19 @@ void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 }
 
 int qr__liveness_beat_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    if (p->ps->index != 0) return qr__fail(QR_EINVAL, "BEAT goes to ps 0");
+    if (p->ps->index != 0 && p->role != QR_ROLE_COORDINATOR)
+        return qr__fail(QR_EINVAL, "BEAT goes to ps 0 (a worker's), or from ps 0's link");
     return qr__peer_check_small(f, QR_MSG_BEAT_LEN);
 }
 
 void qr__liveness_beat(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     uint32_t meta_len = f->meta_len;
     qr_ps *ps = p->ps;
+    if (p->role == QR_ROLE_COORDINATOR) {
+        /* ps 0's beat on its link: answered, so that ps 0 hears this ps */
+        qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+        return;
+    }
     ps_liveness *l = &ps->liveness;
     qr_rbuf r;
     qr_rbuf_init(&r, meta, meta_len);

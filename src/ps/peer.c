@@ -1,6 +1,7 @@
 /*
  * peer.c - what every request family of the ps uses: replies, the checks
- * of a request's meta, and the request's receive buffer (like Redis's
+ * of a request's meta, the request's receive buffer, and the fence of a
+ * run that was stopped past heartbeat-timeout-ms (like Redis's
  * networking.c beside its command files).
  *
  * A request is checked completely before it changes anything. A check
@@ -134,4 +135,25 @@ int qr__peer_take_recv(ps_peer *p, size_t bytes) {
     qr__peer_release_recv(p); /* a request takes one buffer; none is held between requests */
     p->recv = qr__recv_pool_get(&p->ps->recv_pool, bytes, &p->recv_cap);
     return p->recv ? QR_OK : QR_ENOMEM;
+}
+
+/* ---- the fence -------------------------------------------------------------- */
+
+bool qr__ps_fenced(qr_ps *ps) {
+    if (ps->fenced) return true;
+    const ps_liveness *l = &ps->liveness;
+    /* Only a ps that others judge (ps 0 its links, each ps k ps 0) is
+     * declared hung, and only such a one may have been replaced. */
+    if (l->beat_ms <= 0 || !l->turn_ns || ps->cluster->nps < 2) return false;
+    uint64_t gap_ms = (qr__now_ns() - l->turn_ns) / 1000000;
+    if (gap_ms < (uint64_t)l->timeout_ms) return false;
+    ps->fenced = ps->stopping = true;
+    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s did not run for %.1f s (stopped, or its "
+             "loop wedged), longer than heartbeat-timeout-ms (%lld ms): the other tasks have "
+             "declared it hung and a new run of it may serve its shard; this run is over: it "
+             "serves nothing more, writes no checkpoint, and exits", ps->name,
+             (double)gap_ms / 1e3, (long long)l->timeout_ms);
+    ps->exit_status = QR_EABORTED;
+    qr__log(QR_LOG_ERROR, "%s", ps->abort_msg);
+    return true;
 }

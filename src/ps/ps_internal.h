@@ -26,7 +26,7 @@
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
- *                 run with no worker left; ps k: ps 0 gone
+ *                 run with no worker left; ps k: ps 0 gone, or hung
  *   ckpt_coord.c  checkpoints: when one is due, ps 0 collecting the shards
  *                 and writing the manifest, ps k answering CKPT, and the
  *                 checkpoint a starting ps restores
@@ -37,14 +37,14 @@
  *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
- *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT and STOP
- *             travel on them, each request with the callback of its
- *             answer; they see a ps die and come back
+ *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
+ *             BEAT travel on them, each request with the callback of its
+ *             answer; they see a ps die, hang and come back
  *   rollback.c    a ps that comes back as a new run (restarted): the
  *                 whole cluster rolls back to its checkpoint, in place
  *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
  *   peer.c    what every request family uses: replies, request checks,
- *             receive buffers
+ *             receive buffers, the fence of a run stopped too long
  *   fused_apply.c large async SGD pushes applied as they arrive, the
  *                 gradient's buffer becoming the variable's next value
  *   recv_pool.c   the receive buffers pushes land in, reused hot-first
@@ -413,6 +413,11 @@ typedef struct ps_ckpt {
 /* ps 0: the workers' heartbeats (liveness.c). */
 typedef struct ps_liveness {
     int64_t timeout_ms;    /* heartbeat-timeout-ms */
+    int64_t beat_ms;       /* heartbeat-ms: ps 0's beats on its links (0: none, nothing hung) */
+    uint64_t hung_ps_total; /* ps tasks declared hung (ps 0: linked ones; ps k: ps 0) */
+    uint64_t watch_ns;     /* the watch timer's last tick */
+    uint64_t turn_ns;      /* the loop's last turn (server.c stamps it): a ps stopped
+                            * longer than timeout_ms sees the gap and is fenced */
     uint64_t *beat_ns;     /* [workers]: the last beat; 0 = none yet */
     bool *hung;            /* [workers]: declared hung, not beaten since */
     uint64_t hung_total;
@@ -462,11 +467,16 @@ struct qr_ps {
     uint64_t follows;      /* ps k: the coordinator incarnation whose rollback made this run (0: none) */
     uint64_t coordinator;  /* ps k: the coordinator incarnation it met (0: none yet) */
     uint64_t coordinator_lost_ns; /* ps k: when ps 0's link went (0: connected, or never) */
+    uint64_t coordinator_heard_ns; /* ps k: the last message from ps 0's link (its beats) */
+    uint64_t cause;        /* ps 0: the restarted ps run whose HELLO answer made this run (0: none) */
+    bool changed;          /* a request that changes the state was handled in this run */
+    bool fenced;           /* stopped past heartbeat-timeout-ms: this run is over (peer.c) */
     int64_t restore_step;  /* at start: QR_RESTORE_NEWEST, QR_RESTORE_NONE, or that step */
     struct {
         bool wanted;       /* the loop is ending for a rollback to `step` */
         int64_t step;      /* -1: to nothing (no checkpoint was written yet) */
         uint64_t follows;
+        uint64_t cause;    /* ps 0: the restarted ps run that asked for it */
         bool closed;       /* server.c has closed the run for it */
     } rollback;
     int restart_wait_ms;
@@ -711,6 +721,14 @@ void qr__bound_stop(qr_ps *ps);
 /* Close the stall-report timer (the ps is stopping or being freed). */
 void qr__bound_close(qr_ps *ps);
 
+/* peer.c: this ps did not run for heartbeat-timeout-ms or more (SIGSTOP,
+ * a wedged loop) since the loop's last turn: the others have declared it
+ * hung and a new run of it may serve its shard. It is fenced off: true
+ * from then on, and every path that would serve, answer, write a
+ * checkpoint or tell the cluster anything asks first (server.c then ends
+ * the run without a word to anyone). */
+bool qr__ps_fenced(qr_ps *ps);
+
 /* ---- The lifecycle ----------------------------------------------------------
  * Whoever decides that the ps stops, ends its run, aborts or rolls back
  * (a request handler, a link, a timer, a checkpoint that completes) only
@@ -766,13 +784,17 @@ static inline void qr__ps_ask_abort(qr_ps *ps, int status, const char *why) {
 
 /* End this run of the ps so that qr_ps_run starts it again from the
  * checkpoint of `step` (-1: from nothing), following the coordinator
- * incarnation `follows` (0: none). False (nothing asked) if the ps is
- * stopping or rolling back already. */
-static inline bool qr__ps_ask_rollback(qr_ps *ps, int64_t step, uint64_t follows) {
+ * incarnation `follows` (0: none); ps 0: `cause` is the incarnation of
+ * the restarted ps that asked for it (0: none), which the next run's
+ * HELLOs name. False (nothing asked) if the ps is stopping or rolling
+ * back already. */
+static inline bool qr__ps_ask_rollback(qr_ps *ps, int64_t step, uint64_t follows,
+                                       uint64_t cause) {
     if (ps->rollback.wanted || ps->stopping) return false;
     ps->rollback.wanted = true;
     ps->rollback.step = step;
     ps->rollback.follows = follows;
+    ps->rollback.cause = cause;
     ps->stopping = true; /* requests still in flight are answered "stopped" */
     return true;
 }

@@ -89,28 +89,30 @@ typedef struct ps_handler {
     int (*check)(ps_peer *p, const qr_frame *f, const uint8_t *meta);
     void (*handle)(ps_peer *p, const qr_frame *f, const uint8_t *meta);
     bool timed;
+    bool changes; /* may change the ps's state (rollback.c: a run that has not moved) */
 } ps_handler;
 
 static const ps_handler handlers[] = {
-    [QR_MSG_HELLO] = {qr__control_header, qr__control_message, false},
-    [QR_MSG_READY] = {qr__control_header, qr__control_message, false},
-    [QR_MSG_STEP] = {qr__control_header, qr__control_message, false},
-    [QR_MSG_STATS] = {qr__control_header, qr__control_message, false},
-    [QR_MSG_COMMIT] = {qr__coord_header, qr__coord_commit, false},
-    [QR_MSG_TOKEN] = {qr__coord_header, qr__coord_token, false},
-    [QR_MSG_APPLY] = {qr__sync_apply_header, qr__sync_apply_message, false},
-    [QR_MSG_RELEASE] = {qr__sync_release_header, qr__sync_release_message, false}, /* no reply */
-    [QR_MSG_CLOCK] = {qr__bound_clock_header, qr__bound_clock, false},
-    [QR_MSG_STOP] = {stop_header, stop_message, false},
-    [QR_MSG_PUSH] = {qr__push_header, push_message, true},
-    [QR_MSG_PULL] = {qr__pull_header, qr__pull_message, true},
-    [QR_MSG_LOOKUP] = {qr__lookup_header, qr__lookup_message, false},
-    [QR_MSG_CREATE] = {qr__create_header, qr__create_message, false},
-    [QR_MSG_CKPT] = {qr__ckpt_header, qr__ckpt_message, false},
-    [QR_MSG_BEAT] = {qr__liveness_beat_header, qr__liveness_beat, false}, /* no reply */
-    [QR_MSG_LEAVE] = {NULL, qr__liveness_leave, false},
-    [QR_MSG_SAVE] = {NULL, qr__ckpt_save_message, false},
-    [QR_MSG_SLOTS] = {qr__slots_header, qr__slots_message, false},
+    [QR_MSG_HELLO] = {qr__control_header, qr__control_message, false, false},
+    [QR_MSG_READY] = {qr__control_header, qr__control_message, false, false},
+    [QR_MSG_STEP] = {qr__control_header, qr__control_message, false, false},
+    [QR_MSG_STATS] = {qr__control_header, qr__control_message, false, false},
+    [QR_MSG_COMMIT] = {qr__coord_header, qr__coord_commit, false, true},
+    [QR_MSG_TOKEN] = {qr__coord_header, qr__coord_token, false, true},
+    [QR_MSG_APPLY] = {qr__sync_apply_header, qr__sync_apply_message, false, true},
+    /* RELEASE and BEAT have no reply */
+    [QR_MSG_RELEASE] = {qr__sync_release_header, qr__sync_release_message, false, true},
+    [QR_MSG_CLOCK] = {qr__bound_clock_header, qr__bound_clock, false, true},
+    [QR_MSG_STOP] = {stop_header, stop_message, false, false},
+    [QR_MSG_PUSH] = {qr__push_header, push_message, true, true},
+    [QR_MSG_PULL] = {qr__pull_header, qr__pull_message, true, false},
+    [QR_MSG_LOOKUP] = {qr__lookup_header, qr__lookup_message, false, true},
+    [QR_MSG_CREATE] = {qr__create_header, qr__create_message, false, true},
+    [QR_MSG_CKPT] = {qr__ckpt_header, qr__ckpt_message, false, true},
+    [QR_MSG_BEAT] = {qr__liveness_beat_header, qr__liveness_beat, false, false},
+    [QR_MSG_LEAVE] = {NULL, qr__liveness_leave, false, false},
+    [QR_MSG_SAVE] = {NULL, qr__ckpt_save_message, false, true},
+    [QR_MSG_SLOTS] = {qr__slots_header, qr__slots_message, false, true},
 };
 
 static const ps_handler *handler_of(unsigned type) {
@@ -144,6 +146,11 @@ static bool rolling_back(qr_ps *ps, qr_conn *c) {
 static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
     if (rolling_back(p->ps, c)) return QR_OK;
+    if (qr__ps_fenced(p->ps)) {
+        qr_conn_close(c); /* this run is over: nothing is answered (on_lifecycle ends it) */
+        return QR_OK;
+    }
+    if (p->role == QR_ROLE_COORDINATOR) p->ps->coordinator_heard_ns = qr__now_ns();
     /* What the previous request left is gone by now. */
     p->err = QR_OK;
     p->header_ns = qr__now_ns();
@@ -163,12 +170,17 @@ static int on_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
 static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_peer *p = qr_conn_data(c);
     if (rolling_back(p->ps, c)) return; /* its buffers go back in on_lost */
+    if (qr__ps_fenced(p->ps)) {
+        qr_conn_close(c);
+        return;
+    }
     /* check_request held an error for any type without a handler. */
     const ps_handler *h = handler_of(f->type);
     if (p->err) {
         qr__peer_reply_error(p, f, p->err, p->errmsg);
         qr__sync_push_refused(p, f, p->err, p->errmsg);
     } else {
+        p->ps->changed |= h->changes;
         h->handle(p, f, meta);
     }
     if (!p->err && h->timed) qr__metrics_request(p, f);
@@ -222,6 +234,11 @@ static bool evict_for(qr_ps *ps, qr_conn *incoming) {
 
 static void on_accepted(qr_listener *l, qr_conn *c) {
     qr_ps *ps = qr_listener_data(l);
+    if (qr__ps_fenced(ps)) {
+        qr_conn_set_data(c, NULL);
+        qr_conn_close(c);
+        return;
+    }
     /* Those closed to make room are gone once their `lost` comes. */
     if (ps->npeers - ps->peers_evicting >= ps->max_peers && !evict_for(ps, c)) {
         /* Anyone who can reach the port could otherwise hold the ps's
@@ -405,6 +422,18 @@ static void close_run(qr_ps *ps) {
  * cluster or of this ps, and the end of a stopped ps once it is idle. */
 static void on_lifecycle(uv_prepare_t *h) {
     qr_ps *ps = h->data;
+    /* A fenced run (qr__ps_fenced) ends here and says nothing to anyone:
+     * no STOP to the other ps (they may be the new run's cluster), no
+     * final checkpoint; qr_ps_run returns why. */
+    if (qr__ps_fenced(ps)) {
+        if (!ps->rollback.closed) {
+            ps->rollback.closed = true;
+            ps->rollback.wanted = false;
+            close_run(ps);
+        }
+        return;
+    }
+    ps->liveness.turn_ns = qr__now_ns();
     if (ps->rollback.wanted) {
         if (!ps->rollback.closed) {
             ps->rollback.closed = true;
@@ -562,6 +591,7 @@ static int start_run(qr_ps *ps) {
 static int reopen(qr_ps *ps) {
     int64_t step = ps->rollback.step;
     uint64_t follows = ps->rollback.follows;
+    uint64_t cause = ps->rollback.cause;
     bool stop_asked = ps->stop_asked;
     qr_auth *auth = ps->auth; /* the task's, not the run's */
     free_run(ps);
@@ -570,6 +600,7 @@ static int reopen(qr_ps *ps) {
     ps->auth = auth;
     ps->restore_step = step >= 0 ? step : QR_RESTORE_NONE;
     ps->follows = ps->coordinator = follows;
+    ps->cause = cause;
     ps->stop_asked = stop_asked;
     int rc = start_run(ps);
     if (rc) {

@@ -598,6 +598,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     worker_run r = new_run(o, task_index, cfg, res);
     int rc = qr__worker_metrics_start(&r.metrics, cfg);
     if (!rc) rc = run_setup(&r, cluster, cfg);
+    bool joined = !rc;
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
     double start = qr__now_sec();
     if (!rc) rc = train_steps(&r, res, start);
@@ -611,8 +612,11 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         again.summaries = r.summaries;
         again.metrics = r.metrics;
         r = again;
-        res->rollbacks++;
+        /* One rollback counts once: one met while rejoining is the same
+         * rollback settling (a ps that had not rolled back yet). */
+        res->rollbacks += joined;
         rc = run_setup(&r, cluster, cfg);
+        joined = !rc;
         if (!rc) rc = train_steps(&r, res, start);
     }
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,

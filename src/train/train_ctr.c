@@ -323,6 +323,7 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
                          const qr_train_opts *o, qr_train_result *res) {
     ctr_run r = new_run(o, task_index, cfg);
     int rc = setup(&r, cluster, cfg);
+    bool joined = !rc;
     double start = qr__now_sec();
     if (!rc) rc = train_steps(&r, res, start);
     while (rc == QR_EROLLEDBACK) {
@@ -331,8 +332,11 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
         run_free(&r);
         r = new_run(o, task_index, cfg);
         r.loss_avg = loss;
-        res->rollbacks++;
+        /* One rollback counts once: one met while rejoining is the same
+         * rollback settling (a ps that had not rolled back yet). */
+        res->rollbacks += joined;
         rc = setup(&r, cluster, cfg);
+        joined = !rc;
         if (!rc) rc = train_steps(&r, res, start);
     }
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,

@@ -31,6 +31,7 @@ void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
     if (m->role == QR_ROLE_COORDINATOR) {
         qr_wbuf_u64(b, m->incarnation);
         qr_wbuf_i64(b, m->restored_step);
+        qr_wbuf_u64(b, m->cause);
     }
 }
 
@@ -46,9 +47,11 @@ void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
     m->mode = qr_rbuf_u32(r);
     m->incarnation = 0;
     m->restored_step = -1;
+    m->cause = 0;
     if (m->role == QR_ROLE_COORDINATOR) {
         m->incarnation = qr_rbuf_u64(r);
         m->restored_step = qr_rbuf_i64(r);
+        m->cause = qr_rbuf_u64(r);
     }
 }
 

@@ -7,8 +7,10 @@
  * All fields little-endian, no padding. u32 count prefixes a list.
  *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link),
  *                   u32 task_index, u32 mode (0 = async, 1 = sync);
- *                   from the coordinator 16 bytes more: u64 incarnation
- *                   (of ps 0), i64 restored_step (its checkpoint; -1 none)
+ *                   from the coordinator 24 bytes more: u64 incarnation
+ *                   (of ps 0), i64 restored_step (its checkpoint; -1 none),
+ *                   u64 cause (the incarnation of the restarted ps whose
+ *                   HELLO answer made this run of ps 0 roll back; 0: none)
  *              reply (qr_msg_welcome): u64 incarnation (new at every start
  *                   and every rollback of the ps), i64 restored_step (-1:
  *                   none), u64 follows (the coordinator incarnation whose
@@ -132,6 +134,8 @@
  *              bytes, u32 crc32, u32 variables. RELEASE: empty.
  *   BEAT       (to ps 0, a worker's heartbeat thread) req: u32 worker.
  *              No reply: the sender only writes (src/worker/heartbeat.c).
+ *              From ps 0 on its link to ps k (u32 0): answered with an
+ *              empty reply, so that ps 0 hears a live ps (src/ps/links.c).
  *   CLOCK      (to ps 0, async with max-staleness k) req: u32 worker,
  *              i64 clock (steps the worker has pushed). The reply, sent
  *              when clock - (fewest steps of any live worker) <= k:
@@ -166,7 +170,7 @@
 /* Sizes of the fixed-size requests' meta, checked by the ps before it
  * reads them. */
 #define QR_MSG_HELLO_LEN 12
-#define QR_MSG_HELLO_COORD_LEN 28
+#define QR_MSG_HELLO_COORD_LEN 36
 #define QR_MSG_WELCOME_LEN 28
 #define QR_MSG_READY_LEN 20
 #define QR_MSG_COMMIT_LEN 24
@@ -192,6 +196,7 @@ typedef struct qr_msg_hello {
     /* The coordinator's only (role QR_ROLE_COORDINATOR): */
     uint64_t incarnation;
     int64_t restored_step;
+    uint64_t cause; /* the restarted ps run that made this ps 0 roll back (0: none) */
 } qr_msg_hello;
 void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m);
 /* The length of a HELLO's meta, read from its first field (the role). */

@@ -16,7 +16,7 @@ qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_launch_env test_launch_env.py)
 qr_integration_test(integration_cli test_cli.py)
 foreach(case many lost needed straggler sigterm hosts orphaned restart_worker restart_chief
-             restart_ps hung)
+             restart_ps hung hung_ps rollbacks_once)
   qr_integration_test(integration_launch_${case} test_launch_tasks.py ${case})
 endforeach()
 qr_integration_test(integration_train_digits test_train.py digits)
@@ -35,7 +35,7 @@ foreach(case sync async flags)
 endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
 foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
-             late_worker stale_socket)
+             late_worker stale_socket hung_ps)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()
 # How every task ends after a fault: its exit status and last line.

@@ -25,6 +25,11 @@ container orchestrator would), and the end of a job seen by every task.
   slow_start      a ps that comes up long after the others (pods start minutes
                   apart) is waited for: restart-wait-ms bounds only the wait
                   for a ps that was up and went
+  hung_ps         async, 2 ps, by hand: ps 1 SIGSTOPped is named hung by ps 0
+                  within heartbeat-timeout-ms (and by the workers' wait
+                  reports); SIGCONTed after that, it is fenced: it says this
+                  run of it is over, exits with an error, and writes no
+                  checkpoint shard
   late_worker     a worker started after the job ended says every few seconds
                   what it waits for, and gives up at init-timeout-ms naming
                   ps 0, not the chief
@@ -264,6 +269,38 @@ elif case == "ps_restart_async":
         assert s["test_accuracy"] > 0.9, s
         print("PASS: async, ps 1 restarted by hand at its checkpoint of step %s; ps 0 rolled "
               "back to it; the run finished at accuracy %.4f" % (step, s["test_accuracy"]))
+    finally:
+        c.close()
+
+elif case == "hung_ps":
+    c = Cluster(2, 2, ["--data", "digits", "--steps", "2000000", "--checkpoint-dir", "CKPT",
+                       "--checkpoint-steps", "200", "--heartbeat-timeout-ms", "1500",
+                       "--json", "--quiet"])
+    c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
+    try:
+        c.start_all()
+        wait_for(lambda: "written: global step 400" in c.log("ps", 0), 60, "a checkpoint")
+        ps1 = c.tasks[("ps", 1)][0].p
+        os.kill(ps1.pid, signal.SIGSTOP)
+        t0 = time.time()
+        wait_for(lambda: "answered nothing for" in c.log("ps", 0), 10, "ps 0 naming ps 1")
+        named = time.time() - t0
+        line = [l for l in c.log("ps", 0).splitlines() if "answered nothing for" in l][0]
+        assert "ps 1 (unix:" in line and "hung or stopped" in line, line
+        silent = int(line.split("answered nothing for ")[1].split(" ms")[0])
+        assert 1500 <= silent < 3500 and named < 4.0, (silent, named)
+        wait_for(lambda: all("for ps 1 (" in c.log("worker", w) for w in (0, 1)), 15,
+                 "the workers' wait reports naming ps 1")
+        before = len(c.log("ps", 1))
+        os.kill(ps1.pid, signal.SIGCONT)
+        rc, _ = c.wait("ps", 1, 20)
+        after = c.log("ps", 1)[before:]
+        assert rc != 0, after
+        assert "this run is over: it serves nothing more, writes no checkpoint" in after, after
+        others = [l for l in after.splitlines() if l and "this run is over" not in l]
+        assert not others, others  # it served, wrote and said nothing else
+        print("PASS: a SIGSTOPped ps is named by ps 0 after %d ms of silence (%.1f s); "
+              "SIGCONTed, its run is fenced and ends (exit %d)" % (silent, named, rc))
     finally:
         c.close()
 

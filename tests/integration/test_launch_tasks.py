@@ -25,6 +25,14 @@ started:
               its missing heartbeats within heartbeat-timeout-ms and treated
               as lost, so a bounded-staleness run goes on without it (with
               heartbeats off the others wait for it forever)
+  hung_ps     a ps SIGSTOPped in a sync run under --max-restarts 1: ps 0
+              names it hung within heartbeat-timeout-ms, launch kills and
+              restarts it (and nothing else), the cluster rolls back once,
+              and the run ends with the params_digest of a run nothing
+              stopped
+  rollbacks_once  ps 1 SIGKILLed four times in one sync run (--max-restarts
+              4): each restart is one rollback (the chief's JSON rollbacks
+              == 4), ps 1 never rolls back a second time for its own restart
   hosts       a host list over 4 KiB reaches quorum ps and worker whole (its
               301st address is refused by name); a TMPDIR too long for
               socket paths is refused by launch, once
@@ -184,6 +192,72 @@ elif case == "restart_ps":
         print("PASS: a killed ps rolls the cluster back to %s; it ends with the digest of a "
               "run nothing killed (%s)" % (restored[0].rsplit("(", 1)[1].rstrip(")"),
                                           whole["params_digest"]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+elif case == "hung_ps":
+    base = ["--ps", "2", "--workers", "2", "--mode", "sync", "--init-tokens", "0",
+            "--data", "digits", "--steps", "6000", "--json", "--quiet"]
+    rc, out, err = Proc([quorum, "launch"] + base).wait(300)
+    assert rc == 0, err[-3000:]
+    whole = last_json(out)
+    d = tempfile.mkdtemp(prefix="qr-hung-ps-")
+    try:
+        p, victim = signal_worker_mid_run(base + ["--checkpoint-dir", d, "--checkpoint-steps",
+                                                  "100", "--max-restarts", "1",
+                                                  "--heartbeat-timeout-ms", "2000"], 1,
+                                          signal.SIGSTOP, job="ps")
+        rc, out, err = p.wait(300)
+        assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+        hung = [l for l in err.splitlines() if "[ps 0 pid" in l and "ps 1 (" in l and
+                "answered nothing for" in l]
+        assert hung and "hung or stopped" in hung[0], err[-3000:]
+        silent = int(hung[0].split("answered nothing for ")[1].split(" ms")[0])
+        assert 2000 <= silent < 4000, hung[0]
+        assert "quorum launch: ps 1 (pid %d) is hung" % victim in err, err[-3000:]
+        restarts = [l for l in err.splitlines() if "restarting it (restart" in l]
+        assert len(restarts) == 1 and restarts[0].startswith(
+            "quorum launch: ps 1 (pid %d) was hung (" % victim), restarts
+        assert not os.path.exists("/proc/%d" % victim) or \
+            open("/proc/%d/stat" % victim).read().split()[2] == "Z", "the hung ps is left"
+        s = last_json(out)
+        assert s["global_step"] == 6000 and s["rollbacks"] == 1, s
+        assert s["params_digest"] == whole["params_digest"], (s["params_digest"],
+                                                              whole["params_digest"])
+        print("PASS: a SIGSTOPped ps is named after %d ms of silence, killed and restarted "
+              "alone; one rollback, the digest of a run nothing stopped (%s)"
+              % (silent, whole["params_digest"]))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+elif case == "rollbacks_once":
+    d = tempfile.mkdtemp(prefix="qr-rollbacks-")
+    kills = 4
+    try:
+        p, victim = signal_worker_mid_run(["--ps", "2", "--workers", "2", "--mode", "sync",
+                                           "--data", "digits", "--steps", "20000",
+                                           "--checkpoint-dir", d, "--checkpoint-steps", "50",
+                                           "--max-restarts", str(kills), "--json", "--quiet"],
+                                          1, None, job="ps")
+        pids = []
+        for k in range(kills):
+            pid = worker_pid(p, 1, "ps")
+            while pid in pids:  # the restarted one
+                time.sleep(0.1)
+                pid = worker_pid(p, 1, "ps")
+            time.sleep(1.5)  # trained past a checkpoint again
+            assert p.alive(), "the run ended before kill %d" % (k + 1)
+            os.kill(pid, signal.SIGKILL)
+            pids.append(pid)
+        rc, out, err = p.wait(300)
+        assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+        restarts = [l for l in err.splitlines() if "restarting it (restart" in l]
+        assert len(restarts) == kills, (restarts, err[-3000:])
+        ps1_rollbacks = [l for l in err.splitlines() if "[ps 1 pid" in l and "rolling back" in l]
+        assert not ps1_rollbacks, ps1_rollbacks  # only ps 0 rolls back, once per restart
+        s = last_json(out)
+        assert s["rollbacks"] == kills, (s["rollbacks"], err[-3000:])
+        print("PASS: %d restarts of ps 1, %d rollbacks" % (kills, s["rollbacks"]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -50,18 +50,20 @@ static void test_hello_layout(void **state) {
     assert_int_equal(m.mode, 1);
     qr_wbuf_free(&b);
 
-    /* The coordinator's HELLO carries its incarnation and restored step. */
+    /* The coordinator's HELLO carries its incarnation, restored step and
+     * the restarted run that caused its rollback. */
     qr_wbuf c = {0};
     qr_msg_put_hello(&c, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = 0,
                                          .incarnation = 0x1122334455667788ull,
-                                         .restored_step = -1});
-    uint8_t want_c[32];
+                                         .restored_step = -1, .cause = 0x99aabbccddeeff01ull});
+    uint8_t want_c[40];
     n = 0;
     le(want_c, &n, 2, 4);
     le(want_c, &n, 0, 4);
     le(want_c, &n, 0, 4);
     le(want_c, &n, 0x1122334455667788ull, 8);
     le(want_c, &n, (uint64_t)-1, 8);
+    le(want_c, &n, 0x99aabbccddeeff01ull, 8);
     assert_int_equal(n, QR_MSG_HELLO_COORD_LEN);
     assert_bytes(&c, want_c, n);
     qr_rbuf_init(&r, c.data, c.len);
@@ -70,6 +72,7 @@ static void test_hello_layout(void **state) {
     assert_int_equal(r.left, 0);
     assert_true(m.incarnation == 0x1122334455667788ull);
     assert_int_equal(m.restored_step, -1);
+    assert_true(m.cause == 0x99aabbccddeeff01ull);
     qr_wbuf_free(&c);
 
     /* Its answer: the welcome. */
