@@ -625,9 +625,12 @@ class Optimizer(torch.optim.Optimizer):
             self.global_step = self.worker.push_pull(grads, into=self._into())
             self._land()
             return self.global_step
-        if self.sync and len(grads) == len(self.params) + len(self.buffers.targets()):
+        if (self.sync and not self.overlap
+                and len(grads) == len(self.params) + len(self.buffers.targets())):
             # One round trip per ps too: each answers after the step with
-            # its values (the buffers' too), ps 0 with the next token.
+            # its values (the buffers' too), ps 0 with the next token. (With
+            # overlap the token is taken now and the pull lands under the
+            # next batch's loading, below.)
             into = self._into()
             into.update(self.buffers.targets())
             try:
