@@ -13,6 +13,7 @@ AUC (the best a model can do).
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 import torch
@@ -84,7 +85,11 @@ model.eval()  # evaluation reads rows without adding unseen ids
 with torch.no_grad():
     scores = torch.cat([model(test_ids[i:i + 4096]) for i in range(0, len(test_ids), 4096)])
 rank, _ = qt.worker_rank()
-print(json.dumps({"worker": rank, "test_auc": auc(scores.numpy().ravel(),
-                                                  test_labels.numpy().ravel()),
-                  "hidden_auc": hidden_auc, "global_step": opt.global_step}), flush=True)
+# One write for the whole line: the workers share one stdout (launch's or
+# torchrun's), and under PYTHONUNBUFFERED print writes the text and its
+# newline apart, so two workers' lines could run together.
+sys.stdout.write(json.dumps({"worker": rank, "test_auc": auc(scores.numpy().ravel(),
+                                                             test_labels.numpy().ravel()),
+                             "hidden_auc": hidden_auc, "global_step": opt.global_step}) + "\n")
+sys.stdout.flush()
 opt.close()

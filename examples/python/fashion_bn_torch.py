@@ -22,6 +22,7 @@ import gzip
 import os
 import struct
 import tempfile
+import sys
 
 import numpy as np
 import torch
@@ -98,4 +99,8 @@ with torch.no_grad():
     x, y = test_set.tensors
     accuracy = (model(x).argmax(1) == y).float().mean().item()
 os.remove(checkpoint)
-print("rank %d: test accuracy %.4f" % (rank, accuracy), flush=True)
+# One write for the whole line: the workers share one stdout (launch's or
+# torchrun's), and under PYTHONUNBUFFERED print writes the text and its
+# newline apart, so two workers' lines could run together.
+sys.stdout.write("rank %d: test accuracy %.4f\n" % (rank, accuracy))
+sys.stdout.flush()

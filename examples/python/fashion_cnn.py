@@ -15,6 +15,7 @@ import argparse
 import gzip
 import os
 import struct
+import sys
 
 import numpy as np
 import torch
@@ -73,6 +74,10 @@ model.eval()
 with torch.no_grad():
     accuracy = (model(Xt).argmax(1) == yt).float().mean().item()
 rank, _ = qt.worker_rank()
-print("worker %d: global step %d, %d stale gradients dropped, test accuracy %.4f"
-      % (rank, opt.global_step, opt.stale, accuracy), flush=True)
+# One write for the whole line: the workers share one stdout (launch's or
+# torchrun's), and under PYTHONUNBUFFERED print writes the text and its
+# newline apart, so two workers' lines could run together.
+sys.stdout.write("worker %d: global step %d, %d stale gradients dropped, test accuracy %.4f\n"
+                 % (rank, opt.global_step, opt.stale, accuracy))
+sys.stdout.flush()
 opt.close()
