@@ -16,6 +16,7 @@ Usage: test_blas_kernel.py QUORUM_BINARY FAKE_CORENAME_LIBRARY"""
 
 import os
 import platform
+import subprocess
 import sys
 
 from qrtest import Proc, last_json
@@ -41,11 +42,30 @@ def cpu_level():
     return 0
 
 
+def asan_runtime():
+    """The AddressSanitizer runtime a sanitizer build links, or None: it must
+    come first in LD_PRELOAD, before the stand-in OpenBLAS below."""
+    try:
+        out = subprocess.run(["ldd", quorum], capture_output=True, text=True, timeout=30).stdout
+    except OSError:
+        return None
+    for line in out.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("libasan.so") and len(parts) >= 3:
+            return parts[2]
+    return None
+
+
+ASAN = asan_runtime()
+
+
 def run(args, **env_set):
     env = {k: v for k, v in os.environ.items()
            if k not in ("OPENBLAS_CORETYPE", "QUORUM_OPENBLAS_CORETYPE_CHOSEN", "LD_PRELOAD",
                         "QUORUM_LOG")}
     env.update(env_set)
+    if "LD_PRELOAD" in env_set and ASAN:
+        env["LD_PRELOAD"] = ASAN + " " + env_set["LD_PRELOAD"]
     rc, out, err = Proc([quorum] + args + ["--data", "digits", "--steps", "5", "--json",
                                            "--quiet"], env=env).wait(120)
     assert rc == 0, (args, rc, err[-3000:])

@@ -28,6 +28,7 @@ import resource
 import select
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,12 @@ from qrtest import (CREATE, HELLO, PUSH, READY, REPLY, STEP, STOP, Proc, connect
                     ready_meta)
 
 quorum, case = sys.argv[1], sys.argv[2]
+
+
+def sanitized():
+    """Whether the quorum binary is a sanitizer build (links libasan)."""
+    out = subprocess.run(["ldd", quorum], capture_output=True, text=True, timeout=30).stdout
+    return "libasan" in out
 
 # A few thousand sockets: this process's and (inherited) the ps's.
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -194,7 +201,12 @@ try:
               "%.0f KiB per connection beyond the %d MiB budget)"
               % (n, base_kb, peak_kb, grew_mb, per_kb, budget_mb))
         assert left == 0, "%d of %d half-sent connections still open after 60 s" % (left, n)
-        assert grew_mb <= budget_mb + n * 0.25, "the ps grew by %.0f MiB" % grew_mb
+        if sanitized():
+            # AddressSanitizer holds freed blocks in its quarantine (256 MiB
+            # by default): the resident set says nothing of the budget.
+            print("(a sanitizer build: the memory bound is checked by the plain build)")
+        else:
+            assert grew_mb <= budget_mb + n * 0.25, "the ps grew by %.0f MiB" % grew_mb
         # Admitted at once: closed 10 s after their first byte; the rest
         # waited for the budget and had their 10 s once admitted.
         report(watch, "half-sent", 10, 10 + 15)
