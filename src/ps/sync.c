@@ -104,7 +104,8 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
         qr__sync_push_free(p->ps, sp);
         return QR_ENOMEM;
     }
-    memcpy(sp->items, p->items, (size_t)p->nitems * sizeof *sp->items);
+    if (p->nitems > 0) /* a push with nothing for this ps (the commit alone) has no items */
+        memcpy(sp->items, p->items, (size_t)p->nitems * sizeof *sp->items);
     p->incoming = sp;
     qr_iov iov = {sp->data, f->payload_len};
     int rc = qr_conn_expect(p->conn, &iov, 1);
