@@ -26,7 +26,8 @@
  *     (src/ps/rollback.c), so that every shard and the global step come
  *     from one moment (tensorflow#2461);
  *   - once the chief and every ps have ended well, workers still running
- *     get GRACE_MS to end, and are then stopped and reported;
+ *     get GRACE_MS to end, and are then stopped and reported (as failed,
+ *     unless the worker never reached ps 0: it only came late);
  *   - Ctrl-C / SIGTERM to the launcher stops every child the same way;
  *   - children get PR_SET_PDEATHSIG, so a killed launcher leaves nothing.
  *
@@ -74,17 +75,30 @@ typedef struct child {
     int status;
     uint64_t started_ms;
     char hung[160]; /* killed by launch as hung: who said so, and why ("" otherwise) */
+    bool joined;    /* a worker that has reached ps 0 ("joined worker K") */
+    bool late;      /* stopped after the run ended without having joined it */
 } child;
 
 /* ps tasks tell the launcher of a ps they found hung (qr__tell_supervisor:
- * "hung ps K SILENT_MS"), on a datagram socket whose other end they
- * inherit as QUORUM_SUPERVISOR_FD. */
+ * "hung ps K SILENT_MS"), and workers that they have reached ps 0 ("joined
+ * worker K"), on a datagram socket whose other end they inherit as
+ * QUORUM_SUPERVISOR_FD. */
 static int notices[2] = {-1, -1};
 
 static volatile sig_atomic_t interrupted;
 
 static void on_signal(int sig) {
     interrupted = sig;
+}
+
+/* In a child about to exec: the notices' socket goes through exec, named
+ * by QUORUM_SUPERVISOR_FD (ps tasks and workers, the program's too). */
+static void pass_notices(void) {
+    if (notices[1] < 0) return;
+    char fd[16];
+    snprintf(fd, sizeof fd, "%d", notices[1]);
+    fcntl(notices[1], F_SETFD, 0);
+    setenv("QUORUM_SUPERVISOR_FD", fd, 1);
 }
 
 static pid_t spawn(const char *self, const char *job, int index, const char *ps_hosts,
@@ -118,12 +132,7 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
     }
     args[n] = NULL;
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
-    if (notices[1] >= 0 && !strcmp(job, "ps")) {
-        char fd[16];
-        snprintf(fd, sizeof fd, "%d", notices[1]);
-        fcntl(notices[1], F_SETFD, 0); /* this end goes through exec */
-        setenv("QUORUM_SUPERVISOR_FD", fd, 1);
-    }
+    pass_notices();
     execv(self, args); /* inherits OPENBLAS_NUM_THREADS and _CORETYPE (quorum.c) */
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", self, strerror(errno));
     _exit(127);
@@ -144,7 +153,7 @@ static void describe_exit(const child *c, char *buf, size_t len) {
 }
 
 static bool failed(const child *c) {
-    return !WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0;
+    return !c->late && (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0);
 }
 
 /* Non-chief workers may come and go; everything else is essential. */
@@ -252,6 +261,7 @@ static pid_t spawn_command(const launch_plan *plan, int index) {
     setenv("LOCAL_RANK", rank, 1);
     setenv("LOCAL_WORLD_SIZE", size, 1);
     program_summaries_env(plan, index);
+    pass_notices();
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
     execvp(plan->command[0], plan->command);
     fprintf(stderr, "quorum launch: cannot run %s: %s\n", plan->command[0], strerror(errno));
@@ -267,6 +277,7 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     c->exited = c->reported = false;
     c->status = 0;
     c->hung[0] = 0;
+    c->joined = c->late = false;
     c->started_ms = qr__now_ns() / 1000000;
     if (!is_ps && plan->command)
         c->pid = spawn_command(plan, index);
@@ -319,6 +330,10 @@ static void read_notices(child *kids, const launch_plan *plan) {
         line[n] = 0;
         int index;
         unsigned long long silent_ms;
+        if (sscanf(line, "joined worker %d", &index) == 1) {
+            if (index >= 0 && index < plan->nworkers) kids[plan->nps + index].joined = true;
+            continue;
+        }
         if (sscanf(line, "hung ps %d %llu", &index, &silent_ms) != 2 || index < 0 ||
             index >= plan->nps)
             continue;
@@ -383,14 +398,23 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
         if (essentials_done && !run_ended_ms) run_ended_ms = now_ms;
         if (run_ended_ms && now_ms - run_ended_ms >= GRACE_MS) {
             /* Training is over; a worker that has not ended by now would
-             * wait for nothing (the ps tasks are gone). */
-            for (int i = 0; i < n; i++)
-                if (!kids[i].exited) {
-                    kids[i].reported = true;
+             * wait for nothing (the ps tasks are gone). One that never
+             * reached ps 0 only came late (it started after the run had
+             * done its steps, say): that is no failure of the run. */
+            read_notices(kids, plan);
+            for (int i = 0; i < n; i++) {
+                child *c = &kids[i];
+                if (c->exited) continue;
+                c->reported = true;
+                c->late = i >= plan->nps && !c->joined;
+                if (c->late)
+                    fprintf(stderr, "quorum launch: %s (pid %d) had not joined the run when it "
+                            "ended (it was still waiting for ps 0): stopping it; not a "
+                            "failure\n", c->name, (int)c->pid);
+                else
                     fprintf(stderr, "quorum launch: %s (pid %d) was still running %d ms after "
-                            "the run ended: stopping it\n", kids[i].name, (int)kids[i].pid,
-                            GRACE_MS);
-                }
+                            "the run ended: stopping it\n", c->name, (int)c->pid, GRACE_MS);
+            }
             stop_all(kids, n);
             break;
         }
@@ -447,7 +471,8 @@ int cmd_launch(int argc, char **argv) {
                    "in LOGDIR/metrics_ports.json with --logdir.\n"
                    "Exit status: 0 every task ended well; 1 the run failed (a ps or the chief);\n"
                    "3 training finished but some worker did not end well (named on the last\n"
-                   "line); 130 interrupted; 2 bad options.\n\n"
+                   "line; a worker that had not yet reached ps 0 when the run ended is stopped\n"
+                   "and named, not counted); 130 interrupted; 2 bad options.\n\n"
                    "training:\n");
             cli_print_train_help(stdout, CLI_TRAIN);
             printf("\noptions:\n");

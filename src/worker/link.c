@@ -115,6 +115,9 @@ static void hello_answered(ps_link *l, const uint8_t *meta, uint32_t len) {
     else if (!l->incarnation)
         qr__log(QR_LOG_INFO, "connected to ps %d (%s) over %s", l->index,
                 w->cluster->ps[l->index], l->conn ? qr_conn_kind(l->conn) : "?");
+    /* Tell `quorum launch` this worker has joined the run: one that has
+     * not when the run ends only arrived late, and is not a failure. */
+    if (l->index == 0 && !l->incarnation) qr__tell_supervisor("joined worker %d", w->index);
     l->incarnation = m.incarnation;
     l->lost_ns = l->unreached_ns = 0;
     l->refusal_reported = false;

@@ -10,6 +10,9 @@ started:
               waits up to sync-timeout-ms for a restart, then the run aborts
   straggler   a worker still running after the run ended (SIGSTOPped) is
               stopped within a bounded time and named (exit 3)
+  late        a worker that starts only after the run has done its steps
+              (it never reaches ps 0) is stopped and named, but the run
+              succeeded (exit 0)
   orphaned    a launcher killed outright leaves no task and no socket
               directory behind
   sigterm     a worker stopped by SIGTERM says so before it goes
@@ -299,6 +302,32 @@ elif case == "straggler":
     assert not os.path.exists("/proc/%d" % sleeper) or \
         open("/proc/%d/stat" % sleeper).read().split()[2] == "Z", "the straggler is left"
     print("PASS: a worker still running after the run is stopped and named (%.1f s)" % waited)
+
+elif case == "late":
+    # Worker 1 starts only once ps 0's socket is gone (the run has ended),
+    # as a pod scheduled late would: it never reaches ps 0.
+    wrapper = r"""
+import json, os, sys, time
+tf = json.loads(os.environ["TF_CONFIG"])
+if tf["task"]["index"] == 1:
+    sock = tf["cluster"]["ps"][0].split("unix:", 1)[1]
+    deadline = time.time() + 60
+    while not os.path.exists(sock) and time.time() < deadline:
+        time.sleep(0.02)
+    while os.path.exists(sock) and time.time() < deadline:
+        time.sleep(0.02)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+    p = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--transport", "unix", "--",
+              sys.executable, "-c", wrapper, quorum, "worker", "--data", "digits", "--steps",
+              "30", "--quiet", "--json"])
+    rc, out, err = p.wait(120)
+    assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+    late = [l for l in err.splitlines() if "worker 1 (pid" in l and "had not joined" in l]
+    assert len(late) == 1 and late[0].endswith("stopping it; not a failure"), err[-3000:]
+    assert "did not end well" not in err, err[-3000:]
+    assert last_json(out)["global_step"] >= 30
+    print("PASS: a worker that came after the run ended is named, not counted: %s" % late[0])
 
 elif case == "hosts":
     # 300 addresses (about 5 KiB), the last one bad: a list cut short would
