@@ -349,7 +349,10 @@ static int wait_ready(qr_worker *w, bool set) {
         uint64_t now = qr__now_ns();
         int left_ms = (int)QR_MAX(1, (int64_t)(deadline - QR_MIN(deadline, now)) / 1000000);
         uint32_t ready = 0;
-        int rc = ready_request(w, set, &ready, QR_MIN(w->timeout_ms, left_ms));
+        /* Until ps 0 is first reached, the request itself waits for it
+         * (connecting with backoff) up to the whole init-timeout-ms, so
+         * that what it says of its wait names that deadline. */
+        int rc = ready_request(w, set, &ready, reached ? QR_MIN(w->timeout_ms, left_ms) : left_ms);
         if (rc && rc != QR_EPEERLOST && rc != QR_ETIMEDOUT) return rc;
         reached |= !rc;
         if (!rc && ready) return QR_OK;
