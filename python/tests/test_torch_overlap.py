@@ -16,7 +16,7 @@ import torch
 
 import quorum
 import quorum.torch as qt
-from quorum.torch.optimizer import spare_core
+from quorum.torch.overlap import spare_core
 
 
 def mlp() -> torch.nn.Module:

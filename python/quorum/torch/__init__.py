@@ -10,7 +10,9 @@
     opt.close()
 
 A file each: optimizer.py (``Optimizer``: declares the parameters on the
-ps tasks and steps them there), options.py (torch.optim's names and
+ps tasks and steps them there), overlap.py (its communication under the
+backward pass and the data loading, and when that pays), local.py (the
+one-ps cluster of a script run alone), options.py (torch.optim's names and
 hyper-parameters as quorum's per-variable options), embedding.py
 (``Embedding``, a table on the ps tasks), buffers.py (a module's
 buffers, BatchNorm's statistics, shared on the ps tasks), data.py

@@ -22,20 +22,20 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 import torch
 
-from ..cluster import Cluster, launcher_options
 from ..errors import StaleError, StoppedError
 from ..ps import PS
 from ..worker import Request, Worker, dtype_name
 from .buffers import BUFFER_MODES, Buffers, wait_all
 from .data import DistributedSampler
 from .embedding import Embedding
-from .options import HYPER, check_keys, group_options, resolve
+from .local import start_local
+from .options import HYPER, check_keys, group_lr, group_options, resolve, setting_value
+from .overlap import grad_ready_hook, land_before_use, spare_core
 from .staging import Staging, wants_staging
 from .state import check_state, read_state, write_state
 from .summaries import Monitor, check_step_args
@@ -67,58 +67,6 @@ def _float_param(name: str, p: torch.Tensor) -> None:
                         "tensors on the CPU or a CUDA device, not %s on %s%s"
                         % (name, p.dtype, p.device,
                            "" if p.is_contiguous() else " (non-contiguous)"))
-
-
-def _local_address(address: str) -> bool:
-    """A task at this address runs on this machine: a Unix socket, or a
-    loopback TCP address."""
-    if address.startswith("unix:"):
-        return True
-    host = address.rsplit(":", 1)[0].strip("[]").lower()
-    return host in ("localhost", "localhost.", "::1") or host.startswith("127.")
-
-
-def spare_core(cluster: Cluster, local_ps: bool = False) -> Tuple[bool, int, int]:
-    """The overlap's default (overlap=None), the rule of quorum's own
-    trainer (--overlap auto, src/train/train_common.c): on when the cores
-    this process may run on outnumber what the cluster's tasks on this
-    machine use, each local worker torch's thread count (this worker's),
-    each local ps one. A task is local when its address is a Unix socket or
-    a loopback one; this worker always is, and so is a ps run in this
-    process (local_ps). Returns (on, cores, needed)."""
-    workers = cluster.addresses("worker")
-    me = cluster.task_index if cluster.job == "worker" else -1
-    nworkers = sum(1 for i, a in enumerate(workers) if _local_address(a) or i == me)
-    nps = sum(1 for a in cluster.addresses("ps") if _local_address(a))
-    if local_ps:
-        nps = max(nps, 1)
-    needed = max(nworkers, 1) * max(torch.get_num_threads(), 1) + nps
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    return cores > needed, cores, needed
-
-
-def _setting(v: Any) -> Any:
-    """A group's setting as compared between steps (a tensor by its value)."""
-    if isinstance(v, torch.Tensor):
-        return v.item()
-    if isinstance(v, list):
-        return tuple(_setting(x) for x in v)
-    return v
-
-
-def _lr_of(group: Dict[str, Any], g: int) -> float:
-    """A group's lr (a float or a one-element tensor, as torch allows),
-    checked: the ps tasks apply it as it is."""
-    lr = group["lr"]
-    try:
-        value = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError("param_groups[%d]: lr=%r is not a number" % (g, lr)) from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError("param_groups[%d]: lr=%r: the ps tasks take a finite learning rate "
-                         ">= 0" % (g, lr))
-    return value
 
 
 class Optimizer(torch.optim.Optimizer):
@@ -296,9 +244,9 @@ class Optimizer(torch.optim.Optimizer):
                 ids.append(var)
             self._group_vars.append(ids)
             self._group_options.append(options)
-            self._group_settings.append({k: _setting(v) for k, v in group.items()
+            self._group_settings.append({k: setting_value(v) for k, v in group.items()
                                          if k in HYPER and k != "lr"})
-            self._ps_lr.append(_lr_of(group, g))
+            self._ps_lr.append(group_lr(group, g))
         self._declared = True
         self._on_ps = {id(p) for _, p, _ in self.params}
         # Parameters on a GPU (or any, when asked) travel through host
@@ -348,9 +296,9 @@ class Optimizer(torch.optim.Optimizer):
         if self._hooked:
             for _, param, i in self.params:
                 param.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
-                    self._grad_ready(i))
+                    grad_ready_hook(self, i))
         if self.sync and self.module is not None:
-            self._land_before_use(self.module)
+            land_before_use(self, self.module)
         self._monitor = Monitor.for_optimizer(self)
 
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
@@ -368,51 +316,6 @@ class Optimizer(torch.optim.Optimizer):
     def lr(self) -> float:
         """The first group's learning rate."""
         return float(self.param_groups[0]["lr"])
-
-    def _grad_ready(self, var_id: int) -> Any:
-        """The hook that pushes one parameter's gradient as backprop has it,
-        its new value coming back into the parameter in the same request."""
-        ref = weakref.ref(self)
-
-        def hook(p: torch.Tensor) -> None:
-            opt = ref()
-            if opt is None or not opt.overlap or opt.stopped or p.grad is None:  # off for now
-                return
-            opt._send_lrs()  # a scheduler's lr of this step, before its first push
-            if var_id in opt._pushed:
-                # refused, not pushed again: the step keeps the first push
-                opt._pushed[var_id] = (id(p.grad), p.grad._version)
-                raise RuntimeError("quorum.torch.Optimizer(overlap=True) pushes each gradient as "
-                                   "backward produces it: call step() after each backward (or "
-                                   "use accumulate=k, or overlap=False)")
-            opt._pushed[var_id] = (id(p.grad), p.grad._version)
-            g = p.grad if not p.grad.is_sparse else p.grad.to_dense()
-            try:
-                opt._inflight.append(opt.worker.push_pull_start(
-                    {var_id: g.contiguous()}, into={var_id: p}, step=False))
-            except StoppedError as e:
-                if e.status_name != "QR_ESTOPPED":
-                    raise
-                opt.stopped, opt.stop_reason = True, str(e)
-        return hook
-
-    def _land_before_use(self, module: torch.nn.Module) -> None:
-        """Sync overlap: the values pulled after a step land before the
-        module's next forward and its state_dict() (weakly held hooks)."""
-        ref = weakref.ref(self)
-
-        def land(*_: Any) -> None:
-            opt = ref()
-            if opt is None or not opt._landing:
-                return
-            try:
-                opt.synchronize()
-            except StoppedError as e:
-                if e.status_name != "QR_ESTOPPED":
-                    raise
-                opt.stopped, opt.stop_reason = True, str(e)
-        module.register_forward_pre_hook(land)
-        module.register_state_dict_pre_hook(land)  # type: ignore[no-untyped-call]
 
     def synchronize(self) -> None:
         """The last step's values in the parameters now. Only sync overlap
@@ -438,15 +341,8 @@ class Optimizer(torch.optim.Optimizer):
     def _make_worker(self, settings: Dict[str, Any]) -> Worker:
         if os.environ.get("TF_CONFIG"):
             self._own_worker = Worker(**settings)
-            return self._own_worker
-        # Alone: one ps in this process, on a Unix socket of a private folder.
-        self._local_dir = tempfile.mkdtemp(prefix="quorum-local-")
-        ps_hosts = ["unix:%s/ps0.sock" % self._local_dir]
-        worker_hosts = ["unix:%s/w0.sock" % self._local_dir]
-        options = dict(launcher_options())
-        options.update(settings)
-        self._local_ps = PS(Cluster(ps_hosts, worker_hosts, "ps", 0), None, **options)
-        self._own_worker = Worker(Cluster(ps_hosts, worker_hosts, "worker", 0), **settings)
+        else:
+            self._local_dir, self._local_ps, self._own_worker = start_local(settings)
         return self._own_worker
 
     def _release(self) -> None:
@@ -685,7 +581,7 @@ class Optimizer(torch.optim.Optimizer):
         """Each group's lr, where it is not what the ps tasks apply, becomes
         its variables' (Worker.set_lr): every later push carries it."""
         for g, group in enumerate(self.param_groups):
-            lr = _lr_of(group, g)
+            lr = group_lr(group, g)
             if lr == self._ps_lr[g]:
                 continue
             for var in self._group_vars[g]:
@@ -708,7 +604,7 @@ class Optimizer(torch.optim.Optimizer):
         for g, group in enumerate(self.param_groups):
             declared = self._group_settings[g]
             changed = sorted(k for k in set(declared) | {k for k in group if k in HYPER}
-                             if k != "lr" and _setting(group.get(k)) != declared.get(k))
+                             if k != "lr" and setting_value(group.get(k)) != declared.get(k))
             if changed:
                 raise NotImplementedError(
                     "param_groups[%d]: %s changed (by a scheduler or by hand) from %s to %s, but "
@@ -716,7 +612,7 @@ class Optimizer(torch.optim.Optimizer):
                     "lr may change between steps (for OneCycleLR, cycle_momentum=False)"
                     % (g, ", ".join(changed),
                        ", ".join("%s=%r" % (k, declared.get(k)) for k in changed),
-                       ", ".join("%s=%r" % (k, _setting(group.get(k))) for k in changed),
+                       ", ".join("%s=%r" % (k, setting_value(group.get(k))) for k in changed),
                        self._group_options[g]))
         self._send_lrs()
 

@@ -12,7 +12,7 @@ from typing import Any, Dict, Mapping, Tuple, Union
 
 import torch
 
-__all__ = ["resolve", "group_options", "HYPER"]
+__all__ = ["resolve", "group_options", "HYPER", "setting_value", "group_lr"]
 
 # torch.optim names (and quorum's own) -> quorum's optimizers.
 _NAMES = {"sgd": "sgd", "adam": "adam", "adamw": "adamw", "adagrad": "adagrad",
@@ -147,3 +147,26 @@ def group_options(name: str, qname: str, group: Mapping[str, Any]) -> str:
     items = ["optimizer=%s" % opt] + ["%s=%s" % (k, str(v).lower() if isinstance(v, bool)
                                                  else v) for k, v in out.items()]
     return ",".join(items)
+
+
+def setting_value(v: Any) -> Any:
+    """A group's setting as compared between steps (a tensor by its value)."""
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    if isinstance(v, list):
+        return tuple(setting_value(x) for x in v)
+    return v
+
+
+def group_lr(group: Dict[str, Any], g: int) -> float:
+    """A group's lr (a float or a one-element tensor, as torch allows),
+    checked: the ps tasks apply it as it is."""
+    lr = group["lr"]
+    try:
+        value = float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError("param_groups[%d]: lr=%r is not a number" % (g, lr)) from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("param_groups[%d]: lr=%r: the ps tasks take a finite learning rate "
+                         ">= 0" % (g, lr))
+    return value
