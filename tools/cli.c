@@ -271,6 +271,10 @@ int cli_parse(const char *cmd, int argc, char **argv, unsigned accept, cli_args 
         if (rc) return rc;
     }
     int rc = (accept & (CLI_TRAIN | CLI_LOCAL)) ? check_mode(cmd, a, accept) : 0;
+    if (!rc && (accept & (CLI_TRAIN | CLI_LOCAL)) && cli_click_defaults(a)) {
+        fprintf(stderr, "quorum %s: the click model's defaults: %s\n", cmd, qr_last_error());
+        rc = 2;
+    }
     if (!rc && (accept & CLI_LAUNCH))
         rc = check_slow_worker(cmd, a, a->launch_workers ? a->launch_workers : 1);
     return rc;

@@ -61,6 +61,12 @@ bool cli_train_flag_at(int i, const char **name, bool *is_bool, unsigned *groups
                        const char **mode);
 /* The help lines of the training flags of the groups in `accept`. */
 void cli_print_train_help(FILE *f, unsigned accept);
+/* The click models' own defaults (docs/EMBEDDINGS.md, "Defaults"), for
+ * what the command line left out: batch 256, 3 epochs (logreg) or 2
+ * (wide-deep, hidden 64,32), and, unless --optimizer or --lr was given,
+ * Adagrad at lr 0.3 (wide-deep's embedding table at 0.05), which the
+ * chief declares as the variables' own options. QR_OK, or an error. */
+int cli_click_defaults(cli_args *a);
 
 /* report.c: what a training run shows. */
 typedef struct cli_progress {

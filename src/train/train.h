@@ -52,6 +52,9 @@ typedef struct qr_train_opts {
     /* "NAME:key=value,...": a variable's own optimizer options */
     int nvar_opts;
     const char *var_opt[QR_TRAIN_MAX_VAR_OPTS];
+    /* click models: the variables no var_opt names get the model's own
+     * optimizer options (train_ctr.c; neither --optimizer nor --lr given) */
+    bool model_optimizer;
     int virtual_workers;        /* workers simulated by qr_train_local */
     /* A worker's communication under its compute (train.c, "Overlap"):
      * 1 on, 0 off, -1 (the default) on when this machine has a core to

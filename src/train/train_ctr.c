@@ -142,6 +142,18 @@ static void sample(ctr_run *r, int64_t *pick, int n) {
     for (int i = 0; i < n; i++) pick[i] = (int64_t)qr_rng_below(&r->rng, (uint64_t)r->train.n);
 }
 
+/* A variable's optimizer options: those --var-opt gives it, else the
+ * model's own when it trains with them (cli_click_defaults: Adagrad at
+ * 0.3, wide-deep's embedding table at 0.05, whatever the ps was started
+ * with), else none (the ps's). */
+static const char *var_opts(const ctr_run *r, const char *name) {
+    const char *given = qr__train_var_opts_of(r->o, name);
+    if (given[0] || !r->o->model_optimizer) return given;
+    if (!strcmp(r->o->model, "wide-deep") && !strcmp(name, "embedding"))
+        return "optimizer=adagrad,lr=0.05";
+    return "optimizer=adagrad,lr=0.3";
+}
+
 static int declare(ctr_run *r) {
     r->ntables = qr_ctr_model_num_tables(r->model);
     r->ndense = qr_ctr_model_num_dense(r->model);
@@ -155,7 +167,7 @@ static int declare(ctr_run *r) {
         /* a table's seed: past any dense variable's */
         int rc = qr_worker_declare_table(r->w, name, r->table_dim[j], init,
                                          qr__train_param_seed(r->o, 100 + j),
-                                         qr__train_var_opts_of(r->o, name), &r->table_id[j]);
+                                         var_opts(r, name), &r->table_id[j]);
         if (rc) return rc;
     }
     for (int i = 0; i < r->ndense; i++) {
@@ -165,7 +177,7 @@ static int declare(ctr_run *r) {
         qr_ctr_model_dense_info(r->model, i, &name, &ndim, shape, &init);
         int rc = qr_worker_declare_opts(r->w, name, ndim, shape, init,
                                         qr__train_param_seed(r->o, i),
-                                        qr__train_var_opts_of(r->o, name), &r->dense_id[i]);
+                                        var_opts(r, name), &r->dense_id[i]);
         if (!rc && r->o->wire_dtype != QR_FLOAT32)
             rc = qr_worker_set_dtype(r->w, r->dense_id[i], r->o->wire_dtype, QR_FLOAT32);
         if (rc) return rc;

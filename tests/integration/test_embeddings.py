@@ -3,7 +3,8 @@ its default click set, and `quorum launch` trains the click models on it
 with their tables sharded over 2 ps, each to within 0.01 of the hidden
 model's test AUC (meta.json). Usage:
     test_embeddings.py QUORUM_BINARY VENV_PYTHON train|checkpoint
-train       logreg and wide-deep, async and sync
+train       logreg and wide-deep, async and sync, and with the click
+            models' defaults (no flag but --model)
 checkpoint  a run with --checkpoint-dir: the tables are in the shards
             (read back with the safetensors library), `quorum ckpt verify`
             accepts them, and a second run restores them and goes on"""
@@ -21,9 +22,12 @@ quorum, venv_python, case = sys.argv[1], sys.argv[2], sys.argv[3]
 work = tempfile.mkdtemp(prefix="qr-embed-")
 
 
-def launch(args, timeout=300):
-    proc = Proc([quorum, "launch", "--ps", "2", "--workers", "2", "--data", data,
-                 "--optimizer", "adagrad", "--batch-size", "256", "--json", "--quiet"] + args)
+def launch(args, timeout=300, defaults=False):
+    """A run with Adagrad at batch 256 given (the click models' defaults
+    since; defaults=True gives nothing but args)."""
+    given = [] if defaults else ["--optimizer", "adagrad", "--batch-size", "256"]
+    proc = Proc([quorum, "launch", "--ps", "2", "--workers", "2", "--data", data, "--json",
+                 "--quiet"] + given + args)
     rc, out, err = proc.wait(timeout=timeout)
     assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
     return last_json(out)
@@ -55,8 +59,14 @@ try:
             "logreg accum 2": ["--model", "logreg", "--lr", "0.6", "--epochs", "3",
                                "--accumulate", "2"],
         }
+        # The click models' own defaults (cli_click_defaults): the model
+        # and the data only.
+        runs["logreg defaults"] = ["--model", "logreg"]
+        runs["wide-deep defaults"] = ["--model", "wide-deep"]
         for name, args in runs.items():
-            s = launch(args)
+            s = launch(args, defaults=name.endswith("defaults"))
+            if name.endswith("defaults"):
+                assert s["optimizer"] == "adagrad" and s["batch_size"] == 256, s
             print("%-16s test AUC %.4f (hidden %.4f), log loss %.4f, %.0f examples/s" %
                   (name, s["test_auc"], hidden, s["test_logloss"], s["examples_per_sec"]))
             assert s["ps"] == 2 and "test_logloss" in s
