@@ -17,6 +17,12 @@ bool qr__config_is_set(const qr_config *cfg, const char *key);
 /* Copy every explicitly set key of src into dst. */
 int qr__config_merge(qr_config *dst, const qr_config *src);
 
+/* Check ps-replicas against the number of ps tasks (a copy per ps at
+ * most) and the options it cannot go with yet (sync mode, checkpoints),
+ * and resolve it (copies may be NULL). The ps checks it when it starts
+ * (ps/replica.c), and `quorum launch` before it starts any process. */
+int qr_replicas_check_config(const qr_config *cfg, int nps, int *copies);
+
 /* Check the synchronous-replica options against the number of workers
  * (R >= 1, init-tokens >= R - N) and resolve R and init-tokens (either
  * output may be NULL). A ps resolves them with it when it starts (ps/sync.c),

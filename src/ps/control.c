@@ -53,6 +53,12 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         ps->coordinator_lost_ns = 0;
         ps->coordinator_heard_ns = qr__now_ns(); /* its beats are due from now on */
     }
+    if (m.role == QR_ROLE_REPLICA && qr__replica_hello(p, &m)) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "%s: %s", ps->name, qr_last_error());
+        qr__peer_reply_error(p, f, QR_EINVAL, msg);
+        return;
+    }
     p->role = (int)m.role;
     if (m.role == QR_ROLE_WORKER) {
         p->worker_index = (int)m.task_index;
@@ -123,6 +129,7 @@ static void stats_message(ps_peer *p, const qr_frame *f) {
     if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
     if (ps->index == 0) qr__ckpt_stats_json(ps, j);
     tables_stats_json(ps, j);
+    qr__replica_stats_json(ps, j);
     char *text = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     qr_wbuf out = {0};

@@ -120,11 +120,13 @@ static bool same_kind(const qr_var *o, const qr_msg_create_var *m) {
 /* A variable that exists already by id or name must be this one exactly
  * (the same id, name, shape and options), named once in the request.
  * want: the record's shape as text. */
-static int check_existing(qr_ps *ps, qr_var *o, const qr_msg_create_var *m, const char *name,
+static int check_existing(ps_peer *p, qr_var *o, const qr_msg_create_var *m, const char *name,
                           const char *opts, const int64_t *shape, const char *want) {
+    qr_ps *ps = p->ps;
+    const qr_store *store = qr__peer_store(p);
     char have[128];
     qr_shape_str(o->ndim, o->shape, have, sizeof have);
-    if (o != qr_store_get(&ps->store, m->id) || o != qr_store_find_name(&ps->store, name) ||
+    if (o != qr_store_get(store, m->id) || o != qr_store_find_name(store, name) ||
         o->ndim != (int)m->ndim || memcmp(o->shape, shape, sizeof o->shape) ||
         strcmp(o->options, opts) || !same_kind(o, m))
         return qr__fail(QR_EEXIST, "CREATE: variable '%s' %s (id %u, options '%s') "
@@ -194,7 +196,6 @@ typedef struct create_plan {
 
 /* Decode record i, check it, and make (or match) its variable. */
 static int plan_record(ps_peer *p, const qr_frame *f, qr_rbuf *r, uint32_t i, create_plan *plan) {
-    qr_ps *ps = p->ps;
     qr_msg_create_var m;
     qr_msg_create_bad bad = qr_msg_get_create_var(r, &m);
     char name[QR_PROTO_MAX_NAME + 1], opts[QR_MSG_MAX_OPTIONS + 1], want[128];
@@ -210,11 +211,12 @@ static int plan_record(ps_peer *p, const qr_frame *f, qr_rbuf *r, uint32_t i, cr
         return qr__fail(QR_EPROTO, "CREATE: variable '%s' %s needs %llu bytes of initial "
                         "values but the payload has %llu bytes in all", name, want,
                         (unsigned long long)bytes, (unsigned long long)f->payload_len);
-    qr_var *old = qr_store_get(&ps->store, m.id);
-    if (!old) old = qr_store_find_name(&ps->store, name);
+    qr_store *store = qr__peer_store(p);
+    qr_var *old = qr_store_get(store, m.id);
+    if (!old) old = qr_store_find_name(store, name);
     if (old) {
         /* Created already (a restarted chief): keep its values. */
-        if ((rc = check_existing(ps, old, &m, name, opts, shape, want))) return rc;
+        if ((rc = check_existing(p, old, &m, name, opts, shape, want))) return rc;
         if (plan->check_only) return QR_OK;
         plan->described += bytes;
         plan->largest_existing = QR_MAX(plan->largest_existing, bytes);
@@ -259,6 +261,15 @@ int qr__create_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return rc;
 }
 
+/* A CREATE's answer, once the backup has applied it (qr_repl_answer_cb). */
+static void answer_created(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                           const char *msg) {
+    (void)ctx;
+    if (!p) return;
+    if (status) qr__peer_reply_error(p, req, status, msg);
+    else qr__peer_reply(p, req, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
+
 void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     char msg[400];
@@ -275,7 +286,7 @@ void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     for (int i = 0; i < p->ncreated; i++) {
         qr_var *v = p->created[i];
         if (v->average) memcpy(v->average->data, v->value->data, (size_t)v->n * sizeof(float));
-        if (qr_store_add(&ps->store, v)) {
+        if (qr_store_add(qr__peer_store(p), v)) {
             snprintf(msg, sizeof msg, "%s: CREATE: %s", ps->name, qr_last_error());
             /* The store has the ones before i; the rest are still ours. */
             memmove(p->created, p->created + i, (size_t)(p->ncreated - i) * sizeof *p->created);
@@ -294,5 +305,12 @@ void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     free(p->created);
     p->created = NULL;
     p->ncreated = 0;
+    /* With a backup, the chief hears once the backup has the variables
+     * too (replica.c); a replica link's CREATE is that backup's copy. */
+    if (qr__replica_on(ps) && p->role != QR_ROLE_REPLICA && !(f->flags & QR_CREATE_CHECK_ONLY)) {
+        qr__replica_forward_create(p, f, meta);
+        qr__replica_wait(p, f, answer_created, NULL);
+        return;
+    }
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
 }

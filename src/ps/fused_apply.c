@@ -87,6 +87,9 @@ bool qr__fused_eligible(const qr_ps *ps, const push_item *it, bool delta) {
     /* A bf16/fp16 gradient is widened once it is all in, never applied as
      * it arrives. */
     if (qr__fused_of(ps, v) || ps->staleness_lr_scale || it->dtype != QR_FLOAT32) return false;
+    /* With a backup (--ps-replicas 2) the gradient itself is forwarded and
+     * the push answered after the backup's apply: nothing to gain here. */
+    if (qr__replica_on(ps)) return false;
     return (uint64_t)v->n * sizeof(float) >= QR_FUSED_MIN_BYTES && sgd_like(ps, it, delta);
 }
 

@@ -119,9 +119,7 @@ static void on_retry(uv_timer_t *t) {
 }
 
 static void retry_later(coord_link *l) {
-    uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
-    l->attempts++;
-    uv_timer_start(&l->retry, on_retry, ms, 0);
+    uv_timer_start(&l->retry, on_retry, qr__link_backoff_ms(&l->attempts), 0);
 }
 
 static void link_connect(coord_link *l) {

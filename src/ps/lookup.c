@@ -108,6 +108,14 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     qr_table_evict_idle(t);
+    /* The backup replays the sightings (replica.c); the answer does not
+     * wait for it: a row's values come from (seed, id) alone. */
+    if (qr__replica_on(ps) && !(f->flags & QR_LOOKUP_READ_ONLY)) {
+        qr_msg_repl_head head = {.t = ps->applied_steps};
+        repl_forward *fw = qr__replica_begin(ps, &head);
+        qr__replica_add(fw, v->id, QR_REPL_LOOKUP, 0, ids, (uint64_t)n * 8);
+        qr__replica_send(ps, fw);
+    }
     ps->metrics.rows_added += added;
     ps->metrics.rows_looked_up += (uint64_t)n;
     qr_wbuf head = {0};

@@ -171,6 +171,12 @@ static void render_tables(const qr_ps *ps, FILE *f) {
     family(f, "quorum_table_rows_pushed_total", "counter",
            "Distinct rows updated by sparse pushes and sync steps.",
            (double)ps->metrics.rows_pushed);
+    family(f, "quorum_duplicate_pushes_total", "counter",
+           "Pushes of a (worker, seq) applied here already: answered, not applied again "
+           "(--ps-replicas 2).", (double)ps->replica.duplicate_pushes);
+    family(f, "quorum_replica_forwards_total", "counter",
+           "Updates forwarded to this ps's backup (--ps-replicas 2).",
+           (double)ps->replica.forwards);
 }
 
 /* Connections: open, refused, evicted, and the handshakes refused by reason. */

@@ -109,8 +109,14 @@ int qr__peer_check_small(const qr_frame *f, uint32_t meta_len) {
     return QR_OK;
 }
 
+uint64_t qr__link_backoff_ms(int *attempts) {
+    uint64_t ms = QR_MIN(1000ull, 10ull << QR_MIN(*attempts, 7));
+    (*attempts)++;
+    return ms;
+}
+
 int qr__peer_lookup(ps_peer *p, const char *what, uint32_t id, qr_var **out) {
-    qr_var *v = qr_store_get(&p->ps->store, id);
+    qr_var *v = qr_store_get(qr__peer_store(p), id);
     if (!v)
         return qr__fail(p->ps->ready ? QR_ENOTFOUND : QR_ENOTREADY,
                         "%s: no variable with id %u on this ps%s", what, id,

@@ -37,6 +37,12 @@
  *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
+ *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
+ *             (k+1) mod P, each CREATE, applied async push and LOOKUP
+ *             forwarded in apply order, answers held until the backup has
+ *             applied; the backup's store of ps k's shard, REPLICATE
+ *             checked and applied with the same kernels; duplicate pushes;
+ *             the shards' digests
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
  *             BEAT travel on them, each request with the callback of its
  *             answer; they see a ps die, hang and come back
@@ -99,6 +105,7 @@ typedef struct push_item {
                        * (qr__grad_widen), and a pull's values go back so */
     float lr;         /* the learning rate its push carried (QR_PUSH_LR), used
                        * as is; QR_MSG_PUSH_LR_NONE: the ps's own (qr__ps_lr) */
+    float applied_lr; /* the learning rate it was applied with (replica.c forwards it) */
     bool to_spare;    /* computed into the variable's spare, then swapped in */
     /* Applied as it arrives (fused_apply.c): it has its own receive
      * buffer, which holds the variable's next value once all is in:
@@ -200,7 +207,8 @@ typedef struct ps_peer {
     qr_conn *conn;
     struct ps_peer *prev, *next;
     int worker_index; /* from HELLO; -1 until then */
-    int role;         /* from HELLO: 1 worker, 2 ps 0's coordinator link */
+    int role;         /* from HELLO: 1 worker, 2 ps 0's coordinator link, 3 a primary's
+                       * replica link (its CREATEs and REPLICATEs go to ps->replica.store) */
     /* An error found while the request's meta was checked; sent once the
      * (discarded) payload has been read. */
     int err;
@@ -216,6 +224,7 @@ typedef struct ps_peer {
     bool evicted;         /* closed to make room at max-connections */
     int beat_worker;      /* the worker whose heartbeats come here; -1 */
     uint64_t header_ns;   /* when the current request's header arrived */
+    qr_msg_repl_head repl; /* REPLICATE (role QR_ROLE_REPLICA): the head being received */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -448,6 +457,42 @@ typedef struct ps_metrics {
     bool closing;
 } ps_metrics;
 
+/* Replication (replica.c, docs/REPLICATION.md). With ps-replicas 2 this
+ * ps is the primary of its own shard, copied to ps `backup`, and the
+ * backup of ps `primary`'s shard, held in `store`, apart from its own. */
+typedef struct repl_forward repl_forward;
+typedef struct repl_wait repl_wait;
+typedef struct repl_last {
+    uint32_t seq;   /* the worker's last push applied here */
+    int64_t answer; /* the step it was answered with */
+    bool any;
+} repl_last;
+typedef struct ps_replica {
+    int copies;            /* ps-replicas: 1 (off) or 2 */
+    int backup, primary;   /* (index + 1) mod P, (index - 1) mod P; -1 when off */
+    /* primary: the link to the backup, the forwards it has not applied
+     * yet (sent, or waiting for the link), the answers waiting for them */
+    qr_addr addr;
+    qr_conn *conn;
+    bool connecting, up, closing, retry_on;
+    uv_timer_t retry;
+    int attempts;
+    uint32_t next_id;      /* request ids on the link */
+    uint64_t next_fwd;     /* the number the next forward takes (from 1) */
+    uint64_t acked;        /* every forward up to this one is applied there */
+    repl_forward *fwd_head, *fwd_tail;
+    repl_wait *wait_head, *wait_tail;
+    repl_last *last;       /* [workers]: duplicates are answered, not applied */
+    uint64_t forwards, duplicate_pushes;
+    /* backup */
+    qr_store store;        /* the copy of ps `primary`'s shard */
+    uint64_t primary_incarnation; /* the run of the primary whose forwards it holds */
+    uint64_t applied_fwd;  /* the last forward applied: a resent one is answered only */
+    uint64_t applied;      /* forwards applied */
+    repl_last *backup_last; /* [workers]: the primary's record, as forwarded */
+    bool digests_logged;
+} ps_replica;
+
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
 #define QR_STALENESS_BUCKETS 9
 
@@ -543,7 +588,13 @@ struct qr_ps {
     ps_ckpt ckpt;
     ps_liveness liveness;
     ps_metrics metrics;
+    ps_replica replica;
 };
+
+/* ps-replicas 2: this ps forwards what it applies to its backup. */
+static inline bool qr__replica_on(const qr_ps *ps) {
+    return ps->replica.copies > 1;
+}
 
 /* Does a worker index read off the wire name one of n workers? Compared
  * unsigned: cast to int, indices of 2^31 and up would pass as negative. */
@@ -596,6 +647,11 @@ void qr__peer_reply_step(ps_peer *p, const qr_frame *req, int64_t step);
  * set the message); on_message answers it once the payload has gone by. */
 void qr__peer_hold_error(ps_peer *p, int status);
 
+/* peer.c: the wait before a link to another ps (ps 0's links, a
+ * primary's replica link) is remade: 10 ms doubling to 1 s with each
+ * attempt (*attempts counts them; the caller zeroes it once up). */
+uint64_t qr__link_backoff_ms(int *attempts);
+
 /* peer.c: request checks, each a qr__fail with a message naming the
  * request and the problem. */
 /* A list of count variables: 1..QR_PROTO_MAX_ITEMS. */
@@ -640,8 +696,9 @@ void qr__pull_reply_items(ps_peer *p, const qr_frame *f, const push_item *items,
                           bool averages, const qr_wbuf *head);
 
 /* rows.c: a sparse item's ids are rows of its dense variable, or ids of
- * its table placed on this ps; otherwise msg says which is not (QR_EINVAL). */
-int qr__rows_check(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz);
+ * its table placed on ps `shard` (this ps; a backup: its primary);
+ * otherwise msg says which is not (QR_EINVAL). */
+int qr__rows_check(const qr_ps *ps, int shard, const push_item *it, char *msg, size_t msgsz);
 /* rows.c: apply summed sparse rows (rows.h) to v, a table or the rows of
  * a dense variable: its optimizer at step t (Adam's t) with the learning
  * rate pushed_lr (a push's, QR_PUSH_LR), or when it is negative the ps's
@@ -662,6 +719,53 @@ void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 int qr__create_table(const qr_optim *opt, qr_var *v, const qr_msg_create_var *m);
 /* Free the variables a CREATE made and has not stored yet. */
 void qr__create_drop(ps_peer *p);
+
+/* replica.c: ps-replicas 2 (docs/REPLICATION.md). */
+/* Read ps-replicas (checked against the cluster and the other options). */
+int qr__replica_init(qr_ps *ps);
+/* Once the loop runs: the primary opens its link to the backup. */
+int qr__replica_start(qr_ps *ps);
+void qr__replica_stop(qr_ps *ps);
+void qr__replica_close(qr_ps *ps);
+void qr__replica_free(qr_ps *ps);
+/* The store a peer's requests name: a replica link's is the backup's. */
+static inline qr_store *qr__peer_store(ps_peer *p) {
+    return p->role == QR_ROLE_REPLICA ? &p->ps->replica.store : &p->ps->store;
+}
+/* A HELLO of role QR_ROLE_REPLICA: from this ps's primary? (the error set) */
+int qr__replica_hello(ps_peer *p, const qr_msg_hello *m);
+/* (worker, seq) was applied here already: *answer, the step it was
+ * answered with. Any index off the wire. */
+bool qr__replica_duplicate(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t *answer);
+/* Forwarding, primary side, in apply order: begin, add each item (its
+ * bytes copied), send. A LOOKUP's sightings: one item of kind
+ * QR_REPL_LOOKUP. An allocation failure aborts the run (the copies would
+ * differ). */
+repl_forward *qr__replica_begin(qr_ps *ps, const qr_msg_repl_head *head);
+void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, const void *data,
+                     uint64_t nbytes);
+void qr__replica_send(qr_ps *ps, repl_forward *fw);
+/* A CREATE applied here: the same meta, payload = each dense variable's
+ * values in record order, applied on the backup by create.c. */
+void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* The push (worker, seq) was applied here and answered with `answer`. */
+void qr__replica_applied(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t answer);
+/* The answer to request f of p waits until the backup has applied every
+ * forward sent so far (at once when it has): cb then answers it (status
+ * QR_OK), or says why not; p NULL: the peer is gone (cb frees ctx). */
+typedef void (*qr_repl_answer_cb)(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                                  const char *msg);
+void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx);
+void qr__replica_peer_lost(ps_peer *p);
+/* REPLICATE, on the backup. */
+int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* A store's params digest: FNV-1a of every dense variable's values in id
+ * order (the trainer's params_digest), then every table row's id and
+ * values in the table's order. */
+uint64_t qr__store_digest(const qr_store *s);
+/* The copies' statistics: per shard held, its role and digest. */
+void qr__replica_stats_json(qr_ps *ps, struct cJSON *obj);
 
 /* control.c: HELLO, READY, STEP, STATS. */
 int qr__control_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -18,6 +18,12 @@
  *            new value, assigned (added, in a delta push)
  *   count    a step push advances the steps applied here, the moving
  *            averages, and on ps 0 the global step and the worker's clock
+ *   forward  with --ps-replicas 2, the push as applied goes to the backup
+ *            (replica.c), and the answer waits until the backup has
+ *            applied it: no early acknowledgement then, and no apply on
+ *            arrival (fused_apply.c), since the backup must apply the
+ *            gradient itself; a push of a (worker, seq) applied already
+ *            is answered as it was, not applied again
  * Nothing else is served until the apply is done (one loop thread), so
  * every later request of every worker sees it.
  */
@@ -201,7 +207,7 @@ static int check_items(ps_peer *p, const qr_frame *f, push_apply *a) {
     char msg[400];
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
-        int rc = it->nrows >= 0 ? qr__rows_check(ps, it, msg, sizeof msg) : QR_OK;
+        int rc = it->nrows >= 0 ? qr__rows_check(ps, ps->index, it, msg, sizeof msg) : QR_OK;
         if (rc) {
             qr__peer_reply_error(p, f, rc, msg);
             return rc;
@@ -290,6 +296,8 @@ static int staleness_bucket(uint64_t s) {
  * apply, or the rows are added (delta). */
 static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     qr_var *v = it->var;
+    /* as qr__rows_apply picks it, for the backup (replica.c) */
+    it->applied_lr = it->lr >= 0 ? it->lr : qr__ps_lr(ps, v, qr__var_optim(ps, v), t - 1);
     row_sum sum;
     int rc = row_sum_init(&sum, v->shape[v->ndim - 1], (uint64_t)it->nrows);
     if (!rc) rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows),
@@ -317,6 +325,7 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
         float lr = qr__item_lr(ps, it, opt, t - 1);
         if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
         *lr_used = lr;
+        it->applied_lr = lr;
         rc = it->to_spare ? qr_optim_apply_dense_to(opt, out, v->value->data, g, v->n, lr)
                           : qr_optim_apply_dense(opt, v->slots, out, g, v->n, lr, t);
     }
@@ -379,6 +388,73 @@ static int count_step(ps_peer *p) {
     return QR_OK;
 }
 
+/* ---- forward ------------------------------------------------------------- */
+
+/* A push's answer kept until its backup has applied it: the step, and
+ * for a fused push-and-pull the dense variables whose values it brings
+ * (as they are when it is answered, which this push's update is in). */
+typedef struct push_answer {
+    int64_t step;
+    bool values;
+    int nitems;
+    push_item items[];
+} push_answer;
+
+static void answer_push(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    push_answer *a = ctx;
+    if (p && status) {
+        qr__peer_reply_error(p, req, status, msg);
+    } else if (p && a->values) {
+        qr_wbuf head = {0};
+        qr_msg_put_step(&head, a->step);
+        qr__pull_reply_items(p, req, a->items, a->nitems, false, &head);
+        qr_wbuf_free(&head);
+    } else if (p) {
+        qr__peer_reply_step(p, req, a->step);
+    }
+    free(a);
+}
+
+/* Answer f with `step` once the backup has applied everything forwarded
+ * so far. */
+static void answer_after_backup(ps_peer *p, const qr_frame *f, int64_t step) {
+    bool values = f->flags & QR_PUSH_REPLY_VALUES;
+    int n = values ? p->nitems : 0;
+    push_answer *a = malloc(sizeof *a + (size_t)n * sizeof a->items[0]);
+    if (!a) {
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory keeping a push's answer");
+        return;
+    }
+    a->step = step;
+    a->values = values;
+    a->nitems = 0;
+    for (int i = 0; i < n; i++)
+        if (!p->items[i].var->table && p->items[i].nrows < 0) a->items[a->nitems++] = p->items[i];
+    qr__replica_wait(p, f, answer_push, a);
+}
+
+/* The applied push, as applied, to the backup. */
+static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t answer) {
+    qr_ps *ps = p->ps;
+    qr_msg_repl_head head = {.flags = f->flags & (QR_PUSH_STEP | QR_PUSH_DELTA),
+                             .worker = p->push_worker, .seq = p->push_seq, .t = a->t,
+                             .answer = answer};
+    repl_forward *fw = qr__replica_begin(ps, &head);
+    for (int i = 0; i < p->nitems; i++) {
+        const push_item *it = &p->items[i];
+        if (it->skip) continue;
+        uint64_t bytes = it->nrows >= 0
+                             ? (uint64_t)it->nrows * (8 + 4 * (uint64_t)it->var->shape[it->var->ndim - 1])
+                             : (uint64_t)it->var->n * 4;
+        float lr = a->delta || it->var->non_trainable ? 0 : it->applied_lr;
+        qr__replica_add(fw, it->var->id, it->nrows >= 0 ? QR_REPL_SPARSE : QR_REPL_DENSE, lr,
+                        it->data, bytes);
+    }
+    qr__replica_send(ps, fw);
+    qr__replica_applied(ps, p->push_worker, p->push_seq, answer);
+}
+
 /* ---- the push ------------------------------------------------------------- */
 
 void qr__push_message(ps_peer *p, const qr_frame *f) {
@@ -387,12 +463,19 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
     /* Applied (this function again) when the checkpoint's cut is decided. */
     if (qr__ckpt_park(p, f, qr__push_message)) return;
+    int64_t answer;
+    if (qr__replica_duplicate(ps, p->push_worker, p->push_seq, &answer)) {
+        qr__log(QR_LOG_DEBUG, "push (worker %u, seq %u) was applied already: answered, not "
+                "applied again", p->push_worker, p->push_seq);
+        answer_after_backup(p, f, answer);
+        return;
+    }
     if (check_items(p, f, &a) || prepare_tensors(p, f, &a)) {
         qr__recv_pool_put(&ps->recv_pool, a.wide, a.wide_cap);
         return;
     }
     bool values = f->flags & QR_PUSH_REPLY_VALUES;
-    a.ack_first = can_ack_first(p) && !values;
+    a.ack_first = can_ack_first(p) && !values && !qr__replica_on(ps);
     if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
     int rc = QR_OK;
     for (int i = 0; i < p->nitems && !rc; i++)
@@ -413,8 +496,14 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    if (values) qr__pull_reply_values(p, f, false, &ps->global_step);
-    else if (!a.ack_first) qr__peer_reply_step(p, f, ps->global_step);
+    if (qr__replica_on(ps)) {
+        forward(p, f, &a, ps->global_step);
+        answer_after_backup(p, f, ps->global_step);
+    } else if (values) {
+        qr__pull_reply_values(p, f, false, &ps->global_step);
+    } else if (!a.ack_first) {
+        qr__peer_reply_step(p, f, ps->global_step);
+    }
 }
 
 void qr__push_stats_json(const qr_ps *ps, cJSON *j) {

@@ -137,16 +137,16 @@ int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t, floa
 /* A sparse item's row indices: in range of a dense variable, or ids of a
  * table placed on this ps. Run on async pushes (push.c) and sync ones
  * (sync.c) before anything is applied. */
-int qr__rows_check(const qr_ps *ps, const push_item *it, char *msg, size_t msgsz) {
+int qr__rows_check(const qr_ps *ps, int shard, const push_item *it, char *msg, size_t msgsz) {
     if (it->var->table) {
         for (int64_t k = 0; k < it->nrows; k++) {
             int64_t id;
             memcpy(&id, it->data + 8 * k, 8);
             int home = qr_place_row(id, ps->cluster->nps);
-            if (home != ps->index) {
+            if (home != shard) {
                 snprintf(msg, msgsz, "%s: PUSH: rows of table '%s': id %lld is placed on ps "
-                         "%d, not here; nothing was applied", ps->name, it->var->name,
-                         (long long)id, home);
+                         "%d, not %s; nothing was applied", ps->name, it->var->name,
+                         (long long)id, home, shard == ps->index ? "here" : "its shard here");
                 return QR_EINVAL;
             }
         }

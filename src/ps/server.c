@@ -113,6 +113,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_LEAVE] = {NULL, qr__liveness_leave, false, false},
     [QR_MSG_SAVE] = {NULL, qr__ckpt_save_message, false, true},
     [QR_MSG_SLOTS] = {qr__slots_header, qr__slots_message, false, true},
+    [QR_MSG_REPLICATE] = {qr__replica_header, qr__replica_message, false, true},
 };
 
 static const ps_handler *handler_of(unsigned type) {
@@ -130,6 +131,11 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
                         qr__ps_stop_reason(p->ps));
     const ps_handler *h = handler_of(f->type);
     if (!h) return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
+    /* A replica link names the backup's store: only the copy travels there. */
+    if (p->role == QR_ROLE_REPLICA && f->type != QR_MSG_CREATE &&
+        f->type != QR_MSG_REPLICATE && f->type != QR_MSG_STATS && f->type != QR_MSG_STOP)
+        return qr__fail(QR_EPROTO, "a replica link carries CREATE and REPLICATE, not %s",
+                        qr_msg_name(f->type));
     return h->check ? h->check(p, f, meta) : qr__peer_check_small(f, 0);
 }
 
@@ -308,6 +314,7 @@ static void on_lost(qr_conn *c, int status) {
     if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
     if (ps->sync.on) qr__sync_peer_lost(p);
     if (!ps->sync.on && ps->index == 0) qr__bound_peer_lost(p);
+    qr__replica_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
     else ps->peers = p->next;
     if (p->next) p->next->prev = p->prev;
@@ -334,6 +341,7 @@ static void close_run_handles(qr_ps *ps) {
     qr__liveness_close(ps);
     qr__metrics_close(ps);
     qr__links_close(ps);
+    qr__replica_close(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_close(ps);
     qr__bound_close(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
@@ -371,6 +379,7 @@ static void begin_stop(qr_ps *ps) {
     if (ps->stop_begun) return;
     ps->stop_begun = ps->stopping = true;
     qr__links_stop(ps);
+    qr__replica_stop(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
     if (ps->sync.on)
         qr__sync_stop(ps, ps->exit_status ? ps->exit_status : QR_ESTOPPED, qr__ps_stop_reason(ps));
@@ -541,6 +550,7 @@ static void free_run(qr_ps *ps) {
     qr__sync_free(ps);
     qr__bound_free(ps);
     qr__links_free(ps);
+    qr__replica_free(ps);
     qr__recv_pool_free(&ps->recv_pool);
     qr__ckpt_free(ps);
     qr__liveness_free(ps);
@@ -573,6 +583,7 @@ static int start_run(qr_ps *ps) {
     int rc = qr_optim_create(&ps->optim, ps->cfg);
     if (!rc) rc = qr__sync_init(ps);
     if (!rc) rc = read_options(ps);
+    if (!rc) rc = qr__replica_init(ps);
     if (!rc) rc = qr__ckpt_init(ps);
     if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
@@ -582,6 +593,7 @@ static int start_run(qr_ps *ps) {
     if (!rc) rc = qr__liveness_init(ps);
     if (!rc) rc = qr__metrics_init(ps);
     if (!rc) rc = start_listening(ps);
+    if (!rc) rc = qr__replica_start(ps);
     return rc;
 }
 

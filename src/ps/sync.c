@@ -149,7 +149,7 @@ int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     }
     for (int i = 0; i < sp->nitems; i++) {
         push_item *it = &sp->items[i];
-        if (it->nrows >= 0 && qr__rows_check(ps, it, msg, len)) {
+        if (it->nrows >= 0 && qr__rows_check(ps, ps->index, it, msg, len)) {
             qr__sync_push_free(ps, sp);
             return QR_EINVAL;
         }

@@ -28,7 +28,7 @@ void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
     qr_wbuf_u32(b, m->role);
     qr_wbuf_u32(b, m->task_index);
     qr_wbuf_u32(b, m->mode);
-    if (m->role == QR_ROLE_COORDINATOR) {
+    if (m->role == QR_ROLE_COORDINATOR || m->role == QR_ROLE_REPLICA) {
         qr_wbuf_u64(b, m->incarnation);
         qr_wbuf_i64(b, m->restored_step);
         qr_wbuf_u64(b, m->cause);
@@ -38,7 +38,9 @@ void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
 uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len) {
     qr_rbuf r;
     qr_rbuf_init(&r, meta, meta_len);
-    return qr_rbuf_u32(&r) == QR_ROLE_COORDINATOR ? QR_MSG_HELLO_COORD_LEN : QR_MSG_HELLO_LEN;
+    uint32_t role = qr_rbuf_u32(&r);
+    return role == QR_ROLE_COORDINATOR || role == QR_ROLE_REPLICA ? QR_MSG_HELLO_COORD_LEN
+                                                                  : QR_MSG_HELLO_LEN;
 }
 
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
@@ -48,11 +50,45 @@ void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
     m->incarnation = 0;
     m->restored_step = -1;
     m->cause = 0;
-    if (m->role == QR_ROLE_COORDINATOR) {
+    if (m->role == QR_ROLE_COORDINATOR || m->role == QR_ROLE_REPLICA) {
         m->incarnation = qr_rbuf_u64(r);
         m->restored_step = qr_rbuf_i64(r);
         m->cause = qr_rbuf_u64(r);
     }
+}
+
+void qr_msg_put_repl_head(qr_wbuf *b, const qr_msg_repl_head *m) {
+    qr_wbuf_u32(b, m->flags);
+    qr_wbuf_u32(b, m->worker);
+    qr_wbuf_u32(b, m->seq);
+    qr_wbuf_u32(b, m->count);
+    qr_wbuf_i64(b, m->t);
+    qr_wbuf_i64(b, m->answer);
+    qr_wbuf_u64(b, m->fwd);
+}
+
+void qr_msg_get_repl_head(qr_rbuf *r, qr_msg_repl_head *m) {
+    m->flags = qr_rbuf_u32(r);
+    m->worker = qr_rbuf_u32(r);
+    m->seq = qr_rbuf_u32(r);
+    m->count = qr_rbuf_u32(r);
+    m->t = qr_rbuf_i64(r);
+    m->answer = qr_rbuf_i64(r);
+    m->fwd = qr_rbuf_u64(r);
+}
+
+void qr_msg_put_repl_item(qr_wbuf *b, const qr_msg_repl_item *m) {
+    qr_wbuf_u32(b, m->id);
+    qr_wbuf_u32(b, m->kind);
+    qr_wbuf_u64(b, m->nbytes);
+    qr_wbuf_f32(b, m->lr);
+}
+
+void qr_msg_get_repl_item(qr_rbuf *r, qr_msg_repl_item *m) {
+    m->id = qr_rbuf_u32(r);
+    m->kind = qr_rbuf_u32(r);
+    m->nbytes = qr_rbuf_u64(r);
+    m->lr = qr_rbuf_f32(r);
 }
 
 void qr_msg_put_welcome(qr_wbuf *b, const qr_msg_welcome *m) {

@@ -5,10 +5,12 @@
  * and msg.c only; the table below is the layout these functions write.
  *
  * All fields little-endian, no padding. u32 count prefixes a list.
- *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link),
+ *   HELLO      req: u32 role (1 = worker, 2 = ps 0's coordinator link,
+ *                   3 = ps k's link to its backup: task_index is k),
  *                   u32 task_index, u32 mode (0 = async, 1 = sync);
- *                   from the coordinator 24 bytes more: u64 incarnation
- *                   (of ps 0), i64 restored_step (its checkpoint; -1 none),
+ *                   from the coordinator and a replica link 24 bytes
+ *                   more: u64 incarnation (of the sender), i64
+ *                   restored_step (its checkpoint; -1 none),
  *                   u64 cause (the incarnation of the restarted ps whose
  *                   HELLO answer made this run of ps 0 roll back; 0: none)
  *              reply (qr_msg_welcome): u64 incarnation (new at every start
@@ -117,6 +119,21 @@
  *   APPLY      (ps 0 to ps k) req: i64 step, u32 count, then u32 worker,
  *              u32 seq per member: reduce these pushes and apply the step
  *   STATS      reply: meta = JSON text of the ps's statistics
+ *   REPLICATE  (ps k to its backup ps (k+1) mod P, on the replica link;
+ *              src/ps/replica.c) req (qr_msg_repl_head): u32 flags (the
+ *              push's QR_PUSH_STEP | QR_PUSH_DELTA), u32 worker, u32 seq
+ *              (the push's name), u32 count, i64 t (the apply's step:
+ *              Adam's t, the sparse lr schedule's), i64 answer (the step
+ *              the primary answers the push with), u64 fwd (this
+ *              forward's number on the link, from 1: a resent one is
+ *              applied once); then count items (qr_msg_repl_item): u32
+ *              var_id (of the backed-up shard), u32 kind (0 dense
+ *              float32 gradient, delta or value; 1 sparse rows as a
+ *              PUSH's; 2 ids a LOOKUP sighted, count 1, t 0), u64
+ *              nbytes, f32 lr (the learning rate the primary applied
+ *              it with, staleness scaling and lr decay included)
+ *              payload: the items' bytes, in order
+ *              reply: u64 fwd, once the backup has applied it
  *   CKPT       (ps 0 to ps k, checkpoints; src/ps/ckpt_coord.c) req: u32 phase,
  *              u64 id, i64 global_step, u32 count, then count cut records
  *              (u32 include, u32 seq: worker i's pushes up to seq belong to
@@ -180,6 +197,8 @@
 #define QR_MSG_PUSH_HEAD_LEN 32
 #define QR_MSG_VAR_LEN 24
 #define QR_MSG_SLOTS_LEN 28 /* without the name */
+#define QR_MSG_REPL_HEAD_LEN 40
+#define QR_MSG_REPL_ITEM_LEN 20
 
 /* A list's length: PULL, its reply, CREATE. */
 void qr_msg_put_count(qr_wbuf *b, uint32_t count);
@@ -202,6 +221,25 @@ void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m);
 /* The length of a HELLO's meta, read from its first field (the role). */
 uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len);
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
+
+/* REPLICATE (src/ps/replica.c). */
+#define QR_REPL_DENSE 0u
+#define QR_REPL_SPARSE 1u
+#define QR_REPL_LOOKUP 2u
+typedef struct qr_msg_repl_head {
+    uint32_t flags, worker, seq, count;
+    int64_t t, answer;
+    uint64_t fwd;
+} qr_msg_repl_head;
+typedef struct qr_msg_repl_item {
+    uint32_t id, kind;
+    uint64_t nbytes;
+    float lr;
+} qr_msg_repl_item;
+void qr_msg_put_repl_head(qr_wbuf *b, const qr_msg_repl_head *m);
+void qr_msg_get_repl_head(qr_rbuf *r, qr_msg_repl_head *m);
+void qr_msg_put_repl_item(qr_wbuf *b, const qr_msg_repl_item *m);
+void qr_msg_get_repl_item(qr_rbuf *r, qr_msg_repl_item *m);
 
 /* HELLO's reply: which run of the ps answered (docs/CHECKPOINTS.md,
  * "Rollback"). */

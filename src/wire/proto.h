@@ -81,7 +81,8 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
     X(SAVE, 17)            \
     X(SLOTS, 18)           \
     X(HELD, 19)            \
-    X(RELEASE, 20)
+    X(RELEASE, 20)         \
+    X(REPLICATE, 21)
 
 typedef enum qr_msg_type {
 #define QR__MSG_ENUM(name, code) QR_MSG_##name = code,
@@ -137,6 +138,9 @@ typedef enum qr_msg_type {
 
 #define QR_ROLE_WORKER 1
 #define QR_ROLE_COORDINATOR 2
+/* ps k's link to its backup, ps (k+1) mod P (ps/replica.c): its CREATEs
+ * and REPLICATEs go to the backup's store of ps k's shard. */
+#define QR_ROLE_REPLICA 3
 
 typedef struct qr_frame {
     uint8_t type;

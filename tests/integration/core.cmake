@@ -69,6 +69,11 @@ qr_integration_test(integration_metrics test_metrics.py)
 foreach(case train checkpoint)
   qr_integration_test(integration_embeddings_${case} test_embeddings.py ${QR_VENV_PYTHON} ${case})
 endforeach()
+# Two copies of every shard (--ps-replicas 2): the backup equals the
+# primary bit for bit, duplicate pushes, REPLICATE's checks.
+foreach(case wire train)
+  qr_integration_test(integration_replication_${case} test_replication.py ${case})
+endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.
 qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})
 # Tasks in network namespaces of their own, over veth links with real

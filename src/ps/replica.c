@@ -1,0 +1,681 @@
+/*
+ * replica.c - two copies of every shard (--ps-replicas 2), both sides of
+ * the copy: ps k is the primary of its own shard, whose backup is ps
+ * (k+1) mod P, and the backup of ps (k-1) mod P's shard, which it holds
+ * in a store of its own (ps->replica.store), never mixed with its own
+ * variables. docs/REPLICATION.md has the protocol and what is not built.
+ *
+ * Primary. ps k opens a link to its backup (HELLO of role
+ * QR_ROLE_REPLICA, remade with backoff when lost, as ps 0's links are)
+ * and forwards, in the order it applied them:
+ *   - each CREATE it applied (the same meta, and each dense variable's
+ *     values as the payload): the backup runs create.c on its store;
+ *   - each async push it applied (REPLICATE): the gradients as applied
+ *     (float32, a bf16/fp16 one widened), the learning rate each was
+ *     applied with (staleness scaling and lr decay included), the step
+ *     the apply was (Adam's t, a table's clock), the push's flags and
+ *     (worker, seq) and the step it is answered with;
+ *   - each LOOKUP that sighted ids of a table (rows made, admission
+ *     counters), which the backup replays.
+ * A push's answer (and a CREATE's) waits until the backup has applied
+ * every forward up to its own (qr__replica_wait): an acknowledged push is
+ * on both copies. A LOOKUP's answer does not wait (its rows are made from
+ * (seed, id) alone; the forward only keeps the backup's table in step).
+ * Forwards stay queued until applied; a link that comes back sends again
+ * every one not acknowledged, and the backup applies a forward once (by
+ * its number, from 1 for each run of the primary).
+ *
+ * Backup. A REPLICATE is checked as any request (the variables exist in
+ * the backup's store, sizes and kinds, the learning rates, every value
+ * finite, every row id of the primary's shard), then applied with the
+ * kernels the primary used, in the same order (qr_optim_apply_dense,
+ * qr__rows_apply, qr_table_lookup), so the copies are equal bit for bit.
+ *
+ * Exactly once: per worker, the last push applied here and the step it
+ * was answered with; a push of the same (worker, seq) is answered as
+ * applied and not applied again (duplicate_pushes). The record travels
+ * with each forward, so the backup holds it too.
+ */
+#include "ps/ps_internal.h"
+
+#include "cluster/placement.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct repl_forward {
+    repl_forward *next;
+    uint8_t type;        /* QR_MSG_REPLICATE or QR_MSG_CREATE */
+    uint64_t fwd;
+    uint32_t request_id; /* of its last send */
+    int sending;         /* sends whose callback has not run */
+    bool acked;
+    qr_msg_repl_head head;
+    qr_wbuf items;       /* REPLICATE: the item records; CREATE: the meta */
+    qr_wbuf payload;
+};
+
+struct repl_wait {
+    repl_wait *next;
+    ps_peer *peer;       /* NULL once it is gone */
+    qr_frame req;
+    uint64_t fwd;        /* answered once this forward is applied */
+    qr_repl_answer_cb cb;
+    void *ctx;
+};
+
+static const qr_conn_events link_events;
+static void link_connect(qr_ps *ps);
+
+/* ---- the options ---------------------------------------------------------- */
+
+int qr__replica_init(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    int nps = ps->cluster->nps;
+    qr_store_init(&r->store);
+    r->backup = r->primary = -1;
+    int rc = qr_replicas_check_config(ps->cfg, nps, &r->copies);
+    if (rc) return rc;
+    if (!qr__replica_on(ps)) return QR_OK;
+    r->backup = (ps->index + 1) % nps;
+    r->primary = (ps->index + nps - 1) % nps;
+    r->next_fwd = 1;
+    int nw = ps->cluster->nworkers;
+    r->last = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *r->last);
+    r->backup_last = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *r->backup_last);
+    if (!r->last || !r->backup_last) return QR_ENOMEM;
+    return qr_addr_parse(ps->cluster->ps[r->backup], &r->addr);
+}
+
+/* ---- the link to the backup ----------------------------------------------- */
+
+static void forward_free(repl_forward *fw) {
+    qr_wbuf_free(&fw->items);
+    qr_wbuf_free(&fw->payload);
+    free(fw);
+}
+
+static void on_sent(qr_conn *c, int status, void *ctx) {
+    (void)c;
+    (void)status;
+    repl_forward *fw = ctx;
+    if (--fw->sending == 0 && fw->acked) forward_free(fw);
+}
+
+static void send_forward(qr_ps *ps, repl_forward *fw) {
+    ps_replica *r = &ps->replica;
+    qr_wbuf meta = {0};
+    const qr_wbuf *m = &fw->items;
+    if (fw->type == QR_MSG_REPLICATE) {
+        qr_msg_put_repl_head(&meta, &fw->head);
+        qr_wbuf_bytes(&meta, fw->items.data, fw->items.len);
+        m = &meta;
+    }
+    qr_frame f = {.type = fw->type, .request_id = ++r->next_id};
+    fw->request_id = f.request_id;
+    qr_iov iov = {fw->payload.data, fw->payload.len};
+    fw->sending++;
+    if (qr_conn_send(r->conn, &f, m->data, (uint32_t)m->len, &iov, fw->payload.len ? 1 : 0,
+                     on_sent, fw)) {
+        /* The connection is going: `lost` follows, and this is sent again. */
+        qr__log(QR_LOG_WARN, "forwarding to backup ps %d failed: %s", r->backup,
+                qr_last_error());
+    }
+    qr_wbuf_free(&meta);
+}
+
+/* Every forward not applied yet goes (again), in order. */
+static void link_flush(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (!r->conn || r->connecting || !r->up) return;
+    for (repl_forward *fw = r->fwd_head; fw; fw = fw->next) send_forward(ps, fw);
+}
+
+static void on_retry(uv_timer_t *t) {
+    qr_ps *ps = t->data;
+    if (!ps->replica.closing && !ps->replica.conn) link_connect(ps);
+}
+
+static void link_connect(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    r->connecting = true;
+    bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
+    if (qr_connect(&ps->loop, &r->addr, prefer_unix, &ps->conn_opt, &link_events, ps,
+                   &r->conn)) {
+        r->connecting = false;
+        r->conn = NULL;
+        uv_timer_start(&r->retry, on_retry, qr__link_backoff_ms(&r->attempts), 0);
+    }
+}
+
+static void on_link_connected(qr_conn *c, int status) {
+    qr_ps *ps = qr_conn_data(c);
+    ps_replica *r = &ps->replica;
+    r->connecting = false;
+    if (status) return; /* `lost` follows */
+    qr_wbuf meta = {0};
+    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_REPLICA,
+                                            .task_index = (uint32_t)ps->index,
+                                            .mode = ps->sync.on,
+                                            .incarnation = ps->incarnation,
+                                            .restored_step = ps->ckpt.restored_step});
+    qr_frame f = {.type = QR_MSG_HELLO, .request_id = ++r->next_id};
+    if (qr_conn_send(c, &f, meta.data, (uint32_t)meta.len, NULL, 0, NULL, NULL))
+        qr__log(QR_LOG_WARN, "HELLO to backup ps %d failed: %s", r->backup, qr_last_error());
+    qr_wbuf_free(&meta);
+}
+
+static void on_link_lost(qr_conn *c, int status) {
+    qr_ps *ps = qr_conn_data(c);
+    ps_replica *r = &ps->replica;
+    if (r->up && !r->closing && !ps->stopping)
+        qr__log(QR_LOG_WARN, "lost the link to backup ps %d (%s): %s; pushes wait for it",
+                r->backup, ps->cluster->ps[r->backup], qr_strerror(status));
+    r->conn = NULL;
+    r->up = r->connecting = false;
+    if (r->closing || ps->stopping) return;
+    uv_timer_start(&r->retry, on_retry, qr__link_backoff_ms(&r->attempts), 0);
+}
+
+/* Answer the waits whose forwards are all applied now. */
+static void answer_waits(qr_ps *ps, int status, const char *msg) {
+    ps_replica *r = &ps->replica;
+    while (r->wait_head && (status || r->wait_head->fwd <= r->acked)) {
+        repl_wait *w = r->wait_head;
+        r->wait_head = w->next;
+        if (!r->wait_head) r->wait_tail = NULL;
+        w->cb(w->peer, &w->req, w->ctx, status, msg);
+        free(w);
+    }
+}
+
+/* The backup's answer to the forward at the head of the queue. */
+static void on_forward_answer(qr_ps *ps, const qr_frame *f, const uint8_t *meta) {
+    ps_replica *r = &ps->replica;
+    repl_forward *fw = r->fwd_head;
+    if (!fw || f->request_id != fw->request_id) return; /* of an earlier send of it */
+    if (f->status) {
+        char why[700];
+        snprintf(why, sizeof why, "backup ps %d refused a forward of this ps's shard (%s), so "
+                 "the copies would differ: %.*s", r->backup, qr_msg_name(fw->type),
+                 (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+        answer_waits(ps, QR_EABORTED, why);
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
+        return;
+    }
+    r->fwd_head = fw->next;
+    if (!r->fwd_head) r->fwd_tail = NULL;
+    r->acked = fw->fwd;
+    fw->acked = true;
+    if (!fw->sending) forward_free(fw);
+    answer_waits(ps, QR_OK, NULL);
+}
+
+static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    (void)c;
+    (void)f;
+    (void)meta;
+    return QR_OK; /* answers carry no payload; the meta is read in the message */
+}
+
+static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = qr_conn_data(c);
+    ps_replica *r = &ps->replica;
+    if (qr__ps_fenced(ps)) return;
+    int type = f->type & ~QR_MSG_REPLY;
+    if (type == QR_MSG_HELLO) {
+        if (f->status) {
+            char why[700];
+            snprintf(why, sizeof why, "backup ps %d (%s) refused this ps's replica link: %.*s",
+                     r->backup, ps->cluster->ps[r->backup], (int)QR_MIN(f->meta_len, 500u),
+                     (const char *)meta);
+            qr__ps_ask_abort(ps, QR_EABORTED, why);
+            return;
+        }
+        qr__log(QR_LOG_INFO, "linked to backup ps %d (%s)", r->backup,
+                ps->cluster->ps[r->backup]);
+        r->up = true;
+        r->attempts = 0;
+        link_flush(ps);
+    } else if (type == QR_MSG_REPLICATE || type == QR_MSG_CREATE) {
+        on_forward_answer(ps, f, meta);
+    }
+}
+
+static const qr_conn_events link_events = {.connected = on_link_connected,
+                                           .header = on_link_header,
+                                           .message = on_link_message,
+                                           .lost = on_link_lost};
+
+int qr__replica_start(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps)) return QR_OK;
+    uv_timer_init(&ps->loop, &r->retry);
+    r->retry.data = ps;
+    r->retry_on = true;
+    uv_unref((uv_handle_t *)&r->retry); /* a retry never keeps the ps alive by itself */
+    link_connect(ps);
+    return QR_OK;
+}
+
+void qr__replica_stop(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps)) return;
+    r->closing = true;
+    if (r->retry_on) uv_timer_stop(&r->retry);
+    if (r->conn) qr_conn_close(r->conn);
+    answer_waits(ps, QR_ESTOPPED, qr__ps_stop_reason(ps));
+}
+
+static void on_closed(uv_handle_t *h) {
+    (void)h;
+}
+
+/* Each copy's digest, once, as the run ends: a test compares a shard's
+ * primary with its backup after the workers are done. */
+static void log_digests(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || r->digests_logged) return;
+    r->digests_logged = true;
+    qr__log(QR_LOG_INFO, "replica digests: shard %d primary %016llx, shard %d backup %016llx "
+            "(%llu forwards sent, %llu applied here, %llu duplicate pushes)", ps->index,
+            (unsigned long long)qr__store_digest(&ps->store), r->primary,
+            (unsigned long long)qr__store_digest(&r->store), (unsigned long long)r->forwards,
+            (unsigned long long)r->applied, (unsigned long long)r->duplicate_pushes);
+}
+
+void qr__replica_close(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps)) return;
+    log_digests(ps);
+    qr__replica_stop(ps);
+    if (r->retry_on && !uv_is_closing((uv_handle_t *)&r->retry))
+        uv_close((uv_handle_t *)&r->retry, on_closed);
+}
+
+void qr__replica_free(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    answer_waits(ps, QR_ESTOPPED, "the ps is stopping");
+    while (r->fwd_head) {
+        repl_forward *fw = r->fwd_head;
+        r->fwd_head = fw->next;
+        /* A send whose callback has not run still reads it: the loop is
+         * over by now, so no callback will. */
+        forward_free(fw);
+    }
+    r->fwd_tail = NULL;
+    free(r->last);
+    free(r->backup_last);
+    r->last = r->backup_last = NULL;
+    qr_store_free(&r->store);
+}
+
+/* ---- forwarding (primary) ---------------------------------------------------- */
+
+static void fail_forward(qr_ps *ps) {
+    qr__ps_ask_abort(ps, QR_ENOMEM, "out of memory forwarding an update to the backup: the "
+                     "copies would differ");
+}
+
+repl_forward *qr__replica_begin(qr_ps *ps, const qr_msg_repl_head *head) {
+    repl_forward *fw = qr__calloc(1, sizeof *fw);
+    if (!fw) {
+        fail_forward(ps);
+        return NULL;
+    }
+    fw->type = QR_MSG_REPLICATE;
+    fw->head = *head;
+    fw->head.count = 0;
+    return fw;
+}
+
+void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, const void *data,
+                     uint64_t nbytes) {
+    if (!fw) return;
+    qr_msg_put_repl_item(&fw->items, &(qr_msg_repl_item){.id = id, .kind = kind,
+                                                          .nbytes = nbytes, .lr = lr});
+    if (nbytes) qr_wbuf_bytes(&fw->payload, data, (size_t)nbytes);
+    fw->head.count++;
+}
+
+void qr__replica_send(qr_ps *ps, repl_forward *fw) {
+    ps_replica *r = &ps->replica;
+    if (!fw) return;
+    if (fw->items.oom || fw->payload.oom) {
+        forward_free(fw);
+        fail_forward(ps);
+        return;
+    }
+    fw->fwd = fw->head.fwd = r->next_fwd++;
+    if (r->fwd_tail) r->fwd_tail->next = fw;
+    else r->fwd_head = fw;
+    r->fwd_tail = fw;
+    r->forwards++;
+    if (r->conn && r->up) send_forward(ps, fw);
+}
+
+void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    repl_forward *fw = qr__calloc(1, sizeof *fw);
+    if (!fw) {
+        fail_forward(ps);
+        return;
+    }
+    fw->type = QR_MSG_CREATE;
+    qr_wbuf_bytes(&fw->items, meta, f->meta_len);
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t count = qr_msg_get_count(&r);
+    /* The records were checked when the CREATE came: each names a
+     * variable of the store now. */
+    for (uint32_t i = 0; i < count && !r.bad; i++) {
+        qr_msg_create_var m;
+        qr_msg_get_create_var(&r, &m);
+        const qr_var *v = qr_store_get(&ps->store, m.id);
+        if (v && v->value) qr_wbuf_bytes(&fw->payload, v->value->data, (size_t)v->n * 4);
+    }
+    qr__replica_send(ps, fw);
+    /* A CREATE's number only orders it; the backup knows no number for it. */
+}
+
+/* ---- exactly once ---------------------------------------------------------- */
+
+bool qr__replica_duplicate(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t *answer) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || !qr__is_worker(worker, ps->cluster->nworkers)) return false;
+    const repl_last *l = &r->last[worker];
+    if (!l->any || l->seq != seq) return false;
+    *answer = l->answer;
+    r->duplicate_pushes++;
+    return true;
+}
+
+static void record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,
+                        int64_t answer) {
+    if (!qr__is_worker(worker, nworkers)) return;
+    last[worker] = (repl_last){.seq = seq, .answer = answer, .any = true};
+}
+
+void qr__replica_applied(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t answer) {
+    if (qr__replica_on(ps))
+        record_last(ps->replica.last, ps->cluster->nworkers, worker, seq, answer);
+}
+
+void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    uint64_t fwd = r->next_fwd - 1; /* the last forward made */
+    if (fwd <= r->acked && !r->wait_head) {
+        cb(p, f, ctx, QR_OK, NULL);
+        return;
+    }
+    repl_wait *w = qr__calloc(1, sizeof *w);
+    if (!w) {
+        cb(p, f, ctx, QR_ENOMEM, "out of memory keeping a push's answer for its backup");
+        return;
+    }
+    *w = (repl_wait){.peer = p, .req = *f, .fwd = fwd, .cb = cb, .ctx = ctx};
+    if (r->wait_tail) r->wait_tail->next = w;
+    else r->wait_head = w;
+    r->wait_tail = w;
+}
+
+void qr__replica_peer_lost(ps_peer *p) {
+    for (repl_wait *w = p->ps->replica.wait_head; w; w = w->next)
+        if (w->peer == p) w->peer = NULL;
+}
+
+/* ---- REPLICATE (backup) ------------------------------------------------------- */
+
+int qr__replica_hello(ps_peer *p, const qr_msg_hello *m) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps))
+        return qr__fail(QR_EINVAL, "HELLO: a replica link, but this ps keeps no copies "
+                        "(ps-replicas 1): give every task the same --ps-replicas");
+    if (m->task_index != (uint32_t)r->primary)
+        return qr__fail(QR_EINVAL, "HELLO: a replica link from ps %u, but this ps backs up "
+                        "ps %d's shard", m->task_index, r->primary);
+    if (m->incarnation != r->primary_incarnation) {
+        /* A new run of the primary numbers its forwards from 1 again. */
+        r->primary_incarnation = m->incarnation;
+        r->applied_fwd = 0;
+    }
+    return QR_OK;
+}
+
+/* One item's record against its variable in the backup's store. */
+static int check_item(const qr_msg_repl_item *it, const qr_var *v, int64_t *nrows) {
+    *nrows = -1;
+    if (!(it->lr >= 0 && it->lr < 1e30f))
+        return qr__fail(QR_EINVAL, "REPLICATE: variable '%s': learning rate %g is not a "
+                        "finite number >= 0", v->name, (double)it->lr);
+    int64_t dim = v->shape[v->ndim - 1];
+    switch (it->kind) {
+    case QR_REPL_DENSE:
+        if (v->table)
+            return qr__fail(QR_EINVAL, "REPLICATE: '%s' is a table: dense item", v->name);
+        if (it->nbytes != (uint64_t)v->n * 4)
+            return qr__fail(QR_ESHAPE, "REPLICATE: variable '%s' has %lld floats but the item "
+                            "has %llu bytes", v->name, (long long)v->n,
+                            (unsigned long long)it->nbytes);
+        return QR_OK;
+    case QR_REPL_SPARSE:
+        if (it->nbytes % (8 + 4 * (uint64_t)dim))
+            return qr__fail(QR_ESHAPE, "REPLICATE: sparse rows of '%s': %llu bytes is not a "
+                            "whole number of (index, row of %lld floats) pairs", v->name,
+                            (unsigned long long)it->nbytes, (long long)dim);
+        *nrows = (int64_t)(it->nbytes / (8 + 4 * (uint64_t)dim));
+        return QR_OK;
+    case QR_REPL_LOOKUP:
+        if (!v->table || it->nbytes % 8)
+            return qr__fail(QR_EINVAL, "REPLICATE: sightings of '%s': %s", v->name,
+                            v->table ? "not a whole number of ids" : "not a table");
+        *nrows = (int64_t)(it->nbytes / 8);
+        return QR_OK;
+    default:
+        return qr__fail(QR_EINVAL, "REPLICATE: variable '%s': item kind %u (0 dense, 1 sparse "
+                        "rows, 2 sightings)", v->name, it->kind);
+    }
+}
+
+int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    if (p->role != QR_ROLE_REPLICA)
+        return qr__fail(QR_EINVAL, "REPLICATE comes only on a primary's replica link");
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    qr_msg_get_repl_head(&r, &p->repl);
+    if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
+    if (p->repl.flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA))
+        return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", p->repl.flags);
+    int rc = p->repl.count ? qr__peer_check_count("REPLICATE", p->repl.count) : QR_OK;
+    if (!rc) rc = qr__peer_reserve_items(p, p->repl.count);
+    if (rc) return rc;
+    p->ps->mark++;
+    uint64_t offset = 0;
+    for (uint32_t i = 0; i < p->repl.count; i++) {
+        qr_msg_repl_item it;
+        qr_msg_get_repl_item(&r, &it);
+        if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated at item %u", i);
+        qr_var *v = NULL;
+        int64_t nrows;
+        if ((rc = qr__peer_lookup(p, "REPLICATE", it.id, &v))) return rc;
+        if ((rc = check_item(&it, v, &nrows))) return rc;
+        p->items[i] = (push_item){.var = v, .offset = offset, .nrows = nrows, .lr = it.lr,
+                                  .dtype = (uint8_t)it.kind};
+        offset += it.nbytes;
+    }
+    p->nitems = (int)p->repl.count;
+    rc = qr__peer_check_end("REPLICATE", &r, offset, f->payload_len);
+    if (!rc) rc = qr__peer_take_recv(p, (size_t)f->payload_len);
+    if (rc) return rc;
+    for (int i = 0; i < p->nitems; i++) p->items[i].data = (uint8_t *)p->recv + p->items[i].offset;
+    qr_iov iov = {p->recv, (size_t)f->payload_len};
+    return qr_conn_expect(p->conn, &iov, f->payload_len ? 1 : 0);
+}
+
+/* Everything forwarded is usable, before anything changes. */
+static int check_values(ps_peer *p, char *msg, size_t len) {
+    qr_ps *ps = p->ps;
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        qr_var *v = it->var;
+        if (it->dtype == QR_REPL_LOOKUP) {
+            for (int64_t k = 0; k < it->nrows; k++) {
+                int64_t id;
+                memcpy(&id, it->data + 8 * k, 8);
+                if (qr_place_row(id, ps->cluster->nps) != ps->replica.primary) {
+                    snprintf(msg, len, "%s: REPLICATE: id %lld of table '%s' is not of ps %d's "
+                             "shard; nothing was applied", ps->name, (long long)id, v->name,
+                             ps->replica.primary);
+                    return QR_EINVAL;
+                }
+            }
+            continue;
+        }
+        if (it->nrows >= 0) {
+            int rc = qr__rows_check(ps, ps->replica.primary, it, msg, len);
+            if (rc) return rc;
+        }
+        const float *vals = (const float *)(it->data + (it->nrows >= 0 ? 8 * it->nrows : 0));
+        int64_t n = it->nrows >= 0 ? it->nrows * v->shape[v->ndim - 1] : v->n;
+        if (!qr_optim_all_finite(vals, n)) {
+            snprintf(msg, len, "%s: REPLICATE: the values for '%s' contain NaN or Inf; nothing "
+                     "was applied", ps->name, v->name);
+            return QR_ENONFINITE;
+        }
+    }
+    return QR_OK;
+}
+
+/* A LOOKUP's sightings, replayed: rows made and admission counted as on
+ * the primary. */
+static int sight(qr_ps *ps, qr_var *v, const push_item *it, int64_t clock) {
+    qr_table *t = v->table;
+    t->clock = clock;
+    size_t cap = 0;
+    float *out = qr__recv_pool_get(&ps->recv_pool,
+                                   QR_MAX((size_t)it->nrows * (size_t)t->dim * 4, 4), &cap);
+    if (!out) return QR_ENOMEM;
+    uint64_t added = 0;
+    int rc = qr_table_lookup(t, it->nrows, (const int64_t *)it->data, false, out, &added);
+    qr__recv_pool_put(&ps->recv_pool, out, cap);
+    if (!rc) qr_table_evict_idle(t);
+    return rc ? qr__fail(rc, "out of memory sighting rows of '%s'", v->name) : QR_OK;
+}
+
+/* One item applied as the primary applied it. */
+static int apply_item(qr_ps *ps, push_item *it, bool delta, int64_t t) {
+    qr_var *v = it->var;
+    if (it->dtype == QR_REPL_LOOKUP) return sight(ps, v, it, t);
+    if (it->nrows >= 0) {
+        row_sum sum;
+        int rc = row_sum_init(&sum, v->shape[v->ndim - 1], (uint64_t)it->nrows);
+        /* The ps's own row counters count what it serves, not its copies. */
+        uint64_t added = ps->metrics.rows_added, pushed = ps->metrics.rows_pushed;
+        if (!rc) rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows),
+                                  it->nrows);
+        if (!rc) rc = qr__rows_apply(ps, v, &sum, delta, t, it->lr);
+        ps->metrics.rows_added = added;
+        ps->metrics.rows_pushed = pushed;
+        row_sum_free(&sum);
+        if (!rc) v->version++;
+        return rc;
+    }
+    if (qr_var_prepare_write(v)) return QR_ENOMEM;
+    const float *g = (const float *)it->data;
+    float *val = v->value->data;
+    int rc = QR_OK;
+    if (delta) qr_optim_add_delta(val, val, g, v->n);
+    else if (v->non_trainable) memcpy(val, g, (size_t)v->n * sizeof *val);
+    else rc = qr_optim_apply_dense(qr__var_optim(ps, v), v->slots, val, g, v->n, it->lr, t);
+    if (!rc) v->version++;
+    return rc;
+}
+
+void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    (void)meta;
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    const qr_msg_repl_head *h = &p->repl;
+    qr_wbuf out = {0};
+    qr_wbuf_u64(&out, h->fwd);
+    if (h->fwd && h->fwd <= r->applied_fwd) { /* sent again after the link came back */
+        qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        qr_wbuf_free(&out);
+        return;
+    }
+    char msg[512];
+    int rc = check_values(p, msg, sizeof msg);
+    if (rc) {
+        qr__peer_reply_error(p, f, rc, msg);
+        qr_wbuf_free(&out);
+        return;
+    }
+    bool delta = h->flags & QR_PUSH_DELTA;
+    for (int i = 0; i < p->nitems && !rc; i++) rc = apply_item(ps, &p->items[i], delta, h->t);
+    for (int i = 0; i < p->nitems && !rc && (h->flags & QR_PUSH_STEP) && ps->average_decay > 0;
+         i++) {
+        qr_var *v = p->items[i].var;
+        if (!v->table && !v->non_trainable && qr_var_update_average(v, ps->average_decay, h->t))
+            rc = qr__fail(QR_ENOMEM, "out of memory updating an average");
+    }
+    if (rc) {
+        /* Part of it may be applied: this copy is no longer the primary's. */
+        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; this copy of ps %d's shard differs from "
+                 "it now", ps->name, qr_last_error(), r->primary);
+        qr__peer_reply_error(p, f, rc, msg);
+        qr_wbuf_free(&out);
+        return;
+    }
+    r->applied_fwd = h->fwd;
+    r->applied++;
+    if (h->count || (h->flags & QR_PUSH_STEP))
+        record_last(r->backup_last, ps->cluster->nworkers, h->worker, h->seq, h->answer);
+    qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+}
+
+/* ---- digests and statistics -------------------------------------------------- */
+
+uint64_t qr__store_digest(const qr_store *s) {
+    uint64_t h = QR_FNV_INIT;
+    for (uint32_t i = 0; i < s->cap; i++) {
+        const qr_var *v = s->by_id[i];
+        if (v && v->value) h = qr__fnv1a(v->value->data, (size_t)v->n * 4, h);
+    }
+    for (uint32_t i = 0; i < s->cap; i++) {
+        const qr_var *v = s->by_id[i];
+        if (!v || !v->table) continue;
+        const qr_table *t = v->table;
+        for (uint64_t row = 0; row < t->count; row++) {
+            h = qr__fnv1a(&t->keys[row], sizeof t->keys[row], h);
+            h = qr__fnv1a(qr_table_row(t, row), (size_t)t->dim * 4, h);
+        }
+    }
+    return h;
+}
+
+static void add_shard(cJSON *shards, int index, const char *role, const qr_store *s) {
+    char digest[20];
+    snprintf(digest, sizeof digest, "%016llx", (unsigned long long)qr__store_digest(s));
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "shard", index);
+    cJSON_AddStringToObject(o, "role", role);
+    cJSON_AddStringToObject(o, "params_digest", digest);
+    cJSON_AddNumberToObject(o, "variables", s->count);
+    cJSON_AddItemToArray(shards, o);
+}
+
+void qr__replica_stats_json(qr_ps *ps, cJSON *j) {
+    ps_replica *r = &ps->replica;
+    cJSON_AddNumberToObject(j, "ps_replicas", r->copies);
+    cJSON_AddNumberToObject(j, "duplicate_pushes", (double)r->duplicate_pushes);
+    if (!qr__replica_on(ps)) return;
+    cJSON_AddNumberToObject(j, "forwards", (double)r->forwards);
+    cJSON_AddNumberToObject(j, "forwards_applied_here", (double)r->applied);
+    cJSON *shards = cJSON_AddArrayToObject(j, "shards");
+    add_shard(shards, ps->index, "primary", &ps->store);
+    add_shard(shards, r->primary, "backup", &r->store);
+}
