@@ -2,7 +2,9 @@
 beside them (issue 27): the CPU model, the cores this process may use, the
 BLAS kernel quorum's C side runs (OpenBLAS's corename) and torch's
 (its BLAS and CPU capability). Shared by the end-to-end benchmarks under
-bench/python (bench_torch.py, bench_scaling.py, bench_netns.py).
+bench/python (bench_torch.py, bench_scaling.py, bench_netns.py, and the
+CPU's name for bench_overlap.py and bench_sync_step.py); how they run
+their processes is benchlib.py's.
 
 quorum's kernel: `quorum train/launch/bench --json` may carry a "cpu"
 object of its own (the CLI chooses OPENBLAS_CORETYPE for itself and its

@@ -46,9 +46,7 @@ import os
 import re
 import shutil
 import signal
-import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,57 +58,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_env  # noqa: E402
 import step_model  # noqa: E402
+from benchlib import LIVE, free_port, kill_group, run_all  # noqa: E402
 
 BENCH_TORCH = os.path.join(HERE, "bench_torch.py")
 MODES = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async")
-LIVE: List[subprocess.Popen] = []  # process groups to kill if this one is stopped
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def kill_group(p: subprocess.Popen) -> None:
-    """Kill the process group this run started (its leader's pid is its id)."""
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        p.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def run_all(cmds: Sequence[List[str]], env: Dict[str, str], timeout: float) -> List[str]:
-    """Run commands side by side, each in a process group of its own; their
-    stdouts. Raises RuntimeError (with the stderr's tail) if one fails or
-    the deadline passes; every group is killed before returning."""
-    procs = []
-    try:
-        for c in cmds:
-            procs.append(subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True, env=env, start_new_session=True))
-            LIVE.append(procs[-1])
-        deadline = time.monotonic() + timeout
-        outs = []
-        for p, c in zip(procs, cmds):
-            try:
-                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                raise RuntimeError("%s: no end after %.0f s (killed)" % (" ".join(c[:4]), timeout))
-            if p.returncode:
-                raise RuntimeError("%s failed (%d): %s" % (" ".join(c[:4]), p.returncode,
-                                                           err[-1500:]))
-            outs.append(out)
-        return outs
-    finally:
-        for p in procs:
-            kill_group(p)
-            LIVE.remove(p)
 
 
 def worker_rates(out: str) -> float:

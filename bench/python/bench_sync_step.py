@@ -29,9 +29,7 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,25 +38,12 @@ from typing import Any, Dict, List
 import numpy as np
 
 HERE = os.path.abspath(__file__)
+sys.path.insert(0, os.path.dirname(HERE))
+import bench_env  # noqa: E402  (beside this file)
+from benchlib import free_port, run_all, start_ps_tasks, stop_ps_tasks  # noqa: E402
+
 QUORUM = (shutil.which("quorum") if os.environ.get("QUORUM_LIBRARY") else None) or \
     shutil.which("quorum", path=os.path.dirname(sys.executable)) or "quorum"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def rounds_of(fn: Any, steps: int, rounds: int) -> float:
@@ -133,13 +118,8 @@ def gloo_worker(rank: int, port: int, size: int, steps: int, rounds: int) -> Non
 
 def run_pair(cmds: List[List[str]], timeout: float) -> Dict[str, Any]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=env) for c in cmds]
-    outs = [p.communicate(timeout=timeout) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        if p.returncode:
-            raise RuntimeError("a benchmark process failed: " + err[-2000:])
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    outs = run_all(cmds, env, timeout)
+    return json.loads(outs[0].strip().splitlines()[-1])
 
 
 def quorum_step(nps: int, transport: str, size: int, steps: int, rounds: int) -> Dict[str, Any]:
@@ -149,22 +129,14 @@ def quorum_step(nps: int, transport: str, size: int, steps: int, rounds: int) ->
     else:
         ps_hosts = ["127.0.0.1:%d" % free_port() for _ in range(nps)]
     worker_hosts = ["127.0.0.1:%d" % free_port() for _ in range(2)]
-    ps = [subprocess.Popen([QUORUM, "ps", "--ps_hosts", ",".join(ps_hosts), "--worker_hosts",
-                            ",".join(worker_hosts), "--job_name", "ps", "--task_index", str(i),
-                            "--mode", "sync", "--lr", "0.01", "--transport", transport],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-          for i in range(nps)]
+    ps = start_ps_tasks(QUORUM, ps_hosts, worker_hosts,
+                        ["--mode", "sync", "--lr", "0.01", "--transport", transport])
     try:
         return run_pair([[sys.executable, HERE, "--quorum-worker", str(r), ",".join(ps_hosts),
                           ",".join(worker_hosts), transport, str(size), str(steps), str(rounds)]
                          for r in range(2)], timeout=900)
     finally:
-        for p in ps:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_ps_tasks(ps)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -194,7 +166,7 @@ def main() -> None:
         return
     sizes = [int(s) for s in a.sizes.split(",")]
     steps, rounds = (20, 1) if a.quick else (a.steps, a.rounds)
-    report: Dict[str, Any] = {"cpu": cpu_model(), "cores": os.cpu_count(), "rows": []}
+    report: Dict[str, Any] = {"cpu": bench_env.cpu_model(), "cores": os.cpu_count(), "rows": []}
     for size in sizes:
         gloo = gloo_step(size, steps, rounds)
         for transport in ("unix", "tcp"):

@@ -50,7 +50,6 @@ import os
 import re
 import runpy
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,6 +68,7 @@ from quorum._native import lib
 HERE = os.path.abspath(__file__)
 sys.path.insert(0, os.path.dirname(HERE))
 import bench_env  # noqa: E402  (beside this file)
+from benchlib import free_port, run_all, start_ps_tasks, stop_ps_tasks  # noqa: E402
 
 # Against a build tree (QUORUM_LIBRARY set, its tools on PATH) the quorum on
 # PATH is that tree's; otherwise the one installed beside this Python
@@ -92,12 +92,6 @@ def batches(n: int, seed: int) -> List[Any]:
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(BATCH, 784, generator=g), torch.randint(0, 10, (BATCH,), generator=g))
             for _ in range(n)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---- 1. the Python layer's cost -----------------------------------------------------
@@ -187,26 +181,6 @@ def python_overhead(sizes: List[int], seconds: float, rounds: int) -> List[Dict[
 
 # ---- 2. step time against compute and communication -----------------------------------
 
-def start_ps_tasks(n: int, folder: str, mode: str, nworkers: int = 1) -> Any:
-    ps_hosts = ["unix:%s/ps%d.sock" % (folder, i) for i in range(n)]
-    worker_hosts = ["unix:%s/w%d.sock" % (folder, i) for i in range(nworkers)]
-    procs = [subprocess.Popen([QUORUM, "ps", "--ps_hosts", ",".join(ps_hosts), "--worker_hosts",
-                               ",".join(worker_hosts), "--job_name", "ps", "--task_index", str(i),
-                               "--mode", mode, "--lr", "0.01"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for i in range(n)]
-    return procs, ps_hosts, worker_hosts
-
-
-def stop_ps_tasks(procs: List[Any]) -> None:
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def timed_rounds(fn: Any, steps: int, rounds: int) -> List[float]:
     """Mean milliseconds per call of fn in each of rounds of `steps` calls."""
     out = []
@@ -228,7 +202,9 @@ def step_time(steps: int, rounds: int) -> Dict[str, Any]:
     data = batches(8, 0)
     loss_fn = torch.nn.functional.cross_entropy
     folder = tempfile.mkdtemp(prefix="quorum-bench-")
-    procs, ps_hosts, worker_hosts = start_ps_tasks(2, folder, "async")
+    ps_hosts = ["unix:%s/ps%d.sock" % (folder, i) for i in range(2)]
+    worker_hosts = ["unix:%s/w0.sock" % folder]
+    procs = start_ps_tasks(QUORUM, ps_hosts, worker_hosts, ["--mode", "async", "--lr", "0.01"])
     res: Dict[str, Any] = {}
     try:
         cluster = quorum.Cluster(ps_hosts, worker_hosts, "worker", 0)
@@ -365,22 +341,9 @@ def worker_command(steps: int, wire_dtype: str = "float32") -> List[str]:
 def ddp_run(workers: int, steps: int, env: Dict[str, str], timeout: float = 900) -> float:
     """DDP (gloo) with `workers` processes side by side: their samples/s, summed."""
     port = free_port()
-    ddp = [subprocess.Popen([sys.executable, HERE, "--batch", str(BATCH), "--ddp-worker", str(r),
-                             str(workers), str(port), str(steps)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-           for r in range(workers)]
-    try:
-        deadline = time.monotonic() + timeout
-        outs = [p.communicate(timeout=max(1.0, deadline - time.monotonic())) for p in ddp]
-    finally:
-        for p in ddp:  # a worker left behind (a timeout, a failed peer): its group, by pid
-            if p.poll() is None:
-                os.killpg(p.pid, 9)
-                p.wait()
-    for p, (_, err) in zip(ddp, outs):
-        if p.returncode:
-            raise RuntimeError("DDP worker failed: " + err[-2000:])
-    return sum(rates(o) for o, _ in outs)
+    outs = run_all([[sys.executable, HERE, "--batch", str(BATCH), "--ddp-worker", str(r),
+                     str(workers), str(port), str(steps)] for r in range(workers)], env, timeout)
+    return sum(rates(o) for o in outs)
 
 
 def throughput(steps: int, rounds: int, workers: int, ps: int) -> Dict[str, Any]:

@@ -5,7 +5,8 @@
  * This is deliberately narrow - listen, connect, send a message, receive a
  * message in place, peer lost - so that a shared-memory or RDMA data plane
  * can implement the same calls later. The one implementation today,
- * conn_uv.c, runs on a libuv loop over TCP or Unix-domain stream sockets.
+ * conn_uv.c and the conn_*.c beside it (conn_internal.h), runs on a libuv
+ * loop over TCP or Unix-domain stream sockets.
  *
  * Receiving in place: when a message's header and meta have arrived, the
  * owner's `header` event decides where the payload goes by calling
@@ -140,7 +141,7 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n);
 int qr_conn_send(qr_conn *c, const qr_frame *f, const void *meta, uint32_t meta_len,
                  const qr_iov *payload, int npayload, qr_send_cb cb, void *ctx);
 /* A large payload to a Unix socket is lent to the kernel, not copied
- * (conn_uv.c, "sending"): its callback runs once the peer has read it,
+ * (conn_write.c): its callback runs once the peer has read it,
  * which the connection checks when the peer next sends something. This
  * checks now, running the callbacks of sends read since. */
 void qr_conn_reclaim(qr_conn *c);

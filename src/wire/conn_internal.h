@@ -1,12 +1,15 @@
 /*
  * conn_internal.h - what the files of the libuv transport share: the
- * connection's state (struct qr_conn) and the calls between conn_uv.c (the
- * sockets, the receive state machine, sending) and conn_limits.c (the
- * deadlines and the receive budget that bound what one peer can make a
- * listener hold). Nothing outside src/wire/conn_*.c includes it; the
- * interface is conn.h.
+ * connection's state (struct qr_conn) and the calls between them. Nothing
+ * outside src/wire/conn_*.c includes it; the interface is conn.h.
  *
- * Files: conn_uv.c, conn_limits.c.
+ * Files: conn_uv.c (a connection's life: made, tuned, closed, released;
+ * connecting and listening), conn_read.c (the receive state machine,
+ * in place or through the staging buffer; pause and resume), conn_write.c
+ * (sending: writev, written at once, or spliced), conn_secure.c (the
+ * qr_secure_io calls that glue the security layer, secure.h, to the
+ * socket), conn_limits.c (the deadlines and the receive budget that bound
+ * what one peer can make a listener hold).
  */
 #ifndef QR_WIRE_CONN_INTERNAL_H
 #define QR_WIRE_CONN_INTERNAL_H
@@ -15,7 +18,7 @@
 #include "wire/secure.h"
 #include "wire/splice.h"
 
-/* Each connection's staging buffer (conn_uv.c, "receiving"). */
+/* Each connection's staging buffer (conn_read.c). */
 #define STAGING_BYTES (64 * 1024)
 
 typedef enum { RX_HEADER, RX_META, RX_PAYLOAD, RX_TRAILER } rx_state;
@@ -65,7 +68,7 @@ struct qr_conn {
     bool paused;
     uint64_t messages_in; /* received whole */
 
-    /* Spliced sends (see "sending"). The socket is watched for room by a
+    /* Spliced sends (conn_write.c). The socket is watched for room by a
      * poll handle on a dup of its fd, since libuv's stream owns the
      * original's watch. */
     qr_splicer splicer;
@@ -125,12 +128,57 @@ static inline bool qr__conn_rx_stopped(const qr_conn *c) {
     return c->paused || c->budget_wait;
 }
 
-/* conn_uv.c, for conn_limits.c */
-void qr__conn_close_with(qr_conn *c, int status);
+/* The connection's status for a libuv one. */
+static inline int qr__conn_from_uv(int uv_status) {
+    switch (uv_status) {
+    case 0: return QR_OK;
+    case UV_EOF:
+    case UV_ECONNRESET:
+    case UV_EPIPE:
+    case UV_ECONNREFUSED:
+    case UV_ENOENT:
+    case UV_ECANCELED: return QR_EPEERLOST;
+    /* When TCP gives up on a silent peer (keepalive, TCP_USER_TIMEOUT) the
+     * kernel reports the last ICMP or neighbour error it saw instead of
+     * ETIMEDOUT, if any: a vanished host shows as either. */
+    case UV_ETIMEDOUT:
+    case UV_EHOSTUNREACH:
+    case UV_EHOSTDOWN:
+    case UV_ENETUNREACH:
+    case UV_ENETDOWN: return QR_ETIMEDOUT;
+    case UV_ENOMEM: return QR_ENOMEM;
+    default: return QR_EIO;
+    }
+}
+
+/* conn_uv.c: the connection's life. */
+void qr__conn_close_with(qr_conn *c, int status); /* once; `lost` follows */
 void qr__conn_release(qr_conn *c); /* one of its handles closed */
 void qr__conn_defer(qr_conn *c);   /* run on_defer before the loop next waits */
 
-/* conn_limits.c, for conn_uv.c. A listener's limits are shared by the
+/* conn_read.c: the read path. */
+int qr__conn_alloc_staging(qr_conn *c); /* once the peer may send messages */
+int qr__conn_start_reading(qr_conn *c);
+/* Walk the state machine over n bytes (read into the staging buffer, held,
+ * or plaintext of the security layer). */
+void qr__conn_process_bytes(qr_conn *c, const uint8_t *p, size_t n);
+/* n bytes of the payload landed in the owner's buffer at iov_idx/iov_off. */
+void qr__conn_payload_advance(qr_conn *c, size_t n);
+/* From on_defer: the budget made room for the header it stopped at
+ * (budget_granted set); the bytes a paused connection held, once resumed. */
+void qr__conn_budget_granted(qr_conn *c);
+void qr__conn_walk_held(qr_conn *c);
+
+/* conn_write.c: the write path. The callbacks of the sends written at
+ * once (from on_defer, and before `lost`); those of the spliced sends, with
+ * the close status, before `lost`. */
+void qr__conn_finish_written(qr_conn *c);
+void qr__conn_fail_spliced(qr_conn *c, int status);
+
+/* conn_secure.c: what this transport does for the security layer. */
+extern const qr_secure_io qr__conn_secure_io;
+
+/* conn_limits.c, for the others. A listener's limits are shared by the
  * connections it accepted (reference counted: they may outlive it). */
 typedef struct qr_conn_limits qr_conn_limits;
 /* The listener's, from its options; NULL (and QR_OK) when it sets none. */

@@ -1,9 +1,9 @@
 /*
  * secure.h - authentication and encryption of a connection's byte stream,
- * for any transport (conn_uv.c today; a shared-memory one would reuse it
- * as it is): the handshake of auth.h within a deadline, a reason a peer
- * that cannot authenticate can read, and the sealed records of seal.h
- * once a session is encrypted.
+ * for any transport (the libuv one today, through conn_secure.c; a
+ * shared-memory one would reuse it as it is): the handshake of auth.h
+ * within a deadline, a reason a peer that cannot authenticate can read,
+ * and the sealed records of seal.h once a session is encrypted.
  *
  * The transport drives it, as libuv drives a stream's handle through the
  * callbacks it was given: the transport hands in the bytes it reads (into

@@ -8,7 +8,7 @@
  * The catch is that the pages are lent, not copied: the bytes must stay
  * unchanged, and the memory must not be freed, until the reader has
  * consumed them, which is later than when the write returns. The
- * transport (conn_uv.c) holds a send's buffers until the socket's unread
+ * transport (conn_write.c) holds a send's buffers until the socket's unread
  * queue is empty (qr_splice_unread).
  *
  * Used on non-blocking sockets from the loop thread: every call does what

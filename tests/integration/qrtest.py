@@ -1,16 +1,20 @@
 """qrtest.py - helpers shared by the integration tests: free ports, the
-quorum wire format (to play a hostile or precise client), and running
-quorum processes with a deadline, killing only our own children (by pid
-or by the process group we created), never by name."""
+quorum wire format (to play a hostile or precise client), a lone ps to
+talk to, and running quorum processes with a deadline (one at a time, or
+a hand-started cluster of them), killing only our own children (by pid or
+by the process group we created), never by name."""
 
 import atexit
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
+import tempfile
 import time
 
 MAGIC = 0x4D525551
@@ -139,13 +143,18 @@ def closed_by_peer(s, timeout=5.0):
         return False
 
 
-def rss_kb(pid):
-    """A process's resident set, in KiB."""
+def status_kb(pid, key):
+    """A figure of /proc/PID/status in KiB (VmRSS, VmHWM, ...)."""
     with open("/proc/%d/status" % pid) as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError("no %s for pid %d" % (key, pid))
+
+
+def rss_kb(pid):
+    """A process's resident set, in KiB."""
+    return status_kb(pid, "VmRSS")
 
 
 def connect(port, timeout=10.0):
@@ -158,6 +167,24 @@ def connect(port, timeout=10.0):
         except OSError:
             if time.time() > deadline:
                 raise
+            time.sleep(0.05)
+
+
+def request(s, data):
+    """Send one message on s; its reply (read_reply's tuple)."""
+    s.sendall(data)
+    return read_reply(s)
+
+
+def serving(port, timeout=30.0):
+    """A connection to the ps at 127.0.0.1:port once it accepts one (it
+    may be starting): the socket."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return connect(port)
+        except OSError:
+            assert time.time() < deadline, "the ps did not come up"
             time.sleep(0.05)
 
 
@@ -209,6 +236,115 @@ def last_json(stdout):
     lines = [l for l in stdout.strip().splitlines() if l.strip()]
     assert lines, "no output on stdout"
     return json.loads(lines[-1])
+
+
+def lone_ps(quorum, port, worker_port, extra=(), **popen):
+    """`quorum ps` alone at 127.0.0.1:port, for one worker at worker_port
+    (nobody serves it: the test plays the worker), with `extra` flags; a
+    Proc (popen: Proc's stdout, stderr)."""
+    return Proc([quorum, "ps", "--ps_hosts", "127.0.0.1:%d" % port, "--worker_hosts",
+                 "127.0.0.1:%d" % worker_port, "--job_name", "ps", "--task_index", "0"] +
+                list(extra), **popen)
+
+
+def stop_ps(ps, port, timeout=60):
+    """Stop the ps at port as the chief does (STOP) and wait for it to end:
+    Proc.wait's (status, stdout, stderr)."""
+    s = connect(port)
+    s.sendall(frame(STOP, 9999))
+    read_reply(s)
+    s.close()
+    return ps.wait(timeout)
+
+
+def launch_child_pid(launcher, job, index):
+    """The pid of task `index` of `job` among `quorum launch`'s children
+    (launcher: its Proc), once it has started it."""
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        pid = launcher.p.pid
+        for child in open("/proc/%d/task/%d/children" % (pid, pid)).read().split():
+            try:
+                args = open("/proc/%s/cmdline" % child).read().split("\0")
+            except OSError:
+                continue
+            if len(args) > 1 and args[1] == job and \
+                    args[args.index("--task_index") + 1] == str(index):
+                return int(child)
+        time.sleep(0.05)
+    raise AssertionError("%s %d not found" % (job, index))
+
+
+class Cluster:
+    """ps and worker tasks started one by one, by hand (no launcher, as a
+    container orchestrator would), on Unix sockets in a private directory;
+    each run of a task has its stderr in a file of its own (they log a
+    lot). tasks: (job, index) -> the Proc of its current run; a killed task
+    leaves it until started again."""
+
+    def __init__(self, quorum, nps, nworkers, opts, prefix="qr-cluster-"):
+        self.quorum = quorum
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.spec = ["--ps_hosts", ",".join("unix:%s/ps%d.sock" % (self.dir, i)
+                                            for i in range(nps)),
+                     "--worker_hosts", ",".join("unix:%s/w%d.sock" % (self.dir, i)
+                                                for i in range(nworkers))]
+        self.opts = opts
+        self.nps, self.nworkers = nps, nworkers
+        self.tasks = {}
+        self.runs = {}
+
+    def start(self, job, i, extra=()):
+        key = (job, i)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        with open(os.path.join(self.dir, "%s%d.%d.log" % (job, i, self.runs[key])), "w") as log:
+            p = Proc([self.quorum, job] + self.spec + ["--job_name", job, "--task_index", str(i)]
+                     + self.opts + list(extra), stderr=log)
+        self.tasks[key] = p
+        return p
+
+    def start_all(self):
+        for job, n in (("ps", self.nps), ("worker", self.nworkers)):
+            for i in range(n):
+                self.start(job, i)
+
+    def log(self, job, i, run=None):
+        """What task (job, i) wrote to stderr in its run `run` (default: the latest)."""
+        run = run or self.runs[(job, i)]
+        with open(os.path.join(self.dir, "%s%d.%d.log" % (job, i, run))) as f:
+            return f.read()
+
+    def last_line(self, job, i):
+        lines = [l for l in self.log(job, i).splitlines() if l.strip()]
+        return lines[-1] if lines else ""
+
+    def wait_log(self, job, i, text, timeout):
+        deadline = time.time() + timeout
+        while text not in self.log(job, i):
+            assert time.time() < deadline, "timed out waiting for %r in %s %d:\n%s" % (
+                text, job, i, self.log(job, i)[-3000:])
+            time.sleep(0.05)
+
+    def kill(self, job, i):
+        """SIGKILL task (job, i) and reap it."""
+        p = self.tasks.pop((job, i))
+        os.kill(p.p.pid, signal.SIGKILL)
+        p.p.wait()
+
+    def wait(self, job, i, timeout):
+        """Wait for task (job, i) to end: (its status, its stdout)."""
+        rc, out, _ = self.tasks[(job, i)].wait(timeout)
+        return rc, out
+
+    def close(self):
+        for p in self.tasks.values():
+            p.kill()
+        if sys.exc_info()[0] is not None:  # failing: show what every task said
+            for name in sorted(os.listdir(self.dir)):
+                if name.endswith(".log"):
+                    with open(os.path.join(self.dir, name)) as f:
+                        print("---- %s\n%s" % (name, f.read()[-2500:]))
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --- the handshake of a job with a secret (src/wire/auth.h) -------------------

@@ -27,7 +27,7 @@ import time
 import zlib
 
 from qrtest import (REPLY, STEP, STOP, Credentials, Proc, connect, frame, free_ports, handshake,
-                    read_reply, read_secret, rss_kb, spec_text)
+                    lone_ps, read_reply, read_secret, rss_kb, serving, spec_text)
 
 quorum = sys.argv[1]
 tmp = tempfile.mkdtemp(prefix="qr-test-auth-wire-")
@@ -158,18 +158,9 @@ print("ok: --encrypt: %d bytes up, %d down, no frame or name readable (zlib rati
 ps_port, worker_port = free_ports(2)
 ps_hosts, worker_hosts = "127.0.0.1:%d" % ps_port, "127.0.0.1:%d" % worker_port
 cred = Credentials(secret, spec_text(ps_hosts, worker_hosts))
-ps = Proc([quorum, "ps", "--ps_hosts", ps_hosts, "--worker_hosts", worker_hosts, "--job_name",
-           "ps", "--task_index", "0", "--secret-file", secret_path, "--handshake-timeout-ms",
-           "60000"])
-deadline = time.time() + 30
-while True:
-    try:
-        s = connect(ps_port)
-        break
-    except OSError:
-        assert time.time() < deadline
-        time.sleep(0.05)
-s.close()
+ps = lone_ps(quorum, ps_port, worker_port, ["--secret-file", secret_path,
+                                            "--handshake-timeout-ms", "60000"])
+serving(ps_port).close()
 time.sleep(0.3)
 
 

@@ -33,9 +33,9 @@ import sys
 import tempfile
 import time
 
-from qrtest import (CREATE, HELLO, PUSH, READY, REPLY, STEP, STOP, Proc, connect, create_meta,
-                    floats, frame, free_port, header, last_json, pad, push_meta, read_reply,
-                    ready_meta)
+from qrtest import (CREATE, HELLO, PUSH, READY, REPLY, STEP, Proc, connect, create_meta, floats,
+                    frame, free_ports, header, last_json, lone_ps, pad, push_meta, read_reply,
+                    ready_meta, request, serving, status_kb, stop_ps)
 
 quorum, case = sys.argv[1], sys.argv[2]
 
@@ -57,25 +57,10 @@ log_path = os.path.join(logdir.name, "ps.log")
 
 
 def start_ps(*extra):
-    ports = []
-    while len(ports) < 2:
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    port, worker = ports
-    log = open(log_path, "w")
-    ps = Proc([quorum, "ps", "--ps_hosts", "127.0.0.1:%d" % port, "--worker_hosts",
-               "127.0.0.1:%d" % worker, "--job_name", "ps", "--task_index", "0",
-               "--linger-ms", "1000"] + list(extra), stderr=log)
-    log.close()
-    deadline = time.time() + 30
-    while True:
-        try:
-            s = connect(port)
-            break
-        except OSError:
-            assert time.time() < deadline, "the ps did not come up"
-            time.sleep(0.05)
+    port, worker = free_ports(2)
+    with open(log_path, "w") as log:
+        ps = lone_ps(quorum, port, worker, ["--linger-ms", "1000"] + list(extra), stderr=log)
+    s = serving(port)
     s.sendall(frame(STEP, 1))
     assert read_reply(s)[0] == STEP | REPLY
     s.close()
@@ -87,25 +72,8 @@ def ps_log():
         return f.read()
 
 
-def status_kb(pid, key):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise AssertionError("no %s for pid %d" % (key, pid))
-
-
-def request(s, data):
-    s.sendall(data)
-    return read_reply(s)
-
-
 def stop(ps, port):
-    s = connect(port)
-    s.sendall(frame(STOP, 9999))
-    read_reply(s)
-    s.close()
-    rc, _, _ = ps.wait(60)
+    rc, _, _ = stop_ps(ps, port)
     assert rc == 0, ps_log()[-3000:]
 
 

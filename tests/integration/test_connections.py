@@ -18,31 +18,16 @@ import sys
 import time
 import urllib.request
 
-from qrtest import (HELLO, STEP, STOP, REPLY, Proc, closed_by_peer, connect, frame, free_port,
-                    read_reply, rss_kb)
+from qrtest import (HELLO, STEP, REPLY, closed_by_peer, connect, frame, free_ports, lone_ps,
+                    read_reply, rss_kb, serving, stop_ps)
 
 quorum = sys.argv[1]
 
 
 def start_ps(*extra):
-    ports = []
-    while len(ports) < 3:  # free_port may hand out a port twice in a row
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    port, metrics, worker = ports
-    ps = Proc([quorum, "ps", "--ps_hosts", "127.0.0.1:%d" % port, "--worker_hosts",
-               "127.0.0.1:%d" % worker, "--job_name", "ps", "--task_index", "0",
-               "--metrics-port", str(metrics)] + list(extra))
-    deadline = time.time() + 30
-    while True:
-        try:
-            s = connect(port)
-            break
-        except OSError:
-            assert time.time() < deadline, "the ps did not come up"
-            time.sleep(0.05)
-    s.close()
+    port, metrics, worker = free_ports(3)
+    ps = lone_ps(quorum, port, worker, ["--metrics-port", str(metrics)] + list(extra))
+    serving(port).close()
     return ps, port, metrics
 
 
@@ -50,14 +35,6 @@ def step(s, rid):
     s.sendall(frame(STEP, rid))
     mtype, got, status, meta, _ = read_reply(s)
     assert mtype == STEP | REPLY and got == rid and status == 0, (mtype, got, status)
-
-
-def stop(ps, port):
-    s = connect(port)
-    s.sendall(frame(STOP, 9999))
-    read_reply(s)
-    s.close()
-    return ps.wait(60)
 
 
 # --- 1. the cap -------------------------------------------------------------
@@ -81,7 +58,7 @@ step(s, 100)  # room again
 s.close()
 for s in kept[5:] + extra:
     s.close()
-rc, _, err = stop(ps, port)
+rc, _, err = stop_ps(ps, port)
 assert rc == 0, err[-2000:]
 refusal = [l for l in err.splitlines() if "refused a connection from" in l]
 assert refusal and "127.0.0.1:" in refusal[0] and "(max-connections)" in refusal[0], err[-2000:]
@@ -108,7 +85,7 @@ page = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics, timeout=1
 assert "quorum_connections_evicted_total 20" in page, page[-2000:]
 for s in workers + silent + fresh:
     s.close()
-rc, _, err = stop(ps, port)
+rc, _, err = stop_ps(ps, port)
 assert rc == 0, err[-2000:]
 assert "to make room for one from" in err, err[-2000:]
 print("ok: at max-connections 40, 20 new connections closed the 20 oldest silent ones and were "
@@ -143,5 +120,5 @@ for kind, open_one in (("TCP", lambda: connect(port)),
     for s in idle:
         s.close()
     time.sleep(0.3)
-rc, _, err = stop(ps, port)
+rc, _, err = stop_ps(ps, port)
 assert rc == 0, err[-2000:]

@@ -19,77 +19,24 @@ orchestrator never counts a pod of a failed job as succeeded.
 Usage: test_exits.py QUORUM_BINARY CASE"""
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 
-from qrtest import Proc, last_json
+from qrtest import Cluster, Proc, last_json, launch_child_pid
 
 quorum, case = sys.argv[1], sys.argv[2]
 
 
-class Cluster:
-    """ps and worker tasks started one by one on Unix sockets in a private
-    directory, each with its stderr in a file."""
-
-    def __init__(self, nps, nworkers, opts):
-        self.dir = tempfile.mkdtemp(prefix="qr-exits-")
-        self.spec = ["--ps_hosts", ",".join("unix:%s/ps%d.sock" % (self.dir, i)
-                                            for i in range(nps)),
-                     "--worker_hosts", ",".join("unix:%s/w%d.sock" % (self.dir, i)
-                                                for i in range(nworkers))]
-        self.opts = opts
-        self.nps, self.nworkers = nps, nworkers
-        self.tasks = {}
-
-    def start_all(self):
-        for job, n in (("ps", self.nps), ("worker", self.nworkers)):
-            for i in range(n):
-                log = open(os.path.join(self.dir, "%s%d.log" % (job, i)), "w")
-                p = Proc([quorum, job] + self.spec + ["--job_name", job, "--task_index", str(i)]
-                         + self.opts, stderr=log)
-                self.tasks[(job, i)] = p
-
-    def log(self, job, i):
-        with open(os.path.join(self.dir, "%s%d.log" % (job, i))) as f:
-            return f.read()
-
-    def last_line(self, job, i):
-        lines = [l for l in self.log(job, i).splitlines() if l.strip()]
-        return lines[-1] if lines else ""
-
-    def kill(self, job, i):
-        p = self.tasks.pop((job, i))
-        os.kill(p.p.pid, signal.SIGKILL)
-        p.p.wait()
-
-    def wait_log(self, job, i, text, timeout):
-        deadline = time.time() + timeout
-        while text not in self.log(job, i):
-            assert time.time() < deadline, "timed out waiting for %r in %s %d:\n%s" % (
-                text, job, i, self.log(job, i)[-3000:])
-            time.sleep(0.05)
-
-    def ends(self, timeout):
-        """Wait for every task still running; {(job, i): (status, last line)}."""
-        deadline = time.time() + timeout
-        out = {}
-        for key, p in self.tasks.items():
-            rc, _, _ = p.wait(max(1, deadline - time.time()))
-            out[key] = (rc, self.last_line(*key))
-        return out
-
-    def close(self):
-        for p in self.tasks.values():
-            p.kill()
-        if sys.exc_info()[0] is not None:  # failing: show what every task said
-            for name in sorted(os.listdir(self.dir)):
-                if name.endswith(".log"):
-                    with open(os.path.join(self.dir, name)) as f:
-                        print("---- %s\n%s" % (name, f.read()[-2500:]))
-        shutil.rmtree(self.dir, ignore_errors=True)
+def ends_of(c, timeout):
+    """Wait for every task of cluster c still running; {(job, i): (status,
+    last line)}."""
+    deadline = time.time() + timeout
+    out = {}
+    for key in list(c.tasks):
+        rc, _ = c.wait(key[0], key[1], max(1, deadline - time.time()))
+        out[key] = (rc, c.last_line(*key))
+    return out
 
 
 def check_ends(ends, status, *words):
@@ -101,15 +48,15 @@ def check_ends(ends, status, *words):
 
 
 def ps_lost(mode):
-    c = Cluster(2, 3, ["--mode", mode, "--data", "digits", "--steps", "10000000",
-                       "--restart-wait-ms", "2000", "--quiet"])
+    c = Cluster(quorum, 2, 3, ["--mode", mode, "--data", "digits", "--steps", "10000000",
+                               "--restart-wait-ms", "2000", "--quiet"], prefix="qr-exits-")
     try:
         c.start_all()
         c.wait_log("worker", 2, "connected to ps 1", 30)
         time.sleep(1.0)  # the run is going: some workers wait for a token
         c.kill("ps", 1)
         t0 = time.time()
-        ends = c.ends(60)
+        ends = ends_of(c, 60)
         check_ends(ends, 1, "job aborted: ps 1 (unix:%s/ps1.sock)" % c.dir)
         print("PASS: %s, ps 1 lost: every task exited 1 within %.1f s, its last line naming "
               "the abort and ps 1: %s" % (mode, time.time() - t0, ends[("worker", 1)][1]))
@@ -122,36 +69,21 @@ def worker_lost():
     # step waiting for its gradient: a kill lands there, between worker 2's
     # gradient and its token, where its token was left to the survivors.
     for delay in (0.3, 1.0, 2.0):
-        c = Cluster(2, 3, ["--mode", "sync", "--data", "digits", "--steps", "10000000",
-                           "--restart-wait-ms", "2000", "--slow-worker", "0:40", "--quiet"])
+        c = Cluster(quorum, 2, 3, ["--mode", "sync", "--data", "digits", "--steps", "10000000",
+                                   "--restart-wait-ms", "2000", "--slow-worker", "0:40",
+                                   "--quiet"], prefix="qr-exits-")
         try:
             c.start_all()
             c.wait_log("worker", 2, "connected to ps 1", 30)
             time.sleep(delay)
             c.kill("worker", 2)
             t0 = time.time()
-            ends = c.ends(60)
+            ends = ends_of(c, 60)
             check_ends(ends, 1, "job aborted: synchronous training: worker 2 left")
             print("PASS: worker 2 killed %.1f s into the run: every other task exited 1 within "
                   "%.1f s: %s" % (delay, time.time() - t0, ends[("ps", 1)][1]))
         finally:
             c.close()
-
-
-def launch_pid(p, job, index):
-    """The pid of task `index` of `job` among launch's children."""
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
-            try:
-                args = open("/proc/%s/cmdline" % pid).read().split("\0")
-            except OSError:
-                continue
-            if len(args) > 1 and args[1] == job and \
-                    args[args.index("--task_index") + 1] == str(index):
-                return int(pid)
-        time.sleep(0.05)
-    raise AssertionError("%s %d not found" % (job, index))
 
 
 def restart_digest():
@@ -168,7 +100,7 @@ def restart_digest():
     for victim, slow in ((2, "1:10"), (0, "1:10"), (2, "0:10")):
         for delay in (0.5, 1.5):
             p = Proc([quorum, "launch"] + base + ["--slow-worker", slow, "--max-restarts", "1"])
-            pid = launch_pid(p, "worker", victim)
+            pid = launch_child_pid(p, "worker", victim)
             time.sleep(delay)
             os.kill(pid, signal.SIGKILL)
             rc, out, err = p.wait(300)

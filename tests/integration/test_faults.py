@@ -50,39 +50,17 @@ import sys
 import tempfile
 import time
 
-from qrtest import HELLO, REPLY, Proc, frame, free_port, last_json, read_reply
+from qrtest import HELLO, REPLY, Cluster, Proc, frame, free_port, last_json, read_reply
 
 quorum, case = sys.argv[1], sys.argv[2]
 
 
-class Cluster:
-    """ps and worker tasks started one by one on Unix sockets in a private
-    directory, each with its stderr in a file (they log a lot)."""
+class FaultCluster(Cluster):
+    """A hand-started cluster (qrtest.Cluster) in which a task is killed
+    and started again mid-run."""
 
     def __init__(self, nps, nworkers, opts):
-        self.dir = tempfile.mkdtemp(prefix="qr-faults-")
-        self.spec = ["--ps_hosts", ",".join("unix:%s/ps%d.sock" % (self.dir, i)
-                                            for i in range(nps)),
-                     "--worker_hosts", ",".join("unix:%s/w%d.sock" % (self.dir, i)
-                                                for i in range(nworkers))]
-        self.opts = opts
-        self.nps, self.nworkers = nps, nworkers
-        self.tasks = {}
-        self.runs = {}
-
-    def start(self, job, i, extra=()):
-        key = (job, i)
-        self.runs[key] = self.runs.get(key, 0) + 1
-        log = open(os.path.join(self.dir, "%s%d.%d.log" % (job, i, self.runs[key])), "w")
-        p = Proc([quorum, job] + self.spec + ["--job_name", job, "--task_index", str(i)] +
-                 self.opts + list(extra), stderr=log)
-        self.tasks[key] = (p, log)
-        return p
-
-    def start_all(self):
-        for job, n in (("ps", self.nps), ("worker", self.nworkers)):
-            for i in range(n):
-                self.start(job, i)
+        super().__init__(quorum, nps, nworkers, opts, prefix="qr-faults-")
 
     def restart_mid_run(self, job, i, min_step):
         """Once ps 0 has written a checkpoint of global step min_step or
@@ -107,31 +85,6 @@ class Cluster:
                 rc, _ = self.wait(key[0], key[1], 30)
                 assert rc == 0, (key, self.log(*key)[-3000:])
         return last_json(out)
-
-    def kill(self, job, i):
-        p = self.tasks[(job, i)][0]
-        os.kill(p.p.pid, signal.SIGKILL)
-        p.p.wait()
-
-    def wait(self, job, i, timeout):
-        p = self.tasks[(job, i)][0]
-        rc, out, _ = p.wait(timeout)
-        return rc, out
-
-    def log(self, job, i, run=None):
-        run = run or self.runs[(job, i)]
-        with open(os.path.join(self.dir, "%s%d.%d.log" % (job, i, run))) as f:
-            return f.read()
-
-    def close(self):
-        for p, _ in self.tasks.values():
-            p.kill()
-        if sys.exc_info()[0] is not None:  # failing: show what every task said
-            for name in sorted(os.listdir(self.dir)):
-                if name.endswith(".log"):
-                    with open(os.path.join(self.dir, name)) as f:
-                        print("---- %s\n%s" % (name, f.read()[-2500:]))
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def wait_for(predicate, timeout, what):
@@ -254,7 +207,7 @@ elif case == "stale_socket":
         shutil.rmtree(sockets, ignore_errors=True)
 
 elif case == "ps_restart_async":
-    c = Cluster(2, 2, ["--data", "digits", "--steps", "8000", "--checkpoint-dir", "CKPT",
+    c = FaultCluster(2, 2, ["--data", "digits", "--steps", "8000", "--checkpoint-dir", "CKPT",
                        "--checkpoint-steps", "200", "--json", "--quiet"])
     c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
     try:
@@ -273,14 +226,14 @@ elif case == "ps_restart_async":
         c.close()
 
 elif case == "hung_ps":
-    c = Cluster(2, 2, ["--data", "digits", "--steps", "2000000", "--checkpoint-dir", "CKPT",
+    c = FaultCluster(2, 2, ["--data", "digits", "--steps", "2000000", "--checkpoint-dir", "CKPT",
                        "--checkpoint-steps", "200", "--heartbeat-timeout-ms", "1500",
                        "--json", "--quiet"])
     c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
     try:
         c.start_all()
         wait_for(lambda: "written: global step 400" in c.log("ps", 0), 60, "a checkpoint")
-        ps1 = c.tasks[("ps", 1)][0].p
+        ps1 = c.tasks[("ps", 1)].p
         os.kill(ps1.pid, signal.SIGSTOP)
         t0 = time.time()
         wait_for(lambda: "answered nothing for" in c.log("ps", 0), 10, "ps 0 naming ps 1")
@@ -310,7 +263,7 @@ elif case == "ps0_restart":
     rc, out, err = Proc([quorum, "launch", "--ps", "2", "--workers", "2"] + base).wait(300)
     assert rc == 0, err[-3000:]
     whole = last_json(out)
-    c = Cluster(2, 2, base + ["--checkpoint-dir", "CKPT", "--checkpoint-steps", "100"])
+    c = FaultCluster(2, 2, base + ["--checkpoint-dir", "CKPT", "--checkpoint-steps", "100"])
     c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
     try:
         c.start_all()
@@ -330,7 +283,7 @@ elif case == "ps0_restart":
         c.close()
 
 elif case == "no_checkpoint":
-    c = Cluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "100000"])
+    c = FaultCluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "100000"])
     try:
         c.start_all()
         wait_for(lambda: "connected to ps 1" in c.log("worker", 1), 30, "the workers")
@@ -354,7 +307,7 @@ elif case == "no_checkpoint":
 elif case == "ps_gone":
     # Async: both workers push to ps 1 all the time, so both meet its death
     # at once (in sync mode one may sit in a token wait on ps 0 meanwhile).
-    c = Cluster(2, 2, ["--data", "digits", "--steps", "10000000", "--restart-wait-ms", "3000"])
+    c = FaultCluster(2, 2, ["--data", "digits", "--steps", "10000000", "--restart-wait-ms", "3000"])
     try:
         c.start_all()
         wait_for(lambda: "connected to ps 1" in c.log("worker", 1), 30, "the workers")
@@ -382,7 +335,7 @@ elif case == "ps_gone":
 elif case == "stop_notice":
     # ps 0 gives up on a lost ps 1 after 1.5 s, the workers would wait a
     # minute for it: ps 0's stop notice ends them at once, with its reason.
-    c = Cluster(2, 2, ["--data", "digits", "--steps", "10000000"])
+    c = FaultCluster(2, 2, ["--data", "digits", "--steps", "10000000"])
     try:
         for i in range(2):
             c.start("ps", i, ["--restart-wait-ms", "1500"])
@@ -407,7 +360,7 @@ elif case == "stop_notice":
         c.close()
 
 elif case == "job_ended":
-    c = Cluster(1, 2, ["--data", "digits", "--steps", "6000", "--restart-wait-ms", "2000"])
+    c = FaultCluster(1, 2, ["--data", "digits", "--steps", "6000", "--restart-wait-ms", "2000"])
     try:
         c.start_all()
         wait_for(lambda: "connected to ps 0" in c.log("worker", 1), 30, "the workers")
@@ -424,7 +377,7 @@ elif case == "job_ended":
               % (time.time() - t0))
     finally:
         c.close()
-    c = Cluster(1, 2, ["--data", "digits", "--steps", "1000000", "--restart-wait-ms", "2000"])
+    c = FaultCluster(1, 2, ["--data", "digits", "--steps", "1000000", "--restart-wait-ms", "2000"])
     try:
         c.start_all()
         wait_for(lambda: "connected to ps 0" in c.log("worker", 1), 30, "the workers")
@@ -440,13 +393,13 @@ elif case == "job_ended":
         c.close()
 
 elif case == "slow_start":
-    c = Cluster(2, 2, ["--data", "digits", "--steps", "300", "--restart-wait-ms", "1000",
+    c = FaultCluster(2, 2, ["--data", "digits", "--steps", "300", "--restart-wait-ms", "1000",
                        "--json", "--quiet"])
     try:
         for job, i in (("ps", 0), ("worker", 0), ("worker", 1)):
             c.start(job, i)
         time.sleep(2.5)  # past restart-wait-ms
-        assert c.tasks[("ps", 0)][0].alive(), c.log("ps", 0)
+        assert c.tasks[("ps", 0)].alive(), c.log("ps", 0)
         c.start("ps", 1)
         assert c.finish_ok()["global_step"] >= 300
         print("PASS: ps 1 started 2.5 s after the others (restart-wait-ms 1 s); the run finished")
@@ -454,7 +407,7 @@ elif case == "slow_start":
         c.close()
 
 elif case == "late_worker":
-    c = Cluster(1, 2, ["--data", "digits", "--steps", "100", "--init-timeout-ms", "7000"])
+    c = FaultCluster(1, 2, ["--data", "digits", "--steps", "100", "--init-timeout-ms", "7000"])
     try:
         t0 = time.time()
         c.start("worker", 1)

@@ -26,7 +26,8 @@ import time
 import numpy as np
 
 from qrtest import (CREATE, PULL, PUSH, READY, REPLY, STATS, STATUS, STOP, Proc, connect,
-                    create_meta, frame, free_port, push_meta, read_reply, ready_meta)
+                    create_meta, frame, free_port, push_meta, read_reply, ready_meta,
+                    request)
 
 PUSH_DELTA = 4
 ROWS, DIM = 3072, 1024          # 12 MiB of float32: over the 8 MiB threshold
@@ -44,11 +45,6 @@ def next_id():
     global rid
     rid += 1
     return rid
-
-
-def request(s, data):
-    s.sendall(data)
-    return read_reply(s)
 
 
 def ok(reply, what):

@@ -24,7 +24,7 @@ import sys
 from qrtest import (CREATE, HELLO, LEAVE, PULL, PUSH, PUSH_LR, READY, REPLY, SAVE, STATUS, STEP,
                     Proc,
                     connect, create_meta, floats, frame, free_port, header, last_json,
-                    pad, push_meta, read_reply, ready_meta, recv_exact, unfloats)
+                    pad, push_meta, read_reply, ready_meta, recv_exact, request, unfloats)
 
 quorum = sys.argv[1]
 ps_port, worker_port = free_port(), free_port()
@@ -75,11 +75,6 @@ def peak_rss_kb(pid):
             if line.startswith("VmHWM:"):
                 return int(line.split()[1])
     raise AssertionError("no VmHWM for pid %d" % pid)
-
-
-def request(s, data):
-    s.sendall(data)
-    return read_reply(s)
 
 
 def expect_error(s, data, status, phrase, what):

@@ -48,32 +48,16 @@ import sys
 import tempfile
 import time
 
-from qrtest import Proc, last_json
+from qrtest import Proc, last_json, launch_child_pid
 
 quorum, case = sys.argv[1], sys.argv[2]
-
-
-def worker_pid(p, index, job="worker"):
-    """The pid of task `index` of `job` among launch's children."""
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
-            try:
-                args = open("/proc/%s/cmdline" % pid).read().split("\0")
-            except OSError:
-                continue
-            if len(args) > 1 and args[1] == job and \
-                    args[args.index("--task_index") + 1] == str(index):
-                return int(pid)
-        time.sleep(0.1)
-    raise AssertionError("%s %d not found" % (job, index))
 
 
 def signal_worker_mid_run(args, index, sig, env=None, job="worker"):
     """Start `quorum launch ARGS`, and a second into the run send task
     `index` of `job` the signal; return (the launcher, the task's pid)."""
     p = Proc([quorum, "launch"] + args, env=env)
-    pid = worker_pid(p, index, job)
+    pid = launch_child_pid(p, job, index)
     time.sleep(1.0)
     assert p.alive(), "the run ended before the signal"
     if sig:
@@ -244,10 +228,10 @@ elif case == "rollbacks_once":
                                           1, None, job="ps")
         pids = []
         for k in range(kills):
-            pid = worker_pid(p, 1, "ps")
+            pid = launch_child_pid(p, "ps", 1)
             while pid in pids:  # the restarted one
                 time.sleep(0.1)
-                pid = worker_pid(p, 1, "ps")
+                pid = launch_child_pid(p, "ps", 1)
             time.sleep(1.5)  # trained past a checkpoint again
             assert p.alive(), "the run ended before kill %d" % (k + 1)
             os.kill(pid, signal.SIGKILL)

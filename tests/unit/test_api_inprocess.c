@@ -313,7 +313,7 @@ static void test_per_variable_optimizer_options(void **state) {
 
 /* Large pull replies over a Unix socket are spliced: the kernel reads
  * the tensor's own pages while the worker copies them out, and the ps must
- * not change them until the worker has read them all (conn_uv.c). Worker
+ * not change them until the worker has read them all (conn_write.c). Worker
  * B adds 1 to every element of a 2 MiB variable, again and again, while
  * worker A pulls it: each pull must be one version whole (every element
  * equal). A reply whose pages were given back early would show a mix:

@@ -1,5 +1,5 @@
 /*
- * test_wire_conn.c - the transport (src/wire/conn_uv.c) end to end on one
+ * test_wire_conn.c - the transport (src/wire/conn_*.c) end to end on one
  * libuv loop: a listener and a client over a Unix socket and over TCP.
  *
  * The case here is the one a worker makes all the time: small sends with
