@@ -187,16 +187,21 @@ def check_copies(err, nps, what):
 
 def train_case():
     digits = ["--data", "digits", "--batch-size", "32", "--seed", "11"]
-    runs = [("sgd, 2 ps", ["--ps", "2", "--workers", "3", "--lr", "0.1", "--epochs", "2"], 2),
-            ("sgd, 3 ps", ["--ps", "3", "--workers", "3", "--lr", "0.1", "--epochs", "2"], 3),
+    # Long enough (about 450 steps) that an async run's accuracy no longer
+    # swings with the order its pushes happened to take (at 2 epochs Adam
+    # gave 0.886 one run and 0.955 the next).
+    runs = [("sgd, 2 ps", ["--ps", "2", "--workers", "3", "--lr", "0.1", "--epochs", "10"], 2),
+            ("sgd, 3 ps", ["--ps", "3", "--workers", "3", "--lr", "0.1", "--epochs", "10"], 3),
             ("adam, 2 ps", ["--ps", "2", "--workers", "3", "--optimizer", "adam", "--lr",
-                            "0.001", "--epochs", "2"], 2)]
+                            "0.001", "--epochs", "10"], 2)]
     for what, args, nps in runs:
         one, _ = launch(digits + args)
         two, err = launch(digits + args + ["--ps-replicas", "2"])
         check_copies(err, nps, what)
-        # async runs vary from run to run: two copies train as well as one
-        assert two["test_accuracy"] >= max(0.85, one["test_accuracy"] - 0.05), (
+        # Async runs at a constant rate end where their last pushes left
+        # them (0.919 to 0.970 over runs of the same one-copy job): two
+        # copies train as well as one, within that spread.
+        assert two["test_accuracy"] >= max(0.9, one["test_accuracy"] - 0.08), (
             what, one["test_accuracy"], two["test_accuracy"])
         print("ok: %s: accuracy %.4f with two copies, %.4f with one" % (
             what, two["test_accuracy"], one["test_accuracy"]))
