@@ -7,10 +7,13 @@ import atexit
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import sys
+import tempfile
 import time
 
 MAGIC = 0x4D525551
@@ -203,6 +206,87 @@ class Proc:
             os.killpg(self.p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+class HandCluster:
+    """A cluster started by hand, task by task (no launcher, as an
+    orchestrator would): ps and worker tasks of the binary `quorum` on Unix
+    sockets in a private directory, each run of a task with its stderr in
+    a file of its own (job, index, run), its stdout piped. A task may be
+    killed and started again (restarted by hand)."""
+
+    def __init__(self, quorum, nps, nworkers, opts, prefix="qr-hand-"):
+        self.quorum = quorum
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.spec = ["--ps_hosts", ",".join("unix:%s/ps%d.sock" % (self.dir, i)
+                                            for i in range(nps)),
+                     "--worker_hosts", ",".join("unix:%s/w%d.sock" % (self.dir, i)
+                                                for i in range(nworkers))]
+        self.opts = opts
+        self.nps, self.nworkers = nps, nworkers
+        self.tasks = {}
+        self.runs = {}
+
+    def start(self, job, i):
+        key = (job, i)
+        self.runs[key] = self.runs.get(key, 0) + 1
+        with open(self._path(job, i, self.runs[key]), "w") as log:
+            self.tasks[key] = Proc([self.quorum, job] + self.spec +
+                                   ["--job_name", job, "--task_index", str(i)] + self.opts,
+                                   stderr=log)
+        return self.tasks[key]
+
+    def start_all(self):
+        for job, n in (("ps", self.nps), ("worker", self.nworkers)):
+            for i in range(n):
+                self.start(job, i)
+
+    def _path(self, job, i, run):
+        return os.path.join(self.dir, "%s%d.%d.log" % (job, i, run))
+
+    def log(self, job, i):
+        """What the latest run of task (job, i) wrote to stderr."""
+        with open(self._path(job, i, self.runs[(job, i)])) as f:
+            return f.read()
+
+    def last_line(self, job, i):
+        lines = [l for l in self.log(job, i).splitlines() if l.strip()]
+        return lines[-1] if lines else ""
+
+    def kill(self, job, i):
+        """SIGKILL task (job, i); it is no longer among the running tasks."""
+        p = self.tasks.pop((job, i))
+        os.kill(p.p.pid, signal.SIGKILL)
+        p.p.wait()
+
+    def wait_log(self, job, i, text, timeout):
+        deadline = time.time() + timeout
+        while text not in self.log(job, i):
+            assert time.time() < deadline, "timed out waiting for %r in %s %d:\n%s" % (
+                text, job, i, self.log(job, i)[-3000:])
+            time.sleep(0.05)
+
+    def ends(self, timeout):
+        """Wait for every task still running (within timeout, together):
+        {(job, i): (exit status, last line of stderr, stdout)}."""
+        deadline = time.time() + timeout
+        out = {}
+        for key, p in self.tasks.items():
+            rc, stdout, _ = p.wait(max(1, deadline - time.time()))
+            out[key] = (rc, self.last_line(*key), stdout)
+        return out
+
+    def close(self):
+        """Kill what still runs (our own process groups) and remove the
+        directory; when a test is failing, show what every task said."""
+        for p in self.tasks.values():
+            p.kill()
+        if sys.exc_info()[0] is not None:
+            for name in sorted(os.listdir(self.dir)):
+                if name.endswith(".log"):
+                    with open(os.path.join(self.dir, name)) as f:
+                        print("---- %s\n%s" % (name, f.read()[-2500:]))
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def last_json(stdout):
