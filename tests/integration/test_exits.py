@@ -24,8 +24,9 @@ orchestrator never counts a pod of a failed job as succeeded.
                   restarted within restart-wait-ms (...); nobody evaluated
                   the model ..."
   chief_lost_sync the same in sync mode with a backup worker (R = 2 of 3), where
-                  the others could go on without the chief (with R = N they
-                  cannot: worker_lost's outcome)
+                  the others could go on without the chief; with R = N they
+                  cannot: the run aborts naming it (exit 1), worker_lost's
+                  outcome
   chief_back      async, and sync with R = 2 of 3: the chief SIGKILLed and
                   started again by hand within restart-wait-ms: every task
                   exits 0 and the chief evaluates the model
@@ -97,10 +98,12 @@ def worker_lost():
 CHIEF_LOST = 3  # a task's exit status when the job ended without its chief (tools/quorum.c)
 
 
-def chief_lost(mode, extra, steps, wait_ms):
+def chief_lost(mode, extra, steps, wait_ms, aborts=False):
     """The chief SIGKILLed for good: every other task exits 3, its last line
-    saying the job ended without its chief and nobody evaluated the model.
-    The global step ps 0 reports then."""
+    saying the job ended without its chief and nobody evaluated the model;
+    the global step ps 0 reports then. aborts: sync with R = N, where the
+    others cannot go on: they exit 1, the run aborted naming the chief as
+    any worker a step needs (worker_lost)."""
     c = hand_cluster(2, 3, ["--mode", mode, "--data", "digits", "--steps", str(steps),
                             "--restart-wait-ms", str(wait_ms), "--heartbeat-ms", "200",
                             "--heartbeat-timeout-ms", "1000", "--quiet"] + extra)
@@ -112,10 +115,15 @@ def chief_lost(mode, extra, steps, wait_ms):
         t0 = time.time()
         ends = c.ends(60)
         took = time.time() - t0
+        assert wait_ms / 1e3 - 0.5 < took < wait_ms / 1e3 + 20, took
+        if aborts:
+            check_ends(ends, 1, "job aborted: synchronous training: worker 0 left")
+            print("PASS: sync with R = N, the chief killed for good: every other task exited 1 "
+                  "%.1f s later: %s" % (took, ends[("worker", 1)][1][:160]))
+            return None
         check_ends(ends, CHIEF_LOST, "job ended without its chief: worker 0 (unix:%s/w0.sock) "
                    "was lost at global step" % c.dir, "not restarted within restart-wait-ms "
                    "(%d ms); nobody evaluated the model" % wait_ms)
-        assert wait_ms / 1e3 - 0.5 < took < wait_ms / 1e3 + 20, took
         step = int(re.search(r"the run was at global step (\d+)", ends[("ps", 0)][1]).group(1))
         print("PASS: %s %s, the chief killed for good: every other task exited %d %.1f s later "
               "(restart-wait-ms %d) at global step %d of %d: %s" % (
@@ -228,6 +236,7 @@ elif case == "chief_lost_async":
         print("note: the survivors had not done their 6000 steps within restart-wait-ms")
 elif case == "chief_lost_sync":
     chief_lost("sync", ["--replicas-to-aggregate", "2"], 10000000, 2000)
+    chief_lost("sync", [], 10000000, 2000, aborts=True)
 elif case == "chief_back":
     chief_back("async", [])
     chief_back("sync", ["--replicas-to-aggregate", "2"])
