@@ -59,7 +59,8 @@ extern "C" {
     X(ETOOBIG, -15, "message too large")                                    \
     X(EINTERNAL, -16, "internal error")                                     \
     X(EROLLEDBACK, -17, "rolled back to a checkpoint")                      \
-    X(EAUTH, -18, "authentication failed")
+    X(EAUTH, -18, "authentication failed")                                  \
+    X(ECHIEFLOST, -19, "the job ended without its chief")
 
 typedef enum qr_status {
 #define QR__STATUS_ENUM(name, code, msg) QR_##name = code,
@@ -409,7 +410,9 @@ QR_API int qr_request_wait(qr_request *request, int64_t *global_step);
  * message "dropped: stale: ...", when the gradient came too late to count;
  * the worker still takes a token and goes on. A token wait ends with
  * QR_ESTOPPED when training is over and QR_EABORTED (with the stall
- * report) when ps 0 gave up waiting for missing workers. */
+ * report) when ps 0 gave up waiting for missing workers; every call ends
+ * with QR_ECHIEFLOST once ps 0 has ended a run whose chief (worker 0) was
+ * lost and not restarted within restart-wait-ms. */
 QR_API int qr_worker_take_token(qr_worker *w, int64_t *step);
 /* The step this worker computes for (sync), set by initialize and tokens. */
 QR_API int qr_worker_local_step(const qr_worker *w, int64_t *step);

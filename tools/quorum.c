@@ -53,6 +53,22 @@ static bool wants_help(int argc, char **argv) {
     return false;
 }
 
+/* A task's exit status: 0 its part of the run ended well, 1 the run
+ * failed, 2 bad options (cli.c), 3 the job ended without its chief
+ * (QR_ECHIEFLOST: worker 0 was lost and not restarted within
+ * restart-wait-ms, so nobody evaluated the model), so that an orchestrator
+ * can tell that from other failures. */
+#define EXIT_CHIEF_LOST 3
+
+static int task_exit_status(int rc) {
+    return rc == QR_ECHIEFLOST ? EXIT_CHIEF_LOST : rc ? 1 : 0;
+}
+
+static const char *task_exit_help =
+    "Exit status: 0 the run ended well; 1 the run failed or was aborted (the last line\n"
+    "says why); 2 bad options; 3 the job ended without its chief (worker 0 was lost\n"
+    "and not restarted within restart-wait-ms: nobody evaluated the model).\n";
+
 static qr_ps *running_ps;
 
 static void on_stop_signal(int sig) {
@@ -64,8 +80,8 @@ static int cmd_ps(int argc, char **argv) {
     if (wants_help(argc, argv)) {
         printf("usage: quorum ps [cluster flags] [options]\n\n"
                "Serve the variables placed on this ps task until the chief stops the\n"
-               "cluster or the process gets SIGINT/SIGTERM.\n\ncluster:\n%s\noptions:\n",
-               cluster_help);
+               "cluster or the process gets SIGINT/SIGTERM.\n%s\ncluster:\n%s\noptions:\n",
+               task_exit_help, cluster_help);
         cli_print_config_help(stdout);
         return 0;
     }
@@ -100,7 +116,7 @@ static int cmd_ps(int argc, char **argv) {
     cli_leave_launch_dir();
     qr_cluster_free(cluster);
     cli_args_free(&a);
-    return rc ? 1 : 0;
+    return task_exit_status(rc);
 }
 
 /* A worker stopped by SIGTERM says so before it goes: its training loop is
@@ -131,9 +147,10 @@ static int cmd_worker(int argc, char **argv) {
     if (wants_help(argc, argv)) {
         printf("usage: quorum worker [cluster flags] [training options] [options]\n\n"
                "Train as one worker of a cluster. Worker 0, the chief, initializes the\n"
-               "variables, evaluates at the end and stops the cluster.\n\ncluster:\n%s\n"
+               "variables, evaluates at the end and stops the cluster; the others wait\n"
+               "for that stop once their steps are done.\n%s\ncluster:\n%s\n"
                "training:\n",
-               cluster_help);
+               task_exit_help, cluster_help);
         cli_print_train_help(stdout, CLI_TRAIN);
         printf("\noptions:\n");
         cli_print_config_help(stdout);
@@ -167,7 +184,7 @@ static int cmd_worker(int argc, char **argv) {
                           qr_cluster_num_workers(cluster), &res);
     qr_cluster_free(cluster);
     cli_args_free(&a);
-    return rc ? 1 : 0;
+    return task_exit_status(rc);
 }
 
 static int cmd_train(int argc, char **argv) {

@@ -41,7 +41,8 @@ class StaleError(QuorumError):
 
 class StoppedError(QuorumError):
     """The cluster stopped, or aborted, or rolled back to a checkpoint
-    (QR_ESTOPPED, QR_EABORTED, QR_EROLLEDBACK)."""
+    (QR_ESTOPPED, QR_EABORTED, QR_EROLLEDBACK), or ended without its chief
+    (QR_ECHIEFLOST: worker 0 was lost and not restarted in time)."""
 
 
 class QuorumTimeoutError(QuorumError, TimeoutError):
@@ -70,6 +71,7 @@ BY_NAME: Dict[str, Type[QuorumError]] = {
     "QR_ESTOPPED": StoppedError,
     "QR_EABORTED": StoppedError,
     "QR_EROLLEDBACK": StoppedError,
+    "QR_ECHIEFLOST": StoppedError,
     "QR_ESTALE": StaleError,
     "QR_EAUTH": AuthenticationError,
 }

@@ -342,6 +342,9 @@ static void on_timer(uv_timer_t *t) {
     uint64_t waited_ms = (now - s->step_started_ns) / 1000000;
     uint64_t gone_ms = 0;
     int lost = s->applying ? -1 : lost_worker_missing(ps, &gone_ms);
+    /* Past the step limit no step needs the chief: what it has not done is
+     * evaluate, and liveness.c ends the run saying so (QR_ECHIEFLOST). */
+    if (lost == 0 && ps->step_limit > 0 && ps->global_step >= ps->step_limit) lost = -1;
     if (lost >= 0 && waited_ms >= (uint64_t)s->restart_wait_ms &&
         gone_ms >= (uint64_t)s->restart_wait_ms) {
         char report[900], why[1200];

@@ -3,11 +3,21 @@
  * part, so that no ps is ever left running for a job that is over.
  *
  *   ps 0: a run whose step limit is reached and whose workers have all
- *         left is over: it stops the cluster (the chief, which would have
- *         sent STOP, may be gone). A run that has had workers and has had
+ *         left is over: it stops the cluster (a program's chief may end
+ *         without STOP). A run that has had workers and has had
  *         none for restart-wait-ms has ended without an orderly stop: it
  *         stops the cluster with an error. A link to another ps down for
  *         restart-wait-ms ends the run too (links.c).
+ *         The chief (worker 0) evaluates the model at the end and stops
+ *         the cluster; the other workers wait for that stop once their
+ *         steps are done (src/train). A chief whose connections closed
+ *         (killed, or declared hung) without STOP or LEAVE is waited for
+ *         restart-wait-ms; a new run of it that comes back in time ends
+ *         the run as before. Past that the run ends with QR_ECHIEFLOST
+ *         ("job ended without its chief: ... nobody evaluated the model"),
+ *         which every task's exit status says (3; tools/quorum.c), unless
+ *         a report that says more applies: every worker gone (above), or
+ *         in sync mode a step the survivors cannot make (coord.c).
  *   ps k: ps 0 gone for restart-wait-ms (its link closed and not made
  *         again): this ps stops with an error. ps 0 beats on its link
  *         (links.c) every heartbeat-ms; a link silent for
@@ -52,6 +62,18 @@ static void close_worker(qr_ps *ps, int w) {
         if (p->worker_index == w || p->beat_worker == w) qr_conn_close(p->conn);
 }
 
+static bool past_step_limit(const qr_ps *ps) {
+    return ps->step_limit > 0 && ps->global_step >= ps->step_limit;
+}
+
+/* ps 0: since when the chief has been gone without ending the run: its
+ * last connection closed, and it neither stopped the cluster (that stops
+ * this ps) nor said LEAVE. 0: it is connected, finished, or never came. */
+static uint64_t chief_gone_since(const qr_ps *ps) {
+    if (ps->worker_conns[0] > 0 || qr__liveness_finished(ps, 0)) return 0;
+    return ps->worker_lost_ns[0];
+}
+
 /* ps 0: has the job ended, in order or not? */
 static void watch_workers_left(qr_ps *ps, uint64_t now) {
     ps_liveness *l = &ps->liveness;
@@ -63,7 +85,10 @@ static void watch_workers_left(qr_ps *ps, uint64_t now) {
     }
     if (!l->seen_workers) return;
     if (!l->none_since_ns) l->none_since_ns = now;
-    if (ps->step_limit > 0 && ps->global_step >= ps->step_limit) {
+    if (past_step_limit(ps)) {
+        /* Training is done, but a chief that left without ending the run
+         * has not evaluated it: it is waited for (watch_chief). */
+        if (chief_gone_since(ps)) return;
         qr__log(QR_LOG_INFO, "step limit %lld reached and every worker has left: stopping",
                 (long long)ps->step_limit);
         qr__ps_ask_stop_cluster(ps);
@@ -78,6 +103,45 @@ static void watch_workers_left(qr_ps *ps, uint64_t now) {
                  ps->step_limit > 0 ? ", before its step limit" : "");
         qr__ps_ask_abort(ps, QR_EABORTED, why);
     }
+}
+
+/* ps 0: a chief gone without ending the run is waited for restart-wait-ms
+ * (a new run of it rejoins and ends the run); then the run ends with
+ * QR_ECHIEFLOST, unless every worker is gone or, in sync mode, the
+ * others cannot make a step without it: before the step limit those
+ * reports say more (watch_workers_left; coord.c names the step it stalls,
+ * the one outcome of docs/SYNC.md). */
+static void watch_chief(qr_ps *ps, uint64_t now) {
+    ps_liveness *l = &ps->liveness;
+    uint64_t since = chief_gone_since(ps);
+    if (!since) {
+        if (l->chief_lost_said && ps->worker_conns[0] > 0)
+            qr__log(QR_LOG_INFO, "the chief (worker 0) is back after %.1f s",
+                    (double)(now - ps->worker_lost_ns[0]) / 1e9);
+        l->chief_lost_said = false;
+        return;
+    }
+    if (!l->chief_lost_said) {
+        l->chief_lost_said = true;
+        qr__log(QR_LOG_WARN, "the chief (worker 0) was lost at global step %lld without ending "
+                "the run: waiting up to %.0f s (restart-wait-ms) for a new run of it; without "
+                "it nobody evaluates the model", (long long)l->chief_lost_step,
+                ps->restart_wait_ms / 1e3);
+    }
+    uint64_t gone_ms = (now - since) / 1000000;
+    if (gone_ms < (uint64_t)ps->restart_wait_ms) return;
+    int others = 0;
+    for (int w = 1; w < ps->cluster->nworkers; w++) others += ps->worker_conns[w] > 0;
+    const ps_sync *s = &ps->sync;
+    if (!past_step_limit(ps) && (!others || (s->on && others < QR_MIN(s->R, s->N)))) return;
+    char msg[sizeof ps->abort_msg], of[32] = "";
+    if (ps->step_limit > 0) snprintf(of, sizeof of, " of %lld", (long long)ps->step_limit);
+    snprintf(msg, sizeof msg, "job ended without its chief: worker 0 (%s) was lost at global "
+             "step %lld and not restarted within restart-wait-ms (%lld ms); nobody evaluated "
+             "the model (the run was at global step %lld%s)", ps->cluster->workers[0],
+             (long long)l->chief_lost_step, (long long)ps->restart_wait_ms,
+             (long long)ps->global_step, of);
+    qr__ps_abort_as(ps, QR_ECHIEFLOST, msg);
 }
 
 void qr__liveness_coordinator_lost(qr_ps *ps) {
@@ -139,6 +203,7 @@ static void on_watch(uv_timer_t *t) {
         return;
     }
     watch_workers_left(ps, now);
+    if (!ps->stopping) watch_chief(ps, now);
     qr__links_watch(ps);
     for (int w = 0; w < ps->cluster->nworkers && !ps->stopping; w++) {
         if (!l->beat_ns[w] || l->hung[w] || l->finished[w]) continue;

@@ -434,6 +434,8 @@ typedef struct ps_liveness {
     bool *finished;        /* [workers] ps 0: said LEAVE (done, will not push again) */
     int nfinished;
     uint64_t none_since_ns; /* ps 0: no worker connected since (0: some are) */
+    int64_t chief_lost_step; /* ps 0: the global step when the chief's last connection closed */
+    bool chief_lost_said;    /* ps 0: its loss has been logged (until it comes back) */
     uv_timer_t timer;
     bool timer_on;
 } ps_liveness;

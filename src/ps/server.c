@@ -47,9 +47,9 @@ static int stop_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return qr__fail(QR_EPROTO, "STOP carries %u meta and %llu payload bytes (a worker's "
                         "carries none, ps 0's up to %zu of meta)", f->meta_len,
                         (unsigned long long)f->payload_len, sizeof p->ps->abort_msg - 1);
-    if (f->status && (!from_ps0 || f->status != QR_EABORTED))
+    if (f->status && (!from_ps0 || (f->status != QR_EABORTED && f->status != QR_ECHIEFLOST)))
         return qr__fail(QR_EINVAL, "STOP with status %d: only ps 0 stops a run with a status "
-                        "(QR_EABORTED)", f->status);
+                        "(QR_EABORTED, QR_ECHIEFLOST)", f->status);
     return QR_OK;
 }
 
@@ -308,8 +308,10 @@ static void on_lost(qr_conn *c, int status) {
         qr__log(QR_LOG_DEBUG, "worker %d (%s) disconnected: %s", p->worker_index,
                 qr_conn_peer(c), qr_strerror(status));
     if (p->role == QR_ROLE_WORKER && p->worker_index >= 0 &&
-        --ps->worker_conns[p->worker_index] == 0)
+        --ps->worker_conns[p->worker_index] == 0) {
         ps->worker_lost_ns[p->worker_index] = qr__now_ns();
+        if (p->worker_index == 0) ps->liveness.chief_lost_step = ps->global_step;
+    }
     if (p->role == QR_ROLE_COORDINATOR) qr__liveness_coordinator_lost(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
     if (ps->sync.on) qr__sync_peer_lost(p);

@@ -601,7 +601,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     bool joined = !rc;
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
     double start = qr__now_sec();
-    if (!rc) rc = train_steps(&r, res, start);
+    if (!rc) rc = qr__train_wait_end(r.w, r.chief, train_steps(&r, res, start));
     /* A restarted ps made the cluster roll back to its checkpoint: this
      * worker starts again from there, as a worker started anew would. */
     while (rc == QR_EROLLEDBACK) {
@@ -617,7 +617,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
         res->rollbacks += joined;
         rc = run_setup(&r, cluster, cfg);
         joined = !rc;
-        if (!rc) rc = train_steps(&r, res, start);
+        if (!rc) rc = qr__train_wait_end(r.w, r.chief, train_steps(&r, res, start));
     }
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
                                res);

@@ -11,6 +11,7 @@
 #include "cluster/cluster.h"
 #include "common/addr.h"
 #include "common/config.h"
+#include "worker/worker.h"
 
 #include <math.h>
 #include <sched.h>
@@ -126,6 +127,10 @@ void qr__train_report(const qr_train_opts *o, int64_t step, int64_t total, doubl
         .final = final,
     };
     o->on_progress(&p, o->progress_ctx);
+}
+
+int qr__train_wait_end(qr_worker *w, bool chief, int rc) {
+    return rc || chief ? rc : qr__worker_wait_end(w);
 }
 
 int qr__train_steps_ended(const qr_train_opts *o, int rc, bool chief, int64_t step,

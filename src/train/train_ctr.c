@@ -337,7 +337,7 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
     int rc = setup(&r, cluster, cfg);
     bool joined = !rc;
     double start = qr__now_sec();
-    if (!rc) rc = train_steps(&r, res, start);
+    if (!rc) rc = qr__train_wait_end(r.w, r.chief, train_steps(&r, res, start));
     while (rc == QR_EROLLEDBACK) {
         qr__log(QR_LOG_INFO, "rejoining the cluster at its checkpoint");
         double loss = r.loss_avg;
@@ -349,7 +349,7 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
         res->rollbacks += joined;
         rc = setup(&r, cluster, cfg);
         joined = !rc;
-        if (!rc) rc = train_steps(&r, res, start);
+        if (!rc) rc = qr__train_wait_end(r.w, r.chief, train_steps(&r, res, start));
     }
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
                                res);

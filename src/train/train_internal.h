@@ -69,6 +69,11 @@ int qr__train_after_push(qr_worker *w, int push_rc, bool sync, int64_t global, i
 /* Call o->on_progress, if set, with where the run is. */
 void qr__train_report(const qr_train_opts *o, int64_t step, int64_t total, double loss,
                       double start, bool final, double examples_per_sec);
+/* A worker's steps ended with rc: a worker other than the chief that
+ * did them all waits for the run's end (qr__worker_wait_end), so that its
+ * exit says whether the chief evaluated the model; the chief, and a
+ * failure, return rc as it is. */
+int qr__train_wait_end(qr_worker *w, bool chief, int rc);
 /* A worker's steps ended with rc (at the step `step` of `total`, each of
  * `batches` batches, since `start`): a stop is not an error for a worker
  * other than the chief (the chief ended the run); the run's figures into

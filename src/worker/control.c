@@ -2,7 +2,8 @@
  * control.c - a worker's control calls: the sync token and steps, the
  * staleness bound, the data position, the learning rate pushes carry
  * (set_lr), statistics summed over every ps,
- * a checkpoint on demand, leaving the run, and stopping the cluster.
+ * a checkpoint on demand, leaving the run, stopping the cluster, and
+ * waiting for the run's end.
  * A call that asks the cluster sends one request to ps 0 (to every ps
  * for statistics and stop) and waits for it in link.c; the others read or
  * set the handle's state.
@@ -223,6 +224,31 @@ int qr_worker_leave(qr_worker *w) {
     int rc = wk_run_requests(w, &r, 1, w->timeout_ms);
     wk_free_requests(&r, 1);
     return rc;
+}
+
+int qr__worker_wait_end(qr_worker *w) {
+    if (!w) return qr__fail(QR_EINVAL, "qr__worker_wait_end: worker is NULL");
+    uint64_t start = qr__now_ns(), next_report = start + WK_WAIT_REPORT_NS;
+    for (;;) {
+        if (w->stop_status && w->stop_status != QR_ESTOPPED)
+            return qr__fail(w->stop_status, "%s", w->stop_msg);
+        if (w->stopping) return QR_OK; /* stopped in order: the chief ended the run */
+        /* ps 0 is asked now and then: one that is gone or hung ends the
+         * wait as it ends any call (restart-wait-ms, timeout-ms). */
+        int64_t step = 0;
+        int rc = qr_worker_global_step(w, &step);
+        if (rc == QR_ESTOPPED) return QR_OK;
+        if (rc) return rc;
+        uint64_t now = qr__now_ns();
+        if (now >= next_report) {
+            qr__log(QR_LOG_INFO, "training is done (global step %lld); waiting %.0f s so far for "
+                    "the chief (worker 0) to evaluate the model and end the run (ps 0 ends it if "
+                    "the chief is lost for restart-wait-ms, %d ms)", (long long)step,
+                    (double)(now - start) / 1e9, w->restart_wait_ms);
+            next_report += WK_WAIT_REPORT_NS;
+        }
+        wk_idle(w, 1000);
+    }
 }
 
 int qr_worker_stop_cluster(qr_worker *w) {

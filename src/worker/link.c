@@ -594,6 +594,16 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
     return QR_OK;
 }
 
+void wk_idle(qr_worker *w, int ms) {
+    uint64_t until = qr__now_ns() + (uint64_t)ms * 1000000ull;
+    for (uint64_t now = qr__now_ns(); now < until && !w->stop_status && !w->rolled_back;
+         now = qr__now_ns()) {
+        uv_timer_start(&w->wake, on_wake, (until - now) / 1000000ull + 1, 0);
+        uv_run(&w->loop, UV_RUN_ONCE);
+        uv_timer_stop(&w->wake);
+    }
+}
+
 void wk_free_requests(wk_request **reqs, int n) {
     for (int i = 0; i < n; i++) wk_request_free(reqs[i]);
 }

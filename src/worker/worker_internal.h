@@ -6,7 +6,8 @@
  *   declare.c   declare variables (dense, from values, tables), place
  *               them on the ps tasks, initialize the cluster with them
  *   control.c   the control calls: token and steps, staleness bound, data
- *               position, statistics, checkpoint, leave, stop the cluster
+ *               position, statistics, checkpoint, leave, stop the cluster,
+ *               wait for the run's end
  *   inflight.c  non-blocking pushes and pulls: a handle, a wait
  *   rows.c      embedding tables and sparse rows: pull a batch's rows
  *               (deduplicated, split by shard, in parallel), rows added
@@ -236,6 +237,10 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms);
 /* Send what of reqs can go now, without waiting for anything (a request
  * whose ps is not connected yet goes in wk_run_requests). */
 void wk_send_requests(qr_worker *w, wk_request **reqs, int n);
+/* Turn the loop for up to ms without a request of its own, taking in what
+ * the ps tasks send unasked; returns early once a stop notice (or a
+ * rollback) has come. */
+void wk_idle(qr_worker *w, int ms);
 /* The worker's loop and its connections' events (create), and their end
  * (free: every connection closed, the loop run out and closed). */
 void wk_links_init(qr_worker *w);

@@ -43,7 +43,8 @@ foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()
 # How every task ends after a fault: its exit status and last line.
-foreach(case ps_lost_sync ps_lost_async worker_lost restart_digest)
+foreach(case ps_lost_sync ps_lost_async worker_lost restart_digest chief_lost_async chief_lost_sync
+             chief_back chief_lost_launch)
   qr_integration_test(integration_exits_${case} test_exits.py ${case})
 endforeach()
 qr_integration_test(integration_liveness test_liveness.py)

@@ -336,6 +336,16 @@ class Cluster:
         rc, out, _ = self.tasks[(job, i)].wait(timeout)
         return rc, out
 
+    def ends(self, timeout):
+        """Wait for every task still running (within timeout, together):
+        {(job, i): (exit status, last line of stderr, stdout)}."""
+        deadline = time.time() + timeout
+        out = {}
+        for key, p in self.tasks.items():
+            rc, stdout, _ = p.wait(max(1, deadline - time.time()))
+            out[key] = (rc, self.last_line(*key), stdout)
+        return out
+
     def close(self):
         for p in self.tasks.values():
             p.kill()
