@@ -59,7 +59,8 @@ extern "C" {
     X(ETOOBIG, -15, "message too large")                                    \
     X(EINTERNAL, -16, "internal error")                                     \
     X(EROLLEDBACK, -17, "rolled back to a checkpoint")                      \
-    X(EAUTH, -18, "authentication failed")
+    X(EAUTH, -18, "authentication failed")                                 \
+    X(EVIEW, -19, "old view: the shards moved")
 
 typedef enum qr_status {
 #define QR__STATUS_ENUM(name, code, msg) QR_##name = code,
