@@ -61,10 +61,11 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         qr__peer_reply_error(p, f, view_rc, msg);
         return;
     }
-    if (m.role == QR_ROLE_REPLICA && qr__replica_hello(p, &m)) {
+    int repl_rc = m.role == QR_ROLE_REPLICA ? qr__replica_hello(p, &m) : QR_OK;
+    if (repl_rc) { /* QR_EVIEW: the old primary of a promoted copy (it fences itself) */
         char msg[300];
         snprintf(msg, sizeof msg, "%s: %s", ps->name, qr_last_error());
-        qr__peer_reply_error(p, f, QR_EINVAL, msg);
+        qr__peer_reply_error(p, f, repl_rc, msg);
         return;
     }
     p->role = (int)m.role;
