@@ -100,8 +100,9 @@ int qr__failover_hello(ps_peer *p, const qr_msg_hello *m) {
     if (!qr__replica_on(ps))
         return qr__fail(QR_EINVAL, "HELLO: a worker of --ps-replicas 2, but this ps keeps one "
                         "copy: give every task the same --ps-replicas");
-    if (ps->index == 0) return QR_OK; /* the keeper: it tells the view (qr__failover_welcomed) */
-    if (m->view != r->view)
+    /* ps 0 keeps the view: it tells an old one the view instead
+     * (qr__failover_welcomed). */
+    if (ps->index != 0 && m->view != r->view)
         return qr__fail(QR_EVIEW, "old view %llu, now %llu%s: ask ps 0 for the view",
                         (unsigned long long)m->view, (unsigned long long)r->view,
                         m->view > r->view ? " here (ps 0 has not told this ps yet)" : "");

@@ -29,8 +29,8 @@ the longest stall a worker saw is printed.
 Case "failover_stop": the same with ps 1 SIGSTOPped (hung: failed over
 after heartbeat-timeout-ms), then SIGCONTed: it fences itself and exits
 without serving.
-Case "failover_loop": five runs, ps 1 or ps 2 SIGKILLed at a random
-moment of each: the counts equal in every run (resent pushes answered by
+Case "failover_loop": five runs, ps 1 and ps 2 in turn SIGKILLed at a
+random moment of each (ps 2's shard then served by ps 0): the counts equal in every run (resent pushes answered by
 the duplicate record or applied once).
 Usage: test_replication.py QUORUM_BINARY wire|train|failover_wire|failover_kill|failover_stop|failover_loop"""
 
@@ -464,7 +464,7 @@ def failover_loop_case(runs=5):
     resent = duplicates = 0
     stalls = []
     for i in range(runs):
-        victim, after = rng.choice([1, 2]), rng.uniform(0.3, 1.5)
+        victim, after = 1 + i % 2, rng.uniform(0.3, 1.5)  # ps 2's copy is on ps 0
         s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "4000", "--ps-replicas", "2"],
                                          victim, signal.SIGKILL, after)
         assert s["rollbacks"] == 0 and s["global_step"] >= 4000, s
