@@ -60,7 +60,8 @@ extern "C" {
     X(EINTERNAL, -16, "internal error")                                     \
     X(EROLLEDBACK, -17, "rolled back to a checkpoint")                      \
     X(EAUTH, -18, "authentication failed")                                  \
-    X(ECHIEFLOST, -19, "the job ended without its chief")
+    X(ECHIEFLOST, -19, "the job ended without its chief")                   \
+    X(EVIEW, -20, "old view: the shards moved")
 
 typedef enum qr_status {
 #define QR__STATUS_ENUM(name, code, msg) QR_##name = code,

@@ -17,6 +17,13 @@
  *     in, training goes on without it; in sync mode past that, a step that
  *     needs it waits for its restart up to restart-wait-ms (ps 0 counts),
  *     and then the run aborts naming it;
+ *   - with --ps-replicas 2 (async), a ps other than ps 0 that dies or
+ *     hangs is failed over in place by ps 0 (its backup serves its shard;
+ *     "failover ps K VIEW", read_notices): it is neither killed, nor
+ *     restarted (a replacement would need re-replication, not built), nor
+ *     counted a failure: a stopped one that resumes fences itself and
+ *     exits, and one still there when the run ends is stopped with the
+ *     rest; the launcher says so (docs/REPLICATION.md);
  *   - with --max-restarts K, up to K failures are restarted instead (as
  *     torchrun does): a failed worker, the chief included, is started again
  *     alone and rejoins at the current global step (the chief does not
@@ -77,6 +84,8 @@ typedef struct child {
     char hung[160]; /* killed by launch as hung: who said so, and why ("" otherwise) */
     bool joined;    /* a worker that has reached ps 0 ("joined worker K") */
     bool late;      /* stopped after the run ended without having joined it */
+    bool failed_over; /* a ps whose shard its backup serves (--ps-replicas 2): not a failure */
+    uint64_t failed_ms; /* such a ps (k > 0) ended: when, while ps 0's "failover" notice is awaited */
 } child;
 
 /* ps tasks tell the launcher of a ps they found hung (qr__tell_supervisor:
@@ -153,12 +162,12 @@ static void describe_exit(const child *c, char *buf, size_t len) {
 }
 
 static bool failed(const child *c) {
-    return !c->late && (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0);
+    return !c->late && !c->failed_over && (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0);
 }
 
 /* Non-chief workers may come and go; everything else is essential. */
 static bool essential(const child *c) {
-    return strncmp(c->name, "worker ", 7) || !strcmp(c->name, "worker 0");
+    return !c->failed_over && (strncmp(c->name, "worker ", 7) || !strcmp(c->name, "worker 0"));
 }
 
 /* Reap children that have exited; returns how many are still running. */
@@ -277,7 +286,8 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     c->exited = c->reported = false;
     c->status = 0;
     c->hung[0] = 0;
-    c->joined = c->late = false;
+    c->joined = c->late = c->failed_over = false;
+    c->failed_ms = 0;
     c->started_ms = qr__now_ns() / 1000000;
     if (!is_ps && plan->command)
         c->pid = spawn_command(plan, index);
@@ -334,6 +344,17 @@ static void read_notices(child *kids, const launch_plan *plan) {
             if (index >= 0 && index < plan->nworkers) kids[plan->nps + index].joined = true;
             continue;
         }
+        unsigned long long view;
+        if (sscanf(line, "failover ps %d %llu", &index, &view) == 2) {
+            if (index <= 0 || index >= plan->nps || kids[index].failed_over) continue;
+            child *c = &kids[index];
+            c->failed_over = true;
+            fprintf(stderr, "quorum launch: %s (pid %d) was failed over by ps 0 (view %llu): its "
+                    "backup serves its shard, training goes on on one copy of it; not killed "
+                    "and not restarted: a replacement would need re-replication, which is not "
+                    "built (docs/REPLICATION.md)\n", c->name, (int)c->pid, view);
+            continue;
+        }
         if (sscanf(line, "hung ps %d %llu", &index, &silent_ms) != 2 || index < 0 ||
             index >= plan->nps)
             continue;
@@ -377,6 +398,15 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             if (essential(c)) essentials_done &= c->exited && !failed(c);
             if (!c->exited || !failed(c) || c->reported) continue;
+            /* ps 0 may fail it over (--ps-replicas 2, async): it sees the
+             * death within a heartbeat-timeout-ms at most, and says so. */
+            if (plan->ps_copies > 1 && !plan->sync && i > 0 && i < plan->nps) {
+                if (!c->failed_ms) c->failed_ms = now_ms;
+                if (now_ms - c->failed_ms < (uint64_t)plan->heartbeat_timeout_ms + 2000) {
+                    essentials_done = false;
+                    continue;
+                }
+            }
             /* Not once training is over: a straggler stopped then is not
              * a failure to undo. */
             if (!run_ended_ms && restart(kids, n, i, plan, &restarts)) {
@@ -395,7 +425,12 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             return LAUNCH_FAILED;
         }
         if (!running) break;
-        if (essentials_done && !run_ended_ms) run_ended_ms = now_ms;
+        if (essentials_done && !run_ended_ms) {
+            run_ended_ms = now_ms;
+            /* A failed-over ps still there (stopped) serves nothing: gone now. */
+            for (int i = 0; i < plan->nps; i++)
+                if (kids[i].failed_over && !kids[i].exited) kill(kids[i].pid, SIGKILL);
+        }
         if (run_ended_ms && now_ms - run_ended_ms >= GRACE_MS) {
             /* Training is over; a worker that has not ended by now would
              * wait for nothing (the ps tasks are gone). One that never
@@ -466,6 +501,9 @@ int cmd_launch(int argc, char **argv) {
                    "its newest checkpoint in place (needs --checkpoint-dir). A ps that another\n"
                    "ps finds hung (no answer to heartbeats for heartbeat-timeout-ms) is killed\n"
                    "and is then a failed ps like any other.\n"
+                   "With --ps-replicas 2 (async), a ps other than ps 0 that dies or hangs is\n"
+                   "failed over in place by ps 0 (its backup serves its shard): it is neither\n"
+                   "killed, nor restarted, nor a failure (docs/REPLICATION.md).\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

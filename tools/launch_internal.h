@@ -27,6 +27,8 @@ typedef struct launch_plan {
     bool tcp;
     bool sync;
     int replicas;            /* sync: R */
+    int ps_copies;           /* --ps-replicas: 2 = a ps other than ps 0 may be failed over (async) */
+    int64_t heartbeat_timeout_ms;
     int64_t restart_wait_ms;
     int max_restarts;        /* --max-restarts */
     int metrics_base;        /* --metrics-port-base: task i serves on base + i; 0 off */

@@ -159,7 +159,8 @@ static int read_options(int argc, char **argv, launch_plan *plan) {
         plan->checkpoints = qr__config_str(a.cfg, "checkpoint-dir")[0] != '\0';
         plan->secret_given = qr__config_is_set(a.cfg, "secret-file");
         plan->options_json = options_json(a.cfg);
-        if (qr_replicas_check_config(a.cfg, plan->nps, NULL)) {
+        plan->heartbeat_timeout_ms = qr__config_int(a.cfg, "heartbeat-timeout-ms");
+        if (qr_replicas_check_config(a.cfg, plan->nps, &plan->ps_copies)) {
             fprintf(stderr, "quorum launch: %s\n", qr_last_error());
             rc = 2;
         }

@@ -47,7 +47,9 @@ class StoppedError(QuorumError):
 
 class QuorumTimeoutError(QuorumError, TimeoutError):
     """A peer did not answer in time, or was lost and did not come back
-    (QR_ETIMEDOUT, QR_EPEERLOST, QR_ENOTREADY)."""
+    (QR_ETIMEDOUT, QR_EPEERLOST, QR_ENOTREADY), or a ps refused a request
+    of an old view after a failover (QR_EVIEW; the worker retries those
+    itself, docs/REPLICATION.md)."""
 
 
 class AuthenticationError(QuorumError, PermissionError):
@@ -68,6 +70,7 @@ BY_NAME: Dict[str, Type[QuorumError]] = {
     "QR_ETIMEDOUT": QuorumTimeoutError,
     "QR_EPEERLOST": QuorumTimeoutError,
     "QR_ENOTREADY": QuorumTimeoutError,
+    "QR_EVIEW": QuorumTimeoutError,
     "QR_ESTOPPED": StoppedError,
     "QR_EABORTED": StoppedError,
     "QR_EROLLEDBACK": StoppedError,

@@ -53,10 +53,19 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         ps->coordinator_lost_ns = 0;
         ps->coordinator_heard_ns = qr__now_ns(); /* its beats are due from now on */
     }
-    if (m.role == QR_ROLE_REPLICA && qr__replica_hello(p, &m)) {
+    int view_rc = m.role == QR_ROLE_WORKER ? qr__failover_hello(p, &m) : QR_OK;
+    if (view_rc) {
+        char msg[400];
+        snprintf(msg, sizeof msg, "%s: %s", ps->name, qr_last_error());
+        p->promoted_shard = false;
+        qr__peer_reply_error(p, f, view_rc, msg);
+        return;
+    }
+    int repl_rc = m.role == QR_ROLE_REPLICA ? qr__replica_hello(p, &m) : QR_OK;
+    if (repl_rc) { /* QR_EVIEW: the old primary of a promoted copy (it fences itself) */
         char msg[300];
         snprintf(msg, sizeof msg, "%s: %s", ps->name, qr_last_error());
-        qr__peer_reply_error(p, f, QR_EINVAL, msg);
+        qr__peer_reply_error(p, f, repl_rc, msg);
         return;
     }
     p->role = (int)m.role;
@@ -73,6 +82,7 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_msg_put_welcome(&out, &welcome);
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
+    qr__failover_welcomed(p, &m);
     /* ps 0's link is (back) up: what it may have missed of the held pushes */
     if (m.role == QR_ROLE_COORDINATOR && ps->sync.on) qr__sync_coordinator_linked(ps);
 }

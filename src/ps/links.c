@@ -19,6 +19,13 @@
  * ends the run with an error naming the ps; one never up yet is a ps
  * still starting, and is waited for.
  *
+ * With --ps-replicas 2 (async) a ps that dies or hangs may be failed over
+ * instead (failover.c): the callback the links were made with
+ * (on_lost_ps) is asked first, once the ps is hung or its link could not
+ * be made again; when it takes the ps, the link is dropped for good (no
+ * retries, no restart-wait-ms, no STOP at the end, no "hung" notice to
+ * the supervisor) and the VIEW it sends goes to the others (qr__links_view).
+ *
  * Every request carries the callback that consumes its answer, as libuv's
  * uv_write_t carries its uv_write_cb: an APPLY's goes to the coordinator,
  * a CKPT's to the checkpoint, so the links call nothing above them, and
@@ -50,6 +57,8 @@ struct coord_link {
     bool hung;           /* declared hung (silent for heartbeat-timeout-ms), not heard since */
     bool apply_sent;
     bool stop_wanted, stop_sent;
+    bool dropped;        /* failed over (failover.c): never linked again */
+    bool view_wanted;    /* a VIEW to send (ps->sync.view_meta) */
     qr_link_apply_cb apply_cb; /* the APPLY's answer goes there */
     bool ckpt_wanted;    /* a CKPT request to send (ckpt_coord.c) */
     qr_wbuf ckpt;
@@ -96,6 +105,10 @@ static void link_flush(coord_link *l) {
          * the ps (a ps 0 that aborts at that answer still stops it). */
         if (l->stop_wanted && !l->stop_sent) link_send_stop(l);
         return;
+    }
+    if (l->view_wanted) { /* first: the placement every later request assumes */
+        link_send(l, QR_MSG_VIEW, &ps->sync.view_meta);
+        l->view_wanted = false;
     }
     if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
         link_send(l, QR_MSG_CKPT, &l->ckpt);
@@ -159,9 +172,41 @@ static void on_link_connected(qr_conn *c, int status) {
     link_flush(l); /* a STOP may be waiting */
 }
 
+/* The ps at the other end is failed over (failover.c): this link is done. */
+static void drop(coord_link *l) {
+    l->dropped = l->closing = true;
+    l->apply_step = -1;
+    l->ckpt_wanted = l->view_wanted = false;
+    uv_timer_stop(&l->retry);
+    if (l->conn) qr_conn_close(l->conn);
+}
+
+/* Is ps `index` failed over rather than waited for? (hung: declared so) */
+static bool failed_over(coord_link *l, bool hung) {
+    qr_ps *ps = l->ps;
+    if (l->dropped) return true;
+    if (!ps->sync.on_lost_ps || ps->stopping || l->stop_wanted || !l->incarnation) return false;
+    if (!ps->sync.on_lost_ps(ps, l->index, hung)) return false;
+    drop(l);
+    return true;
+}
+
 static void on_link_lost(qr_conn *c, int status) {
     coord_link *l = qr_conn_data(c);
     qr_ps *ps = l->ps;
+    bool was_up = l->up;
+    if (l->dropped) {
+        l->conn = NULL;
+        l->up = l->connecting = false;
+        return;
+    }
+    /* Gone, and its address refuses a new connection: died. (A link that
+     * was up is tried once more first, 10 ms later.) */
+    if (!was_up && l->incarnation && !l->closing && failed_over(l, false)) {
+        l->conn = NULL;
+        l->connecting = false;
+        return;
+    }
     if (l->up && !l->closing && !ps->stopping)
         qr__log(QR_LOG_WARN, "lost ps %d (%s): %s; waiting up to %.0f s (restart-wait-ms) for it "
                 "to come back", l->index, ps->cluster->ps[l->index], qr_strerror(status),
@@ -275,8 +320,17 @@ int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome) {
 
 bool qr__links_all_up(const qr_ps *ps) {
     for (int i = 0; qr__ps_has_links(ps) && i < ps->cluster->nps - 1; i++)
-        if (!ps->sync.links[i].up) return false;
+        if (!ps->sync.links[i].up && !ps->sync.links[i].dropped) return false;
     return true;
+}
+
+void qr__links_view(qr_ps *ps) {
+    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+        coord_link *l = link_of(ps, k);
+        if (l->dropped) continue;
+        l->view_wanted = true;
+        link_flush(l);
+    }
 }
 
 uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
@@ -298,6 +352,7 @@ void qr__links_release(qr_ps *ps, uint32_t worker, uint32_t seq) {
     qr_msg_put_member(&meta, worker, seq);
     for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
         coord_link *l = link_of(ps, k);
+        if (l->dropped) continue;
         /* A link down loses it: that ps then answers after the step. */
         if (l->up && l->conn) link_send(l, QR_MSG_RELEASE, &meta);
     }
@@ -316,6 +371,7 @@ void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb
 void qr__links_stop_all(qr_ps *ps) {
     for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
         coord_link *l = link_of(ps, k);
+        if (l->dropped) continue; /* failed over: nothing to tell */
         l->stop_wanted = true;
         l->apply_step = -1;
         if (!l->conn && !l->connecting && !l->closing) link_connect(l);
@@ -336,6 +392,10 @@ static void beat_or_declare_hung(coord_link *l, uint64_t now) {
     if (lv->beat_ms <= 0 || !l->conn || l->connecting || l->closing || !l->incarnation) return;
     uint64_t silent_ms = (now - l->heard_ns) / 1000000;
     if (silent_ms >= (uint64_t)lv->timeout_ms) {
+        if (!l->hung && l->up && failed_over(l, true)) {
+            ps->liveness.hung_ps_total++;
+            return;
+        }
         if (!l->hung) {
             qr__log(QR_LOG_ERROR, "ps %d (%s) answered nothing for %llu ms (heartbeat-timeout-ms "
                     "%lld): hung or stopped; treated as lost: waiting up to %.0f s "
@@ -366,7 +426,13 @@ void qr__links_watch(qr_ps *ps) {
     uint64_t now = qr__now_ns();
     for (int k = 1; k < ps->cluster->nps; k++) {
         coord_link *l = link_of(ps, k);
+        if (l->dropped) continue;
         beat_or_declare_hung(l, now);
+        /* Lost and not back within a watch period: failed over, if it can
+         * be (the reconnect normally says so sooner, on_link_lost). */
+        if (l->down_ns && !l->closing && now - l->down_ns >= 500000000ull &&
+            failed_over(l, l->hung))
+            continue;
         /* A ps never reached is still starting (pods come up minutes
          * apart): only one that was up and went is waited for. */
         if (!l->down_ns || l->closing || !l->incarnation) continue;
@@ -419,6 +485,7 @@ void qr__links_close(qr_ps *ps) {
 }
 
 void qr__links_free(qr_ps *ps) {
+    qr_wbuf_free(&ps->sync.view_meta);
     free(ps->sync.links);
     ps->sync.links = NULL;
 }

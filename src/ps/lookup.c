@@ -78,9 +78,9 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const int64_t *ids = (const int64_t *)p->items[0].data;
     char msg[300];
     for (int64_t i = 0; i < n; i++) {
-        if (qr_place_row(ids[i], ps->cluster->nps) != ps->index) {
+        if (qr_place_row(ids[i], ps->cluster->nps) != qr__peer_shard(p)) {
             snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': id %lld is placed on ps %d, not "
-                     "here", ps->name, v->name, (long long)ids[i],
+                     "on the shard served here", ps->name, v->name, (long long)ids[i],
                      qr_place_row(ids[i], ps->cluster->nps));
             qr__peer_reply_error(p, f, QR_EINVAL, msg);
             return;
@@ -97,7 +97,7 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     }
     *reply = (lookup_reply){ps, out, cap};
     uint64_t added = 0;
-    t->clock = ps->applied_steps;
+    t->clock = p->promoted_shard ? ps->replica.copy_steps : ps->applied_steps;
     /* A sighting (admission counts it) unless read-only. An id with no
      * row (not admitted yet, or a read) reads its initial value. */
     if (qr_table_lookup(t, n, ids, f->flags & QR_LOOKUP_READ_ONLY, out, &added)) {
@@ -110,7 +110,7 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_table_evict_idle(t);
     /* The backup replays the sightings (replica.c); the answer does not
      * wait for it: a row's values come from (seed, id) alone. */
-    if (qr__replica_on(ps) && !(f->flags & QR_LOOKUP_READ_ONLY)) {
+    if (qr__replica_on(ps) && !p->promoted_shard && !(f->flags & QR_LOOKUP_READ_ONLY)) {
         qr_msg_repl_head head = {.t = ps->applied_steps};
         repl_forward *fw = qr__replica_begin(ps, &head);
         qr__replica_add(fw, v->id, QR_REPL_LOOKUP, 0, ids, (uint64_t)n * 8);

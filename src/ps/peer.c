@@ -145,6 +145,15 @@ int qr__peer_take_recv(ps_peer *p, size_t bytes) {
 
 /* ---- the fence -------------------------------------------------------------- */
 
+void qr__ps_fence(qr_ps *ps, const char *why) {
+    if (ps->fenced) return;
+    ps->fenced = ps->stopping = true;
+    snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s: %s; this run is over: it serves nothing "
+             "more, forwards nothing, and exits", ps->name, why);
+    ps->exit_status = QR_EABORTED;
+    qr__log(QR_LOG_ERROR, "%s", ps->abort_msg);
+}
+
 bool qr__ps_fenced(qr_ps *ps) {
     if (ps->fenced) return true;
     const ps_liveness *l = &ps->liveness;

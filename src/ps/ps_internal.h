@@ -37,6 +37,9 @@
  *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
+ *   failover.c    --ps-replicas 2, async: the view (where each shard is
+ *             served), kept by ps 0; a dead or hung ps failed over to its
+ *             backup in place; VIEW, and a worker's HELLO of a view
  *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
  *             (k+1) mod P, each CREATE, applied async push and LOOKUP
  *             forwarded in apply order, answers held until the backup has
@@ -225,6 +228,8 @@ typedef struct ps_peer {
     int beat_worker;      /* the worker whose heartbeats come here; -1 */
     uint64_t header_ns;   /* when the current request's header arrived */
     qr_msg_repl_head repl; /* REPLICATE (role QR_ROLE_REPLICA): the head being received */
+    bool promoted_shard;  /* a worker's connection to the shard this ps was promoted to
+                           * serve (failover.c): its requests name ps->replica.store */
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -288,6 +293,9 @@ typedef void (*qr_link_ckpt_cb)(qr_ps *ps, int index, int status, const qr_frame
  * back (or aborts): the link must do nothing more. */
 typedef bool (*qr_link_welcome_cb)(qr_ps *ps, int index, uint64_t known,
                                    const qr_msg_welcome *m);
+/* ps `index` is dead or hung (links.c): true if it is failed over
+ * (failover.c), and the link is then dropped. */
+typedef bool (*qr_link_lost_cb)(qr_ps *ps, int index, bool hung);
 /* A HELD from ps `index` (its meta: a qr_msg_held, then the refusal's
  * text): what that ps did with a held push. */
 typedef void (*qr_link_held_cb)(qr_ps *ps, int index, const uint8_t *meta, uint32_t len);
@@ -330,6 +338,8 @@ typedef struct ps_sync {
     token_waiter *waiters, *waiters_tail;
     coord_link *links;  /* to ps 1..P-1 */
     qr_link_welcome_cb on_welcome; /* the answer to every link's HELLO */
+    qr_link_lost_cb on_lost_ps;    /* a ps dead or hung: failed over? (failover.c) */
+    qr_wbuf view_meta;             /* the view the links send (VIEW) */
     qr_link_held_cb on_held;       /* a HELD from a linked ps */
     struct held_commit *commits;   /* held pushes waiting for the other ps tasks' HELD */
     uv_timer_t timer;
@@ -464,10 +474,15 @@ typedef struct ps_metrics {
  * backup of ps `primary`'s shard, held in `store`, apart from its own. */
 typedef struct repl_forward repl_forward;
 typedef struct repl_wait repl_wait;
+/* Per worker, the pushes applied last (a ring of the last
+ * QR_REPL_DUP_WINDOW): a worker may have several pushes in flight to one
+ * shard (overlapped layers, non-blocking pushes), and after a failover it
+ * resends every one not answered, in any order. */
+#define QR_REPL_DUP_WINDOW 64
 typedef struct repl_last {
-    uint32_t seq;   /* the worker's last push applied here */
-    int64_t answer; /* the step it was answered with */
-    bool any;
+    uint32_t seq[QR_REPL_DUP_WINDOW];   /* the worker's pushes applied here */
+    int64_t answer[QR_REPL_DUP_WINDOW]; /* the step each was answered with */
+    int n, next;
 } repl_last;
 typedef struct ps_replica {
     int copies;            /* ps-replicas: 1 (off) or 2 */
@@ -492,7 +507,18 @@ typedef struct ps_replica {
     uint64_t applied_fwd;  /* the last forward applied: a resent one is answered only */
     uint64_t applied;      /* forwards applied */
     repl_last *backup_last; /* [workers]: the primary's record, as forwarded */
+    int64_t copy_steps;    /* the primary's steps applied (Adam's t), as forwarded */
     bool digests_logged;
+    /* the view (failover.c): its number, which ps have failed, and what
+     * it made of this ps: the primary of its copy (promoted: it serves
+     * ps `primary`'s shard from `store`, on one copy), or a primary whose
+     * backup is gone (its shard on one copy: nothing forwarded) */
+    uint64_t view;
+    uint8_t *failed;       /* [nps] */
+    bool promoted, backup_gone;
+    /* pushes applied (duplicates not counted): to this ps's own shard,
+     * and to its copy of ps `primary`'s (forwarded, then served) */
+    uint64_t own_pushes, copy_pushes;
 } ps_replica;
 
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
@@ -722,6 +748,19 @@ int qr__create_table(const qr_optim *opt, qr_var *v, const qr_msg_create_var *m)
 /* Free the variables a CREATE made and has not stored yet. */
 void qr__create_drop(ps_peer *p);
 
+/* failover.c: --ps-replicas 2, async (docs/REPLICATION.md, "Failover"). */
+/* ps 0: ps k is dead or hung: true if it is failed over (the view moves;
+ * qr_link_lost_cb). */
+bool qr__failover_lost(qr_ps *ps, int k, bool hung);
+/* A worker's HELLO: of the view and a shard served here? (QR_EVIEW with
+ * the error set if not; p->promoted_shard set for a promoted one) */
+int qr__failover_hello(ps_peer *p, const qr_msg_hello *m);
+/* After the welcome: ps 0 tells a worker of an old view the view. */
+void qr__failover_welcomed(ps_peer *p, const qr_msg_hello *m);
+/* VIEW: from ps 0's link (the new view), or a worker asking for it. */
+int qr__failover_view_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+
 /* replica.c: ps-replicas 2 (docs/REPLICATION.md). */
 /* Read ps-replicas (checked against the cluster and the other options). */
 int qr__replica_init(qr_ps *ps);
@@ -732,13 +771,20 @@ void qr__replica_close(qr_ps *ps);
 void qr__replica_free(qr_ps *ps);
 /* The store a peer's requests name: a replica link's is the backup's. */
 static inline qr_store *qr__peer_store(ps_peer *p) {
-    return p->role == QR_ROLE_REPLICA ? &p->ps->replica.store : &p->ps->store;
+    return p->role == QR_ROLE_REPLICA || p->promoted_shard ? &p->ps->replica.store
+                                                           : &p->ps->store;
+}
+/* The shard a peer's requests are for: this ps's, or the one it was
+ * promoted to serve (failover.c). */
+static inline int qr__peer_shard(const ps_peer *p) {
+    return p->promoted_shard ? p->ps->replica.primary : p->ps->index;
 }
 /* A HELLO of role QR_ROLE_REPLICA: from this ps's primary? (the error set) */
 int qr__replica_hello(ps_peer *p, const qr_msg_hello *m);
-/* (worker, seq) was applied here already: *answer, the step it was
- * answered with. Any index off the wire. */
-bool qr__replica_duplicate(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t *answer);
+/* (worker, seq) was applied to p's shard already (this ps's own, or the
+ * copy it was promoted to serve): *answer, the step it was answered
+ * with. Any index off the wire. */
+bool qr__replica_duplicate(ps_peer *p, uint32_t worker, uint32_t seq, int64_t *answer);
 /* Forwarding, primary side, in apply order: begin, add each item (its
  * bytes copied), send. A LOOKUP's sightings: one item of kind
  * QR_REPL_LOOKUP. An allocation failure aborts the run (the copies would
@@ -750,8 +796,16 @@ void qr__replica_send(qr_ps *ps, repl_forward *fw);
 /* A CREATE applied here: the same meta, payload = each dense variable's
  * values in record order, applied on the backup by create.c. */
 void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta);
-/* The push (worker, seq) was applied here and answered with `answer`. */
-void qr__replica_applied(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t answer);
+/* The push (worker, seq) was applied to p's shard and answered with
+ * `answer`. */
+void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answer);
+/* The view moved (failover.c): this ps serves its copy of ps `primary`'s
+ * shard from now on (forwards and replica links of the old primary are
+ * refused: QR_EVIEW); or its own backup has failed (its shard goes on,
+ * on one copy: nothing is forwarded, and what waited for the backup is
+ * answered). */
+void qr__replica_promote(qr_ps *ps);
+void qr__replica_backup_gone(qr_ps *ps);
 /* The answer to request f of p waits until the backup has applied every
  * forward sent so far (at once when it has): cb then answers it (status
  * QR_OK), or says why not; p NULL: the peer is gone (cb frees ctx). */
@@ -834,6 +888,9 @@ void qr__bound_close(qr_ps *ps);
  * checkpoint or tell the cluster anything asks first (server.c then ends
  * the run without a word to anyone). */
 bool qr__ps_fenced(qr_ps *ps);
+/* This run learns that another ps serves its shard now (its backup was
+ * promoted, failover.c): fenced as above, with why. */
+void qr__ps_fence(qr_ps *ps, const char *why);
 
 /* ---- The lifecycle ----------------------------------------------------------
  * Whoever decides that the ps stops, ends its run, aborts or rolls back
@@ -915,8 +972,11 @@ int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome);
 static inline bool qr__ps_has_links(const qr_ps *ps) {
     return ps->index == 0 && ps->sync.links != NULL;
 }
-/* Every link is up: connected and its HELLO answered. */
+/* Every link is up: connected and its HELLO answered (but those failed over). */
 bool qr__links_all_up(const qr_ps *ps);
+/* Send ps->sync.view_meta (VIEW) on every link not failed over, first
+ * thing once it is up. */
+void qr__links_view(qr_ps *ps);
 /* When the link to ps `index` went down (0: up). */
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
 /* Queue the APPLY of a sync step on every link; cb gets each answer. */

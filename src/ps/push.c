@@ -207,7 +207,8 @@ static int check_items(ps_peer *p, const qr_frame *f, push_apply *a) {
     char msg[400];
     for (int i = 0; i < p->nitems; i++) {
         push_item *it = &p->items[i];
-        int rc = it->nrows >= 0 ? qr__rows_check(ps, ps->index, it, msg, sizeof msg) : QR_OK;
+        int rc = it->nrows >= 0 ? qr__rows_check(ps, qr__peer_shard(p), it, msg, sizeof msg)
+                                : QR_OK;
         if (rc) {
             qr__peer_reply_error(p, f, rc, msg);
             return rc;
@@ -375,12 +376,15 @@ static int apply_item(qr_ps *ps, push_item *it, push_apply *a) {
  * schedule), the moving averages, and on ps 0 the global step. */
 static int count_step(ps_peer *p) {
     qr_ps *ps = p->ps;
-    ps->applied_steps++;
+    /* A shard this ps was promoted to serve counts its own steps, as
+     * its failed primary did (failover.c); never the global step. */
+    int64_t *steps = p->promoted_shard ? &ps->replica.copy_steps : &ps->applied_steps;
+    ++*steps;
     for (int i = 0; i < p->nitems && ps->average_decay > 0; i++)
         if (!p->items[i].var->table && !p->items[i].var->non_trainable &&
-            qr_var_update_average(p->items[i].var, ps->average_decay, ps->applied_steps))
+            qr_var_update_average(p->items[i].var, ps->average_decay, *steps))
             return qr__fail(QR_ENOMEM, "out of memory updating an average");
-    if (ps->index == 0) {
+    if (ps->index == 0 && !p->promoted_shard) {
         ps->global_step++;
         qr__bound_count_step(ps, p->push_worker);
         qr__ckpt_step_done(ps);
@@ -452,7 +456,7 @@ static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t 
                         it->data, bytes);
     }
     qr__replica_send(ps, fw);
-    qr__replica_applied(ps, p->push_worker, p->push_seq, answer);
+    qr__replica_applied(p, p->push_worker, p->push_seq, answer);
 }
 
 /* ---- the push ------------------------------------------------------------- */
@@ -460,11 +464,12 @@ static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t 
 void qr__push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     bool step = f->flags & QR_PUSH_STEP;
-    push_apply a = {.delta = f->flags & QR_PUSH_DELTA, .t = ps->applied_steps + 1};
+    push_apply a = {.delta = f->flags & QR_PUSH_DELTA,
+                    .t = (p->promoted_shard ? ps->replica.copy_steps : ps->applied_steps) + 1};
     /* Applied (this function again) when the checkpoint's cut is decided. */
     if (qr__ckpt_park(p, f, qr__push_message)) return;
     int64_t answer;
-    if (qr__replica_duplicate(ps, p->push_worker, p->push_seq, &answer)) {
+    if (qr__replica_duplicate(p, p->push_worker, p->push_seq, &answer)) {
         qr__log(QR_LOG_DEBUG, "push (worker %u, seq %u) was applied already: answered, not "
                 "applied again", p->push_worker, p->push_seq);
         answer_after_backup(p, f, answer);
@@ -496,7 +501,10 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    if (qr__replica_on(ps)) {
+    if (p->promoted_shard) { /* one copy: nothing to forward (failover.c) */
+        qr__replica_applied(p, p->push_worker, p->push_seq, ps->global_step);
+        answer_after_backup(p, f, ps->global_step);
+    } else if (qr__replica_on(ps)) {
         forward(p, f, &a, ps->global_step);
         answer_after_backup(p, f, ps->global_step);
     } else if (values) {

@@ -31,10 +31,17 @@
  * kernels the primary used, in the same order (qr_optim_apply_dense,
  * qr__rows_apply, qr_table_lookup), so the copies are equal bit for bit.
  *
- * Exactly once: per worker, the last push applied here and the step it
- * was answered with; a push of the same (worker, seq) is answered as
- * applied and not applied again (duplicate_pushes). The record travels
- * with each forward, so the backup holds it too.
+ * Exactly once: per worker, the last QR_REPL_DUP_WINDOW pushes applied
+ * here and the step each was answered with; a push of one of those
+ * (worker, seq) is answered as applied and not applied again
+ * (duplicate_pushes). The record travels with each forward, so the
+ * backup holds it too, and answers a push resent to it after a failover.
+ *
+ * The view (failover.c) changes what a ps is: a backup promoted serves
+ * its copy as the shard's primary (workers' connections naming that
+ * shard, qr__peer_store) and refuses the old primary's replica link and
+ * forwards (QR_EVIEW), which fences that primary if it still runs; a
+ * primary whose backup failed forwards nothing more and answers at once.
  */
 #include "ps/ps_internal.h"
 
@@ -84,7 +91,8 @@ int qr__replica_init(qr_ps *ps) {
     int nw = ps->cluster->nworkers;
     r->last = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *r->last);
     r->backup_last = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *r->backup_last);
-    if (!r->last || !r->backup_last) return QR_ENOMEM;
+    r->failed = qr__calloc((size_t)nps, sizeof *r->failed);
+    if (!r->last || !r->backup_last || !r->failed) return QR_ENOMEM;
     return qr_addr_parse(ps->cluster->ps[r->backup], &r->addr);
 }
 
@@ -174,7 +182,7 @@ static void on_link_lost(qr_conn *c, int status) {
                 r->backup, ps->cluster->ps[r->backup], qr_strerror(status));
     r->conn = NULL;
     r->up = r->connecting = false;
-    if (r->closing || ps->stopping) return;
+    if (r->closing || ps->stopping || r->backup_gone) return;
     uv_timer_start(&r->retry, on_retry, qr__link_backoff_ms(&r->attempts), 0);
 }
 
@@ -195,6 +203,13 @@ static void on_forward_answer(qr_ps *ps, const qr_frame *f, const uint8_t *meta)
     ps_replica *r = &ps->replica;
     repl_forward *fw = r->fwd_head;
     if (!fw || f->request_id != fw->request_id) return; /* of an earlier send of it */
+    if (f->status == QR_EVIEW) { /* the backup serves this shard now */
+        char why[700];
+        snprintf(why, sizeof why, "backup ps %d refused a forward: %.*s", r->backup,
+                 (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+        qr__ps_fence(ps, why);
+        return;
+    }
     if (f->status) {
         char why[700];
         snprintf(why, sizeof why, "backup ps %d refused a forward of this ps's shard (%s), so "
@@ -225,6 +240,13 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
     if (qr__ps_fenced(ps)) return;
     int type = f->type & ~QR_MSG_REPLY;
     if (type == QR_MSG_HELLO) {
+        if (f->status == QR_EVIEW) {
+            char why[700];
+            snprintf(why, sizeof why, "backup ps %d refused this ps's replica link: %.*s",
+                     r->backup, (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+            qr__ps_fence(ps, why);
+            return;
+        }
         if (f->status) {
             char why[700];
             snprintf(why, sizeof why, "backup ps %d (%s) refused this ps's replica link: %.*s",
@@ -278,11 +300,15 @@ static void log_digests(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps) || r->digests_logged) return;
     r->digests_logged = true;
-    qr__log(QR_LOG_INFO, "replica digests: shard %d primary %016llx, shard %d backup %016llx "
-            "(%llu forwards sent, %llu applied here, %llu duplicate pushes)", ps->index,
+    qr__log(QR_LOG_INFO, "replica digests: shard %d primary %016llx, shard %d %s %016llx "
+            "(%llu forwards sent, %llu applied here, %llu duplicate pushes; pushes applied: "
+            "shard %d %llu, shard %d %llu; view %llu%s)", ps->index,
             (unsigned long long)qr__store_digest(&ps->store), r->primary,
+            r->promoted ? "promoted" : "backup",
             (unsigned long long)qr__store_digest(&r->store), (unsigned long long)r->forwards,
-            (unsigned long long)r->applied, (unsigned long long)r->duplicate_pushes);
+            (unsigned long long)r->applied, (unsigned long long)r->duplicate_pushes, ps->index,
+            (unsigned long long)r->own_pushes, r->primary, (unsigned long long)r->copy_pushes,
+            (unsigned long long)r->view, r->backup_gone ? "; its backup failed" : "");
 }
 
 void qr__replica_close(qr_ps *ps) {
@@ -307,7 +333,9 @@ void qr__replica_free(qr_ps *ps) {
     r->fwd_tail = NULL;
     free(r->last);
     free(r->backup_last);
+    free(r->failed);
     r->last = r->backup_last = NULL;
+    r->failed = NULL;
     qr_store_free(&r->store);
 }
 
@@ -348,6 +376,11 @@ void qr__replica_send(qr_ps *ps, repl_forward *fw) {
         return;
     }
     fw->fwd = fw->head.fwd = r->next_fwd++;
+    if (r->backup_gone) { /* one copy: nothing to keep it for */
+        r->acked = fw->fwd;
+        forward_free(fw);
+        return;
+    }
     if (r->fwd_tail) r->fwd_tail->next = fw;
     else r->fwd_head = fw;
     r->fwd_tail = fw;
@@ -381,32 +414,49 @@ void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *me
 
 /* ---- exactly once ---------------------------------------------------------- */
 
-bool qr__replica_duplicate(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t *answer) {
+/* The record of p's shard: this ps's own, or its copy's. */
+static repl_last *record_of(ps_peer *p) {
+    ps_replica *r = &p->ps->replica;
+    return p->promoted_shard ? r->backup_last : r->last;
+}
+
+bool qr__replica_duplicate(ps_peer *p, uint32_t worker, uint32_t seq, int64_t *answer) {
+    qr_ps *ps = p->ps;
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps) || !qr__is_worker(worker, ps->cluster->nworkers)) return false;
-    const repl_last *l = &r->last[worker];
-    if (!l->any || l->seq != seq) return false;
-    *answer = l->answer;
-    r->duplicate_pushes++;
-    return true;
+    const repl_last *l = &record_of(p)[worker];
+    for (int i = 0; i < l->n; i++) {
+        if (l->seq[i] != seq) continue;
+        *answer = l->answer[i];
+        r->duplicate_pushes++;
+        return true;
+    }
+    return false;
 }
 
 static void record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,
                         int64_t answer) {
     if (!qr__is_worker(worker, nworkers)) return;
-    last[worker] = (repl_last){.seq = seq, .answer = answer, .any = true};
+    repl_last *l = &last[worker];
+    l->seq[l->next] = seq;
+    l->answer[l->next] = answer;
+    l->next = (l->next + 1) % QR_REPL_DUP_WINDOW;
+    if (l->n < QR_REPL_DUP_WINDOW) l->n++;
 }
 
-void qr__replica_applied(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t answer) {
-    if (qr__replica_on(ps))
-        record_last(ps->replica.last, ps->cluster->nworkers, worker, seq, answer);
+void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answer) {
+    qr_ps *ps = p->ps;
+    if (!qr__replica_on(ps)) return;
+    record_last(record_of(p), ps->cluster->nworkers, worker, seq, answer);
+    if (p->promoted_shard) ps->replica.copy_pushes++;
+    else ps->replica.own_pushes++;
 }
 
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
     qr_ps *ps = p->ps;
     ps_replica *r = &ps->replica;
     uint64_t fwd = r->next_fwd - 1; /* the last forward made */
-    if (fwd <= r->acked && !r->wait_head) {
+    if ((fwd <= r->acked && !r->wait_head) || p->promoted_shard || r->backup_gone) {
         cb(p, f, ctx, QR_OK, NULL);
         return;
     }
@@ -437,6 +487,10 @@ int qr__replica_hello(ps_peer *p, const qr_msg_hello *m) {
     if (m->task_index != (uint32_t)r->primary)
         return qr__fail(QR_EINVAL, "HELLO: a replica link from ps %u, but this ps backs up "
                         "ps %d's shard", m->task_index, r->primary);
+    if (r->promoted)
+        return qr__fail(QR_EVIEW, "old view: ps %d's shard is served by this ps since view "
+                        "%llu (ps %d failed): its forwards are refused", r->primary,
+                        (unsigned long long)r->view, r->primary);
     if (m->incarnation != r->primary_incarnation) {
         /* A new run of the primary numbers its forwards from 1 again. */
         r->primary_incarnation = m->incarnation;
@@ -483,6 +537,10 @@ static int check_item(const qr_msg_repl_item *it, const qr_var *v, int64_t *nrow
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->role != QR_ROLE_REPLICA)
         return qr__fail(QR_EINVAL, "REPLICATE comes only on a primary's replica link");
+    if (p->ps->replica.promoted)
+        return qr__fail(QR_EVIEW, "old view: ps %d's shard is served by this ps since view "
+                        "%llu: its forwards are refused", p->ps->replica.primary,
+                        (unsigned long long)p->ps->replica.view);
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_get_repl_head(&r, &p->repl);
@@ -631,10 +689,54 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     }
     r->applied_fwd = h->fwd;
     r->applied++;
-    if (h->count || (h->flags & QR_PUSH_STEP))
+    bool sightings = h->count && p->items[0].dtype == QR_REPL_LOOKUP;
+    if (!sightings) { /* a push: what a promotion goes on from */
         record_last(r->backup_last, ps->cluster->nworkers, h->worker, h->seq, h->answer);
+        r->copy_steps = (h->flags & QR_PUSH_STEP) ? h->t : h->t - 1;
+        r->copy_pushes++;
+    }
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
+}
+
+/* ---- the view moved (failover.c) ------------------------------------------------ */
+
+void qr__replica_promote(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (r->promoted) return;
+    r->promoted = true;
+    /* The old primary's forwards stop here: a stopped one that comes back
+     * finds its replica link refused (QR_EVIEW) and is fenced. */
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->role == QR_ROLE_REPLICA) qr_conn_close(p->conn);
+    qr__log(QR_LOG_WARN, "view %llu: this ps serves ps %d's shard now, from its copy (%u "
+            "variables, digest %016llx, %llu pushes applied, step %lld); on one copy until "
+            "re-replication (not built)", (unsigned long long)r->view, r->primary,
+            r->store.count, (unsigned long long)qr__store_digest(&r->store),
+            (unsigned long long)r->copy_pushes, (long long)r->copy_steps);
+}
+
+void qr__replica_backup_gone(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (r->backup_gone) return;
+    r->backup_gone = true;
+    if (r->retry_on) uv_timer_stop(&r->retry);
+    if (r->conn) qr_conn_close(r->conn);
+    uint64_t dropped = 0;
+    while (r->fwd_head) {
+        repl_forward *fw = r->fwd_head;
+        r->fwd_head = fw->next;
+        fw->acked = true;
+        if (!fw->sending) forward_free(fw);
+        dropped++;
+    }
+    r->fwd_tail = NULL;
+    r->acked = r->next_fwd - 1;
+    qr__log(QR_LOG_WARN, "view %llu: backup ps %d failed: this ps's shard goes on on one copy "
+            "until re-replication (not built); %llu forwards it had not applied dropped, the "
+            "pushes waiting for them answered", (unsigned long long)r->view, r->backup,
+            (unsigned long long)dropped);
+    answer_waits(ps, QR_OK, NULL);
 }
 
 /* ---- digests and statistics -------------------------------------------------- */
@@ -657,7 +759,8 @@ uint64_t qr__store_digest(const qr_store *s) {
     return h;
 }
 
-static void add_shard(cJSON *shards, int index, const char *role, const qr_store *s) {
+static void add_shard(cJSON *shards, int index, const char *role, const qr_store *s,
+                      uint64_t pushes) {
     char digest[20];
     snprintf(digest, sizeof digest, "%016llx", (unsigned long long)qr__store_digest(s));
     cJSON *o = cJSON_CreateObject();
@@ -665,6 +768,7 @@ static void add_shard(cJSON *shards, int index, const char *role, const qr_store
     cJSON_AddStringToObject(o, "role", role);
     cJSON_AddStringToObject(o, "params_digest", digest);
     cJSON_AddNumberToObject(o, "variables", s->count);
+    cJSON_AddNumberToObject(o, "pushes_applied", (double)pushes);
     cJSON_AddItemToArray(shards, o);
 }
 
@@ -676,6 +780,12 @@ void qr__replica_stats_json(qr_ps *ps, cJSON *j) {
     cJSON_AddNumberToObject(j, "forwards", (double)r->forwards);
     cJSON_AddNumberToObject(j, "forwards_applied_here", (double)r->applied);
     cJSON *shards = cJSON_AddArrayToObject(j, "shards");
-    add_shard(shards, ps->index, "primary", &ps->store);
-    add_shard(shards, r->primary, "backup", &r->store);
+    add_shard(shards, ps->index, "primary", &ps->store, r->own_pushes);
+    add_shard(shards, r->primary, r->promoted ? "promoted" : "backup", &r->store,
+              r->copy_pushes);
+    cJSON_AddNumberToObject(j, "view", (double)r->view);
+    cJSON *failed = cJSON_AddArrayToObject(j, "failed_ps");
+    for (int k = 0; k < ps->cluster->nps; k++)
+        if (r->failed[k]) cJSON_AddItemToArray(failed, cJSON_CreateNumber(k));
+    cJSON_AddBoolToObject(j, "backup_failed", r->backup_gone);
 }

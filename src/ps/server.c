@@ -114,6 +114,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_SAVE] = {NULL, qr__ckpt_save_message, false, true},
     [QR_MSG_SLOTS] = {qr__slots_header, qr__slots_message, false, true},
     [QR_MSG_REPLICATE] = {qr__replica_header, qr__replica_message, false, true},
+    [QR_MSG_VIEW] = {qr__failover_view_header, qr__failover_view_message, false, false},
 };
 
 static const ps_handler *handler_of(unsigned type) {
@@ -591,6 +592,8 @@ static int start_run(qr_ps *ps) {
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     if (!rc && ps->index == 0 && ps->cluster->nps > 1)
         rc = qr__links_init(ps, qr__rollback_check_link);
+    if (!rc && ps->index == 0 && ps->cluster->nps > 1 && qr__replica_on(ps) && !ps->sync.on)
+        ps->sync.on_lost_ps = qr__failover_lost;
     if (!rc) rc = qr__ckpt_loop_init(ps);
     if (!rc) rc = qr__liveness_init(ps);
     if (!rc) rc = qr__metrics_init(ps);

@@ -25,9 +25,13 @@ int64_t qr_msg_get_step(qr_rbuf *r) {
 }
 
 void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m) {
-    qr_wbuf_u32(b, m->role);
+    qr_wbuf_u32(b, m->with_view ? QR_ROLE_WORKER_VIEW : m->role);
     qr_wbuf_u32(b, m->task_index);
     qr_wbuf_u32(b, m->mode);
+    if (m->with_view) {
+        qr_wbuf_u64(b, m->view);
+        qr_wbuf_u32(b, m->shard);
+    }
     if (m->role == QR_ROLE_COORDINATOR || m->role == QR_ROLE_REPLICA) {
         qr_wbuf_u64(b, m->incarnation);
         qr_wbuf_i64(b, m->restored_step);
@@ -39,6 +43,7 @@ uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len) {
     qr_rbuf r;
     qr_rbuf_init(&r, meta, meta_len);
     uint32_t role = qr_rbuf_u32(&r);
+    if (role == QR_ROLE_WORKER_VIEW) return QR_MSG_HELLO_VIEW_LEN;
     return role == QR_ROLE_COORDINATOR || role == QR_ROLE_REPLICA ? QR_MSG_HELLO_COORD_LEN
                                                                   : QR_MSG_HELLO_LEN;
 }
@@ -50,11 +55,36 @@ void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
     m->incarnation = 0;
     m->restored_step = -1;
     m->cause = 0;
+    m->with_view = false;
+    m->view = 0;
+    m->shard = 0;
+    if (m->role == QR_ROLE_WORKER_VIEW) {
+        m->role = QR_ROLE_WORKER;
+        m->with_view = true;
+        m->view = qr_rbuf_u64(r);
+        m->shard = qr_rbuf_u32(r);
+    }
     if (m->role == QR_ROLE_COORDINATOR || m->role == QR_ROLE_REPLICA) {
         m->incarnation = qr_rbuf_u64(r);
         m->restored_step = qr_rbuf_i64(r);
         m->cause = qr_rbuf_u64(r);
     }
+}
+
+void qr_msg_put_view(qr_wbuf *b, uint64_t view, int nps, const uint8_t *failed) {
+    qr_wbuf_u64(b, view);
+    qr_wbuf_u32(b, (uint32_t)nps);
+    for (int k = 0; k < nps; k++) qr_wbuf_u32(b, failed[k] ? 1u : 0u);
+}
+
+void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed) {
+    *view = qr_rbuf_u64(r);
+    uint32_t n = qr_rbuf_u32(r);
+    if (n != (uint32_t)nps) {
+        r->bad = true;
+        return;
+    }
+    for (int k = 0; k < nps; k++) failed[k] = qr_rbuf_u32(r) ? 1 : 0;
 }
 
 void qr_msg_put_repl_head(qr_wbuf *b, const qr_msg_repl_head *m) {

@@ -13,6 +13,10 @@
  *                   restored_step (its checkpoint; -1 none),
  *                   u64 cause (the incarnation of the restarted ps whose
  *                   HELLO answer made this run of ps 0 roll back; 0: none)
+ *                   role 4, a worker of --ps-replicas 2: as role 1, then
+ *                   u64 view (the one it knows), u32 shard (the one it
+ *                   wants served on this connection) (qr_msg_hello's
+ *                   with_view; read back as role 1)
  *              reply (qr_msg_welcome): u64 incarnation (new at every start
  *                   and every rollback of the ps), i64 restored_step (-1:
  *                   none), u64 follows (the coordinator incarnation whose
@@ -188,6 +192,7 @@
  * reads them. */
 #define QR_MSG_HELLO_LEN 12
 #define QR_MSG_HELLO_COORD_LEN 36
+#define QR_MSG_HELLO_VIEW_LEN 24
 #define QR_MSG_WELCOME_LEN 28
 #define QR_MSG_READY_LEN 20
 #define QR_MSG_COMMIT_LEN 24
@@ -216,11 +221,26 @@ typedef struct qr_msg_hello {
     uint64_t incarnation;
     int64_t restored_step;
     uint64_t cause; /* the restarted ps run that made this ps 0 roll back (0: none) */
+    /* A worker of --ps-replicas 2 (written as role QR_ROLE_WORKER_VIEW): */
+    bool with_view;
+    uint64_t view;  /* the view it knows */
+    uint32_t shard; /* the shard it wants served on this connection */
 } qr_msg_hello;
 void qr_msg_put_hello(qr_wbuf *b, const qr_msg_hello *m);
 /* The length of a HELLO's meta, read from its first field (the role). */
 uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len);
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
+
+/* VIEW (--ps-replicas 2, src/ps/failover.c): where the shards are.
+ * u64 view (0 at the start, one more at each failover), u32 nps, then
+ * per ps a u32: 1 if it has failed (its shard is served by its backup,
+ * ps (k+1) mod P), else 0. ps 0 sends it to every ps on its links and
+ * to every worker unasked (QR_VIEW_NOTICE_ID); a worker asks for it
+ * with an empty VIEW request. */
+void qr_msg_put_view(qr_wbuf *b, uint64_t view, int nps, const uint8_t *failed);
+/* Reads the view into *view and failed[0..nps) (the caller's array of
+ * nps); r->bad if the record is short or names another number of ps. */
+void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed);
 
 /* REPLICATE (src/ps/replica.c). */
 #define QR_REPL_DENSE 0u

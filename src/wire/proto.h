@@ -82,7 +82,8 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
     X(SLOTS, 18)           \
     X(HELD, 19)            \
     X(RELEASE, 20)         \
-    X(REPLICATE, 21)
+    X(REPLICATE, 21)       \
+    X(VIEW, 22)
 
 typedef enum qr_msg_type {
 #define QR__MSG_ENUM(name, code) QR_MSG_##name = code,
@@ -135,12 +136,21 @@ typedef enum qr_msg_type {
  * lost ps to come back would otherwise wait out restart-wait-ms after
  * the job has ended. */
 #define QR_STOP_NOTICE_ID 0u
+/* The other one, with --ps-replicas 2: when the placement of the shards
+ * changes (a ps failed over, ps/failover.c), ps 0 sends every worker
+ * connected to it a VIEW reply with this request id, whose meta is the
+ * new view (wire/msg.h, qr_msg_put_view). */
+#define QR_VIEW_NOTICE_ID 0xffffffffu
 
 #define QR_ROLE_WORKER 1
 #define QR_ROLE_COORDINATOR 2
 /* ps k's link to its backup, ps (k+1) mod P (ps/replica.c): its CREATEs
  * and REPLICATEs go to the backup's store of ps k's shard. */
 #define QR_ROLE_REPLICA 3
+/* A worker's HELLO that names the view it knows and the shard it wants
+ * served on this connection (--ps-replicas 2 only; wire/msg.h): read as
+ * QR_ROLE_WORKER with qr_msg_hello's with_view set. */
+#define QR_ROLE_WORKER_VIEW 4
 
 typedef struct qr_frame {
     uint8_t type;

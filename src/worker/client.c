@@ -71,6 +71,15 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     w->restart_wait_ms = (int)qr__config_int(w->cfg, "restart-wait-ms");
     w->sync = !strcmp(qr__config_str(w->cfg, "mode"), "sync");
     w->max_staleness = qr__config_int(w->cfg, "max-staleness");
+    w->replicas = (int)qr__config_int(w->cfg, "ps-replicas");
+    if (w->replicas > 1 && !(w->failed = qr__calloc((size_t)w->nps, 1))) {
+        qr_auth_free(w->auth);
+        qr_config_free(w->cfg);
+        qr_cluster_free(w->cluster);
+        free(w->links);
+        free(w);
+        return QR_ENOMEM;
+    }
     /* Pushes are named (worker, seq) on the ps. A restarted worker must not
      * reuse the names of pushes its predecessor left pending, so numbering
      * starts anywhere in [0, 2^31): only the order of one worker's own
@@ -89,6 +98,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
 void qr_worker_free(qr_worker *w) {
     if (!w) return;
     qr_heartbeat_stop(w->heartbeat);
+    wk_links_report(w);
     wk_links_close(w);
     wk_rows_free(w);
     for (int i = 0; i < w->nvars; i++) {
@@ -100,6 +110,7 @@ void qr_worker_free(qr_worker *w) {
     }
     free(w->vars);
     free(w->links);
+    free(w->failed);
     qr_cluster_free(w->cluster);
     qr_config_free(w->cfg);
     qr_auth_free(w->auth);

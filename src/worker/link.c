@@ -30,6 +30,17 @@
  * the ps keeps no checkpoints and has lost its variables): the caller
  * creates the worker again to go on from the checkpoint.
  *
+ * With --ps-replicas 2 (async) a link is a shard's: link k carries the
+ * requests for shard k to the ps that serves it in the view (ps k, or
+ * its backup ps (k+1) mod P once ps k failed over, docs/REPLICATION.md).
+ * Its HELLO names the view the worker knows and the shard; a ps refuses
+ * an old one (QR_EVIEW) and the worker asks ps 0 for the view (VIEW),
+ * which ps 0 also sends unasked at each failover (QR_VIEW_NOTICE_ID).
+ * A new view moves the links of the shards that moved (apply_view), and
+ * a push whose connection was lost is sent again (to the new primary, or
+ * to the same ps come back): both copies hold its (worker, seq), so the
+ * one that has applied it answers without applying it twice.
+ *
  * A reply's values are received straight into the request's destinations
  * (expect_values), never staged.
  */
@@ -47,6 +58,8 @@ wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type) {
     r->link = &w->links[ps];
     r->type = type;
     r->id = ++w->next_id;
+    if (r->id == QR_VIEW_NOTICE_ID) r->id = ++w->next_id; /* never the notice's */
+    if (type == QR_MSG_PUSH) r->created_ns = qr__now_ns();
     return r;
 }
 
@@ -69,6 +82,17 @@ static void request_finish(wk_request *r, int status, const char *msg) {
     r->status = status;
     if (status && msg) snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
     if (r->internal) {
+        qr_worker *w = r->link->w;
+        if (r == w->view_req) w->view_req = NULL;
+        if (status == QR_EVIEW && r->type == QR_MSG_HELLO) {
+            /* Of an old view: ask ps 0, and connect again after it. */
+            qr__log(QR_LOG_INFO, "ps %d refused the connection for shard %d: %s", r->link->target,
+                    r->link->index, r->errmsg);
+            w->view_wanted = true;
+            if (r->link->conn) qr_conn_close(r->link->conn);
+            wk_request_free(r);
+            return;
+        }
         /* The ps refused this worker (e.g. a different --mode): remember
          * why, so the next call on this link reports it. */
         if (status && status != QR_EPEERLOST && r->link) {
@@ -178,9 +202,13 @@ static void on_connected(qr_conn *c, int status) {
     wk_request *hello = wk_request_new(l->w, l->index, QR_MSG_HELLO);
     if (!hello) return;
     hello->internal = true;
+    qr_worker *w = l->w;
     qr_msg_put_hello(&hello->meta, &(qr_msg_hello){.role = QR_ROLE_WORKER,
-                                                   .task_index = (uint32_t)l->w->index,
-                                                   .mode = l->w->sync ? 1 : 0});
+                                                   .task_index = (uint32_t)w->index,
+                                                   .mode = w->sync ? 1 : 0,
+                                                   .with_view = w->replicas > 1,
+                                                   .view = w->view,
+                                                   .shard = (uint32_t)l->index});
     if (link_send(l, hello)) wk_request_free(hello);
 }
 
@@ -212,6 +240,68 @@ static void on_lost(qr_conn *c, int status) {
 
 static bool is_stop_notice(const qr_frame *f) {
     return f->type == (QR_MSG_STOP | QR_MSG_REPLY) && f->request_id == QR_STOP_NOTICE_ID;
+}
+
+static bool is_view_notice(const qr_frame *f) {
+    return f->type == (QR_MSG_VIEW | QR_MSG_REPLY) && f->request_id == QR_VIEW_NOTICE_ID;
+}
+
+/* Link l's shard is served by ps `target` from now on: its connection
+ * (if any) is dropped, which fails what was sent on it with QR_EPEERLOST
+ * (sent again by wk_run_requests), and the next one goes there. */
+static void retarget(ps_link *l, int target) {
+    qr_worker *w = l->w;
+    qr__log(QR_LOG_WARN, "view %llu: shard %d is served by ps %d (%s) from now on",
+            (unsigned long long)w->view, l->index, target, w->cluster->ps[target]);
+    l->target = target;
+    if (qr_addr_parse(w->cluster->ps[target], &l->addr))
+        qr__log(QR_LOG_ERROR, "ps %d's address: %s", target, qr_last_error());
+    l->incarnation = 0; /* another ps: not a restart of the one before */
+    l->refused = 0;
+    l->attempts = 0;
+    l->retry_at_ns = 0;
+    l->unreached_ns = 0;
+    l->refusal_reported = false;
+    if (l->conn) qr_conn_close(l->conn); /* `lost` follows */
+}
+
+/* A view from ps 0 (its VIEW notice or answer): the links of the shards
+ * that moved go to their new ps. */
+static void apply_view(qr_worker *w, const uint8_t *meta, uint32_t len) {
+    if (w->replicas < 2 || !w->failed) return;
+    uint8_t failed[w->nps];
+    uint64_t view;
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, len);
+    qr_msg_get_view(&rb, w->nps, &view, failed);
+    if (rb.bad) {
+        qr__log(QR_LOG_WARN, "ps 0 sent a view this worker cannot read (%u bytes)", len);
+        return;
+    }
+    if (view <= w->view) return;
+    w->view = view;
+    memcpy(w->failed, failed, (size_t)w->nps);
+    for (int k = 0; k < w->nps; k++) {
+        int target = failed[k] ? (k + 1) % w->nps : k;
+        if (target != w->links[k].target) retarget(&w->links[k], target);
+    }
+}
+
+/* A ps refused a HELLO as of an old view: ask ps 0 for the view, once at
+ * a time, when its link is up. */
+static void ask_view(qr_worker *w) {
+    ps_link *l0 = &w->links[0];
+    if (!w->view_wanted || w->view_req || l0->state != LINK_UP) return;
+    wk_request *r = wk_request_new(w, 0, QR_MSG_VIEW);
+    if (!r) return;
+    r->internal = true;
+    r->want_meta = true;
+    if (link_send(l0, r)) {
+        wk_request_free(r);
+        return;
+    }
+    w->view_req = r;
+    w->view_wanted = false;
 }
 
 /* A pull's reply (or a fused push's, after its step): the records of the
@@ -316,8 +406,8 @@ static void unqueue(ps_link *l, wk_request *r) {
 
 static int reply_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     ps_link *l = qr_conn_data(c);
-    if (is_stop_notice(f))
-        return f->payload_len ? qr__fail(QR_EPROTO, "ps %d sent a stop notice with a payload",
+    if (is_stop_notice(f) || is_view_notice(f))
+        return f->payload_len ? qr__fail(QR_EPROTO, "ps %d sent a notice with a payload",
                                          l->index)
                               : QR_OK;
     wk_request *r = l->replying = answered(l, f->request_id);
@@ -378,9 +468,18 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         stop_noticed(l, f, meta);
         return;
     }
+    if (is_view_notice(f)) {
+        if (l->target == 0 && f->status == QR_OK) apply_view(l->w, meta, f->meta_len);
+        return;
+    }
     wk_request *r = l->replying;
     l->replying = NULL;
     unqueue(l, r);
+    if (r->type == QR_MSG_VIEW && f->status == QR_OK) apply_view(l->w, meta, f->meta_len);
+    if (r->type == QR_MSG_PUSH && f->status == QR_OK) {
+        l->pushes_acked++;
+        l->w->max_push_ns = QR_MAX(l->w->max_push_ns, qr__now_ns() - r->created_ns);
+    }
     if (f->status == QR_ESTOPPED) l->w->stopping = true;
     if (r->type == QR_MSG_HELLO && f->status == QR_OK) hello_answered(l, meta, f->meta_len);
     if (r->type == QR_MSG_HELLO && f->status == QR_EAUTH) { /* this worker has no secret */
@@ -537,14 +636,20 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
         uint64_t now = qr__now_ns();
         uint64_t wake_at = next_report;
         int pending = 0;
+        ask_view(w);
         for (int i = 0; i < n; i++) {
             wk_request *r = reqs[i];
             if (w->rolled_back && !r->done) request_give_up(w, r, w->rolled_back, w->rollback_msg);
             uint64_t dl = request_deadline(w, r, deadline);
             /* Everything but a push may be repeated safely after a lost
-             * connection; a push may have been applied, so it is not. */
-            if (r->done && r->status == QR_EPEERLOST && r->type != QR_MSG_PUSH &&
-                r->retries < 3 && now < dl) {
+             * connection; a push may have been applied, so it is not,
+             * but with two copies of every shard (--ps-replicas 2): the
+             * copy that applied it answers it without applying it again,
+             * wherever it is sent (docs/REPLICATION.md). */
+            bool again = r->type != QR_MSG_PUSH || w->replicas > 1;
+            if (r->done && r->status == QR_EPEERLOST && again &&
+                r->retries < (w->replicas > 1 ? 8 : 3) && now < dl) {
+                if (r->type == QR_MSG_PUSH) w->pushes_resent++;
                 r->retries++;
                 r->done = r->sent = false;
                 r->status = QR_OK;
@@ -613,10 +718,24 @@ void wk_free_requests(wk_request **reqs, int n) {
 /* The worker's loop, its wake-up timer and the events of its connections
  * (qr_worker_create). */
 void wk_links_init(qr_worker *w) {
+    for (int k = 0; k < w->nps; k++) w->links[k].target = k;
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
                                  .message = reply_message, .lost = on_lost};
     uv_loop_init(&w->loop);
     uv_timer_init(&w->loop, &w->wake);
+}
+
+void wk_links_report(const qr_worker *w) {
+    if (w->replicas < 2) return;
+    char acked[512];
+    size_t off = 0;
+    for (int k = 0; k < w->nps && off < sizeof acked; k++)
+        off += (size_t)snprintf(acked + off, sizeof acked - off, "%s%d:%llu", k ? " " : "", k,
+                                (unsigned long long)w->links[k].pushes_acked);
+    qr__log(QR_LOG_INFO, "worker %d: pushes acknowledged per shard: %s; resent after a lost "
+            "connection: %llu; longest push (a failover's stall): %.3f s; view %llu", w->index,
+            acked, (unsigned long long)w->pushes_resent, (double)w->max_push_ns / 1e9,
+            (unsigned long long)w->view);
 }
 
 /* Close every connection and the loop (qr_worker_free). */

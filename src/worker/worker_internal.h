@@ -155,6 +155,7 @@ typedef struct wk_request {
     uint8_t *in_stage;
     uint32_t pad;
     bool sent, done, internal;
+    uint64_t created_ns; /* a push's stall: made to answered, resends included */
     int retries;
     int status;
     char errmsg[512];
@@ -172,7 +173,10 @@ typedef struct wk_request {
 
 struct ps_link {
     qr_worker *w;
-    int index;
+    int index;        /* the shard whose requests go on it (ps `index` at the start) */
+    int target;       /* the ps serving that shard in the view (--ps-replicas 2: its
+                       * backup once failed over, apply_view); index otherwise */
+    uint64_t pushes_acked; /* pushes to this shard answered OK */
     qr_addr addr;
     qr_conn *conn;
     enum { LINK_DOWN, LINK_CONNECTING, LINK_HELLO, LINK_UP } state;
@@ -224,6 +228,14 @@ struct qr_worker {
     int stop_status;     /* a ps's stop notice: QR_ESTOPPED or its abort's status */
     char stop_msg[512];
     wk_lookup lookup;    /* qr_worker_pull_rows's scratch */
+    /* --ps-replicas 2 (link.c, apply_view): the view of where the shards
+     * are (from ps 0), and the pushes resent after a lost connection */
+    int replicas;
+    uint64_t view;
+    uint8_t *failed;     /* [nps] */
+    bool view_wanted;    /* a ps refused a HELLO of an old view: ask ps 0 */
+    wk_request *view_req; /* that VIEW request, in flight */
+    uint64_t pushes_resent, max_push_ns;
     qr_worker_calls calls; /* for a metrics page (worker.h) */
 };
 
@@ -245,6 +257,8 @@ void wk_idle(qr_worker *w, int ms);
  * (free: every connection closed, the loop run out and closed). */
 void wk_links_init(qr_worker *w);
 void wk_links_close(qr_worker *w);
+/* --ps-replicas 2: what the worker saw of failovers, logged as it ends. */
+void wk_links_report(const qr_worker *w);
 /* A wait that lasts is said this often (link.c's calls, declare.c's wait
  * for the cluster to be ready). */
 #define WK_WAIT_REPORT_NS (5000ull * 1000000ull)

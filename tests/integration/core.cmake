@@ -71,8 +71,9 @@ foreach(case train checkpoint)
   qr_integration_test(integration_embeddings_${case} test_embeddings.py ${QR_VENV_PYTHON} ${case})
 endforeach()
 # Two copies of every shard (--ps-replicas 2): the backup equals the
-# primary bit for bit, duplicate pushes, REPLICATE's checks.
-foreach(case wire train)
+# primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
+# place of a killed or stopped ps (views, resent pushes, the fence).
+foreach(case wire train failover_wire failover_kill failover_stop failover_loop)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.

@@ -14,24 +14,47 @@ Case "train": `quorum launch --mode async --ps-replicas 2` on digits
 (2 and 3 ps, SGD and Adam) and on click data with embedding tables trains
 as --ps-replicas 1 does, and as the run ends each shard's primary digest
 equals its backup's (each ps logs both: "replica digests: ...").
-Usage: test_replication.py QUORUM_BINARY wire|train"""
+Failover in place (--ps-replicas 2, async, a ps other than ps 0):
+Case "failover_wire": three ps by hand, a raw worker: a push to shard 1
+is on ps 1 and its backup ps 2; ps 1 SIGKILLed: ps 0 moves to view 1
+and tells the worker unasked (VIEW notice); ps 2 refuses a HELLO of view
+0 and one for a shard it does not serve (QR_EVIEW), and the old primary's
+replica link; the push resent to ps 2 is answered and applied nowhere
+(duplicate_pushes 1, the copy's digest unchanged); the next is applied.
+Case "failover_kill": `quorum launch --ps 3 --workers 3 --ps-replicas 2`
+on digits, ps 1 SIGKILLed mid-run: exit 0, no rollback, the step target
+reached, the accuracy of an unkilled run, and for every shard the pushes
+acknowledged to the workers equal those applied on each surviving copy;
+the longest stall a worker saw is printed.
+Case "failover_stop": the same with ps 1 SIGSTOPped (hung: failed over
+after heartbeat-timeout-ms), then SIGCONTed: it fences itself and exits
+without serving.
+Case "failover_loop": five runs, ps 1 and ps 2 in turn SIGKILLed at a
+random moment of each (ps 2's shard then served by ps 0): the counts equal in every run (resent pushes answered by
+the duplicate record or applied once).
+Usage: test_replication.py QUORUM_BINARY wire|train|failover_wire|failover_kill|failover_stop|failover_loop"""
 
 import json
 import os
+import random
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, STATUS, Proc,
                     connect, create_meta, floats, frame, free_ports, last_json, push_meta,
                     read_reply, ready_meta, unfloats)
 
 quorum, case = sys.argv[1], sys.argv[2]
-REPLICATE = 21
-ROLE_WORKER, ROLE_REPLICA = 1, 3
+REPLICATE, VIEW = 21, 22
+ROLE_WORKER, ROLE_REPLICA, ROLE_WORKER_VIEW = 1, 3, 4
+EVIEW = -20
+VIEW_NOTICE_ID = 0xffffffff
 
 
 def request(s, data):
@@ -55,12 +78,14 @@ def shard_digests(port):
 def expect_error(s, data, status_name, text, what):
     mtype, _, status, meta, _ = request(s, data)
     got = STATUS.get(status, status)
-    assert got in status_name.split("|") and text in meta.decode(errors="replace"), \
+    assert str(got) in status_name.split("|") and text in meta.decode(errors="replace"), \
         "%s: got %s %r, wanted %s with %r" % (what, got, meta, status_name, text)
     print("ok: %s refused: %s" % (what, meta.decode(errors="replace")[:160]))
 
 
-def hello(kind, index, incarnation=7):
+def hello(kind, index, incarnation=7, view=0, shard=0):
+    if kind == ROLE_WORKER_VIEW:
+        return struct.pack("<IIIQI", ROLE_WORKER_VIEW, index, 0, view, shard)
     if kind == ROLE_REPLICA:
         return struct.pack("<IIIQqQ", ROLE_REPLICA, index, 0, incarnation, -1, 0)
     return struct.pack("<III", kind, index, 0)
@@ -228,9 +253,240 @@ def train_case():
     print("PASS: train")
 
 
-if case == "wire":
-    wire_case()
-elif case == "train":
-    train_case()
-else:
-    sys.exit("unknown case %r (wire, train)" % case)
+def view_record(meta):
+    view, nps = struct.unpack("<QI", meta[:12])
+    return view, list(struct.unpack("<%dI" % nps, meta[12:12 + 4 * nps]))
+
+
+def failover_wire_case():
+    ports = free_ports(4)
+    p = ports[:3]
+    cluster = ["--ps_hosts", ",".join("127.0.0.1:%d" % x for x in p),
+               "--worker_hosts", "127.0.0.1:%d" % ports[3], "--ps-replicas", "2", "--lr", "0.1",
+               "--linger-ms", "500", "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000"]
+    ps = [Proc([quorum, "ps"] + cluster + ["--job_name", "ps", "--task_index", str(i)])
+          for i in range(3)]
+    try:
+        s0 = connect(p[0])
+        assert request(s0, frame(HELLO, 1, hello(ROLE_WORKER_VIEW, 0, view=0, shard=0)))[2] == 0
+        s1 = connect(p[1])
+        assert request(s1, frame(HELLO, 1, hello(ROLE_WORKER_VIEW, 0, view=0, shard=1)))[2] == 0
+        status, meta = request(s1, frame(CREATE, 2, create_meta([(2, [4], -1.0, "v")]),
+                                         floats([1, 2, 3, 4])))[2:4]
+        assert status == 0, meta
+        assert request(s0, frame(READY, 3, ready_meta(1)))[2] == 0
+
+        def push(s, seq, rid):
+            mtype, _, status, meta, _ = request(
+                s, frame(PUSH, rid, push_meta([(2, 16)], worker=0, seq=seq),
+                         floats([1, 1, 1, 1]), flags=PUSH_STEP))
+            assert mtype == PUSH | REPLY and status == 0, (status, meta)
+            return struct.unpack("<q", meta)[0]
+
+        def pull(s):
+            status, meta, payload = request(s, frame(PULL, 9, struct.pack("<II", 1, 2)))[2:5]
+            assert status == 0, meta
+            return unfloats(payload)
+
+        first = push(s1, 41, 10)
+        after = pull(s1)
+        copy = shard_digests(p[2])[(1, "backup")]
+        assert copy == shard_digests(p[1])[(1, "primary")]
+        # ps 1 dies after the push was on both copies and before the
+        # worker has its answer (as far as the worker knows).
+        ps[1].kill()
+        mtype, rid, status, meta, _ = read_reply(s0)  # ps 0 tells the worker unasked
+        assert mtype == VIEW | REPLY and rid == VIEW_NOTICE_ID and status == 0, (mtype, rid)
+        assert view_record(meta) == (1, [0, 1, 0]), view_record(meta)
+        print("ok: ps 1 killed: ps 0 sent the worker view 1 (ps 1 failed) unasked")
+        deadline = time.time() + 10
+        while stats(p[2]).get("view") != 1:
+            assert time.time() < deadline, stats(p[2])
+            time.sleep(0.05)
+        h = connect(p[2])
+        expect_error(h, frame(HELLO, 1, hello(ROLE_WORKER_VIEW, 0, view=0, shard=1)), "-20",
+                     "old view 0, now 1", "a worker's HELLO of view 0")
+        h.close()
+        h = connect(p[2])
+        expect_error(h, frame(HELLO, 1, hello(ROLE_WORKER_VIEW, 0, view=1, shard=0)), "-20",
+                     "does not serve shard 0", "a HELLO for a shard ps 2 does not serve")
+        h.close()
+        h = connect(p[2])
+        expect_error(h, frame(HELLO, 1, hello(ROLE_REPLICA, 1)), "-20",
+                     "its forwards are refused", "the old primary's replica link")
+        h.close()
+        s2 = connect(p[2])
+        mtype, _, status, meta, _ = request(s2, frame(VIEW, 1))
+        assert status == 0 and view_record(meta) == (1, [0, 1, 0]), (status, meta)
+        assert request(s2, frame(HELLO, 2, hello(ROLE_WORKER_VIEW, 0, view=1, shard=1)))[2] == 0
+        again = push(s2, 41, 11)  # the answer was lost with ps 1: resent to the new primary
+        assert again == first, (again, first)
+        assert pull(s2) == after, "a resent push was applied again on the promoted copy"
+        st = stats(p[2])
+        shards = {(d["shard"], d["role"]): d for d in st["shards"]}
+        assert shards[(1, "promoted")]["params_digest"] == copy, shards
+        assert st["duplicate_pushes"] == 1 and shards[(1, "promoted")]["pushes_applied"] == 1, st
+        print("ok: the push resent to the promoted ps 2 was answered (step %d) and applied "
+              "nowhere: duplicate_pushes 1, the copy's digest %s unchanged" % (again, copy))
+        push(s2, 42, 12)
+        now = pull(s2)
+        assert all(abs(x - (a - 0.1)) < 1e-6 for x, a in zip(now, after)), (now, after)
+        st = stats(p[2])
+        shards = {(d["shard"], d["role"]): d for d in st["shards"]}
+        assert shards[(1, "promoted")]["pushes_applied"] == 2, st
+        assert stats(p[0])["backup_failed"] is True
+        print("ok: the next push is applied once on the promoted copy; ps 0's shard goes on "
+              "without its backup")
+        for x in (s0, s1, s2):
+            x.close()
+    finally:
+        for x in ps:
+            x.kill()
+    print("PASS: failover_wire")
+
+
+ACKS = re.compile(r"\[worker (\d+) pid \d+\] info: worker \d+: pushes acknowledged per shard: "
+                  r"([\d: ]+); resent after a lost connection: (\d+); longest push \(a "
+                  r"failover's stall\): ([\d.]+) s; view (\d+)")
+APPLIED = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) primary \w+, "
+                     r"shard (\d+) (backup|promoted) \w+ \(\d+ forwards sent, \d+ applied here, "
+                     r"(\d+) duplicate pushes; pushes applied: shard \d+ (\d+), shard \d+ (\d+); "
+                     r"view (\d+)")
+DIGITS = ["--ps", "3", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
+          "11", "--lr", "0.1"]
+
+
+def task_pid(p, index, job="ps"):
+    """The pid of task `index` of `job` among launch's children."""
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
+            try:
+                args = open("/proc/%s/cmdline" % pid).read().split("\0")
+            except OSError:
+                continue
+            if len(args) > 1 and args[1] == job and \
+                    args[args.index("--task_index") + 1] == str(index):
+                return int(pid)
+        time.sleep(0.05)
+    raise AssertionError("%s %d not found" % (job, index))
+
+
+def check_counts(err, nps, failed, what):
+    """For every shard, the pushes acknowledged to the workers equal
+    those applied on each surviving copy. Returns (resent, duplicates,
+    the longest stall)."""
+    acked, resent, stall = [0] * nps, 0, 0.0
+    workers = 0
+    for m in ACKS.finditer(err):
+        workers += 1
+        for part in m[2].split():
+            k, n = part.split(":")
+            acked[int(k)] += int(n)
+        resent += int(m[3])
+        stall = max(stall, float(m[4]))
+        assert int(m[5]) == (1 if failed is not None else 0), m[0]
+    assert workers == 3, "%s: %d workers reported\n%s" % (what, workers, err[-3000:])
+    copies, duplicates = {}, 0
+    for m in APPLIED.finditer(err):
+        ps = int(m[1])
+        if ps == failed:
+            continue  # a fenced run's last words: not a copy any more
+        copies.setdefault(int(m[2]), []).append((ps, int(m[6])))
+        copies.setdefault(int(m[3]), []).append((ps, int(m[7])))
+        duplicates += int(m[5])
+        assert (m[4] == "promoted") == (failed is not None and int(m[3]) == failed), m[0]
+    for k in range(nps):
+        assert copies.get(k), "%s: no surviving copy of shard %d\n%s" % (what, k, err[-3000:])
+        for ps, applied in copies[k]:
+            assert applied == acked[k], "%s: shard %d: %d pushes acknowledged, %d applied on " \
+                "ps %d" % (what, k, acked[k], applied, ps)
+    print("ok: %s: pushes acknowledged = applied on every surviving copy (%s); %d resent, %d "
+          "answered as duplicates" % (what, ", ".join(
+              "shard %d: %d on %s" % (k, acked[k], "+".join("ps %d" % ps for ps, _ in copies[k]))
+              for k in range(nps)), resent, duplicates))
+    return resent, duplicates, stall
+
+
+def launch_and_signal(args, victim, sig, after, then=None):
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+    pid = task_pid(p, victim)
+    time.sleep(after)
+    assert p.alive(), "the run ended before the signal"
+    t = time.time()
+    os.kill(pid, sig)
+    if then:
+        then(pid)
+    rc, out, err = p.wait(300)
+    assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
+    assert "quorum launch: ps %d (pid %d) was failed over by ps 0 (view 1)" % (victim, pid) \
+        in err, err[-3000:]
+    assert "rolling back" not in err and "restarting it" not in err, err[-3000:]
+    return last_json(out), err, pid, t
+
+
+def failover_kill_case():
+    steps = ["--steps", "6000"]
+    whole, err = launch(DIGITS + steps + ["--ps-replicas", "2"])
+    _, _, calm = check_counts(err, 3, None, "unkilled")
+    s, err, pid, _ = launch_and_signal(DIGITS + steps + ["--ps-replicas", "2"], 1, signal.SIGKILL,
+                                       1.0)
+    assert s["rollbacks"] == 0 and s["global_step"] >= 6000, s
+    assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
+    assert "[ps 2 pid" in err and "this ps serves ps 1's shard now" in err, err[-3000:]
+    _, _, stall = check_counts(err, 3, 1, "ps 1 killed")
+    print("STALL: ps 1 SIGKILLed: the longest push a worker waited for was %.3f s (%.3f s in "
+          "the unkilled run)" % (stall, calm))
+    print("PASS: failover_kill: ps 1 killed, no rollback, step %d, accuracy %.4f (unkilled "
+          "%.4f)" % (s["global_step"], s["test_accuracy"], whole["test_accuracy"]))
+
+
+def failover_stop_case():
+    timeout_ms = 1000
+    args = DIGITS + ["--steps", "8000", "--ps-replicas", "2", "--heartbeat-ms", "200",
+                     "--heartbeat-timeout-ms", str(timeout_ms)]
+
+    def resume(pid):
+        time.sleep(timeout_ms / 1e3 + 1.5)  # declared hung and failed over meanwhile
+        os.kill(pid, signal.SIGCONT)
+
+    s, err, pid, _ = launch_and_signal(args, 1, signal.SIGSTOP, 1.0, resume)
+    assert s["rollbacks"] == 0 and s["global_step"] >= 8000, s
+    assert "ps 1 (" in err and "is hung (no answer to heartbeats" in err, err[-3000:]
+    assert "[ps 1 pid %d] error: ps 1 did not run for" % pid in err, err[-3000:]
+    assert "is hung: " not in err, "launch killed the failed-over ps"
+    assert not os.path.exists("/proc/%d" % pid) or \
+        open("/proc/%d/stat" % pid).read().split()[2] == "Z", "the fenced ps still runs"
+    _, _, stall = check_counts(err, 3, 1, "ps 1 stopped")
+    print("STALL: ps 1 SIGSTOPped (heartbeat-timeout-ms %d): the longest push a worker waited "
+          "for was %.3f s" % (timeout_ms, stall))
+    print("PASS: failover_stop: the stopped ps was failed over, and once resumed it fenced "
+          "itself and exited without serving")
+
+
+def failover_loop_case(runs=5):
+    rng = random.Random(int(os.environ.get("QR_SEED", time.time())))
+    resent = duplicates = 0
+    stalls = []
+    for i in range(runs):
+        victim, after = 1 + i % 2, rng.uniform(0.3, 1.5)  # ps 2's copy is on ps 0
+        s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "4000", "--ps-replicas", "2"],
+                                         victim, signal.SIGKILL, after)
+        assert s["rollbacks"] == 0 and s["global_step"] >= 4000, s
+        r, d, stall = check_counts(err, 3, victim, "run %d, ps %d killed at %.2f s" % (
+            i + 1, victim, after))
+        resent += r
+        duplicates += d
+        stalls.append(stall)
+    print("STALL: longest pushes over %d kills: %s s" % (runs, ", ".join(
+        "%.3f" % x for x in stalls)))
+    print("PASS: failover_loop: %d kills, counts equal in each; %d pushes resent, %d answered "
+          "as duplicates" % (runs, resent, duplicates))
+
+
+cases = {"wire": wire_case, "train": train_case, "failover_wire": failover_wire_case,
+         "failover_kill": failover_kill_case, "failover_stop": failover_stop_case,
+         "failover_loop": failover_loop_case}
+if case not in cases:
+    sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
+cases[case]()

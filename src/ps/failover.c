@@ -1,0 +1,160 @@
+/*
+ * failover.c - failover in place (--ps-replicas 2, async): the view of
+ * where each shard is served, kept by ps 0, and what every ps makes of
+ * it. docs/REPLICATION.md, "Failover".
+ *
+ * View 0 is the placement of the start: shard k served by ps k, its copy
+ * on ps (k+1) mod P. When ps 0 finds ps k (k > 0) dead (its link lost and
+ * its address refusing a new one) or hung (silent for
+ * heartbeat-timeout-ms, links.c), and k's backup and k's own copy of its
+ * neighbour's shard leave every shard with a copy, ps 0 does not wait for
+ * k, roll back or abort: it moves to the next view, in which ps k has
+ * failed, and
+ *   - tells every other ps (VIEW on its links): ps (k+1) promotes its
+ *     copy of shard k (replica.c: served to the workers' connections that
+ *     name shard k, forwards of the old primary refused with QR_EVIEW),
+ *     and ps (k-1) stops forwarding to k (its shard goes on on one copy);
+ *   - applies it itself (ps 0 may be either);
+ *   - tells every worker connected to it (a VIEW notice, unasked); a
+ *     worker also asks (VIEW) when a ps refuses its HELLO as of an old
+ *     view, and resends the pushes the lost ps did not answer, which the
+ *     duplicate record answers if they were applied (replica.c);
+ *   - tells the supervisor ("failover ps K VIEW"): `quorum launch` then
+ *     neither kills nor restarts k, and does not count it a failure.
+ * A shard with no copy left (two neighbours failed), ps 0 itself, and sync
+ * mode are not failed over: links.c goes on as with one copy (restart-wait-ms,
+ * then the run aborts naming the ps).
+ *
+ * A worker's connection names the view it knows and its shard (HELLO,
+ * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
+ * (QR_EVIEW, "old view N, now M") and a shard it does not serve in it;
+ * ps 0 accepts it and sends the view at once.
+ */
+#include "ps/ps_internal.h"
+
+#include <string.h>
+
+/* What the view makes of this ps. */
+static void apply_view(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (r->failed[ps->index]) {
+        char why[200];
+        snprintf(why, sizeof why, "view %llu names this ps failed: its shard is served by ps %d",
+                 (unsigned long long)r->view, r->backup);
+        qr__ps_fence(ps, why);
+        return;
+    }
+    if (r->failed[r->primary]) qr__replica_promote(ps);
+    if (r->failed[r->backup]) qr__replica_backup_gone(ps);
+}
+
+static void put_view(const qr_ps *ps, qr_wbuf *b) {
+    qr_msg_put_view(b, ps->replica.view, ps->cluster->nps, ps->replica.failed);
+}
+
+/* ps 0 tells a worker the view, unasked. */
+static void notify(ps_peer *p) {
+    qr_frame req = {.type = QR_MSG_VIEW, .request_id = QR_VIEW_NOTICE_ID};
+    qr_wbuf meta = {0};
+    put_view(p->ps, &meta);
+    qr__peer_reply(p, &req, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
+
+bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
+    ps_replica *r = &ps->replica;
+    int nps = ps->cluster->nps;
+    if (!qr__replica_on(ps) || ps->sync.on || ps->index != 0 || k <= 0 || k >= nps) return false;
+    if (r->failed[k]) return true;
+    const char *how = hung ? "is hung (no answer to heartbeats for heartbeat-timeout-ms)"
+                           : "is gone (its link lost, its address refusing)";
+    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
+    if (r->failed[next] || r->failed[prev]) {
+        int lost = r->failed[next] ? k : prev;
+        qr__log(QR_LOG_ERROR, "ps %d (%s) %s, and ps %d failed before: shard %d has lost both "
+                "its copies, which no failover covers (re-replication is not built): the run "
+                "waits for ps %d as with one copy", k, ps->cluster->ps[k], how,
+                r->failed[next] ? next : prev, lost, k);
+        return false;
+    }
+    r->failed[k] = 1;
+    r->view++;
+    qr__log(QR_LOG_WARN, "ps %d (%s) %s: failed over in place, view %llu: shard %d is served by "
+            "its backup ps %d from now on, and shard %d goes on without its backup; both on one "
+            "copy until re-replication (not built); nothing rolls back", k, ps->cluster->ps[k],
+            how, (unsigned long long)r->view, k, next, prev);
+    qr__tell_supervisor("failover ps %d %llu", k, (unsigned long long)r->view);
+    qr_wbuf_reset(&ps->sync.view_meta);
+    put_view(ps, &ps->sync.view_meta);
+    apply_view(ps);
+    qr__links_view(ps);
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->role == QR_ROLE_WORKER) notify(p);
+    return true;
+}
+
+int qr__failover_hello(ps_peer *p, const qr_msg_hello *m) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    if (!m->with_view) return QR_OK; /* a worker of one copy: as always */
+    if (!qr__replica_on(ps))
+        return qr__fail(QR_EINVAL, "HELLO: a worker of --ps-replicas 2, but this ps keeps one "
+                        "copy: give every task the same --ps-replicas");
+    /* ps 0 keeps the view: it tells an old one the view instead
+     * (qr__failover_welcomed). */
+    if (ps->index != 0 && m->view != r->view)
+        return qr__fail(QR_EVIEW, "old view %llu, now %llu%s: ask ps 0 for the view",
+                        (unsigned long long)m->view, (unsigned long long)r->view,
+                        m->view > r->view ? " here (ps 0 has not told this ps yet)" : "");
+    if (m->shard == (uint32_t)ps->index) return QR_OK;
+    if (m->shard == (uint32_t)r->primary && r->promoted) {
+        p->promoted_shard = true;
+        return QR_OK;
+    }
+    return qr__fail(QR_EVIEW, "old view: ps %d does not serve shard %u in view %llu", ps->index,
+                    m->shard, (unsigned long long)r->view);
+}
+
+void qr__failover_welcomed(ps_peer *p, const qr_msg_hello *m) {
+    if (m->with_view && p->ps->index == 0 && m->view < p->ps->replica.view) notify(p);
+}
+
+int qr__failover_view_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    (void)meta;
+    qr_ps *ps = p->ps;
+    if (!qr__replica_on(ps) || ps->sync.on)
+        return qr__fail(QR_EINVAL, "VIEW: this ps keeps one copy of its shard (ps-replicas 1, "
+                        "or sync mode): there is no view");
+    if (p->role == QR_ROLE_COORDINATOR)
+        return qr__peer_check_small(f, 12 + 4 * (uint32_t)ps->cluster->nps);
+    return qr__peer_check_small(f, 0);
+}
+
+void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    if (p->role != QR_ROLE_COORDINATOR) { /* a worker asks */
+        qr_wbuf out = {0};
+        put_view(ps, &out);
+        qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        qr_wbuf_free(&out);
+        return;
+    }
+    int nps = ps->cluster->nps;
+    uint8_t failed[nps];
+    uint64_t view;
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, f->meta_len);
+    qr_msg_get_view(&rb, nps, &view, failed);
+    if (rb.bad) {
+        qr__peer_reply_error(p, f, QR_EPROTO, "VIEW: the record names another number of ps");
+        return;
+    }
+    if (view > r->view) {
+        r->view = view;
+        memcpy(r->failed, failed, (size_t)nps);
+        qr__log(QR_LOG_INFO, "view %llu from ps 0", (unsigned long long)view);
+        apply_view(ps);
+    }
+    qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
