@@ -492,6 +492,7 @@ typedef struct ps_replica {
     qr_addr addr;
     qr_conn *conn;
     bool connecting, up, closing, retry_on;
+    bool draining;         /* stopping: the link stays until the backup has every forward */
     uv_timer_t retry;
     int attempts;
     uint32_t next_id;      /* request ids on the link */
@@ -767,6 +768,9 @@ int qr__replica_init(qr_ps *ps);
 /* Once the loop runs: the primary opens its link to the backup. */
 int qr__replica_start(qr_ps *ps);
 void qr__replica_stop(qr_ps *ps);
+/* Stopping, its forwards not all applied by the backup yet: the ps waits
+ * for them (up to linger-ms) before it ends. */
+bool qr__replica_busy(const qr_ps *ps);
 void qr__replica_close(qr_ps *ps);
 void qr__replica_free(qr_ps *ps);
 /* The store a peer's requests name: a replica link's is the backup's. */

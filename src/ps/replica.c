@@ -74,6 +74,7 @@ struct repl_wait {
 
 static const qr_conn_events link_events;
 static void link_connect(qr_ps *ps);
+static void end_drain(qr_ps *ps);
 
 /* ---- the options ---------------------------------------------------------- */
 
@@ -182,6 +183,7 @@ static void on_link_lost(qr_conn *c, int status) {
                 r->backup, ps->cluster->ps[r->backup], qr_strerror(status));
     r->conn = NULL;
     r->up = r->connecting = false;
+    if (r->draining) end_drain(ps); /* the backup went before the stop's forwards were in */
     if (r->closing || ps->stopping || r->backup_gone) return;
     uv_timer_start(&r->retry, on_retry, qr__link_backoff_ms(&r->attempts), 0);
 }
@@ -196,6 +198,19 @@ static void answer_waits(qr_ps *ps, int status, const char *msg) {
         w->cb(w->peer, &w->req, w->ctx, status, msg);
         free(w);
     }
+}
+
+/* The stop's end of the link: closed, and what still waits for the
+ * backup answered "stopped". */
+static void end_drain(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    r->draining = false;
+    if (r->conn) qr_conn_close(r->conn);
+    answer_waits(ps, QR_ESTOPPED, qr__ps_stop_reason(ps));
+}
+
+bool qr__replica_busy(const qr_ps *ps) {
+    return ps->replica.draining;
 }
 
 /* The backup's answer to the forward at the head of the queue. */
@@ -225,6 +240,7 @@ static void on_forward_answer(qr_ps *ps, const qr_frame *f, const uint8_t *meta)
     fw->acked = true;
     if (!fw->sending) forward_free(fw);
     answer_waits(ps, QR_OK, NULL);
+    if (r->draining && !r->fwd_head) end_drain(ps); /* the stop's last forward is in */
 }
 
 static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
@@ -286,8 +302,16 @@ void qr__replica_stop(qr_ps *ps) {
     if (!qr__replica_on(ps)) return;
     r->closing = true;
     if (r->retry_on) uv_timer_stop(&r->retry);
-    if (r->conn) qr_conn_close(r->conn);
-    answer_waits(ps, QR_ESTOPPED, qr__ps_stop_reason(ps));
+    /* What this ps applied reaches its backup before the link closes, so
+     * that the run ends with both copies equal (a stopping backup still
+     * applies forwards): the link closes once the backup has answered
+     * every forward (on_forward_answer), when it is lost, or at linger-ms
+     * (qr__replica_close). */
+    if (r->conn && r->up && r->fwd_head && !qr__ps_fenced(ps)) {
+        r->draining = true;
+        return;
+    }
+    end_drain(ps);
 }
 
 static void on_closed(uv_handle_t *h) {
@@ -315,7 +339,8 @@ void qr__replica_close(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps)) return;
     log_digests(ps);
-    qr__replica_stop(ps);
+    r->closing = true;
+    end_drain(ps); /* at linger-ms, whatever the backup has not answered */
     if (r->retry_on && !uv_is_closing((uv_handle_t *)&r->retry))
         uv_close((uv_handle_t *)&r->retry, on_closed);
 }

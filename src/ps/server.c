@@ -127,7 +127,10 @@ static const ps_handler *handler_of(unsigned type) {
 static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (f->type & QR_MSG_REPLY)
         return qr__fail(QR_EPROTO, "a ps does not accept %s replies", qr_msg_name(f->type));
-    if (p->ps->stopping && f->type != QR_MSG_STOP)
+    /* A stopping backup still applies its primary's forwards: the copies
+     * end equal (replica.c, qr__replica_stop). */
+    if (p->ps->stopping && f->type != QR_MSG_STOP &&
+        !(p->role == QR_ROLE_REPLICA && f->type == QR_MSG_REPLICATE))
         return qr__fail(p->ps->exit_status ? p->ps->exit_status : QR_ESTOPPED, "%s",
                         qr__ps_stop_reason(p->ps));
     const ps_handler *h = handler_of(f->type);
@@ -363,7 +366,7 @@ static void close_loop_handles(qr_ps *ps) {
  * delivered their STOP (or given up). */
 static void finish_if_idle(qr_ps *ps) {
     if (!ps->stop_begun || ps->npeers != 0 || ps->rollback.wanted) return;
-    if (qr__links_busy(ps)) return;
+    if (qr__links_busy(ps) || qr__replica_busy(ps)) return;
     close_loop_handles(ps);
 }
 
