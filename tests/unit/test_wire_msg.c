@@ -4,8 +4,8 @@
  * hand here, so a change of the codec that would change the wire fails),
  * each get reads back what its put wrote (a push's learning rates with
  * QR_PUSH_LR too), the fixed sizes agree with the
- * records, and a CREATE record's lengths are checked before the bytes
- * they count are read.
+ * records, a CREATE record's lengths are checked before the bytes
+ * they count are read, and a VIEW of another cluster's size is refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -449,6 +449,76 @@ static void test_create_bad_lengths(void **state) {
     qr_wbuf_free(&b);
 }
 
+/* REPLICATE's head and items, and VIEW (--ps-replicas 2, docs/REPLICATION.md). */
+static void test_replicate_and_view_layout(void **state) {
+    (void)state;
+    qr_wbuf b = {0};
+    qr_msg_put_repl_head(&b, &(qr_msg_repl_head){.flags = 3, .worker = 2, .seq = 0x0a0b0c0d,
+                                                 .count = 1, .t = -5, .answer = 1ll << 40,
+                                                 .fwd = 77});
+    qr_msg_put_repl_item(&b, &(qr_msg_repl_item){.id = 9, .kind = QR_REPL_SPARSE,
+                                                 .nbytes = 1ull << 33, .lr = 0.5f});
+    uint8_t want[64];
+    size_t n = 0;
+    le(want, &n, 3, 4);
+    le(want, &n, 2, 4);
+    le(want, &n, 0x0a0b0c0d, 4);
+    le(want, &n, 1, 4);
+    le(want, &n, (uint64_t)-5, 8);
+    le(want, &n, 1ull << 40, 8);
+    le(want, &n, 77, 8);
+    le(want, &n, 9, 4);
+    le(want, &n, QR_REPL_SPARSE, 4);
+    le(want, &n, 1ull << 33, 8);
+    le(want, &n, 0x3f000000, 4); /* 0.5f */
+    assert_bytes(&b, want, n);
+
+    qr_rbuf r;
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_repl_head h;
+    qr_msg_repl_item it;
+    qr_msg_get_repl_head(&r, &h);
+    qr_msg_get_repl_item(&r, &it);
+    assert_false(r.bad);
+    assert_int_equal(r.left, 0);
+    assert_int_equal(h.flags, 3);
+    assert_int_equal(h.worker, 2);
+    assert_int_equal(h.seq, 0x0a0b0c0d);
+    assert_int_equal(h.count, 1);
+    assert_true(h.t == -5 && h.answer == 1ll << 40 && h.fwd == 77);
+    assert_int_equal(it.id, 9);
+    assert_int_equal(it.kind, QR_REPL_SPARSE);
+    assert_true(it.nbytes == 1ull << 33 && it.lr == 0.5f);
+    qr_rbuf_init(&r, b.data, b.len - 1); /* one byte short */
+    qr_msg_get_repl_head(&r, &h);
+    qr_msg_get_repl_item(&r, &it);
+    assert_true(r.bad);
+    qr_wbuf_free(&b);
+
+    /* VIEW: u64 view, u32 nps, a u32 per ps (1: failed). */
+    b = (qr_wbuf){0};
+    qr_msg_put_view(&b, 4, 3, (const uint8_t[]){0, 1, 0});
+    n = 0;
+    le(want, &n, 4, 8);
+    le(want, &n, 3, 4);
+    le(want, &n, 0, 4);
+    le(want, &n, 1, 4);
+    le(want, &n, 0, 4);
+    assert_bytes(&b, want, n);
+    uint64_t view;
+    uint8_t failed[3];
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_get_view(&r, 3, &view, failed);
+    assert_false(r.bad);
+    assert_true(view == 4 && !failed[0] && failed[1] && !failed[2]);
+    /* A view of another cluster's size is refused, not read past. */
+    uint8_t four[4];
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_get_view(&r, 4, &view, four);
+    assert_true(r.bad);
+    qr_wbuf_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hello_layout),
@@ -458,6 +528,7 @@ int main(void) {
         cmocka_unit_test(test_ckpt_layout),
         cmocka_unit_test(test_create_layout),
         cmocka_unit_test(test_create_bad_lengths),
+        cmocka_unit_test(test_replicate_and_view_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
