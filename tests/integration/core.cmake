@@ -16,7 +16,7 @@ qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_launch_env test_launch_env.py)
 qr_integration_test(integration_cli test_cli.py)
 foreach(case many lost needed straggler sigterm hosts orphaned restart_worker restart_chief
-             restart_ps hung hung_ps rollbacks_once)
+             restart_ps hung hung_ps rollbacks_once ps_after_end)
   qr_integration_test(integration_launch_${case} test_launch_tasks.py ${case})
 endforeach()
 qr_integration_test(integration_train_digits test_train.py digits)
