@@ -32,6 +32,9 @@
  *     other ps tasks and the workers roll back to it in place
  *     (src/ps/rollback.c), so that every shard and the global step come
  *     from one moment (tensorflow#2461);
+ *   - once ps 0 has ended well (the cluster stopped in order), training
+ *     is over and nothing is restarted (ps0_ended_well); a ps failing then
+ *     is reported among the tasks that did not end well;
  *   - once the chief and every ps have ended well, workers still running
  *     get GRACE_MS to end, and are then stopped and reported (as failed,
  *     unless the worker never reached ps 0: it only came late);
@@ -369,6 +372,17 @@ static void read_notices(child *kids, const launch_plan *plan) {
     }
 }
 
+/* ps 0 has ended well: it stopped the cluster in order (its final
+ * checkpoint written), so training is over. Nothing is restarted from
+ * then on: a ps restarted now would wait for a ps 0 that is gone, with
+ * no deadline (a ps waits as long as it takes for a ps 0 it has never
+ * met), and the launcher with it. A ps that fails now (one stopped
+ * through the end, that fences itself when continued) is reported with
+ * the tasks that did not end well. */
+static bool ps0_ended_well(const child *kids) {
+    return kids[0].exited && !failed(&kids[0]);
+}
+
 /* Supervise the children until all have exited; returns the exit status. */
 static int supervise(child *kids, int n, const launch_plan *plan) {
     int nlost = 0, restarts = 0;
@@ -396,7 +410,8 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
         bool essentials_done = true;
         for (int i = 0; i < n; i++) {
             child *c = &kids[i];
-            if (essential(c)) essentials_done &= c->exited && !failed(c);
+            /* (reported: a ps that failed once training was over) */
+            if (essential(c)) essentials_done &= c->exited && (!failed(c) || c->reported);
             if (!c->exited || !failed(c) || c->reported) continue;
             /* ps 0 may fail it over (--ps-replicas 2, async): it sees the
              * death within a heartbeat-timeout-ms at most, and says so. */
@@ -409,7 +424,9 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             }
             /* Not once training is over: a straggler stopped then is not
              * a failure to undo. */
-            if (!run_ended_ms && restart(kids, n, i, plan, &restarts)) {
+            bool over = run_ended_ms || ps0_ended_well(kids);
+            if (!over && restart(kids, n, i, plan, &restarts)) {
+                running++; /* the new run of it: counted before the check below */
                 essentials_done = false;
                 break;
             }
@@ -420,6 +437,11 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             }
             char why[160];
             describe_exit(c, why, sizeof why);
+            if (i > 0 && i < plan->nps && ps0_ended_well(kids)) {
+                fprintf(stderr, "quorum launch: %s after ps 0 had stopped the cluster in order: "
+                        "training is over; not restarted\n", why);
+                continue;
+            }
             fprintf(stderr, "quorum launch: %s: stopping the other tasks\n", why);
             stop_all(kids, n);
             return LAUNCH_FAILED;

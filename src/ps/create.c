@@ -283,6 +283,10 @@ void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
             return;
         }
     }
+    /* Only new variables change the state: one that exists already keeps
+     * its values (a restarted chief's CREATE after a rollback matches the
+     * variables the checkpoint restored, and moves nothing). */
+    if (p->ncreated) ps->changed = true;
     for (int i = 0; i < p->ncreated; i++) {
         qr_var *v = p->created[i];
         if (v->average) memcpy(v->average->data, v->value->data, (size_t)v->n * sizeof(float));

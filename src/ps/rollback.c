@@ -28,9 +28,12 @@
  * restarted ps k itself met the old ps 0 (its HELLO is how ps 0 saw the
  * restart), so the new ps 0's HELLO names the run that caused it
  * (`cause`): that run, still at the checkpoint it restored (nothing that
- * changes a ps's state was handled since), follows without rolling back,
- * and one restart is one rollback (a second one, after workers had met
- * the restarted run, was seen once in 8 restarts). A
+ * changes a ps's state was handled since: ps->changed, server.c's handler
+ * table), follows without rolling back, and one restart is one rollback.
+ * A restarted chief's CREATE may reach that run before the new ps 0's
+ * HELLO does; it matches the restored variables and changes nothing
+ * (create.c), so it is no reason to roll back again (it was: a second
+ * rollback in about one run of four restarts in ten, issue 28 item 7). A
  * restarted ps 0 makes every ps k roll back directly. Nothing but a HELLO
  * is sent on a link before its answer, so no request of an older run
  * reaches a newer one, and ps 0 says the cluster is ready (READY) only

@@ -89,7 +89,11 @@ typedef struct ps_handler {
     int (*check)(ps_peer *p, const qr_frame *f, const uint8_t *meta);
     void (*handle)(ps_peer *p, const qr_frame *f, const uint8_t *meta);
     bool timed;
-    bool changes; /* may change the ps's state (rollback.c: a run that has not moved) */
+    /* May change the ps's state (rollback.c: a run that has not moved).
+     * CREATE says it itself (create.c): a restarted chief's CREATE of the
+     * variables a checkpoint restored changes nothing, and it may reach a
+     * restarted ps before ps 0's rolled-back run does. */
+    bool changes;
 } ps_handler;
 
 static const ps_handler handlers[] = {
@@ -107,7 +111,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_PUSH] = {qr__push_header, push_message, true, true},
     [QR_MSG_PULL] = {qr__pull_header, qr__pull_message, true, false},
     [QR_MSG_LOOKUP] = {qr__lookup_header, qr__lookup_message, false, true},
-    [QR_MSG_CREATE] = {qr__create_header, qr__create_message, false, true},
+    [QR_MSG_CREATE] = {qr__create_header, qr__create_message, false, false},
     [QR_MSG_CKPT] = {qr__ckpt_header, qr__ckpt_message, false, true},
     [QR_MSG_BEAT] = {qr__liveness_beat_header, qr__liveness_beat, false, false},
     [QR_MSG_LEAVE] = {NULL, qr__liveness_leave, false, false},

@@ -16,13 +16,9 @@ qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_launch_env test_launch_env.py)
 qr_integration_test(integration_cli test_cli.py)
 foreach(case many lost needed straggler late sigterm hosts orphaned restart_worker restart_chief
-             restart_ps hung hung_ps rollbacks_once)
+             restart_ps hung hung_ps rollbacks_once ps_after_end)
   qr_integration_test(integration_launch_${case} test_launch_tasks.py ${case})
 endforeach()
-# ps 1 was seen to roll back a second time after one of its restarts, under
-# the sanitizers and once in ten plain runs (issue 28, item 7, still open):
-# the test says so when it happens, and stays out of the sanitizer pass.
-set_tests_properties(integration_launch_rollbacks_once PROPERTIES LABELS slow)
 qr_integration_test(integration_train_digits test_train.py digits)
 qr_integration_test(integration_train_fashion test_train.py fashion-mnist)
 qr_integration_test(integration_optimizers_digits test_optimizers.py digits)
@@ -38,7 +34,7 @@ foreach(case sync async flags)
   qr_integration_test(integration_overlap_${case} test_overlap.py ${case})
 endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
-foreach(case bind ps_restart_async ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
+foreach(case bind ps_restart_async chief_first ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
              late_worker stale_socket hung_ps)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()

@@ -8,6 +8,12 @@ container orchestrator would), and the end of a job seen by every task.
   ps_restart_async  async, 2 ps: ps 1 SIGKILLed and started again by hand
                   restores the newest checkpoint; ps 0 rolls back to the same
                   step in place, the workers rejoin, the run finishes
+  chief_first     sync, 2 ps: while ps 0 is SIGSTOPped, ps 1 and the chief are
+                  SIGKILLed and started again by hand, so the chief's CREATE
+                  (of variables ps 1 restored) reaches the new ps 1 before ps
+                  0 links to it; SIGCONTed, ps 0 rolls back to ps 1's
+                  checkpoint and ps 1 follows it without rolling back a
+                  second time (issue 28, item 7: one restart, one rollback)
   ps0_restart     sync with --init-tokens 0: ps 0 SIGKILLed and started again;
                   ps 1 rolls back to ps 0's checkpoint in place and the run
                   ends with the params_digest of a run nothing killed
@@ -255,6 +261,45 @@ elif case == "hung_ps":
         assert not others, others  # it served, wrote and said nothing else
         print("PASS: a SIGSTOPped ps is named by ps 0 after %d ms of silence (%.1f s); "
               "SIGCONTed, its run is fenced and ends (exit %d)" % (silent, named, rc))
+    finally:
+        c.close()
+
+elif case == "chief_first":
+    c = Cluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "3000",
+                       "--checkpoint-dir", "CKPT", "--checkpoint-steps", "100",
+                       "--heartbeat-timeout-ms", "30000", "--json", "--quiet"])
+    c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
+    try:
+        c.start_all()
+        wait_for(lambda: re.search(r"written: global step [2-9]\d\d", c.log("ps", 0)), 60,
+                 "a checkpoint of step 200 or later")
+        ps0 = c.tasks[("ps", 0)][0].p
+        os.kill(ps0.pid, signal.SIGSTOP)  # it links to the new ps 1 only once continued
+        try:
+            c.kill("ps", 1)
+            c.kill("worker", 0)
+            c.start("ps", 1)
+            wait_for(lambda: "listening on" in c.log("ps", 1), 30, "the new ps 1")
+            c.start("worker", 0)
+            # The chief's CREATE goes to every ps at once: ps 1 answers it,
+            # ps 0 (stopped) not yet.
+            wait_for(lambda: "connected to ps 1" in c.log("worker", 0), 30,
+                     "the new chief reaching the new ps 1")
+            time.sleep(0.5)
+        finally:
+            os.kill(ps0.pid, signal.SIGCONT)
+        s = c.finish_ok()
+        step = re.search(r"\(global step (\d+)\)", c.log("ps", 1)).group(1)
+        rolled = [l for l in c.log("ps", 0).splitlines() if "rolling back" in l]
+        assert len(rolled) == 1 and "ps 1 (unix:" in rolled[0] and \
+            rolled[0].endswith("checkpoint of step %s" % step), rolled
+        ps1 = c.log("ps", 1)
+        assert "rolling back" not in ps1, ps1[-3000:]
+        assert "following it" in ps1, ps1[-3000:]
+        assert s["global_step"] >= 3000, s
+        print("PASS: the restarted chief reached the restarted ps 1 before ps 0 did; ps 0 "
+              "rolled back to its checkpoint of step %s, ps 1 followed without a second "
+              "rollback" % step)
     finally:
         c.close()
 
