@@ -265,15 +265,15 @@ elif case == "hung_ps":
         c.close()
 
 elif case == "chief_first":
-    c = Cluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "3000",
-                       "--checkpoint-dir", "CKPT", "--checkpoint-steps", "100",
-                       "--heartbeat-timeout-ms", "30000", "--json", "--quiet"])
+    c = FaultCluster(2, 2, ["--mode", "sync", "--data", "digits", "--steps", "3000",
+                            "--checkpoint-dir", "CKPT", "--checkpoint-steps", "100",
+                            "--heartbeat-timeout-ms", "30000", "--json", "--quiet"])
     c.opts[c.opts.index("CKPT")] = os.path.join(c.dir, "ckpt")
     try:
         c.start_all()
         wait_for(lambda: re.search(r"written: global step [2-9]\d\d", c.log("ps", 0)), 60,
                  "a checkpoint of step 200 or later")
-        ps0 = c.tasks[("ps", 0)][0].p
+        ps0 = c.tasks[("ps", 0)].p
         os.kill(ps0.pid, signal.SIGSTOP)  # it links to the new ps 1 only once continued
         try:
             c.kill("ps", 1)

@@ -264,7 +264,7 @@ elif case == "ps_after_end":
         p = Proc([quorum, "launch", "--ps", "2", "--workers", "1", "--checkpoint-dir", d,
                   "--max-restarts", "1", "--heartbeat-timeout-ms", "3000", "--linger-ms", "300",
                   "--", "sleep", "1"])
-        ps0, ps1 = worker_pid(p, 0, "ps"), worker_pid(p, 1, "ps")
+        ps0, ps1 = launch_child_pid(p, "ps", 0), launch_child_pid(p, "ps", 1)
         os.kill(ps1, signal.SIGSTOP)
         stopped = time.time()
 
