@@ -483,6 +483,10 @@ static int chief_finish(worker_run *r, const qr_config *cfg, qr_train_result *re
             rc = qr_model_evaluate(r->t.model, (const float *const *)r->params, &r->t.test,
                                    &res->test_accuracy_averaged, &loss);
     }
+    /* A ps restarted while the chief finished: the cluster rolled back to
+     * a checkpoint before the end, so training goes on from there (the
+     * caller rejoins); the cluster must not be stopped now. */
+    if (rc == QR_EROLLEDBACK) return rc;
     if (!rc) rc = qr_worker_stats(r->w, res->stats, sizeof res->stats);
     /* The last summary point, while the ps tasks can still be asked. */
     if (!rc)
@@ -602,6 +606,7 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     if (!rc && r.chief) rc = qr__summaries_open(&r.summaries, o->logdir, o->summary_secs, cfg);
     double start = qr__now_sec();
     if (!rc) rc = qr__train_wait_end(r.w, r.chief, train_steps(&r, res, start));
+rejoin:
     /* A restarted ps made the cluster roll back to its checkpoint: this
      * worker starts again from there, as a worker started anew would. */
     while (rc == QR_EROLLEDBACK) {
@@ -622,7 +627,10 @@ int qr_train_worker(const qr_cluster *cluster, int task_index, const qr_config *
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
                                res);
     res->overlapped = r.overlap;
-    if (!rc && r.chief) rc = chief_finish(&r, cfg, res);
+    if (!rc && r.chief) {
+        rc = chief_finish(&r, cfg, res);
+        if (rc == QR_EROLLEDBACK) goto rejoin; /* met while it finished */
+    }
     qr__summaries_close(&r.summaries);
     qr__worker_metrics_stop(&r.metrics);
     if (rc) qr__error_prefix("worker %d: ", task_index);

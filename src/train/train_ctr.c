@@ -338,6 +338,7 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
     bool joined = !rc;
     double start = qr__now_sec();
     if (!rc) rc = qr__train_wait_end(r.w, r.chief, train_steps(&r, res, start));
+rejoin:
     while (rc == QR_EROLLEDBACK) {
         qr__log(QR_LOG_INFO, "rejoining the cluster at its checkpoint");
         double loss = r.loss_avg;
@@ -355,6 +356,10 @@ int qr__train_ctr_worker(const qr_cluster *cluster, int task_index, const qr_con
                                res);
     if (!rc && r.chief) {
         rc = evaluate(&r, res);
+        /* A ps restarted while the chief finished: the cluster rolled back
+         * to a checkpoint before the end; train on from there (the cluster
+         * is not stopped). */
+        if (rc == QR_EROLLEDBACK) goto rejoin;
         if (!rc) rc = qr_worker_stats(r.w, res->stats, sizeof res->stats);
         int stop_rc = qr_worker_stop_cluster(r.w);
         if (!rc) rc = stop_rc;
