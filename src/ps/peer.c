@@ -164,7 +164,7 @@ bool qr__ps_fenced(qr_ps *ps) {
     if (gap_ms < (uint64_t)l->timeout_ms) return false;
     ps->fenced = ps->stopping = true;
     snprintf(ps->abort_msg, sizeof ps->abort_msg, "%s did not run for %.1f s (stopped, or its "
-             "loop wedged), longer than heartbeat-timeout-ms (%lld ms): the other tasks have "
+             "loop wedged), longer than heartbeat-timeout-ms (%lld ms): the other tasks may have "
              "declared it hung and a new run of it may serve its shard; this run is over: it "
              "serves nothing more, writes no checkpoint, and exits", ps->name,
              (double)gap_ms / 1e3, (long long)l->timeout_ms);
