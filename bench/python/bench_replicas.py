@@ -44,7 +44,7 @@ GOAL = 0.85  # two copies at this much of one copy's steps/s at least
 
 def ps_children(pid: int) -> Dict[int, int]:
     """{ps task index: pid} of launch's children now."""
-    found = {}
+    found: Dict[int, int] = {}
     try:
         with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
             kids = [int(p) for p in f.read().split()]
