@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """soak.py - kill a random task of a training run at a random moment, many
 times in a row, and count what went wrong. Not part of CI (it takes as
-long as you ask); run it before a release or after touching the fault
-paths:
+long as you ask; CI runs 2 --replication runs, tests/integration/soak.cmake);
+run it before a release or after touching the fault paths:
 
     python3 scripts/soak.py build/tools/quorum --runs 50
 
