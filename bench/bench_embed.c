@@ -22,6 +22,13 @@
  * rows on the ps's own table code, bytes held per row beside the bytes its
  * row and slot need (goal: within 1.3x).
  *
+ * --ps-replicas 2 (issue 29): each 2-ps point also runs a second cluster
+ * whose every shard has two copies (each push forwarded to the backup ps
+ * and answered once applied there; a pull's newly sighted ids forwarded so
+ * the backup makes the same rows), its sparse calls alternated with the
+ * one-copy cluster's in the same rounds: rows/s with two copies and the
+ * ratio to one copy (goal: 0.85 or more).
+ *
  * ps tasks are threads of this process, reached over Unix sockets.
  */
 #include "bench/bench.h"
@@ -55,6 +62,7 @@ typedef struct embed_opts {
     unsigned ids;       /* bit 1: Zipf, bit 0: uniform */
     unsigned ops;       /* bit op: op_names[op] */
     bool json, quick;
+    bool replicas;      /* --ps-replicas 2: a two-copy cluster beside */
 } embed_opts;
 
 static double now_sec(void) {
@@ -67,7 +75,7 @@ static int usage(int status) {
     fprintf(status ? stderr : stdout,
             "usage: quorum bench embed [--seconds S] [--rounds R] [--dims D,..] [--ps N,..]\n"
             "                          [--ids zipf|uniform] [--ops OP,..] [--memory-rows N]\n"
-            "                          [--quick] [--json]\n"
+            "                          [--ps-replicas 2] [--quick] [--json]\n"
             "  sparse pulls and pushes of a table's rows (dim 8, 64, 256; Zipf and uniform\n"
             "  ids; 1 and 2 ps) beside dense transfers of the same bytes, and a table's\n"
             "  memory per row\n"
@@ -78,6 +86,9 @@ static int usage(int status) {
             "  --ids zipf|uniform  only these ids\n"
             "  --ops OP,..       only these of pull, pull_distinct, push\n"
             "  --memory-rows N   rows of the memory measurement (default 10000000; 0: none)\n"
+            "  --ps-replicas 2   also the sparse calls of a cluster with two copies of every\n"
+            "                    shard, alternated with one copy's: rows/s and the ratio\n"
+            "                    (goal 0.85 or more); 2 ps only (--ps 1 is refused)\n"
             "  --quick           0.05 s a side, 200000 rows (a smoke test)\n"
             "  --json            one JSON object per point and one for the memory\n");
     return status;
@@ -175,11 +186,11 @@ static void *ps_main(void *arg) {
     return NULL;
 }
 
-static int cluster_start(cluster_run *c, int nps) {
+static int cluster_start(cluster_run *c, int nps, int copies) {
     memset(c, 0, sizeof *c);
     c->nps = nps;
-    snprintf(c->dir, sizeof c->dir, "%s/quorum-bench-embed-%d",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    snprintf(c->dir, sizeof c->dir, "%s/quorum-bench-embed-%d-%d",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid(), copies);
     char ps_hosts[700] = "", worker[300];
     for (int i = 0; i < nps; i++) {
         size_t at = strlen(ps_hosts);
@@ -191,6 +202,7 @@ static int cluster_start(cluster_run *c, int nps) {
     if (system(cmd)) return qr__fail(QR_EIO, "bench embed: cannot create %s", c->dir);
     int rc = qr_config_new(&c->cfg);
     if (!rc) rc = qr_config_set(c->cfg, "lr", "1e-9"); /* SGD: no slots, the rows barely move */
+    if (!rc) rc = qr_config_set(c->cfg, "ps-replicas", copies == 2 ? "2" : "1");
     for (int i = 0; i < nps && !rc; i++) {
         qr_cluster *spec;
         rc = qr_cluster_from_flags(&spec, ps_hosts, worker, "ps", i);
@@ -234,6 +246,7 @@ typedef struct point {
     bool zipf;
     double distinct;            /* mean distinct rows a call moves */
     double calls_per_s, dense_calls_per_s;
+    double repl_calls_per_s;    /* --ps-replicas 2: the sparse call with two copies; 0: none */
 } point;
 
 /* Calls per second of op over `seconds` (at least 3 calls), or -1. */
@@ -292,47 +305,62 @@ static int dense_push(cluster_run *c, int k, void *ctx) {
     return qr_worker_push(c->w, 1, &x->dense, g, 0, NULL);
 }
 
-/* Every op of one (nps, dim, ids) setting: NOPS points. */
-static int measure(int nps, int dim, bool zipf, const id_batches *ids, double seconds,
-                   int rounds, unsigned ops, point out[NOPS]) {
-    static const op_fn sparse[NOPS] = {sparse_pull, sparse_pull_distinct, sparse_push};
-    static const op_fn dense[NOPS] = {dense_pull, dense_pull, dense_push};
-    cluster_run c;
-    calls x = {.dim = dim, .ids = ids};
-    int rc = cluster_start(&c, nps);
-    double distinct = ids->distinct;
+/* One cluster and its table and dense variable, its rows made. */
+static int setup(cluster_run *c, int nps, int copies, calls *x, double distinct) {
+    int rc = cluster_start(c, nps, copies);
     int64_t rows = (int64_t)(distinct + 0.5);
-    int64_t shape[2] = {rows, dim};
+    int64_t shape[2] = {rows, x->dim};
     char opts[32];
     snprintf(opts, sizeof opts, "partitions=%d", nps);
-    if (!rc) rc = qr_worker_declare_table(c.w, "table", dim, "normal:0,0.01", 1, "", &x.table);
-    if (!rc) rc = qr_worker_declare_opts(c.w, "dense", 2, shape, "normal:0,0.01", 2, opts, &x.dense);
-    if (!rc) rc = qr_worker_initialize(c.w);
-    x.rows = malloc((size_t)BATCH * dim * sizeof(float));
-    x.grads = malloc((size_t)BATCH * dim * sizeof(float));
-    x.dense_buf = malloc((size_t)rows * dim * sizeof(float));
-    if (!rc && (!x.rows || !x.grads || !x.dense_buf)) rc = QR_ENOMEM;
-    for (int i = 0; !rc && i < BATCH * dim; i++) x.grads[i] = 1e-3f;
-    for (int64_t i = 0; !rc && i < rows * dim; i++) x.dense_buf[i] = 1e-3f;
-    for (int k = 0; !rc && k < NBATCHES; k++) rc = sparse_pull(&c, k, &x); /* warm: rows made */
+    if (!rc) rc = qr_worker_declare_table(c->w, "table", x->dim, "normal:0,0.01", 1, "", &x->table);
+    if (!rc) rc = qr_worker_declare_opts(c->w, "dense", 2, shape, "normal:0,0.01", 2, opts, &x->dense);
+    if (!rc) rc = qr_worker_initialize(c->w);
+    x->rows = malloc((size_t)BATCH * x->dim * sizeof(float));
+    x->grads = malloc((size_t)BATCH * x->dim * sizeof(float));
+    x->dense_buf = malloc((size_t)rows * x->dim * sizeof(float));
+    if (!rc && (!x->rows || !x->grads || !x->dense_buf)) rc = QR_ENOMEM;
+    for (int i = 0; !rc && i < BATCH * x->dim; i++) x->grads[i] = 1e-3f;
+    for (int64_t i = 0; !rc && i < rows * x->dim; i++) x->dense_buf[i] = 1e-3f;
+    for (int k = 0; !rc && k < NBATCHES; k++) rc = sparse_pull(c, k, x); /* warm: rows made */
+    return rc;
+}
+
+static void teardown(cluster_run *c, calls *x) {
+    free(x->rows);
+    free(x->grads);
+    free(x->dense_buf);
+    cluster_stop(c);
+}
+
+/* Every op of one (nps, dim, ids) setting: NOPS points; with two_copies
+ * also each sparse call on a cluster with --ps-replicas 2. */
+static int measure(int nps, int dim, bool zipf, const id_batches *ids, double seconds,
+                   int rounds, unsigned ops, bool two_copies, point out[NOPS]) {
+    static const op_fn sparse[NOPS] = {sparse_pull, sparse_pull_distinct, sparse_push};
+    static const op_fn dense[NOPS] = {dense_pull, dense_pull, dense_push};
+    cluster_run c, c2;
+    calls x = {.dim = dim, .ids = ids}, x2 = {.dim = dim, .ids = ids};
+    double distinct = ids->distinct;
+    int rc = setup(&c, nps, 1, &x, distinct);
+    if (!rc && two_copies) rc = setup(&c2, nps, 2, &x2, distinct);
     for (int op = 0; !rc && op < NOPS; op++) {
         point *p = &out[op];
         *p = (point){.nps = nps, .dim = dim, .zipf = zipf, .op = op, .distinct = distinct};
         if (!(ops >> op & 1)) continue;
-        /* Alternated, best of the rounds: both sides see the same machine. */
+        /* Alternated, best of the rounds: every side sees the same machine. */
         for (int round = 0; round < rounds && !rc; round++) {
             double s = rate(&c, sparse[op], &x, seconds);
             double d = rate(&c, dense[op], &x, seconds);
-            if (s < 0 || d < 0) rc = QR_EINTERNAL;
+            double s2 = two_copies ? rate(&c2, sparse[op], &x2, seconds) : 0;
+            if (s < 0 || d < 0 || s2 < 0) rc = QR_EINTERNAL;
             p->calls_per_s = QR_MAX(p->calls_per_s, s);
             p->dense_calls_per_s = QR_MAX(p->dense_calls_per_s, d);
+            p->repl_calls_per_s = QR_MAX(p->repl_calls_per_s, s2);
         }
     }
     if (rc) fprintf(stderr, "bench embed: %s\n", qr_last_error());
-    free(x.rows);
-    free(x.grads);
-    free(x.dense_buf);
-    cluster_stop(&c);
+    teardown(&c, &x);
+    if (two_copies) teardown(&c2, &x2);
     return rc;
 }
 
@@ -376,13 +404,21 @@ static void print_point(const point *p, bool json) {
     if (json) {
         printf("{\"kind\":\"%s\",\"dim\":%d,\"ids\":\"%s\",\"nps\":%d,\"batch\":%d,"
                "\"distinct_rows\":%.1f,\"rows_per_s\":%.0f,\"gb_per_s\":%.4f,"
-               "\"dense_gb_per_s\":%.4f,\"ratio\":%.3f,\"extra_ns_per_row\":%.1f}\n",
+               "\"dense_gb_per_s\":%.4f,\"ratio\":%.3f,\"extra_ns_per_row\":%.1f",
                op, p->dim, ids, p->nps, BATCH, p->distinct, rows_s, gbps, dense, gbps / dense,
                extra_ns);
+        if (p->repl_calls_per_s > 0)
+            printf(",\"replicas_rows_per_s\":%.0f,\"replicas_ratio\":%.3f",
+                   p->repl_calls_per_s * p->distinct, p->repl_calls_per_s / p->calls_per_s);
+        printf("}\n");
         return;
     }
-    printf("%-13s %4d %-7s %2d | %7.0f %12.0f %8.3f | %8.3f %6.2f | %10.1f\n", op, p->dim, ids,
+    printf("%-13s %4d %-7s %2d | %7.0f %12.0f %8.3f | %8.3f %6.2f | %10.1f", op, p->dim, ids,
            p->nps, p->distinct, rows_s, gbps, dense, gbps / dense, extra_ns);
+    if (p->repl_calls_per_s > 0)
+        printf(" | %12.0f %6.2f", p->repl_calls_per_s * p->distinct,
+               p->repl_calls_per_s / p->calls_per_s);
+    printf("\n");
 }
 
 /* A comma-separated subset of the values of `all` (n of them) as bits;
@@ -415,12 +451,33 @@ static unsigned parse_ops(const char *text) {
     return bits;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --ps-replicas 2: the median ratio (two copies / one) of each op. */
+static void print_replicas(double ratios[NOPS][6], const int *n, bool json) {
+    if (json) printf("{\"kind\":\"replicas\",\"goal\":0.85");
+    else printf("\nreplicas: rows/s with two copies / one copy, median per op (goal 0.85):");
+    for (int op = 0; op < NOPS; op++) {
+        if (!n[op]) continue;
+        qsort(ratios[op], (size_t)n[op], sizeof(double), cmp_double);
+        double m = n[op] % 2 ? ratios[op][n[op] / 2]
+                             : (ratios[op][n[op] / 2 - 1] + ratios[op][n[op] / 2]) / 2;
+        if (json) printf(",\"%s\":%.3f", op_names[op], m);
+        else printf(" %s %.2f (%d points)", op_names[op], m, n[op]);
+    }
+    printf(json ? "}\n" : "\n");
+}
+
 static const int dims[3] = {8, 64, 256};
 static const int ps_counts[MAX_PS] = {1, 2};
 
 int qr_bench_embed_main(int argc, char **argv) {
     embed_opts o = {.seconds = 0.5, .mem_rows = 10000000, .rounds = 2, .dims = 7, .nps = 3,
                     .ids = 3, .ops = (1u << NOPS) - 1};
+    bool ps_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(0);
@@ -430,8 +487,10 @@ int qr_bench_embed_main(int argc, char **argv) {
         else if (v && !strcmp(a, "--memory-rows")) o.mem_rows = atoll(v), i++;
         else if (v && !strcmp(a, "--rounds")) o.rounds = atoi(v), i++;
         else if (v && !strcmp(a, "--dims")) o.dims = parse_set(v, dims, 3), i++;
-        else if (v && !strcmp(a, "--ps")) o.nps = parse_set(v, ps_counts, MAX_PS), i++;
+        else if (v && !strcmp(a, "--ps")) o.nps = parse_set(v, ps_counts, MAX_PS), ps_given = true, i++;
         else if (v && !strcmp(a, "--ops")) o.ops = parse_ops(v), i++;
+        else if (v && !strcmp(a, "--ps-replicas") && (!strcmp(v, "1") || !strcmp(v, "2")))
+            o.replicas = v[0] == '2', i++;
         else if (v && !strcmp(a, "--ids"))
             o.ids = !strcmp(v, "zipf") ? 2 : !strcmp(v, "uniform") ? 1 : 0, i++;
         else {
@@ -447,6 +506,15 @@ int qr_bench_embed_main(int argc, char **argv) {
                 "uniform, --ops among pull,pull_distinct,push\n");
         return 2;
     }
+    /* Two copies need 2 ps (a shard's backup is on the other one). */
+    if (o.replicas && o.nps != 2) {
+        if (ps_given) {
+            fprintf(stderr, "bench embed: --ps-replicas 2 needs 2 ps (a shard's backup is on "
+                    "another ps): --ps 2\n");
+            return 2;
+        }
+        o.nps = 2;
+    }
     qr_set_log_level(QR_LOG_WARN);
     if (!o.json) {
         char cpu[256];
@@ -458,8 +526,12 @@ int qr_bench_embed_main(int argc, char **argv) {
                "warm table, SGD;\nbaseline: a dense variable of the same bytes over the same "
                "ps, same run (best of %d alternated rounds of %.2f s)\n\n"
                "op             dim ids     ps |    rows        rows/s     GB/s | dense GB/s  ratio | "
-               "extra ns/row\n", BATCH, VOCAB, ZIPF_S, o.rounds, o.seconds);
+               "extra ns/row%s\n", BATCH, VOCAB, ZIPF_S, o.rounds, o.seconds,
+               o.replicas ? " |  2cp rows/s   /1cp" : "");
     int rc = 0;
+    /* --ps-replicas 2: two copies / one copy, per op (at most 2 ids x 3 dims) */
+    double ratios[NOPS][6];
+    int nratios[NOPS] = {0};
     for (int z = 1; z >= 0 && !rc; z--) {
         if (!(o.ids >> z & 1)) continue;
         id_batches ids;
@@ -468,14 +540,20 @@ int qr_bench_embed_main(int argc, char **argv) {
             for (int d = 0; d < 3 && !rc; d++) {
                 if (!(o.nps >> c & 1) || !(o.dims >> d & 1)) continue;
                 point p[NOPS];
-                rc = measure(ps_counts[c], dims[d], z, &ids, o.seconds, o.rounds, o.ops, p);
-                for (int k = 0; !rc && k < NOPS; k++)
-                    if (o.ops >> k & 1) print_point(&p[k], o.json);
+                rc = measure(ps_counts[c], dims[d], z, &ids, o.seconds, o.rounds, o.ops,
+                             o.replicas, p);
+                for (int k = 0; !rc && k < NOPS; k++) {
+                    if (!(o.ops >> k & 1)) continue;
+                    print_point(&p[k], o.json);
+                    if (p[k].repl_calls_per_s > 0 && nratios[k] < 6)
+                        ratios[k][nratios[k]++] = p[k].repl_calls_per_s / p[k].calls_per_s;
+                }
             }
         free(ids.ids);
         free(ids.uniq);
     }
     if (rc) return 1;
+    if (o.replicas) print_replicas(ratios, nratios, o.json);
     if (!o.mem_rows) return 0;
     memory m;
     if (measure_memory(o.mem_rows, &m)) {

@@ -88,6 +88,9 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h> /* mallinfo2: the ps tasks' memory with --ps-replicas 2 */
+#endif
 
 enum { T_UNIX, T_TCP, NTRANSPORTS };
 static const char *const transport_names[NTRANSPORTS] = {"unix", "tcp"};
@@ -128,11 +131,17 @@ static const char *const op_names[NOPS] = {"push", "pull", "pushpull", "fused", 
 #define CONNECTIONS 200
 #define QUICK_CONNECTIONS 50
 
-/* The quorum sides of a run: plain, and with --auth and --encrypt a
- * cluster secret without and with encryption. */
-enum { V_PLAIN, V_AUTH, V_ENCRYPT, NVARIANTS };
+/* The quorum sides of a run: plain, with --auth and --encrypt a cluster
+ * secret without and with encryption, and with --ps-replicas 2 two copies
+ * of every shard (issue 29: each push forwarded to the backup ps and
+ * answered once the backup applied it). */
+enum { V_PLAIN, V_AUTH, V_ENCRYPT, V_REPLICAS, NVARIANTS };
 static const char *const variant_names[NVARIANTS] = {"quorum", "quorum with a secret",
-                                                     "quorum encrypted"};
+                                                     "quorum encrypted",
+                                                     "quorum with two copies"};
+/* --ps-replicas 2: two copies at this much of one copy's GB/s at least
+ * (issue 29: at most 15% slower). */
+#define REPLICAS_GOAL 0.85
 
 typedef struct opts {
     uint64_t sizes[MAX_SIZES];
@@ -165,7 +174,18 @@ typedef struct point {
     const char *used; /* socket kind quorum's connections actually had */
     meas q, raw;
     meas auth, enc; /* --auth, --encrypt */
+    meas repl;      /* --ps-replicas 2 */
 } point;
+
+/* --ps-replicas 2: what the ps tasks of each side held at the end of a
+ * topology (bytes malloc'd, counted as they are freed when the side
+ * stops: values, slots, spare tensors, queues; the workers are stopped
+ * first), beside the bytes of the variables themselves. */
+typedef struct mem_point {
+    int transport, nps, nworkers;
+    uint64_t var_bytes;          /* every variable of the topology, one copy */
+    int64_t held[NVARIANTS];     /* by the side's nps ps tasks together; -1: unknown */
+} mem_point;
 
 /* The cost of a connection (connect, handshake if any, one STEP round
  * trip) of each quorum side: the median over opts.connections. */
@@ -495,6 +515,27 @@ static void q_stop(qside *q) {
     q->cfg = NULL;
 }
 
+/* Bytes malloc'd by this process now (-1 where the C library cannot say). */
+static int64_t heap_in_use(void) {
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 33))
+    struct mallinfo2 m = mallinfo2();
+    return (int64_t)(m.uordblks + m.hblkhd);
+#else
+    return -1;
+#endif
+}
+
+/* q_stop, returning what the side's ps tasks held: its workers are
+ * stopped first, then the heap in use is read before and after the ps
+ * tasks are freed (every other thread of the run is idle meanwhile). */
+static int64_t q_stop_measured(qside *q) {
+    driver_stop(&q->d);
+    int64_t before = heap_in_use();
+    q_stop(q);
+    int64_t after = heap_in_use();
+    return before < 0 || after < 0 ? -1 : before - after;
+}
+
 static int q_start(qside *q, topo *t, int variant) {
     memset(q, 0, sizeof *q);
     q->t = t;
@@ -529,8 +570,10 @@ static int q_start(qside *q, topo *t, int variant) {
      * environment must not turn the plain side into an authenticated one. */
     if (!rc)
         rc = qr_config_set(q->cfg, "secret-file",
-                           variant == V_PLAIN ? "none" : t->o->secret_path);
+                           variant == V_AUTH || variant == V_ENCRYPT ? t->o->secret_path
+                                                                     : "none");
     if (!rc) rc = qr_config_set(q->cfg, "encrypt", variant == V_ENCRYPT ? "true" : "false");
+    if (!rc) rc = qr_config_set(q->cfg, "ps-replicas", variant == V_REPLICAS ? "2" : "1");
     for (int i = 0; !rc && i < t->nps; i++) {
         qr_cluster *spec = NULL;
         rc = qr_cluster_create(&spec, t->nps, ps_addrs, t->nworkers, worker_addrs, "ps", i);
@@ -1222,7 +1265,7 @@ static int measure_connections(qside *const q[NVARIANTS], int n, conn_cost *cost
     /* The client's credentials from the same options and spec as the
      * side's workers (NULL for plain quorum: no secret). */
     for (int v = 0; v < NVARIANTS && !rc; v++) {
-        if (!q[v]) continue;
+        if (!q[v] || v == V_REPLICAS) continue;
         rc = qr__auth_from_config(q[v]->cfg, q[v]->workers_spec, &auth[v]);
         ns[v] = calloc((size_t)n + 1, sizeof *ns[v]);
         if (!rc && !ns[v]) rc = qr__fail(QR_ENOMEM, "out of memory");
@@ -1230,14 +1273,14 @@ static int measure_connections(qside *const q[NVARIANTS], int n, conn_cost *cost
     /* Round 0 warms up (first connection of a kind, page faults). */
     for (int i = 0; i <= n && !rc; i++)
         for (int v = 0; v < NVARIANTS && !rc; v++) {
-            if (!q[v]) continue;
+            if (!q[v] || v == V_REPLICAS) continue;
             rc = one_connection(q[v], auth[v], rec, &ns[v][i], &cost->cipher);
             if (rc)
                 fprintf(stderr, "bench wire: a connection to %s's ps 0: %s\n", variant_names[v],
                         qr_last_error());
         }
     for (int v = 0; v < NVARIANTS && !rc; v++) {
-        if (!q[v]) continue;
+        if (!q[v] || v == V_REPLICAS) continue;
         qsort(ns[v] + 1, (size_t)n, sizeof *ns[v], cmp_u64);
         cost->us[v] = (n % 2 ? (double)ns[v][1 + n / 2]
                              : ((double)ns[v][n / 2] + (double)ns[v][1 + n / 2]) / 2) / 1e3;
@@ -1311,6 +1354,15 @@ static void usage(FILE *f) {
             "  --encrypt          the same with the secret and encrypt (every message sealed\n"
             "                     in AEAD records, no splice); goal: push+pull >= 1 MiB at\n"
             "                     %.1f of plain quorum's GB/s or more\n"
+            "  --ps-replicas 2    also measure quorum with two copies of every shard (each\n"
+            "                     push forwarded to the shard's backup on the next ps and\n"
+            "                     answered once applied there): each point shows its GB/s,\n"
+            "                     its ratio to one copy (goal: %.2f or more, at most 15%%\n"
+            "                     slower) and its latency; at the end, the bytes the ps\n"
+            "                     tasks held with one copy and two (mallinfo2). --ps\n"
+            "                     defaults to 2 then, and 1 is refused. Async push/pull\n"
+            "                     only: this benchmark has no sync step (sync with two\n"
+            "                     copies: bench/python/bench_replicas.py --mode sync)\n"
             "  --help             this text\n"
             "\n"
             "The default grid (216 points) takes 2 to 3 minutes on 2 shared cores. --auth\n"
@@ -1319,7 +1371,7 @@ static void usage(FILE *f) {
             "Targets: push+pull >= %.1f x raw for 1 MiB and larger; 64 B pull round trip\n"
             "<= %.1f x raw.\n",
             MAX_PS, MAX_WORKERS, MIN_OPS, LARGE_ROUNDS, QUICK_CONNECTIONS, CONNECTIONS,
-            ENCRYPT_GOAL, TARGET_PUSHPULL_RATIO, TARGET_LATENCY_RATIO);
+            ENCRYPT_GOAL, REPLICAS_GOAL, TARGET_PUSHPULL_RATIO, TARGET_LATENCY_RATIO);
 }
 
 /* "64", "4K", "4KiB", "1M", "1MiB", "1G" (binary multiples). */
@@ -1481,7 +1533,7 @@ static int parse_args(int argc, char **argv, opts *o) {
             if (i + 1 < argc) value = argv[++i];
         }
         static const char *const valued[] = {"--sizes", "--transports", "--ps", "--workers",
-                                             "--ops", "--seconds", "--repeat"};
+                                             "--ops", "--seconds", "--repeat", "--ps-replicas"};
         bool known = false;
         for (size_t k = 0; k < QR_ARRAY_LEN(valued); k++) known |= !strcmp(flag, valued[k]);
         if (!known) {
@@ -1512,6 +1564,15 @@ static int parse_args(int argc, char **argv, opts *o) {
                 o->seconds = v;
             }
         }
+        else if (!strcmp(flag, "--ps-replicas")) {
+            int64_t v;
+            if (qr__parse_int64(value, 1, 2, &v)) {
+                fprintf(stderr, "bench wire: --ps-replicas: '%s' is not 1 or 2\n", value);
+                rc = -1;
+            } else {
+                o->variants[V_REPLICAS] = v == 2;
+            }
+        }
         else if (!strcmp(flag, "--repeat")) {
             int64_t v;
             if (qr__parse_int64(value, 1, 100, &v)) {
@@ -1530,6 +1591,18 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->nps = 1;
         o->ps[0] = 2;
     }
+    /* Two copies need two ps at least (a shard's backup is on the next
+     * ps): 2 by default, and a 1 asked for is refused. */
+    if (o->variants[V_REPLICAS] && !ps_given) {
+        o->nps = 1;
+        o->ps[0] = 2;
+    }
+    for (int p = 0; p < o->nps && o->variants[V_REPLICAS]; p++)
+        if (o->ps[p] < 2) {
+            fprintf(stderr, "bench wire: --ps-replicas 2 needs 2 ps at least (a shard's backup "
+                    "is on another ps): --ps lists %d\n", o->ps[p]);
+            return -1;
+        }
     for (int k = 0; k < o->nsizes; k++) {
         for (int j = 0; j < k; j++)
             if (o->sizes[j] == o->sizes[k]) {
@@ -1563,6 +1636,7 @@ static void print_header(const opts *o) {
            "ps", "workers", "GB/s", "raw GB/s", "ratio", "latency_us", "raw_us", "ratio");
     if (o->variants[V_AUTH]) printf(" | %9s %6s", "auth GB/s", "/plain");
     if (o->variants[V_ENCRYPT]) printf(" | %9s %6s", "enc GB/s", "/plain");
+    if (o->variants[V_REPLICAS]) printf(" | %9s %6s %9s", "2cp GB/s", "/1cp", "2cp_us");
     printf("\n");
 }
 
@@ -1578,6 +1652,9 @@ static void print_point(const opts *o, const point *p) {
            p->q.latency_us / p->raw.latency_us);
     if (o->variants[V_AUTH]) printf(" | %9.3f %6.2f", p->auth.gbps, p->auth.gbps / p->q.gbps);
     if (o->variants[V_ENCRYPT]) printf(" | %9.3f %6.2f", p->enc.gbps, p->enc.gbps / p->q.gbps);
+    if (o->variants[V_REPLICAS])
+        printf(" | %9.3f %6.2f %9.1f", p->repl.gbps, p->repl.gbps / p->q.gbps,
+               p->repl.latency_us);
     printf("\n");
     fflush(stdout);
 }
@@ -1599,6 +1676,12 @@ typedef struct summary {
     bool have_enc_pp;          /* push+pull >= 1 MiB, encrypted: */
     double enc_pp_min;         /* the smallest ratio, */
     const point *enc_pp_worst; /* its point */
+    /* --ps-replicas 2: GB/s with two copies / one copy, per op and over
+     * every point; points at REPLICAS_GOAL or better */
+    int nrepl, nrepl_op[NOPS], repl_met;
+    double repl_median, repl_min, repl_op_median[NOPS];
+    double push64_us, push64_repl_us; /* a 64 B push, 1 worker (else the fewest) */
+    int push64_workers;
 } summary;
 
 static int cmp_double(const void *a, const void *b) {
@@ -1624,11 +1707,24 @@ static const point *pushpull_twin(const point *pts, int n, const point *f) {
 static void summarize(const opts *o, const point *pts, int n, int transport, summary *s) {
     memset(s, 0, sizeof *s);
     double *auth = calloc((size_t)n + 1, sizeof *auth), *enc = calloc((size_t)n + 1, sizeof *enc);
+    double *repl = calloc((size_t)n + 1, sizeof *repl), *repl_op = calloc((size_t)n + 1,
+                                                                          sizeof *repl_op);
     for (int i = 0; i < n; i++) {
         const point *p = &pts[i];
         if (p->transport != transport) continue;
         if (o->variants[V_AUTH] && auth) auth[s->nauth++] = p->auth.gbps / p->q.gbps;
         if (o->variants[V_ENCRYPT] && enc) enc[s->nenc++] = p->enc.gbps / p->q.gbps;
+        if (o->variants[V_REPLICAS] && repl) {
+            double r = p->repl.gbps / p->q.gbps;
+            repl[s->nrepl++] = r;
+            s->repl_met += r >= REPLICAS_GOAL;
+            if (p->op == OP_PUSH && p->size == 64 &&
+                (!s->push64_workers || p->nworkers < s->push64_workers)) {
+                s->push64_workers = p->nworkers;
+                s->push64_us = p->q.latency_us;
+                s->push64_repl_us = p->repl.latency_us;
+            }
+        }
         if (o->variants[V_ENCRYPT] && p->op == OP_PUSHPULL && p->size >= (1u << 20)) {
             double r = p->enc.gbps / p->q.gbps;
             if (!s->have_enc_pp || r < s->enc_pp_min) s->enc_pp_min = r, s->enc_pp_worst = p;
@@ -1671,8 +1767,20 @@ static void summarize(const opts *o, const point *pts, int n, int transport, sum
         s->auth_max = auth[s->nauth - 1];
     }
     if (s->nenc) s->enc_median = median(enc, s->nenc);
+    if (s->nrepl) {
+        s->repl_median = median(repl, s->nrepl);
+        s->repl_min = repl[0];
+        for (int op = 0; op < NOPS && repl_op; op++) {
+            for (int i = 0; i < n; i++)
+                if (pts[i].transport == transport && pts[i].op == op)
+                    repl_op[s->nrepl_op[op]++] = pts[i].repl.gbps / pts[i].q.gbps;
+            if (s->nrepl_op[op]) s->repl_op_median[op] = median(repl_op, s->nrepl_op[op]);
+        }
+    }
     free(auth);
     free(enc);
+    free(repl);
+    free(repl_op);
 }
 
 /* --auth and --encrypt: each beside plain quorum, and a connection's cost. */
@@ -1703,6 +1811,45 @@ static void print_secure_summary(const opts *o, int tr, const summary *s, const 
                "%d ps, %d workers)\n", name, s->enc_pp_min, ENCRYPT_GOAL,
                s->enc_pp_min >= ENCRYPT_GOAL ? "met" : "NOT met", size, s->enc_pp_worst->nps,
                s->enc_pp_worst->nworkers);
+    }
+}
+
+/* --ps-replicas 2: two copies beside one, and the ps tasks' memory. */
+static void print_replicas_summary(int tr, const summary *s) {
+    const char *name = transport_names[tr];
+    if (!s->nrepl) return;
+    printf("  %-4s replicas: GB/s with two copies / one copy: median %.2f (min %.2f) over %d "
+           "points; at %.2f or better (goal: at most %.0f%% slower) on %d of %d\n", name,
+           s->repl_median, s->repl_min, s->nrepl, REPLICAS_GOAL, (1 - REPLICAS_GOAL) * 100,
+           s->repl_met, s->nrepl);
+    printf("  %-4s replicas: median per op:", name);
+    for (int op = 0; op < NOPS; op++)
+        if (s->nrepl_op[op]) printf(" %s %.2f", op_names[op], s->repl_op_median[op]);
+    printf("\n");
+    if (s->push64_workers)
+        printf("  %-4s replicas: a 64 B push (%d worker%s) %.1f us with two copies, %.1f us with "
+               "one: %.1f us more (the forward to the backup and its apply)\n", name,
+               s->push64_workers, s->push64_workers > 1 ? "s" : "", s->push64_repl_us,
+               s->push64_us, s->push64_repl_us - s->push64_us);
+}
+
+static void print_memory(const mem_point *mem, int nmem) {
+    printf("\nmemory held by the ps tasks at the end (malloc'd bytes freed as they stop; "
+           "variables: every size once, SGD, no slots):\n");
+    for (int i = 0; i < nmem; i++) {
+        const mem_point *m = &mem[i];
+        if (m->held[V_PLAIN] < 0 || m->held[V_REPLICAS] < 0) {
+            printf("  %-4s %d ps %d workers: not measured (no mallinfo2 in this C library)\n",
+                   transport_names[m->transport], m->nps, m->nworkers);
+            continue;
+        }
+        printf("  %-4s %d ps %d workers: one copy %.1f MiB, two copies %.1f MiB (%.2fx) for "
+               "%.1f MiB of variables; per ps %.1f / %.1f MiB\n", transport_names[m->transport],
+               m->nps, m->nworkers, (double)m->held[V_PLAIN] / (1 << 20),
+               (double)m->held[V_REPLICAS] / (1 << 20),
+               (double)m->held[V_REPLICAS] / (double)QR_MAX(m->held[V_PLAIN], 1),
+               (double)m->var_bytes / (1 << 20), (double)m->held[V_PLAIN] / (1 << 20) / m->nps,
+               (double)m->held[V_REPLICAS] / (1 << 20) / m->nps);
     }
 }
 
@@ -1739,6 +1886,7 @@ static void print_summary(const opts *o, const point *pts, int n, const conn_cos
                    s.lat_raw_us, s.lat_ratio, s.lat_max_ratio, TARGET_LATENCY_RATIO,
                    s.lat_ratio <= TARGET_LATENCY_RATIO ? "met" : "NOT met");
         print_secure_summary(o, tr, &s, &costs[tr]);
+        print_replicas_summary(tr, &s);
     }
 }
 
@@ -1785,6 +1933,20 @@ static cJSON *json_summary(const opts *o, const point *pts, int n, const conn_co
             cJSON_AddNumberToObject(j, "encrypt_pushpull_min_ratio_1mib_up", s.enc_pp_min);
             cJSON_AddBoolToObject(j, "encrypt_goal_met", s.enc_pp_min >= ENCRYPT_GOAL);
         }
+        /* --ps-replicas 2: two copies / one copy */
+        if (s.nrepl) {
+            cJSON_AddNumberToObject(j, "replicas_ratio_median", s.repl_median);
+            cJSON_AddNumberToObject(j, "replicas_ratio_min", s.repl_min);
+            cJSON_AddNumberToObject(j, "replicas_points", s.nrepl);
+            cJSON_AddNumberToObject(j, "replicas_points_goal_met", s.repl_met);
+            cJSON *ops = cJSON_AddObjectToObject(j, "replicas_ratio_median_per_op");
+            for (int op = 0; op < NOPS; op++)
+                if (s.nrepl_op[op]) cJSON_AddNumberToObject(ops, op_names[op], s.repl_op_median[op]);
+            if (s.push64_workers) {
+                cJSON_AddNumberToObject(j, "push64_latency_us", s.push64_us);
+                cJSON_AddNumberToObject(j, "push64_replicas_latency_us", s.push64_repl_us);
+            }
+        }
         const conn_cost *c = &costs[tr];
         if (c->have) {
             cJSON_AddNumberToObject(j, "connections", o->connections);
@@ -1805,7 +1967,8 @@ static cJSON *json_summary(const opts *o, const point *pts, int n, const conn_co
     return sum;
 }
 
-static int print_json(const opts *o, const point *pts, int n, const conn_cost *costs) {
+static int print_json(const opts *o, const point *pts, int n, const conn_cost *costs,
+                      const mem_point *mem, int nmem) {
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "benchmark", "wire");
     cJSON_AddStringToObject(root, "version", qr_version());
@@ -1817,6 +1980,7 @@ static int print_json(const opts *o, const point *pts, int n, const conn_cost *c
     cJSON_AddStringToObject(root, "baseline", o->baseline_apply ? "raw+apply" : "raw");
     cJSON_AddBoolToObject(root, "auth", o->variants[V_AUTH]);
     cJSON_AddBoolToObject(root, "encrypt", o->variants[V_ENCRYPT]);
+    cJSON_AddNumberToObject(root, "ps_replicas", o->variants[V_REPLICAS] ? 2 : 1);
     cJSON *results = cJSON_AddArrayToObject(root, "results");
     for (int i = 0; i < n; i++) {
         const point *p = &pts[i];
@@ -1848,7 +2012,28 @@ static int print_json(const opts *o, const point *pts, int n, const conn_cost *c
             cJSON_AddNumberToObject(r, "encrypt_latency_us", p->enc.latency_us);
             cJSON_AddNumberToObject(r, "encrypt_ops", (double)p->enc.ops);
         }
+        /* With two copies of every shard, beside one copy (quorum's). */
+        if (o->variants[V_REPLICAS]) {
+            cJSON_AddNumberToObject(r, "replicas_gbps", p->repl.gbps);
+            cJSON_AddNumberToObject(r, "replicas_ratio", p->repl.gbps / p->q.gbps);
+            cJSON_AddNumberToObject(r, "replicas_latency_us", p->repl.latency_us);
+            cJSON_AddNumberToObject(r, "replicas_ops", (double)p->repl.ops);
+        }
         cJSON_AddItemToArray(results, r);
+    }
+    if (o->variants[V_REPLICAS]) {
+        cJSON *jm = cJSON_AddArrayToObject(root, "memory");
+        for (int i = 0; i < nmem; i++) {
+            const mem_point *m = &mem[i];
+            cJSON *r = cJSON_CreateObject();
+            cJSON_AddStringToObject(r, "transport", transport_names[m->transport]);
+            cJSON_AddNumberToObject(r, "ps", m->nps);
+            cJSON_AddNumberToObject(r, "workers", m->nworkers);
+            cJSON_AddNumberToObject(r, "variable_bytes", (double)m->var_bytes);
+            cJSON_AddNumberToObject(r, "ps_bytes_one_copy", (double)m->held[V_PLAIN]);
+            cJSON_AddNumberToObject(r, "ps_bytes_two_copies", (double)m->held[V_REPLICAS]);
+            cJSON_AddItemToArray(jm, r);
+        }
     }
     cJSON_AddItemToObject(root, "summary", json_summary(o, pts, n, costs));
     char *text = cJSON_PrintUnformatted(root);
@@ -1870,7 +2055,7 @@ static int print_json(const opts *o, const point *pts, int n, const conn_cost *c
  * side back to back. Appends to pts. With cost, also times fresh
  * connections to each side's ps 0 (once per transport is enough: a
  * connection does not depend on the topology). */
-static int run_topology(topo *t, point *pts, int *npts, conn_cost *cost) {
+static int run_topology(topo *t, point *pts, int *npts, conn_cost *cost, mem_point *mem) {
     const opts *o = t->o;
     qside *qs = calloc(NVARIANTS, sizeof *qs);
     rside *r = calloc(1, sizeof *r);
@@ -1902,7 +2087,7 @@ static int run_topology(topo *t, point *pts, int *npts, conn_cost *cost) {
             point *p = &pts[(*npts)];
             *p = (point){.transport = t->transport, .op = o->ops[i], .nps = t->nps,
                          .nworkers = t->nworkers, .size = o->sizes[k], .used = used};
-            meas *best[NVARIANTS] = {&p->q, &p->auth, &p->enc};
+            meas *best[NVARIANTS] = {&p->q, &p->auth, &p->enc, &p->repl};
             /* Rounds alternate the baseline and the quorum sides; each
              * side keeps its best round (the least disturbed on a shared
              * machine). */
@@ -1925,8 +2110,15 @@ static int run_topology(topo *t, point *pts, int *npts, conn_cost *cost) {
         }
     }
     if (r->t) r_stop(r);
+    /* Every side's workers first, so that only ps tasks are freed below. */
     for (int v = 0; v < NVARIANTS; v++)
-        if (q[v]) q_stop(q[v]);
+        if (q[v]) driver_stop(&q[v]->d);
+    *mem = (mem_point){.transport = t->transport, .nps = t->nps, .nworkers = t->nworkers};
+    for (int k = 0; k < o->nsizes; k++) mem->var_bytes += o->sizes[k];
+    for (int v = NVARIANTS - 1; v >= 0; v--) {
+        mem->held[v] = -1;
+        if (q[v]) mem->held[v] = q_stop_measured(q[v]);
+    }
     free(qs);
     free(r);
     return rc;
@@ -1966,10 +2158,13 @@ int qr_bench_wire_main(int argc, char **argv) {
     float *send = qr__aligned_alloc(max_size);
     int maxpts = o.ntransports * o.nps * o.nworkers * o.nsizes * o.nops;
     point *pts = calloc((size_t)maxpts, sizeof *pts);
-    if (!send || !pts) {
+    mem_point *mems = calloc((size_t)(o.ntransports * o.nps * o.nworkers), sizeof *mems);
+    int nmem = 0;
+    if (!send || !pts || !mems) {
         fprintf(stderr, "bench wire: out of memory\n");
         free(send);
         free(pts);
+        free(mems);
         return 1;
     }
     char secret_dir[256] = "";
@@ -1978,6 +2173,7 @@ int qr_bench_wire_main(int argc, char **argv) {
         remove_secret(&o, secret_dir);
         free(send);
         free(pts);
+        free(mems);
         return 1;
     }
     for (uint64_t i = 0; i < max_size / sizeof(float); i++) send[i] = 1e-3f;
@@ -1992,6 +2188,10 @@ int qr_bench_wire_main(int argc, char **argv) {
                    o.variants[V_AUTH] && o.variants[V_ENCRYPT] ? ", " : "",
                    o.variants[V_ENCRYPT] ? "enc (authenticated and encrypted)" : "",
                    o.secret_path);
+        if (o.variants[V_REPLICAS])
+            printf("2cp: quorum with two copies of every shard (--ps-replicas 2: each push "
+                   "applied on its backup ps before it is answered), in the same alternating "
+                   "rounds; /1cp = its GB/s / quorum's (one copy); goal %.2f\n", REPLICAS_GOAL);
         print_header(&o);
     }
     conn_cost costs[NTRANSPORTS];
@@ -2005,14 +2205,20 @@ int qr_bench_wire_main(int argc, char **argv) {
                 for (int k = 0; k < o.nsizes; k++)
                     t.max_piece = QR_MAX(t.max_piece, o.sizes[k] / (uint64_t)t.nps);
                 conn_cost *cost = costs[t.transport].have ? NULL : &costs[t.transport];
-                rc = run_topology(&t, pts, &npts, cost);
+                rc = run_topology(&t, pts, &npts, cost, &mems[nmem]);
+                if (!rc) nmem++;
             }
     remove_secret(&o, secret_dir);
     if (!rc) {
-        if (o.json) rc = print_json(&o, pts, npts, costs);
-        else print_summary(&o, pts, npts, costs);
+        if (o.json) {
+            rc = print_json(&o, pts, npts, costs, mems, nmem);
+        } else {
+            print_summary(&o, pts, npts, costs);
+            if (o.variants[V_REPLICAS]) print_memory(mems, nmem);
+        }
     }
     free(send);
     free(pts);
+    free(mems);
     return rc ? 1 : 0;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """soak.py - kill a random task of a training run at a random moment, many
 times in a row, and count what went wrong. Not part of CI (it takes as
-long as you ask); run it before a release or after touching the fault
-paths:
+long as you ask; CI runs 2 --replication runs, tests/integration/soak.cmake);
+run it before a release or after touching the fault paths:
 
     python3 scripts/soak.py build/tools/quorum --runs 50
 
@@ -32,6 +32,36 @@ and prints one line per run and the totals. Exit status 1 if anything went
 wrong. --mode, --fault and --task narrow the draw to one case (e.g.
 --mode async --fault SIGSTOP+CONT --task "ps 1"); --logs DIR keeps the
 launcher's stderr of every run that went wrong. Processes are found and killed by pid and process group only.
+
+--replication: the proof of issue 29 (docs/REPLICATION.md) that a ps
+death loses nothing with two copies of every shard. Each run is `quorum
+launch --ps 3 --workers 3 --mode async --ps-replicas 2` on digits
+(--steps, --heartbeat-ms 200 --heartbeat-timeout-ms 1000 by default) and, at a random
+moment 0.3 s to --kill-window s in, one fault on a random ps OTHER THAN
+PS 0 (ps 0's coordinator failover is not built yet: killing it ends the run
+as with one copy, so it is never the victim), drawn from:
+  SIGKILL        the ps dies: ps 0 fails it over (its backup serves its shard)
+  SIGSTOP+CONT   the ps hangs 0.3 to 3 s: past heartbeat-timeout-ms it is
+                 failed over and, once continued, fences itself and exits;
+                 continued sooner, it goes on and nothing fails over
+(--faults kill or stop keeps one of them). A first run without a fault is
+the reference. Every run must:
+  end        within --timeout, with exit status 0
+  no rollback  JSON rollbacks 0, the global step reached
+  failover   view 1 and launch's "was failed over" line for the victim
+             after a SIGKILL (view 0 when a stopped ps was continued in time)
+  copies     every shard that still has two copies: the primary's digest
+             equals the backup's (the ps's last log line "replica digests")
+  exactly once  per shard, the pushes acknowledged to the workers (their
+             last log line) equal the pushes applied on each surviving copy
+  accuracy   within 0.03 of the reference run
+  left       no process of the run left behind
+and it prints the counts at the end: runs, kills, stops, failovers, pushes
+resent after a lost connection, pushes answered as duplicates (applied
+once, acknowledged twice), and the longest push a worker waited for (the
+stall around a failover). Sync mode with two copies is not built yet.
+
+    python3 scripts/soak.py build/tools/quorum --replication --runs 20
 """
 
 import argparse
@@ -39,6 +69,7 @@ import glob
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import struct
@@ -195,13 +226,200 @@ def one_run(quorum, i, timeout, rng, steps, only):
     return problems
 
 
+# --replication: the last log lines of the workers and ps tasks
+# (tests/integration/test_replication.py reads the same ones).
+ACKS = re.compile(r"\[worker (\d+) pid \d+\] info: worker \d+: pushes acknowledged per shard: "
+                  r"([\d: ]+); resent after a lost connection: (\d+); longest push \(a "
+                  r"failover's stall\): ([\d.]+) s; view (\d+)")
+COPIES = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) primary (\w+), "
+                    r"shard (\d+) (backup|promoted) (\w+) \(\d+ forwards sent, \d+ applied here, "
+                    r"(\d+) duplicate pushes; pushes applied: shard \d+ (\d+), shard \d+ (\d+); "
+                    r"view (\d+)")
+REPLICATION_PS = 3
+REPLICATION_FAULTS = {"kill": ["SIGKILL"], "stop": ["SIGSTOP+CONT"],
+                      "both": ["SIGKILL", "SIGSTOP+CONT"]}
+
+
+def ps_pid(launcher, index, deadline):
+    """The pid of ps `index` among launch's children (None once it ended)."""
+    while time.time() < deadline and launcher.poll() is None:
+        for pid in children(launcher.pid):
+            if task_of(pid) == "ps %d" % index:
+                return pid
+        time.sleep(0.02)
+    return None
+
+
+def replication_problems(err, nps, failed):
+    """What the last log lines say against the guarantees, and the counts
+    (resent, duplicates, longest push, view)."""
+    problems = []
+    acked, resent, stall, views, workers = [0] * nps, 0, 0.0, set(), 0
+    for m in ACKS.finditer(err):
+        workers += 1
+        for part in m[2].split():
+            k, n = part.split(":")
+            acked[int(k)] += int(n)
+        resent += int(m[3])
+        stall = max(stall, float(m[4]))
+        views.add(int(m[5]))
+    if workers != 3:
+        problems.append("counts: %d workers reported their pushes" % workers)
+    copies, digests, duplicates = {}, {}, 0
+    for m in COPIES.finditer(err):
+        ps = int(m[1])
+        if ps == failed:
+            continue  # a fenced ps's last words: not a copy any more
+        own, other = int(m[2]), int(m[4])
+        copies.setdefault(own, []).append((ps, int(m[8])))
+        copies.setdefault(other, []).append((ps, int(m[9])))
+        digests.setdefault(own, []).append(m[3])
+        if m[5] == "backup":
+            digests.setdefault(other, []).append(m[6])
+        duplicates += int(m[7])
+    for k in range(nps):
+        if not copies.get(k):
+            problems.append("lost data (no surviving copy of shard %d)" % k)
+            continue
+        for ps, applied in copies[k]:
+            if applied != acked[k]:
+                problems.append("counts: shard %d: %d pushes acknowledged, %d applied on ps %d"
+                                % (k, acked[k], applied, ps))
+        two = failed is None or (k != failed and (k + 1) % nps != failed)
+        if two and (len(digests.get(k, [])) != 2 or len(set(digests[k])) != 1):
+            problems.append("copies: shard %d: primary and backup digests %s"
+                            % (k, digests.get(k)))
+    return problems, resent, duplicates, stall, views
+
+
+def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms):
+    """One run of --replication (fault None: the reference). Returns
+    (problems, counts, summary)."""
+    args = [quorum, "launch", "--ps", str(REPLICATION_PS), "--workers", "3", "--mode", "async",
+            "--ps-replicas", "2", "--data", "digits", "--batch-size", "32", "--seed", "11",
+            "--lr", "0.1", "--steps", str(steps), "--heartbeat-ms", "200",
+            "--heartbeat-timeout-ms", str(hb_timeout_ms), "--json", "--quiet"]
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.time() + timeout
+    fault = rng.choice(faults) if faults else None
+    victim = rng.randrange(1, REPLICATION_PS)  # never ps 0: its failover is not built
+    after = rng.uniform(0.3, window)
+    hold = rng.uniform(0.3, 3.0) if fault == "SIGSTOP+CONT" else 0.0
+    pid, sent = None, False
+    if fault:
+        pid = ps_pid(p, victim, deadline)
+        time.sleep(after)
+        if pid and p.poll() is None:
+            try:
+                os.kill(pid, signal.SIGKILL if fault == "SIGKILL" else signal.SIGSTOP)
+                sent = True
+            except ProcessLookupError:
+                pass
+        if sent and hold:
+            time.sleep(hold)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    problems = []
+    try:
+        out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        problems.append("hung")
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+    if "hung" not in problems and p.returncode != 0:
+        problems.append("failed (exit %d: %s)" % (p.returncode,
+                                                 err.strip().splitlines()[-1:] or ""))
+    final = None
+    try:
+        final = json.loads(out.strip().splitlines()[-1])
+        if final["rollbacks"] != 0:
+            problems.append("rollback (%d)" % final["rollbacks"])
+        if final["global_step"] < steps:
+            problems.append("lost data (global step %d of %d)" % (final["global_step"], steps))
+        if reference and final["test_accuracy"] < reference["test_accuracy"] - 0.03:
+            problems.append("accuracy %.4f, %.4f unkilled" % (final["test_accuracy"],
+                                                             reference["test_accuracy"]))
+    except (ValueError, IndexError, KeyError):
+        if "hung" not in problems:
+            problems.append("lost data (no summary)")
+    failed_over = sent and "quorum launch: ps %d (pid %d) was failed over by ps 0" % (
+        victim, pid) in err
+    if sent and fault == "SIGKILL" and not failed_over:
+        problems.append("failover: no failover of the killed ps %d" % victim)
+    found, resent, duplicates, stall, views = replication_problems(
+        err, REPLICATION_PS, victim if failed_over else None)
+    problems += found
+    if views and views != {1 if failed_over else 0}:
+        problems.append("failover: the workers ended in views %s" % sorted(views))
+    if "rolling back" in err or "restarting it" in err:
+        problems.append("rollback (launch restarted a task)")
+    left = session_alive(p.pid)
+    if left:
+        problems.append("left %d process(es) behind" % len(left))
+        os.killpg(p.pid, signal.SIGKILL)
+    what = "no fault (reference)" if not fault else (
+        "%s ps %d at %.2f s%s" % (fault, victim, after, " for %.2f s" % hold if hold else "")
+        if sent else "%s: the run had ended" % fault)
+    print("run %3d: %-36s -> %s%s" % (i, what, "; ".join(problems) or "ok",
+                                      "" if problems else ", failed over" if failed_over else ""),
+          flush=True)
+    if problems:  # launch's output kept for the post-mortem, its path printed
+        fd, path = tempfile.mkstemp(prefix="qr-soak-run%d-" % i, suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write("%s\n%s\n--- stdout ---\n%s--- stderr ---\n%s" % (
+                " ".join(args), what, out, err))
+        print("         launch's output: %s" % path, flush=True)
+    counts = {"kills": int(sent and fault == "SIGKILL"),
+              "stops": int(sent and fault == "SIGSTOP+CONT"),
+              "failovers": int(bool(failed_over)), "resent": resent, "duplicates": duplicates,
+              "stall": stall}
+    return problems, counts, final
+
+
+def replication_soak(a, rng):
+    faults = REPLICATION_FAULTS[a.faults]
+    print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
+          "async --ps-replicas 2, --steps %d, faults %s on ps 1..%d (never ps 0: its failover "
+          "is not built)" % (a.runs, REPLICATION_PS, a.steps, "/".join(faults),
+                              REPLICATION_PS - 1), flush=True)
+    problems, _, reference = replication_run(a.quorum, 0, a.timeout, rng, a.steps, None,
+                                             a.kill_window, None, a.heartbeat_timeout_ms)
+    if problems or not reference:
+        print("soak: the reference run (no fault) failed: %s" % "; ".join(problems))
+        return 1
+    totals = {"kills": 0, "stops": 0, "failovers": 0, "resent": 0, "duplicates": 0}
+    stalls, bad = [], {}
+    for i in range(1, a.runs + 1):
+        found, counts, _ = replication_run(a.quorum, i, a.timeout, rng, a.steps, faults,
+                                           a.kill_window, reference, a.heartbeat_timeout_ms)
+        for k in totals:
+            totals[k] += counts[k]
+        if counts["failovers"]:
+            stalls.append(counts["stall"])
+        for problem in found:
+            kind = problem.split(" (")[0].split(":")[0]
+            bad[kind] = bad.get(kind, 0) + 1
+    stalls.sort()
+    print("soak --replication: %d runs, %d kills, %d stops, %d failovers, %d pushes resent, %d "
+          "answered as duplicates; longest push over the failovers: max %.3f s, median %.3f s; "
+          "reference accuracy %.4f" % (
+              a.runs, totals["kills"], totals["stops"], totals["failovers"], totals["resent"],
+              totals["duplicates"], stalls[-1] if stalls else 0.0,
+              stalls[len(stalls) // 2] if stalls else 0.0, reference["test_accuracy"]))
+    print("soak --replication: problems: %s" % (", ".join(
+        "%s %d" % kv for kv in sorted(bad.items())) or "none"))
+    return 1 if bad else 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("quorum", help="the quorum binary")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=180, help="seconds before a run is hung")
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--steps", type=int, default=3000, help="global steps of each run")
     ap.add_argument("--mode", choices=["sync", "async"], help="only this mode (default: drawn)")
     ap.add_argument("--fault", choices=sorted(set(FAULTS)),
                     help="only this fault (default: drawn)")
@@ -209,11 +427,33 @@ def main():
                     "the fault hits)")
     ap.add_argument("--logs", help="a folder where the stderr of each run with a problem is "
                     "kept (default: none kept)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="global steps of each run (default 3000; 6000 with --replication)")
+    ap.add_argument("--replication", action="store_true",
+                    help="two copies of every shard (--ps-replicas 2, async): kill or stop a "
+                    "random ps other than ps 0 (ps 0's failover is not built) and check that "
+                    "nothing is lost (see the top of this file)")
+    ap.add_argument("--faults", choices=sorted(REPLICATION_FAULTS), default="both",
+                    help="--replication: SIGKILLs, SIGSTOP+CONTs or both (default)")
+    ap.add_argument("--kill-window", type=float, default=2.0,
+                    help="--replication: the fault comes 0.3 to this many s into a run")
+    ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000,
+                    help="--replication: launch's and the ps tasks' (a stopped ps is failed "
+                    "over after it; default 1000, with --heartbeat-ms 200)")
     a = ap.parse_args()
+    if a.runs < 1 or (a.steps is not None and a.steps < 1) or a.kill_window <= 0.3 or \
+            a.heartbeat_timeout_ms < 400:
+        ap.error("--runs and --steps must be at least 1, --kill-window above 0.3, "
+                 "--heartbeat-timeout-ms 400 or more")
     if a.logs:
         os.makedirs(a.logs, exist_ok=True)
     seed = a.seed if a.seed is not None else int(time.time())
     rng = random.Random(seed)
+    if a.replication:
+        a.steps = a.steps or 6000
+        print("soak: seed %d" % seed)
+        return replication_soak(a, rng)
+    a.steps = a.steps or 3000
     print("soak: %d runs, seed %d" % (a.runs, seed))
     totals = {"hung": 0, "failed": 0, "lost data": 0, "left": 0}
     for i in range(a.runs):

@@ -97,3 +97,40 @@ add_test(NAME bench_netns_smoke
          COMMAND ${QR_VENV_PYTHON} -c "${qr_bench_netns_check}" ${PROJECT_SOURCE_DIR})
 set_tests_properties(bench_netns_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS slow
                      ENVIRONMENT "${qr_bench_python_env}")
+
+# bench_replicas.py --quick (issue 29, item 7): a training run with one
+# copy and one with two (--ps-replicas 1, 2) in the same run, async, and
+# sync tried: a table of steps/s, their ratio against the goal, accuracy
+# and the ps tasks' peak RSS; sync either measured the same way or skipped
+# with launch's refusal. Plain python3 (no torch). Timings not checked.
+set(qr_bench_replicas_check [=[
+import json, os, re, subprocess, sys, tempfile
+bench = os.path.join(sys.argv[1], "bench", "python", "bench_replicas.py")
+out_json = os.path.join(tempfile.mkdtemp(prefix="qr-replicas-"), "replicas.json")
+p = subprocess.run([sys.executable, bench, "--quorum", sys.argv[2], "--quick", "--json", out_json],
+                   capture_output=True, text=True, timeout=250)
+assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+row = re.search(r"^\| async \| (\d+\.\d) \| (\d+\.\d) \| (\d+\.\d\d) \((met|NOT met)\) \| "
+                r"(\d\.\d{4}) / (\d\.\d{4}) \| (\d+\.\d) / (\d+\.\d) \(\d+\.\d\dx\) \|$", p.stdout, re.M)
+assert row, p.stdout
+assert re.search(r"^\| sync \| (\d+\.\d \||skipped: .*not built yet)", p.stdout, re.M), p.stdout
+doc = json.load(open(out_json))
+res = {r["mode"]: r for r in doc["results"]}
+a = res["async"]
+for c in ("copies_1", "copies_2"):
+    assert a[c]["median_steps_per_s"] > 0 and a[c]["median_accuracy"] > 0.5, a
+    assert a[c]["median_ps_peak_rss_mib"] > 1, a
+assert a["ratio"] > 0 and a["goal"] == 0.85 and "memory_ratio" in a, a
+assert "skipped" in res["sync"] or res["sync"]["ratio"] > 0, res["sync"]
+bad = subprocess.run([sys.executable, bench, "--quorum", sys.argv[2], "--ps", "1"],
+                     capture_output=True, text=True, timeout=60)
+assert bad.returncode == 2 and "at least 2" in bad.stderr, bad.stderr
+os.remove(out_json)
+os.rmdir(os.path.dirname(out_json))
+print("bench_replicas_smoke: async ratio %.2f, sync %s" % (
+    a["ratio"], res["sync"].get("skipped") or "%.2f" % res["sync"]["ratio"]))
+]=])
+add_test(NAME bench_replicas_smoke
+         COMMAND ${QR_PYTHON} -c "${qr_bench_replicas_check}" ${PROJECT_SOURCE_DIR}
+                 $<TARGET_FILE:quorum>)
+set_tests_properties(bench_replicas_smoke PROPERTIES TIMEOUT 300)

@@ -87,3 +87,54 @@ print("bench_wire_secure_smoke: %d points with --auth --encrypt ok, --json ok" %
 add_test(NAME bench_wire_secure_smoke
          COMMAND ${QR_PYTHON} -c "${qr_bench_wire_secure_check}" $<TARGET_FILE:quorum-bench-wire>)
 set_tests_properties(bench_wire_secure_smoke PROPERTIES TIMEOUT 120)
+
+# --ps-replicas 2: every point also shows quorum with two copies of every
+# shard beside one copy (GB/s, ratio, latency), the summary gives the
+# ratios per transport and per op, and the ps tasks' memory with one copy
+# and two is printed per topology. A 1 in --ps is refused. The text and
+# --json outputs are checked for their shape; timings are not checked.
+set(qr_bench_wire_replicas_check [=[
+import json, re, subprocess, sys
+out = subprocess.run([sys.argv[1], "--quick", "--ps-replicas", "2", "--ops", "push,pull,pushpull"],
+                     check=True, stdout=subprocess.PIPE, timeout=110).stdout.decode()
+header = [l for l in out.splitlines() if l.startswith("transport ")]
+assert len(header) == 1 and "2cp GB/s" in header[0] and "/1cp" in header[0], header
+points = [l for l in out.splitlines() if re.match(r"(unix|tcp) ", l)]
+assert len(points) == 36, "%d points, not 2 transports x 2 workers x 3 sizes x 3 ops" % len(points)
+for l in points:
+    cols = l.split("|")
+    assert len(cols) == 4, l
+    gbps, ratio, us = (float(x) for x in cols[3].split())
+    assert gbps > 0 and ratio > 0 and us > 0, l
+    assert re.match(r"\S+ +\S+ +\S+ +\S+ +2 ", l), "not 2 ps: " + l
+for t in ("unix", "tcp "):
+    for pat in (r"replicas: GB/s with two copies / one copy: median \d+\.\d+ \(min \d+\.\d+\) "
+                r"over 18 points",
+                r"replicas: median per op: push \d+\.\d+ pull \d+\.\d+ pushpull \d+\.\d+",
+                r"replicas: a 64 B push \(1 worker\) \d+\.\d+ us with two copies"):
+        assert re.search(r"^  " + t + " ?" + pat, out, re.M), "no line %r for %s:\n%s" % (pat, t, out)
+mem = re.findall(r"^  (unix|tcp) +2 ps (\d) workers: one copy (\d+\.\d) MiB, two copies (\d+\.\d) MiB", out, re.M)
+assert len(mem) == 4, "memory lines: %r\n%s" % (mem, out)
+for m in mem:
+    assert float(m[3]) > float(m[2]) > 0, m
+out = subprocess.run([sys.argv[1], "--ps-replicas", "2", "--transports", "unix", "--workers", "1",
+                      "--sizes", "64K", "--ops", "push", "--repeat", "1", "--seconds", "0.01",
+                      "--json"], check=True, stdout=subprocess.PIPE, timeout=60).stdout
+doc = json.loads(out)
+assert doc["ps_replicas"] == 2, doc
+r = doc["results"][0]
+assert r["ps"] == 2 and r["replicas_gbps"] > 0 and r["replicas_ratio"] > 0, r
+assert r["replicas_latency_us"] > 0 and r["replicas_ops"] >= 3, r
+unix = doc["summary"]["transports"]["unix"]
+assert unix["replicas_points"] == 1 and unix["replicas_ratio_median"] > 0, unix
+m = doc["memory"][0]
+assert m["ps"] == 2 and m["ps_bytes_two_copies"] > m["ps_bytes_one_copy"] > 0, m
+bad = subprocess.run([sys.argv[1], "--ps-replicas", "2", "--ps", "1,2"], stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, timeout=30)
+assert bad.returncode == 2 and b"needs 2 ps at least" in bad.stderr, bad
+print("bench_wire_replicas_smoke: %d points with two copies beside one, memory %s, --json ok"
+      % (len(points), ", ".join("%s %s workers %s/%s MiB" % m for m in mem)))
+]=])
+add_test(NAME bench_wire_replicas_smoke
+         COMMAND ${QR_PYTHON} -c "${qr_bench_wire_replicas_check}" $<TARGET_FILE:quorum-bench-wire>)
+set_tests_properties(bench_wire_replicas_smoke PROPERTIES TIMEOUT 120)
