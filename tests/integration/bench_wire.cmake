@@ -105,7 +105,8 @@ for l in points:
     cols = l.split("|")
     assert len(cols) == 4, l
     gbps, ratio, us = (float(x) for x in cols[3].split())
-    assert gbps > 0 and ratio > 0 and us > 0, l
+    # (a 64 B point under load may print 0.000 GB/s: three decimals)
+    assert gbps >= 0 and ratio > 0 and us > 0, l
     assert re.match(r"\S+ +\S+ +\S+ +\S+ +2 ", l), "not 2 ps: " + l
 for t in ("unix", "tcp "):
     for pat in (r"replicas: GB/s with two copies / one copy: median \d+\.\d+ \(min \d+\.\d+\) "
