@@ -197,7 +197,14 @@ static void on_watch(uv_timer_t *t) {
     if (l->watch_ns && now - l->watch_ns >= (uint64_t)l->timeout_ms * 1000000ull && l->beat_ns)
         for (int w = 0; w < ps->cluster->nworkers; w++)
             if (l->beat_ns[w]) l->beat_ns[w] = now;
+    /* Back from a pause of its own (stopped, or a loop that lagged): what
+     * its peers sent meanwhile is still unread in its sockets (libuv runs
+     * timers before it reads), so their silence is not theirs yet. Judge
+     * nobody this turn; the next one comes after the reads. (A ps 1
+     * stopped 0.85 s once named a healthy ps 0 hung, and launch killed it.) */
+    bool was_away = l->watch_ns && now - l->watch_ns >= 2ull * WATCH_PERIOD_MS * 1000000ull;
     l->watch_ns = now;
+    if (was_away) return;
     if (ps->index != 0) {
         watch_coordinator(ps, now);
         return;

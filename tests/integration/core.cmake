@@ -35,7 +35,7 @@ foreach(case sync async flags)
 endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.
 foreach(case bind ps_restart_async chief_first ps0_restart no_checkpoint ps_gone stop_notice job_ended slow_start
-             late_worker stale_socket hung_ps)
+             late_worker stale_socket hung_ps paused_ps)
   qr_integration_test(integration_faults_${case} test_faults.py ${case})
 endforeach()
 # How every task ends after a fault: its exit status and last line.

@@ -37,6 +37,11 @@ container orchestrator would), and the end of a job seen by every task.
                   reports); SIGCONTed after that, it is fenced: it says this
                   run of it is over, exits with an error, and writes no
                   checkpoint shard
+  paused_ps       async, 2 ps, by hand: ps 1 SIGSTOPped for 0.85 s eight times
+                  (under heartbeat-timeout-ms 1000): back from each pause,
+                  it never names the healthy ps 0 hung for the beats that
+                  waited unread in its socket (it once did, half the time,
+                  and launch killed ps 0)
   late_worker     a worker started after the job ended says every few seconds
                   what it waits for, and gives up at init-timeout-ms naming
                   ps 0, not the chief
@@ -229,6 +234,28 @@ elif case == "ps_restart_async":
         assert s["test_accuracy"] > 0.9, s
         print("PASS: async, ps 1 restarted by hand at its checkpoint of step %s; ps 0 rolled "
               "back to it; the run finished at accuracy %.4f" % (step, s["test_accuracy"]))
+    finally:
+        c.close()
+
+elif case == "paused_ps":
+    c = FaultCluster(2, 2, ["--data", "digits", "--steps", "100000000", "--heartbeat-ms", "200",
+                            "--heartbeat-timeout-ms", "1000", "--quiet"])
+    try:
+        c.start_all()
+        c.wait_log("worker", 1, "connected to ps 1", 30)
+        ps1 = c.tasks[("ps", 1)].p
+        pauses = 0
+        # (A loaded machine may stretch a pause past heartbeat-timeout-ms:
+        # ps 1 then fences itself, rightly, and the pauses end there.)
+        while pauses < 8 and ps1.poll() is None:
+            os.kill(ps1.pid, signal.SIGSTOP)
+            time.sleep(0.85)
+            os.kill(ps1.pid, signal.SIGCONT)
+            pauses += 1
+            time.sleep(1.5)
+        blamed = [l for l in c.log("ps", 1).splitlines() if "sent nothing for" in l]
+        assert not blamed, blamed
+        print("PASS: ps 1 paused 0.85 s %d times never named ps 0 hung" % pauses)
     finally:
         c.close()
 
