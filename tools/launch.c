@@ -92,7 +92,8 @@ typedef struct child {
 } child;
 
 /* ps tasks tell the launcher of a ps they found hung (qr__tell_supervisor:
- * "hung ps K SILENT_MS"), and workers that they have reached ps 0 ("joined
+ * "hung ps K SILENT_MS"), ps 0 of a hung chief ("hung worker 0 SILENT_MS"),
+ * and workers that they have reached ps 0 ("joined
  * worker K"), on a datagram socket whose other end they inherit as
  * QUORUM_SUPERVISOR_FD. */
 static int notices[2] = {-1, -1};
@@ -331,10 +332,10 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
     return true;
 }
 
-/* A ps found ps K hung ("hung ps K SILENT_MS"): SIGKILL it, which a
- * stopped process cannot ignore, so that it is handled as a dead one (a
- * restart with --max-restarts, else the end of the run) and never serves
- * again. A notice about a run of it younger than the silence it reports
+/* A ps found ps K hung ("hung ps K SILENT_MS"), or ps 0 the chief
+ * ("hung worker 0 SILENT_MS"): SIGKILL it, which a stopped process cannot
+ * ignore, so that it is handled as a dead one (a restart with
+ * --max-restarts, else the end of the run) and never serves again. A notice about a run of it younger than the silence it reports
  * is about an earlier run, already gone. */
 static void read_notices(child *kids, const launch_plan *plan) {
     char line[256];
@@ -358,8 +359,14 @@ static void read_notices(child *kids, const launch_plan *plan) {
                     "built (docs/REPLICATION.md)\n", c->name, (int)c->pid, view);
             continue;
         }
-        if (sscanf(line, "hung ps %d %llu", &index, &silent_ms) != 2 || index < 0 ||
-            index >= plan->nps)
+        int ps_index, worker_index;
+        if (sscanf(line, "hung ps %d %llu", &ps_index, &silent_ms) == 2 && ps_index >= 0 &&
+            ps_index < plan->nps)
+            index = ps_index;
+        else if (sscanf(line, "hung worker %d %llu", &worker_index, &silent_ms) == 2 &&
+                 worker_index == 0)
+            index = plan->nps; /* the chief: a non-chief one is only lost (ps 0 goes on) */
+        else
             continue;
         child *c = &kids[index];
         uint64_t age_ms = qr__now_ns() / 1000000 - c->started_ms;

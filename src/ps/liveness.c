@@ -221,6 +221,9 @@ static void on_watch(uv_timer_t *t) {
         qr__log(QR_LOG_WARN, "worker %d sent no heartbeat for %llu ms (heartbeat-timeout-ms "
                 "%lld): hung or stopped; treated as lost, its connections closed", w,
                 (unsigned long long)silent_ms, (long long)l->timeout_ms);
+        /* A hung chief would end the job unevaluated (watch_chief): launch
+         * kills it, so that --max-restarts starts it again. */
+        if (w == 0) qr__tell_supervisor("hung worker 0 %llu", (unsigned long long)silent_ms);
         close_worker(ps, w);
     }
 }

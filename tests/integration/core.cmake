@@ -15,7 +15,7 @@ endforeach()
 qr_integration_test(integration_launch test_launch.py)
 qr_integration_test(integration_launch_env test_launch_env.py)
 qr_integration_test(integration_cli test_cli.py)
-foreach(case many lost needed straggler late sigterm hosts orphaned restart_worker restart_chief
+foreach(case many lost needed hung_chief straggler late sigterm hosts orphaned restart_worker restart_chief
              restart_ps hung hung_ps rollbacks_once ps_after_end)
   qr_integration_test(integration_launch_${case} test_launch_tasks.py ${case})
 endforeach()

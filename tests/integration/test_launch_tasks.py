@@ -8,6 +8,9 @@ started:
   needed      a worker killed in a sync run with R = N: launch does not say
               training goes on; it says a step that waits for the worker
               waits up to sync-timeout-ms for a restart, then the run aborts
+  hung_chief  the chief SIGSTOPped under --max-restarts 1: ps 0 names it
+              hung, launch kills and restarts it (a hung chief would end
+              the job unevaluated), it rejoins and the run ends well
   straggler   a worker still running after the run ended (SIGSTOPped) is
               stopped within a bounded time and named (exit 3)
   late        a worker that starts only after the run has done its steps
@@ -306,6 +309,22 @@ elif case == "hung":
     assert err.strip().splitlines()[-1].endswith("did not end well: worker 1"), err[-500:]
     print("PASS: a SIGSTOPped worker is caught after %d ms of silence; the run goes on "
           "(%.1f s)" % (silent, time.time() - t0))
+
+elif case == "hung_chief":
+    p, chief = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
+                                      "--steps", "20000", "--max-restarts", "1",
+                                      "--heartbeat-timeout-ms", "1500", "--json", "--quiet"],
+                                     0, signal.SIGSTOP)
+    rc, out, err = p.wait(300)
+    assert rc == 0, "launch exited %d:\n%s" % (rc, err[-3000:])
+    assert "quorum launch: worker 0 (pid %d) is hung: no answer to heartbeats" % chief in err, \
+        err[-3000:]
+    assert "worker 0 (pid %d) was hung" % chief in err and "restarting it (restart 1 of 1)" \
+        in err, err[-3000:]
+    s = last_json(out)
+    assert s["global_step"] >= 20000 and s["test_accuracy"] > 0.5, s
+    print("PASS: a SIGSTOPped chief is named hung, killed and restarted; the run ends well "
+          "(accuracy %.3f)" % s["test_accuracy"])
 
 elif case == "straggler":
     p, sleeper = signal_worker_mid_run(["--ps", "1", "--workers", "2", "--data", "digits",
