@@ -240,6 +240,21 @@ static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const ch
     complete_apply_part(ps);
 }
 
+/* ps 0's own part of a step with two copies: done once its backup has
+ * applied the step too (sync.c forwarded it), as ps k answers APPLY. */
+static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                            const char *msg) {
+    (void)p;
+    (void)req;
+    qr_ps *ps = ctx;
+    if (status == QR_ESTOPPED) return; /* the run is ending: no step completes */
+    if (status) {
+        abort_training(ps, msg);
+        return;
+    }
+    complete_apply_part(ps);
+}
+
 static void start_apply(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     qsort(s->quorum, (size_t)s->nquorum, sizeof *s->quorum, cmp_member);
@@ -251,7 +266,8 @@ static void start_apply(qr_ps *ps) {
         abort_training(ps, qr_last_error());
         return;
     }
-    complete_apply_part(ps);
+    if (qr__replica_on(ps)) qr__replica_after(ps, own_step_copied, ps);
+    else complete_apply_part(ps);
 }
 
 /* ---- stall reports ------------------------------------------------------------ */

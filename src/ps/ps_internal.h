@@ -817,6 +817,9 @@ typedef void (*qr_repl_answer_cb)(ps_peer *p, const qr_frame *req, void *ctx, in
                                   const char *msg);
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx);
 void qr__replica_peer_lost(ps_peer *p);
+/* The same wait with no request (ps 0's own part of a sync step): cb runs
+ * with p and req NULL. */
+void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx);
 /* REPLICATE, on the backup. */
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -869,6 +872,10 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
 int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
+/* The backup (replica.c): a sync step forwarded by the primary (h->t the
+ * step, h->answer its members; items in the primary's reduce order, on the
+ * copy's variables) reduced and applied to the copy as the primary did. */
+int qr__sync_apply_copy(qr_ps *ps, const qr_msg_repl_head *h, push_item *items, int nitems);
 
 /* bound.c: bounded staleness on ps 0 (async) */
 int qr__bound_init(qr_ps *ps);

@@ -496,6 +496,24 @@ void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void 
     r->wait_tail = w;
 }
 
+void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
+    ps_replica *r = &ps->replica;
+    uint64_t fwd = r->next_fwd - 1;
+    if ((fwd <= r->acked && !r->wait_head) || r->backup_gone) {
+        cb(NULL, NULL, ctx, QR_OK, NULL);
+        return;
+    }
+    repl_wait *w = qr__calloc(1, sizeof *w);
+    if (!w) {
+        cb(NULL, NULL, ctx, QR_ENOMEM, "out of memory waiting for the backup");
+        return;
+    }
+    *w = (repl_wait){.fwd = fwd, .cb = cb, .ctx = ctx};
+    if (r->wait_tail) r->wait_tail->next = w;
+    else r->wait_head = w;
+    r->wait_tail = w;
+}
+
 void qr__replica_peer_lost(ps_peer *p) {
     for (repl_wait *w = p->ps->replica.wait_head; w; w = w->next)
         if (w->peer == p) w->peer = NULL;
@@ -570,7 +588,7 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_get_repl_head(&r, &p->repl);
     if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
-    if (p->repl.flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA))
+    if (p->repl.flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA | QR_REPL_SYNC_STEP))
         return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", p->repl.flags);
     int rc = p->repl.count ? qr__peer_check_count("REPLICATE", p->repl.count) : QR_OK;
     if (!rc) rc = qr__peer_reserve_items(p, p->repl.count);
@@ -583,7 +601,13 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated at item %u", i);
         qr_var *v = NULL;
         int64_t nrows;
-        if ((rc = qr__peer_lookup(p, "REPLICATE", it.id, &v))) return rc;
+        /* A sync step names a variable once per member that pushed it,
+         * those items together (sync.c's reduce order): a variable named
+         * again after another is refused as in any request. */
+        if ((p->repl.flags & QR_REPL_SYNC_STEP) && i > 0 && p->items[i - 1].var->id == it.id)
+            v = p->items[i - 1].var;
+        else if ((rc = qr__peer_lookup(p, "REPLICATE", it.id, &v)))
+            return rc;
         if ((rc = check_item(&it, v, &nrows))) return rc;
         p->items[i] = (push_item){.var = v, .offset = offset, .nrows = nrows, .lr = it.lr,
                                   .dtype = (uint8_t)it.kind};
@@ -677,6 +701,39 @@ static int apply_item(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     return rc;
 }
 
+/* A sync step (sync.c's forward_step): the copy must be at that step, and
+ * is then reduced and applied as the primary's shard was; the copy's step
+ * is the primary's after it (what a promotion would go on from). `out`
+ * holds the reply's fwd and is freed here. */
+static void sync_step_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    const qr_msg_repl_head *h = &p->repl;
+    char msg[512];
+    int rc = QR_OK;
+    if (h->t != r->copy_steps) {
+        snprintf(msg, sizeof msg, "%s: REPLICATE: sync step %lld of ps %d's shard, but this "
+                 "copy is at step %lld; nothing was applied", ps->name, (long long)h->t,
+                 r->primary, (long long)r->copy_steps);
+        rc = QR_EINVAL;
+    } else if ((rc = qr__sync_apply_copy(ps, h, p->items, p->nitems))) {
+        /* Part of it may be applied: this copy is no longer the primary's. */
+        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; this copy of ps %d's shard differs from "
+                 "it now", ps->name, qr_last_error(), r->primary);
+    }
+    if (rc) {
+        qr__peer_reply_error(p, f, rc, msg);
+        qr_wbuf_free(out);
+        return;
+    }
+    r->applied_fwd = h->fwd;
+    r->applied++;
+    r->copy_steps = h->t + 1;
+    r->copy_pushes += (uint64_t)h->answer;
+    qr__peer_reply(p, f, QR_OK, out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(out);
+}
+
 void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     (void)meta;
     qr_ps *ps = p->ps;
@@ -694,6 +751,10 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (rc) {
         qr__peer_reply_error(p, f, rc, msg);
         qr_wbuf_free(&out);
+        return;
+    }
+    if (h->flags & QR_REPL_SYNC_STEP) {
+        sync_step_message(p, f, &out);
         return;
     }
     bool delta = h->flags & QR_PUSH_DELTA;

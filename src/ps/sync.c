@@ -482,35 +482,98 @@ static int assign_mean(qr_ps *ps, qr_var *v, const sync_source *src, int n, cons
     return QR_OK;
 }
 
-/* Reduce the step's gradients of each variable (sources[0..n), sorted)
- * in member order and apply the optimizer once: sparse rows only (a table,
- * or a dense variable every member pushed rows of) by the sparse apply,
- * anything else by the dense one. */
-static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
-    ps_sync *s = &ps->sync;
+/* Reduce the step's gradients of each variable (sources[0..nsources),
+ * sorted here) in member order and apply the optimizer once: sparse rows
+ * only (a table, or a dense variable every member pushed rows of) by the
+ * sparse apply, anything else by the dense one. The primary runs it on its
+ * shard, the backup on its copy with the primary's sources as forwarded
+ * (qr__sync_apply_copy): the same code on the same inputs. */
+static int reduce_and_apply(qr_ps *ps, sync_source *sources, int nsources, int64_t step,
+                            float divisor) {
     /* A step with nothing for this ps (its members pushed only to others)
      * has no sources, and qsort must not be handed a NULL array. */
-    if (s->nsources > 1) qsort(s->sources, (size_t)s->nsources, sizeof *s->sources, cmp_source);
-    const float **srcs = qr__calloc((size_t)QR_MAX(s->nsources, 1), sizeof *srcs);
+    if (nsources > 1) qsort(sources, (size_t)nsources, sizeof *sources, cmp_source);
+    const float **srcs = qr__calloc((size_t)QR_MAX(nsources, 1), sizeof *srcs);
     if (!srcs) return QR_ENOMEM;
     int rc = QR_OK;
-    for (int i = 0, end; i < s->nsources && !rc; i = end) {
-        qr_var *v = s->sources[i].var;
+    for (int i = 0, end; i < nsources && !rc; i = end) {
+        qr_var *v = sources[i].var;
         bool all_rows = true;
-        for (end = i; end < s->nsources && s->sources[end].var == v; end++)
-            all_rows &= s->sources[end].it->nrows >= 0;
+        for (end = i; end < nsources && sources[end].var == v; end++)
+            all_rows &= sources[end].it->nrows >= 0;
         if (v->non_trainable)
-            rc = assign_mean(ps, v, s->sources + i, end - i, srcs);
+            rc = assign_mean(ps, v, sources + i, end - i, srcs);
         else if (v->table || all_rows)
-            rc = reduce_rows(ps, v, s->sources + i, end - i, divisor, step);
+            rc = reduce_rows(ps, v, sources + i, end - i, divisor, step);
         else
-            rc = reduce_dense(ps, v, s->sources + i, end - i, divisor, step, srcs);
+            rc = reduce_dense(ps, v, sources + i, end - i, divisor, step, srcs);
         if (!rc && !v->table && !v->non_trainable && ps->average_decay > 0)
             rc = qr_var_update_average(v, ps->average_decay, step + 1);
         if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
         v->version++;
     }
     free(srcs);
+    return rc;
+}
+
+/* ---- two copies (--ps-replicas 2, docs/REPLICATION.md) ------------------------ */
+
+/* Primary: the step just applied goes to the backup as its sources, in the
+ * order reduced (by variable, then member), each with the learning rate
+ * the reduce used (the first source of a variable's sets it; the ps's
+ * schedule resolved at this step, so the backup needs no schedule of its
+ * own). One copy of every member's gradient: the backup then runs
+ * reduce_and_apply itself, the same kernels on the same bytes in the same
+ * order, hence the same bits; a reduced gradient would need an apply
+ * kernel that gives the fused reduce+apply's bits, which none promises.
+ * Sent before the pushes are freed: the bytes are copied. */
+static void forward_step(qr_ps *ps, int64_t step, int nmembers) {
+    ps_sync *s = &ps->sync;
+    repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_STEP,
+                                                                 .t = step,
+                                                                 .answer = nmembers});
+    for (int i = 0; i < s->nsources; i++) {
+        const push_item *it = s->sources[i].it;
+        const qr_var *v = it->var;
+        int64_t dim = v->shape[v->ndim - 1];
+        uint64_t nbytes = it->nrows < 0 ? (uint64_t)v->n * 4
+                                        : (uint64_t)it->nrows * (8 + 4 * (uint64_t)dim);
+        qr__replica_add(fw, v->id, it->nrows < 0 ? QR_REPL_DENSE : QR_REPL_SPARSE,
+                        qr__item_lr(ps, it, qr__var_optim(ps, v), step), it->data, nbytes);
+    }
+    qr__replica_send(ps, fw);
+    ps->replica.own_pushes += (uint64_t)nmembers; /* the gradients applied (as the copy counts) */
+}
+
+/* ps k: the step is on the backup too (or the wait ended otherwise). */
+static void step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    qr_ps *ps = ctx;
+    if (status) {
+        if (p) qr__peer_reply_error(p, req, status, msg);
+        return; /* the held answers are the stop's (qr__sync_stop) */
+    }
+    answer_held(ps, ps->sync.step - 1);
+    if (p) qr__peer_reply(p, req, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
+
+int qr__sync_apply_copy(qr_ps *ps, const qr_msg_repl_head *h, push_item *items, int nitems) {
+    ps_sync *s = &ps->sync;
+    if (!s->on)
+        return qr__fail(QR_EINVAL, "REPLICATE: a sync step, but this ps trains in async mode: "
+                        "give every task the same --mode");
+    if (h->answer < 1 || h->answer > QR_PROTO_MAX_ITEMS)
+        return qr__fail(QR_EINVAL, "REPLICATE: a sync step of %lld members", (long long)h->answer);
+    sync_source *src = qr__calloc((size_t)QR_MAX(nitems, 1), sizeof *src);
+    if (!src) return qr__fail(QR_ENOMEM, "out of memory applying a sync step to the copy");
+    /* Forwarded in reduce order: the position keeps it through the sort. */
+    for (int i = 0; i < nitems; i++) src[i] = (sync_source){items[i].var, i, &items[i]};
+    /* The ps's own row counters count what it serves, not its copy. */
+    uint64_t added = ps->metrics.rows_added, pushed = ps->metrics.rows_pushed;
+    int rc = reduce_and_apply(ps, src, nitems, h->t, s->mean ? (float)h->answer : 1.0f);
+    ps->metrics.rows_added = added;
+    ps->metrics.rows_pushed = pushed;
+    free(src);
     return rc;
 }
 
@@ -542,8 +605,9 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     /* A variable a member did not push counts as a zero in the mean: the
      * divisor is the quorum size either way. */
     float divisor = s->mean ? (float)n : 1.0f;
-    if (!rc) rc = reduce_and_apply(ps, step, divisor);
+    if (!rc) rc = reduce_and_apply(ps, s->sources, s->nsources, step, divisor);
     if (rc) return rc;
+    if (qr__replica_on(ps)) forward_step(ps, step, n);
     /* Everything of this step or older that is still here is stale. */
     sync_push **link = &s->pending;
     while (*link) {
@@ -557,7 +621,9 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     }
     s->step = step + 1;
     ps->applied_steps = step + 1;
-    answer_held(ps, step);
+    /* With two copies the held answers wait for the backup
+     * (qr__sync_apply_message): an answer means both copies have the step. */
+    if (!qr__replica_on(ps)) answer_held(ps, step);
     return QR_OK;
 }
 
@@ -592,6 +658,12 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
         char msg[512];
         snprintf(msg, sizeof msg, "%s", qr_last_error());
         qr__peer_reply_error(p, f, rc, msg);
+        return;
+    }
+    if (qr__replica_on(p->ps)) {
+        /* ps 0 hears "applied" once the backup has the step too (a
+         * repeated APPLY as well: it waits for the forward made then). */
+        qr__replica_wait(p, f, step_copied, p->ps);
         return;
     }
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
