@@ -14,6 +14,11 @@ Case "train": `quorum launch --mode async --ps-replicas 2` on digits
 (2 and 3 ps, SGD and Adam) and on click data with embedding tables trains
 as --ps-replicas 1 does, and as the run ends each shard's primary digest
 equals its backup's (each ps logs both: "replica digests: ...").
+Case "sync_train": `quorum launch --mode sync --ps-replicas 2` (2 and 3 ps,
+SGD and Adam, R = N with --init-tokens 0 and R < N; wide-deep on click
+data): every shard's backup digest equals its primary's, and an R = N run
+ends with the params_digest of the same run on one copy (checked stable
+first: the seeded digests).
 Failover in place (--ps-replicas 2, async, a ps other than ps 0):
 Case "failover_wire": three ps by hand, a raw worker: a push to shard 1
 is on ps 1 and its backup ps 2; ps 1 SIGKILLed: ps 0 moves to view 1
@@ -32,7 +37,7 @@ without serving.
 Case "failover_loop": five runs, ps 1 and ps 2 in turn SIGKILLed at a
 random moment of each (ps 2's shard then served by ps 0): the counts equal in every run (resent pushes answered by
 the duplicate record or applied once).
-Usage: test_replication.py QUORUM_BINARY wire|train|failover_wire|failover_kill|failover_stop|failover_loop"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop"""
 
 import json
 import os
@@ -186,8 +191,8 @@ DIGESTS = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) p
                      r"([0-9a-f]{16}), shard (\d+) backup ([0-9a-f]{16})")
 
 
-def launch(args, timeout=300):
-    proc = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+def launch(args, timeout=300, mode="async"):
+    proc = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     rc, out, err = proc.wait(timeout=timeout)
     assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
     return last_json(out), err
@@ -251,6 +256,56 @@ def train_case():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("PASS: train")
+
+
+def sync_train_case():
+    """Sync steps on two copies: every shard's backup equals its primary,
+    and a deterministic run (R = N, --init-tokens 0) ends with the digest of
+    the same run on one copy (the seeded digests of docs/SYNC.md)."""
+    digits = ["--data", "digits", "--batch-size", "32", "--seed", "11", "--steps", "60"]
+    lockstep = ["--init-tokens", "0"]
+    runs = [("sgd, 2 ps, R = N", ["--ps", "2", "--workers", "3", "--lr", "0.1"] + lockstep, 2,
+             "9f88dbcfbf434da1"),
+            ("sgd, 3 ps, R = N", ["--ps", "3", "--workers", "3", "--lr", "0.1"] + lockstep, 3,
+             "9f88dbcfbf434da1"),
+            ("adam, 2 ps, R = N", ["--ps", "2", "--workers", "3", "--optimizer", "adam", "--lr",
+                                   "0.001"] + lockstep, 2, "20388ed0375f08df"),
+            ("adam, 3 ps, R = N", ["--ps", "3", "--workers", "3", "--optimizer", "adam", "--lr",
+                                   "0.001"] + lockstep, 3, "20388ed0375f08df"),
+            ("sgd, 3 ps, R = 2 of 3", ["--ps", "3", "--workers", "3", "--lr", "0.1",
+                                       "--replicas-to-aggregate", "2"], 3, None),
+            ("adam, 2 ps, R = 2 of 3", ["--ps", "2", "--workers", "3", "--optimizer", "adam",
+                                        "--lr", "0.001", "--replicas-to-aggregate", "2"], 2, None)]
+    for what, args, nps, seeded in runs:
+        two, err = launch(digits + args + ["--ps-replicas", "2"], mode="sync")
+        assert two["global_step"] >= 60, (what, two)
+        check_copies(err, nps, what)
+        if seeded is None:
+            continue  # R < N: which pushes make a step depends on timing
+        ones = [launch(digits + args, mode="sync")[0]["params_digest"] for _ in range(2)]
+        assert ones == [seeded, seeded], "%s: one copy is not deterministic: %s" % (what, ones)
+        assert two["params_digest"] == seeded, "%s: two copies %s, one copy %s" % (
+            what, two["params_digest"], seeded)
+        print("ok: %s: params_digest %s with two copies, as with one (twice)" % (what, seeded))
+    # Sparse rows and embedding tables (reduce_rows on both copies).
+    work = tempfile.mkdtemp(prefix="qr-repl-")
+    try:
+        data = os.path.join(work, "ctr")
+        subprocess.run([quorum, "gen-ctr", "--out", data, "--rows", "20000", "--fields", "8"],
+                       check=True, capture_output=True, text=True, timeout=120)
+        args = ["--ps", "2", "--workers", "2", "--data", data, "--model", "wide-deep",
+                "--hidden", "16", "--optimizer", "adagrad", "--batch-size", "256", "--lr", "0.3",
+                "--epochs", "1", "--seed", "5", "--init-tokens", "0"]
+        one, _ = launch(args, mode="sync")
+        two, err = launch(args + ["--ps-replicas", "2"], mode="sync")
+        check_copies(err, 2, "wide-deep (embedding tables), sync")
+        assert two["params_digest"] == one["params_digest"], (one["params_digest"],
+                                                              two["params_digest"])
+        print("ok: wide-deep, sync: params_digest %s with two copies, as with one" %
+              one["params_digest"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("PASS: sync_train")
 
 
 def view_record(meta):
@@ -484,7 +539,7 @@ def failover_loop_case(runs=5):
           "as duplicates" % (runs, resent, duplicates))
 
 
-cases = {"wire": wire_case, "train": train_case, "failover_wire": failover_wire_case,
+cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case, "failover_wire": failover_wire_case,
          "failover_kill": failover_kill_case, "failover_stop": failover_stop_case,
          "failover_loop": failover_loop_case}
 if case not in cases:
