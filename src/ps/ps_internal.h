@@ -203,6 +203,8 @@ typedef struct sync_push {
     size_t data_cap;
     float *wide; /* its bf16/fp16 gradients widened (qr__grad_widen), or NULL */
     size_t wide_cap;
+    bool copy;   /* ps-replicas 2: a push to this ps's copy of ps `primary`'s shard
+                  * (forwarded by it, or sent here once the copy is promoted) */
 } sync_push;
 
 typedef struct ps_peer {
@@ -255,6 +257,7 @@ typedef struct held_pull {
     uint32_t worker, seq;
     int64_t step;   /* the push's local_step */
     bool stale;     /* dropped as stale: the answer says so */
+    bool copy;      /* for the promoted copy's shard (ps-replicas 2): answered at its step */
     int nitems;
     push_item items[];
 } held_pull;
@@ -872,10 +875,14 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
 int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
-/* The backup (replica.c): a sync step forwarded by the primary (h->t the
- * step, h->answer its members; items in the primary's reduce order, on the
- * copy's variables) reduced and applied to the copy as the primary did. */
-int qr__sync_apply_copy(qr_ps *ps, const qr_msg_repl_head *h, push_item *items, int nitems);
+/* The backup (replica.c): a sync step forwarded by the primary (its
+ * members), reduced and applied to the copy from the pushes forwarded, as
+ * the primary did. */
+int qr__sync_apply_copy(qr_ps *ps, int64_t step, const quorum_member *members, int n);
+/* The backup: a sync push the primary kept (h: worker, seq, t = its
+ * local step), kept on the copy with a copy of its bytes (payload). */
+int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
+                       const void *payload, size_t len);
 
 /* bound.c: bounded staleness on ps 0 (async) */
 int qr__bound_init(qr_ps *ps);

@@ -577,6 +577,26 @@ static int check_item(const qr_msg_repl_item *it, const qr_var *v, int64_t *nrow
     }
 }
 
+/* A sync step's REPLICATE: one item, the members (u32 worker, u32 seq
+ * each), received whole. */
+static int members_header(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
+    qr_msg_repl_item it;
+    qr_msg_get_repl_item(r, &it);
+    if (r->bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
+    if (p->repl.count != 1 || it.kind != QR_REPL_MEMBERS || it.id != 0 ||
+        it.nbytes != f->payload_len || !it.nbytes || it.nbytes % QR_MSG_MEMBER_LEN ||
+        it.nbytes / QR_MSG_MEMBER_LEN > QR_PROTO_MAX_ITEMS)
+        return qr__fail(QR_EINVAL, "REPLICATE: a sync step carries one item of kind 3 (its "
+                        "members, 1 to %d of %d bytes each) and nothing else",
+                        QR_PROTO_MAX_ITEMS, QR_MSG_MEMBER_LEN);
+    p->nitems = 0;
+    int rc = qr__peer_check_end("REPLICATE", r, it.nbytes, f->payload_len);
+    if (!rc) rc = qr__peer_take_recv(p, (size_t)f->payload_len);
+    if (rc) return rc;
+    qr_iov iov = {p->recv, (size_t)f->payload_len};
+    return qr_conn_expect(p->conn, &iov, 1);
+}
+
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->role != QR_ROLE_REPLICA)
         return qr__fail(QR_EINVAL, "REPLICATE comes only on a primary's replica link");
@@ -588,8 +608,12 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_get_repl_head(&r, &p->repl);
     if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
-    if (p->repl.flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA | QR_REPL_SYNC_STEP))
-        return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", p->repl.flags);
+    uint32_t flags = p->repl.flags;
+    if (flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA | QR_REPL_SYNC_PUSH | QR_REPL_SYNC_STEP) ||
+        ((flags & QR_REPL_SYNC_PUSH) && (flags & ~QR_REPL_SYNC_PUSH)) ||
+        ((flags & QR_REPL_SYNC_STEP) && (flags & ~QR_REPL_SYNC_STEP)))
+        return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", flags);
+    if (flags & QR_REPL_SYNC_STEP) return members_header(p, f, &r);
     int rc = p->repl.count ? qr__peer_check_count("REPLICATE", p->repl.count) : QR_OK;
     if (!rc) rc = qr__peer_reserve_items(p, p->repl.count);
     if (rc) return rc;
@@ -601,14 +625,15 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated at item %u", i);
         qr_var *v = NULL;
         int64_t nrows;
-        /* A sync step names a variable once per member that pushed it,
-         * those items together (sync.c's reduce order): a variable named
-         * again after another is refused as in any request. */
-        if ((p->repl.flags & QR_REPL_SYNC_STEP) && i > 0 && p->items[i - 1].var->id == it.id)
-            v = p->items[i - 1].var;
-        else if ((rc = qr__peer_lookup(p, "REPLICATE", it.id, &v)))
-            return rc;
+        if ((rc = qr__peer_lookup(p, "REPLICATE", it.id, &v))) return rc;
+        /* A sync push's learning rate may be none (the ps's schedule,
+         * resolved where the step is applied). */
+        float lr = it.lr;
+        if ((flags & QR_REPL_SYNC_PUSH) && it.lr == QR_MSG_PUSH_LR_NONE) it.lr = 0;
         if ((rc = check_item(&it, v, &nrows))) return rc;
+        it.lr = lr;
+        if ((flags & QR_REPL_SYNC_PUSH) && it.kind == QR_REPL_LOOKUP)
+            return qr__fail(QR_EINVAL, "REPLICATE: a sync push of sightings");
         p->items[i] = (push_item){.var = v, .offset = offset, .nrows = nrows, .lr = it.lr,
                                   .dtype = (uint8_t)it.kind};
         offset += it.nbytes;
@@ -701,35 +726,41 @@ static int apply_item(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     return rc;
 }
 
-/* A sync step (sync.c's forward_step): the copy must be at that step, and
- * is then reduced and applied as the primary's shard was; the copy's step
- * is the primary's after it (what a promotion would go on from). `out`
- * holds the reply's fwd and is freed here. */
-static void sync_step_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
+/* Sync mode (sync.c): a push the primary kept, kept on the copy; a step
+ * it applied (its members), applied to the copy from those pushes, which
+ * must be at that step. `out` holds the reply's fwd and is freed here. */
+static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
     qr_ps *ps = p->ps;
     ps_replica *r = &ps->replica;
     const qr_msg_repl_head *h = &p->repl;
     char msg[512];
-    int rc = QR_OK;
-    if (h->t != r->copy_steps) {
-        snprintf(msg, sizeof msg, "%s: REPLICATE: sync step %lld of ps %d's shard, but this "
-                 "copy is at step %lld; nothing was applied", ps->name, (long long)h->t,
-                 r->primary, (long long)r->copy_steps);
-        rc = QR_EINVAL;
-    } else if ((rc = qr__sync_apply_copy(ps, h, p->items, p->nitems))) {
-        /* Part of it may be applied: this copy is no longer the primary's. */
-        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; this copy of ps %d's shard differs from "
-                 "it now", ps->name, qr_last_error(), r->primary);
+    int rc;
+    if (h->flags & QR_REPL_SYNC_PUSH) {
+        rc = qr__sync_copy_keep(ps, h, p->items, p->nitems, p->recv, (size_t)f->payload_len);
+    } else {
+        int n = (int)(f->payload_len / QR_MSG_MEMBER_LEN);
+        quorum_member *members = qr__calloc((size_t)n, sizeof *members);
+        qr_rbuf rb;
+        qr_rbuf_init(&rb, p->recv, (size_t)f->payload_len);
+        for (int i = 0; members && i < n; i++)
+            qr_msg_get_member(&rb, &members[i].worker, &members[i].seq);
+        if (!members) rc = qr__fail(QR_ENOMEM, "out of memory applying a step to the copy");
+        else if (h->t != r->copy_steps)
+            rc = qr__fail(QR_EINVAL, "sync step %lld of ps %d's shard, but this copy is at step "
+                          "%lld", (long long)h->t, r->primary, (long long)r->copy_steps);
+        else rc = qr__sync_apply_copy(ps, h->t, members, n);
+        free(members);
     }
     if (rc) {
+        /* A step part applied leaves this copy different from the primary. */
+        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; nothing more is applied to this copy of "
+                 "ps %d's shard", ps->name, qr_last_error(), r->primary);
         qr__peer_reply_error(p, f, rc, msg);
         qr_wbuf_free(out);
         return;
     }
     r->applied_fwd = h->fwd;
     r->applied++;
-    r->copy_steps = h->t + 1;
-    r->copy_pushes += (uint64_t)h->answer;
     qr__peer_reply(p, f, QR_OK, out, NULL, 0, NULL, NULL);
     qr_wbuf_free(out);
 }
@@ -747,14 +778,14 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     char msg[512];
-    int rc = check_values(p, msg, sizeof msg);
+    int rc = h->flags & QR_REPL_SYNC_STEP ? QR_OK : check_values(p, msg, sizeof msg);
     if (rc) {
         qr__peer_reply_error(p, f, rc, msg);
         qr_wbuf_free(&out);
         return;
     }
-    if (h->flags & QR_REPL_SYNC_STEP) {
-        sync_step_message(p, f, &out);
+    if (h->flags & (QR_REPL_SYNC_PUSH | QR_REPL_SYNC_STEP)) {
+        sync_message(p, f, &out);
         return;
     }
     bool delta = h->flags & QR_PUSH_DELTA;

@@ -115,11 +115,23 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
     return rc;
 }
 
-static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq) {
+/* A push kept for the shard this ps serves as its own (copy false) or for
+ * its copy of ps `primary`'s (ps-replicas 2): one worker's push of a step
+ * goes to both when the copy is promoted, as two pushes. */
+static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq, bool copy) {
     for (sync_push *sp = s->pending; sp; sp = sp->next)
-        if (sp->worker == worker && sp->seq == seq) return sp;
+        if (sp->worker == worker && sp->seq == seq && sp->copy == copy) return sp;
     return NULL;
 }
+
+/* The sync step of the shard: this ps's own, or its copy's. */
+static int64_t *shard_step(qr_ps *ps, bool copy) {
+    return copy ? &ps->replica.copy_steps : &ps->sync.step;
+}
+
+static void forward_push(qr_ps *ps, const sync_push *sp);
+static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg);
 
 int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     qr_ps *ps = p->ps;
@@ -132,18 +144,20 @@ int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
         snprintf(msg, len, "out of memory widening a bf16/fp16 gradient");
         return QR_ENOMEM;
     }
-    if (sp->local_step < s->step) {
+    sp->copy = p->promoted_shard;
+    int64_t now = *shard_step(ps, sp->copy);
+    if (sp->local_step < now) {
         s->stale_pushes++;
         snprintf(msg, len, "dropped: stale: a gradient of step %lld from worker %u, but "
                  "%s is at step %lld", (long long)sp->local_step, sp->worker, ps->name,
-                 (long long)s->step);
+                 (long long)now);
         qr__sync_push_free(ps, sp);
         return QR_ESTALE;
     }
-    if (sp->local_step > s->step || find_pending(s, sp->worker, sp->seq)) {
+    if (sp->local_step > now || find_pending(s, sp->worker, sp->seq, sp->copy)) {
         snprintf(msg, len, "%s: PUSH: worker %u's push %u for step %lld: %s", ps->name,
                  sp->worker, sp->seq, (long long)sp->local_step,
-                 sp->local_step > s->step ? "that step has not started" : "pushed twice");
+                 sp->local_step > now ? "that step has not started" : "pushed twice");
         qr__sync_push_free(ps, sp);
         return QR_EINVAL;
     }
@@ -169,6 +183,7 @@ int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     }
     sp->next = s->pending;
     s->pending = sp;
+    if (qr__replica_on(ps) && !sp->copy) forward_push(ps, sp);
     return QR_OK;
 }
 
@@ -253,7 +268,9 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     }
     if (!is_held(f)) {
         if (rc) qr__peer_reply_error(p, f, rc, msg);
-        else qr__peer_reply_step(p, f, s->step);
+        else if (qr__replica_on(ps) && !p->promoted_shard)
+            qr__replica_wait(p, f, push_copied, ps); /* the worker commits it next */
+        else qr__peer_reply_step(p, f, *shard_step(ps, p->promoted_shard));
         return;
     }
     /* A held push on ps k (ps 0's go to coord.c): ps 0 hears what became
@@ -268,9 +285,10 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
         return;
     }
+    h->copy = p->promoted_shard;
     if (rc == QR_ESTALE) {
         h->stale = true;
-        qr__held_answer(h, s->step);
+        qr__held_answer(h, *shard_step(ps, h->copy));
         return;
     }
     h->next = s->held;
@@ -289,12 +307,12 @@ void qr__sync_coordinator_linked(qr_ps *ps) {
 
 /* ps k: the held pushes of `step` or older are answered, with the values
  * that step left. */
-static void answer_held(qr_ps *ps, int64_t step) {
+static void answer_held(qr_ps *ps, int64_t step, bool copy) {
     ps_sync *s = &ps->sync;
     held_pull **link = &s->held, *done = NULL;
     while (*link) {
         held_pull *h = *link;
-        if (h->step <= step) {
+        if (h->step <= step && h->copy == copy) {
             *link = h->next;
             h->next = done;
             done = h;
@@ -312,7 +330,7 @@ static void answer_held(qr_ps *ps, int64_t step) {
     }
     while (ordered) {
         held_pull *next = ordered->next;
-        qr__held_answer(ordered, s->step);
+        qr__held_answer(ordered, *shard_step(ps, copy));
         ordered = next;
     }
 }
@@ -329,12 +347,15 @@ void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta
     uint32_t worker, seq;
     qr_msg_get_member(&r, &worker, &seq);
     ps_sync *s = &p->ps->sync;
-    for (held_pull **link = &s->held; *link; link = &(*link)->next) {
+    /* Both its parts, when this ps serves two shards (a promoted copy). */
+    for (held_pull **link = &s->held; *link;) {
         held_pull *h = *link;
-        if (h->worker != worker || h->seq != seq) continue;
+        if (h->worker != worker || h->seq != seq) {
+            link = &h->next;
+            continue;
+        }
         *link = h->next;
-        qr__held_answer(h, s->step);
-        return;
+        qr__held_answer(h, *shard_step(p->ps, h->copy));
     }
 }
 
@@ -518,31 +539,47 @@ static int reduce_and_apply(qr_ps *ps, sync_source *sources, int nsources, int64
 
 /* ---- two copies (--ps-replicas 2, docs/REPLICATION.md) ------------------------ */
 
-/* Primary: the step just applied goes to the backup as its sources, in the
- * order reduced (by variable, then member), each with the learning rate
- * the reduce used (the first source of a variable's sets it; the ps's
- * schedule resolved at this step, so the backup needs no schedule of its
- * own). One copy of every member's gradient: the backup then runs
- * reduce_and_apply itself, the same kernels on the same bytes in the same
- * order, hence the same bits; a reduced gradient would need an apply
- * kernel that gives the fused reduce+apply's bits, which none promises.
- * Sent before the pushes are freed: the bytes are copied. */
-static void forward_step(qr_ps *ps, int64_t step, int nmembers) {
-    ps_sync *s = &ps->sync;
-    repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_STEP,
-                                                                 .t = step,
-                                                                 .answer = nmembers});
-    for (int i = 0; i < s->nsources; i++) {
-        const push_item *it = s->sources[i].it;
+/* Primary: a push kept for its step goes to the backup as it came (its
+ * gradients as float32, a bf16/fp16 one widened; the learning rate it
+ * carried, or none), so that the copy holds every push the shard holds:
+ * what a promoted copy needs to apply the step in flight. Skipped items
+ * (non-finite, nonfinite=skip) are no source of the reduce: not sent. */
+static void forward_push(qr_ps *ps, const sync_push *sp) {
+    repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_PUSH,
+                                                                 .worker = sp->worker,
+                                                                 .seq = sp->seq,
+                                                                 .t = sp->local_step});
+    for (int i = 0; i < sp->nitems; i++) {
+        const push_item *it = &sp->items[i];
+        if (it->skip) continue;
         const qr_var *v = it->var;
         int64_t dim = v->shape[v->ndim - 1];
         uint64_t nbytes = it->nrows < 0 ? (uint64_t)v->n * 4
                                         : (uint64_t)it->nrows * (8 + 4 * (uint64_t)dim);
-        qr__replica_add(fw, v->id, it->nrows < 0 ? QR_REPL_DENSE : QR_REPL_SPARSE,
-                        qr__item_lr(ps, it, qr__var_optim(ps, v), step), it->data, nbytes);
+        qr__replica_add(fw, v->id, it->nrows < 0 ? QR_REPL_DENSE : QR_REPL_SPARSE, it->lr,
+                        it->data, nbytes);
     }
     qr__replica_send(ps, fw);
-    ps->replica.own_pushes += (uint64_t)nmembers; /* the gradients applied (as the copy counts) */
+}
+
+/* Primary: the step applied, named by its members (in reduce order), after
+ * their pushes on the same link: the backup reduces the same bytes in the
+ * same order with the same kernels (reduce_and_apply), hence the same bits.
+ * (Forwarding the reduced gradient instead would need an apply kernel that
+ * gives the fused reduce+apply's bits, which none promises, and would
+ * leave the copy without the step's pushes if the primary died mid-step.) */
+static void forward_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_STEP,
+                                                                 .t = step});
+    qr_wbuf list = {0};
+    for (int m = 0; m < n; m++) qr_msg_put_member(&list, members[m].worker, members[m].seq);
+    qr__replica_add(fw, 0, QR_REPL_MEMBERS, 0, list.data, list.len);
+    if (list.oom)
+        qr__ps_ask_abort(ps, QR_ENOMEM, "out of memory forwarding a step to the backup: the "
+                         "copies would differ");
+    qr_wbuf_free(&list);
+    qr__replica_send(ps, fw);
+    ps->replica.own_pushes += (uint64_t)n; /* the gradients applied (as the copy counts) */
 }
 
 /* ps k: the step is on the backup too (or the wait ended otherwise). */
@@ -553,41 +590,72 @@ static void step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
         if (p) qr__peer_reply_error(p, req, status, msg);
         return; /* the held answers are the stop's (qr__sync_stop) */
     }
-    answer_held(ps, ps->sync.step - 1);
+    answer_held(ps, ps->sync.step - 1, false);
     if (p) qr__peer_reply(p, req, QR_OK, NULL, NULL, 0, NULL, NULL);
 }
 
-int qr__sync_apply_copy(qr_ps *ps, const qr_msg_repl_head *h, push_item *items, int nitems) {
-    ps_sync *s = &ps->sync;
-    if (!s->on)
-        return qr__fail(QR_EINVAL, "REPLICATE: a sync step, but this ps trains in async mode: "
-                        "give every task the same --mode");
-    if (h->answer < 1 || h->answer > QR_PROTO_MAX_ITEMS)
-        return qr__fail(QR_EINVAL, "REPLICATE: a sync step of %lld members", (long long)h->answer);
-    sync_source *src = qr__calloc((size_t)QR_MAX(nitems, 1), sizeof *src);
-    if (!src) return qr__fail(QR_ENOMEM, "out of memory applying a sync step to the copy");
-    /* Forwarded in reduce order: the position keeps it through the sort. */
-    for (int i = 0; i < nitems; i++) src[i] = (sync_source){items[i].var, i, &items[i]};
-    /* The ps's own row counters count what it serves, not its copy. */
-    uint64_t added = ps->metrics.rows_added, pushed = ps->metrics.rows_pushed;
-    int rc = reduce_and_apply(ps, src, nitems, h->t, s->mean ? (float)h->answer : 1.0f);
-    ps->metrics.rows_added = added;
-    ps->metrics.rows_pushed = pushed;
-    free(src);
-    return rc;
+/* A (non-held) sync push is on the backup too: the worker may commit it. */
+static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    qr_ps *ps = ctx;
+    if (!p) return;
+    if (status) qr__peer_reply_error(p, req, status, msg);
+    else qr__peer_reply_step(p, req, ps->sync.step);
 }
 
-int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
+                       const void *payload, size_t len) {
     ps_sync *s = &ps->sync;
-    if (step < s->step) return QR_OK; /* applied already: a repeated APPLY */
-    if (step > s->step)
-        return qr__fail(QR_EINTERNAL, "%s is at step %lld but was asked to apply step %lld "
-                        "(did it restart and lose its state?)", ps->name, (long long)s->step,
-                        (long long)step);
+    if (!s->on)
+        return qr__fail(QR_EINVAL, "REPLICATE: a sync push, but this ps trains in async mode: "
+                        "give every task the same --mode");
+    if (!qr__is_worker(h->worker, s->N))
+        return qr__fail(QR_EINVAL, "REPLICATE: worker %u is not in the cluster (%d workers)",
+                        h->worker, s->N);
+    /* A push of a step the copy has applied, or one it holds: sent again
+     * after the link was remade (the forward numbers catch most). */
+    if (h->t < ps->replica.copy_steps || find_pending(s, h->worker, h->seq, true)) return QR_OK;
+    if (h->t > ps->replica.copy_steps)
+        return qr__fail(QR_EINVAL, "REPLICATE: worker %u's push %u for step %lld, but this copy "
+                        "is at step %lld", h->worker, h->seq, (long long)h->t,
+                        (long long)ps->replica.copy_steps);
+    sync_push *sp = qr__calloc(1, sizeof *sp);
+    if (!sp) return qr__fail(QR_ENOMEM, "out of memory keeping a sync push on the copy");
+    *sp = (sync_push){.worker = h->worker, .seq = h->seq, .local_step = h->t, .nitems = nitems,
+                      .copy = true};
+    sp->items = qr__calloc((size_t)QR_MAX(nitems, 1), sizeof *sp->items);
+    sp->data = qr__recv_pool_get(&ps->recv_pool, QR_MAX(len, 4), &sp->data_cap);
+    if (!sp->items || !sp->data) {
+        qr__sync_push_free(ps, sp);
+        return qr__fail(QR_ENOMEM, "out of memory keeping a sync push on the copy");
+    }
+    if (len) memcpy(sp->data, payload, len);
+    for (int i = 0; i < nitems; i++) {
+        sp->items[i] = (push_item){.var = items[i].var, .offset = items[i].offset,
+                                   .nrows = items[i].nrows, .dtype = QR_FLOAT32,
+                                   .lr = items[i].lr};
+        sp->items[i].data = (uint8_t *)sp->data + items[i].offset;
+    }
+    sp->next = s->pending;
+    s->pending = sp;
+    return QR_OK;
+}
+
+/* Reduce and apply step `step` of a shard (this ps's own, or its copy of
+ * ps `primary`'s) from the members' pushes kept for it, and drop the other
+ * pushes of that step or older. */
+static int apply_shard(qr_ps *ps, bool copy, int64_t step, const quorum_member *members, int n) {
+    ps_sync *s = &ps->sync;
+    int64_t *now = shard_step(ps, copy);
+    if (step < *now) return QR_OK; /* applied already: a repeated APPLY */
+    if (step > *now)
+        return qr__fail(QR_EINTERNAL, "%s is at step %lld%s but was asked to apply step %lld "
+                        "(did it restart and lose its state?)", ps->name, (long long)*now,
+                        copy ? " on its copy" : "", (long long)step);
     s->nsources = 0;
     int rc = QR_OK;
     for (int m = 0; m < n && !rc; m++) {
-        sync_push *sp = find_pending(s, members[m].worker, members[m].seq);
+        sync_push *sp = find_pending(s, members[m].worker, members[m].seq, copy);
         if (!sp || sp->local_step != step) {
             /* A committed push is held by every ps it was sent to (the
              * worker commits once each has acknowledged it), so a member
@@ -605,26 +673,45 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     /* A variable a member did not push counts as a zero in the mean: the
      * divisor is the quorum size either way. */
     float divisor = s->mean ? (float)n : 1.0f;
+    /* The ps's own row counters count what it serves, not a backup's copy. */
+    uint64_t added = ps->metrics.rows_added, pushed = ps->metrics.rows_pushed;
     if (!rc) rc = reduce_and_apply(ps, s->sources, s->nsources, step, divisor);
+    if (copy && !ps->replica.promoted) {
+        ps->metrics.rows_added = added;
+        ps->metrics.rows_pushed = pushed;
+    }
     if (rc) return rc;
-    if (qr__replica_on(ps)) forward_step(ps, step, n);
+    if (qr__replica_on(ps) && !copy) forward_step(ps, step, members, n);
     /* Everything of this step or older that is still here is stale. */
     sync_push **link = &s->pending;
     while (*link) {
         sync_push *sp = *link;
-        if (sp->local_step <= step) {
+        if (sp->copy == copy && sp->local_step <= step) {
             *link = sp->next;
             qr__sync_push_free(ps, sp);
         } else {
             link = &sp->next;
         }
     }
-    s->step = step + 1;
+    *now = step + 1;
+    if (copy) {
+        ps->replica.copy_pushes += (uint64_t)n;
+        answer_held(ps, step, true); /* a promoted copy has no backup to wait for */
+        return QR_OK;
+    }
     ps->applied_steps = step + 1;
     /* With two copies the held answers wait for the backup
      * (qr__sync_apply_message): an answer means both copies have the step. */
-    if (!qr__replica_on(ps)) answer_held(ps, step);
+    if (!qr__replica_on(ps)) answer_held(ps, step, false);
     return QR_OK;
+}
+
+int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    return apply_shard(ps, false, step, members, n);
+}
+
+int qr__sync_apply_copy(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    return apply_shard(ps, true, step, members, n);
 }
 
 int qr__sync_apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {

@@ -272,6 +272,11 @@ def sync_train_case():
                                    "0.001"] + lockstep, 2, "20388ed0375f08df"),
             ("adam, 3 ps, R = N", ["--ps", "3", "--workers", "3", "--optimizer", "adam", "--lr",
                                    "0.001"] + lockstep, 3, "20388ed0375f08df"),
+            # --overlap on: push, token, pull in three round trips (the
+            # push's answer waits for the backup), not the held one-trip push.
+            ("sgd, 3 ps, R = N, three round trips", ["--ps", "3", "--workers", "3", "--lr",
+                                                      "0.1", "--overlap", "on"] + lockstep, 3,
+             "9f88dbcfbf434da1"),
             ("sgd, 3 ps, R = 2 of 3", ["--ps", "3", "--workers", "3", "--lr", "0.1",
                                        "--replicas-to-aggregate", "2"], 3, None),
             ("adam, 2 ps, R = 2 of 3", ["--ps", "2", "--workers", "3", "--optimizer", "adam",
