@@ -64,11 +64,19 @@ static void notify(ps_peer *p) {
 bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || ps->sync.on || ps->index != 0 || k <= 0 || k >= nps) return false;
+    if (!qr__replica_on(ps) || ps->index != 0 || k <= 0 || k >= nps) return false;
     if (r->failed[k]) return true;
+    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
+    if (ps->sync.on && next == 0) {
+        /* ps 0 would serve the copy: its coordinator's own part of a held
+         * push (coord.c) knows one shard; not built. */
+        qr__log(QR_LOG_ERROR, "ps %d (%s) is gone, and its backup is ps 0: failover of its "
+                "shard to ps 0 in sync mode is not built: the run waits for ps %d as with one "
+                "copy", k, ps->cluster->ps[k], k);
+        return false;
+    }
     const char *how = hung ? "is hung (no answer to heartbeats for heartbeat-timeout-ms)"
                            : "is gone (its link lost, its address refusing)";
-    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
     if (r->failed[next] || r->failed[prev]) {
         int lost = r->failed[next] ? k : prev;
         qr__log(QR_LOG_ERROR, "ps %d (%s) %s, and ps %d failed before: shard %d has lost both "
@@ -90,6 +98,7 @@ bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     qr__links_view(ps);
     for (ps_peer *p = ps->peers; p; p = p->next)
         if (p->role == QR_ROLE_WORKER) notify(p);
+    qr__coord_failed_over(ps, k);
     return true;
 }
 
@@ -122,9 +131,9 @@ void qr__failover_welcomed(ps_peer *p, const qr_msg_hello *m) {
 int qr__failover_view_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     (void)meta;
     qr_ps *ps = p->ps;
-    if (!qr__replica_on(ps) || ps->sync.on)
-        return qr__fail(QR_EINVAL, "VIEW: this ps keeps one copy of its shard (ps-replicas 1, "
-                        "or sync mode): there is no view");
+    if (!qr__replica_on(ps))
+        return qr__fail(QR_EINVAL, "VIEW: this ps keeps one copy of its shard (ps-replicas 1): "
+                        "there is no view");
     if (p->role == QR_ROLE_COORDINATOR)
         return qr__peer_check_small(f, 12 + 4 * (uint32_t)ps->cluster->nps);
     return qr__peer_check_small(f, 0);

@@ -328,6 +328,11 @@ typedef struct ps_sync {
     int nsources, sources_cap;
     uint64_t stale_pushes; /* dropped here as stale */
     held_pull *held;     /* ps k: held pushes' answers, waiting for their step */
+    /* ps-replicas 2: the members of the last step applied to this ps's
+     * copy of ps `primary`'s shard (a push of theirs resent to it after a
+     * failover is answered as applied, not as stale) */
+    quorum_member *copy_members;
+    int ncopy_members, copy_members_cap;
 
 
     /* ps 0 only */
@@ -335,6 +340,7 @@ typedef struct ps_sync {
     int nquorum;
     bool applying;
     int applies_pending;
+    uint8_t *shard_applied; /* ps-replicas 2: [nps] the step's shards applied (either copy) */
     bool tokens_seeded;
     int64_t *tokens; /* FIFO of token steps */
     int ntokens, tokens_cap, tokens_head;
@@ -875,6 +881,9 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
 int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
+/* ps 0, ps-replicas 2, sync: ps k failed over; a step being applied gets
+ * shard k's part from its promoted copy (coord.c). */
+void qr__coord_failed_over(qr_ps *ps, int k);
 /* The backup (replica.c): a sync step forwarded by the primary (its
  * members), reduced and applied to the copy from the pushes forwarded, as
  * the primary did. */
@@ -999,6 +1008,9 @@ void qr__links_view(qr_ps *ps);
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
 /* Queue the APPLY of a sync step on every link; cb gets each answer. */
 void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb);
+/* APPLY(step) to ps k (again): ps-replicas 2, a shard it serves since a
+ * failover is not applied yet (coord.c). */
+void qr__link_apply_again(qr_ps *ps, int k, int64_t step);
 /* Queue a CKPT request (its meta) on the link to ps `index`, sent before
  * any APPLY queued after it; cb gets its answer, or the link's loss. */
 void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb);

@@ -82,6 +82,8 @@ void qr__sync_free(qr_ps *ps) {
     free(s->tokens);
     free(s->links);
     free(s->in_quorum);
+    free(s->copy_members);
+    free(s->shard_applied);
     free(s->stale_by_worker);
     if (s->stats_file) fclose(s->stats_file);
     memset(s, 0, sizeof *s);
@@ -221,7 +223,7 @@ void qr__held_fail(held_pull *h, int status, const char *msg) {
  * being remade), the held ones are told again when it is back
  * (qr__sync_coordinator_linked); a refusal then is the worker's to see. */
 static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t step,
-                             int status, const char *why) {
+                             int status, const char *why, bool copy) {
     ps_peer *c = ps->peers;
     while (c && c->role != QR_ROLE_COORDINATOR) c = c->next;
     if (!c) return;
@@ -229,7 +231,10 @@ static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t s
     qr_msg_put_held(&meta, &(qr_msg_held){.worker = worker, .seq = seq, .local_step = step,
                                           .status = status});
     if (status && status != QR_ESTALE && why) qr_wbuf_bytes(&meta, why, strlen(why));
-    qr_frame f = {.type = QR_MSG_HELD, .request_id = QR_STOP_NOTICE_ID};
+    /* Of a promoted copy's shard: the frame's flags name it (shard + 1),
+     * since this ps says HELD of its own shard's part too. */
+    qr_frame f = {.type = QR_MSG_HELD, .request_id = QR_STOP_NOTICE_ID,
+                  .flags = copy ? (uint16_t)(ps->replica.primary + 1) : 0};
     if (!meta.oom && qr_conn_send(c->conn, &f, meta.data, (uint32_t)meta.len, NULL, 0, NULL, NULL))
         qr__log(QR_LOG_DEBUG, "HELD not sent to ps 0: %s", qr_last_error());
     qr_wbuf_free(&meta);
@@ -247,12 +252,46 @@ static int held_by(const ps_sync *s, const ps_peer *p) {
     return n;
 }
 
+/* A held push's HELD to ps 0, once its backup has the push (ps-replicas 2):
+ * ps 0 counts a push in a quorum only when both copies of every shard it
+ * went to hold it, so a promoted copy can apply the step in flight. */
+typedef struct held_tell {
+    qr_ps *ps;
+    uint32_t worker, seq;
+    int64_t step;
+} held_tell;
+
+static void held_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    (void)p;
+    (void)req;
+    (void)msg;
+    held_tell *t = ctx;
+    if (!status) tell_coordinator(t->ps, t->worker, t->seq, t->step, QR_OK, NULL, false);
+    free(t);
+}
+
+/* A promoted copy (ps-replicas 2): a push resent to it after a failover
+ * that its old primary had forwarded (held here already), or that was a
+ * member of the last step applied to the copy. *applied: the latter. */
+static bool resent_to_copy(qr_ps *ps, const sync_push *in, bool *applied) {
+    ps_sync *s = &ps->sync;
+    *applied = false;
+    if (find_pending(s, in->worker, in->seq, true)) return true;
+    if (in->local_step != ps->replica.copy_steps - 1) return false;
+    for (int m = 0; m < s->ncopy_members; m++)
+        if (s->copy_members[m].worker == in->worker && s->copy_members[m].seq == in->seq)
+            return *applied = true;
+    return false;
+}
+
 void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
     const sync_push *in = p->incoming;
     uint32_t worker = in->worker, seq = in->seq;
     int64_t step = in->local_step;
+    bool copy = p->promoted_shard, applied = false;
     char msg[512];
     int rc;
     if (is_held(f) && held_by(s, p) >= PEER_MAX_WAITS) {
@@ -263,19 +302,34 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
                  "waiting for their step already (at most %d)", ps->name, PEER_MAX_WAITS,
                  PEER_MAX_WAITS);
+    } else if (copy && resent_to_copy(ps, in, &applied)) {
+        /* Kept once: answered as any held push (or at once if applied). */
+        qr__grad_check_finish(&p->check, f->payload_len);
+        qr__sync_push_free(ps, p->incoming);
+        p->incoming = NULL;
+        rc = QR_OK;
+        ps->replica.duplicate_pushes++;
     } else {
         rc = qr__sync_push_keep(p, f, msg, sizeof msg);
     }
+    bool wait_backup = !rc && qr__replica_on(ps) && !copy && !ps->replica.backup_gone;
     if (!is_held(f)) {
         if (rc) qr__peer_reply_error(p, f, rc, msg);
-        else if (qr__replica_on(ps) && !p->promoted_shard)
-            qr__replica_wait(p, f, push_copied, ps); /* the worker commits it next */
-        else qr__peer_reply_step(p, f, *shard_step(ps, p->promoted_shard));
+        else if (wait_backup) qr__replica_wait(p, f, push_copied, ps); /* the worker commits next */
+        else qr__peer_reply_step(p, f, *shard_step(ps, copy));
         return;
     }
     /* A held push on ps k (ps 0's go to coord.c): ps 0 hears what became
-     * of it; the answer comes once its step is applied here, or now. */
-    tell_coordinator(ps, worker, seq, step, rc, msg);
+     * of it (once the backup has it too); the answer comes once its step
+     * is applied here, or now. */
+    if (wait_backup) {
+        held_tell *t = qr__calloc(1, sizeof *t);
+        if (t) *t = (held_tell){ps, worker, seq, step};
+        if (t) qr__replica_wait(p, f, held_copied, t);
+        else rc = QR_ENOMEM;
+        if (!t) snprintf(msg, sizeof msg, "out of memory holding a push-and-pull");
+    }
+    if (!wait_backup && !applied) tell_coordinator(ps, worker, seq, step, rc, msg, copy);
     if (rc && rc != QR_ESTALE) {
         qr__peer_reply_error(p, f, rc, msg);
         return;
@@ -285,10 +339,10 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
         return;
     }
-    h->copy = p->promoted_shard;
-    if (rc == QR_ESTALE) {
-        h->stale = true;
-        qr__held_answer(h, *shard_step(ps, h->copy));
+    h->copy = copy;
+    if (rc == QR_ESTALE || applied) {
+        h->stale = rc == QR_ESTALE;
+        qr__held_answer(h, *shard_step(ps, copy));
         return;
     }
     h->next = s->held;
@@ -297,12 +351,12 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
 
 void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg) {
     if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on || p->ps->index == 0) return;
-    tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg);
+    tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg, p->promoted_shard);
 }
 
 void qr__sync_coordinator_linked(qr_ps *ps) {
     for (const held_pull *h = ps->sync.held; h; h = h->next)
-        tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL);
+        tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL, h->copy);
 }
 
 /* ps k: the held pushes of `step` or older are answered, with the values
@@ -582,16 +636,34 @@ static void forward_step(qr_ps *ps, int64_t step, const quorum_member *members, 
     ps->replica.own_pushes += (uint64_t)n; /* the gradients applied (as the copy counts) */
 }
 
-/* ps k: the step is on the backup too (or the wait ended otherwise). */
+/* ps k: the step is on the backup too (or the wait ended otherwise). The
+ * answer names the step and the shards this ps has applied it to: its own,
+ * and a promoted copy's (ps 0 counts a step's shards, not its ps). */
+typedef struct step_done {
+    qr_ps *ps;
+    int64_t step;
+} step_done;
+
 static void step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
                         const char *msg) {
-    qr_ps *ps = ctx;
+    step_done *d = ctx;
+    qr_ps *ps = d->ps;
+    int64_t step = d->step;
+    free(d);
     if (status) {
         if (p) qr__peer_reply_error(p, req, status, msg);
         return; /* the held answers are the stop's (qr__sync_stop) */
     }
     answer_held(ps, ps->sync.step - 1, false);
-    if (p) qr__peer_reply(p, req, QR_OK, NULL, NULL, 0, NULL, NULL);
+    if (!p) return;
+    bool copy = ps->replica.promoted && ps->replica.copy_steps > step;
+    qr_wbuf out = {0};
+    qr_wbuf_i64(&out, step);
+    qr_wbuf_u32(&out, copy ? 2 : 1);
+    qr_wbuf_u32(&out, (uint32_t)ps->index);
+    if (copy) qr_wbuf_u32(&out, (uint32_t)ps->replica.primary);
+    qr__peer_reply(p, req, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
 }
 
 /* A (non-held) sync push is on the backup too: the worker may commit it. */
@@ -696,6 +768,14 @@ static int apply_shard(qr_ps *ps, bool copy, int64_t step, const quorum_member *
     *now = step + 1;
     if (copy) {
         ps->replica.copy_pushes += (uint64_t)n;
+        if (n > s->copy_members_cap) {
+            quorum_member *grown = realloc(s->copy_members, (size_t)n * sizeof *grown);
+            if (!grown) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
+            s->copy_members = grown;
+            s->copy_members_cap = n;
+        }
+        memcpy(s->copy_members, members, (size_t)n * sizeof *members);
+        s->ncopy_members = n;
         answer_held(ps, step, true); /* a promoted copy has no backup to wait for */
         return QR_OK;
     }
@@ -740,6 +820,9 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
     }
     for (uint32_t i = 0; i < count; i++) qr_msg_get_member(&r, &members[i].worker, &members[i].seq);
     int rc = qr__sync_apply_step(p->ps, step, members, (int)count);
+    /* A promoted copy (a failover, ps-replicas 2) applies the step too, from
+     * the pushes its old primary forwarded and those resent to it. */
+    if (!rc && p->ps->replica.promoted) rc = qr__sync_apply_copy(p->ps, step, members, (int)count);
     free(members);
     if (rc) {
         char msg[512];
@@ -750,7 +833,13 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
     if (qr__replica_on(p->ps)) {
         /* ps 0 hears "applied" once the backup has the step too (a
          * repeated APPLY as well: it waits for the forward made then). */
-        qr__replica_wait(p, f, step_copied, p->ps);
+        step_done *d = qr__calloc(1, sizeof *d);
+        if (!d) {
+            qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
+            return;
+        }
+        *d = (step_done){p->ps, step};
+        qr__replica_wait(p, f, step_copied, d);
         return;
     }
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
