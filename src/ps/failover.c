@@ -1,5 +1,5 @@
 /*
- * failover.c - failover in place (--ps-replicas 2, async): the view of
+ * failover.c - failover in place (--ps-replicas 2): the view of
  * where each shard is served, kept by ps 0, and what every ps makes of
  * it. docs/REPLICATION.md, "Failover".
  *
@@ -21,9 +21,12 @@
  *     duplicate record answers if they were applied (replica.c);
  *   - tells the supervisor ("failover ps K VIEW"): `quorum launch` then
  *     neither kills nor restarts k, and does not count it a failure.
- * A shard with no copy left (two neighbours failed), ps 0 itself, and sync
- * mode are not failed over: links.c goes on as with one copy (restart-wait-ms,
- * then the run aborts naming the ps).
+ * In sync mode ps 0 also hands shard k's part of a step in flight to the
+ * promoted copy (qr__coord_failed_over); the copy holds every push of it
+ * (sync.c). A shard with no copy left (two neighbours failed), ps 0
+ * itself, and in sync mode the last ps (its copy is on ps 0, whose
+ * coordinator part knows one shard) are not failed over: links.c goes on
+ * as with one copy (restart-wait-ms, then the run aborts naming the ps).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view

@@ -19,7 +19,7 @@
  * ends the run with an error naming the ps; one never up yet is a ps
  * still starting, and is waited for.
  *
- * With --ps-replicas 2 (async) a ps that dies or hangs may be failed over
+ * With --ps-replicas 2 a ps that dies or hangs may be failed over
  * instead (failover.c): the callback the links were made with
  * (on_lost_ps) is asked first, once the ps is hung or its link could not
  * be made again; when it takes the ps, the link is dropped for good (no

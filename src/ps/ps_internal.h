@@ -22,7 +22,9 @@
  *             token barrier, the global step, stall reports, statistics
  *   sync.c    synchronous replicas on every ps: pushes held per step (and
  *             a sync push-and-pull's answer, until its step is done), and
- *             the reduce-and-apply of a step once its quorum is decided
+ *             the reduce-and-apply of a step once its quorum is decided;
+ *             with --ps-replicas 2 the same for the copy of ps k's shard
+ *             (pushes and steps forwarded; served after a failover)
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
@@ -37,15 +39,17 @@
  *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
- *   failover.c    --ps-replicas 2, async: the view (where each shard is
+ *   failover.c    --ps-replicas 2: the view (where each shard is
  *             served), kept by ps 0; a dead or hung ps failed over to its
- *             backup in place; VIEW, and a worker's HELLO of a view
+ *             backup in place (sync: not the last ps, whose copy is on ps
+ *             0); VIEW, and a worker's HELLO of a view
  *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
  *             (k+1) mod P, each CREATE, applied async push and LOOKUP
- *             forwarded in apply order, answers held until the backup has
- *             applied; the backup's store of ps k's shard, REPLICATE
- *             checked and applied with the same kernels; duplicate pushes;
- *             the shards' digests
+ *             forwarded in apply order (sync.c forwards its kept pushes
+ *             and steps), answers held until the backup has applied; the
+ *             backup's store of ps k's shard, REPLICATE checked and
+ *             applied with the same kernels; duplicate pushes; the
+ *             shards' digests
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
  *             BEAT travel on them, each request with the callback of its
  *             answer; they see a ps die, hang and come back

@@ -17,6 +17,9 @@
  *     (worker, seq) and the step it is answered with;
  *   - each LOOKUP that sighted ids of a table (rows made, admission
  *     counters), which the backup replays.
+ *   - in sync mode (sync.c), each push it keeps for a step, as it came,
+ *     and each step it applies, by its members: the backup keeps the
+ *     pushes on its copy and runs the same reduce on them.
  * A push's answer (and a CREATE's) waits until the backup has applied
  * every forward up to its own (qr__replica_wait): an acknowledged push is
  * on both copies. A LOOKUP's answer does not wait (its rows are made from
@@ -735,7 +738,11 @@ static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
     const qr_msg_repl_head *h = &p->repl;
     char msg[512];
     int rc;
-    if (h->flags & QR_REPL_SYNC_PUSH) {
+    bool applied_part = false;
+    if (!ps->sync.on) {
+        rc = qr__fail(QR_EINVAL, "a sync %s, but this ps trains in async mode: give every task "
+                      "the same --mode", h->flags & QR_REPL_SYNC_PUSH ? "push" : "step");
+    } else if (h->flags & QR_REPL_SYNC_PUSH) {
         rc = qr__sync_copy_keep(ps, h, p->items, p->nitems, p->recv, (size_t)f->payload_len);
     } else {
         int n = (int)(f->payload_len / QR_MSG_MEMBER_LEN);
@@ -748,13 +755,15 @@ static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
         else if (h->t != r->copy_steps)
             rc = qr__fail(QR_EINVAL, "sync step %lld of ps %d's shard, but this copy is at step "
                           "%lld", (long long)h->t, r->primary, (long long)r->copy_steps);
-        else rc = qr__sync_apply_copy(ps, h->t, members, n);
+        else if ((rc = qr__sync_apply_copy(ps, h->t, members, n)))
+            applied_part = true;
         free(members);
     }
     if (rc) {
         /* A step part applied leaves this copy different from the primary. */
-        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; nothing more is applied to this copy of "
-                 "ps %d's shard", ps->name, qr_last_error(), r->primary);
+        snprintf(msg, sizeof msg, "%s: REPLICATE: %s%s%d%s", ps->name, qr_last_error(),
+                 applied_part ? "; this copy of ps " : "; nothing was applied to the copy of ps ",
+                 r->primary, applied_part ? "'s shard differs from it now" : "'s shard");
         qr__peer_reply_error(p, f, rc, msg);
         qr_wbuf_free(out);
         return;

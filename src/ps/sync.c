@@ -27,6 +27,15 @@
  * values once the push's step is applied here (or at ps 0's RELEASE).
  * ps 0's own part goes to coord.c, which answers it with the token.
  *
+ * Two copies (--ps-replicas 2, docs/REPLICATION.md): ps k forwards each
+ * push it keeps to its backup, which keeps it on its copy of the shard,
+ * and, per step, the members; the backup reduces and applies the same
+ * pushes in the same order (apply_shard on the copy). ps k says HELD (or
+ * answers a non-held push) once the backup has the push, and answers APPLY
+ * (and its held pushes) once the backup has the step. After a failover the
+ * promoted copy is a second shard of this ps, with its own pushes, held
+ * answers and step (sync_push.copy, held_pull.copy, replica.copy_steps).
+ *
  * A non-trainable variable (trainable=false, a module's buffer) takes no
  * gradient: the members that pushed it pushed values, and their mean (over
  * those members only; one member's: its value) is assigned.
@@ -678,9 +687,6 @@ static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
 int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
                        const void *payload, size_t len) {
     ps_sync *s = &ps->sync;
-    if (!s->on)
-        return qr__fail(QR_EINVAL, "REPLICATE: a sync push, but this ps trains in async mode: "
-                        "give every task the same --mode");
     if (!qr__is_worker(h->worker, s->N))
         return qr__fail(QR_EINVAL, "REPLICATE: worker %u is not in the cluster (%d workers)",
                         h->worker, s->N);

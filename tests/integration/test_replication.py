@@ -61,6 +61,7 @@ from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, S
 
 quorum, case = sys.argv[1], sys.argv[2]
 REPLICATE, VIEW = 21, 22
+SYNC_PUSH, SYNC_STEP = 0x10000, 0x20000
 ROLE_WORKER, ROLE_REPLICA, ROLE_WORKER_VIEW = 1, 3, 4
 EVIEW = -20
 VIEW_NOTICE_ID = 0xffffffff
@@ -177,6 +178,26 @@ def wire_case():
         expect_error(r, frame(REPLICATE, 25, repl_meta([(1, 0, 16, 0.1)], fwd=1),
                               floats([1, float("nan"), 1, 1])),
                      "ENONFINITE", "nothing was applied", "a REPLICATE with NaN")
+        # Sync forwards (docs/REPLICATION.md, "A sync step with two copies").
+        expect_error(r, frame(REPLICATE, 27, repl_meta([(1, 0, 16, -1.0)], fwd=1,
+                                                       flags=SYNC_PUSH | PUSH_STEP),
+                              floats([1, 1, 1, 1])),
+                     "EINVAL", "unknown flags", "a sync push's REPLICATE with a push's flags")
+        expect_error(r, frame(REPLICATE, 28, repl_meta([(1, 0, 16, 0.0)], fwd=1,
+                                                       flags=SYNC_STEP),
+                              floats([1, 1, 1, 1])),
+                     "EINVAL", "a sync step carries one item of kind 3",
+                     "a sync step's REPLICATE whose item is a gradient")
+        expect_error(r, frame(REPLICATE, 29, repl_meta([(0, 3, 8, 0.0)], fwd=1, flags=SYNC_STEP,
+                                                       worker=0, seq=0, t=0),
+                              struct.pack("<II", 0, 41)),
+                     "EINVAL", "a sync step, but this ps trains in async mode",
+                     "a sync step's REPLICATE to an async ps")
+        expect_error(r, frame(REPLICATE, 30, repl_meta([(1, 0, 16, -1.0)], fwd=1,
+                                                       flags=SYNC_PUSH, t=0),
+                              floats([1, 1, 1, 1])),
+                     "EINVAL", "a sync push, but this ps trains in async mode",
+                     "a sync push's REPLICATE to an async ps")
         expect_error(r, frame(PUSH, 26, push_meta([(1, 16)]), floats([1, 1, 1, 1]),
                               flags=PUSH_STEP),
                      "EPROTO", "a replica link carries CREATE and REPLICATE",
