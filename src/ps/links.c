@@ -274,9 +274,11 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         int64_t step = l->apply_step;
         /* With two copies the answer names its step: one of an APPLY sent
          * before (asked again after a failover) leaves this one waiting. */
-        int64_t answered;
-        if (!f->status && f->meta_len >= 8 && (memcpy(&answered, meta, 8), answered != step))
-            return;
+        if (!f->status && f->meta_len >= 8) {
+            qr_rbuf r;
+            qr_rbuf_init(&r, meta, f->meta_len);
+            if (qr_rbuf_i64(&r) != step) return;
+        }
         if (!f->status) {
             l->apply_step = -1;
             l->apply_sent = false;

@@ -262,6 +262,7 @@ typedef struct held_pull {
     int64_t step;   /* the push's local_step */
     bool stale;     /* dropped as stale: the answer says so */
     bool copy;      /* for the promoted copy's shard (ps-replicas 2): answered at its step */
+    bool told;      /* ps 0 was told HELD (with two copies: once the backup had the push) */
     int nitems;
     push_item items[];
 } held_pull;

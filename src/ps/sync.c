@@ -276,7 +276,11 @@ static void held_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
     (void)req;
     (void)msg;
     held_tell *t = ctx;
-    if (!status) tell_coordinator(t->ps, t->worker, t->seq, t->step, QR_OK, NULL, false);
+    if (!status) {
+        tell_coordinator(t->ps, t->worker, t->seq, t->step, QR_OK, NULL, false);
+        for (held_pull *h = t->ps->sync.held; h; h = h->next)
+            if (h->worker == t->worker && h->seq == t->seq && !h->copy) h->told = true;
+    }
     free(t);
 }
 
@@ -349,6 +353,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         return;
     }
     h->copy = copy;
+    h->told = !wait_backup;
     if (rc == QR_ESTALE || applied) {
         h->stale = rc == QR_ESTALE;
         qr__held_answer(h, *shard_step(ps, copy));
@@ -365,7 +370,7 @@ void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char
 
 void qr__sync_coordinator_linked(qr_ps *ps) {
     for (const held_pull *h = ps->sync.held; h; h = h->next)
-        tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL, h->copy);
+        if (h->told) tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL, h->copy);
 }
 
 /* ps k: the held pushes of `step` or older are answered, with the values
