@@ -398,11 +398,9 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             if (essential(c)) essentials_done &= c->exited && !failed(c);
             if (!c->exited || !failed(c) || c->reported) continue;
-            /* ps 0 may fail it over (--ps-replicas 2; in sync mode not the
-             * last ps, whose copy is on ps 0): it sees the death within a
-             * heartbeat-timeout-ms at most, and says so. */
-            if (plan->ps_copies > 1 && (!plan->sync || i + 1 < plan->nps) && i > 0 &&
-                i < plan->nps) {
+            /* ps 0 may fail it over (--ps-replicas 2): it sees the death
+             * within a heartbeat-timeout-ms at most, and says so. */
+            if (plan->ps_copies > 1 && i > 0 && i < plan->nps) {
                 if (!c->failed_ms) c->failed_ms = now_ms;
                 if (now_ms - c->failed_ms < (uint64_t)plan->heartbeat_timeout_ms + 2000) {
                     essentials_done = false;

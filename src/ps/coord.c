@@ -272,13 +272,27 @@ static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const ch
         qr__link_apply_again(ps, k, ps->global_step);
 }
 
+/* ps 0 serving the last ps's shard from its copy (a failover): the step
+ * applied to the copy too (no backup to wait for). */
+static int apply_own_copy(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    if (!qr__replica_on(ps) || !ps->replica.promoted) return QR_OK;
+    int rc = qr__sync_apply_copy(ps, ps->global_step, s->quorum, s->nquorum);
+    if (!rc) shard_applied(ps, (uint32_t)ps->replica.primary);
+    return rc;
+}
+
 void qr__coord_failed_over(qr_ps *ps, int k) {
     ps_sync *s = &ps->sync;
     if (!s->on || !s->applying || s->shard_applied[k]) return;
     int next = (k + 1) % ps->cluster->nps;
     qr__log(QR_LOG_INFO, "step %lld: shard %d's part goes to its copy on ps %d",
             (long long)ps->global_step, k, next);
-    qr__link_apply_again(ps, next, ps->global_step);
+    if (next != 0) {
+        qr__link_apply_again(ps, next, ps->global_step);
+        return;
+    }
+    if (apply_own_copy(ps)) abort_training(ps, qr_last_error());
 }
 
 /* ps 0's own part of a step with two copies: done once its backup has
@@ -304,7 +318,7 @@ static void start_apply(qr_ps *ps) {
     if (s->shard_applied) memset(s->shard_applied, 0, (size_t)ps->cluster->nps);
     int64_t step = ps->global_step;
     qr__links_apply(ps, step, on_apply_answer);
-    if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum)) {
+    if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum) || apply_own_copy(ps)) {
         abort_training(ps, qr_last_error());
         return;
     }

@@ -23,10 +23,10 @@
  *     neither kills nor restarts k, and does not count it a failure.
  * In sync mode ps 0 also hands shard k's part of a step in flight to the
  * promoted copy (qr__coord_failed_over); the copy holds every push of it
- * (sync.c). A shard with no copy left (two neighbours failed), ps 0
- * itself, and in sync mode the last ps (its copy is on ps 0, whose
- * coordinator part knows one shard) are not failed over: links.c goes on
- * as with one copy (restart-wait-ms, then the run aborts naming the ps).
+ * (sync.c; the last ps's copy is on ps 0, which applies it with its own
+ * part). A shard with no copy left (two neighbours failed) and ps 0
+ * itself are not failed over: links.c goes on as with one copy
+ * (restart-wait-ms, then the run aborts naming the ps).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -70,14 +70,6 @@ bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     if (!qr__replica_on(ps) || ps->index != 0 || k <= 0 || k >= nps) return false;
     if (r->failed[k]) return true;
     int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
-    if (ps->sync.on && next == 0) {
-        /* ps 0 would serve the copy: its coordinator's own part of a held
-         * push (coord.c) knows one shard; not built. */
-        qr__log(QR_LOG_ERROR, "ps %d (%s) is gone, and its backup is ps 0: failover of its "
-                "shard to ps 0 in sync mode is not built: the run waits for ps %d as with one "
-                "copy", k, ps->cluster->ps[k], k);
-        return false;
-    }
     const char *how = hung ? "is hung (no answer to heartbeats for heartbeat-timeout-ms)"
                            : "is gone (its link lost, its address refusing)";
     if (r->failed[next] || r->failed[prev]) {

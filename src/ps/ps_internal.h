@@ -41,8 +41,7 @@
  *   create.c  CREATE: the chief's variables and the others' checks
  *   failover.c    --ps-replicas 2: the view (where each shard is
  *             served), kept by ps 0; a dead or hung ps failed over to its
- *             backup in place (sync: not the last ps, whose copy is on ps
- *             0); VIEW, and a worker's HELLO of a view
+ *             backup in place; VIEW, and a worker's HELLO of a view
  *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
  *             (k+1) mod P, each CREATE, applied async push and LOOKUP
  *             forwarded in apply order (sync.c forwards its kept pushes

@@ -235,11 +235,19 @@ static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t s
                              int status, const char *why, bool copy) {
     ps_peer *c = ps->peers;
     while (c && c->role != QR_ROLE_COORDINATOR) c = c->next;
-    if (!c) return;
+    if (!c && ps->index != 0) return;
     qr_wbuf meta = {0};
     qr_msg_put_held(&meta, &(qr_msg_held){.worker = worker, .seq = seq, .local_step = step,
                                           .status = status});
     if (status && status != QR_ESTALE && why) qr_wbuf_bytes(&meta, why, strlen(why));
+    if (ps->index == 0) {
+        /* ps 0 serving the copy of the last ps's shard (a failover): its
+         * coordinator hears it as that shard's HELD. */
+        if (copy && !meta.oom && ps->sync.on_held)
+            ps->sync.on_held(ps, ps->replica.primary, meta.data, (uint32_t)meta.len);
+        qr_wbuf_free(&meta);
+        return;
+    }
     /* Of a promoted copy's shard: the frame's flags name it (shard + 1),
      * since this ps says HELD of its own shard's part too. */
     qr_frame f = {.type = QR_MSG_HELD, .request_id = QR_STOP_NOTICE_ID,
@@ -334,37 +342,45 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     }
     /* A held push on ps k (ps 0's go to coord.c): ps 0 hears what became
      * of it (once the backup has it too); the answer comes once its step
-     * is applied here, or now. */
-    if (wait_backup) {
-        held_tell *t = qr__calloc(1, sizeof *t);
-        if (t) *t = (held_tell){ps, worker, seq, step};
-        if (t) qr__replica_wait(p, f, held_copied, t);
-        else rc = QR_ENOMEM;
-        if (!t) snprintf(msg, sizeof msg, "out of memory holding a push-and-pull");
+     * is applied here, or now. It is held before ps 0 hears of it: on ps 0
+     * itself (serving a copy) the HELD may complete the step at once. */
+    held_pull *h = NULL;
+    if (!rc || rc == QR_ESTALE) {
+        h = qr__held_new(p, f, worker, seq, step, p->items, p->nitems);
+        if (!h) {
+            rc = QR_ENOMEM;
+            snprintf(msg, sizeof msg, "out of memory holding a push-and-pull");
+        }
     }
-    if (!wait_backup && !applied) tell_coordinator(ps, worker, seq, step, rc, msg, copy);
     if (rc && rc != QR_ESTALE) {
+        tell_coordinator(ps, worker, seq, step, rc, msg, copy);
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    held_pull *h = qr__held_new(p, f, worker, seq, step, p->items, p->nitems);
-    if (!h) {
-        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
-        return;
-    }
     h->copy = copy;
-    h->told = !wait_backup;
     if (rc == QR_ESTALE || applied) {
         h->stale = rc == QR_ESTALE;
+        if (!applied) tell_coordinator(ps, worker, seq, step, rc, msg, copy);
         qr__held_answer(h, *shard_step(ps, copy));
         return;
     }
     h->next = s->held;
     s->held = h;
+    held_tell *t = wait_backup ? qr__calloc(1, sizeof *t) : NULL;
+    if (t) {
+        *t = (held_tell){ps, worker, seq, step};
+        qr__replica_wait(p, f, held_copied, t);
+        return;
+    }
+    /* (Out of memory for the wait: told now, as with one copy.) */
+    h->told = true;
+    tell_coordinator(ps, worker, seq, step, QR_OK, NULL, copy);
 }
 
 void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg) {
-    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on || p->ps->index == 0) return;
+    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on ||
+        (p->ps->index == 0 && !p->promoted_shard))
+        return;
     tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg, p->promoted_shard);
 }
 

@@ -74,7 +74,7 @@ endforeach()
 # primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
 # place of a killed or stopped ps (views, resent pushes, the fence).
 # Sync steps on two copies (sync_train), and a sync step in flight when
-# ps 1 is killed (sync_failover_loop).
+# ps 1 or ps 2 is killed (sync_failover_loop).
 foreach(case wire train sync_train failover_wire failover_kill failover_stop failover_loop
         sync_failover_loop)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
