@@ -40,7 +40,7 @@ the duplicate record or applied once).
 Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 1 or ps 2 (whose
 copy is on ps 0) SIGKILLed at a random moment of six runs (3 ps: SGD,
 Adam, three round trips; 2 ps: Adam): exit 0, no rollback, the
-params_digest of the same run unkilled.
+params_digest of the same run unkilled; ps 1 SIGSTOPped (hung) the same.
 Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop"""
 
 import json
@@ -604,8 +604,24 @@ def sync_failover_loop_case(runs=6):
         assert "this ps serves ps %d's shard now" % victim in err, err[-3000:]
         print("ok: run %d (%s): ps %d killed at %.2f s: params_digest %s as unkilled, no "
               "rollback" % (i + 1, what, victim, after, s["params_digest"]))
-    print("PASS: sync_failover_loop: %d kills at random moments, the digest of an unkilled "
-          "run in each" % runs)
+    # Hung, not dead: ps 1 SIGSTOPped is failed over at heartbeat-timeout-ms,
+    # and fences itself once resumed.
+    what, extra = kinds[0]
+
+    def resume(pid):
+        time.sleep(2.5)
+        os.kill(pid, signal.SIGCONT)
+
+    s, err, pid, _ = launch_and_signal(base + extra + ["--heartbeat-ms", "200",
+                                                       "--heartbeat-timeout-ms", "1000"],
+                                       1, signal.SIGSTOP, 0.3, resume, mode="sync")
+    assert s["rollbacks"] == 0 and s["params_digest"] == whole[what], (s, whole[what],
+                                                                      err[-3000:])
+    assert "is hung (no answer to heartbeats" in err, err[-3000:]
+    print("ok: ps 1 SIGSTOPped: failed over when hung, params_digest %s as unkilled" %
+          s["params_digest"])
+    print("PASS: sync_failover_loop: %d kills at random moments and a stop, the digest of an "
+          "unkilled run in each" % runs)
 
 
 cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case, "failover_wire": failover_wire_case,
