@@ -115,7 +115,7 @@ static const key_spec keys[] = {
     {"ps-replicas", ANY, KEY_INT, "1", 1, 2, 0, NULL,
      "copies of every ps shard: 1 (no copy), or 2: ps k's shard also lives on ps (k+1) mod P, "
      "every update (async: a push; sync: a step) applied there before it is acknowledged (at "
-     "most the number of ps tasks; failover in place: async only; docs/REPLICATION.md)"},
+     "most the number of ps tasks; docs/REPLICATION.md)"},
     {"replicas-to-aggregate", SYNC, KEY_INT, "0", 0, 1 << 20, 0, NULL,
      "sync: gradients that make a step (R); 0 = the number of workers"},
     {"reduction", SYNC, KEY_ENUM, "mean", 0, 0, 0, "mean|sum",
