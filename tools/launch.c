@@ -17,7 +17,7 @@
  *     in, training goes on without it; in sync mode past that, a step that
  *     needs it waits for its restart up to restart-wait-ms (ps 0 counts),
  *     and then the run aborts naming it;
- *   - with --ps-replicas 2 (async), a ps other than ps 0 that dies or
+ *   - with --ps-replicas 2 (async or sync), a ps other than ps 0 that dies or
  *     hangs is failed over in place by ps 0 (its backup serves its shard;
  *     "failover ps K VIEW", read_notices): it is neither killed, nor
  *     restarted (a replacement would need re-replication, not built), nor
@@ -420,9 +420,9 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             /* (reported: a ps that failed once training was over) */
             if (essential(c)) essentials_done &= c->exited && (!failed(c) || c->reported);
             if (!c->exited || !failed(c) || c->reported) continue;
-            /* ps 0 may fail it over (--ps-replicas 2, async): it sees the
-             * death within a heartbeat-timeout-ms at most, and says so. */
-            if (plan->ps_copies > 1 && !plan->sync && i > 0 && i < plan->nps) {
+            /* ps 0 may fail it over (--ps-replicas 2): it sees the death
+             * within a heartbeat-timeout-ms at most, and says so. */
+            if (plan->ps_copies > 1 && i > 0 && i < plan->nps) {
                 if (!c->failed_ms) c->failed_ms = now_ms;
                 if (now_ms - c->failed_ms < (uint64_t)plan->heartbeat_timeout_ms + 2000) {
                     essentials_done = false;
@@ -530,7 +530,7 @@ int cmd_launch(int argc, char **argv) {
                    "its newest checkpoint in place (needs --checkpoint-dir). A ps that another\n"
                    "ps finds hung (no answer to heartbeats for heartbeat-timeout-ms) is killed\n"
                    "and is then a failed ps like any other.\n"
-                   "With --ps-replicas 2 (async), a ps other than ps 0 that dies or hangs is\n"
+                   "With --ps-replicas 2, a ps other than ps 0 that dies or hangs is\n"
                    "failed over in place by ps 0 (its backup serves its shard): it is neither\n"
                    "killed, nor restarted, nor a failure (docs/REPLICATION.md).\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"

@@ -114,8 +114,8 @@ static const key_spec keys[] = {
      "async: apply every push at once; sync: synchronous replicas"},
     {"ps-replicas", ANY, KEY_INT, "1", 1, 2, 0, NULL,
      "copies of every ps shard: 1 (no copy), or 2: ps k's shard also lives on ps (k+1) mod P, "
-     "every update applied there before it is acknowledged (async only for now; at most the "
-     "number of ps tasks; docs/REPLICATION.md)"},
+     "every update (async: a push; sync: a step) applied there before it is acknowledged (at "
+     "most the number of ps tasks; docs/REPLICATION.md)"},
     {"replicas-to-aggregate", SYNC, KEY_INT, "0", 0, 1 << 20, 0, NULL,
      "sync: gradients that make a step (R); 0 = the number of workers"},
     {"reduction", SYNC, KEY_ENUM, "mean", 0, 0, 0, "mean|sum",
@@ -371,10 +371,6 @@ int qr_replicas_check_config(const qr_config *cfg, int nps, int *copies) {
     if (r > 1 && r > nps)
         return qr__fail(QR_EINVAL, "ps-replicas %d needs at least %d ps tasks (each copy of a "
                         "shard on a different ps), and there are %d", r, r, nps);
-    if (r > 1 && !strcmp(qr__config_str(cfg, "mode"), "sync"))
-        return qr__fail(QR_EINVAL, "ps-replicas %d with mode sync is not built yet (issue 29: "
-                        "a sync step's update is not forwarded to the backup): use mode async, "
-                        "or ps-replicas 1", r);
     if (r > 1 && qr__config_str(cfg, "checkpoint-dir")[0])
         return qr__fail(QR_EINVAL, "ps-replicas %d with checkpoint-dir is not built yet (issue "
                         "29: a shard restored from a checkpoint, or rolled back, is not copied "

@@ -226,8 +226,25 @@ static void complete_apply_part(qr_ps *ps) {
     if (--s->applies_pending == 0) complete_step(ps);
 }
 
-/* An APPLY's answer from ps k (links.c). */
-/* An APPLY's answer from ps k (qr_link_apply_cb). */
+/* ps-replicas 2: shard `shard` of the step being applied is applied (on
+ * ps `shard`, or on its promoted copy after a failover). A step is done
+ * when every shard is, whichever ps applied it. */
+static void shard_applied(qr_ps *ps, uint32_t shard) {
+    ps_sync *s = &ps->sync;
+    if (shard >= (uint32_t)ps->cluster->nps || s->shard_applied[shard]) return;
+    s->shard_applied[shard] = 1;
+    complete_apply_part(ps);
+}
+
+/* The shard ps k serves besides its own in the view: the failed primary's
+ * whose copy it holds; -1 if none. */
+static int promoted_shard_of(const qr_ps *ps, int k) {
+    int nps = ps->cluster->nps, prev = (k + nps - 1) % nps;
+    return ps->replica.failed[prev] && !ps->replica.failed[k] ? prev : -1;
+}
+
+/* An APPLY's answer from ps k (qr_link_apply_cb). With two copies it names
+ * the step and the shards applied there (i64 step, u32 count, u32 each). */
 static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
                             uint32_t len) {
     if (status) {
@@ -237,21 +254,76 @@ static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const ch
         abort_training(ps, msg);
         return;
     }
-    complete_apply_part(ps);
+    if (!qr__replica_on(ps)) {
+        complete_apply_part(ps);
+        return;
+    }
+    ps_sync *s = &ps->sync;
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, len);
+    int64_t answered = len ? qr_rbuf_i64(&r) : step;
+    uint32_t n = len ? qr_rbuf_u32(&r) : 0;
+    if (!s->applying || answered != ps->global_step || r.bad) return; /* an earlier send's */
+    if (!len) shard_applied(ps, (uint32_t)k);
+    for (uint32_t i = 0; i < n && !r.bad && s->applying; i++) shard_applied(ps, qr_rbuf_u32(&r));
+    /* Its answer came before it heard the view: ask again for the copy. */
+    int copy = promoted_shard_of(ps, k);
+    if (s->applying && copy >= 0 && !s->shard_applied[copy])
+        qr__link_apply_again(ps, k, ps->global_step);
+}
+
+/* ps 0 serving the last ps's shard from its copy (a failover): the step
+ * applied to the copy too (no backup to wait for). */
+static int apply_own_copy(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    if (!qr__replica_on(ps) || !ps->replica.promoted) return QR_OK;
+    int rc = qr__sync_apply_copy(ps, ps->global_step, s->quorum, s->nquorum);
+    if (!rc) shard_applied(ps, (uint32_t)ps->replica.primary);
+    return rc;
+}
+
+void qr__coord_failed_over(qr_ps *ps, int k) {
+    ps_sync *s = &ps->sync;
+    if (!s->on || !s->applying || s->shard_applied[k]) return;
+    int next = (k + 1) % ps->cluster->nps;
+    qr__log(QR_LOG_INFO, "step %lld: shard %d's part goes to its copy on ps %d",
+            (long long)ps->global_step, k, next);
+    if (next != 0) {
+        qr__link_apply_again(ps, next, ps->global_step);
+        return;
+    }
+    if (apply_own_copy(ps)) abort_training(ps, qr_last_error());
+}
+
+/* ps 0's own part of a step with two copies: done once its backup has
+ * applied the step too (sync.c forwarded it), as ps k answers APPLY. */
+static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                            const char *msg) {
+    (void)p;
+    (void)req;
+    qr_ps *ps = ctx;
+    if (status == QR_ESTOPPED) return; /* the run is ending: no step completes */
+    if (status) {
+        abort_training(ps, msg);
+        return;
+    }
+    shard_applied(ps, 0);
 }
 
 static void start_apply(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     qsort(s->quorum, (size_t)s->nquorum, sizeof *s->quorum, cmp_member);
     s->applying = true;
-    s->applies_pending = ps->cluster->nps;
+    s->applies_pending = ps->cluster->nps; /* ps tasks; with two copies, shards */
+    if (s->shard_applied) memset(s->shard_applied, 0, (size_t)ps->cluster->nps);
     int64_t step = ps->global_step;
     qr__links_apply(ps, step, on_apply_answer);
-    if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum)) {
+    if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum) || apply_own_copy(ps)) {
         abort_training(ps, qr_last_error());
         return;
     }
-    complete_apply_part(ps);
+    if (qr__replica_on(ps)) qr__replica_after(ps, own_step_copied, ps);
+    else complete_apply_part(ps);
 }
 
 /* ---- stall reports ------------------------------------------------------------ */
@@ -380,6 +452,9 @@ int qr__coord_init(qr_ps *ps) {
     s->in_quorum = qr__calloc((size_t)s->N, sizeof *s->in_quorum);
     s->stale_by_worker = qr__calloc((size_t)s->N, sizeof *s->stale_by_worker);
     if (!s->quorum || !s->in_quorum || !s->stale_by_worker)
+        return QR_ENOMEM;
+    if (qr__replica_on(ps) &&
+        !(s->shard_applied = qr__calloc((size_t)ps->cluster->nps, sizeof *s->shard_applied)))
         return QR_ENOMEM;
     const char *path = qr__config_str(ps->cfg, "sync-stats-file");
     if (path[0]) {

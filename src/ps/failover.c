@@ -1,5 +1,5 @@
 /*
- * failover.c - failover in place (--ps-replicas 2, async): the view of
+ * failover.c - failover in place (--ps-replicas 2): the view of
  * where each shard is served, kept by ps 0, and what every ps makes of
  * it. docs/REPLICATION.md, "Failover".
  *
@@ -21,9 +21,12 @@
  *     duplicate record answers if they were applied (replica.c);
  *   - tells the supervisor ("failover ps K VIEW"): `quorum launch` then
  *     neither kills nor restarts k, and does not count it a failure.
- * A shard with no copy left (two neighbours failed), ps 0 itself, and sync
- * mode are not failed over: links.c goes on as with one copy (restart-wait-ms,
- * then the run aborts naming the ps).
+ * In sync mode ps 0 also hands shard k's part of a step in flight to the
+ * promoted copy (qr__coord_failed_over); the copy holds every push of it
+ * (sync.c; the last ps's copy is on ps 0, which applies it with its own
+ * part). A shard with no copy left (two neighbours failed) and ps 0
+ * itself are not failed over: links.c goes on as with one copy
+ * (restart-wait-ms, then the run aborts naming the ps).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -64,11 +67,11 @@ static void notify(ps_peer *p) {
 bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || ps->sync.on || ps->index != 0 || k <= 0 || k >= nps) return false;
+    if (!qr__replica_on(ps) || ps->index != 0 || k <= 0 || k >= nps) return false;
     if (r->failed[k]) return true;
+    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
     const char *how = hung ? "is hung (no answer to heartbeats for heartbeat-timeout-ms)"
                            : "is gone (its link lost, its address refusing)";
-    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
     if (r->failed[next] || r->failed[prev]) {
         int lost = r->failed[next] ? k : prev;
         qr__log(QR_LOG_ERROR, "ps %d (%s) %s, and ps %d failed before: shard %d has lost both "
@@ -90,6 +93,7 @@ bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     qr__links_view(ps);
     for (ps_peer *p = ps->peers; p; p = p->next)
         if (p->role == QR_ROLE_WORKER) notify(p);
+    qr__coord_failed_over(ps, k);
     return true;
 }
 
@@ -122,9 +126,9 @@ void qr__failover_welcomed(ps_peer *p, const qr_msg_hello *m) {
 int qr__failover_view_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     (void)meta;
     qr_ps *ps = p->ps;
-    if (!qr__replica_on(ps) || ps->sync.on)
-        return qr__fail(QR_EINVAL, "VIEW: this ps keeps one copy of its shard (ps-replicas 1, "
-                        "or sync mode): there is no view");
+    if (!qr__replica_on(ps))
+        return qr__fail(QR_EINVAL, "VIEW: this ps keeps one copy of its shard (ps-replicas 1): "
+                        "there is no view");
     if (p->role == QR_ROLE_COORDINATOR)
         return qr__peer_check_small(f, 12 + 4 * (uint32_t)ps->cluster->nps);
     return qr__peer_check_small(f, 0);

@@ -19,7 +19,7 @@
  * ends the run with an error naming the ps; one never up yet is a ps
  * still starting, and is waited for.
  *
- * With --ps-replicas 2 (async) a ps that dies or hangs may be failed over
+ * With --ps-replicas 2 a ps that dies or hangs may be failed over
  * instead (failover.c): the callback the links were made with
  * (on_lost_ps) is asked first, once the ps is hung or its link could not
  * be made again; when it takes the ps, the link is dropped for good (no
@@ -272,13 +272,24 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         on_hello_answer(l, f, meta);
     } else if (type == QR_MSG_APPLY && l->apply_step >= 0) {
         int64_t step = l->apply_step;
+        /* With two copies the answer names its step: one of an APPLY sent
+         * before (asked again after a failover) leaves this one waiting. */
+        if (!f->status && f->meta_len >= 8) {
+            qr_rbuf r;
+            qr_rbuf_init(&r, meta, f->meta_len);
+            if (qr_rbuf_i64(&r) != step) return;
+        }
         if (!f->status) {
             l->apply_step = -1;
             l->apply_sent = false;
         }
         l->apply_cb(ps, l->index, step, f->status, (const char *)meta, f->meta_len);
     } else if (f->type == QR_MSG_HELD) {
-        if (ps->sync.on_held) ps->sync.on_held(ps, l->index, meta, f->meta_len);
+        /* flags: shard + 1 when it is of the copy this ps serves since a
+         * failover (ps-replicas 2), not of its own shard. */
+        int from = f->flags ? f->flags - 1 : l->index;
+        if (from >= ps->cluster->nps || (f->flags && !qr__replica_on(ps))) return;
+        if (ps->sync.on_held) ps->sync.on_held(ps, from, meta, f->meta_len);
     } else if (type == QR_MSG_CKPT && l->ckpt_cb) {
         l->ckpt_cb(ps, l->index, f->status, f, meta);
     } else if (type == QR_MSG_STOP) {
@@ -345,6 +356,14 @@ void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb) {
         l->apply_sent = false;
         link_flush(l);
     }
+}
+
+void qr__link_apply_again(qr_ps *ps, int k, int64_t step) {
+    coord_link *l = link_of(ps, k);
+    if (l->dropped) return;
+    l->apply_step = step;
+    l->apply_sent = false;
+    link_flush(l);
 }
 
 void qr__links_release(qr_ps *ps, uint32_t worker, uint32_t seq) {

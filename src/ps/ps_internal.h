@@ -22,7 +22,9 @@
  *             token barrier, the global step, stall reports, statistics
  *   sync.c    synchronous replicas on every ps: pushes held per step (and
  *             a sync push-and-pull's answer, until its step is done), and
- *             the reduce-and-apply of a step once its quorum is decided
+ *             the reduce-and-apply of a step once its quorum is decided;
+ *             with --ps-replicas 2 the same for the copy of ps k's shard
+ *             (pushes and steps forwarded; served after a failover)
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
@@ -37,15 +39,16 @@
  *                 write (libuv's thread pool), restore into a store
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
- *   failover.c    --ps-replicas 2, async: the view (where each shard is
+ *   failover.c    --ps-replicas 2: the view (where each shard is
  *             served), kept by ps 0; a dead or hung ps failed over to its
  *             backup in place; VIEW, and a worker's HELLO of a view
  *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
  *             (k+1) mod P, each CREATE, applied async push and LOOKUP
- *             forwarded in apply order, answers held until the backup has
- *             applied; the backup's store of ps k's shard, REPLICATE
- *             checked and applied with the same kernels; duplicate pushes;
- *             the shards' digests
+ *             forwarded in apply order (sync.c forwards its kept pushes
+ *             and steps), answers held until the backup has applied; the
+ *             backup's store of ps k's shard, REPLICATE checked and
+ *             applied with the same kernels; duplicate pushes; the
+ *             shards' digests
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
  *             BEAT travel on them, each request with the callback of its
  *             answer; they see a ps die, hang and come back
@@ -203,6 +206,8 @@ typedef struct sync_push {
     size_t data_cap;
     float *wide; /* its bf16/fp16 gradients widened (qr__grad_widen), or NULL */
     size_t wide_cap;
+    bool copy;   /* ps-replicas 2: a push to this ps's copy of ps `primary`'s shard
+                  * (forwarded by it, or sent here once the copy is promoted) */
 } sync_push;
 
 typedef struct ps_peer {
@@ -255,6 +260,8 @@ typedef struct held_pull {
     uint32_t worker, seq;
     int64_t step;   /* the push's local_step */
     bool stale;     /* dropped as stale: the answer says so */
+    bool copy;      /* for the promoted copy's shard (ps-replicas 2): answered at its step */
+    bool told;      /* ps 0 was told HELD (with two copies: once the backup had the push) */
     int nitems;
     push_item items[];
 } held_pull;
@@ -325,6 +332,11 @@ typedef struct ps_sync {
     int nsources, sources_cap;
     uint64_t stale_pushes; /* dropped here as stale */
     held_pull *held;     /* ps k: held pushes' answers, waiting for their step */
+    /* ps-replicas 2: the members of the last step applied to this ps's
+     * copy of ps `primary`'s shard (a push of theirs resent to it after a
+     * failover is answered as applied, not as stale) */
+    quorum_member *copy_members;
+    int ncopy_members, copy_members_cap;
 
 
     /* ps 0 only */
@@ -332,6 +344,7 @@ typedef struct ps_sync {
     int nquorum;
     bool applying;
     int applies_pending;
+    uint8_t *shard_applied; /* ps-replicas 2: [nps] the step's shards applied (either copy) */
     bool tokens_seeded;
     int64_t *tokens; /* FIFO of token steps */
     int ntokens, tokens_cap, tokens_head;
@@ -817,6 +830,9 @@ typedef void (*qr_repl_answer_cb)(ps_peer *p, const qr_frame *req, void *ctx, in
                                   const char *msg);
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx);
 void qr__replica_peer_lost(ps_peer *p);
+/* The same wait with no request (ps 0's own part of a sync step): cb runs
+ * with p and req NULL. */
+void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx);
 /* REPLICATE, on the backup. */
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -869,6 +885,17 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
 int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
+/* ps 0, ps-replicas 2, sync: ps k failed over; a step being applied gets
+ * shard k's part from its promoted copy (coord.c). */
+void qr__coord_failed_over(qr_ps *ps, int k);
+/* The backup (replica.c): a sync step forwarded by the primary (its
+ * members), reduced and applied to the copy from the pushes forwarded, as
+ * the primary did. */
+int qr__sync_apply_copy(qr_ps *ps, int64_t step, const quorum_member *members, int n);
+/* The backup: a sync push the primary kept (h: worker, seq, t = its
+ * local step), kept on the copy with a copy of its bytes (payload). */
+int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
+                       const void *payload, size_t len);
 
 /* bound.c: bounded staleness on ps 0 (async) */
 int qr__bound_init(qr_ps *ps);
@@ -985,6 +1012,9 @@ void qr__links_view(qr_ps *ps);
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
 /* Queue the APPLY of a sync step on every link; cb gets each answer. */
 void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb);
+/* APPLY(step) to ps k (again): ps-replicas 2, a shard it serves since a
+ * failover is not applied yet (coord.c). */
+void qr__link_apply_again(qr_ps *ps, int k, int64_t step);
 /* Queue a CKPT request (its meta) on the link to ps `index`, sent before
  * any APPLY queued after it; cb gets its answer, or the link's loss. */
 void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb);

@@ -17,6 +17,9 @@
  *     (worker, seq) and the step it is answered with;
  *   - each LOOKUP that sighted ids of a table (rows made, admission
  *     counters), which the backup replays.
+ *   - in sync mode (sync.c), each push it keeps for a step, as it came,
+ *     and each step it applies, by its members: the backup keeps the
+ *     pushes on its copy and runs the same reduce on them.
  * A push's answer (and a CREATE's) waits until the backup has applied
  * every forward up to its own (qr__replica_wait): an acknowledged push is
  * on both copies. A LOOKUP's answer does not wait (its rows are made from
@@ -496,6 +499,24 @@ void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void 
     r->wait_tail = w;
 }
 
+void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
+    ps_replica *r = &ps->replica;
+    uint64_t fwd = r->next_fwd - 1;
+    if ((fwd <= r->acked && !r->wait_head) || r->backup_gone) {
+        cb(NULL, NULL, ctx, QR_OK, NULL);
+        return;
+    }
+    repl_wait *w = qr__calloc(1, sizeof *w);
+    if (!w) {
+        cb(NULL, NULL, ctx, QR_ENOMEM, "out of memory waiting for the backup");
+        return;
+    }
+    *w = (repl_wait){.fwd = fwd, .cb = cb, .ctx = ctx};
+    if (r->wait_tail) r->wait_tail->next = w;
+    else r->wait_head = w;
+    r->wait_tail = w;
+}
+
 void qr__replica_peer_lost(ps_peer *p) {
     for (repl_wait *w = p->ps->replica.wait_head; w; w = w->next)
         if (w->peer == p) w->peer = NULL;
@@ -559,6 +580,26 @@ static int check_item(const qr_msg_repl_item *it, const qr_var *v, int64_t *nrow
     }
 }
 
+/* A sync step's REPLICATE: one item, the members (u32 worker, u32 seq
+ * each), received whole. */
+static int members_header(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
+    qr_msg_repl_item it;
+    qr_msg_get_repl_item(r, &it);
+    if (r->bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
+    if (p->repl.count != 1 || it.kind != QR_REPL_MEMBERS || it.id != 0 ||
+        it.nbytes != f->payload_len || !it.nbytes || it.nbytes % QR_MSG_MEMBER_LEN ||
+        it.nbytes / QR_MSG_MEMBER_LEN > QR_PROTO_MAX_ITEMS)
+        return qr__fail(QR_EINVAL, "REPLICATE: a sync step carries one item of kind 3 (its "
+                        "members, 1 to %d of %d bytes each) and nothing else",
+                        QR_PROTO_MAX_ITEMS, QR_MSG_MEMBER_LEN);
+    p->nitems = 0;
+    int rc = qr__peer_check_end("REPLICATE", r, it.nbytes, f->payload_len);
+    if (!rc) rc = qr__peer_take_recv(p, (size_t)f->payload_len);
+    if (rc) return rc;
+    qr_iov iov = {p->recv, (size_t)f->payload_len};
+    return qr_conn_expect(p->conn, &iov, 1);
+}
+
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->role != QR_ROLE_REPLICA)
         return qr__fail(QR_EINVAL, "REPLICATE comes only on a primary's replica link");
@@ -570,8 +611,12 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_get_repl_head(&r, &p->repl);
     if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
-    if (p->repl.flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA))
-        return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", p->repl.flags);
+    uint32_t flags = p->repl.flags;
+    if (flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA | QR_REPL_SYNC_PUSH | QR_REPL_SYNC_STEP) ||
+        ((flags & QR_REPL_SYNC_PUSH) && (flags & ~QR_REPL_SYNC_PUSH)) ||
+        ((flags & QR_REPL_SYNC_STEP) && (flags & ~QR_REPL_SYNC_STEP)))
+        return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", flags);
+    if (flags & QR_REPL_SYNC_STEP) return members_header(p, f, &r);
     int rc = p->repl.count ? qr__peer_check_count("REPLICATE", p->repl.count) : QR_OK;
     if (!rc) rc = qr__peer_reserve_items(p, p->repl.count);
     if (rc) return rc;
@@ -584,7 +629,14 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr_var *v = NULL;
         int64_t nrows;
         if ((rc = qr__peer_lookup(p, "REPLICATE", it.id, &v))) return rc;
+        /* A sync push's learning rate may be none (the ps's schedule,
+         * resolved where the step is applied). */
+        float lr = it.lr;
+        if ((flags & QR_REPL_SYNC_PUSH) && it.lr == QR_MSG_PUSH_LR_NONE) it.lr = 0;
         if ((rc = check_item(&it, v, &nrows))) return rc;
+        it.lr = lr;
+        if ((flags & QR_REPL_SYNC_PUSH) && it.kind == QR_REPL_LOOKUP)
+            return qr__fail(QR_EINVAL, "REPLICATE: a sync push of sightings");
         p->items[i] = (push_item){.var = v, .offset = offset, .nrows = nrows, .lr = it.lr,
                                   .dtype = (uint8_t)it.kind};
         offset += it.nbytes;
@@ -677,6 +729,51 @@ static int apply_item(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     return rc;
 }
 
+/* Sync mode (sync.c): a push the primary kept, kept on the copy; a step
+ * it applied (its members), applied to the copy from those pushes, which
+ * must be at that step. `out` holds the reply's fwd and is freed here. */
+static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    const qr_msg_repl_head *h = &p->repl;
+    char msg[512];
+    int rc;
+    bool applied_part = false;
+    if (!ps->sync.on) {
+        rc = qr__fail(QR_EINVAL, "a sync %s, but this ps trains in async mode: give every task "
+                      "the same --mode", h->flags & QR_REPL_SYNC_PUSH ? "push" : "step");
+    } else if (h->flags & QR_REPL_SYNC_PUSH) {
+        rc = qr__sync_copy_keep(ps, h, p->items, p->nitems, p->recv, (size_t)f->payload_len);
+    } else {
+        int n = (int)(f->payload_len / QR_MSG_MEMBER_LEN);
+        quorum_member *members = qr__calloc((size_t)n, sizeof *members);
+        qr_rbuf rb;
+        qr_rbuf_init(&rb, p->recv, (size_t)f->payload_len);
+        for (int i = 0; members && i < n; i++)
+            qr_msg_get_member(&rb, &members[i].worker, &members[i].seq);
+        if (!members) rc = qr__fail(QR_ENOMEM, "out of memory applying a step to the copy");
+        else if (h->t != r->copy_steps)
+            rc = qr__fail(QR_EINVAL, "sync step %lld of ps %d's shard, but this copy is at step "
+                          "%lld", (long long)h->t, r->primary, (long long)r->copy_steps);
+        else if ((rc = qr__sync_apply_copy(ps, h->t, members, n)))
+            applied_part = true;
+        free(members);
+    }
+    if (rc) {
+        /* A step part applied leaves this copy different from the primary. */
+        snprintf(msg, sizeof msg, "%s: REPLICATE: %s%s%d%s", ps->name, qr_last_error(),
+                 applied_part ? "; this copy of ps " : "; nothing was applied to the copy of ps ",
+                 r->primary, applied_part ? "'s shard differs from it now" : "'s shard");
+        qr__peer_reply_error(p, f, rc, msg);
+        qr_wbuf_free(out);
+        return;
+    }
+    r->applied_fwd = h->fwd;
+    r->applied++;
+    qr__peer_reply(p, f, QR_OK, out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(out);
+}
+
 void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     (void)meta;
     qr_ps *ps = p->ps;
@@ -690,10 +787,14 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     char msg[512];
-    int rc = check_values(p, msg, sizeof msg);
+    int rc = h->flags & QR_REPL_SYNC_STEP ? QR_OK : check_values(p, msg, sizeof msg);
     if (rc) {
         qr__peer_reply_error(p, f, rc, msg);
         qr_wbuf_free(&out);
+        return;
+    }
+    if (h->flags & (QR_REPL_SYNC_PUSH | QR_REPL_SYNC_STEP)) {
+        sync_message(p, f, &out);
         return;
     }
     bool delta = h->flags & QR_PUSH_DELTA;

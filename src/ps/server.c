@@ -74,7 +74,10 @@ static void stop_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 /* A push is held for its step's quorum (sync.c) or applied now (push.c). */
 static void push_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     bool held = (f->flags & QR_PUSH_SYNC) && (f->flags & QR_PUSH_REPLY_VALUES);
-    if (held && p->ps->index == 0) qr__coord_held_push(p, f);
+    /* ps 0's own part goes to its coordinator; the part of a shard it
+     * serves from its copy since a failover (--ps-replicas 2) is held as
+     * any ps k holds one. */
+    if (held && p->ps->index == 0 && !p->promoted_shard) qr__coord_held_push(p, f);
     else if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
     else qr__push_message(p, f);
 }
@@ -599,7 +602,7 @@ static int start_run(qr_ps *ps) {
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     if (!rc && ps->index == 0 && ps->cluster->nps > 1)
         rc = qr__links_init(ps, qr__rollback_check_link);
-    if (!rc && ps->index == 0 && ps->cluster->nps > 1 && qr__replica_on(ps) && !ps->sync.on)
+    if (!rc && ps->index == 0 && ps->cluster->nps > 1 && qr__replica_on(ps))
         ps->sync.on_lost_ps = qr__failover_lost;
     if (!rc) rc = qr__ckpt_loop_init(ps);
     if (!rc) rc = qr__liveness_init(ps);

@@ -27,6 +27,15 @@
  * values once the push's step is applied here (or at ps 0's RELEASE).
  * ps 0's own part goes to coord.c, which answers it with the token.
  *
+ * Two copies (--ps-replicas 2, docs/REPLICATION.md): ps k forwards each
+ * push it keeps to its backup, which keeps it on its copy of the shard,
+ * and, per step, the members; the backup reduces and applies the same
+ * pushes in the same order (apply_shard on the copy). ps k says HELD (or
+ * answers a non-held push) once the backup has the push, and answers APPLY
+ * (and its held pushes) once the backup has the step. After a failover the
+ * promoted copy is a second shard of this ps, with its own pushes, held
+ * answers and step (sync_push.copy, held_pull.copy, replica.copy_steps).
+ *
  * A non-trainable variable (trainable=false, a module's buffer) takes no
  * gradient: the members that pushed it pushed values, and their mean (over
  * those members only; one member's: its value) is assigned.
@@ -82,6 +91,8 @@ void qr__sync_free(qr_ps *ps) {
     free(s->tokens);
     free(s->links);
     free(s->in_quorum);
+    free(s->copy_members);
+    free(s->shard_applied);
     free(s->stale_by_worker);
     if (s->stats_file) fclose(s->stats_file);
     memset(s, 0, sizeof *s);
@@ -115,11 +126,23 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
     return rc;
 }
 
-static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq) {
+/* A push kept for the shard this ps serves as its own (copy false) or for
+ * its copy of ps `primary`'s (ps-replicas 2): one worker's push of a step
+ * goes to both when the copy is promoted, as two pushes. */
+static sync_push *find_pending(ps_sync *s, uint32_t worker, uint32_t seq, bool copy) {
     for (sync_push *sp = s->pending; sp; sp = sp->next)
-        if (sp->worker == worker && sp->seq == seq) return sp;
+        if (sp->worker == worker && sp->seq == seq && sp->copy == copy) return sp;
     return NULL;
 }
+
+/* The sync step of the shard: this ps's own, or its copy's. */
+static int64_t *shard_step(qr_ps *ps, bool copy) {
+    return copy ? &ps->replica.copy_steps : &ps->sync.step;
+}
+
+static void forward_push(qr_ps *ps, const sync_push *sp);
+static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg);
 
 int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     qr_ps *ps = p->ps;
@@ -132,18 +155,20 @@ int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
         snprintf(msg, len, "out of memory widening a bf16/fp16 gradient");
         return QR_ENOMEM;
     }
-    if (sp->local_step < s->step) {
+    sp->copy = p->promoted_shard;
+    int64_t now = *shard_step(ps, sp->copy);
+    if (sp->local_step < now) {
         s->stale_pushes++;
         snprintf(msg, len, "dropped: stale: a gradient of step %lld from worker %u, but "
                  "%s is at step %lld", (long long)sp->local_step, sp->worker, ps->name,
-                 (long long)s->step);
+                 (long long)now);
         qr__sync_push_free(ps, sp);
         return QR_ESTALE;
     }
-    if (sp->local_step > s->step || find_pending(s, sp->worker, sp->seq)) {
+    if (sp->local_step > now || find_pending(s, sp->worker, sp->seq, sp->copy)) {
         snprintf(msg, len, "%s: PUSH: worker %u's push %u for step %lld: %s", ps->name,
                  sp->worker, sp->seq, (long long)sp->local_step,
-                 sp->local_step > s->step ? "that step has not started" : "pushed twice");
+                 sp->local_step > now ? "that step has not started" : "pushed twice");
         qr__sync_push_free(ps, sp);
         return QR_EINVAL;
     }
@@ -169,6 +194,7 @@ int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     }
     sp->next = s->pending;
     s->pending = sp;
+    if (qr__replica_on(ps) && !sp->copy) forward_push(ps, sp);
     return QR_OK;
 }
 
@@ -206,15 +232,26 @@ void qr__held_fail(held_pull *h, int status, const char *msg) {
  * being remade), the held ones are told again when it is back
  * (qr__sync_coordinator_linked); a refusal then is the worker's to see. */
 static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t step,
-                             int status, const char *why) {
+                             int status, const char *why, bool copy) {
     ps_peer *c = ps->peers;
     while (c && c->role != QR_ROLE_COORDINATOR) c = c->next;
-    if (!c) return;
+    if (!c && ps->index != 0) return;
     qr_wbuf meta = {0};
     qr_msg_put_held(&meta, &(qr_msg_held){.worker = worker, .seq = seq, .local_step = step,
                                           .status = status});
     if (status && status != QR_ESTALE && why) qr_wbuf_bytes(&meta, why, strlen(why));
-    qr_frame f = {.type = QR_MSG_HELD, .request_id = QR_STOP_NOTICE_ID};
+    if (ps->index == 0) {
+        /* ps 0 serving the copy of the last ps's shard (a failover): its
+         * coordinator hears it as that shard's HELD. */
+        if (copy && !meta.oom && ps->sync.on_held)
+            ps->sync.on_held(ps, ps->replica.primary, meta.data, (uint32_t)meta.len);
+        qr_wbuf_free(&meta);
+        return;
+    }
+    /* Of a promoted copy's shard: the frame's flags name it (shard + 1),
+     * since this ps says HELD of its own shard's part too. */
+    qr_frame f = {.type = QR_MSG_HELD, .request_id = QR_STOP_NOTICE_ID,
+                  .flags = copy ? (uint16_t)(ps->replica.primary + 1) : 0};
     if (!meta.oom && qr_conn_send(c->conn, &f, meta.data, (uint32_t)meta.len, NULL, 0, NULL, NULL))
         qr__log(QR_LOG_DEBUG, "HELD not sent to ps 0: %s", qr_last_error());
     qr_wbuf_free(&meta);
@@ -232,12 +269,50 @@ static int held_by(const ps_sync *s, const ps_peer *p) {
     return n;
 }
 
+/* A held push's HELD to ps 0, once its backup has the push (ps-replicas 2):
+ * ps 0 counts a push in a quorum only when both copies of every shard it
+ * went to hold it, so a promoted copy can apply the step in flight. */
+typedef struct held_tell {
+    qr_ps *ps;
+    uint32_t worker, seq;
+    int64_t step;
+} held_tell;
+
+static void held_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    (void)p;
+    (void)req;
+    (void)msg;
+    held_tell *t = ctx;
+    if (!status) {
+        tell_coordinator(t->ps, t->worker, t->seq, t->step, QR_OK, NULL, false);
+        for (held_pull *h = t->ps->sync.held; h; h = h->next)
+            if (h->worker == t->worker && h->seq == t->seq && !h->copy) h->told = true;
+    }
+    free(t);
+}
+
+/* A promoted copy (ps-replicas 2): a push resent to it after a failover
+ * that its old primary had forwarded (held here already), or that was a
+ * member of the last step applied to the copy. *applied: the latter. */
+static bool resent_to_copy(qr_ps *ps, const sync_push *in, bool *applied) {
+    ps_sync *s = &ps->sync;
+    *applied = false;
+    if (find_pending(s, in->worker, in->seq, true)) return true;
+    if (in->local_step != ps->replica.copy_steps - 1) return false;
+    for (int m = 0; m < s->ncopy_members; m++)
+        if (s->copy_members[m].worker == in->worker && s->copy_members[m].seq == in->seq)
+            return *applied = true;
+    return false;
+}
+
 void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     qr_ps *ps = p->ps;
     ps_sync *s = &ps->sync;
     const sync_push *in = p->incoming;
     uint32_t worker = in->worker, seq = in->seq;
     int64_t step = in->local_step;
+    bool copy = p->promoted_shard, applied = false;
     char msg[512];
     int rc;
     if (is_held(f) && held_by(s, p) >= PEER_MAX_WAITS) {
@@ -248,53 +323,80 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
                  "waiting for their step already (at most %d)", ps->name, PEER_MAX_WAITS,
                  PEER_MAX_WAITS);
+    } else if (copy && resent_to_copy(ps, in, &applied)) {
+        /* Kept once: answered as any held push (or at once if applied). */
+        qr__grad_check_finish(&p->check, f->payload_len);
+        qr__sync_push_free(ps, p->incoming);
+        p->incoming = NULL;
+        rc = QR_OK;
+        ps->replica.duplicate_pushes++;
     } else {
         rc = qr__sync_push_keep(p, f, msg, sizeof msg);
     }
+    bool wait_backup = !rc && qr__replica_on(ps) && !copy && !ps->replica.backup_gone;
     if (!is_held(f)) {
         if (rc) qr__peer_reply_error(p, f, rc, msg);
-        else qr__peer_reply_step(p, f, s->step);
+        else if (wait_backup) qr__replica_wait(p, f, push_copied, ps); /* the worker commits next */
+        else qr__peer_reply_step(p, f, *shard_step(ps, copy));
         return;
     }
     /* A held push on ps k (ps 0's go to coord.c): ps 0 hears what became
-     * of it; the answer comes once its step is applied here, or now. */
-    tell_coordinator(ps, worker, seq, step, rc, msg);
+     * of it (once the backup has it too); the answer comes once its step
+     * is applied here, or now. It is held before ps 0 hears of it: on ps 0
+     * itself (serving a copy) the HELD may complete the step at once. */
+    held_pull *h = NULL;
+    if (!rc || rc == QR_ESTALE) {
+        h = qr__held_new(p, f, worker, seq, step, p->items, p->nitems);
+        if (!h) {
+            rc = QR_ENOMEM;
+            snprintf(msg, sizeof msg, "out of memory holding a push-and-pull");
+        }
+    }
     if (rc && rc != QR_ESTALE) {
+        tell_coordinator(ps, worker, seq, step, rc, msg, copy);
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    held_pull *h = qr__held_new(p, f, worker, seq, step, p->items, p->nitems);
-    if (!h) {
-        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
-        return;
-    }
-    if (rc == QR_ESTALE) {
-        h->stale = true;
-        qr__held_answer(h, s->step);
+    h->copy = copy;
+    if (rc == QR_ESTALE || applied) {
+        h->stale = rc == QR_ESTALE;
+        if (!applied) tell_coordinator(ps, worker, seq, step, rc, msg, copy);
+        qr__held_answer(h, *shard_step(ps, copy));
         return;
     }
     h->next = s->held;
     s->held = h;
+    held_tell *t = wait_backup ? qr__calloc(1, sizeof *t) : NULL;
+    if (t) {
+        *t = (held_tell){ps, worker, seq, step};
+        qr__replica_wait(p, f, held_copied, t);
+        return;
+    }
+    /* (Out of memory for the wait: told now, as with one copy.) */
+    h->told = true;
+    tell_coordinator(ps, worker, seq, step, QR_OK, NULL, copy);
 }
 
 void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg) {
-    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on || p->ps->index == 0) return;
-    tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg);
+    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on ||
+        (p->ps->index == 0 && !p->promoted_shard))
+        return;
+    tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg, p->promoted_shard);
 }
 
 void qr__sync_coordinator_linked(qr_ps *ps) {
     for (const held_pull *h = ps->sync.held; h; h = h->next)
-        tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL);
+        if (h->told) tell_coordinator(ps, h->worker, h->seq, h->step, QR_OK, NULL, h->copy);
 }
 
 /* ps k: the held pushes of `step` or older are answered, with the values
  * that step left. */
-static void answer_held(qr_ps *ps, int64_t step) {
+static void answer_held(qr_ps *ps, int64_t step, bool copy) {
     ps_sync *s = &ps->sync;
     held_pull **link = &s->held, *done = NULL;
     while (*link) {
         held_pull *h = *link;
-        if (h->step <= step) {
+        if (h->step <= step && h->copy == copy) {
             *link = h->next;
             h->next = done;
             done = h;
@@ -312,7 +414,7 @@ static void answer_held(qr_ps *ps, int64_t step) {
     }
     while (ordered) {
         held_pull *next = ordered->next;
-        qr__held_answer(ordered, s->step);
+        qr__held_answer(ordered, *shard_step(ps, copy));
         ordered = next;
     }
 }
@@ -329,12 +431,15 @@ void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta
     uint32_t worker, seq;
     qr_msg_get_member(&r, &worker, &seq);
     ps_sync *s = &p->ps->sync;
-    for (held_pull **link = &s->held; *link; link = &(*link)->next) {
+    /* Both its parts, when this ps serves two shards (a promoted copy). */
+    for (held_pull **link = &s->held; *link;) {
         held_pull *h = *link;
-        if (h->worker != worker || h->seq != seq) continue;
+        if (h->worker != worker || h->seq != seq) {
+            link = &h->next;
+            continue;
+        }
         *link = h->next;
-        qr__held_answer(h, s->step);
-        return;
+        qr__held_answer(h, *shard_step(p->ps, h->copy));
     }
 }
 
@@ -482,29 +587,31 @@ static int assign_mean(qr_ps *ps, qr_var *v, const sync_source *src, int n, cons
     return QR_OK;
 }
 
-/* Reduce the step's gradients of each variable (sources[0..n), sorted)
- * in member order and apply the optimizer once: sparse rows only (a table,
- * or a dense variable every member pushed rows of) by the sparse apply,
- * anything else by the dense one. */
-static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
-    ps_sync *s = &ps->sync;
+/* Reduce the step's gradients of each variable (sources[0..nsources),
+ * sorted here) in member order and apply the optimizer once: sparse rows
+ * only (a table, or a dense variable every member pushed rows of) by the
+ * sparse apply, anything else by the dense one. The primary runs it on its
+ * shard, the backup on its copy with the primary's sources as forwarded
+ * (qr__sync_apply_copy): the same code on the same inputs. */
+static int reduce_and_apply(qr_ps *ps, sync_source *sources, int nsources, int64_t step,
+                            float divisor) {
     /* A step with nothing for this ps (its members pushed only to others)
      * has no sources, and qsort must not be handed a NULL array. */
-    if (s->nsources > 1) qsort(s->sources, (size_t)s->nsources, sizeof *s->sources, cmp_source);
-    const float **srcs = qr__calloc((size_t)QR_MAX(s->nsources, 1), sizeof *srcs);
+    if (nsources > 1) qsort(sources, (size_t)nsources, sizeof *sources, cmp_source);
+    const float **srcs = qr__calloc((size_t)QR_MAX(nsources, 1), sizeof *srcs);
     if (!srcs) return QR_ENOMEM;
     int rc = QR_OK;
-    for (int i = 0, end; i < s->nsources && !rc; i = end) {
-        qr_var *v = s->sources[i].var;
+    for (int i = 0, end; i < nsources && !rc; i = end) {
+        qr_var *v = sources[i].var;
         bool all_rows = true;
-        for (end = i; end < s->nsources && s->sources[end].var == v; end++)
-            all_rows &= s->sources[end].it->nrows >= 0;
+        for (end = i; end < nsources && sources[end].var == v; end++)
+            all_rows &= sources[end].it->nrows >= 0;
         if (v->non_trainable)
-            rc = assign_mean(ps, v, s->sources + i, end - i, srcs);
+            rc = assign_mean(ps, v, sources + i, end - i, srcs);
         else if (v->table || all_rows)
-            rc = reduce_rows(ps, v, s->sources + i, end - i, divisor, step);
+            rc = reduce_rows(ps, v, sources + i, end - i, divisor, step);
         else
-            rc = reduce_dense(ps, v, s->sources + i, end - i, divisor, step, srcs);
+            rc = reduce_dense(ps, v, sources + i, end - i, divisor, step, srcs);
         if (!rc && !v->table && !v->non_trainable && ps->average_decay > 0)
             rc = qr_var_update_average(v, ps->average_decay, step + 1);
         if (rc) qr__error_prefix("%s: step %lld, variable '%s': ", ps->name, (long long)step, v->name);
@@ -514,17 +621,140 @@ static int reduce_and_apply(qr_ps *ps, int64_t step, float divisor) {
     return rc;
 }
 
-int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+/* ---- two copies (--ps-replicas 2, docs/REPLICATION.md) ------------------------ */
+
+/* Primary: a push kept for its step goes to the backup as it came (its
+ * gradients as float32, a bf16/fp16 one widened; the learning rate it
+ * carried, or none), so that the copy holds every push the shard holds:
+ * what a promoted copy needs to apply the step in flight. Skipped items
+ * (non-finite, nonfinite=skip) are no source of the reduce: not sent. */
+static void forward_push(qr_ps *ps, const sync_push *sp) {
+    repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_PUSH,
+                                                                 .worker = sp->worker,
+                                                                 .seq = sp->seq,
+                                                                 .t = sp->local_step});
+    for (int i = 0; i < sp->nitems; i++) {
+        const push_item *it = &sp->items[i];
+        if (it->skip) continue;
+        const qr_var *v = it->var;
+        int64_t dim = v->shape[v->ndim - 1];
+        uint64_t nbytes = it->nrows < 0 ? (uint64_t)v->n * 4
+                                        : (uint64_t)it->nrows * (8 + 4 * (uint64_t)dim);
+        qr__replica_add(fw, v->id, it->nrows < 0 ? QR_REPL_DENSE : QR_REPL_SPARSE, it->lr,
+                        it->data, nbytes);
+    }
+    qr__replica_send(ps, fw);
+}
+
+/* Primary: the step applied, named by its members (in reduce order), after
+ * their pushes on the same link: the backup reduces the same bytes in the
+ * same order with the same kernels (reduce_and_apply), hence the same bits.
+ * (Forwarding the reduced gradient instead would need an apply kernel that
+ * gives the fused reduce+apply's bits, which none promises, and would
+ * leave the copy without the step's pushes if the primary died mid-step.) */
+static void forward_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_STEP,
+                                                                 .t = step});
+    qr_wbuf list = {0};
+    for (int m = 0; m < n; m++) qr_msg_put_member(&list, members[m].worker, members[m].seq);
+    qr__replica_add(fw, 0, QR_REPL_MEMBERS, 0, list.data, list.len);
+    if (list.oom)
+        qr__ps_ask_abort(ps, QR_ENOMEM, "out of memory forwarding a step to the backup: the "
+                         "copies would differ");
+    qr_wbuf_free(&list);
+    qr__replica_send(ps, fw);
+    ps->replica.own_pushes += (uint64_t)n; /* the gradients applied (as the copy counts) */
+}
+
+/* ps k: the step is on the backup too (or the wait ended otherwise). The
+ * answer names the step and the shards this ps has applied it to: its own,
+ * and a promoted copy's (ps 0 counts a step's shards, not its ps). */
+typedef struct step_done {
+    qr_ps *ps;
+    int64_t step;
+} step_done;
+
+static void step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    step_done *d = ctx;
+    qr_ps *ps = d->ps;
+    int64_t step = d->step;
+    free(d);
+    if (status) {
+        if (p) qr__peer_reply_error(p, req, status, msg);
+        return; /* the held answers are the stop's (qr__sync_stop) */
+    }
+    answer_held(ps, ps->sync.step - 1, false);
+    if (!p) return;
+    bool copy = ps->replica.promoted && ps->replica.copy_steps > step;
+    qr_wbuf out = {0};
+    qr_wbuf_i64(&out, step);
+    qr_wbuf_u32(&out, copy ? 2 : 1);
+    qr_wbuf_u32(&out, (uint32_t)ps->index);
+    if (copy) qr_wbuf_u32(&out, (uint32_t)ps->replica.primary);
+    qr__peer_reply(p, req, QR_OK, &out, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&out);
+}
+
+/* A (non-held) sync push is on the backup too: the worker may commit it. */
+static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                        const char *msg) {
+    qr_ps *ps = ctx;
+    if (!p) return;
+    if (status) qr__peer_reply_error(p, req, status, msg);
+    else qr__peer_reply_step(p, req, ps->sync.step);
+}
+
+int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
+                       const void *payload, size_t len) {
     ps_sync *s = &ps->sync;
-    if (step < s->step) return QR_OK; /* applied already: a repeated APPLY */
-    if (step > s->step)
-        return qr__fail(QR_EINTERNAL, "%s is at step %lld but was asked to apply step %lld "
-                        "(did it restart and lose its state?)", ps->name, (long long)s->step,
-                        (long long)step);
+    if (!qr__is_worker(h->worker, s->N))
+        return qr__fail(QR_EINVAL, "REPLICATE: worker %u is not in the cluster (%d workers)",
+                        h->worker, s->N);
+    /* A push of a step the copy has applied, or one it holds: sent again
+     * after the link was remade (the forward numbers catch most). */
+    if (h->t < ps->replica.copy_steps || find_pending(s, h->worker, h->seq, true)) return QR_OK;
+    if (h->t > ps->replica.copy_steps)
+        return qr__fail(QR_EINVAL, "REPLICATE: worker %u's push %u for step %lld, but this copy "
+                        "is at step %lld", h->worker, h->seq, (long long)h->t,
+                        (long long)ps->replica.copy_steps);
+    sync_push *sp = qr__calloc(1, sizeof *sp);
+    if (!sp) return qr__fail(QR_ENOMEM, "out of memory keeping a sync push on the copy");
+    *sp = (sync_push){.worker = h->worker, .seq = h->seq, .local_step = h->t, .nitems = nitems,
+                      .copy = true};
+    sp->items = qr__calloc((size_t)QR_MAX(nitems, 1), sizeof *sp->items);
+    sp->data = qr__recv_pool_get(&ps->recv_pool, QR_MAX(len, 4), &sp->data_cap);
+    if (!sp->items || !sp->data) {
+        qr__sync_push_free(ps, sp);
+        return qr__fail(QR_ENOMEM, "out of memory keeping a sync push on the copy");
+    }
+    if (len) memcpy(sp->data, payload, len);
+    for (int i = 0; i < nitems; i++) {
+        sp->items[i] = (push_item){.var = items[i].var, .offset = items[i].offset,
+                                   .nrows = items[i].nrows, .dtype = QR_FLOAT32,
+                                   .lr = items[i].lr};
+        sp->items[i].data = (uint8_t *)sp->data + items[i].offset;
+    }
+    sp->next = s->pending;
+    s->pending = sp;
+    return QR_OK;
+}
+
+/* Reduce and apply step `step` of a shard (this ps's own, or its copy of
+ * ps `primary`'s) from the members' pushes kept for it, and drop the other
+ * pushes of that step or older. */
+static int apply_shard(qr_ps *ps, bool copy, int64_t step, const quorum_member *members, int n) {
+    ps_sync *s = &ps->sync;
+    int64_t *now = shard_step(ps, copy);
+    if (step < *now) return QR_OK; /* applied already: a repeated APPLY */
+    if (step > *now)
+        return qr__fail(QR_EINTERNAL, "%s is at step %lld%s but was asked to apply step %lld "
+                        "(did it restart and lose its state?)", ps->name, (long long)*now,
+                        copy ? " on its copy" : "", (long long)step);
     s->nsources = 0;
     int rc = QR_OK;
     for (int m = 0; m < n && !rc; m++) {
-        sync_push *sp = find_pending(s, members[m].worker, members[m].seq);
+        sync_push *sp = find_pending(s, members[m].worker, members[m].seq, copy);
         if (!sp || sp->local_step != step) {
             /* A committed push is held by every ps it was sent to (the
              * worker commits once each has acknowledged it), so a member
@@ -542,23 +772,53 @@ int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, i
     /* A variable a member did not push counts as a zero in the mean: the
      * divisor is the quorum size either way. */
     float divisor = s->mean ? (float)n : 1.0f;
-    if (!rc) rc = reduce_and_apply(ps, step, divisor);
+    /* The ps's own row counters count what it serves, not a backup's copy. */
+    uint64_t added = ps->metrics.rows_added, pushed = ps->metrics.rows_pushed;
+    if (!rc) rc = reduce_and_apply(ps, s->sources, s->nsources, step, divisor);
+    if (copy && !ps->replica.promoted) {
+        ps->metrics.rows_added = added;
+        ps->metrics.rows_pushed = pushed;
+    }
     if (rc) return rc;
+    if (qr__replica_on(ps) && !copy) forward_step(ps, step, members, n);
     /* Everything of this step or older that is still here is stale. */
     sync_push **link = &s->pending;
     while (*link) {
         sync_push *sp = *link;
-        if (sp->local_step <= step) {
+        if (sp->copy == copy && sp->local_step <= step) {
             *link = sp->next;
             qr__sync_push_free(ps, sp);
         } else {
             link = &sp->next;
         }
     }
-    s->step = step + 1;
+    *now = step + 1;
+    if (copy) {
+        ps->replica.copy_pushes += (uint64_t)n;
+        if (n > s->copy_members_cap) {
+            quorum_member *grown = realloc(s->copy_members, (size_t)n * sizeof *grown);
+            if (!grown) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
+            s->copy_members = grown;
+            s->copy_members_cap = n;
+        }
+        memcpy(s->copy_members, members, (size_t)n * sizeof *members);
+        s->ncopy_members = n;
+        answer_held(ps, step, true); /* a promoted copy has no backup to wait for */
+        return QR_OK;
+    }
     ps->applied_steps = step + 1;
-    answer_held(ps, step);
+    /* With two copies the held answers wait for the backup
+     * (qr__sync_apply_message): an answer means both copies have the step. */
+    if (!qr__replica_on(ps)) answer_held(ps, step, false);
     return QR_OK;
+}
+
+int qr__sync_apply_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    return apply_shard(ps, false, step, members, n);
+}
+
+int qr__sync_apply_copy(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+    return apply_shard(ps, true, step, members, n);
 }
 
 int qr__sync_apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -587,11 +847,26 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
     }
     for (uint32_t i = 0; i < count; i++) qr_msg_get_member(&r, &members[i].worker, &members[i].seq);
     int rc = qr__sync_apply_step(p->ps, step, members, (int)count);
+    /* A promoted copy (a failover, ps-replicas 2) applies the step too, from
+     * the pushes its old primary forwarded and those resent to it. */
+    if (!rc && p->ps->replica.promoted) rc = qr__sync_apply_copy(p->ps, step, members, (int)count);
     free(members);
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", qr_last_error());
         qr__peer_reply_error(p, f, rc, msg);
+        return;
+    }
+    if (qr__replica_on(p->ps)) {
+        /* ps 0 hears "applied" once the backup has the step too (a
+         * repeated APPLY as well: it waits for the forward made then). */
+        step_done *d = qr__calloc(1, sizeof *d);
+        if (!d) {
+            qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
+            return;
+        }
+        *d = (step_done){p->ps, step};
+        qr__replica_wait(p, f, step_copied, d);
         return;
     }
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);

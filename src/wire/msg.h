@@ -137,6 +137,12 @@
  *              nbytes, f32 lr (the learning rate the primary applied
  *              it with, staleness scaling and lr decay included)
  *              payload: the items' bytes, in order
+ *              Sync mode (src/ps/sync.c): a push kept for its step
+ *              (flags QR_REPL_SYNC_PUSH; t its local step; items as
+ *              above, lr the push's own or QR_MSG_PUSH_LR_NONE), and a
+ *              step applied (QR_REPL_SYNC_STEP; t the step; one item of
+ *              kind 3, var_id 0, lr 0, whose bytes are the members: u32
+ *              worker, u32 seq each, in reduce order)
  *              reply: u64 fwd, once the backup has applied it
  *   CKPT       (ps 0 to ps k, checkpoints; src/ps/ckpt_coord.c) req: u32 phase,
  *              u64 id, i64 global_step, u32 count, then count cut records
@@ -246,6 +252,11 @@ void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed);
 #define QR_REPL_DENSE 0u
 #define QR_REPL_SPARSE 1u
 #define QR_REPL_LOOKUP 2u
+#define QR_REPL_MEMBERS 3u
+/* REPLICATE flags beside the push's QR_PUSH_STEP | QR_PUSH_DELTA: a sync
+ * push the primary kept, and a sync step it applied (its members). */
+#define QR_REPL_SYNC_PUSH 0x10000u
+#define QR_REPL_SYNC_STEP 0x20000u
 typedef struct qr_msg_repl_head {
     uint32_t flags, worker, seq, count;
     int64_t t, answer;

@@ -69,7 +69,10 @@ endforeach()
 # Two copies of every shard (--ps-replicas 2): the backup equals the
 # primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
 # place of a killed or stopped ps (views, resent pushes, the fence).
-foreach(case wire train failover_wire failover_kill failover_stop failover_loop)
+# Sync steps on two copies (sync_train), and a sync step in flight when
+# ps 1 or ps 2 is killed (sync_failover_loop).
+foreach(case wire train sync_train failover_wire failover_kill failover_stop failover_loop
+        sync_failover_loop)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.

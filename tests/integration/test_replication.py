@@ -14,6 +14,11 @@ Case "train": `quorum launch --mode async --ps-replicas 2` on digits
 (2 and 3 ps, SGD and Adam) and on click data with embedding tables trains
 as --ps-replicas 1 does, and as the run ends each shard's primary digest
 equals its backup's (each ps logs both: "replica digests: ...").
+Case "sync_train": `quorum launch --mode sync --ps-replicas 2` (2 and 3 ps,
+SGD and Adam, R = N with --init-tokens 0 and R < N; wide-deep on click
+data): every shard's backup digest equals its primary's, and an R = N run
+ends with the params_digest of the same run on one copy (checked stable
+first: the seeded digests).
 Failover in place (--ps-replicas 2, async, a ps other than ps 0):
 Case "failover_wire": three ps by hand, a raw worker: a push to shard 1
 is on ps 1 and its backup ps 2; ps 1 SIGKILLed: ps 0 moves to view 1
@@ -32,7 +37,11 @@ without serving.
 Case "failover_loop": five runs, ps 1 and ps 2 in turn SIGKILLed at a
 random moment of each (ps 2's shard then served by ps 0): the counts equal in every run (resent pushes answered by
 the duplicate record or applied once).
-Usage: test_replication.py QUORUM_BINARY wire|train|failover_wire|failover_kill|failover_stop|failover_loop"""
+Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 1 or ps 2 (whose
+copy is on ps 0) SIGKILLed at a random moment of six runs (3 ps: SGD,
+Adam, three round trips; 2 ps: Adam): exit 0, no rollback, the
+params_digest of the same run unkilled; ps 1 SIGSTOPped (hung) the same.
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop"""
 
 import json
 import os
@@ -52,6 +61,7 @@ from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, S
 
 quorum, case = sys.argv[1], sys.argv[2]
 REPLICATE, VIEW = 21, 22
+SYNC_PUSH, SYNC_STEP = 0x10000, 0x20000
 ROLE_WORKER, ROLE_REPLICA, ROLE_WORKER_VIEW = 1, 3, 4
 EVIEW = -20
 VIEW_NOTICE_ID = 0xffffffff
@@ -168,6 +178,26 @@ def wire_case():
         expect_error(r, frame(REPLICATE, 25, repl_meta([(1, 0, 16, 0.1)], fwd=1),
                               floats([1, float("nan"), 1, 1])),
                      "ENONFINITE", "nothing was applied", "a REPLICATE with NaN")
+        # Sync forwards (docs/REPLICATION.md, "A sync step with two copies").
+        expect_error(r, frame(REPLICATE, 27, repl_meta([(1, 0, 16, -1.0)], fwd=1,
+                                                       flags=SYNC_PUSH | PUSH_STEP),
+                              floats([1, 1, 1, 1])),
+                     "EINVAL", "unknown flags", "a sync push's REPLICATE with a push's flags")
+        expect_error(r, frame(REPLICATE, 28, repl_meta([(1, 0, 16, 0.0)], fwd=1,
+                                                       flags=SYNC_STEP),
+                              floats([1, 1, 1, 1])),
+                     "EINVAL", "a sync step carries one item of kind 3",
+                     "a sync step's REPLICATE whose item is a gradient")
+        expect_error(r, frame(REPLICATE, 29, repl_meta([(0, 3, 8, 0.0)], fwd=1, flags=SYNC_STEP,
+                                                       worker=0, seq=0, t=0),
+                              struct.pack("<II", 0, 41)),
+                     "EINVAL", "a sync step, but this ps trains in async mode",
+                     "a sync step's REPLICATE to an async ps")
+        expect_error(r, frame(REPLICATE, 30, repl_meta([(1, 0, 16, -1.0)], fwd=1,
+                                                       flags=SYNC_PUSH, t=0),
+                              floats([1, 1, 1, 1])),
+                     "EINVAL", "a sync push, but this ps trains in async mode",
+                     "a sync push's REPLICATE to an async ps")
         expect_error(r, frame(PUSH, 26, push_meta([(1, 16)]), floats([1, 1, 1, 1]),
                               flags=PUSH_STEP),
                      "EPROTO", "a replica link carries CREATE and REPLICATE",
@@ -186,8 +216,8 @@ DIGESTS = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) p
                      r"([0-9a-f]{16}), shard (\d+) backup ([0-9a-f]{16})")
 
 
-def launch(args, timeout=300):
-    proc = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+def launch(args, timeout=300, mode="async"):
+    proc = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     rc, out, err = proc.wait(timeout=timeout)
     assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
     return last_json(out), err
@@ -251,6 +281,61 @@ def train_case():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("PASS: train")
+
+
+def sync_train_case():
+    """Sync steps on two copies: every shard's backup equals its primary,
+    and a deterministic run (R = N, --init-tokens 0) ends with the digest of
+    the same run on one copy (the seeded digests of docs/SYNC.md)."""
+    digits = ["--data", "digits", "--batch-size", "32", "--seed", "11", "--steps", "60"]
+    lockstep = ["--init-tokens", "0"]
+    runs = [("sgd, 2 ps, R = N", ["--ps", "2", "--workers", "3", "--lr", "0.1"] + lockstep, 2,
+             "9f88dbcfbf434da1"),
+            ("sgd, 3 ps, R = N", ["--ps", "3", "--workers", "3", "--lr", "0.1"] + lockstep, 3,
+             "9f88dbcfbf434da1"),
+            ("adam, 2 ps, R = N", ["--ps", "2", "--workers", "3", "--optimizer", "adam", "--lr",
+                                   "0.001"] + lockstep, 2, "20388ed0375f08df"),
+            ("adam, 3 ps, R = N", ["--ps", "3", "--workers", "3", "--optimizer", "adam", "--lr",
+                                   "0.001"] + lockstep, 3, "20388ed0375f08df"),
+            # --overlap on: push, token, pull in three round trips (the
+            # push's answer waits for the backup), not the held one-trip push.
+            ("sgd, 3 ps, R = N, three round trips", ["--ps", "3", "--workers", "3", "--lr",
+                                                      "0.1", "--overlap", "on"] + lockstep, 3,
+             "9f88dbcfbf434da1"),
+            ("sgd, 3 ps, R = 2 of 3", ["--ps", "3", "--workers", "3", "--lr", "0.1",
+                                       "--replicas-to-aggregate", "2"], 3, None),
+            ("adam, 2 ps, R = 2 of 3", ["--ps", "2", "--workers", "3", "--optimizer", "adam",
+                                        "--lr", "0.001", "--replicas-to-aggregate", "2"], 2, None)]
+    for what, args, nps, seeded in runs:
+        two, err = launch(digits + args + ["--ps-replicas", "2"], mode="sync")
+        assert two["global_step"] >= 60, (what, two)
+        check_copies(err, nps, what)
+        if seeded is None:
+            continue  # R < N: which pushes make a step depends on timing
+        ones = [launch(digits + args, mode="sync")[0]["params_digest"] for _ in range(2)]
+        assert ones == [seeded, seeded], "%s: one copy is not deterministic: %s" % (what, ones)
+        assert two["params_digest"] == seeded, "%s: two copies %s, one copy %s" % (
+            what, two["params_digest"], seeded)
+        print("ok: %s: params_digest %s with two copies, as with one (twice)" % (what, seeded))
+    # Sparse rows and embedding tables (reduce_rows on both copies).
+    work = tempfile.mkdtemp(prefix="qr-repl-")
+    try:
+        data = os.path.join(work, "ctr")
+        subprocess.run([quorum, "gen-ctr", "--out", data, "--rows", "20000", "--fields", "8"],
+                       check=True, capture_output=True, text=True, timeout=120)
+        args = ["--ps", "2", "--workers", "2", "--data", data, "--model", "wide-deep",
+                "--hidden", "16", "--optimizer", "adagrad", "--batch-size", "256", "--lr", "0.3",
+                "--epochs", "1", "--seed", "5", "--init-tokens", "0"]
+        one, _ = launch(args, mode="sync")
+        two, err = launch(args + ["--ps-replicas", "2"], mode="sync")
+        check_copies(err, 2, "wide-deep (embedding tables), sync")
+        assert two["params_digest"] == one["params_digest"], (one["params_digest"],
+                                                              two["params_digest"])
+        print("ok: wide-deep, sync: params_digest %s with two copies, as with one" %
+              one["params_digest"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("PASS: sync_train")
 
 
 def view_record(meta):
@@ -408,8 +493,8 @@ def check_counts(err, nps, failed, what):
     return resent, duplicates, stall
 
 
-def launch_and_signal(args, victim, sig, after, then=None):
-    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     pid = task_pid(p, victim)
     time.sleep(after)
     assert p.alive(), "the run ended before the signal"
@@ -484,9 +569,64 @@ def failover_loop_case(runs=5):
           "as duplicates" % (runs, resent, duplicates))
 
 
-cases = {"wire": wire_case, "train": train_case, "failover_wire": failover_wire_case,
+def sync_failover_loop_case(runs=6):
+    """Sync, R = N, --init-tokens 0: ps 1 or ps 2 (whose copy is on ps 0)
+    SIGKILLed at a random moment of each run; its copy takes over the step
+    in flight: exit 0, no rollback, and the params_digest of the same run
+    unkilled."""
+    rng = random.Random(int(os.environ.get("QR_SEED", time.time())))
+    base = ["--workers", "3", "--init-tokens", "0", "--data", "digits", "--batch-size", "32",
+            "--seed", "11", "--steps", "3000", "--ps-replicas", "2"]
+    # The one-trip push (held: HELD after the backup has it) with SGD and
+    # Adam, and the three round trips (--overlap on: the push's answer
+    # waits for the backup, then the commit); 3 ps, and 2 (ps 1's copy on
+    # ps 0).
+    kinds = [("sgd, 3 ps", ["--ps", "3", "--lr", "0.1"]),
+             ("adam, 3 ps", ["--ps", "3", "--optimizer", "adam", "--lr", "0.001"]),
+             ("sgd, 3 ps, three round trips", ["--ps", "3", "--lr", "0.1", "--overlap", "on"]),
+             ("adam, 2 ps", ["--ps", "2", "--optimizer", "adam", "--lr", "0.001"])]
+    whole = {}
+    for what, extra in kinds:
+        runs_whole = [launch(base + extra, mode="sync")[0]["params_digest"] for _ in range(2)]
+        assert runs_whole[0] == runs_whole[1], (what, runs_whole)
+        whole[what] = runs_whole[0]
+    for i in range(runs):
+        what, extra = kinds[i % len(kinds)]
+        nps = int(extra[1])
+        victim = 1 + i % (nps - 1)  # ps 2's copy, and ps 1's of 2, are on ps 0
+        after = rng.uniform(0.1, 2.5)
+        s, err, pid, _ = launch_and_signal(base + extra, victim, signal.SIGKILL, after,
+                                           mode="sync")
+        assert s["rollbacks"] == 0 and s["global_step"] == 3000, s
+        assert s["params_digest"] == whole[what], "run %d (%s), ps %d killed at %.2f s: " \
+            "digest %s, unkilled %s\n%s" % (i + 1, what, victim, after, s["params_digest"],
+                                            whole[what], err[-3000:])
+        assert "this ps serves ps %d's shard now" % victim in err, err[-3000:]
+        print("ok: run %d (%s): ps %d killed at %.2f s: params_digest %s as unkilled, no "
+              "rollback" % (i + 1, what, victim, after, s["params_digest"]))
+    # Hung, not dead: ps 1 SIGSTOPped is failed over at heartbeat-timeout-ms,
+    # and fences itself once resumed.
+    what, extra = kinds[0]
+
+    def resume(pid):
+        time.sleep(2.5)
+        os.kill(pid, signal.SIGCONT)
+
+    s, err, pid, _ = launch_and_signal(base + extra + ["--heartbeat-ms", "200",
+                                                       "--heartbeat-timeout-ms", "1000"],
+                                       1, signal.SIGSTOP, 0.3, resume, mode="sync")
+    assert s["rollbacks"] == 0 and s["params_digest"] == whole[what], (s, whole[what],
+                                                                      err[-3000:])
+    assert "is hung (no answer to heartbeats" in err, err[-3000:]
+    print("ok: ps 1 SIGSTOPped: failed over when hung, params_digest %s as unkilled" %
+          s["params_digest"])
+    print("PASS: sync_failover_loop: %d kills at random moments and a stop, the digest of an "
+          "unkilled run in each" % runs)
+
+
+cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case, "failover_wire": failover_wire_case,
          "failover_kill": failover_kill_case, "failover_stop": failover_stop_case,
-         "failover_loop": failover_loop_case}
+         "failover_loop": failover_loop_case, "sync_failover_loop": sync_failover_loop_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
