@@ -905,6 +905,9 @@ void qr__rerep_view_answer(qr_ps *ps, int from, int status, const uint8_t *meta,
 bool qr__rerep_hold_view(ps_peer *p, const qr_frame *f);
 void qr__rerep_peer_lost(ps_peer *p);
 void qr__rerep_close(qr_ps *ps);
+/* L's copy is given up: a snapshot still being written is dropped when
+ * the write ends. */
+void qr__rerep_abandon(repl_link *L);
 /* ps 0 stopping: the replacements (no worker's stop reaches them) are
  * stopped on ps 0's links. */
 void qr__rerep_stop(qr_ps *ps);

@@ -824,6 +824,7 @@ uint64_t qr__replica_link_gone(repl_link *L) {
     if (L->gone) return 0;
     L->gone = true;
     L->streaming = L->hold = false;
+    qr__rerep_abandon(L); /* a snapshot being written: for nobody now */
     if (L->retry_on) uv_timer_stop(&L->retry);
     if (L->conn) qr_conn_close(L->conn);
     uint64_t dropped = drop_forwards(L, false);

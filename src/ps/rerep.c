@@ -441,14 +441,16 @@ void qr__rerep_peer_lost(ps_peer *p) {
     if (p->ps->rerep.peer == p) p->ps->rerep.peer = NULL;
 }
 
+void qr__rerep_abandon(repl_link *L) {
+    /* the write still runs on the pool: it frees itself when done, and
+     * leaves the snapshot's forward (dropped with the link's) alone */
+    if (L->job) L->job->orphan = true;
+    L->job = NULL;
+}
+
 void qr__rerep_close(qr_ps *ps) {
-    ps_replica *r = &ps->replica;
-    repl_link *links[2] = {&r->link, &r->copy_link};
-    for (int i = 0; i < 2; i++) {
-        /* the write still runs on the pool: it frees itself when done */
-        if (links[i]->job) links[i]->job->orphan = true;
-        links[i]->job = NULL;
-    }
+    qr__rerep_abandon(&ps->replica.link);
+    qr__rerep_abandon(&ps->replica.copy_link);
 }
 
 void qr__rerep_stop(qr_ps *ps) {

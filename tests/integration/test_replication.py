@@ -47,10 +47,12 @@ import random
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, STATUS, Proc,
@@ -587,10 +589,70 @@ def rerep_second_case():
           "(shard 1 served by the replacement's copy), no rollback")
 
 
+TAKEN = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
+                   r"snapshot taken")
+WRITTEN = re.compile(r"\[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
+                     r"snapshot written \(([\d.]+) MB")
+LOADED = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+): ps \d+ "
+                    r"has loaded the snapshot")
+
+
+def stamp(text):
+    t = time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")
+    return time.mktime(t) + float("0" + text[19:-1])
+
+
+def socket_rate(nbytes):
+    """Bytes/s of one AF_UNIX socket on this machine, measured now: the
+    loopback baseline of a re-replication (launch's default transport)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    block = b"\0" * (4 << 20)
+
+    def send():
+        left = nbytes
+        while left > 0:
+            left -= a.send(block[:min(left, len(block))])
+    t = threading.Thread(target=send)
+    start = time.time()
+    t.start()
+    got = 0
+    while got < nbytes:
+        got += len(b.recv(4 << 20))
+    t.join()
+    a.close()
+    b.close()
+    return nbytes / (time.time() - start)
+
+
+def rerep_rate_case():
+    """Not a test (no figure is asserted): the re-replication rate of a
+    shard with one 256 MiB dense variable (MLP hidden 8192,8192: the
+    second layer), against an AF_UNIX socket's rate measured in the same
+    run. QR_VICTIM picks the ps killed (the one holding the large shard,
+    or the next)."""
+    victim = int(os.environ.get("QR_VICTIM", "1"))
+    args = ["--ps", "3", "--workers", "2", "--data", "digits", "--batch-size", "32", "--seed",
+            "11", "--lr", "0.01", "--hidden", "8192,8192", "--steps", "400", "--ps-replicas",
+            "2", "--max-restarts", "1", "--heartbeat-timeout-ms", "60000"]
+    s, err, _ = launch_and_kill(args, [(victim, float(os.environ.get("QR_AFTER", "15")))])
+    sizes = {int(m[2]): float(m[3]) * 1e6 for m in WRITTEN.finditer(err)}
+    taken = {int(m[3]): stamp(m[1]) for m in TAKEN.finditer(err)}
+    for m in LOADED.finditer(err):
+        shard = int(m[3])
+        secs = stamp(m[1]) - taken[shard]
+        base = socket_rate(int(sizes[shard]))
+        print("RATE: shard %d, %.0f MB: copied in %.2f s (snapshot, write and read back on "
+              "tmpfs, send, load) = %.0f MB/s; an AF_UNIX socket now %.0f MB/s; ratio %.2f" % (
+                  shard, sizes[shard] / 1e6, secs, sizes[shard] / secs / 1e6, base / 1e6,
+                  sizes[shard] / secs / base))
+    held = check_rereplicated(err, 3, set(), "large shard")
+    print("PASS: rerep_rate (a measurement), steps %d, copies %s" % (s["global_step"], held))
+
+
 cases = {"wire": wire_case, "train": train_case, "failover_wire": failover_wire_case,
          "failover_kill": failover_kill_case, "failover_stop": failover_stop_case,
          "failover_loop": failover_loop_case, "rerep": rerep_case,
-         "rerep_second": rerep_second_case}
+         "rerep_second": rerep_second_case, "rerep_rate": rerep_rate_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
