@@ -190,6 +190,7 @@ void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *met
         memcpy(r->failed, failed, (size_t)nps);
         qr__log(QR_LOG_INFO, "view %llu from ps 0", (unsigned long long)view);
         qr__failover_apply(ps);
+        qr__rerep_release_hellos(ps); /* answered as of this view */
     }
     /* A copy this view started (rerep.c): answered once it is made. */
     if (qr__rerep_hold_view(p, f)) return;

@@ -236,6 +236,9 @@ typedef struct ps_peer {
                            * serve (failover.c): its requests name ps->replica.store */
     bool copy_own;        /* a replica link that copies this ps's own shard into ps->store
                            * (a replacement's, rerep.c) */
+    bool hello_held;      /* its HELLO waits (rerep.c): held_req, held_meta */
+    qr_frame held_req;
+    uint8_t held_meta[64];
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -908,6 +911,14 @@ void qr__rerep_close(qr_ps *ps);
 /* L's copy is given up: a snapshot still being written is dropped when
  * the write ends. */
 void qr__rerep_abandon(repl_link *L);
+/* A worker's HELLO for this ps's own shard, before this ps knows it
+ * serves it (its backup has not accepted its replica link yet, and ps 0
+ * has told it no view): held (true), and answered by
+ * qr__rerep_release_hellos once it knows; a replacement started at a
+ * failed ps's address must not serve a worker that has not heard of the
+ * failover. */
+bool qr__rerep_hold_hello(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__rerep_release_hellos(qr_ps *ps);
 /* ps 0 stopping: the replacements (no worker's stop reaches them) are
  * stopped on ps 0's links. */
 void qr__rerep_stop(qr_ps *ps);

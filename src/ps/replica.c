@@ -42,6 +42,14 @@
  * shard, qr__peer_store) and refuses the old primary's replica link and
  * forwards (QR_EVIEW), which fences that primary if it still runs; a
  * primary whose backup failed forwards nothing more and answers at once.
+ *
+ * Links. The primary side is per link (repl_link): ps->replica.link
+ * carries this ps's own shard to its backup; ps->replica.copy_link
+ * carries a promoted copy to the failed primary's replacement (rerep.c),
+ * whose replica HELLO names the shard (cause = shard + 1) so that it
+ * applies those forwards to its own store. A link re-opened to a
+ * replacement starts with a SNAPSHOT (rerep.c) and answers pushes at
+ * once until the replacement has caught up.
  */
 #include "ps/ps_internal.h"
 
@@ -288,7 +296,10 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         qr__log(QR_LOG_INFO, "linked to ps %d (%s), the copy of shard %d", L->target,
                 ps->cluster->ps[L->target], L->shard);
         L->up = true;
-        if (!L->copy) ps->replica.ever_up = true;
+        if (!L->copy && !ps->replica.ever_up) {
+            ps->replica.ever_up = true;
+            qr__rerep_release_hellos(ps); /* this ps serves its shard: as placed */
+        }
         L->attempts = 0;
         link_flush(L);
     } else if (type == QR_MSG_REPLICATE || type == QR_MSG_CREATE || type == QR_MSG_SNAPSHOT) {

@@ -460,3 +460,31 @@ void qr__rerep_stop(qr_ps *ps) {
         if (r->failed[k] == QR_PS_JOINING || r->failed[k] == QR_PS_BACKUP)
             qr__links_stop_one(ps, k);
 }
+
+/* ---- a worker's HELLO before this ps knows whether it serves -------------------- */
+
+bool qr__rerep_hold_hello(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || ps->sync.on || ps->index == 0 || r->ever_up || r->view ||
+        ps->stopping || p->role || f->meta_len > sizeof p->held_meta)
+        return false;
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, f->meta_len);
+    qr_msg_hello m;
+    qr_msg_get_hello(&rb, &m);
+    if (rb.bad || m.role != QR_ROLE_WORKER || !m.with_view || m.shard != (uint32_t)ps->index)
+        return false;
+    p->hello_held = true;
+    p->held_req = *f;
+    memcpy(p->held_meta, meta, f->meta_len);
+    return true;
+}
+
+void qr__rerep_release_hellos(qr_ps *ps) {
+    for (ps_peer *p = ps->peers; p; p = p->next) {
+        if (!p->hello_held) continue;
+        p->hello_held = false;
+        qr__control_message(p, &p->held_req, p->held_meta);
+    }
+}
