@@ -524,6 +524,9 @@ typedef struct repl_link {
     bool hold, streaming;
     uint64_t mark;
     uint64_t snapshot_fwd; /* the snapshot's forward number (0: none) */
+    uint64_t target_incarnation; /* the run of the target that holds the copy (0: not met) */
+    bool stale;            /* the target answered as a new run (its copy lost): the link
+                            * waits for ps 0's view (failed, then a re-replication) */
     struct rerep_job *job; /* the snapshot being written */
 } repl_link;
 typedef struct ps_replica {

@@ -198,7 +198,7 @@ static void on_link_lost(qr_conn *c, int status) {
     L->conn = NULL;
     L->up = L->connecting = false;
     if (L->draining) end_drain(L); /* the backup went before the stop's forwards were in */
-    if (L->closing || ps->stopping || L->gone) return;
+    if (L->closing || ps->stopping || L->gone || L->stale) return;
     uv_timer_start(&L->retry, on_retry, qr__link_backoff_ms(&L->attempts), 0);
 }
 
@@ -293,6 +293,21 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
             qr__ps_ask_abort(ps, QR_EABORTED, why);
             return;
         }
+        qr_msg_welcome w;
+        qr_rbuf rb;
+        qr_rbuf_init(&rb, meta, f->meta_len);
+        qr_msg_get_welcome(&rb, &w);
+        if (!rb.bad && L->target_incarnation && w.incarnation != L->target_incarnation) {
+            /* A replacement at the backup's address, before this ps heard
+             * of the failover: it holds no copy, so nothing is sent to it
+             * until ps 0's view says what it is (rerep.c). */
+            qr__log(QR_LOG_WARN, "ps %d answers as a new run: its copy of shard %d is lost; "
+                    "the link waits for ps 0's view", L->target, L->shard);
+            L->stale = true;
+            qr_conn_close(c);
+            return;
+        }
+        if (!rb.bad) L->target_incarnation = w.incarnation;
         qr__log(QR_LOG_INFO, "linked to ps %d (%s), the copy of shard %d", L->target,
                 ps->cluster->ps[L->target], L->shard);
         L->up = true;
@@ -834,6 +849,7 @@ void qr__replica_promote(qr_ps *ps) {
 uint64_t qr__replica_link_gone(repl_link *L) {
     if (L->gone) return 0;
     L->gone = true;
+    L->stale = false;
     L->streaming = L->hold = false;
     qr__rerep_abandon(L); /* a snapshot being written: for nobody now */
     if (L->retry_on) uv_timer_stop(&L->retry);
@@ -844,7 +860,8 @@ uint64_t qr__replica_link_gone(repl_link *L) {
 }
 
 static void link_open(repl_link *L, repl_forward *snapshot) {
-    L->gone = false;
+    L->gone = L->stale = false;
+    L->target_incarnation = 0; /* the replacement's run, met at its answer */
     L->closing = false;
     L->attempts = 0;
     /* the snapshot heads the queue; forwards made from now on follow it */

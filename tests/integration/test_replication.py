@@ -38,8 +38,11 @@ while training goes on); at the end every shard has two copies with
 equal digests, each having applied the pushes acknowledged for it.
 Case "rerep_second": then ps 2 killed too, after re-replication: shard 1
 is served by the replacement's copy, no rollback.
+Case "rerep_rate" (a measurement, not registered in ctest): the copy of
+a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
+measured in the same run (QR_VICTIM: the ps killed).
 
-Usage: test_replication.py QUORUM_BINARY wire|train|failover_wire|failover_kill|failover_stop|failover_loop|rerep|rerep_second"""
+Usage: test_replication.py QUORUM_BINARY wire|train|failover_wire|failover_kill|failover_stop|failover_loop|rerep|rerep_second|rerep_rate"""
 
 import json
 import os
