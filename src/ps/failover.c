@@ -57,7 +57,8 @@ void qr__failover_apply(qr_ps *ps) {
     /* this ps's own shard's copy: on its backup (or the backup's
      * replacement), or none. A replacement's own shard is served by its
      * backup ps, which copies it here (rerep.c). */
-    if (back == QR_PS_FAILED || self != QR_PS_ALIVE) qr__replica_backup_gone(ps);
+    if (self != QR_PS_ALIVE) qr__replica_link_gone(&r->link); /* ps (k+1) serves it */
+    else if (back == QR_PS_FAILED) qr__replica_backup_gone(ps);
     else if (back == QR_PS_JOINING) qr__rerep_start(&r->link);
 }
 

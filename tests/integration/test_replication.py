@@ -638,6 +638,9 @@ def rerep_rate_case():
             "11", "--lr", "0.01", "--hidden", "8192,8192", "--steps", "400", "--ps-replicas",
             "2", "--max-restarts", "1", "--heartbeat-timeout-ms", "60000"]
     s, err, _ = launch_and_kill(args, [(victim, float(os.environ.get("QR_AFTER", "15")))])
+    for line in err.splitlines():  # the copy's phases, as the ps tasks logged them
+        if "re-replication" in line or "loaded the snapshot" in line:
+            print("LOG: " + line[:300])
     sizes = {int(m[2]): float(m[3]) * 1e6 for m in WRITTEN.finditer(err)}
     taken = {int(m[3]): stamp(m[1]) for m in TAKEN.finditer(err)}
     for m in LOADED.finditer(err):
