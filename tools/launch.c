@@ -19,11 +19,14 @@
  *     and then the run aborts naming it;
  *   - with --ps-replicas 2 (async or sync), a ps other than ps 0 that dies or
  *     hangs is failed over in place by ps 0 (its backup serves its shard;
- *     "failover ps K VIEW", read_notices): it is neither killed, nor
- *     restarted (a replacement would need re-replication, not built), nor
+ *     "failover ps K VIEW", read_notices): it is neither killed nor
  *     counted a failure: a stopped one that resumes fences itself and
  *     exits, and one still there when the run ends is stopped with the
- *     rest; the launcher says so (docs/REPLICATION.md);
+ *     rest; the launcher says so (docs/REPLICATION.md). Under
+ *     --max-restarts, one that has exited is started again (a restart
+ *     counted): the new run rejoins as the backup of the shards it held
+ *     copies of, without a rollback (src/ps/rerep.c; "rejoined ps K
+ *     VIEW" once it holds them);
  *   - with --max-restarts K, up to K failures are restarted instead (as
  *     torchrun does): a failed worker, the chief included, is started again
  *     alone and rejoins at the current global step (the chief does not
@@ -332,6 +335,27 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
     return true;
 }
 
+/* A failed-over ps has exited, restarts left: a replacement, which joins
+ * as a backup (src/ps/rerep.c). False: none is started (the ps stays
+ * failed over, as without --max-restarts). */
+static bool rejoin(child *kids, int i, const launch_plan *plan, int *used) {
+    child *c = &kids[i];
+    if (*used >= plan->max_restarts || plan->sync) {
+        if (plan->sync && *used < plan->max_restarts)
+            fprintf(stderr, "quorum launch: %s (failed over) has exited; not replaced: "
+                    "re-replication is built for async mode only (docs/REPLICATION.md)\n",
+                    c->name);
+        c->reported = true;
+        return false;
+    }
+    (*used)++;
+    fprintf(stderr, "quorum launch: %s (failed over) has exited; starting a replacement "
+            "(restart %d of %d): it rejoins as a backup, copied its shards while training "
+            "goes on, without a rollback\n", c->name, *used, plan->max_restarts);
+    start_child(kids, i, plan);
+    return true;
+}
+
 /* A ps found ps K hung ("hung ps K SILENT_MS"), or ps 0 the chief
  * ("hung worker 0 SILENT_MS"): SIGKILL it, which a stopped process cannot
  * ignore, so that it is handled as a dead one (a restart with
@@ -355,8 +379,15 @@ static void read_notices(child *kids, const launch_plan *plan) {
             c->failed_over = true;
             fprintf(stderr, "quorum launch: %s (pid %d) was failed over by ps 0 (view %llu): its "
                     "backup serves its shard, training goes on on one copy of it; not killed "
-                    "and not restarted: a replacement would need re-replication, which is not "
-                    "built (docs/REPLICATION.md)\n", c->name, (int)c->pid, view);
+                    "and not counted a failure%s\n", c->name, (int)c->pid, view,
+                    plan->max_restarts ? "; once it has exited, a replacement (--max-restarts) "
+                    "rejoins as a backup" : "");
+            continue;
+        }
+        if (sscanf(line, "rejoined ps %d %llu", &index, &view) == 2) {
+            if (index > 0 && index < plan->nps)
+                fprintf(stderr, "quorum launch: ps %d holds copies of its shards again (view "
+                        "%llu): re-replicated\n", index, view);
             continue;
         }
         int ps_index, worker_index;
@@ -419,6 +450,11 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             /* (reported: a ps that failed once training was over) */
             if (essential(c)) essentials_done &= c->exited && (!failed(c) || c->reported);
+            if (c->exited && c->failed_over && !c->reported && !run_ended_ms &&
+                rejoin(kids, i, plan, &restarts)) {
+                essentials_done = false;
+                continue;
+            }
             if (!c->exited || !failed(c) || c->reported) continue;
             /* ps 0 may fail it over (--ps-replicas 2): it sees the death
              * within a heartbeat-timeout-ms at most, and says so. */
@@ -532,7 +568,9 @@ int cmd_launch(int argc, char **argv) {
                    "and is then a failed ps like any other.\n"
                    "With --ps-replicas 2, a ps other than ps 0 that dies or hangs is\n"
                    "failed over in place by ps 0 (its backup serves its shard): it is neither\n"
-                   "killed, nor restarted, nor a failure (docs/REPLICATION.md).\n"
+                   "killed nor a failure; under --max-restarts, once it has exited, a\n"
+                   "replacement rejoins as the backup of its shards, copied while training\n"
+                   "goes on, without a rollback (docs/REPLICATION.md).\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

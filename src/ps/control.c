@@ -153,7 +153,10 @@ void qr__control_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
     switch (f->type) {
-    case QR_MSG_HELLO: hello_message(p, f, &r); break;
+    case QR_MSG_HELLO:
+        /* a worker's, to a ps that may be a replacement not told yet */
+        if (!qr__rerep_hold_hello(p, f, meta)) hello_message(p, f, &r);
+        break;
     case QR_MSG_READY: ready_message(p, f, &r); break;
     case QR_MSG_STEP: qr__peer_reply_step(p, f, p->ps->global_step); break;
     case QR_MSG_STATS: stats_message(p, f); break;

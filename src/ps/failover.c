@@ -24,9 +24,12 @@
  * In sync mode ps 0 also hands shard k's part of a step in flight to the
  * promoted copy (qr__coord_failed_over); the copy holds every push of it
  * (sync.c; the last ps's copy is on ps 0, which applies it with its own
- * part). A shard with no copy left (two neighbours failed) and ps 0
- * itself are not failed over: links.c goes on as with one copy
- * (restart-wait-ms, then the run aborts naming the ps).
+ * part). A failed ps's replacement joins as the backup of its shards
+ * (rerep.c, async mode only: the view marks it JOINING, then BACKUP). A
+ * shard with no copy left (two neighbours failed, or a neighbour and a
+ * replacement still being copied) and ps 0 itself are not failed over:
+ * links.c goes on as with one copy (restart-wait-ms, then the run aborts
+ * naming the ps).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -37,18 +40,30 @@
 
 #include <string.h>
 
-/* What the view makes of this ps. */
-static void apply_view(qr_ps *ps) {
+/* What the view makes of this ps. A replacement (JOINING, BACKUP) serves
+ * nothing and is copied its shards (rerep.c); its sources start copying
+ * when they see it JOINING. */
+void qr__failover_apply(qr_ps *ps) {
     ps_replica *r = &ps->replica;
-    if (r->failed[ps->index]) {
+    int self = r->failed[ps->index], prim = r->failed[r->primary], back = r->failed[r->backup];
+    if (self == QR_PS_FAILED) {
         char why[200];
         snprintf(why, sizeof why, "view %llu names this ps failed: its shard is served by ps %d",
                  (unsigned long long)r->view, r->backup);
         qr__ps_fence(ps, why);
         return;
     }
-    if (r->failed[r->primary]) qr__replica_promote(ps);
-    if (r->failed[r->backup]) qr__replica_backup_gone(ps);
+    if (prim != QR_PS_ALIVE) qr__replica_promote(ps);
+    /* the promoted copy's copy: on the primary's replacement, or none */
+    if (prim == QR_PS_FAILED) qr__replica_link_gone(&r->copy_link);
+    else if (prim == QR_PS_JOINING && r->promoted && self == QR_PS_ALIVE)
+        qr__rerep_start(&r->copy_link);
+    /* this ps's own shard's copy: on its backup (or the backup's
+     * replacement), or none. A replacement's own shard is served by its
+     * backup ps, which copies it here (rerep.c). */
+    if (self != QR_PS_ALIVE) qr__replica_link_gone(&r->link); /* ps (k+1) serves it */
+    else if (back == QR_PS_FAILED) qr__replica_backup_gone(ps);
+    else if (back == QR_PS_JOINING) qr__rerep_start(&r->link);
 }
 
 static void put_view(const qr_ps *ps, qr_wbuf *b) {
@@ -56,6 +71,13 @@ static void put_view(const qr_ps *ps, qr_wbuf *b) {
 }
 
 /* ps 0 tells a worker the view, unasked. */
+static void notify(ps_peer *p);
+
+void qr__failover_notify_workers(qr_ps *ps) {
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->role == QR_ROLE_WORKER) notify(p);
+}
+
 static void notify(ps_peer *p) {
     qr_frame req = {.type = QR_MSG_VIEW, .request_id = QR_VIEW_NOTICE_ID};
     qr_wbuf meta = {0};
@@ -68,31 +90,46 @@ bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
     if (!qr__replica_on(ps) || ps->index != 0 || k <= 0 || k >= nps) return false;
-    if (r->failed[k]) return true;
-    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
+    if (r->failed[k] == QR_PS_FAILED) return true;
     const char *how = hung ? "is hung (no answer to heartbeats for heartbeat-timeout-ms)"
                            : "is gone (its link lost, its address refusing)";
-    if (r->failed[next] || r->failed[prev]) {
-        int lost = r->failed[next] ? k : prev;
-        qr__log(QR_LOG_ERROR, "ps %d (%s) %s, and ps %d failed before: shard %d has lost both "
-                "its copies, which no failover covers (re-replication is not built): the run "
-                "waits for ps %d as with one copy", k, ps->cluster->ps[k], how,
-                r->failed[next] ? next : prev, lost, k);
+    int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
+    /* A neighbour failed, or a replacement not yet copied its shards,
+     * holds no full copy: a shard k holds would be lost with it. */
+    bool next_down = r->failed[next] == QR_PS_FAILED || r->failed[next] == QR_PS_JOINING;
+    bool prev_down = r->failed[prev] == QR_PS_FAILED || r->failed[prev] == QR_PS_JOINING;
+    if ((next_down && r->failed[k] == QR_PS_ALIVE) || prev_down) {
+        int lost = prev_down ? prev : k;
+        qr__log(QR_LOG_ERROR, "ps %d (%s) %s, and ps %d holds no copy (failed, or a replacement "
+                "still being copied): shard %d has lost both its copies, which no failover "
+                "covers: the run goes on as with one copy (it waits restart-wait-ms for ps %d, "
+                "then rolls back to the last checkpoint or aborts)", k, ps->cluster->ps[k], how,
+                prev_down ? prev : next, lost, k);
         return false;
     }
-    r->failed[k] = 1;
+    int was = r->failed[k];
+    r->failed[k] = QR_PS_FAILED;
+    /* A replacement before it held shard prev's copy as its backup: prev
+     * serves its own shard again (the state of the start). */
+    if (r->failed[prev] == QR_PS_BACKUP) r->failed[prev] = QR_PS_ALIVE;
     r->view++;
-    qr__log(QR_LOG_WARN, "ps %d (%s) %s: failed over in place, view %llu: shard %d is served by "
-            "its backup ps %d from now on, and shard %d goes on without its backup; both on one "
-            "copy until re-replication (not built); nothing rolls back", k, ps->cluster->ps[k],
-            how, (unsigned long long)r->view, k, next, prev);
+    if (was == QR_PS_ALIVE)
+        qr__log(QR_LOG_WARN, "ps %d (%s) %s: failed over in place, view %llu: shard %d is "
+                "served by its backup ps %d from now on, and shard %d goes on without its "
+                "backup; both on one copy until a replacement is copied them "
+                "(re-replication); nothing rolls back", k, ps->cluster->ps[k], how,
+                (unsigned long long)r->view, k, next, prev);
+    else
+        qr__log(QR_LOG_WARN, "ps %d (%s), a replacement %s, %s: view %llu: shards %d (served by "
+                "ps %d) and %d go on on one copy; nothing rolls back", k, ps->cluster->ps[k],
+                was == QR_PS_JOINING ? "being copied its shards" : "holding copies", how,
+                (unsigned long long)r->view, k, next, prev);
     qr__tell_supervisor("failover ps %d %llu", k, (unsigned long long)r->view);
     qr_wbuf_reset(&ps->sync.view_meta);
     put_view(ps, &ps->sync.view_meta);
-    apply_view(ps);
+    qr__failover_apply(ps);
     qr__links_view(ps);
-    for (ps_peer *p = ps->peers; p; p = p->next)
-        if (p->role == QR_ROLE_WORKER) notify(p);
+    qr__failover_notify_workers(ps);
     qr__coord_failed_over(ps, k);
     return true;
 }
@@ -110,7 +147,7 @@ int qr__failover_hello(ps_peer *p, const qr_msg_hello *m) {
         return qr__fail(QR_EVIEW, "old view %llu, now %llu%s: ask ps 0 for the view",
                         (unsigned long long)m->view, (unsigned long long)r->view,
                         m->view > r->view ? " here (ps 0 has not told this ps yet)" : "");
-    if (m->shard == (uint32_t)ps->index) return QR_OK;
+    if (m->shard == (uint32_t)ps->index && r->failed[ps->index] == QR_PS_ALIVE) return QR_OK;
     if (m->shard == (uint32_t)r->primary && r->promoted) {
         p->promoted_shard = true;
         return QR_OK;
@@ -158,7 +195,10 @@ void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *met
         r->view = view;
         memcpy(r->failed, failed, (size_t)nps);
         qr__log(QR_LOG_INFO, "view %llu from ps 0", (unsigned long long)view);
-        apply_view(ps);
+        qr__failover_apply(ps);
+        qr__rerep_release_hellos(ps); /* answered as of this view */
     }
+    /* A copy this view started (rerep.c): answered once it is made. */
+    if (qr__rerep_hold_view(p, f)) return;
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
 }

@@ -25,6 +25,9 @@
  * be made again; when it takes the ps, the link is dropped for good (no
  * retries, no restart-wait-ms, no STOP at the end, no "hung" notice to
  * the supervisor) and the VIEW it sends goes to the others (qr__links_view).
+ * A dropped link still tries the address every second: a new run there
+ * (a replacement) is taken back (rerep.c, qr__rerep_joined), and a
+ * source's answer to a VIEW says a copy for it is made.
  *
  * Every request carries the callback that consumes its answer, as libuv's
  * uv_write_t carries its uv_write_cb: an APPLY's goes to the coordinator,
@@ -128,7 +131,7 @@ static void link_flush(coord_link *l) {
 
 static void on_retry(uv_timer_t *t) {
     coord_link *l = t->data;
-    if (!l->closing && !l->conn) link_connect(l);
+    if ((!l->closing || (l->dropped && !l->ps->stopping)) && !l->conn) link_connect(l);
 }
 
 static void retry_later(coord_link *l) {
@@ -172,13 +175,38 @@ static void on_link_connected(qr_conn *c, int status) {
     link_flush(l); /* a STOP may be waiting */
 }
 
-/* The ps at the other end is failed over (failover.c): this link is done. */
+/* The ps at the other end is failed over (failover.c): this link carries
+ * nothing more to it. It keeps trying the address, slowly, for a
+ * replacement (rerep.c): a new run there joins as a backup. */
 static void drop(coord_link *l) {
     l->dropped = l->closing = true;
     l->apply_step = -1;
     l->ckpt_wanted = l->view_wanted = false;
+    l->up = false;
     uv_timer_stop(&l->retry);
     if (l->conn) qr_conn_close(l->conn);
+    retry_later(l); /* a replacement may come */
+}
+
+/* A dropped link reached a run of the failed ps: a replacement (another
+ * incarnation) joins; the old run (a stopped one resumed) is left to fence
+ * itself. */
+static void rejoin(coord_link *l, const qr_msg_welcome *m) {
+    qr_ps *ps = l->ps;
+    if (m->incarnation == l->incarnation || ps->stopping) {
+        qr_conn_close(l->conn);
+        return;
+    }
+    l->dropped = l->closing = l->hung = false;
+    l->incarnation = m->incarnation;
+    l->up = true;
+    l->attempts = 0;
+    l->down_ns = 0;
+    if (!qr__rerep_joined(ps, l->index)) {
+        drop(l);
+        return;
+    }
+    link_flush(l);
 }
 
 /* Is ps `index` failed over rather than waited for? (hung: declared so) */
@@ -195,9 +223,11 @@ static void on_link_lost(qr_conn *c, int status) {
     coord_link *l = qr_conn_data(c);
     qr_ps *ps = l->ps;
     bool was_up = l->up;
-    if (l->dropped) {
+    if (l->dropped || c != l->conn) {
+        if (c != l->conn) return; /* a connection given up before this one */
         l->conn = NULL;
         l->up = l->connecting = false;
+        if (!ps->stopping) retry_later(l); /* for a replacement */
         return;
     }
     /* Gone, and its address refuses a new connection: died. (A link that
@@ -232,6 +262,15 @@ static void on_link_lost(qr_conn *c, int status) {
  * that makes the cluster roll back (rollback.c), which ends this one. */
 static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = l->ps;
+    if (l->dropped) {
+        qr_msg_welcome w;
+        qr_rbuf rb;
+        qr_rbuf_init(&rb, meta, f->meta_len);
+        qr_msg_get_welcome(&rb, &w);
+        if (f->status || rb.bad) qr_conn_close(l->conn);
+        else rejoin(l, &w);
+        return;
+    }
     if (f->status) {
         char why[700];
         snprintf(why, sizeof why, "ps %d (%s) refused ps 0's link: %.*s", l->index,
@@ -292,6 +331,8 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         if (ps->sync.on_held) ps->sync.on_held(ps, from, meta, f->meta_len);
     } else if (type == QR_MSG_CKPT && l->ckpt_cb) {
         l->ckpt_cb(ps, l->index, f->status, f, meta);
+    } else if (type == QR_MSG_VIEW) {
+        qr__rerep_view_answer(ps, l->index, f->status, meta, f->meta_len);
     } else if (type == QR_MSG_STOP) {
         l->closing = true;
         qr_conn_close(c);
@@ -466,6 +507,15 @@ void qr__links_watch(qr_ps *ps) {
             return;
         }
     }
+}
+
+void qr__links_stop_one(qr_ps *ps, int k) {
+    coord_link *l = link_of(ps, k);
+    if (l->dropped || l->stop_wanted) return;
+    l->stop_wanted = true;
+    l->apply_step = -1;
+    if (!l->conn && !l->connecting && !l->closing) link_connect(l);
+    link_flush(l);
 }
 
 bool qr__links_busy(qr_ps *ps) {

@@ -110,11 +110,11 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_table_evict_idle(t);
     /* The backup replays the sightings (replica.c); the answer does not
      * wait for it: a row's values come from (seed, id) alone. */
-    if (qr__replica_on(ps) && !p->promoted_shard && !(f->flags & QR_LOOKUP_READ_ONLY)) {
-        qr_msg_repl_head head = {.t = ps->applied_steps};
+    if (qr__replica_on(ps) && !(f->flags & QR_LOOKUP_READ_ONLY)) {
+        qr_msg_repl_head head = {.t = t->clock};
         repl_forward *fw = qr__replica_begin(ps, &head);
         qr__replica_add(fw, v->id, QR_REPL_LOOKUP, 0, ids, (uint64_t)n * 8);
-        qr__replica_send(ps, fw);
+        qr__replica_send_for(p, fw); /* a promoted shard's: to its copy being made, if any */
     }
     ps->metrics.rows_added += added;
     ps->metrics.rows_looked_up += (uint64_t)n;

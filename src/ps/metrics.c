@@ -176,7 +176,7 @@ static void render_tables(const qr_ps *ps, FILE *f) {
            "(--ps-replicas 2).", (double)ps->replica.duplicate_pushes);
     family(f, "quorum_replica_forwards_total", "counter",
            "Updates forwarded to this ps's backup (--ps-replicas 2).",
-           (double)ps->replica.forwards);
+           (double)(ps->replica.link.forwards + ps->replica.copy_link.forwards));
 }
 
 /* Connections: open, refused, evicted, and the handshakes refused by reason. */

@@ -42,6 +42,10 @@
  *   failover.c    --ps-replicas 2: the view (where each shard is
  *             served), kept by ps 0; a dead or hung ps failed over to its
  *             backup in place; VIEW, and a worker's HELLO of a view
+ *   rerep.c   --ps-replicas 2, async: a failed ps's replacement joins as
+ *             the backup of the shards it held copies of: a snapshot of
+ *             each (the checkpoint's) streamed while training goes on,
+ *             then the forwards since; ps 0 marks it in the view
  *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
  *             (k+1) mod P, each CREATE, applied async push and LOOKUP
  *             forwarded in apply order (sync.c forwards its kept pushes
@@ -235,6 +239,11 @@ typedef struct ps_peer {
     qr_msg_repl_head repl; /* REPLICATE (role QR_ROLE_REPLICA): the head being received */
     bool promoted_shard;  /* a worker's connection to the shard this ps was promoted to
                            * serve (failover.c): its requests name ps->replica.store */
+    bool copy_own;        /* a replica link that copies this ps's own shard into ps->store
+                           * (a replacement's, rerep.c) */
+    bool hello_held;      /* its HELLO waits (rerep.c): held_req, held_meta */
+    qr_frame held_req;
+    uint8_t held_meta[64];
     qr_var **created;    /* CREATE: new variables waiting for their payload */
     int ncreated;
     grad_check check;    /* of the push being received (items NULL: none) */
@@ -497,15 +506,22 @@ typedef struct repl_last {
     int64_t answer[QR_REPL_DUP_WINDOW]; /* the step each was answered with */
     int n, next;
 } repl_last;
-typedef struct ps_replica {
-    int copies;            /* ps-replicas: 1 (off) or 2 */
-    int backup, primary;   /* (index + 1) mod P, (index - 1) mod P; -1 when off */
-    /* primary: the link to the backup, the forwards it has not applied
-     * yet (sent, or waiting for the link), the answers waiting for them */
+/* A primary's link to the ps that holds a copy of one of its shards, and
+ * the forwards that copy has not applied yet: ps->replica.link carries
+ * this ps's own shard to its backup; ps->replica.copy_link, only while a
+ * promoted copy is re-replicated (rerep.c), carries that copy to the
+ * replacement of the failed ps. */
+typedef struct repl_link {
+    qr_ps *ps;
+    int target;            /* the ps at the other end */
+    int shard;             /* the shard it carries */
+    bool copy;             /* the promoted copy (ps->replica.store), not ps->store */
     qr_addr addr;
     qr_conn *conn;
     bool connecting, up, closing, retry_on;
     bool draining;         /* stopping: the link stays until the backup has every forward */
+    bool gone;             /* no copy there (the target failed, or never joined): nothing
+                            * is forwarded, what waited is answered */
     uv_timer_t retry;
     int attempts;
     uint32_t next_id;      /* request ids on the link */
@@ -513,8 +529,27 @@ typedef struct ps_replica {
     uint64_t acked;        /* every forward up to this one is applied there */
     repl_forward *fwd_head, *fwd_tail;
     repl_wait *wait_head, *wait_tail;
+    uint64_t forwards;
+    /* re-replication (rerep.c): the queue starts with a snapshot, held
+     * back until it is written (`hold`); until the copy has applied the
+     * snapshot and every forward made before that (`mark`), pushes are
+     * answered at once (the shard is still on one copy: `streaming`) */
+    bool hold, streaming;
+    uint64_t mark;
+    uint64_t snapshot_fwd; /* the snapshot's forward number (0: none) */
+    uint64_t target_incarnation; /* the run of the target that holds the copy (0: not met) */
+    bool stale;            /* the target answered as a new run (its copy lost): the link
+                            * waits for ps 0's view (failed, then a re-replication) */
+    struct rerep_job *job; /* the snapshot being written */
+} repl_link;
+typedef struct ps_replica {
+    int copies;            /* ps-replicas: 1 (off) or 2 */
+    int backup, primary;   /* (index + 1) mod P, (index - 1) mod P; -1 when off */
+    repl_link link;        /* primary: the link to the backup (its shard's forwards) */
+    repl_link copy_link;   /* a promoted copy's forwards to the failed ps's replacement */
+    bool ever_up;          /* the link to the backup was up once in this run */
     repl_last *last;       /* [workers]: duplicates are answered, not applied */
-    uint64_t forwards, duplicate_pushes;
+    uint64_t duplicate_pushes;
     /* backup */
     qr_store store;        /* the copy of ps `primary`'s shard */
     uint64_t primary_incarnation; /* the run of the primary whose forwards it holds */
@@ -522,18 +557,40 @@ typedef struct ps_replica {
     uint64_t applied;      /* forwards applied */
     repl_last *backup_last; /* [workers]: the primary's record, as forwarded */
     int64_t copy_steps;    /* the primary's steps applied (Adam's t), as forwarded */
+    /* a replacement (rerep.c): its own shard's copy, fed by the ps that
+     * serves it (ps `backup`, promoted), on a link of its own */
+    uint64_t own_incarnation, own_applied_fwd;
     bool digests_logged;
-    /* the view (failover.c): its number, which ps have failed, and what
-     * it made of this ps: the primary of its copy (promoted: it serves
-     * ps `primary`'s shard from `store`, on one copy), or a primary whose
-     * backup is gone (its shard on one copy: nothing forwarded) */
+    /* the view (failover.c): its number, the state of each ps
+     * (QR_PS_ALIVE, _FAILED, _JOINING, _BACKUP), and what it made of this
+     * ps: the primary of its copy (promoted: it serves ps `primary`'s
+     * shard from `store`), or a primary whose backup is gone (its shard on
+     * one copy: nothing forwarded) */
     uint64_t view;
     uint8_t *failed;       /* [nps] */
-    bool promoted, backup_gone;
+    bool promoted;
+    /* ps 0 (rerep.c): per ps joining, the copies made so far (bit 0: its
+     * own shard's, from the ps serving it; bit 1: its neighbour's) */
+    uint8_t *rejoin_done;  /* [nps] */
     /* pushes applied (duplicates not counted): to this ps's own shard,
      * and to its copy of ps `primary`'s (forwarded, then served) */
     uint64_t own_pushes, copy_pushes;
 } ps_replica;
+/* A ps's state in the view (ps_replica.failed[k]): serving as placed;
+ * failed (its shard served by its backup); a replacement being copied
+ * the shards it backs up; a replacement that holds them (the backup of
+ * its own shard, which ps (k+1) mod P serves, and of ps (k-1)'s). */
+#define QR_PS_ALIVE 0
+#define QR_PS_FAILED 1
+#define QR_PS_JOINING 2
+#define QR_PS_BACKUP 3
+
+/* rerep.c: a source's answer to the VIEW that started its copy, held until
+ * the copy is made. */
+typedef struct ps_rerep_report {
+    ps_peer *peer;
+    qr_frame req;
+} ps_rerep_report;
 
 /* Staleness histogram buckets: 0, 1, 2, 3, 4-7, 8-15, 16-31, 32-63, 64+. */
 #define QR_STALENESS_BUCKETS 9
@@ -631,6 +688,8 @@ struct qr_ps {
     ps_liveness liveness;
     ps_metrics metrics;
     ps_replica replica;
+    /* rerep.c: the VIEW from ps 0 that started a copy, answered once it is made */
+    ps_rerep_report rerep;
 };
 
 /* ps-replicas 2: this ps forwards what it applies to its backup. */
@@ -788,6 +847,7 @@ void qr__replica_close(qr_ps *ps);
 void qr__replica_free(qr_ps *ps);
 /* The store a peer's requests name: a replica link's is the backup's. */
 static inline qr_store *qr__peer_store(ps_peer *p) {
+    if (p->copy_own) return &p->ps->store;
     return p->role == QR_ROLE_REPLICA || p->promoted_shard ? &p->ps->replica.store
                                                            : &p->ps->store;
 }
@@ -836,6 +896,60 @@ void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx);
 /* REPLICATE, on the backup. */
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* Re-replication (replica.c's side): a link's copy is gone (the target
+ * failed: its forwards dropped, what waited answered; returns how many
+ * were dropped); a link opened again with `snapshot` at the head of its
+ * queue (numbered), to a replacement; the snapshot's forward made
+ * (type SNAPSHOT) and the link opened; its meta and its payload (taken). */
+uint64_t qr__replica_link_gone(repl_link *L);
+repl_forward *qr__replica_snapshot_forward(repl_link *L);
+void qr__replica_snapshot_meta(repl_forward *fw, const qr_wbuf *meta);
+void qr__replica_snapshot_payload(repl_forward *fw, uint8_t *bytes, size_t len);
+void qr__replica_link_flush(repl_link *L);
+/* A forward of p's shard: to the backup of this ps's own shard, or (a
+ * promoted shard) to the replacement being copied it. */
+void qr__replica_send_for(ps_peer *p, repl_forward *fw);
+
+/* rerep.c: re-replication (docs/REPLICATION.md, "Re-replication"). */
+struct rerep_job;
+/* Source: take the snapshot of L's shard and stream it to L's target,
+ * then the forwards made since; qr__rerep_acked on each forward the
+ * target applies while it is being copied. */
+void qr__rerep_start(repl_link *L);
+void qr__rerep_acked(repl_link *L);
+/* ps 0: failed ps k answers its link again, a new run: it joins (true),
+ * marked QR_PS_JOINING in the next view. A source's answer to that VIEW
+ * (meta: joiner, which copy) says a copy is made. */
+bool qr__rerep_joined(qr_ps *ps, int k);
+void qr__rerep_view_answer(qr_ps *ps, int from, int status, const uint8_t *meta, uint32_t len);
+/* Source ps k: hold the answer to VIEW f until the copy it started is
+ * made (false: nothing to wait for). */
+bool qr__rerep_hold_view(ps_peer *p, const qr_frame *f);
+void qr__rerep_peer_lost(ps_peer *p);
+void qr__rerep_close(qr_ps *ps);
+/* L's copy is given up: a snapshot still being written is dropped when
+ * the write ends. */
+void qr__rerep_abandon(repl_link *L);
+/* A worker's HELLO for this ps's own shard, before this ps knows it
+ * serves it (its backup has not accepted its replica link yet, and ps 0
+ * has told it no view): held (true), and answered by
+ * qr__rerep_release_hellos once it knows; a replacement started at a
+ * failed ps's address must not serve a worker that has not heard of the
+ * failover. */
+bool qr__rerep_hold_hello(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__rerep_release_hellos(qr_ps *ps);
+/* ps 0 stopping: the replacements (no worker's stop reaches them) are
+ * stopped on ps 0's links. */
+void qr__rerep_stop(qr_ps *ps);
+/* The replacement: a replica HELLO that copies its own shard (cause =
+ * shard + 1); SNAPSHOT, loaded into the store the link copies. */
+int qr__rerep_hello(ps_peer *p, const qr_msg_hello *m);
+int qr__rerep_snapshot_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* failover.c, for rerep.c: apply the view to this ps; tell the workers. */
+void qr__failover_apply(qr_ps *ps);
+void qr__failover_notify_workers(qr_ps *ps);
+
 /* A store's params digest: FNV-1a of every dense variable's values in id
  * order (the trainer's params_digest), then every table row's id and
  * values in the table's order. */
@@ -1005,6 +1119,9 @@ static inline bool qr__ps_has_links(const qr_ps *ps) {
 }
 /* Every link is up: connected and its HELLO answered (but those failed over). */
 bool qr__links_all_up(const qr_ps *ps);
+/* STOP to ps k alone (its link stays until it is delivered): a
+ * replacement serves no worker, so no worker's stop reaches it. */
+void qr__links_stop_one(qr_ps *ps, int k);
 /* Send ps->sync.view_meta (VIEW) on every link not failed over, first
  * thing once it is up. */
 void qr__links_view(qr_ps *ps);

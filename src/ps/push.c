@@ -455,7 +455,7 @@ static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t 
         qr__replica_add(fw, it->var->id, it->nrows >= 0 ? QR_REPL_SPARSE : QR_REPL_DENSE, lr,
                         it->data, bytes);
     }
-    qr__replica_send(ps, fw);
+    qr__replica_send_for(p, fw);
     qr__replica_applied(p, p->push_worker, p->push_seq, answer);
 }
 
@@ -501,10 +501,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
-    if (p->promoted_shard) { /* one copy: nothing to forward (failover.c) */
-        qr__replica_applied(p, p->push_worker, p->push_seq, ps->global_step);
-        answer_after_backup(p, f, ps->global_step);
-    } else if (qr__replica_on(ps)) {
+    if (qr__replica_on(ps)) { /* a promoted shard's: to its copy, if one is being made */
         forward(p, f, &a, ps->global_step);
         answer_after_backup(p, f, ps->global_step);
     } else if (values) {

@@ -45,6 +45,14 @@
  * shard, qr__peer_store) and refuses the old primary's replica link and
  * forwards (QR_EVIEW), which fences that primary if it still runs; a
  * primary whose backup failed forwards nothing more and answers at once.
+ *
+ * Links. The primary side is per link (repl_link): ps->replica.link
+ * carries this ps's own shard to its backup; ps->replica.copy_link
+ * carries a promoted copy to the failed primary's replacement (rerep.c),
+ * whose replica HELLO names the shard (cause = shard + 1) so that it
+ * applies those forwards to its own store. A link re-opened to a
+ * replacement starts with a SNAPSHOT (rerep.c) and answers pushes at
+ * once until the replacement has caught up.
  */
 #include "ps/ps_internal.h"
 
@@ -76,8 +84,8 @@ struct repl_wait {
 };
 
 static const qr_conn_events link_events;
-static void link_connect(qr_ps *ps);
-static void end_drain(qr_ps *ps);
+static void link_connect(repl_link *L);
+static void end_drain(repl_link *L);
 
 /* ---- the options ---------------------------------------------------------- */
 
@@ -91,13 +99,17 @@ int qr__replica_init(qr_ps *ps) {
     if (!qr__replica_on(ps)) return QR_OK;
     r->backup = (ps->index + 1) % nps;
     r->primary = (ps->index + nps - 1) % nps;
-    r->next_fwd = 1;
+    r->link = (repl_link){.ps = ps, .target = r->backup, .shard = ps->index, .next_fwd = 1};
+    r->copy_link = (repl_link){.ps = ps, .target = r->primary, .shard = r->primary,
+                               .copy = true, .gone = true, .next_fwd = 1};
     int nw = ps->cluster->nworkers;
     r->last = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *r->last);
     r->backup_last = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *r->backup_last);
     r->failed = qr__calloc((size_t)nps, sizeof *r->failed);
-    if (!r->last || !r->backup_last || !r->failed) return QR_ENOMEM;
-    return qr_addr_parse(ps->cluster->ps[r->backup], &r->addr);
+    r->rejoin_done = qr__calloc((size_t)nps, sizeof *r->rejoin_done);
+    if (!r->last || !r->backup_last || !r->failed || !r->rejoin_done) return QR_ENOMEM;
+    rc = qr_addr_parse(ps->cluster->ps[r->backup], &r->link.addr);
+    return rc ? rc : qr_addr_parse(ps->cluster->ps[r->primary], &r->copy_link.addr);
 }
 
 /* ---- the link to the backup ----------------------------------------------- */
@@ -115,8 +127,7 @@ static void on_sent(qr_conn *c, int status, void *ctx) {
     if (--fw->sending == 0 && fw->acked) forward_free(fw);
 }
 
-static void send_forward(qr_ps *ps, repl_forward *fw) {
-    ps_replica *r = &ps->replica;
+static void send_forward(repl_link *L, repl_forward *fw) {
     qr_wbuf meta = {0};
     const qr_wbuf *m = &fw->items;
     if (fw->type == QR_MSG_REPLICATE) {
@@ -124,80 +135,82 @@ static void send_forward(qr_ps *ps, repl_forward *fw) {
         qr_wbuf_bytes(&meta, fw->items.data, fw->items.len);
         m = &meta;
     }
-    qr_frame f = {.type = fw->type, .request_id = ++r->next_id};
+    qr_frame f = {.type = fw->type, .request_id = ++L->next_id};
     fw->request_id = f.request_id;
     qr_iov iov = {fw->payload.data, fw->payload.len};
     fw->sending++;
-    if (qr_conn_send(r->conn, &f, m->data, (uint32_t)m->len, &iov, fw->payload.len ? 1 : 0,
+    if (qr_conn_send(L->conn, &f, m->data, (uint32_t)m->len, &iov, fw->payload.len ? 1 : 0,
                      on_sent, fw)) {
         /* The connection is going: `lost` follows, and this is sent again. */
-        qr__log(QR_LOG_WARN, "forwarding to backup ps %d failed: %s", r->backup,
-                qr_last_error());
+        qr__log(QR_LOG_WARN, "forwarding to ps %d failed: %s", L->target, qr_last_error());
     }
     qr_wbuf_free(&meta);
 }
 
 /* Every forward not applied yet goes (again), in order. */
-static void link_flush(qr_ps *ps) {
-    ps_replica *r = &ps->replica;
-    if (!r->conn || r->connecting || !r->up) return;
-    for (repl_forward *fw = r->fwd_head; fw; fw = fw->next) send_forward(ps, fw);
+static void link_flush(repl_link *L) {
+    if (!L->conn || L->connecting || !L->up || L->hold) return;
+    for (repl_forward *fw = L->fwd_head; fw; fw = fw->next) send_forward(L, fw);
 }
 
 static void on_retry(uv_timer_t *t) {
-    qr_ps *ps = t->data;
-    if (!ps->replica.closing && !ps->replica.conn) link_connect(ps);
+    repl_link *L = t->data;
+    if (!L->closing && !L->conn && !L->gone) link_connect(L);
 }
 
-static void link_connect(qr_ps *ps) {
-    ps_replica *r = &ps->replica;
-    r->connecting = true;
+static void link_connect(repl_link *L) {
+    qr_ps *ps = L->ps;
+    L->connecting = true;
     bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
-    if (qr_connect(&ps->loop, &r->addr, prefer_unix, &ps->conn_opt, &link_events, ps,
-                   &r->conn)) {
-        r->connecting = false;
-        r->conn = NULL;
-        uv_timer_start(&r->retry, on_retry, qr__link_backoff_ms(&r->attempts), 0);
+    if (qr_connect(&ps->loop, &L->addr, prefer_unix, &ps->conn_opt, &link_events, L,
+                   &L->conn)) {
+        L->connecting = false;
+        L->conn = NULL;
+        uv_timer_start(&L->retry, on_retry, qr__link_backoff_ms(&L->attempts), 0);
     }
 }
 
 static void on_link_connected(qr_conn *c, int status) {
-    qr_ps *ps = qr_conn_data(c);
-    ps_replica *r = &ps->replica;
-    r->connecting = false;
+    repl_link *L = qr_conn_data(c);
+    qr_ps *ps = L->ps;
+    L->connecting = false;
     if (status) return; /* `lost` follows */
     qr_wbuf meta = {0};
+    /* A promoted copy's link names the shard it carries (cause: shard + 1;
+     * 0 on a primary's own link), so that a replacement holding both of a
+     * ps's shards (2 ps) tells the two apart. */
     qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_REPLICA,
                                             .task_index = (uint32_t)ps->index,
                                             .mode = ps->sync.on,
                                             .incarnation = ps->incarnation,
-                                            .restored_step = ps->ckpt.restored_step});
-    qr_frame f = {.type = QR_MSG_HELLO, .request_id = ++r->next_id};
+                                            .restored_step = ps->ckpt.restored_step,
+                                            .cause = L->copy ? (uint64_t)L->shard + 1 : 0});
+    qr_frame f = {.type = QR_MSG_HELLO, .request_id = ++L->next_id};
     if (qr_conn_send(c, &f, meta.data, (uint32_t)meta.len, NULL, 0, NULL, NULL))
-        qr__log(QR_LOG_WARN, "HELLO to backup ps %d failed: %s", r->backup, qr_last_error());
+        qr__log(QR_LOG_WARN, "HELLO to ps %d failed: %s", L->target, qr_last_error());
     qr_wbuf_free(&meta);
 }
 
 static void on_link_lost(qr_conn *c, int status) {
-    qr_ps *ps = qr_conn_data(c);
-    ps_replica *r = &ps->replica;
-    if (r->up && !r->closing && !ps->stopping)
-        qr__log(QR_LOG_WARN, "lost the link to backup ps %d (%s): %s; pushes wait for it",
-                r->backup, ps->cluster->ps[r->backup], qr_strerror(status));
-    r->conn = NULL;
-    r->up = r->connecting = false;
-    if (r->draining) end_drain(ps); /* the backup went before the stop's forwards were in */
-    if (r->closing || ps->stopping || r->backup_gone) return;
-    uv_timer_start(&r->retry, on_retry, qr__link_backoff_ms(&r->attempts), 0);
+    repl_link *L = qr_conn_data(c);
+    qr_ps *ps = L->ps;
+    if (L->up && !L->closing && !ps->stopping && !L->gone)
+        qr__log(QR_LOG_WARN, "lost the link to ps %d (%s), the copy of shard %d: %s; pushes "
+                "wait for it", L->target, ps->cluster->ps[L->target], L->shard,
+                qr_strerror(status));
+    L->conn = NULL;
+    L->up = L->connecting = false;
+    if (L->draining) end_drain(L); /* the backup went before the stop's forwards were in */
+    if (L->closing || ps->stopping || L->gone || L->stale) return;
+    uv_timer_start(&L->retry, on_retry, qr__link_backoff_ms(&L->attempts), 0);
 }
 
 /* Answer the waits whose forwards are all applied now. */
-static void answer_waits(qr_ps *ps, int status, const char *msg) {
-    ps_replica *r = &ps->replica;
-    while (r->wait_head && (status || r->wait_head->fwd <= r->acked)) {
-        repl_wait *w = r->wait_head;
-        r->wait_head = w->next;
-        if (!r->wait_head) r->wait_tail = NULL;
+static void answer_waits(repl_link *L, int status, const char *msg) {
+    while (L->wait_head && (status || L->wait_head->fwd <= L->acked)) {
+        repl_wait *w = L->wait_head;
+        L->wait_head = w->next;
+        if (!L->wait_head) L->wait_tail = NULL;
         w->cb(w->peer, &w->req, w->ctx, status, msg);
         free(w);
     }
@@ -205,45 +218,45 @@ static void answer_waits(qr_ps *ps, int status, const char *msg) {
 
 /* The stop's end of the link: closed, and what still waits for the
  * backup answered "stopped". */
-static void end_drain(qr_ps *ps) {
-    ps_replica *r = &ps->replica;
-    r->draining = false;
-    if (r->conn) qr_conn_close(r->conn);
-    answer_waits(ps, QR_ESTOPPED, qr__ps_stop_reason(ps));
+static void end_drain(repl_link *L) {
+    L->draining = false;
+    if (L->conn) qr_conn_close(L->conn);
+    answer_waits(L, QR_ESTOPPED, qr__ps_stop_reason(L->ps));
 }
 
 bool qr__replica_busy(const qr_ps *ps) {
-    return ps->replica.draining;
+    return ps->replica.link.draining || ps->replica.copy_link.draining;
 }
 
 /* The backup's answer to the forward at the head of the queue. */
-static void on_forward_answer(qr_ps *ps, const qr_frame *f, const uint8_t *meta) {
-    ps_replica *r = &ps->replica;
-    repl_forward *fw = r->fwd_head;
+static void on_forward_answer(repl_link *L, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = L->ps;
+    repl_forward *fw = L->fwd_head;
     if (!fw || f->request_id != fw->request_id) return; /* of an earlier send of it */
-    if (f->status == QR_EVIEW) { /* the backup serves this shard now */
+    if (f->status == QR_EVIEW && !L->copy) { /* the backup serves this shard now */
         char why[700];
-        snprintf(why, sizeof why, "backup ps %d refused a forward: %.*s", r->backup,
+        snprintf(why, sizeof why, "backup ps %d refused a forward: %.*s", L->target,
                  (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
         qr__ps_fence(ps, why);
         return;
     }
     if (f->status) {
         char why[700];
-        snprintf(why, sizeof why, "backup ps %d refused a forward of this ps's shard (%s), so "
-                 "the copies would differ: %.*s", r->backup, qr_msg_name(fw->type),
+        snprintf(why, sizeof why, "ps %d refused a forward of shard %d (%s), so the copies "
+                 "would differ: %.*s", L->target, L->shard, qr_msg_name(fw->type),
                  (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
-        answer_waits(ps, QR_EABORTED, why);
+        answer_waits(L, QR_EABORTED, why);
         qr__ps_ask_abort(ps, QR_EABORTED, why);
         return;
     }
-    r->fwd_head = fw->next;
-    if (!r->fwd_head) r->fwd_tail = NULL;
-    r->acked = fw->fwd;
+    L->fwd_head = fw->next;
+    if (!L->fwd_head) L->fwd_tail = NULL;
+    L->acked = fw->fwd;
     fw->acked = true;
     if (!fw->sending) forward_free(fw);
-    answer_waits(ps, QR_OK, NULL);
-    if (r->draining && !r->fwd_head) end_drain(ps); /* the stop's last forward is in */
+    if (L->streaming) qr__rerep_acked(L);
+    answer_waits(L, QR_OK, NULL);
+    if (L->draining && !L->fwd_head) end_drain(L); /* the stop's last forward is in */
 }
 
 static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
@@ -254,33 +267,61 @@ static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
 }
 
 static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
-    qr_ps *ps = qr_conn_data(c);
-    ps_replica *r = &ps->replica;
+    repl_link *L = qr_conn_data(c);
+    qr_ps *ps = L->ps;
     if (qr__ps_fenced(ps)) return;
     int type = f->type & ~QR_MSG_REPLY;
     if (type == QR_MSG_HELLO) {
-        if (f->status == QR_EVIEW) {
+        if (f->status == QR_EVIEW && !L->copy && !ps->replica.ever_up) {
+            /* A replacement started after its shard moved: it serves
+             * nothing until ps 0 makes it a backup (rerep.c). */
+            qr__log(QR_LOG_INFO, "ps %d serves this ps's shard in a later view: this ps waits "
+                    "for ps 0 to make it a backup (re-replication)", L->target);
+            L->gone = true;
+            qr_conn_close(c);
+            return;
+        }
+        if (f->status == QR_EVIEW && !L->copy) {
             char why[700];
             snprintf(why, sizeof why, "backup ps %d refused this ps's replica link: %.*s",
-                     r->backup, (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+                     L->target, (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
             qr__ps_fence(ps, why);
             return;
         }
         if (f->status) {
             char why[700];
-            snprintf(why, sizeof why, "backup ps %d (%s) refused this ps's replica link: %.*s",
-                     r->backup, ps->cluster->ps[r->backup], (int)QR_MIN(f->meta_len, 500u),
-                     (const char *)meta);
+            snprintf(why, sizeof why, "ps %d (%s) refused this ps's replica link (shard %d): "
+                     "%.*s", L->target, ps->cluster->ps[L->target], L->shard,
+                     (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
             qr__ps_ask_abort(ps, QR_EABORTED, why);
             return;
         }
-        qr__log(QR_LOG_INFO, "linked to backup ps %d (%s)", r->backup,
-                ps->cluster->ps[r->backup]);
-        r->up = true;
-        r->attempts = 0;
-        link_flush(ps);
-    } else if (type == QR_MSG_REPLICATE || type == QR_MSG_CREATE) {
-        on_forward_answer(ps, f, meta);
+        qr_msg_welcome w;
+        qr_rbuf rb;
+        qr_rbuf_init(&rb, meta, f->meta_len);
+        qr_msg_get_welcome(&rb, &w);
+        if (!rb.bad && L->target_incarnation && w.incarnation != L->target_incarnation) {
+            /* A replacement at the backup's address, before this ps heard
+             * of the failover: it holds no copy, so nothing is sent to it
+             * until ps 0's view says what it is (rerep.c). */
+            qr__log(QR_LOG_WARN, "ps %d answers as a new run: its copy of shard %d is lost; "
+                    "the link waits for ps 0's view", L->target, L->shard);
+            L->stale = true;
+            qr_conn_close(c);
+            return;
+        }
+        if (!rb.bad) L->target_incarnation = w.incarnation;
+        qr__log(QR_LOG_INFO, "linked to ps %d (%s), the copy of shard %d", L->target,
+                ps->cluster->ps[L->target], L->shard);
+        L->up = true;
+        if (!L->copy && !ps->replica.ever_up) {
+            ps->replica.ever_up = true;
+            qr__rerep_release_hellos(ps); /* this ps serves its shard: as placed */
+        }
+        L->attempts = 0;
+        link_flush(L);
+    } else if (type == QR_MSG_REPLICATE || type == QR_MSG_CREATE || type == QR_MSG_SNAPSHOT) {
+        on_forward_answer(L, f, meta);
     }
 }
 
@@ -289,32 +330,42 @@ static const qr_conn_events link_events = {.connected = on_link_connected,
                                            .message = on_link_message,
                                            .lost = on_link_lost};
 
+static void link_init(repl_link *L) {
+    uv_timer_init(&L->ps->loop, &L->retry);
+    L->retry.data = L;
+    L->retry_on = true;
+    uv_unref((uv_handle_t *)&L->retry); /* a retry never keeps the ps alive by itself */
+}
+
 int qr__replica_start(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps)) return QR_OK;
-    uv_timer_init(&ps->loop, &r->retry);
-    r->retry.data = ps;
-    r->retry_on = true;
-    uv_unref((uv_handle_t *)&r->retry); /* a retry never keeps the ps alive by itself */
-    link_connect(ps);
+    link_init(&r->link);
+    link_init(&r->copy_link);
+    link_connect(&r->link);
     return QR_OK;
+}
+
+/* What this ps applied reaches the copy before the link closes, so that
+ * the run ends with both copies equal (a stopping backup still applies
+ * forwards): the link closes once the copy has answered every forward
+ * (on_forward_answer), when it is lost, or at linger-ms
+ * (qr__replica_close). */
+static void link_stop(repl_link *L) {
+    L->closing = true;
+    if (L->retry_on) uv_timer_stop(&L->retry);
+    if (L->conn && L->up && L->fwd_head && !L->hold && !qr__ps_fenced(L->ps)) {
+        L->draining = true;
+        return;
+    }
+    end_drain(L);
 }
 
 void qr__replica_stop(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps)) return;
-    r->closing = true;
-    if (r->retry_on) uv_timer_stop(&r->retry);
-    /* What this ps applied reaches its backup before the link closes, so
-     * that the run ends with both copies equal (a stopping backup still
-     * applies forwards): the link closes once the backup has answered
-     * every forward (on_forward_answer), when it is lost, or at linger-ms
-     * (qr__replica_close). */
-    if (r->conn && r->up && r->fwd_head && !qr__ps_fenced(ps)) {
-        r->draining = true;
-        return;
-    }
-    end_drain(ps);
+    link_stop(&r->link);
+    link_stop(&r->copy_link);
 }
 
 static void on_closed(uv_handle_t *h) {
@@ -327,43 +378,65 @@ static void log_digests(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps) || r->digests_logged) return;
     r->digests_logged = true;
-    qr__log(QR_LOG_INFO, "replica digests: shard %d primary %016llx, shard %d %s %016llx "
+    qr__log(QR_LOG_INFO, "replica digests: shard %d %s %016llx, shard %d %s %016llx "
             "(%llu forwards sent, %llu applied here, %llu duplicate pushes; pushes applied: "
             "shard %d %llu, shard %d %llu; view %llu%s)", ps->index,
+            r->failed[ps->index] == QR_PS_ALIVE ? "primary" : "backup",
             (unsigned long long)qr__store_digest(&ps->store), r->primary,
             r->promoted ? "promoted" : "backup",
-            (unsigned long long)qr__store_digest(&r->store), (unsigned long long)r->forwards,
+            (unsigned long long)qr__store_digest(&r->store),
+            (unsigned long long)(r->link.forwards + r->copy_link.forwards),
             (unsigned long long)r->applied, (unsigned long long)r->duplicate_pushes, ps->index,
             (unsigned long long)r->own_pushes, r->primary, (unsigned long long)r->copy_pushes,
-            (unsigned long long)r->view, r->backup_gone ? "; its backup failed" : "");
+            (unsigned long long)r->view,
+            r->failed[ps->index] != QR_PS_ALIVE ? "; a replacement: its shard served by its backup"
+            : r->link.gone ? "; its backup failed" : "");
 }
 
 void qr__replica_close(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps)) return;
     log_digests(ps);
-    r->closing = true;
-    end_drain(ps); /* at linger-ms, whatever the backup has not answered */
-    if (r->retry_on && !uv_is_closing((uv_handle_t *)&r->retry))
-        uv_close((uv_handle_t *)&r->retry, on_closed);
+    repl_link *links[2] = {&r->link, &r->copy_link};
+    for (int i = 0; i < 2; i++) {
+        repl_link *L = links[i];
+        L->closing = true;
+        end_drain(L); /* at linger-ms, whatever the copy has not answered */
+        if (L->retry_on && !uv_is_closing((uv_handle_t *)&L->retry))
+            uv_close((uv_handle_t *)&L->retry, on_closed);
+    }
+    qr__rerep_close(ps);
+}
+
+/* Every forward dropped: the loop is over, or the copy is gone. */
+static uint64_t drop_forwards(repl_link *L, bool loop_over) {
+    uint64_t dropped = 0;
+    while (L->fwd_head) {
+        repl_forward *fw = L->fwd_head;
+        L->fwd_head = fw->next;
+        fw->acked = true;
+        /* A send whose callback has not run still reads it: once the loop
+         * is over, none will. */
+        if (loop_over || !fw->sending) forward_free(fw);
+        dropped++;
+    }
+    L->fwd_tail = NULL;
+    L->acked = L->next_fwd - 1;
+    return dropped;
 }
 
 void qr__replica_free(qr_ps *ps) {
     ps_replica *r = &ps->replica;
-    answer_waits(ps, QR_ESTOPPED, "the ps is stopping");
-    while (r->fwd_head) {
-        repl_forward *fw = r->fwd_head;
-        r->fwd_head = fw->next;
-        /* A send whose callback has not run still reads it: the loop is
-         * over by now, so no callback will. */
-        forward_free(fw);
-    }
-    r->fwd_tail = NULL;
+    answer_waits(&r->link, QR_ESTOPPED, "the ps is stopping");
+    answer_waits(&r->copy_link, QR_ESTOPPED, "the ps is stopping");
+    drop_forwards(&r->link, true);
+    drop_forwards(&r->copy_link, true);
     free(r->last);
     free(r->backup_last);
     free(r->failed);
+    free(r->rejoin_done);
     r->last = r->backup_last = NULL;
-    r->failed = NULL;
+    r->failed = r->rejoin_done = NULL;
     qr_store_free(&r->store);
 }
 
@@ -395,25 +468,35 @@ void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, con
     fw->head.count++;
 }
 
-void qr__replica_send(qr_ps *ps, repl_forward *fw) {
-    ps_replica *r = &ps->replica;
+/* fw, numbered, to L's copy (dropped when there is none). */
+static void link_send(repl_link *L, repl_forward *fw) {
+    qr_ps *ps = L->ps;
     if (!fw) return;
     if (fw->items.oom || fw->payload.oom) {
         forward_free(fw);
         fail_forward(ps);
         return;
     }
-    fw->fwd = fw->head.fwd = r->next_fwd++;
-    if (r->backup_gone) { /* one copy: nothing to keep it for */
-        r->acked = fw->fwd;
+    fw->fwd = fw->head.fwd = L->next_fwd++;
+    if (L->gone) { /* one copy: nothing to keep it for */
+        L->acked = fw->fwd;
         forward_free(fw);
         return;
     }
-    if (r->fwd_tail) r->fwd_tail->next = fw;
-    else r->fwd_head = fw;
-    r->fwd_tail = fw;
-    r->forwards++;
-    if (r->conn && r->up) send_forward(ps, fw);
+    if (L->fwd_tail) L->fwd_tail->next = fw;
+    else L->fwd_head = fw;
+    L->fwd_tail = fw;
+    L->forwards++;
+    if (L->conn && L->up && !L->hold) send_forward(L, fw);
+}
+
+void qr__replica_send(qr_ps *ps, repl_forward *fw) {
+    link_send(&ps->replica.link, fw);
+}
+
+void qr__replica_send_for(ps_peer *p, repl_forward *fw) {
+    ps_replica *r = &p->ps->replica;
+    link_send(p->promoted_shard ? &r->copy_link : &r->link, fw);
 }
 
 void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -482,9 +565,11 @@ void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answ
 
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
     qr_ps *ps = p->ps;
-    ps_replica *r = &ps->replica;
-    uint64_t fwd = r->next_fwd - 1; /* the last forward made */
-    if ((fwd <= r->acked && !r->wait_head) || p->promoted_shard || r->backup_gone) {
+    repl_link *L = p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link;
+    uint64_t fwd = L->next_fwd - 1; /* the last forward made */
+    /* At once: all applied there, no copy, or a copy still being made
+     * (the shard is on one copy until it has caught up, rerep.c). */
+    if ((fwd <= L->acked && !L->wait_head) || L->gone || L->streaming) {
         cb(p, f, ctx, QR_OK, NULL);
         return;
     }
@@ -494,9 +579,9 @@ void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void 
         return;
     }
     *w = (repl_wait){.peer = p, .req = *f, .fwd = fwd, .cb = cb, .ctx = ctx};
-    if (r->wait_tail) r->wait_tail->next = w;
-    else r->wait_head = w;
-    r->wait_tail = w;
+    if (L->wait_tail) L->wait_tail->next = w;
+    else L->wait_head = w;
+    L->wait_tail = w;
 }
 
 void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
@@ -518,7 +603,10 @@ void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
 }
 
 void qr__replica_peer_lost(ps_peer *p) {
-    for (repl_wait *w = p->ps->replica.wait_head; w; w = w->next)
+    ps_replica *r = &p->ps->replica;
+    for (repl_wait *w = r->link.wait_head; w; w = w->next)
+        if (w->peer == p) w->peer = NULL;
+    for (repl_wait *w = r->copy_link.wait_head; w; w = w->next)
         if (w->peer == p) w->peer = NULL;
 }
 
@@ -530,6 +618,8 @@ int qr__replica_hello(ps_peer *p, const qr_msg_hello *m) {
     if (!qr__replica_on(ps))
         return qr__fail(QR_EINVAL, "HELLO: a replica link, but this ps keeps no copies "
                         "(ps-replicas 1): give every task the same --ps-replicas");
+    if (m->cause) /* a promoted copy of this ps's own shard, to a replacement (rerep.c) */
+        return qr__rerep_hello(p, m);
     if (m->task_index != (uint32_t)r->primary)
         return qr__fail(QR_EINVAL, "HELLO: a replica link from ps %u, but this ps backs up "
                         "ps %d's shard", m->task_index, r->primary);
@@ -603,7 +693,7 @@ static int members_header(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (p->role != QR_ROLE_REPLICA)
         return qr__fail(QR_EINVAL, "REPLICATE comes only on a primary's replica link");
-    if (p->ps->replica.promoted)
+    if (p->ps->replica.promoted && !p->copy_own)
         return qr__fail(QR_EVIEW, "old view: ps %d's shard is served by this ps since view "
                         "%llu: its forwards are refused", p->ps->replica.primary,
                         (unsigned long long)p->ps->replica.view);
@@ -650,6 +740,12 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     return qr_conn_expect(p->conn, &iov, f->payload_len ? 1 : 0);
 }
 
+/* The shard a replica link copies: the primary's, or (a replacement's
+ * link from the ps serving it) this ps's own. */
+static int copied_shard(const ps_peer *p) {
+    return p->copy_own ? p->ps->index : p->ps->replica.primary;
+}
+
 /* Everything forwarded is usable, before anything changes. */
 static int check_values(ps_peer *p, char *msg, size_t len) {
     qr_ps *ps = p->ps;
@@ -660,17 +756,17 @@ static int check_values(ps_peer *p, char *msg, size_t len) {
             for (int64_t k = 0; k < it->nrows; k++) {
                 int64_t id;
                 memcpy(&id, it->data + 8 * k, 8);
-                if (qr_place_row(id, ps->cluster->nps) != ps->replica.primary) {
+                if (qr_place_row(id, ps->cluster->nps) != copied_shard(p)) {
                     snprintf(msg, len, "%s: REPLICATE: id %lld of table '%s' is not of ps %d's "
                              "shard; nothing was applied", ps->name, (long long)id, v->name,
-                             ps->replica.primary);
+                             copied_shard(p));
                     return QR_EINVAL;
                 }
             }
             continue;
         }
         if (it->nrows >= 0) {
-            int rc = qr__rows_check(ps, ps->replica.primary, it, msg, len);
+            int rc = qr__rows_check(ps, copied_shard(p), it, msg, len);
             if (rc) return rc;
         }
         const float *vals = (const float *)(it->data + (it->nrows >= 0 ? 8 * it->nrows : 0));
@@ -781,7 +877,8 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const qr_msg_repl_head *h = &p->repl;
     qr_wbuf out = {0};
     qr_wbuf_u64(&out, h->fwd);
-    if (h->fwd && h->fwd <= r->applied_fwd) { /* sent again after the link came back */
+    uint64_t *applied_fwd = p->copy_own ? &r->own_applied_fwd : &r->applied_fwd;
+    if (h->fwd && h->fwd <= *applied_fwd) { /* sent again after the link came back */
         qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
         qr_wbuf_free(&out);
         return;
@@ -798,7 +895,8 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     bool delta = h->flags & QR_PUSH_DELTA;
-    for (int i = 0; i < p->nitems && !rc; i++) rc = apply_item(ps, &p->items[i], delta, h->t);
+    for (int i = 0; i < p->nitems && !rc; i++)
+        rc = apply_item(ps, &p->items[i], delta, h->t);
     for (int i = 0; i < p->nitems && !rc && (h->flags & QR_PUSH_STEP) && ps->average_decay > 0;
          i++) {
         qr_var *v = p->items[i].var;
@@ -807,19 +905,26 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     }
     if (rc) {
         /* Part of it may be applied: this copy is no longer the primary's. */
-        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; this copy of ps %d's shard differs from "
-                 "it now", ps->name, qr_last_error(), r->primary);
+        snprintf(msg, sizeof msg, "%s: REPLICATE: %s; this copy of shard %d differs from "
+                 "its primary now", ps->name, qr_last_error(), copied_shard(p));
         qr__peer_reply_error(p, f, rc, msg);
         qr_wbuf_free(&out);
         return;
     }
-    r->applied_fwd = h->fwd;
+    *applied_fwd = h->fwd;
     r->applied++;
     bool sightings = h->count && p->items[0].dtype == QR_REPL_LOOKUP;
     if (!sightings) { /* a push: what a promotion goes on from */
-        record_last(r->backup_last, ps->cluster->nworkers, h->worker, h->seq, h->answer);
-        r->copy_steps = (h->flags & QR_PUSH_STEP) ? h->t : h->t - 1;
-        r->copy_pushes++;
+        record_last(p->copy_own ? r->last : r->backup_last, ps->cluster->nworkers, h->worker,
+                    h->seq, h->answer);
+        int64_t steps = (h->flags & QR_PUSH_STEP) ? h->t : h->t - 1;
+        if (p->copy_own) {
+            ps->applied_steps = steps;
+            r->own_pushes++;
+        } else {
+            r->copy_steps = steps;
+            r->copy_pushes++;
+        }
     }
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
@@ -837,32 +942,73 @@ void qr__replica_promote(qr_ps *ps) {
         if (p->role == QR_ROLE_REPLICA) qr_conn_close(p->conn);
     qr__log(QR_LOG_WARN, "view %llu: this ps serves ps %d's shard now, from its copy (%u "
             "variables, digest %016llx, %llu pushes applied, step %lld); on one copy until "
-            "re-replication (not built)", (unsigned long long)r->view, r->primary,
+            "its failed primary's replacement is copied it (re-replication)", (unsigned long long)r->view, r->primary,
             r->store.count, (unsigned long long)qr__store_digest(&r->store),
             (unsigned long long)r->copy_pushes, (long long)r->copy_steps);
 }
 
+uint64_t qr__replica_link_gone(repl_link *L) {
+    if (L->gone) return 0;
+    L->gone = true;
+    L->stale = false;
+    L->streaming = L->hold = false;
+    qr__rerep_abandon(L); /* a snapshot being written: for nobody now */
+    if (L->retry_on) uv_timer_stop(&L->retry);
+    if (L->conn) qr_conn_close(L->conn);
+    uint64_t dropped = drop_forwards(L, false);
+    answer_waits(L, QR_OK, NULL);
+    return dropped;
+}
+
+static void link_open(repl_link *L, repl_forward *snapshot) {
+    L->gone = L->stale = false;
+    L->target_incarnation = 0; /* the replacement's run, met at its answer */
+    L->closing = false;
+    L->attempts = 0;
+    /* the snapshot heads the queue; forwards made from now on follow it */
+    snapshot->fwd = L->snapshot_fwd = L->next_fwd++;
+    L->fwd_head = L->fwd_tail = snapshot;
+    L->forwards++;
+    if (L->conn) qr_conn_close(L->conn); /* `lost` connects again */
+    else if (!L->connecting) link_connect(L);
+}
+
+repl_forward *qr__replica_snapshot_forward(repl_link *L) {
+    repl_forward *fw = qr__calloc(1, sizeof *fw);
+    if (!fw) {
+        fail_forward(L->ps);
+        return NULL;
+    }
+    fw->type = QR_MSG_SNAPSHOT;
+    link_open(L, fw);
+    return fw;
+}
+
+void qr__replica_snapshot_meta(repl_forward *fw, const qr_wbuf *meta) {
+    if (fw) qr_wbuf_bytes(&fw->items, meta->data, meta->len);
+}
+
+void qr__replica_snapshot_payload(repl_forward *fw, uint8_t *bytes, size_t len) {
+    if (!fw) {
+        free(bytes);
+        return;
+    }
+    qr_wbuf_free(&fw->payload);
+    fw->payload = (qr_wbuf){.data = bytes, .len = len, .cap = len};
+}
+
+void qr__replica_link_flush(repl_link *L) {
+    link_flush(L);
+}
+
 void qr__replica_backup_gone(qr_ps *ps) {
     ps_replica *r = &ps->replica;
-    if (r->backup_gone) return;
-    r->backup_gone = true;
-    if (r->retry_on) uv_timer_stop(&r->retry);
-    if (r->conn) qr_conn_close(r->conn);
-    uint64_t dropped = 0;
-    while (r->fwd_head) {
-        repl_forward *fw = r->fwd_head;
-        r->fwd_head = fw->next;
-        fw->acked = true;
-        if (!fw->sending) forward_free(fw);
-        dropped++;
-    }
-    r->fwd_tail = NULL;
-    r->acked = r->next_fwd - 1;
+    if (r->link.gone) return;
+    uint64_t dropped = qr__replica_link_gone(&r->link);
     qr__log(QR_LOG_WARN, "view %llu: backup ps %d failed: this ps's shard goes on on one copy "
-            "until re-replication (not built); %llu forwards it had not applied dropped, the "
-            "pushes waiting for them answered", (unsigned long long)r->view, r->backup,
-            (unsigned long long)dropped);
-    answer_waits(ps, QR_OK, NULL);
+            "until its replacement is copied it (re-replication); %llu forwards it had not "
+            "applied dropped, the pushes waiting for them answered",
+            (unsigned long long)r->view, r->backup, (unsigned long long)dropped);
 }
 
 /* ---- digests and statistics -------------------------------------------------- */
@@ -903,15 +1049,17 @@ void qr__replica_stats_json(qr_ps *ps, cJSON *j) {
     cJSON_AddNumberToObject(j, "ps_replicas", r->copies);
     cJSON_AddNumberToObject(j, "duplicate_pushes", (double)r->duplicate_pushes);
     if (!qr__replica_on(ps)) return;
-    cJSON_AddNumberToObject(j, "forwards", (double)r->forwards);
+    cJSON_AddNumberToObject(j, "forwards", (double)(r->link.forwards + r->copy_link.forwards));
     cJSON_AddNumberToObject(j, "forwards_applied_here", (double)r->applied);
     cJSON *shards = cJSON_AddArrayToObject(j, "shards");
-    add_shard(shards, ps->index, "primary", &ps->store, r->own_pushes);
+    int own = r->failed ? r->failed[ps->index] : QR_PS_ALIVE;
+    add_shard(shards, ps->index, own == QR_PS_ALIVE ? "primary" : "backup", &ps->store,
+              r->own_pushes);
     add_shard(shards, r->primary, r->promoted ? "promoted" : "backup", &r->store,
               r->copy_pushes);
     cJSON_AddNumberToObject(j, "view", (double)r->view);
     cJSON *failed = cJSON_AddArrayToObject(j, "failed_ps");
     for (int k = 0; k < ps->cluster->nps; k++)
         if (r->failed[k]) cJSON_AddItemToArray(failed, cJSON_CreateNumber(k));
-    cJSON_AddBoolToObject(j, "backup_failed", r->backup_gone);
+    cJSON_AddBoolToObject(j, "backup_failed", r->link.gone);
 }

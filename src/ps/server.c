@@ -122,6 +122,7 @@ static const ps_handler handlers[] = {
     [QR_MSG_SLOTS] = {qr__slots_header, qr__slots_message, false, true},
     [QR_MSG_REPLICATE] = {qr__replica_header, qr__replica_message, false, true},
     [QR_MSG_VIEW] = {qr__failover_view_header, qr__failover_view_message, false, false},
+    [QR_MSG_SNAPSHOT] = {qr__rerep_snapshot_header, qr__rerep_snapshot_message, false, true},
 };
 
 static const ps_handler *handler_of(unsigned type) {
@@ -144,8 +145,9 @@ static int check_request(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (!h) return qr__fail(QR_EPROTO, "unexpected message type %u", f->type);
     /* A replica link names the backup's store: only the copy travels there. */
     if (p->role == QR_ROLE_REPLICA && f->type != QR_MSG_CREATE &&
-        f->type != QR_MSG_REPLICATE && f->type != QR_MSG_STATS && f->type != QR_MSG_STOP)
-        return qr__fail(QR_EPROTO, "a replica link carries CREATE and REPLICATE, not %s",
+        f->type != QR_MSG_REPLICATE && f->type != QR_MSG_SNAPSHOT && f->type != QR_MSG_STATS &&
+        f->type != QR_MSG_STOP)
+        return qr__fail(QR_EPROTO, "a replica link carries CREATE and REPLICATE (and SNAPSHOT), not %s",
                         qr_msg_name(f->type));
     return h->check ? h->check(p, f, meta) : qr__peer_check_small(f, 0);
 }
@@ -328,6 +330,7 @@ static void on_lost(qr_conn *c, int status) {
     if (ps->sync.on) qr__sync_peer_lost(p);
     if (!ps->sync.on && ps->index == 0) qr__bound_peer_lost(p);
     qr__replica_peer_lost(p);
+    qr__rerep_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
     else ps->peers = p->next;
     if (p->next) p->next->prev = p->prev;
@@ -391,6 +394,7 @@ static void on_linger_timeout(uv_timer_t *t) {
 static void begin_stop(qr_ps *ps) {
     if (ps->stop_begun) return;
     ps->stop_begun = ps->stopping = true;
+    qr__rerep_stop(ps);
     qr__links_stop(ps);
     qr__replica_stop(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);

@@ -74,7 +74,7 @@ void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m) {
 void qr_msg_put_view(qr_wbuf *b, uint64_t view, int nps, const uint8_t *failed) {
     qr_wbuf_u64(b, view);
     qr_wbuf_u32(b, (uint32_t)nps);
-    for (int k = 0; k < nps; k++) qr_wbuf_u32(b, failed[k] ? 1u : 0u);
+    for (int k = 0; k < nps; k++) qr_wbuf_u32(b, failed[k]);
 }
 
 void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed) {
@@ -84,7 +84,11 @@ void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed) {
         r->bad = true;
         return;
     }
-    for (int k = 0; k < nps; k++) failed[k] = qr_rbuf_u32(r) ? 1 : 0;
+    for (int k = 0; k < nps; k++) {
+        uint32_t state = qr_rbuf_u32(r); /* 0 serving, 1 failed, 2 joining, 3 a backup */
+        if (state > 3) r->bad = true;
+        failed[k] = (uint8_t)(state > 3 ? 1 : state);
+    }
 }
 
 void qr_msg_put_repl_head(qr_wbuf *b, const qr_msg_repl_head *m) {

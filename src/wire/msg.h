@@ -12,7 +12,10 @@
  *                   more: u64 incarnation (of the sender), i64
  *                   restored_step (its checkpoint; -1 none),
  *                   u64 cause (the incarnation of the restarted ps whose
- *                   HELLO answer made this run of ps 0 roll back; 0: none)
+ *                   HELLO answer made this run of ps 0 roll back; 0: none;
+ *                   on a replica link: 0 for the sender's own shard, else
+ *                   the shard + 1 of the promoted copy it carries to that
+ *                   shard's replacement, src/ps/rerep.c)
  *                   role 4, a worker of --ps-replicas 2: as role 1, then
  *                   u64 view (the one it knows), u32 shard (the one it
  *                   wants served on this connection) (qr_msg_hello's
@@ -238,16 +241,27 @@ uint32_t qr_msg_hello_len(const uint8_t *meta, uint32_t meta_len);
 void qr_msg_get_hello(qr_rbuf *r, qr_msg_hello *m);
 
 /* VIEW (--ps-replicas 2, src/ps/failover.c): where the shards are.
- * u64 view (0 at the start, one more at each failover), u32 nps, then
- * per ps a u32: 1 if it has failed (its shard is served by its backup,
- * ps (k+1) mod P), else 0. ps 0 sends it to every ps on its links and
- * to every worker unasked (QR_VIEW_NOTICE_ID); a worker asks for it
- * with an empty VIEW request. */
+ * u64 view (0 at the start, one more at each failover or step of a
+ * re-replication), u32 nps, then per ps a u32 state: 0 it serves its
+ * shard; 1 it has failed (its shard is served by its backup, ps (k+1)
+ * mod P); 2 a replacement being copied the shards it backs up; 3 a
+ * replacement that holds them (its shard still served by ps (k+1) mod
+ * P). A state above 3 is refused (r->bad). ps 0 sends it to every ps on
+ * its links and to every worker unasked (QR_VIEW_NOTICE_ID); a worker
+ * asks for it with an empty VIEW request. A source of a re-replication
+ * answers the VIEW that started it only once the copy is made, with
+ * u32 replacement, u32 which (1 its own shard, 2 its neighbour's). */
 void qr_msg_put_view(qr_wbuf *b, uint64_t view, int nps, const uint8_t *failed);
 /* Reads the view into *view and failed[0..nps) (the caller's array of
  * nps); r->bad if the record is short or names another number of ps. */
 void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed);
 
+/* SNAPSHOT (src/ps/rerep.c), on a replica link, the first forward to a
+ * replacement: meta u64 fwd (its forward number), u32 shard, i64 steps
+ * (the shard's Adam t), u64 pushes applied, u32 nworkers, then the
+ * per-worker duplicate records as the ps lays them out (repl_last: both
+ * ends run the same build); payload: the shard as a checkpoint shard
+ * file (ckpt_shard.c). Reply: u64 fwd. Read and written in rerep.c. */
 /* REPLICATE (src/ps/replica.c). */
 #define QR_REPL_DENSE 0u
 #define QR_REPL_SPARSE 1u

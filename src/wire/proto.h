@@ -83,7 +83,8 @@ static inline uint32_t qr_proto_pad(uint64_t len) {
     X(HELD, 19)            \
     X(RELEASE, 20)         \
     X(REPLICATE, 21)       \
-    X(VIEW, 22)
+    X(VIEW, 22)            \
+    X(SNAPSHOT, 23)
 
 typedef enum qr_msg_type {
 #define QR__MSG_ENUM(name, code) QR_MSG_##name = code,

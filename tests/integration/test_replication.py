@@ -41,7 +41,17 @@ Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 1 or ps 2 (whose
 copy is on ps 0) SIGKILLed at a random moment of six runs (3 ps: SGD,
 Adam, three round trips; 2 ps: Adam): exit 0, no rollback, the
 params_digest of the same run unkilled; ps 1 SIGSTOPped (hung) the same.
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop"""
+Case "rerep": ps 1 killed under `launch --max-restarts 1 --ps-replicas 2`:
+its replacement joins as the backup of shards 1 and 0 (re-replication
+while training goes on); at the end every shard has two copies with
+equal digests, each having applied the pushes acknowledged for it.
+Case "rerep_second": then ps 2 killed too, after re-replication: shard 1
+is served by the replacement's copy, no rollback.
+Case "rerep_rate" (a measurement, not registered in ctest): the copy of
+a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
+measured in the same run (QR_VICTIM: the ps killed).
+
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|rerep|rerep_second|rerep_rate"""
 
 import json
 import os
@@ -49,10 +59,12 @@ import random
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, STATUS, Proc,
@@ -624,9 +636,170 @@ def sync_failover_loop_case(runs=6):
           "unkilled run in each" % runs)
 
 
-cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case, "failover_wire": failover_wire_case,
-         "failover_kill": failover_kill_case, "failover_stop": failover_stop_case,
-         "failover_loop": failover_loop_case, "sync_failover_loop": sync_failover_loop_case}
+ROLES = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) (primary|backup) "
+                   r"([0-9a-f]{16}), shard (\d+) (backup|promoted) ([0-9a-f]{16}) \(\d+ forwards "
+                   r"sent, \d+ applied here, \d+ duplicate pushes; pushes applied: shard \d+ "
+                   r"(\d+), shard \d+ (\d+); view (\d+)")
+
+
+def check_rereplicated(err, nps, gone, what):
+    """Every shard has two copies on the ps still running (none on the
+    `gone` ps), their digests equal, and each copy applied the pushes
+    the workers were acknowledged for that shard."""
+    acked = [0] * nps
+    for m in ACKS.finditer(err):
+        for part in m[2].split():
+            k, n = part.split(":")
+            acked[int(k)] += int(n)
+    copies = {}
+    for m in ROLES.finditer(err):
+        ps = int(m[1])
+        if ps in gone:
+            continue
+        copies.setdefault(int(m[2]), []).append((ps, m[3], m[4], int(m[8])))
+        copies.setdefault(int(m[5]), []).append((ps, m[6], m[7], int(m[9])))
+    for k in range(nps):
+        held = copies.get(k, [])
+        serving = [c for c in held if c[1] in ("primary", "promoted")]
+        assert len(serving) == 1, "%s: shard %d served by %s\n%s" % (what, k, held, err[-3000:])
+        assert len({c[2] for c in held}) == 1, "%s: shard %d: digests differ: %s" % (
+            what, k, held)
+        for ps, role, digest, applied in held:
+            assert applied == acked[k], "%s: shard %d: %d pushes acknowledged, %d applied on " \
+                "ps %d (%s)" % (what, k, acked[k], applied, ps, role)
+    print("ok: %s: %s" % (what, "; ".join(
+        "shard %d: %s, digest %s, %d pushes" % (
+            k, " + ".join("ps %d %s" % (c[0], c[1]) for c in copies[k]), copies[k][0][2],
+            acked[k]) for k in range(nps))))
+    return {k: len(copies[k]) for k in range(nps)}
+
+
+def launch_and_kill(args, kills):
+    """A launch run; kills: [(ps, seconds after the previous kill, or
+    after the start)]. The pids killed."""
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+    pids = []
+    for victim, after in kills:
+        pid = task_pid(p, victim)
+        while pid in pids:  # the replacement is not started yet
+            time.sleep(0.05)
+            pid = task_pid(p, victim)
+        time.sleep(after)
+        assert p.alive(), "the run ended before ps %d was killed" % victim
+        os.kill(pid, signal.SIGKILL)
+        pids.append(pid)
+    rc, out, err = p.wait(300)
+    assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
+    return last_json(out), err, pids
+
+
+def rerep_case():
+    args = DIGITS + ["--steps", "20000", "--ps-replicas", "2", "--max-restarts", "1"]
+    s, err, (pid,) = launch_and_kill(args, [(1, 1.0)])
+    assert s["rollbacks"] == 0 and s["global_step"] >= 20000, s
+    assert "rolling back" not in err, err[-3000:]
+    assert "quorum launch: ps 1 (pid %d) was failed over by ps 0 (view 1)" % pid in err, \
+        err[-3000:]
+    assert "quorum launch: ps 1 (failed over) has exited; starting a replacement" in err, \
+        err[-3000:]
+    assert "it rejoins as a backup (view 2)" in err, err[-3000:]
+    assert "re-replication complete: ps 1 holds copies of shard 1 (served by ps 2) and of " \
+        "shard 0: both on two copies again (view 3)" in err, err[-3000:]
+    assert "quorum launch: ps 1 holds copies of its shards again (view 3)" in err, err[-3000:]
+    held = check_rereplicated(err, 3, set(), "ps 1 killed and replaced")
+    assert held == {0: 2, 1: 2, 2: 2}, held
+    print("PASS: rerep: the replacement of ps 1 was copied shards 1 and 0 while training went "
+          "on; every shard on two equal copies at the end, no rollback")
+
+
+def rerep_second_case():
+    """After re-replication, a second failure (ps 2, which serves shard 1
+    and its own) is survived as the first: shard 1 is served by its copy
+    on the replacement, shard 2 by ps 0."""
+    args = DIGITS + ["--steps", "24000", "--ps-replicas", "2", "--max-restarts", "1"]
+    s, err, (_, pid2) = launch_and_kill(args, [(1, 1.0), (2, 2.5)])
+    assert s["rollbacks"] == 0 and s["global_step"] >= 24000, s
+    assert "rolling back" not in err, err[-3000:]
+    done = err.find("re-replication complete: ps 1 holds")
+    second = err.find("quorum launch: ps 2 (pid %d) was failed over by ps 0" % pid2)
+    assert 0 <= done < second, "re-replication was not complete before the second kill\n" + \
+        err[-4000:]
+    assert "view 4: this ps serves ps 2's shard now" in err, err[-3000:]
+    assert "view 4: shard 1 is served by ps 1" in err, err[-3000:]
+    held = check_rereplicated(err, 3, {2}, "ps 1 replaced, then ps 2 killed")
+    assert held == {0: 2, 1: 1, 2: 1}, held
+    print("PASS: rerep_second: after re-replication, ps 2's failure was survived as the first "
+          "(shard 1 served by the replacement's copy), no rollback")
+
+
+TAKEN = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
+                   r"snapshot taken")
+WRITTEN = re.compile(r"\[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
+                     r"snapshot written \(([\d.]+) MB")
+LOADED = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+): ps \d+ "
+                    r"has loaded the snapshot")
+
+
+def stamp(text):
+    t = time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S")
+    return time.mktime(t) + float("0" + text[19:-1])
+
+
+def socket_rate(nbytes):
+    """Bytes/s of one AF_UNIX socket on this machine, measured now: the
+    loopback baseline of a re-replication (launch's default transport)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    block = b"\0" * (4 << 20)
+
+    def send():
+        left = nbytes
+        while left > 0:
+            left -= a.send(block[:min(left, len(block))])
+    t = threading.Thread(target=send)
+    start = time.time()
+    t.start()
+    got = 0
+    while got < nbytes:
+        got += len(b.recv(4 << 20))
+    t.join()
+    a.close()
+    b.close()
+    return nbytes / (time.time() - start)
+
+
+def rerep_rate_case():
+    """Not a test (no figure is asserted): the re-replication rate of a
+    shard with one 256 MiB dense variable (MLP hidden 8192,8192: the
+    second layer), against an AF_UNIX socket's rate measured in the same
+    run. QR_VICTIM picks the ps killed (the one holding the large shard,
+    or the next)."""
+    victim = int(os.environ.get("QR_VICTIM", "1"))
+    args = ["--ps", "3", "--workers", "2", "--data", "digits", "--batch-size", "32", "--seed",
+            "11", "--lr", "0.01", "--hidden", "8192,8192", "--steps", "400", "--ps-replicas",
+            "2", "--max-restarts", "1", "--heartbeat-timeout-ms", "60000"]
+    s, err, _ = launch_and_kill(args, [(victim, float(os.environ.get("QR_AFTER", "15")))])
+    for line in err.splitlines():  # the copy's phases, as the ps tasks logged them
+        if "re-replication" in line or "loaded the snapshot" in line:
+            print("LOG: " + line[:300])
+    sizes = {int(m[2]): float(m[3]) * 1e6 for m in WRITTEN.finditer(err)}
+    taken = {int(m[3]): stamp(m[1]) for m in TAKEN.finditer(err)}
+    for m in LOADED.finditer(err):
+        shard = int(m[3])
+        secs = stamp(m[1]) - taken[shard]
+        base = socket_rate(int(sizes[shard]))
+        print("RATE: shard %d, %.0f MB: copied in %.2f s (snapshot, write and read back on "
+              "tmpfs, send, load) = %.0f MB/s; an AF_UNIX socket now %.0f MB/s; ratio %.2f" % (
+                  shard, sizes[shard] / 1e6, secs, sizes[shard] / secs / 1e6, base / 1e6,
+                  sizes[shard] / secs / base))
+    held = check_rereplicated(err, 3, set(), "large shard")
+    print("PASS: rerep_rate (a measurement), steps %d, copies %s" % (s["global_step"], held))
+
+
+cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
+         "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
+         "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
+         "sync_failover_loop": sync_failover_loop_case, "rerep": rerep_case,
+         "rerep_second": rerep_second_case, "rerep_rate": rerep_rate_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()

@@ -517,6 +517,22 @@ static void test_replicate_and_view_layout(void **state) {
     qr_msg_get_view(&r, 4, &view, four);
     assert_true(r.bad);
     qr_wbuf_free(&b);
+
+    /* A re-replication's states travel as they are (2 joining, 3 a
+     * replacement holding its copies); above 3 is refused. */
+    b = (qr_wbuf){0};
+    qr_msg_put_view(&b, 6, 3, (const uint8_t[]){0, 2, 3});
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_get_view(&r, 3, &view, failed);
+    assert_false(r.bad);
+    assert_true(view == 6 && failed[0] == 0 && failed[1] == 2 && failed[2] == 3);
+    qr_wbuf_free(&b);
+    b = (qr_wbuf){0};
+    qr_msg_put_view(&b, 7, 3, (const uint8_t[]){0, 4, 0});
+    qr_rbuf_init(&r, b.data, b.len);
+    qr_msg_get_view(&r, 3, &view, failed);
+    assert_true(r.bad);
+    qr_wbuf_free(&b);
 }
 
 int main(void) {
