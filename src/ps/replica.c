@@ -585,9 +585,9 @@ void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void 
 }
 
 void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
-    ps_replica *r = &ps->replica;
-    uint64_t fwd = r->next_fwd - 1;
-    if ((fwd <= r->acked && !r->wait_head) || r->backup_gone) {
+    repl_link *L = &ps->replica.link; /* this ps's own shard */
+    uint64_t fwd = L->next_fwd - 1;
+    if ((fwd <= L->acked && !L->wait_head) || L->gone || L->streaming) {
         cb(NULL, NULL, ctx, QR_OK, NULL);
         return;
     }
@@ -597,9 +597,9 @@ void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
         return;
     }
     *w = (repl_wait){.fwd = fwd, .cb = cb, .ctx = ctx};
-    if (r->wait_tail) r->wait_tail->next = w;
-    else r->wait_head = w;
-    r->wait_tail = w;
+    if (L->wait_tail) L->wait_tail->next = w;
+    else L->wait_head = w;
+    L->wait_tail = w;
 }
 
 void qr__replica_peer_lost(ps_peer *p) {

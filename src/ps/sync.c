@@ -333,7 +333,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     } else {
         rc = qr__sync_push_keep(p, f, msg, sizeof msg);
     }
-    bool wait_backup = !rc && qr__replica_on(ps) && !copy && !ps->replica.backup_gone;
+    bool wait_backup = !rc && qr__replica_on(ps) && !copy && !ps->replica.link.gone;
     if (!is_held(f)) {
         if (rc) qr__peer_reply_error(p, f, rc, msg);
         else if (wait_backup) qr__replica_wait(p, f, push_copied, ps); /* the worker commits next */
