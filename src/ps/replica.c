@@ -563,43 +563,35 @@ void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answ
     else ps->replica.own_pushes++;
 }
 
-void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
-    qr_ps *ps = p->ps;
-    repl_link *L = p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link;
+/* cb once every forward made so far on L is applied there: at once when
+ * all are, when there is no copy, or while a copy is still being made
+ * (the shard is on one copy until it has caught up, rerep.c). p and f
+ * (NULL for ps 0's own part of a sync step) go back to cb. */
+static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
     uint64_t fwd = L->next_fwd - 1; /* the last forward made */
-    /* At once: all applied there, no copy, or a copy still being made
-     * (the shard is on one copy until it has caught up, rerep.c). */
     if ((fwd <= L->acked && !L->wait_head) || L->gone || L->streaming) {
         cb(p, f, ctx, QR_OK, NULL);
         return;
     }
     repl_wait *w = qr__calloc(1, sizeof *w);
     if (!w) {
-        cb(p, f, ctx, QR_ENOMEM, "out of memory keeping a push's answer for its backup");
+        cb(p, f, ctx, QR_ENOMEM, "out of memory keeping an answer for the backup");
         return;
     }
-    *w = (repl_wait){.peer = p, .req = *f, .fwd = fwd, .cb = cb, .ctx = ctx};
+    *w = (repl_wait){.peer = p, .fwd = fwd, .cb = cb, .ctx = ctx};
+    if (f) w->req = *f;
     if (L->wait_tail) L->wait_tail->next = w;
     else L->wait_head = w;
     L->wait_tail = w;
 }
 
+void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+    qr_ps *ps = p->ps;
+    wait_on(p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link, p, f, cb, ctx);
+}
+
 void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
-    repl_link *L = &ps->replica.link; /* this ps's own shard */
-    uint64_t fwd = L->next_fwd - 1;
-    if ((fwd <= L->acked && !L->wait_head) || L->gone || L->streaming) {
-        cb(NULL, NULL, ctx, QR_OK, NULL);
-        return;
-    }
-    repl_wait *w = qr__calloc(1, sizeof *w);
-    if (!w) {
-        cb(NULL, NULL, ctx, QR_ENOMEM, "out of memory waiting for the backup");
-        return;
-    }
-    *w = (repl_wait){.fwd = fwd, .cb = cb, .ctx = ctx};
-    if (L->wait_tail) L->wait_tail->next = w;
-    else L->wait_head = w;
-    L->wait_tail = w;
+    wait_on(&ps->replica.link, NULL, NULL, cb, ctx); /* this ps's own shard */
 }
 
 void qr__replica_peer_lost(ps_peer *p) {
