@@ -269,6 +269,15 @@ bool qr__liveness_finished(const qr_ps *ps, int worker) {
 }
 
 void qr__liveness_worker_back(qr_ps *ps, int worker) {
+    ps_liveness *l = &ps->liveness;
+    /* Said as it connects: a chief back just before the run's end (it
+     * only evaluates and stops the cluster) may leave no turn of the watch
+     * to say it (watch_chief). */
+    if (worker == 0 && l->chief_lost_said) {
+        l->chief_lost_said = false;
+        qr__log(QR_LOG_INFO, "the chief (worker 0) is back after %.1f s",
+                (double)(qr__now_ns() - ps->worker_lost_ns[0]) / 1e9);
+    }
     if (!qr__liveness_finished(ps, worker)) return;
     ps->liveness.finished[worker] = false;
     ps->liveness.nfinished--;
