@@ -570,10 +570,13 @@ def failover_loop_case(runs=5):
     resent = duplicates = 0
     stalls = []
     for i in range(runs):
+        # (12000 steps: about 4 s of training here, so that a kill drawn
+        # up to 1.5 s in lands while the workers still push; at 4000 a run
+        # once ended first and nothing was failed over)
         victim, after = 1 + i % 2, rng.uniform(0.3, 1.5)  # ps 2's copy is on ps 0
-        s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "4000", "--ps-replicas", "2"],
+        s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "12000", "--ps-replicas", "2"],
                                          victim, signal.SIGKILL, after)
-        assert s["rollbacks"] == 0 and s["global_step"] >= 4000, s
+        assert s["rollbacks"] == 0 and s["global_step"] >= 12000, s
         r, d, stall = check_counts(err, 3, victim, "run %d, ps %d killed at %.2f s" % (
             i + 1, victim, after))
         resent += r
