@@ -646,6 +646,13 @@ static void drop_commit(ps_sync *s, held_commit *c) {
     free(c);
 }
 
+void qr__coord_free(qr_ps *ps) {
+    /* Held pushes still waiting for the other ps tasks' HELD (a run that
+     * aborted): their peers are gone, so nothing is answered. */
+    ps_sync *s = &ps->sync;
+    while (s->commits) drop_commit(s, s->commits);
+}
+
 /* The other ps tasks answer the held push now (RELEASE) when its step is
  * not done everywhere: the answer of ps 0 is going ahead of it. */
 static void release_others(qr_ps *ps, const held_pull *h) {

@@ -1161,6 +1161,8 @@ qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
 /* coord.c: ps 0 */
 int qr__coord_init(qr_ps *ps);
 void qr__coord_close(qr_ps *ps);
+/* The run is over (its loop has run out): free what waits for the others. */
+void qr__coord_free(qr_ps *ps);
 void qr__coord_ready(qr_ps *ps);
 /* Before the first step (slots.c): the run goes on from `step`, the
  * tokens queued already being of it. */

@@ -564,6 +564,7 @@ static uint64_t new_incarnation(void) {
 /* Free what one run of the ps holds, once its loop has run out; the
  * loop, the stop async, the cluster and the options stay. */
 static void free_run(qr_ps *ps) {
+    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
     qr__sync_free(ps);
     qr__bound_free(ps);
     qr__links_free(ps);

@@ -95,6 +95,7 @@ void qr__sync_free(qr_ps *ps) {
     free(s->shard_applied);
     free(s->stale_by_worker);
     if (s->stats_file) fclose(s->stats_file);
+    qr_wbuf_free(&s->view_meta); /* (failover.c's: freed here, as the memset below forgets it) */
     memset(s, 0, sizeof *s);
 }
 
