@@ -148,6 +148,17 @@ def newest_checkpoint_problem(d):
 FAULTS = ["SIGKILL", "SIGKILL", "SIGSTOP", "SIGSTOP ps", "SIGSTOP+CONT"]
 
 
+def wait_run(p, deadline, problems):
+    """The launcher's (stdout, stderr) once it ends; one still running at
+    the deadline is hung: its whole process group is killed."""
+    try:
+        return p.communicate(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        problems.append("hung")
+        os.killpg(p.pid, signal.SIGKILL)
+        return p.communicate()
+
+
 def one_run(quorum, i, timeout, rng, steps, only):
     mode = only.mode or rng.choice(["sync", "async"])
     work = tempfile.mkdtemp(prefix="qr-soak-")
@@ -184,12 +195,7 @@ def one_run(quorum, i, timeout, rng, steps, only):
             os.kill(victim[0], signal.SIGCONT)
         except ProcessLookupError:
             pass
-    try:
-        out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        problems.append("hung")
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
+    out, err = wait_run(p, deadline, problems)
     ok_status = {0, 3} if fault == "SIGSTOP" else {0}
     last = (err.strip().splitlines() or [""])[-1]
     if fault == "SIGSTOP+CONT" and victim[0] and last.endswith("did not end well: " + victim[1]):
@@ -323,12 +329,7 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
             except ProcessLookupError:
                 pass
     problems = []
-    try:
-        out, err = p.communicate(timeout=max(1.0, deadline - time.time()))
-    except subprocess.TimeoutExpired:
-        problems.append("hung")
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
+    out, err = wait_run(p, deadline, problems)
     if "hung" not in problems and p.returncode != 0:
         problems.append("failed (exit %d: %s)" % (p.returncode,
                                                  err.strip().splitlines()[-1:] or ""))
