@@ -275,6 +275,23 @@ def launch_child_pid(launcher, job, index):
     raise AssertionError("%s %d not found" % (job, index))
 
 
+def wait_catches(pid, signo, timeout=30):
+    """Waits until process `pid` has a handler for signal `signo`, read from
+    /proc's SigCgt mask. A task stopped (SIGSTOP) before it installs its
+    handlers would take a later SIGTERM's default action and die by it,
+    which a slow start (the sanitizer build) makes likely."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            for line in open("/proc/%d/status" % pid):
+                if line.startswith("SigCgt:") and int(line.split()[1], 16) >> (signo - 1) & 1:
+                    return
+        except OSError:
+            raise AssertionError("pid %d ended before it caught signal %d" % (pid, signo))
+        time.sleep(0.02)
+    raise AssertionError("pid %d did not catch signal %d within %ds" % (pid, signo, timeout))
+
+
 class Cluster:
     """ps and worker tasks started one by one, by hand (no launcher, as a
     container orchestrator would), on Unix sockets in a private directory;

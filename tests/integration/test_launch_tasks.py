@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 
-from qrtest import Proc, last_json, launch_child_pid
+from qrtest import Proc, last_json, launch_child_pid, wait_catches
 
 quorum, case = sys.argv[1], sys.argv[2]
 
@@ -268,6 +268,7 @@ elif case == "ps_after_end":
                   "--max-restarts", "1", "--heartbeat-timeout-ms", "3000", "--linger-ms", "300",
                   "--", "sleep", "1"])
         ps0, ps1 = launch_child_pid(p, "ps", 0), launch_child_pid(p, "ps", 1)
+        wait_catches(ps1, signal.SIGTERM)  # else launch's SIGTERM would kill it outright
         os.kill(ps1, signal.SIGSTOP)
         stopped = time.time()
 
