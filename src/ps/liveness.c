@@ -268,6 +268,13 @@ bool qr__liveness_finished(const qr_ps *ps, int worker) {
     return l->finished && worker >= 0 && worker < ps->cluster->nworkers && l->finished[worker];
 }
 
+void qr__liveness_worker_gone(qr_ps *ps, int worker) {
+    /* A killed worker's sockets close at once; without this, the watch
+     * would name it hung ("sent no heartbeat") heartbeat-timeout-ms later,
+     * sending anyone reading the log after a hang that never was. */
+    if (ps->liveness.beat_ns) ps->liveness.beat_ns[worker] = 0;
+}
+
 void qr__liveness_worker_back(qr_ps *ps, int worker) {
     ps_liveness *l = &ps->liveness;
     /* Said as it connects: a chief back just before the run's end (it

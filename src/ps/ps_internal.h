@@ -1274,6 +1274,9 @@ void qr__liveness_coordinator_lost(qr_ps *ps);
 void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* A worker said HELLO: one that had finished is back (ps 0). */
 void qr__liveness_worker_back(qr_ps *ps, int worker);
+/* ps 0: worker's last connection closed: it is gone, not silent, so its
+ * heartbeat clock stops until it beats again. */
+void qr__liveness_worker_gone(qr_ps *ps, int worker);
 /* ps 0: end the run in order if the finished workers leave it nothing to
  * do (every worker finished; in sync mode, a step that cannot complete). */
 void qr__liveness_end_if_finished(qr_ps *ps);

@@ -324,6 +324,7 @@ static void on_lost(qr_conn *c, int status) {
         --ps->worker_conns[p->worker_index] == 0) {
         ps->worker_lost_ns[p->worker_index] = qr__now_ns();
         if (p->worker_index == 0) ps->liveness.chief_lost_step = ps->global_step;
+        qr__liveness_worker_gone(ps, p->worker_index);
     }
     if (p->role == QR_ROLE_COORDINATOR) qr__liveness_coordinator_lost(ps);
     if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);

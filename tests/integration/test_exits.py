@@ -124,6 +124,9 @@ def chief_lost(mode, extra, steps, wait_ms, aborts=False):
         check_ends(ends, CHIEF_LOST, "job ended without its chief: worker 0 (unix:%s/w0.sock) "
                    "was lost at global step" % c.dir, "not restarted within restart-wait-ms "
                    "(%d ms); nobody evaluated the model" % wait_ms)
+        # Killed, its sockets closed at once: lost, never "hung" (its
+        # heartbeat clock stops with its last connection).
+        assert "worker 0 sent no heartbeat" not in c.log("ps", 0), c.log("ps", 0)[-3000:]
         step = int(re.search(r"the run was at global step (\d+)", ends[("ps", 0)][1]).group(1))
         print("PASS: %s %s, the chief killed for good: every other task exited %d %.1f s later "
               "(restart-wait-ms %d) at global step %d of %d: %s" % (
