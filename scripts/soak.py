@@ -79,6 +79,12 @@ import tempfile
 import time
 import zlib
 
+# The parser of a replicated run's last log lines, shared with
+# tests/integration/test_replication.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+from qrtest import ReplicaReport  # noqa: E402
+
 
 def children(pid):
     try:
@@ -232,15 +238,6 @@ def one_run(quorum, i, timeout, rng, steps, only):
     return problems
 
 
-# --replication: the last log lines of the workers and ps tasks
-# (tests/integration/test_replication.py reads the same ones).
-ACKS = re.compile(r"\[worker (\d+) pid \d+\] info: worker \d+: pushes acknowledged per shard: "
-                  r"([\d: ]+); resent after a lost connection: (\d+); longest push \(a "
-                  r"failover's stall\): ([\d.]+) s; view (\d+)")
-COPIES = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) primary (\w+), "
-                    r"shard (\d+) (backup|promoted) (\w+) \(\d+ forwards sent, \d+ applied here, "
-                    r"(\d+) duplicate pushes; pushes applied: shard \d+ (\d+), shard \d+ (\d+); "
-                    r"view (\d+)")
 REPLICATION_PS = 3
 REPLICATION_FAULTS = {"kill": ["SIGKILL"], "stop": ["SIGSTOP+CONT"],
                       "both": ["SIGKILL", "SIGSTOP+CONT"]}
@@ -260,42 +257,24 @@ def replication_problems(err, nps, failed):
     """What the last log lines say against the guarantees, and the counts
     (resent, duplicates, longest push, view)."""
     problems = []
-    acked, resent, stall, views, workers = [0] * nps, 0, 0.0, set(), 0
-    for m in ACKS.finditer(err):
-        workers += 1
-        for part in m[2].split():
-            k, n = part.split(":")
-            acked[int(k)] += int(n)
-        resent += int(m[3])
-        stall = max(stall, float(m[4]))
-        views.add(int(m[5]))
-    if workers != 3:
-        problems.append("counts: %d workers reported their pushes" % workers)
-    copies, digests, duplicates = {}, {}, 0
-    for m in COPIES.finditer(err):
-        ps = int(m[1])
-        if ps == failed:
-            continue  # a fenced ps's last words: not a copy any more
-        own, other = int(m[2]), int(m[4])
-        copies.setdefault(own, []).append((ps, int(m[8])))
-        copies.setdefault(other, []).append((ps, int(m[9])))
-        digests.setdefault(own, []).append(m[3])
-        if m[5] == "backup":
-            digests.setdefault(other, []).append(m[6])
-        duplicates += int(m[7])
+    report = ReplicaReport(err, nps)
+    if report.workers != 3:
+        problems.append("counts: %d workers reported their pushes" % report.workers)
+    skip = () if failed is None else (failed,)  # a fenced ps's last words: not a copy any more
     for k in range(nps):
-        if not copies.get(k):
+        held = report.held(k, skip)
+        if not held:
             problems.append("lost data (no surviving copy of shard %d)" % k)
             continue
-        for ps, applied in copies[k]:
-            if applied != acked[k]:
+        for c in held:
+            if c["applied"] != report.acked[k]:
                 problems.append("counts: shard %d: %d pushes acknowledged, %d applied on ps %d"
-                                % (k, acked[k], applied, ps))
+                                % (k, report.acked[k], c["applied"], c["ps"]))
+        digests = [c["digest"] for c in held if c["own"] or c["role"] == "backup"]
         two = failed is None or (k != failed and (k + 1) % nps != failed)
-        if two and (len(digests.get(k, [])) != 2 or len(set(digests[k])) != 1):
-            problems.append("copies: shard %d: primary and backup digests %s"
-                            % (k, digests.get(k)))
-    return problems, resent, duplicates, stall, views
+        if two and (len(digests) != 2 or len(set(digests)) != 1):
+            problems.append("copies: shard %d: primary and backup digests %s" % (k, digests))
+    return problems, report.resent, report.duplicates(skip), report.stall, report.views
 
 
 def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms):

@@ -8,6 +8,7 @@ import atexit
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -290,6 +291,58 @@ def wait_catches(pid, signo, timeout=30):
             raise AssertionError("pid %d ended before it caught signal %d" % (pid, signo))
         time.sleep(0.02)
     raise AssertionError("pid %d did not catch signal %d within %ds" % (pid, signo, timeout))
+
+
+# A replicated run's last log lines (--ps-replicas 2, docs/REPLICATION.md):
+# each worker's pushes acknowledged per shard, each ps's two copies
+# (src/ps/replica.c log_digests). Read by tests/integration/
+# test_replication.py and scripts/soak.py --replication.
+WORKER_ACKS = re.compile(
+    r"\[worker (\d+) pid \d+\] info: worker \d+: pushes acknowledged per shard: ([\d: ]+); "
+    r"resent after a lost connection: (\d+); longest push \(a failover's stall\): ([\d.]+) s; "
+    r"view (\d+)")
+PS_COPIES = re.compile(
+    r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) (primary|backup) (\w+), "
+    r"shard (\d+) (backup|promoted) (\w+) \(\d+ forwards sent, \d+ applied here, (\d+) "
+    r"duplicate pushes; pushes applied: shard \d+ (\d+), shard \d+ (\d+); view (\d+)")
+
+
+class ReplicaReport:
+    """What those lines say. acked[k]: pushes to shard k acknowledged to
+    the workers; workers: how many reported; resent, stall (the longest
+    push, s), views (the workers' last views); copies: one dict per copy a
+    ps held (ps, shard, role: primary, backup or promoted, digest,
+    applied: pushes applied to it, own: the ps's own shard, duplicates:
+    pushes the ps answered as duplicates, on its own copy's record), two
+    per ps line."""
+
+    def __init__(self, err, nps):
+        self.acked, self.workers, self.resent, self.stall = [0] * nps, 0, 0, 0.0
+        self.views = set()
+        for m in WORKER_ACKS.finditer(err):
+            self.workers += 1
+            for part in m[2].split():
+                k, n = part.split(":")
+                self.acked[int(k)] += int(n)
+            self.resent += int(m[3])
+            self.stall = max(self.stall, float(m[4]))
+            self.views.add(int(m[5]))
+        self.copies = []
+        for m in PS_COPIES.finditer(err):
+            ps = int(m[1])
+            self.copies.append(dict(ps=ps, shard=int(m[2]), role=m[3], digest=m[4],
+                                    applied=int(m[9]), own=True, duplicates=int(m[8]),
+                                    line=m[0]))
+            self.copies.append(dict(ps=ps, shard=int(m[5]), role=m[6], digest=m[7],
+                                    applied=int(m[10]), own=False, duplicates=0, line=m[0]))
+
+    def held(self, shard, skip=()):
+        """The copies of `shard` on ps tasks not in `skip`."""
+        return [c for c in self.copies if c["shard"] == shard and c["ps"] not in skip]
+
+    def duplicates(self, skip=()):
+        """Pushes answered as duplicates by the ps tasks not in `skip`."""
+        return sum(c["duplicates"] for c in self.copies if c["ps"] not in skip)
 
 
 class Cluster:

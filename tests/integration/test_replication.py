@@ -68,8 +68,8 @@ import threading
 import time
 
 from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, STATUS, Proc,
-                    connect, create_meta, floats, frame, free_ports, last_json, push_meta,
-                    read_reply, ready_meta, unfloats)
+                    ReplicaReport, connect, create_meta, floats, frame, free_ports, last_json,
+                    launch_child_pid, push_meta, read_reply, ready_meta, unfloats)
 
 quorum, case = sys.argv[1], sys.argv[2]
 REPLICATE, VIEW = 21, 22
@@ -224,10 +224,6 @@ def wire_case():
     print("PASS: wire")
 
 
-DIGESTS = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) primary "
-                     r"([0-9a-f]{16}), shard (\d+) backup ([0-9a-f]{16})")
-
-
 def launch(args, timeout=300, mode="async"):
     proc = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     rc, out, err = proc.wait(timeout=timeout)
@@ -238,11 +234,15 @@ def launch(args, timeout=300, mode="async"):
 def check_copies(err, nps, what):
     """Every shard's primary digest equals its backup's, from the ps's
     last lines."""
+    report = ReplicaReport(err, nps)
     primary, backup = {}, {}
-    for m in DIGESTS.finditer(err):
-        ps, own, own_d, other, other_d = int(m[1]), int(m[2]), m[3], int(m[4]), m[5]
-        assert own == ps and other == (ps - 1) % nps, m[0]
-        primary[own], backup[other] = own_d, other_d
+    for c in report.copies:
+        if c["own"]:
+            assert c["shard"] == c["ps"] and c["role"] == "primary", c["line"]
+            primary[c["shard"]] = c["digest"]
+        else:
+            assert c["shard"] == (c["ps"] - 1) % nps and c["role"] == "backup", c["line"]
+            backup[c["shard"]] = c["digest"]
     assert sorted(primary) == list(range(nps)) and sorted(backup) == list(range(nps)), \
         "%s: digests of %s / %s\n%s" % (what, primary, backup, err[-3000:])
     for k in range(nps):
@@ -446,72 +446,44 @@ def failover_wire_case():
     print("PASS: failover_wire")
 
 
-ACKS = re.compile(r"\[worker (\d+) pid \d+\] info: worker \d+: pushes acknowledged per shard: "
-                  r"([\d: ]+); resent after a lost connection: (\d+); longest push \(a "
-                  r"failover's stall\): ([\d.]+) s; view (\d+)")
-APPLIED = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) primary \w+, "
-                     r"shard (\d+) (backup|promoted) \w+ \(\d+ forwards sent, \d+ applied here, "
-                     r"(\d+) duplicate pushes; pushes applied: shard \d+ (\d+), shard \d+ (\d+); "
-                     r"view (\d+)")
 DIGITS = ["--ps", "3", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
           "11", "--lr", "0.1"]
-
-
-def task_pid(p, index, job="ps"):
-    """The pid of task `index` of `job` among launch's children."""
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        for pid in open("/proc/%d/task/%d/children" % (p.p.pid, p.p.pid)).read().split():
-            try:
-                args = open("/proc/%s/cmdline" % pid).read().split("\0")
-            except OSError:
-                continue
-            if len(args) > 1 and args[1] == job and \
-                    args[args.index("--task_index") + 1] == str(index):
-                return int(pid)
-        time.sleep(0.05)
-    raise AssertionError("%s %d not found" % (job, index))
 
 
 def check_counts(err, nps, failed, what):
     """For every shard, the pushes acknowledged to the workers equal
     those applied on each surviving copy. Returns (resent, duplicates,
     the longest stall)."""
-    acked, resent, stall = [0] * nps, 0, 0.0
-    workers = 0
-    for m in ACKS.finditer(err):
-        workers += 1
-        for part in m[2].split():
-            k, n = part.split(":")
-            acked[int(k)] += int(n)
-        resent += int(m[3])
-        stall = max(stall, float(m[4]))
-        assert int(m[5]) == (1 if failed is not None else 0), m[0]
-    assert workers == 3, "%s: %d workers reported\n%s" % (what, workers, err[-3000:])
-    copies, duplicates = {}, 0
-    for m in APPLIED.finditer(err):
-        ps = int(m[1])
-        if ps == failed:
-            continue  # a fenced run's last words: not a copy any more
-        copies.setdefault(int(m[2]), []).append((ps, int(m[6])))
-        copies.setdefault(int(m[3]), []).append((ps, int(m[7])))
-        duplicates += int(m[5])
-        assert (m[4] == "promoted") == (failed is not None and int(m[3]) == failed), m[0]
+    report = ReplicaReport(err, nps)
+    assert report.workers == 3, "%s: %d workers reported\n%s" % (what, report.workers,
+                                                                err[-3000:])
+    assert report.views == {1 if failed is not None else 0}, (report.views, err[-3000:])
+    skip = () if failed is None else (failed,)  # a fenced run's last words: not a copy any more
+    copies = {}
+    for c in report.copies:
+        if c["ps"] in skip:
+            continue
+        copies.setdefault(c["shard"], []).append((c["ps"], c["applied"]))
+        if not c["own"]:
+            assert (c["role"] == "promoted") == (failed is not None and c["shard"] == failed), \
+                c["line"]
+    acked = report.acked
     for k in range(nps):
         assert copies.get(k), "%s: no surviving copy of shard %d\n%s" % (what, k, err[-3000:])
         for ps, applied in copies[k]:
             assert applied == acked[k], "%s: shard %d: %d pushes acknowledged, %d applied on " \
                 "ps %d" % (what, k, acked[k], applied, ps)
+    duplicates = report.duplicates(skip)
     print("ok: %s: pushes acknowledged = applied on every surviving copy (%s); %d resent, %d "
           "answered as duplicates" % (what, ", ".join(
               "shard %d: %d on %s" % (k, acked[k], "+".join("ps %d" % ps for ps, _ in copies[k]))
-              for k in range(nps)), resent, duplicates))
-    return resent, duplicates, stall
+              for k in range(nps)), report.resent, duplicates))
+    return report.resent, duplicates, report.stall
 
 
 def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
-    pid = task_pid(p, victim)
+    pid = launch_child_pid(p, "ps", victim)
     time.sleep(after)
     assert p.alive(), "the run ended before the signal"
     t = time.time()
@@ -643,30 +615,16 @@ def sync_failover_loop_case(runs=6):
           "unkilled run in each" % runs)
 
 
-ROLES = re.compile(r"\[ps (\d+) pid \d+\] info: replica digests: shard (\d+) (primary|backup) "
-                   r"([0-9a-f]{16}), shard (\d+) (backup|promoted) ([0-9a-f]{16}) \(\d+ forwards "
-                   r"sent, \d+ applied here, \d+ duplicate pushes; pushes applied: shard \d+ "
-                   r"(\d+), shard \d+ (\d+); view (\d+)")
-
-
 def check_rereplicated(err, nps, gone, what):
     """Every shard has two copies on the ps still running (none on the
     `gone` ps), their digests equal, and each copy applied the pushes
     the workers were acknowledged for that shard."""
-    acked = [0] * nps
-    for m in ACKS.finditer(err):
-        for part in m[2].split():
-            k, n = part.split(":")
-            acked[int(k)] += int(n)
-    copies = {}
-    for m in ROLES.finditer(err):
-        ps = int(m[1])
-        if ps in gone:
-            continue
-        copies.setdefault(int(m[2]), []).append((ps, m[3], m[4], int(m[8])))
-        copies.setdefault(int(m[5]), []).append((ps, m[6], m[7], int(m[9])))
+    report = ReplicaReport(err, nps)
+    acked = report.acked
+    copies = {k: [(c["ps"], c["role"], c["digest"], c["applied"]) for c in report.held(k, gone)]
+              for k in range(nps)}
     for k in range(nps):
-        held = copies.get(k, [])
+        held = copies[k]
         serving = [c for c in held if c[1] in ("primary", "promoted")]
         assert len(serving) == 1, "%s: shard %d served by %s\n%s" % (what, k, held, err[-3000:])
         assert len({c[2] for c in held}) == 1, "%s: shard %d: digests differ: %s" % (
@@ -687,10 +645,10 @@ def launch_and_kill(args, kills):
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
     pids = []
     for victim, after in kills:
-        pid = task_pid(p, victim)
+        pid = launch_child_pid(p, "ps", victim)
         while pid in pids:  # the replacement is not started yet
             time.sleep(0.05)
-            pid = task_pid(p, victim)
+            pid = launch_child_pid(p, "ps", victim)
         time.sleep(after)
         assert p.alive(), "the run ended before ps %d was killed" % victim
         os.kill(pid, signal.SIGKILL)
