@@ -69,11 +69,12 @@ endforeach()
 # Two copies of every shard (--ps-replicas 2): the backup equals the
 # primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
 # place of a killed or stopped ps (views, resent pushes, the fence);
-# re-replication to a replacement, and a second failure after it. Sync
+# re-replication to a replacement, a replacement killed while being copied
+# (rerep_killed), and a second failure after it. Sync
 # steps on two copies (sync_train), and a sync step in flight when ps 1 or
 # ps 2 is killed (sync_failover_loop).
 foreach(case wire train sync_train failover_wire failover_kill failover_stop failover_loop
-        sync_failover_loop rerep rerep_second)
+        sync_failover_loop rerep rerep_second rerep_killed)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.

@@ -47,11 +47,13 @@ while training goes on); at the end every shard has two copies with
 equal digests, each having applied the pushes acknowledged for it.
 Case "rerep_second": then ps 2 killed too, after re-replication: shard 1
 is served by the replacement's copy, no rollback.
+Case "rerep_killed": the replacement killed while its shards are being
+copied to it; the next one is copied both, no rollback.
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed).
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|rerep|rerep_second|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|rerep|rerep_second|rerep_killed|rerep_rate"""
 
 import json
 import os
@@ -697,6 +699,47 @@ def rerep_second_case():
           "(shard 1 served by the replacement's copy), no rollback")
 
 
+def rerep_killed_case():
+    """The replacement of ps 1 killed while its shards are being copied to
+    it (its snapshot taken, not yet loaded: a 4 MB layer makes that take
+    a while): nothing is lost, ps 0 takes the next run at that address as
+    a new replacement, and the copy starts over; at the end every shard
+    is on two equal copies, each holding every acknowledged push, with no
+    rollback."""
+    args = DIGITS + ["--hidden", "1024,1024", "--lr", "0.01", "--steps", "2000",
+                     "--ps-replicas", "2", "--max-restarts", "2"]
+    log = tempfile.NamedTemporaryFile("w+", prefix="qr-rerep-killed-", suffix=".log")
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args, stderr=log)
+    try:
+        first = launch_child_pid(p, "ps", 1)
+        time.sleep(1.5)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.time() + 120
+        while "re-replication of shard" not in open(log.name).read():  # a source took its snapshot
+            assert time.time() < deadline and p.alive(), open(log.name).read()[-3000:]
+            time.sleep(0.005)
+        second = launch_child_pid(p, "ps", 1)
+        assert second != first
+        os.kill(second, signal.SIGKILL)
+        loaded_before_kill = open(log.name).read().count("has loaded the snapshot")
+        rc, out, _ = p.wait(300)
+    finally:
+        p.kill()
+    err = open(log.name).read()
+    log.close()
+    assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
+    s = last_json(out)
+    assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+    assert err.count("it rejoins as a backup") >= 2, err[-4000:]
+    assert "re-replication complete: ps 1 holds copies of shard 1 (served by ps 2) and of " \
+        "shard 0: both on two copies again" in err, err[-3000:]
+    held = check_rereplicated(err, 3, set(), "ps 1's replacement killed while being copied")
+    assert held == {0: 2, 1: 2, 2: 2}, held
+    print("PASS: rerep_killed: the replacement killed with %d of 2 snapshots loaded; the next "
+          "one was copied both shards, every shard on two equal copies, no rollback"
+          % loaded_before_kill)
+
+
 TAKEN = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
                    r"snapshot taken")
 WRITTEN = re.compile(r"\[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
@@ -764,7 +807,8 @@ cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
          "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
          "sync_failover_loop": sync_failover_loop_case, "rerep": rerep_case,
-         "rerep_second": rerep_second_case, "rerep_rate": rerep_rate_case}
+         "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,
+         "rerep_rate": rerep_rate_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
