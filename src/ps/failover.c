@@ -86,13 +86,15 @@ static void notify(ps_peer *p) {
     qr_wbuf_free(&meta);
 }
 
-bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
+bool qr__failover_lost(qr_ps *ps, int k, int why) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
     if (!qr__replica_on(ps) || ps->index != 0 || k <= 0 || k >= nps) return false;
     if (r->failed[k] == QR_PS_FAILED) return true;
-    const char *how = hung ? "is hung (no answer to heartbeats for heartbeat-timeout-ms)"
-                           : "is gone (its link lost, its address refusing)";
+    const char *how = why == QR_LOST_HUNG ? "is hung (no answer to heartbeats for "
+                                            "heartbeat-timeout-ms)"
+                      : why == QR_LOST_CUT_OFF ? "is cut off from its primary (a partition)"
+                                               : "is gone (its link lost, its address refusing)";
     int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
     /* A neighbour failed, or a replacement not yet copied its shards,
      * holds no full copy: a shard k holds would be lost with it. */
@@ -132,6 +134,48 @@ bool qr__failover_lost(qr_ps *ps, int k, bool hung) {
     qr__failover_notify_workers(ps);
     qr__coord_failed_over(ps, k);
     return true;
+}
+
+/* A partition between a primary and its backup, ps 0 reaching both: the
+ * primary's pushes wait for a backup that never answers, so one side must
+ * go. The backup is failed over (its own shard moves to its backup in
+ * turn; the primary's goes on on one copy, its waiting pushes answered);
+ * when the backup is ps 0, whose coordinator role cannot move, the
+ * primary is (its shard is served from ps 0's copy). Either way the ps
+ * failed over is fenced at its first forward to a copy that serves its
+ * shard now, so nothing is applied twice, and every acknowledged push is
+ * on the copy that goes on (an acknowledgement needed both). */
+void qr__failover_backup_silent(qr_ps *ps, int primary, uint64_t silent_ms) {
+    ps_replica *r = &ps->replica;
+    int nps = ps->cluster->nps;
+    int64_t timeout_ms = ps->liveness.timeout_ms;
+    if (!qr__replica_on(ps) || ps->index != 0 || ps->stopping || timeout_ms <= 0 ||
+        silent_ms < (uint64_t)timeout_ms || primary < 0 || primary >= nps)
+        return;
+    int backup = (primary + 1) % nps;
+    if (r->failed[primary] != QR_PS_ALIVE ||
+        (r->failed[backup] != QR_PS_ALIVE && r->failed[backup] != QR_PS_BACKUP))
+        return;
+    /* A backup ps 0 does not reach either is ps 0's to judge (dead or hung). */
+    if (backup != 0 && !qr__links_reaches(ps, backup)) return;
+    if (primary != 0 && !qr__links_reaches(ps, primary)) return;
+    int victim = backup != 0 ? backup : primary;
+    qr__log(QR_LOG_ERROR, "ps %d (%s) has not reached its backup ps %d (%s) for %llu ms "
+            "(heartbeat-timeout-ms %lld) while ps 0 reaches both: a partition between them; "
+            "shard %d's pushes would wait for good, so ps %d is failed over (%s)", primary,
+            ps->cluster->ps[primary], backup, ps->cluster->ps[backup],
+            (unsigned long long)silent_ms, (long long)timeout_ms, primary, victim,
+            victim == backup ? "the backup's side goes" : "ps 0's role cannot move: the "
+            "primary's side goes");
+    qr__links_fail(ps, victim, QR_LOST_CUT_OFF);
+}
+
+void qr__failover_beat_answer(qr_ps *ps, int index, const uint8_t *meta, uint32_t len) {
+    if (len < 8) return; /* one copy: nothing said */
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, len);
+    uint64_t silent_ms = qr_rbuf_u64(&r);
+    if (!r.bad) qr__failover_backup_silent(ps, index, silent_ms);
 }
 
 int qr__failover_hello(ps_peer *p, const qr_msg_hello *m) {

@@ -210,11 +210,11 @@ static void rejoin(coord_link *l, const qr_msg_welcome *m) {
 }
 
 /* Is ps `index` failed over rather than waited for? (hung: declared so) */
-static bool failed_over(coord_link *l, bool hung) {
+static bool failed_over(coord_link *l, int why) {
     qr_ps *ps = l->ps;
     if (l->dropped) return true;
     if (!ps->sync.on_lost_ps || ps->stopping || l->stop_wanted || !l->incarnation) return false;
-    if (!ps->sync.on_lost_ps(ps, l->index, hung)) return false;
+    if (!ps->sync.on_lost_ps(ps, l->index, why)) return false;
     drop(l);
     return true;
 }
@@ -232,7 +232,7 @@ static void on_link_lost(qr_conn *c, int status) {
     }
     /* Gone, and its address refuses a new connection: died. (A link that
      * was up is tried once more first, 10 ms later.) */
-    if (!was_up && l->incarnation && !l->closing && failed_over(l, false)) {
+    if (!was_up && l->incarnation && !l->closing && failed_over(l, QR_LOST_DEAD)) {
         l->conn = NULL;
         l->connecting = false;
         return;
@@ -333,6 +333,8 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         l->ckpt_cb(ps, l->index, f->status, f, meta);
     } else if (type == QR_MSG_VIEW) {
         qr__rerep_view_answer(ps, l->index, f->status, meta, f->meta_len);
+    } else if (type == QR_MSG_BEAT && !f->status) {
+        if (ps->sync.on_beat) ps->sync.on_beat(ps, l->index, meta, f->meta_len);
     } else if (type == QR_MSG_STOP) {
         l->closing = true;
         qr_conn_close(c);
@@ -383,6 +385,19 @@ void qr__links_view(qr_ps *ps) {
         l->view_wanted = true;
         link_flush(l);
     }
+}
+
+bool qr__links_reaches(qr_ps *ps, int k) {
+    if (!qr__ps_has_links(ps) || k <= 0 || k >= ps->cluster->nps) return false;
+    const coord_link *l = link_of(ps, k);
+    uint64_t timeout_ns = (uint64_t)ps->liveness.timeout_ms * 1000000ull;
+    return l->up && !l->hung && !l->dropped && !l->closing &&
+           qr__now_ns() - l->heard_ns < timeout_ns;
+}
+
+bool qr__links_fail(qr_ps *ps, int k, int why) {
+    if (!qr__ps_has_links(ps) || k <= 0 || k >= ps->cluster->nps) return false;
+    return failed_over(link_of(ps, k), why);
 }
 
 uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
@@ -452,7 +467,7 @@ static void beat_or_declare_hung(coord_link *l, uint64_t now) {
     if (lv->beat_ms <= 0 || !l->conn || l->connecting || l->closing || !l->incarnation) return;
     uint64_t silent_ms = (now - l->heard_ns) / 1000000;
     if (silent_ms >= (uint64_t)lv->timeout_ms) {
-        if (!l->hung && l->up && failed_over(l, true)) {
+        if (!l->hung && l->up && failed_over(l, QR_LOST_HUNG)) {
             ps->liveness.hung_ps_total++;
             return;
         }
@@ -491,7 +506,7 @@ void qr__links_watch(qr_ps *ps) {
         /* Lost and not back within a watch period: failed over, if it can
          * be (the reconnect normally says so sooner, on_link_lost). */
         if (l->down_ns && !l->closing && now - l->down_ns >= 500000000ull &&
-            failed_over(l, l->hung))
+            failed_over(l, l->hung ? QR_LOST_HUNG : QR_LOST_DEAD))
             continue;
         /* A ps never reached is still starting (pods come up minutes
          * apart): only one that was up and went is waited for. */

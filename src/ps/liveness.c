@@ -212,6 +212,7 @@ static void on_watch(uv_timer_t *t) {
     watch_workers_left(ps, now);
     if (!ps->stopping) watch_chief(ps, now);
     qr__links_watch(ps);
+    if (!ps->stopping) qr__failover_backup_silent(ps, 0, qr__replica_backup_silent_ms(ps, now));
     for (int w = 0; w < ps->cluster->nworkers && !ps->stopping; w++) {
         if (!l->beat_ns[w] || l->hung[w] || l->finished[w]) continue;
         uint64_t silent_ms = (now - l->beat_ns[w]) / 1000000;
@@ -346,8 +347,14 @@ void qr__liveness_beat(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     uint32_t meta_len = f->meta_len;
     qr_ps *ps = p->ps;
     if (p->role == QR_ROLE_COORDINATOR) {
-        /* ps 0's beat on its link: answered, so that ps 0 hears this ps */
-        qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+        /* ps 0's beat on its link: answered, so that ps 0 hears this ps;
+         * with two copies the answer says how long this ps's link to its
+         * backup has been silent: a partition between the two is one ps 0
+         * cannot see by itself (failover.c). */
+        qr_wbuf out = {0};
+        if (qr__replica_on(ps)) qr_wbuf_u64(&out, qr__replica_backup_silent_ms(ps, qr__now_ns()));
+        qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        qr_wbuf_free(&out);
         return;
     }
     ps_liveness *l = &ps->liveness;

@@ -312,9 +312,16 @@ typedef void (*qr_link_ckpt_cb)(qr_ps *ps, int index, int status, const qr_frame
  * back (or aborts): the link must do nothing more. */
 typedef bool (*qr_link_welcome_cb)(qr_ps *ps, int index, uint64_t known,
                                    const qr_msg_welcome *m);
-/* ps `index` is dead or hung (links.c): true if it is failed over
- * (failover.c), and the link is then dropped. */
-typedef bool (*qr_link_lost_cb)(qr_ps *ps, int index, bool hung);
+/* Why ps 0 takes ps `index` for lost: dead (its link lost, its address
+ * refusing), hung (no answer to heartbeats), or cut off from its primary
+ * while ps 0 reaches both (a partition between them: failover.c). */
+enum { QR_LOST_DEAD, QR_LOST_HUNG, QR_LOST_CUT_OFF };
+/* ps `index` is lost, `why` one of QR_LOST_* (links.c): true if it is
+ * failed over (failover.c), and the link is then dropped. */
+typedef bool (*qr_link_lost_cb)(qr_ps *ps, int index, int why);
+/* The answer to a BEAT from ps `index` (its meta: with two copies, a u64,
+ * how long that ps's link to its backup has been silent: failover.c). */
+typedef void (*qr_link_beat_cb)(qr_ps *ps, int index, const uint8_t *meta, uint32_t len);
 /* A HELD from ps `index` (its meta: a qr_msg_held, then the refusal's
  * text): what that ps did with a held push. */
 typedef void (*qr_link_held_cb)(qr_ps *ps, int index, const uint8_t *meta, uint32_t len);
@@ -364,6 +371,7 @@ typedef struct ps_sync {
     coord_link *links;  /* to ps 1..P-1 */
     qr_link_welcome_cb on_welcome; /* the answer to every link's HELLO */
     qr_link_lost_cb on_lost_ps;    /* a ps dead or hung: failed over? (failover.c) */
+    qr_link_beat_cb on_beat;       /* a BEAT's answer: a partition to its backup? (failover.c) */
     qr_wbuf view_meta;             /* the view the links send (VIEW) */
     qr_link_held_cb on_held;       /* a HELD from a linked ps */
     struct held_commit *commits;   /* held pushes waiting for the other ps tasks' HELD */
@@ -903,6 +911,11 @@ void qr__links_stop_one(qr_ps *ps, int k);
 /* Send ps->sync.view_meta (VIEW) on every link not failed over, first
  * thing once it is up. */
 void qr__links_view(qr_ps *ps);
+/* Does ps 0 reach ps k now (its link up, answering within
+ * heartbeat-timeout-ms)? Fail ps k over, `why` one of QR_LOST_* (true if
+ * it was: the link is dropped). */
+bool qr__links_reaches(qr_ps *ps, int k);
+bool qr__links_fail(qr_ps *ps, int k, int why);
 /* When the link to ps `index` went down (0: up). */
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
 /* Queue the APPLY of a sync step on every link; cb gets each answer. */

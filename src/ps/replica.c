@@ -198,6 +198,7 @@ static void on_link_lost(qr_conn *c, int status) {
         qr__log(QR_LOG_WARN, "lost the link to ps %d (%s), the copy of shard %d: %s; pushes "
                 "wait for it", L->target, ps->cluster->ps[L->target], L->shard,
                 qr_strerror(status));
+    if (!L->down_ns) L->down_ns = qr__now_ns();
     L->conn = NULL;
     L->up = L->connecting = false;
     if (L->draining) end_drain(L); /* the backup went before the stop's forwards were in */
@@ -271,6 +272,7 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
     qr_ps *ps = L->ps;
     if (qr__ps_fenced(ps)) return;
     int type = f->type & ~QR_MSG_REPLY;
+    L->heard_ns = qr__now_ns();
     if (type == QR_MSG_HELLO) {
         if (f->status == QR_EVIEW && !L->copy && !ps->replica.ever_up) {
             /* A replacement started after its shard moved: it serves
@@ -314,6 +316,7 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
         qr__log(QR_LOG_INFO, "linked to ps %d (%s), the copy of shard %d", L->target,
                 ps->cluster->ps[L->target], L->shard);
         L->up = true;
+        L->down_ns = 0;
         if (!L->copy && !ps->replica.ever_up) {
             ps->replica.ever_up = true;
             qr__rerep_release_hellos(ps); /* this ps serves its shard: as placed */
@@ -483,11 +486,25 @@ static void link_send(repl_link *L, repl_forward *fw) {
         forward_free(fw);
         return;
     }
-    if (L->fwd_tail) L->fwd_tail->next = fw;
-    else L->fwd_head = fw;
+    if (L->fwd_tail) {
+        L->fwd_tail->next = fw;
+    } else {
+        L->fwd_head = fw;
+        L->heard_ns = qr__now_ns(); /* the backup's silence counts from here */
+    }
     L->fwd_tail = fw;
     L->forwards++;
     if (L->conn && L->up && !L->hold) send_forward(L, fw);
+}
+
+uint64_t qr__replica_backup_silent_ms(const qr_ps *ps, uint64_t now) {
+    const ps_replica *r = &ps->replica;
+    const repl_link *L = &r->link;
+    if (!qr__replica_on(ps) || ps->stopping || !r->ever_up || L->gone || L->stale ||
+        L->closing || L->draining || L->streaming || L->hold)
+        return 0;
+    if (!L->up) return L->down_ns ? (now - L->down_ns) / 1000000 : 0;
+    return L->fwd_head ? (now - L->heard_ns) / 1000000 : 0;
 }
 
 void qr__replica_send(qr_ps *ps, repl_forward *fw) {

@@ -72,6 +72,10 @@ typedef struct repl_link {
     bool stale;            /* the target answered as a new run (its copy lost): the link
                             * waits for ps 0's view (failed, then a re-replication) */
     struct rerep_job *job; /* the snapshot being written */
+    /* A partition ps 0 cannot see (qr__replica_backup_silent_ms): when
+     * the link went down (0 while up), and when the copy last answered
+     * (or a forward was queued behind none). */
+    uint64_t down_ns, heard_ns;
 } repl_link;
 typedef struct ps_replica {
     int copies;            /* ps-replicas: 1 (off) or 2 */
@@ -126,7 +130,7 @@ typedef struct ps_rerep_report {
 /* failover.c: --ps-replicas 2, async (docs/REPLICATION.md, "Failover"). */
 /* ps 0: ps k is dead or hung: true if it is failed over (the view moves;
  * qr_link_lost_cb). */
-bool qr__failover_lost(qr_ps *ps, int k, bool hung);
+bool qr__failover_lost(qr_ps *ps, int k, int why);
 /* A worker's HELLO: of the view and a shard served here? (QR_EVIEW with
  * the error set if not; p->promoted_shard set for a promoted one) */
 int qr__failover_hello(ps_peer *p, const qr_msg_hello *m);
@@ -240,6 +244,19 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
 /* failover.c, for rerep.c: apply the view to this ps; tell the workers. */
 void qr__failover_apply(qr_ps *ps);
 void qr__failover_notify_workers(qr_ps *ps);
+
+/* How long this ps's link to the backup of its own shard has been silent
+ * (ms): down, or up with forwards the backup has not answered; 0 when it
+ * is fine, has never been up, or carries nothing to wait for (a backup
+ * gone, a copy being streamed). ps 0 hears it in each BEAT's answer. */
+uint64_t qr__replica_backup_silent_ms(const qr_ps *ps, uint64_t now);
+/* ps 0: ps `primary`'s link to its backup has been silent for silent_ms
+ * (its BEAT's answer, or ps 0's own link): past heartbeat-timeout-ms,
+ * while ps 0 reaches both, a partition between them; one side is failed
+ * over (failover.c). */
+void qr__failover_backup_silent(qr_ps *ps, int primary, uint64_t silent_ms);
+/* The same, the answer to a BEAT from ps `index` (qr_link_beat_cb). */
+void qr__failover_beat_answer(qr_ps *ps, int index, const uint8_t *meta, uint32_t len);
 
 /* A store's params digest: FNV-1a of every dense variable's values in id
  * order (the trainer's params_digest), then every table row's id and

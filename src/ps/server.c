@@ -608,8 +608,10 @@ static int start_run(qr_ps *ps) {
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     if (!rc && ps->index == 0 && ps->cluster->nps > 1)
         rc = qr__links_init(ps, qr__rollback_check_link);
-    if (!rc && ps->index == 0 && ps->cluster->nps > 1 && qr__replica_on(ps))
+    if (!rc && ps->index == 0 && ps->cluster->nps > 1 && qr__replica_on(ps)) {
         ps->sync.on_lost_ps = qr__failover_lost;
+        ps->sync.on_beat = qr__failover_beat_answer;
+    }
     if (!rc) rc = qr__ckpt_loop_init(ps);
     if (!rc) rc = qr__liveness_init(ps);
     if (!rc) rc = qr__metrics_init(ps);

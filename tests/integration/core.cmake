@@ -81,7 +81,11 @@ endforeach()
 qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})
 # Tasks in network namespaces of their own, over veth links with real
 # addresses and a rate-limited link, as on separate hosts (root; 77: skip).
-qr_integration_test(integration_netns test_netns.py)
+qr_integration_test(integration_netns test_netns.py sync)
 set_tests_properties(integration_netns PROPERTIES SKIP_RETURN_CODE 77)
+# The same hosts, 3 ps of two copies: shard 1's primary and backup cut off
+# from each other while ps 0 reaches both; ps 0 fails the backup over.
+qr_integration_test(integration_netns_replica_partition test_netns.py replica_partition)
+set_tests_properties(integration_netns_replica_partition PROPERTIES SKIP_RETURN_CODE 77)
 qr_integration_test(integration_auth test_auth.py)
 qr_integration_test(integration_auth_wire test_auth_wire.py)
