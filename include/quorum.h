@@ -457,8 +457,9 @@ QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
  * payload bytes of the pushes received and the pulls answered, summed
  * over the ps tasks (half as many on a bf16 or fp16 wire:
  * qr_worker_set_dtype); "tables", per embedding table its rows,
- * bytes, admission_candidates, admitted, unadmitted_reads, dropped_rows
- * and evicted, summed over the ps tasks; and in sync
+ * bytes, admission_candidates, admission_filter_bytes, admitted,
+ * unadmitted_reads, dropped_rows and evicted, summed over the ps tasks,
+ * and under admission "admission_filter" ("exact" or "bloom"); and in sync
  * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker
  * per worker, mean_wait_ms, max_wait_ms, tokens_queued. */
 QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);
