@@ -184,24 +184,32 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+enum { MEMORY_IDS = 1000000, MEMORY_POINTS = 3 };
+static const uint64_t memory_points[MEMORY_POINTS] = {1000, 100000, MEMORY_IDS};
+
+/* MEMORY_IDS distinct ids sighted once each; the candidate bytes after
+ * each of memory_points into bytes[]; the seconds it took. */
+static double sight_once_each(qr_table *t, uint64_t *bytes) {
+    double start = now();
+    for (uint64_t i = 0, c = 0; i < MEMORY_IDS; i++) {
+        int64_t row;
+        bool added;
+        assert_int_equal(qr_table_sight(t, id_of(4, i), &row, &added), QR_OK);
+        if (i + 1 == memory_points[c]) bytes[c++] = candidate_bytes(t);
+    }
+    return now() - start;
+}
+
 static void test_table_memory_fixed(void **state) {
     (void)state;
-    const uint64_t ids = 1000000, filter = 8 << 20; /* 8 counters an id at the end */
+    const uint64_t ids = MEMORY_IDS, filter = 8 << 20; /* 8 counters an id at the end */
     char options[128];
     snprintf(options, sizeof options, "admit_after=2,admit_filter=bloom,admit_filter_bytes=%llu",
              (unsigned long long)filter);
     qr_table *t = table_with(options);
-    uint64_t start = candidate_bytes(t);
-    assert_int_equal(start, filter);
-    uint64_t exact_bytes[3] = {0}, bloom_bytes[3] = {0}, checkpoints[3] = {1000, 100000, ids};
-    double bloom_secs = now();
-    for (uint64_t i = 0, c = 0; i < ids; i++) {
-        int64_t row;
-        bool added;
-        assert_int_equal(qr_table_sight(t, id_of(4, i), &row, &added), QR_OK);
-        if (i + 1 == checkpoints[c]) bloom_bytes[c++] = candidate_bytes(t);
-    }
-    bloom_secs = now() - bloom_secs;
+    assert_int_equal(candidate_bytes(t), filter);
+    uint64_t exact_bytes[MEMORY_POINTS], bloom_bytes[MEMORY_POINTS];
+    double bloom_secs = sight_once_each(t, bloom_bytes);
     /* Early admissions: ids seen once that got a row. Each met a filter
      * holding fewer ids than at the end, so their share stays under the
      * formula's rate at n = 1 million. */
@@ -213,22 +221,15 @@ static void test_table_memory_fixed(void **state) {
     assert_int_equal(t->ncand, 0);
     qr_table_free(t);
     t = table_with("admit_after=2");
-    double exact_secs = now();
-    for (uint64_t i = 0, c = 0; i < ids; i++) {
-        int64_t row;
-        bool added;
-        assert_int_equal(qr_table_sight(t, id_of(4, i), &row, &added), QR_OK);
-        if (i + 1 == checkpoints[c]) exact_bytes[c++] = candidate_bytes(t);
-    }
-    exact_secs = now() - exact_secs;
+    double exact_secs = sight_once_each(t, exact_bytes);
     /* Timed for the record only (a shared machine is noisy): a ratio to
      * the exact index in the same run. */
     printf("1 million first sightings: the filter took %.2fx the exact index's time "
            "(%.0f ns vs %.0f ns each)\n", bloom_secs / exact_secs, 1e9 * bloom_secs / (double)ids,
            1e9 * exact_secs / (double)ids);
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < MEMORY_POINTS; c++) {
         printf("%8llu distinct ids not admitted: exact candidates %10llu bytes, "
-               "counting Bloom filter %10llu bytes\n", (unsigned long long)checkpoints[c],
+               "counting Bloom filter %10llu bytes\n", (unsigned long long)memory_points[c],
                (unsigned long long)exact_bytes[c], (unsigned long long)bloom_bytes[c]);
         assert_int_equal(bloom_bytes[c], filter);
     }
