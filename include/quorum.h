@@ -457,8 +457,9 @@ QR_API int qr_worker_data_position(const qr_worker *w, uint64_t *position);
  * payload bytes of the pushes received and the pulls answered, summed
  * over the ps tasks (half as many on a bf16 or fp16 wire:
  * qr_worker_set_dtype); "tables", per embedding table its rows,
- * bytes, admission_candidates, admitted, unadmitted_reads, dropped_rows
- * and evicted, summed over the ps tasks; and in sync
+ * bytes, admission_candidates, admission_filter_bytes, admitted,
+ * unadmitted_reads, dropped_rows and evicted, summed over the ps tasks,
+ * and under admission "admission_filter" ("exact" or "bloom"); and in sync
  * mode ps 0's figures: steps, stale_dropped, in_quorum and stale_by_worker
  * per worker, mean_wait_ms, max_wait_ms, tokens_queued. */
 QR_API int qr_worker_stats(qr_worker *w, char *buf, size_t len);
@@ -477,6 +478,11 @@ QR_API int qr_worker_wait_bound(qr_worker *w);
  * seed and the id alone, so a row starts the same wherever and whenever it
  * is made. Its ids are spread over every ps task by a hash of the id; the
  * optimizer (the ps's, or the table's own options) keeps its slots per row.
+ * The options also take admission and eviction: "admit_after=K" (a row
+ * at an id's K-th lookup; the lookups counted exactly, or with
+ * "admit_filter=bloom,admit_filter_bytes=N,admit_filter_hashes=H" in a
+ * counting Bloom filter of N bytes on each ps, whose ids may be admitted
+ * early, never late) and "evict_after_steps=T" (docs/EMBEDDINGS.md).
  * Declare tables with the dense variables, before qr_worker_initialize.
  * A table has qr_worker_var_size 0 and no local copy. */
 QR_API int qr_worker_declare_table(qr_worker *w, const char *name, int64_t dim,

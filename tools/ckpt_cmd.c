@@ -104,11 +104,23 @@ static void print_tensor(const qr_st_file *f, const qr_st_tensor *t, int shard) 
     void *data = malloc(bytes ? bytes : 1);
     if (!data || qr_st_read(f, t, data)) {
         printf("%-40s %5d %s %-14s (unreadable: %s)\n", t->name, shard,
-               t->dtype == QR_DT_F32 ? "F32" : "I64", shape, data ? qr_last_error() : "memory");
+               qr_dtype_st_name(t->dtype), shape, data ? qr_last_error() : "memory");
         free(data);
         return;
     }
     uint64_t n = bytes / qr_dtype_size(t->dtype);
+    if (t->dtype == QR_DT_U8) { /* an admission filter's counters */
+        const uint8_t *v = data;
+        uint64_t used = 0, top = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            used += v[i] != 0;
+            top = v[i] > top ? v[i] : top;
+        }
+        printf("%-40s %5d U8  %-14s nonzero %llu max %llu\n", t->name, shard, shape,
+               (unsigned long long)used, (unsigned long long)top);
+        free(data);
+        return;
+    }
     if (t->dtype == QR_DT_I64) {
         const int64_t *v = data;
         if (n == 1) printf("%-40s %5d I64 %-14s value %lld\n", t->name, shard, shape, (long long)v[0]);

@@ -246,7 +246,13 @@ static const train_flag flags[] = {
      "cores outnumber what its tasks use (README)"},
     {"var-opt", "NAME:K=V,...", CLUSTER_ONLY, NULL, set_var_opt,
      "a variable's own optimizer options, e.g.\n"
-     "layer0/weights:optimizer=adagrad,lr=0.05 (repeatable)"},
+     "layer0/weights:optimizer=adagrad,lr=0.05 (repeatable);\n"
+     "a table's also admit_after=K (a row at an id's K-th\n"
+     "sighting), admit_filter=exact|bloom (count them in an\n"
+     "index, or a counting Bloom filter of fixed size:\n"
+     "admit_filter_bytes=N, default 16 MiB a ps,\n"
+     "admit_filter_hashes=H, default 3) and\n"
+     "evict_after_steps=T (docs/EMBEDDINGS.md)"},
     {"logdir", "DIR", CLUSTER_ONLY, NULL, set_logdir,
      "the chief writes TensorBoard event files and\n"
      "summaries.jsonl here (docs/SUMMARIES.md)"},

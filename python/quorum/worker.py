@@ -154,8 +154,10 @@ class Worker:
         """An embedding table: int64 id -> float32[dim], rows made on first
         pull from the seeded initializer, spread over every ps by id.
         options: the optimizer's, and "admit_after=k" (a row made at an id's
-        k-th lookup) and "evict_after_steps=T" (rows idle for T steps
-        removed); stats()["tables"] counts what they did."""
+        k-th lookup; "admit_filter=bloom,admit_filter_bytes=N" counts the
+        lookups in a counting Bloom filter of N bytes a ps instead of an
+        index of every id seen) and "evict_after_steps=T" (rows idle for T
+        steps removed); stats()["tables"] counts what they did."""
         var_id = ctypes.c_int()
         check(lib.qr_worker_declare_table(self._handle, name.encode(), int(dim), init.encode(),
                                           int(seed) & (2**64 - 1), options.encode(),

@@ -95,12 +95,17 @@ class Ctr(torch.nn.Module):
         return self.out(self.emb(ids).sum(dim=1))
 
 
-def test_embedding_admission_counted():  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("options,counted_in", [
+    ("admit_after=2", "exact"),
+    ("admit_after=2,admit_filter=bloom,admit_filter_bytes=4096", "bloom"),
+])
+def test_embedding_admission_counted(options, counted_in):  # type: ignore[no-untyped-def]
     """Embedding(options="admit_after=2") reaches the ps with the
     optimizer's options: rows are made at an id's second lookup, the first
-    step's gradients are dropped, and the statistics count both."""
+    step's gradients are dropped, and the statistics count both; the same
+    with the lookups counted in a counting Bloom filter."""
     torch.manual_seed(0)
-    model = Ctr(qt.Embedding(3, init="normal:0,0.5", seed=7, options="admit_after=2"))
+    model = Ctr(qt.Embedding(3, init="normal:0,0.5", seed=7, options=options))
     opt = qt.Optimizer(model, "Adagrad", lr=0.2)
     ids = torch.tensor([[1, 5, 9]], dtype=torch.int64)
     for _ in range(3):
@@ -110,6 +115,10 @@ def test_embedding_admission_counted():  # type: ignore[no-untyped-def]
     t = opt.worker.stats()["tables"]["emb"]
     assert t["admitted"] == 3 and t["rows"] == 3 and t["unadmitted_reads"] == 3, t
     assert t["dropped_rows"] == 3, t  # the first step's rows, not admitted then
+    assert t["admission_filter"] == counted_in, t
+    filter_bytes = t["admission_filter_bytes"]  # 4096 on each ps
+    assert (filter_bytes > 0 and filter_bytes % 4096 == 0) if counted_in == "bloom" \
+        else filter_bytes == 0, t
     assert "optimizer=adagrad" in opt.options
     opt.close()
 

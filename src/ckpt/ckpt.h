@@ -46,8 +46,9 @@ int qr_fsync_dir(const char *path);
 
 /* ---- safetensors (safetensors.c) ----------------------------------------- */
 
-/* The two dtypes quorum writes: variables and slots (F32), counters (I64). */
-typedef enum { QR_DT_F32 = 0, QR_DT_I64 = 1 } qr_dtype;
+/* The dtypes quorum writes: variables and slots (F32), counters (I64),
+ * a table's admission filter of 8-bit counters (U8). */
+typedef enum { QR_DT_F32 = 0, QR_DT_I64 = 1, QR_DT_U8 = 2 } qr_dtype;
 
 typedef struct qr_st_tensor {
     const char *name;
@@ -60,6 +61,8 @@ typedef struct qr_st_tensor {
 
 /* Bytes of one element, and of the whole tensor. */
 size_t qr_dtype_size(qr_dtype t);
+/* Its safetensors name: "F32", "I64", "U8". */
+const char *qr_dtype_st_name(qr_dtype t);
 uint64_t qr_st_bytes(const qr_st_tensor *t);
 
 /* Write tensors t[0..n) (names unique) to `path` as a safetensors file,

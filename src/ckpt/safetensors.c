@@ -34,10 +34,14 @@
  * the write reads what the checksum has just brought into cache. */
 #define ST_WRITE_CHUNK ((size_t)1 << 20)
 
-static const char *dtype_names[] = {"F32", "I64"};
+static const char *dtype_names[] = {"F32", "I64", "U8"};
 
 size_t qr_dtype_size(qr_dtype t) {
-    return t == QR_DT_I64 ? 8 : 4;
+    return t == QR_DT_I64 ? 8 : t == QR_DT_U8 ? 1 : 4;
+}
+
+const char *qr_dtype_st_name(qr_dtype t) {
+    return dtype_names[t];
 }
 
 uint64_t qr_st_bytes(const qr_st_tensor *t) {
@@ -168,7 +172,8 @@ static int parse_entry(qr_st_file *f, const cJSON *e, qr_st_tensor *t) {
                         "data_offsets", f->path, name);
     if (!strcmp(dt->valuestring, "F32")) t->dtype = QR_DT_F32;
     else if (!strcmp(dt->valuestring, "I64")) t->dtype = QR_DT_I64;
-    else return qr__fail(QR_EIO, "'%s': tensor '%s' has dtype %s; quorum reads F32 and I64",
+    else if (!strcmp(dt->valuestring, "U8")) t->dtype = QR_DT_U8;
+    else return qr__fail(QR_EIO, "'%s': tensor '%s' has dtype %s; quorum reads F32, I64 and U8",
                          f->path, name, dt->valuestring);
     t->ndim = cJSON_GetArraySize(shape);
     if (t->ndim > QR_PROTO_MAX_NDIM)

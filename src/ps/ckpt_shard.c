@@ -21,7 +21,7 @@
  * Tensor names follow TensorFlow's: NAME, NAME/Adam, NAME/Adam_1,
  * NAME/ExponentialMovingAverage, global_step; quorum's own under quorum/
  * and NAME/ids, NAME/admission_ids, NAME/admission_counts,
- * NAME/update_steps. Each variable's record (name, id, options, version,
+ * NAME/admission_filter, NAME/update_steps. Each variable's record (name, id, options, version,
  * optimizer, slots, table) is the JSON of the "quorum.variables"
  * metadata. The format reads the ps only through ckpt_shard_ctx.
  */
@@ -52,6 +52,7 @@ typedef struct ckpt_entry {
     /* ... and, under admission and eviction, its candidates' ids and
      * sightings and its rows' update steps */
     int64_t *table_policy[3];
+    uint8_t *table_filter;  /* or, under admit_filter=bloom, its counters */
     int first, ntensors;    /* its tensors in the job's list */
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
@@ -69,6 +70,8 @@ static void entry_release(ckpt_entry *e) {
     memset(e->table_rows, 0, sizeof e->table_rows);
     for (int i = 0; i < 3; i++) free(e->table_policy[i]);
     memset(e->table_policy, 0, sizeof e->table_policy);
+    free(e->table_filter);
+    e->table_filter = NULL;
     e->table_ids = NULL;
     e->value = e->average = NULL;
     e->slots = NULL;
@@ -127,10 +130,20 @@ static void add_tensor(ckpt_job *j, const char *name, qr_dtype dt, int ndim, con
 /* Admission and eviction state, copied with the rows: NAME/admission_ids
  * and NAME/admission_counts [candidates] (ids seen, not admitted yet, and
  * their sightings), NAME/update_steps [rows] (the step of each row's last
- * update, in the rows' order). All int64. */
+ * update, in the rows' order), all int64; under admit_filter=bloom
+ * NAME/admission_filter [counters] (uint8) in place of the candidates. */
 static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
     const qr_table *t = v->table;
-    if (t->admit_after) {
+    if (t->filter.counters) {
+        e->table_filter = malloc(t->filter.m);
+        const char *name = job_name(j, "%s/%s", v->name, "admission_filter");
+        if (!e->table_filter || !name)
+            return qr__fail(QR_ENOMEM, "out of memory copying the admission filter of '%s'",
+                            v->name);
+        memcpy(e->table_filter, t->filter.counters, t->filter.m);
+        int64_t shape[1] = {(int64_t)t->filter.m};
+        add_tensor(j, name, QR_DT_U8, 1, shape, e->table_filter);
+    } else if (t->admit_after) {
         uint64_t n = t->ncand;
         e->table_policy[0] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         e->table_policy[1] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
@@ -395,7 +408,17 @@ static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *na
     const qr_st_tensor *counts = qr_st_find(f, key);
     snprintf(key, sizeof key, "%s/update_steps", name);
     const qr_st_tensor *steps = qr_st_find(f, key);
+    snprintf(key, sizeof key, "%s/admission_filter", name);
+    const qr_st_tensor *filter = qr_st_find(f, key);
     int rc = QR_OK;
+    if (filter && t->filter.counters) {
+        /* The table was made from the checkpoint's own options: the same size. */
+        if (filter->dtype != QR_DT_U8 || filter->ndim != 1 ||
+            (uint64_t)filter->shape[0] != t->filter.m)
+            return qr__fail(QR_EIO, "'%s': table '%s': its admission filter is not uint8 "
+                            "[%llu]", f->path, name, (unsigned long long)t->filter.m);
+        rc = qr_st_read(f, filter, t->filter.counters);
+    }
     if (ids && counts && t->admit_after) {
         uint64_t n = (uint64_t)(ids->ndim == 1 ? ids->shape[0] : -1);
         if (ids->dtype != QR_DT_I64 || counts->dtype != QR_DT_I64 || ids->ndim != 1 ||

@@ -121,7 +121,10 @@ static void tables_stats_json(const qr_ps *ps, cJSON *j) {
         cJSON *o = cJSON_AddObjectToObject(tables, v->name);
         cJSON_AddNumberToObject(o, "rows", (double)t->count);
         cJSON_AddNumberToObject(o, "bytes", (double)qr_table_bytes(t));
+        if (t->admit_after) /* where sightings are counted; kept by add_tables as it is */
+            cJSON_AddStringToObject(o, "admission_filter", t->filter.counters ? "bloom" : "exact");
         cJSON_AddNumberToObject(o, "admission_candidates", (double)t->ncand);
+        cJSON_AddNumberToObject(o, "admission_filter_bytes", (double)t->filter.m);
         cJSON_AddNumberToObject(o, "admitted", (double)t->admitted);
         cJSON_AddNumberToObject(o, "unadmitted_reads", (double)t->unadmitted_reads);
         cJSON_AddNumberToObject(o, "dropped_rows", (double)t->dropped_rows);

@@ -52,8 +52,8 @@ static void family(FILE *f, const char *name, const char *type, const char *help
 
 /* What table_family samples of each table. */
 typedef enum table_figure {
-    TABLE_ROWS, TABLE_BYTES, TABLE_CANDIDATES, TABLE_ADMITTED, TABLE_UNADMITTED_READS,
-    TABLE_DROPPED_ROWS, TABLE_EVICTED
+    TABLE_ROWS, TABLE_BYTES, TABLE_CANDIDATES, TABLE_FILTER_BYTES, TABLE_ADMITTED,
+    TABLE_UNADMITTED_READS, TABLE_DROPPED_ROWS, TABLE_EVICTED
 } table_figure;
 
 static double table_value(const qr_table *t, table_figure what) {
@@ -61,6 +61,7 @@ static double table_value(const qr_table *t, table_figure what) {
     case TABLE_ROWS: return (double)t->count;
     case TABLE_BYTES: return (double)qr_table_bytes(t);
     case TABLE_CANDIDATES: return (double)t->ncand;
+    case TABLE_FILTER_BYTES: return (double)t->filter.m;
     case TABLE_ADMITTED: return (double)t->admitted;
     case TABLE_UNADMITTED_READS: return (double)t->unadmitted_reads;
     case TABLE_DROPPED_ROWS: return (double)t->dropped_rows;
@@ -151,7 +152,11 @@ static void render_tables(const qr_ps *ps, FILE *f) {
     table_family(f, ps, "quorum_table_bytes", "gauge", "Bytes an embedding table holds "
                  "here: rows, slots, ids, index and admission counts.", TABLE_BYTES);
     table_family(f, ps, "quorum_table_admission_candidates", "gauge",
-                 "Ids seen but not admitted yet (admit_after).", TABLE_CANDIDATES);
+                 "Ids seen but not admitted yet (admit_after; 0 under admit_filter=bloom).",
+                 TABLE_CANDIDATES);
+    table_family(f, ps, "quorum_table_admission_filter_bytes", "gauge",
+                 "Bytes of the counting Bloom filter that counts sightings under "
+                 "admit_filter=bloom (one 8-bit counter a byte); 0 otherwise.", TABLE_FILTER_BYTES);
     table_family(f, ps, "quorum_table_rows_admitted_total", "counter",
                  "Rows made at an id's admit_after-th sighting.", TABLE_ADMITTED);
     table_family(f, ps, "quorum_table_unadmitted_reads_total", "counter",

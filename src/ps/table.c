@@ -44,6 +44,7 @@ void qr_table_free(qr_table *t) {
     free(t->cand_seen);
     qr_idmap_free(&t->index);
     qr_idmap_free(&t->cand_index);
+    qr_bloom_free(&t->filter);
     memset(t, 0, sizeof *t);
 }
 
@@ -51,6 +52,8 @@ int qr_table_set_policy(qr_table *t, const qr_table_options *o) {
     if (t->count) return qr__fail(QR_EINVAL, "table: admission and eviction are set when it is empty");
     t->admit_after = o->admit_after > 1 ? o->admit_after : 0;
     t->evict_after = o->evict_after_steps;
+    if (t->admit_after && o->admit_filter_bytes)
+        return qr_bloom_init(&t->filter, o->admit_filter_bytes, o->admit_filter_hashes);
     if (t->admit_after) return qr_idmap_init(&t->cand_index, 0);
     return QR_OK;
 }
@@ -161,6 +164,19 @@ int qr_table_sight(qr_table *t, int64_t id, int64_t *row, bool *added) {
     *added = false;
     *row = qr_table_find(t, id);
     if (*row >= 0) return QR_OK;
+    if (t->filter.counters) {
+        /* Admitted when the filter's estimate reaches admit_after; the
+         * filter is then left as it was, so a row that cannot be made
+         * loses nothing. */
+        if (!qr_bloom_sight(&t->filter, id, t->admit_after)) {
+            t->unadmitted_reads++;
+            return QR_OK;
+        }
+        *row = qr_table_get_or_add(t, id, added);
+        if (*row < 0) return QR_ENOMEM;
+        t->admitted++;
+        return QR_OK;
+    }
     if (t->admit_after) {
         int64_t at = candidate(t, id);
         if (at < 0) return QR_ENOMEM;
@@ -260,6 +276,11 @@ int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added) {
 
 int qr_table_restore_candidate(qr_table *t, int64_t id, uint32_t seen) {
     if (!t->admit_after) return QR_OK; /* admission is off now: the counts do not matter */
+    if (t->filter.counters) {
+        for (uint32_t i = 0; i < QR_MIN(seen, t->admit_after - 1); i++)
+            qr_bloom_add(&t->filter, id);
+        return QR_OK;
+    }
     int64_t at = candidate(t, id);
     if (at < 0) return QR_ENOMEM;
     t->cand_seen[at] = QR_MIN(seen, t->admit_after - 1);
@@ -288,6 +309,6 @@ uint64_t qr_table_bytes(const qr_table *t) {
     uint64_t bytes = t->nchunks * chunk + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
     if (t->updated) bytes += t->keys_cap * sizeof *t->updated;
     bytes += t->cand_cap * (sizeof *t->cand_ids + sizeof *t->cand_seen) +
-             qr_idmap_bytes(&t->cand_index);
+             qr_idmap_bytes(&t->cand_index) + t->filter.m;
     return bytes;
 }

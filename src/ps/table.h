@@ -20,6 +20,12 @@
  * gets a row only at its k-th sighting (a lookup that would make it);
  * until then reads see its initial value, its sightings are counted in a
  * second index of candidates, and pushes to it are dropped and counted.
+ * With admit_filter=bloom the sightings are counted instead in a counting
+ * Bloom filter of fixed size (common/bloom.h): memory that stays the same
+ * however many ids come, at the price of ids admitted early (never late)
+ * when other ids share all their counters. An admitted id stops counting
+ * (its counters keep what it gave them), so an evicted row's id comes
+ * back at its next sighting.
  * With evict_after T > 0 each row keeps the step of its last update (8
  * bytes a row, only then) and rows idle for more than T steps are removed
  * by a sweep every T/4 steps. The clock is the caller's: the steps applied
@@ -60,6 +66,8 @@ typedef struct qr_table {
     int64_t *cand_ids;
     uint32_t *cand_seen;                /* sightings so far */
     uint64_t ncand, cand_cap;
+    qr_bloom filter;                    /* admit_filter=bloom: counts the sightings
+                                         * instead of cand_* (counters non-NULL) */
     /* eviction (evict_after > 0) */
     int64_t evict_after;
     int64_t *updated;                   /* [keys_cap]: the step of the row's last update */
@@ -113,7 +121,8 @@ int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added);
  * went. Row pointers are stale after it. */
 uint64_t qr_table_evict_idle(qr_table *t);
 
-/* Put back a checkpoint's admission candidate (id seen `seen` times). */
+/* Put back a checkpoint's admission candidate (id seen `seen` times;
+ * into the filter under admit_filter=bloom). */
 int qr_table_restore_candidate(qr_table *t, int64_t id, uint32_t seen);
 
 /* The value a row of id starts with (what a read of an absent id sees). */
@@ -122,7 +131,8 @@ void qr_table_initial_value(const qr_table *t, int64_t id, float *out);
 /* Remove row r; the last row moves into its place (rows stay dense). */
 void qr_table_remove(qr_table *t, uint64_t r);
 
-/* Bytes held: the arena's chunks, the ids and the index. */
+/* Bytes held: the arena's chunks, the ids and the index, and
+ * admission's candidates or filter. */
 uint64_t qr_table_bytes(const qr_table *t);
 
 #endif /* QR_PS_TABLE_H */

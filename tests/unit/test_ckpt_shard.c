@@ -6,7 +6,9 @@
  * slots and scalar ones), one with a moving average, a third with its own
  * AdamW (options "optimizer=adamw,weight-decay=0.05"), and an embedding
  * table with its own Adagrad (per-row slots), admission candidates and
- * eviction steps. The shard is snapshotted, then the live variables are
+ * eviction steps, and a second one that counts sightings in a counting
+ * Bloom filter (admit_filter=bloom: its counters, NAME/admission_filter,
+ * uint8), sighted again after the snapshot. The shard is snapshotted, then the live variables are
  * changed as an apply would change them (qr__ckpt_before_apply first):
  * the shard written afterwards must hold the state at the snapshot, and
  * restoring it into an empty store must give every value, slot, average,
@@ -102,11 +104,13 @@ static qr_var *dense(world *w, uint32_t id, const char *name, int ndim, const in
     return v;
 }
 
-static qr_var *table(world *w, uint32_t id, const char *name) {
+static qr_var *table(world *w, uint32_t id, const char *name, bool bloom) {
     qr_var *v = calloc(1, sizeof *v);
     v->id = id;
     v->name = strdup(name);
-    v->options = strdup("optimizer=adagrad,admit_after=3,evict_after_steps=1000");
+    v->options = strdup(bloom ? "optimizer=adagrad,admit_after=3,evict_after_steps=1000,"
+                                "admit_filter=bloom,admit_filter_bytes=1000"
+                              : "optimizer=adagrad,admit_after=3,evict_after_steps=1000");
     v->ndim = 1;
     v->shape[0] = DIM;
     v->lr = -1.0f;
@@ -135,7 +139,8 @@ static qr_var *table(world *w, uint32_t id, const char *name) {
             assert_int_equal(row, -1);
         }
     }
-    assert_int_equal(t->ncand, CANDIDATES);
+    assert_int_equal(t->ncand, bloom ? 0 : CANDIDATES);
+    assert_int_equal(t->filter.m, bloom ? 1000 : 0);
     assert_int_equal(qr_store_add(&w->store, v), QR_OK);
     return v;
 }
@@ -152,7 +157,8 @@ static int setup(void **state) {
     int64_t shape_w[2] = {ROWS, COLS}, shape_b[1] = {BIAS};
     dense(w, 1, "layer0/weights", 2, shape_w, true, "");
     dense(w, 2, "layer0/biases", 1, shape_b, false, "");
-    table(w, 3, "emb");
+    table(w, 3, "emb", false);
+    table(w, 5, "emb_bloom", true);
     qr_var *adamw = dense(w, 4, "layer1/weights", 2, shape_w, false,
                           "optimizer=adamw,weight-decay=0.05");
     assert_string_equal(qr_optim_name(adamw->optim), "adamw");
@@ -249,6 +255,8 @@ static void assert_stores_equal(const qr_store *want, const qr_store *got) {
             if (ta->updated) assert_int_equal(ta->updated[r], tb->updated[at]);
         }
         assert_int_equal(ta->ncand, tb->ncand);
+        assert_int_equal(ta->filter.m, tb->filter.m);
+        if (ta->filter.m) assert_memory_equal(ta->filter.counters, tb->filter.counters, ta->filter.m);
         for (uint64_t k = 0; k < ta->ncand; k++) {
             bool found = false;
             for (uint64_t l = 0; l < tb->ncand; l++)
@@ -301,6 +309,9 @@ static void test_snapshot_write_restore(void **state) {
         assert_int_equal(qr__ckpt_before_apply(NULL, v), QR_OK);
         if (v->table) {
             fill(qr_table_row(v->table, 0), DIM);
+            int64_t row;
+            bool added;
+            assert_int_equal(qr_table_sight(v->table, 7777, &row, &added), QR_OK);
         } else {
             assert_int_equal(qr_var_prepare_write(v), QR_OK);
             fill(v->value->data, v->n);

@@ -11,8 +11,10 @@
  *     row (sparse-reduction=per_row, TensorFlow's
  *     SparseConditionalAccumulator), in one quorum with a dense variable;
  *   - bad input: rows of a dense call, a dense call on a table, NaN rows;
- *   - admission (admit_after) and eviction (evict_after_steps), counted in
- *     the statistics, and their state through a checkpoint.
+ *   - admission (admit_after; sightings counted exactly or in a counting
+ *     Bloom filter, admit_filter=bloom) and eviction (evict_after_steps),
+ *     counted in the statistics, their state through a checkpoint, and
+ *     bad options refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -374,18 +376,23 @@ static double table_stat(qr_worker *w, const char *table, const char *figure) {
     return strtod(at + strlen(key), NULL);
 }
 
+/* Sightings counted in a counting Bloom filter of 4096 counters on each
+ * ps (the 4 ids here share no counters: the hashes are fixed, so this is
+ * deterministic). */
+#define BLOOM_OPTIONS "admit_filter=bloom,admit_filter_bytes=4096"
+
 /* admit_after=3 (SGD, lr 1): an id's first two lookups read its initial
  * value without making a row, and a push to it then is dropped and
  * counted; the third makes the row, and pushes apply. A table without
- * admission gives the same initial values. Over 2 ps. */
-static void test_admission(void **state) {
-    (void)state;
+ * admission gives the same initial values. Over 2 ps; sightings counted
+ * exactly or in a filter. */
+static void admission_with(const char *options, bool bloom) {
     world s;
     static const char *const opts[] = {"lr", "1", NULL};
     world_start(&s, 2, 1, opts);
     int t, plain;
-    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "normal:0,1", 9, "admit_after=3",
-                                             &t), QR_OK);
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "normal:0,1", 9, options, &t),
+                     QR_OK);
     assert_int_equal(qr_worker_declare_table(s.w[0], "plain", 2, "normal:0,1", 9, "", &plain),
                      QR_OK);
     world_init_all(&s);
@@ -399,7 +406,8 @@ static void test_admission(void **state) {
         assert_int_equal(qr_worker_push_sparse(s.w[0], t, 4, ids, g, QR_PUSH_STEP, NULL), QR_OK);
     }
     assert_int_equal(table_stat(s.w[0], "emb", "rows"), 0);
-    assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 4);
+    assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), bloom ? 0 : 4);
+    assert_int_equal(table_stat(s.w[0], "emb", "admission_filter_bytes"), bloom ? 2 * 4096 : 0);
     assert_int_equal(table_stat(s.w[0], "emb", "unadmitted_reads"), 8);
     assert_int_equal(table_stat(s.w[0], "emb", "dropped_rows"), 8);
     /* A read-only lookup (evaluation) is no sighting. */
@@ -416,7 +424,21 @@ static void test_admission(void **state) {
     for (int i = 0; i < 8; i++) assert_float_equal(rows[i], init[i] - 1.0f, 1e-6);
     assert_int_equal(table_stat(s.w[0], "emb", "dropped_rows"), 8);
     assert_int_equal(table_stat(s.w[0], "plain", "admitted"), 0);
+    char buf[8192];
+    assert_int_equal(qr_worker_stats(s.w[0], buf, sizeof buf), QR_OK);
+    assert_non_null(strstr(buf, bloom ? "\"admission_filter\":\"bloom\""
+                                      : "\"admission_filter\":\"exact\""));
     world_finish(&s);
+}
+
+static void test_admission(void **state) {
+    (void)state;
+    admission_with("admit_after=3", false);
+}
+
+static void test_admission_bloom(void **state) {
+    (void)state;
+    admission_with("admit_after=3," BLOOM_OPTIONS, true);
 }
 
 /* evict_after_steps=4 on 1 ps (its applied steps are the clock): id 1 is
@@ -453,13 +475,16 @@ static void test_eviction(void **state) {
  * twice before the checkpoint (admit_after=3) is admitted at its first
  * lookup after the restore, and a row's update step comes back, so it is
  * evicted on time after the restore. */
-static void admission_run(const char *dir, bool first) {
+static void admission_run(const char *dir, bool first, bool bloom) {
     world s;
     const char *const opts[] = {"lr", "1", "checkpoint-dir", dir, NULL};
     world_start(&s, 2, 1, opts);
     int t;
     assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "constant:0", 1,
-                                             "admit_after=3,evict_after_steps=8", &t), QR_OK);
+                                             bloom ? "admit_after=3,evict_after_steps=8,"
+                                                     BLOOM_OPTIONS
+                                                   : "admit_after=3,evict_after_steps=8", &t),
+                     QR_OK);
     world_init_all(&s);
     int64_t ids[2] = {10, 20}, old_id[1] = {30};
     float rows[4], g[4] = {1, 1, 1, 1};
@@ -470,10 +495,10 @@ static void admission_run(const char *dir, bool first) {
                          QR_OK);
         for (int k = 0; k < 2; k++)
             assert_int_equal(qr_worker_pull_rows(s.w[0], t, 2, ids, rows, 0), QR_OK);
-        assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 2);
+        assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), bloom ? 0 : 2);
         assert_int_equal(table_stat(s.w[0], "emb", "rows"), 1);
     } else {
-        assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), 2);
+        assert_int_equal(table_stat(s.w[0], "emb", "admission_candidates"), bloom ? 0 : 2);
         assert_int_equal(table_stat(s.w[0], "emb", "rows"), 1);
         assert_int_equal(qr_worker_pull_rows(s.w[0], t, 2, ids, rows, 0), QR_OK);
         assert_int_equal(table_stat(s.w[0], "emb", "rows"), 3);
@@ -491,13 +516,15 @@ static void admission_run(const char *dir, bool first) {
 
 static void test_admission_eviction_checkpoint(void **state) {
     (void)state;
-    char dir[] = "/tmp/qr-admit-ckpt-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    admission_run(dir, true);
-    admission_run(dir, false);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    for (int bloom = 0; bloom <= 1; bloom++) {
+        char dir[] = "/tmp/qr-admit-ckpt-XXXXXX";
+        assert_non_null(mkdtemp(dir));
+        admission_run(dir, true, bloom);
+        admission_run(dir, false, bloom);
+        char cmd[128];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        assert_int_equal(system(cmd), 0);
+    }
 }
 
 /* Bad policy options: refused where the caller can fix them. */
@@ -516,6 +543,24 @@ static void test_admission_bad_options(void **state) {
     assert_int_equal(qr_worker_declare_values(s.w[0], "e", 1, shape, (float[]){1, 2}, 2,
                                               "admit_after=2", &t), QR_EINVAL);
     assert_non_null(strstr(qr_last_error(), "are for embedding tables"));
+    /* the counting Bloom filter: only with admit_after, up to 255, sized in range */
+    assert_int_equal(qr_worker_declare_table(s.w[0], "f", 2, "zeros", 1, "admit_filter=bloom",
+                                             &t), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "give admit_after=K too"));
+    assert_int_equal(qr_worker_declare_table(s.w[0], "g", 2, "zeros", 1,
+                                             "admit_after=300,admit_filter=bloom", &t), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "8-bit counters count to 255"));
+    assert_int_equal(qr_worker_declare_table(s.w[0], "h", 2, "zeros", 1,
+                                             "admit_after=2,admit_filter_bytes=4096", &t),
+                     QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "need admit_filter=bloom"));
+    assert_int_equal(qr_worker_declare_table(s.w[0], "i", 2, "zeros", 1,
+                                             "admit_after=2,admit_filter=bloom,"
+                                             "admit_filter_bytes=10", &t), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "admit-filter-bytes=10: want a whole number from 64"));
+    assert_int_equal(qr_worker_declare_table(s.w[0], "j", 2, "zeros", 1,
+                                             "admit_after=2,admit_filter=cuckoo", &t), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "want exact"));
     assert_int_equal(qr_worker_declare_table(s.w[0], "ok", 2, "zeros", 1,
                                              "admit_after=2,optimizer=adagrad", &t), QR_OK);
     world_init_all(&s);
@@ -532,6 +577,7 @@ int main(void) {
         cmocka_unit_test(test_table_sync_per_row),
         cmocka_unit_test(test_table_checkpoint_restore),
         cmocka_unit_test(test_admission),
+        cmocka_unit_test(test_admission_bloom),
         cmocka_unit_test(test_eviction),
         cmocka_unit_test(test_admission_eviction_checkpoint),
         cmocka_unit_test(test_admission_bad_options),

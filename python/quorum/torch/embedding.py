@@ -22,7 +22,9 @@ class Embedding(torch.nn.Module):
     ``mode="sum"|"mean"`` pools the last dimension of ids (a bag).
     ``options`` are the table's own, added to the optimizer's: its optimizer
     settings, and admission and eviction ("admit_after=3,
-    evict_after_steps=100000", docs/EMBEDDINGS.md)."""
+    evict_after_steps=100000", with "admit_filter=bloom,
+    admit_filter_bytes=N" for admission counts of fixed memory,
+    docs/EMBEDDINGS.md)."""
 
     def __init__(self, dim: int, init: str = "normal:0,0.01", seed: int = 0,
                  options: str = "", mode: Optional[str] = None):
