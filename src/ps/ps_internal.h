@@ -35,8 +35,9 @@
  *   ckpt_save.c   SAVE: a worker asks ps 0 for a checkpoint now
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
- *   ckpt_shard.c  one shard's format: snapshot (references, on the loop),
- *                 write (libuv's thread pool), restore into a store
+ *   ckpt_shard.c  one shard's format: snapshot (references, on the loop;
+ *                 full, or an increment of the last one), write (libuv's
+ *                 thread pool), restore into a store, increments applied
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
  *   failover.c    --ps-replicas 2: the view (where each shard is
