@@ -167,8 +167,8 @@ static void on_manifest_written(uv_work_t *w, int status) {
         char kind[96] = "full";
         if (c->base_id)
             snprintf(kind, sizeof kind, "incremental on step %lld", (long long)c->base_step);
-        qr__log(QR_LOG_INFO, "checkpoint %s written (%s): global step %lld, %d shard(s), "
-                "%.1f MB in %.3f s", m->info.path, kind, (long long)c->step, m->info.nshards,
+        qr__log(QR_LOG_INFO, "checkpoint %s written: global step %lld (%s), %d shard(s), "
+                "%.1f MB in %.3f s", m->info.path, (long long)c->step, kind, m->info.nshards,
                 (double)m->info.bytes / 1e6, seconds);
     }
     free(m);
@@ -506,6 +506,10 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n) {
 int qr__ckpt_init(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->last_step = c->restored_step = -1;
+    /* A run (the first, or one after a rollback) starts no chain on one
+     * of a former run: its first checkpoint is full. */
+    c->last_id = c->snapshot_id = c->snapshot_coordinator = c->base_id = 0;
+    c->chain_length = 0;
     /* ps 0 keeps each worker's data position, checkpoints or not: a worker
      * restarted into the live cluster reads its own back (control.c). */
     if (ps->index == 0) {
