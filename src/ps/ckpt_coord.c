@@ -18,18 +18,23 @@
  *      so any moment between two messages is a consistent cut. With
  *      several ps the moment is a cut agreed across them (ckpt_cut.c),
  *      whose CUT message asks each ps for its shard.
+ *      ps 0 also decides whether it is full or an increment of the previous
+ *      one (complete, and its chain shorter than checkpoint-full-every),
+ *      and names that base in CKPT; the first of a run is full.
  *   2. Each ps takes its shard on the loop and writes it on libuv's thread
- *      pool (qr__ckpt_start_shard; ckpt_shard.c).
+ *      pool (qr__ckpt_start_shard; ckpt_shard.c); an increment only if its
+ *      own last shard is of the base.
  *   3. Each ps reports its file's size and crc32 to ps 0 (the CKPT reply);
  *      ps 0 writes the manifest, on the thread pool too, which makes the
  *      checkpoint exist, then prunes old ones (keep-checkpoints).
  *
  * Restoring: qr__ckpt_init, before the ps listens, picks the checkpoint:
- * the newest that verifies (qr_ckpt_latest skips corrupt ones with a
- * warning), or, in a rollback, exactly the one the restarted ps restored
- * (or none); ckpt_shard.c recreates this shard's variables, tables, slots,
- * averages, counters and the workers' data positions, as if the ps had
- * never stopped. The chief's CREATE then finds them and, as with any live
+ * the newest whose chain verifies (qr_ckpt_latest_chain skips corrupt ones
+ * with a warning), or, in a rollback, exactly the one the restarted ps
+ * restored (or none); the full one of its chain is read, then each
+ * increment applied in order; ckpt_shard.c recreates this shard's
+ * variables, tables, slots, averages, counters and the workers' data
+ * positions, as if the ps had never stopped. The chief's CREATE then finds them and, as with any live
  * ps, keeps them (its payload is discarded), so nothing is re-initialized;
  * a variable declared differently is refused by create.c with both shapes
  * named.

@@ -21,9 +21,16 @@
  * Tensor names follow TensorFlow's: NAME, NAME/Adam, NAME/Adam_1,
  * NAME/ExponentialMovingAverage, global_step; quorum's own under quorum/
  * and NAME/ids, NAME/admission_ids, NAME/admission_counts,
- * NAME/update_steps, NAME/removed_ids (an increment's). Each variable's record (name, id, options, version,
- * optimizer, slots, table) is the JSON of the "quorum.variables"
- * metadata. The format reads the ps only through ckpt_shard_ctx.
+ * NAME/update_steps, NAME/removed_ids (an increment's). Each variable's
+ * record (name, id, options, version, optimizer, slots, table) is the
+ * JSON of the "quorum.variables" metadata. The format reads the ps only
+ * through ckpt_shard_ctx.
+ *
+ * Incremental (ctx.base, docs/CHECKPOINTS.md): the shard holds the dense
+ * variables written to since the base (whole), and per table the rows
+ * made or updated since, the candidates sighted since and the ids removed
+ * since (its record says "delta"); a variable made since is written
+ * whole. Restoring applies it onto its base, already restored.
  */
 #include "ps/ps_internal.h"
 

@@ -19,6 +19,10 @@
  * (another step, or the same step from another run) whose manifest was
  * made to match its size and crc32 is refused by its header, and a
  * version 1 checkpoint (no checkpoint id) still verifies.
+ *
+ * Incremental: a full shard, changes of every kind, an increment of it;
+ * the full one restored and the increment applied equal the live store
+ * bit for bit, and neither kind passes for the other.
  */
 #include <setjmp.h>
 #include <stdarg.h>
