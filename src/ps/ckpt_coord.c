@@ -34,10 +34,10 @@
  * restored (or none); the full one of its chain is read, then each
  * increment applied in order; ckpt_shard.c recreates this shard's
  * variables, tables, slots, averages, counters and the workers' data
- * positions, as if the ps had never stopped. The chief's CREATE then finds them and, as with any live
- * ps, keeps them (its payload is discarded), so nothing is re-initialized;
- * a variable declared differently is refused by create.c with both shapes
- * named.
+ * positions, as if the ps had never stopped. The chief's CREATE then
+ * finds them and, as with any live ps, keeps them (its payload is
+ * discarded), so nothing is re-initialized; a variable declared
+ * differently is refused by create.c with both shapes named.
  */
 #include "ps/ps_internal.h"
 
