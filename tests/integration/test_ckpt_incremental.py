@@ -169,6 +169,13 @@ try:
         assert rc == 0 and "incremental on step" in out, out
         print(out.strip())
         assert all(manifest(f)["kind"] == "full" for f in folders(b))
+        # ls and show say which kind, and an increment's base
+        r = subprocess.run([quorum, "ckpt", "ls", a], capture_output=True, text=True, timeout=60)
+        lines = {int(l.split()[0]): l for l in r.stdout.splitlines()[1:]}
+        assert "incr of %d" % tip["base_step"] in lines[60] and "full" in lines[10], r.stdout
+        r = subprocess.run([quorum, "ckpt", "show", a], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and ("incremental: base step %d" % tip["base_step"]) in \
+            r.stdout.splitlines()[0], r.stdout[:2000]
         # bytes written: each increment beside the full one of the same step
         for f in folders(a):
             m = manifest(f)

@@ -22,7 +22,8 @@
  *
  * Incremental: a full shard, changes of every kind, an increment of it;
  * the full one restored and the increment applied equal the live store
- * bit for bit, and neither kind passes for the other.
+ * bit for bit, and neither kind passes for the other; pruning keeps the
+ * checkpoints a kept increment's chain needs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -646,6 +647,46 @@ static void test_increment_restore(void **state) {
     qr_store_free(&got);
 }
 
+/* A manifest alone at `step` (prune reads nothing else): full, or an
+ * increment of `base` in the chain from `full`. */
+static void manifest_only(world *w, int64_t step, int64_t base, int64_t full) {
+    qr_ckpt_shard shard = {.bytes = 8, .nvars = 1};
+    qr_ckpt_shard_name(shard.file, sizeof shard.file, 0, 1);
+    qr_ckpt_info info = {.step = step, .mode = "async", .nshards = 1, .shards = &shard,
+                         .incarnation = INCARNATION, .checkpoint_id = (uint64_t)step,
+                         .incremental = base >= 0, .base_step = base,
+                         .base_id = (uint64_t)base, .full_step = full};
+    assert_int_equal(qr_ckpt_path(info.path, sizeof info.path, w->dir, step), QR_OK);
+    assert_int_equal(qr_mkdir(info.path), QR_OK);
+    assert_int_equal(qr_ckpt_write_manifest(&info), QR_OK);
+}
+
+static bool exists(world *w, int64_t step) {
+    char path[4200];
+    struct stat st;
+    qr_ckpt_path(path, sizeof path, w->dir, step);
+    return stat(path, &st) == 0;
+}
+
+/* Pruning keeps what the kept increments' chains need: F10 I20 I30 F40
+ * I50 with keep 3 keeps 50, 40, 30 and 30's chain (20, 10); keep 2 drops
+ * the first chain; keep 1 keeps 50 and its base 40. */
+static void test_prune_keeps_chains(void **state) {
+    world *w = *state;
+    manifest_only(w, 10, -1, 10);
+    manifest_only(w, 20, 10, 10);
+    manifest_only(w, 30, 20, 10);
+    manifest_only(w, 40, -1, 40);
+    manifest_only(w, 50, 40, 40);
+    assert_int_equal(qr_ckpt_prune(w->dir, 3), QR_OK);
+    for (int s = 10; s <= 50; s += 10) assert_true(exists(w, s));
+    assert_int_equal(qr_ckpt_prune(w->dir, 2), QR_OK);
+    assert_false(exists(w, 10) || exists(w, 20) || exists(w, 30));
+    assert_true(exists(w, 40) && exists(w, 50));
+    assert_int_equal(qr_ckpt_prune(w->dir, 1), QR_OK);
+    assert_true(exists(w, 40) && exists(w, 50));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_snapshot_write_restore, setup, teardown),
@@ -653,6 +694,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_mixed_checkpoint_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_1_read, setup, teardown),
         cmocka_unit_test_setup_teardown(test_increment_restore, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prune_keeps_chains, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
