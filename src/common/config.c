@@ -154,7 +154,8 @@ static const key_spec keys[] = {
      "ps: every this many checkpoints one is full; the others in between hold only what "
      "changed since the previous one (1: every checkpoint full)"},
     {"keep-checkpoints", ANY, KEY_INT, "5", 1, 1 << 20, 0, NULL,
-     "ps: complete checkpoints kept; older ones are deleted once a newer one is complete"},
+     "ps: complete checkpoints kept (and those their chains need); older ones are deleted once "
+     "a newer one is complete"},
     {"allow-fresh-start", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
      "ps: when every checkpoint in checkpoint-dir is damaged, start from scratch instead of "
      "refusing to start"},
