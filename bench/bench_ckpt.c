@@ -248,6 +248,9 @@ static int start(cluster_run *c, const bench_opts *o, const char *dir) {
     if (!rc) rc = qr_config_set(c->cfg, "checkpoint-steps", "1");
     if (!rc) rc = qr_config_set(c->cfg, "checkpoint-secs", "0");
     if (!rc) rc = qr_config_set(c->cfg, "keep-checkpoints", "1");
+    /* Whole-model checkpoints: the model the probe does not train would
+     * otherwise be left out of every increment. */
+    if (!rc) rc = qr_config_set(c->cfg, "checkpoint-full-every", "1");
     if (!rc) rc = qr_cluster_from_flags(&c->ps_spec, sock, whost, "ps", 0);
     if (!rc) rc = qr_cluster_from_flags(&c->w_spec, sock, whost, "worker", 0);
     if (!rc) rc = qr_ps_create(&c->ps, c->ps_spec, c->cfg);

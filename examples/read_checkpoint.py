@@ -20,6 +20,17 @@ and optimizer slots left out, which --save FILE writes with torch.save for
 `model.load_state_dict(torch.load(FILE))`.
 
     python3 examples/read_checkpoint.py CKPT_DIR --torch --save model.pt
+
+An incremental checkpoint (its manifest's "kind": "incremental") holds only
+what changed since its base; this script follows the chain back to the full
+checkpoint it starts from, checks every link, and merges the increments in
+order, shard by shard: the full state, as quorum's own restore builds it.
+--merge OUT writes that state as a full checkpoint folder OUT (one
+safetensors file per shard and a manifest): read it back with
+safetensors.numpy.load_file, or name it DIR/ckpt-<step> for `quorum ckpt
+verify` and a restore.
+
+    python3 examples/read_checkpoint.py CKPT_DIR --merge merged/ckpt-0000001200
 """
 
 import argparse
@@ -31,7 +42,8 @@ import sys
 import zlib
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
 
 
 def newest_complete(folder):
@@ -42,18 +54,155 @@ def newest_complete(folder):
     return done[-1]
 
 
-def read_checkpoint(path):
-    """{tensor name: numpy array} of every shard, checked against the manifest."""
+def read_manifest(path):
     with open(os.path.join(path, "manifest.json")) as f:
-        manifest = json.load(f)
-    tensors = {}
-    for shard in manifest["shards"]:
-        file = os.path.join(path, shard["file"])
-        with open(file, "rb") as f:
+        return json.load(f)
+
+
+def read_shard(path, shard):
+    """A shard's tensors and header metadata, checked against its manifest entry."""
+    file = os.path.join(path, shard["file"])
+    with open(file, "rb") as f:
+        data = f.read()
+    if len(data) != shard["bytes"] or "%08x" % zlib.crc32(data) != shard["crc32"]:
+        sys.exit("%s does not match the manifest (size or crc32): corrupt or truncated" % file)
+    with safe_open(file, "np") as f:
+        meta = f.metadata() or {}
+    return load_file(file), meta
+
+
+def chain_of(path):
+    """The folders whose shards make checkpoint `path`: its full checkpoint,
+    then each increment in order, `path` last. Every link must be the base
+    its successor names (step, ps 0 incarnation, checkpoint id)."""
+    chain = [(path, read_manifest(path))]
+    while chain[-1][1].get("kind") == "incremental":
+        later = chain[-1][1]
+        base = os.path.join(os.path.dirname(os.path.abspath(chain[-1][0])),
+                            "ckpt-%010d" % later["base_step"])
+        if not os.path.exists(os.path.join(base, "manifest.json")):
+            sys.exit("%s is an increment of step %d, whose checkpoint %s is missing: the "
+                     "chain is broken" % (chain[-1][0], later["base_step"], base))
+        m = read_manifest(base)
+        if (m.get("incarnation"), m.get("checkpoint_id")) != \
+                (later["incarnation"], later["base_checkpoint_id"]):
+            sys.exit("%s is not the base that %s names (checkpoint %s/%s): the chain is broken"
+                     % (base, chain[-1][0], later["incarnation"], later["base_checkpoint_id"]))
+        chain.append((base, m))
+    return chain[::-1]
+
+
+def record_tensors(rec):
+    """The tensor names of one variable's record (quorum.variables)."""
+    name = rec["name"]
+    names = {name} | set(rec.get("slots", {}))
+    if "average" in rec:
+        names.add(rec["average"])
+    if "table" in rec:
+        names |= {name + "/" + k for k in ("ids", "admission_ids", "admission_counts",
+                                           "update_steps", "removed_ids")}
+    return names
+
+
+def merge_table(state, inc, rec):
+    """An incremental table record onto the merged state: the removed ids go,
+    the rows it holds replace or join, its candidates' counts replace."""
+    name = rec["name"]
+    ids = state[name + "/ids"]
+    new_ids = inc[name + "/ids"]
+    removed = inc.get(name + "/removed_ids", np.zeros(0, np.int64))
+    keep = ~np.isin(ids, np.concatenate([removed, new_ids]))
+    per_row = [name] + [s for s in rec["slots"] if inc[s].ndim == 2]
+    if name + "/update_steps" in inc:
+        per_row.append(name + "/update_steps")
+    for t in per_row:
+        state[t] = np.concatenate([state[t][keep], inc[t]])
+    state[name + "/ids"] = np.concatenate([ids[keep], new_ids])
+    for s in rec["slots"]:  # per-variable scalar slots
+        if inc[s].ndim != 2:
+            state[s] = inc[s]
+    if name + "/admission_ids" in inc:
+        cand = state.get(name + "/admission_ids", np.zeros(0, np.int64))
+        counts = state.get(name + "/admission_counts", np.zeros(0, np.int64))
+        gone = np.concatenate([removed, new_ids, inc[name + "/admission_ids"]])
+        stay = ~np.isin(cand, gone)
+        state[name + "/admission_ids"] = np.concatenate([cand[stay],
+                                                         inc[name + "/admission_ids"]])
+        state[name + "/admission_counts"] = np.concatenate([counts[stay],
+                                                            inc[name + "/admission_counts"]])
+
+
+def merge_increment(state, records, inc, inc_meta):
+    """Apply one incremental shard (tensors inc, header inc_meta) to a shard's
+    merged state (tensors) and its variable records (by name)."""
+    for rec in json.loads(inc_meta["quorum.variables"]):
+        table = rec.get("table", {})
+        if table.get("delta"):
+            if rec["name"] not in records:
+                sys.exit("an increment changes table %s, which its base does not hold"
+                         % rec["name"])
+            merge_table(state, inc, rec)
+            table = dict(table, rows=int(state[rec["name"] + "/ids"].shape[0]))
+            del table["delta"]
+            rec = dict(rec, table=table)
+        else:  # written whole: replaces the base's
+            for t in record_tensors(records.get(rec["name"], rec)) | record_tensors(rec):
+                state.pop(t, None)
+            for t in record_tensors(rec):
+                if t in inc:
+                    state[t] = inc[t]
+        records[rec["name"]] = rec
+    for t in ("global_step", "quorum/applied_steps", "quorum/worker_data_position"):
+        if t in inc:
+            state[t] = inc[t]
+
+
+def read_chain(path):
+    """The manifest of checkpoint `path` and, per shard, its full state merged
+    from its chain: [(tensors, header metadata with merged records)]."""
+    chain = chain_of(path)
+    manifest = chain[-1][1]
+    shards = []
+    for k in range(manifest["num_shards"]):
+        state, meta = read_shard(chain[0][0], chain[0][1]["shards"][k])
+        records = {r["name"]: r for r in json.loads(meta["quorum.variables"])}
+        for folder, m in chain[1:]:
+            inc, meta = read_shard(folder, m["shards"][k])
+            merge_increment(state, records, inc, meta)
+        meta = dict(meta, kind="full", version="2",
+                    **{"quorum.variables": json.dumps(list(records.values()))})
+        meta.pop("base_checkpoint_id", None)
+        shards.append((state, meta))
+    return manifest, shards
+
+
+def write_merged(out, manifest, shards):
+    """The merged state as a full checkpoint folder `out`."""
+    os.makedirs(out, exist_ok=True)
+    entries = []
+    for k, (state, meta) in enumerate(shards):
+        file = "shard-%05d-of-%05d.safetensors" % (k, len(shards))
+        save_file({n: np.require(a, requirements="C") for n, a in state.items()},  # keeps 0-d
+                  os.path.join(out, file), metadata=meta)
+        with open(os.path.join(out, file), "rb") as f:
             data = f.read()
-        if len(data) != shard["bytes"] or "%08x" % zlib.crc32(data) != shard["crc32"]:
-            sys.exit("%s does not match the manifest (size or crc32): corrupt or truncated" % file)
-        for name, array in load_file(file).items():
+        entries.append({"file": file, "bytes": len(data), "crc32": "%08x" % zlib.crc32(data),
+                        "variables": len(json.loads(meta["quorum.variables"]))})
+    full = {k: v for k, v in manifest.items()
+            if k not in ("base_step", "base_checkpoint_id", "full_step")}
+    full.update(version=2, kind="full", shards=entries)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump(full, f, indent=2)
+        f.write("\n")
+
+
+def read_checkpoint(path):
+    """{tensor name: numpy array} of every shard, checked against the manifest
+    (an incremental checkpoint merged from its chain)."""
+    manifest, shards = read_chain(path)
+    tensors = {}
+    for state, _ in shards:
+        for name, array in state.items():
             if name in ("global_step", "quorum/applied_steps") and name in tensors:
                 continue  # the same in every shard
             tensors[name] = array
@@ -129,14 +278,22 @@ def main():
     ap.add_argument("--torch", action="store_true",
                     help="load it into a torch.nn MLP (quorum's own) or a state dict (quorum.torch)")
     ap.add_argument("--save", metavar="FILE", help="with --torch: torch.save the state dict to FILE")
+    ap.add_argument("--merge", metavar="OUT",
+                    help="write the checkpoint's full state (its chain merged) as a full "
+                         "checkpoint folder OUT")
     a = ap.parse_args()
     if a.save and not a.torch:
         ap.error("--save FILE needs --torch")
     path = a.folder if os.path.exists(os.path.join(a.folder, "manifest.json")) \
         else newest_complete(a.folder)
     manifest, tensors = read_checkpoint(path)
-    print("%s: global step %d, %s mode, %d shard(s)"
-          % (path, manifest["global_step"], manifest["mode"], manifest["num_shards"]))
+    chain = "full" if manifest.get("kind", "full") == "full" else \
+        "incremental, merged from the full checkpoint of step %d" % manifest["full_step"]
+    print("%s: global step %d, %s mode, %d shard(s), %s"
+          % (path, manifest["global_step"], manifest["mode"], manifest["num_shards"], chain))
+    if a.merge:
+        write_merged(a.merge, *read_chain(path))
+        print("merged: the full state written to %s" % a.merge)
     for name in sorted(tensors):
         t = tensors[name]
         if "/" in name and name.rsplit("/", 1)[0] in tensors:

@@ -3,13 +3,14 @@
  * checkpoints without starting a cluster (src/ckpt/ reads the files).
  *
  *   ls      every checkpoint, newest first: step, time, size, shards,
- *           complete or not
+ *           full or incremental (and on which step), complete or not
  *   show    every tensor of one checkpoint (the newest complete one, or
  *           --step N): shard, dtype, shape, and min, max, mean, NaN count
  *   verify  every checkpoint (or --step N) against its manifest: sizes,
  *           crc32, and each shard's header (its global step, shard number,
- *           mode and checkpoint: no shard of another step or run mixed in);
- *           exit status 1 on any damaged checkpoint. Folders newer than the
+ *           mode and checkpoint: no shard of another step or run mixed in),
+ *           and for an incremental one its chain, every link back to its
+ *           full checkpoint; exit status 1 on any damaged checkpoint. Folders newer than the
  *           newest complete checkpoint that have no manifest are writes
  *           interrupted (or under way), and temporary files are writes of
  *           live or dead writers: reported, not failures.
@@ -32,8 +33,9 @@ static int usage(FILE *f, int status) {
                "(docs/CHECKPOINTS.md). ls lists them; show prints every tensor of the\n"
                "newest complete one (or step N) with min, max, mean and NaN count; verify\n"
                "checks sizes, crc32 and every shard's header (global step, shard, mode,\n"
-               "checkpoint) against the manifests. Exit status 1 on a damaged checkpoint\n"
-               "(a write interrupted after the newest complete one is only reported), 2 on\n"
+               "checkpoint) against the manifests, and an incremental checkpoint's chain\n"
+               "back to its full one. Exit status 1 on a damaged checkpoint or chain (a\n"
+               "write interrupted after the newest complete one is only reported), 2 on\n"
                "bad usage.\n");
     return status;
 }
@@ -45,6 +47,13 @@ static void when(double unix_time, char *buf, size_t len) {
     strftime(buf, len, "%Y-%m-%dT%H:%M:%S", &tm);
 }
 
+/* "full", or "incr of 1100" (the step of its base). */
+static void kind_of(const qr_ckpt_info *c, char *buf, size_t len) {
+    if (!c->complete) snprintf(buf, len, "-");
+    else if (c->incremental) snprintf(buf, len, "incr of %lld", (long long)c->base_step);
+    else snprintf(buf, len, "full");
+}
+
 static int cmd_ls(const char *dir) {
     qr_ckpt_info *list;
     int n;
@@ -53,12 +62,14 @@ static int cmd_ls(const char *dir) {
         return 1;
     }
     if (!n) printf("no checkpoint in %s\n", dir);
-    else printf("%-12s %-19s %12s %7s  %s\n", "global_step", "time", "bytes", "shards", "state");
+    else printf("%-12s %-19s %12s %7s  %-18s %s\n", "global_step", "time", "bytes", "shards",
+                "kind", "state");
     for (int i = 0; i < n; i++) {
-        char t[32] = "-";
+        char t[32] = "-", kind[48];
         if (list[i].complete) when(list[i].unix_time, t, sizeof t);
-        printf("%-12lld %-19s %12llu %7d  %s\n", (long long)list[i].step, t,
-               (unsigned long long)list[i].bytes, list[i].nshards,
+        kind_of(&list[i], kind, sizeof kind);
+        printf("%-12lld %-19s %12llu %7d  %-18s %s\n", (long long)list[i].step, t,
+               (unsigned long long)list[i].bytes, list[i].nshards, kind,
                list[i].complete       ? "complete"
                : list[i].has_manifest ? "damaged (its manifest does not read)"
                                       : "incomplete (no manifest: a write interrupted or under way)");
@@ -153,8 +164,14 @@ static int cmd_show(const char *dir, int64_t step) {
     if (find(dir, step, &c)) return 1;
     char t[32];
     when(c.unix_time, t, sizeof t);
-    printf("%s: global step %lld, %s, %s mode, %d shard(s), %llu bytes\n", c.path,
-           (long long)c.step, t, c.mode, c.nshards, (unsigned long long)c.bytes);
+    char kind[200] = "full";
+    if (c.incremental)
+        snprintf(kind, sizeof kind, "incremental: base step %lld (checkpoint id %llu), chain "
+                 "from the full checkpoint of step %lld; its tensors are what changed since the "
+                 "base", (long long)c.base_step, (unsigned long long)c.base_id,
+                 (long long)c.full_step);
+    printf("%s: global step %lld, %s, %s mode, %d shard(s), %llu bytes, %s\n", c.path,
+           (long long)c.step, t, c.mode, c.nshards, (unsigned long long)c.bytes, kind);
     printf("%-40s %5s %s %-14s\n", "tensor", "shard", "dtype", "shape");
     int rc = 0;
     for (int s = 0; s < c.nshards; s++) {
@@ -215,13 +232,21 @@ static int cmd_verify(const char *dir, int64_t step) {
             continue;
         }
         if (list[i].complete) seen_complete = true;
-        if (qr_ckpt_verify(&list[i])) {
+        qr_ckpt_info *chain;
+        int links;
+        if (qr_ckpt_chain(&list[i], &chain, &links)) {
             printf("%s: %s\n", list[i].path, qr_last_error());
             bad++;
-        } else {
-            printf("%s: ok (global step %lld, %d shard(s), %llu bytes)\n", list[i].path,
-                   (long long)list[i].step, list[i].nshards, (unsigned long long)list[i].bytes);
+            continue;
         }
+        char kind[160] = "full";
+        if (list[i].incremental)
+            snprintf(kind, sizeof kind, "incremental on step %lld, a chain of %d from the full "
+                     "checkpoint of step %lld", (long long)list[i].base_step, links,
+                     (long long)chain[0].step);
+        qr_ckpt_list_free(chain, links);
+        printf("%s: ok (global step %lld, %d shard(s), %llu bytes, %s)\n", list[i].path,
+               (long long)list[i].step, list[i].nshards, (unsigned long long)list[i].bytes, kind);
     }
     qr_ckpt_list_free(list, n);
     if (step < 0) report_tmp(dir);

@@ -5,6 +5,9 @@ accumulation and local SGD, checkpoints read back into a module, bad input."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import threading
 
 import numpy as np
@@ -215,6 +218,37 @@ def test_accumulate_and_local_steps():  # type: ignore[no-untyped-def]
     loss, first = train(model, opt, steps=40)
     assert opt.worker.global_step() == 10 and loss < 0.5 * first
     opt.close()
+
+
+def test_checkpoint_state_dict_merges_a_chain(make_cluster, tmp_path):  # type: ignore[no-untyped-def]
+    """An incremental checkpoint holds only what changed: a variable no push
+    touched since the full one is read from the chain's full checkpoint, and
+    a chain whose base is gone is refused rather than read in part."""
+    c = make_cluster(1, 1, checkpoint_dir=str(tmp_path), checkpoint_full_every=10)
+    w = c.worker(0)
+    frozen, moving = torch.arange(6.0).reshape(2, 3), torch.zeros(4)
+    w.declare_values("frozen", frozen, options="optimizer=sgd,lr=0.1")
+    w.declare_values("moving", moving, options="optimizer=sgd,lr=0.1")
+    w.initialize()
+    first = w.checkpoint()
+    for _ in range(3):
+        w.push({"moving": torch.ones(4)})
+    second = w.checkpoint()
+    assert second > first
+    with open(os.path.join(str(tmp_path), "ckpt-%010d" % second, "manifest.json")) as f:
+        manifest = json.load(f)
+    assert manifest["kind"] == "incremental" and manifest["base_step"] == first, manifest
+    got = torch.zeros(4)
+    w.pull({"moving": got})
+    state = qt.checkpoint_state_dict(str(tmp_path))
+    assert torch.equal(state["frozen"], frozen)  # from the full checkpoint
+    assert torch.equal(state["moving"], got)  # from the increment
+    w.stop_cluster()
+    for ps in c.ps:
+        ps.join(30)
+    shutil.rmtree(os.path.join(str(tmp_path), "ckpt-%010d" % first))
+    with pytest.raises(ValueError, match="missing"):
+        qt.checkpoint_state_dict(os.path.join(str(tmp_path), "ckpt-%010d" % second))
 
 
 def test_checkpoint_into_module(make_cluster, tmp_path):  # type: ignore[no-untyped-def]

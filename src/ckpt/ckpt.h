@@ -104,7 +104,12 @@ void qr_st_close(qr_st_file *f);
  * to (ps 0's incarnation and its checkpoint id). Version 1 checkpoints are
  * still read; their shards are matched to the manifest by step, shard
  * number and mode only (docs/CHECKPOINTS.md). */
-#define QR_CKPT_VERSION 2
+/* 3: an incremental checkpoint (docs/CHECKPOINTS.md, "Incremental
+ * checkpoints"): its manifest and shards name its base, the checkpoint it
+ * is an increment of. Full checkpoints are still written as version 2, so
+ * a quorum that reads 1 and 2 reads them and refuses increments. */
+#define QR_CKPT_VERSION 3
+#define QR_CKPT_FULL_VERSION 2
 #define QR_CKPT_OLDEST_VERSION 1
 
 /* One shard as the manifest lists it. */
@@ -126,6 +131,13 @@ typedef struct qr_ckpt_info {
      * that took it, and its id among that run's checkpoints. Every shard's
      * header names the same two. */
     uint64_t incarnation, checkpoint_id;
+    /* An incremental checkpoint (version 3): the step and id of its base,
+     * the checkpoint it is an increment of (same incarnation), and the
+     * step of the full checkpoint its chain starts from (its own when
+     * full). Zeroed, a qr_ckpt_info is a full checkpoint's. */
+    bool incremental;
+    int64_t base_step, full_step;
+    uint64_t base_id;
     double unix_time; /* when it was taken (manifest) */
     char mode[8];     /* "sync" or "async" */
     int nshards;
@@ -157,6 +169,20 @@ int qr_ckpt_read_manifest(qr_ckpt_info *c);
  * problem: QR_EIO with a message naming the file and what is wrong. */
 int qr_ckpt_verify(const qr_ckpt_info *c);
 
+/* The chain that restores checkpoint c: the full checkpoint it starts
+ * from, then each increment in order, c last (just c when it is full).
+ * Every link is read and verified (qr_ckpt_verify) and must be the base
+ * its successor names (step, ps 0 incarnation and checkpoint id). On a
+ * problem: QR_EIO with a message naming the link and what is wrong. Free
+ * *chain with qr_ckpt_list_free(*chain, *n). */
+int qr_ckpt_chain(const qr_ckpt_info *c, qr_ckpt_info **chain, int *n);
+
+/* The newest checkpoint of dir whose chain verifies (qr_ckpt_chain), in
+ * *chain (*n links, the checkpoint last; free with qr_ckpt_list_free).
+ * Newer ones that do not are skipped, each with a warning naming the file
+ * (for an increment: the broken link). Errors as qr_ckpt_latest. */
+int qr_ckpt_latest_chain(const char *dir, qr_ckpt_info **chain, int *n);
+
 /* The newest checkpoint of dir that verifies, in *out (its folder and
  * manifest). Newer ones that do not verify are skipped, each with a
  * warning naming the file. QR_ENOTFOUND (no message) when there is none
@@ -184,8 +210,9 @@ void qr_ckpt_remove_dead_tmp(const char *dir);
 /* Write c's manifest into c->path, durably: the checkpoint now exists. */
 int qr_ckpt_write_manifest(const qr_ckpt_info *c);
 
-/* Remove the complete checkpoints of dir beyond the newest `keep`, and
- * unfinished ones older than the newest complete one. */
+/* Remove the complete checkpoints of dir beyond the newest `keep` (but
+ * not a base that a kept increment's chain needs), and unfinished ones
+ * older than the newest complete one. */
 int qr_ckpt_prune(const char *dir, int keep);
 
 #endif /* QR_CKPT_H */

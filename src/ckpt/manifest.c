@@ -14,6 +14,10 @@
  * count of checkpoints) name the checkpoint; every shard's header names
  * the same ones, with its global step, shard number and mode, and verify
  * checks them (version 1 manifests have neither: checked by step).
+ * "kind" is "full" or (version 3) "incremental", which adds its chain:
+ *   "base_step": 1100, "base_checkpoint_id": 6, "full_step": 800
+ * the checkpoint it is an increment of (of the same incarnation) and the
+ * full checkpoint its chain starts from (qr_ckpt_chain follows them).
  */
 #include "ckpt/ckpt.h"
 
@@ -42,6 +46,9 @@ void qr_ckpt_shard_name(char *buf, size_t len, int shard, int nshards) {
     snprintf(buf, len, "shard-%05d-of-%05d.safetensors", shard, nshards);
 }
 
+/* Chains longer than this are refused as damaged (a loop of bases). */
+#define MAX_CHAIN 100000
+
 void qr_ckpt_info_free(qr_ckpt_info *c) {
     free(c->shards);
     c->shards = NULL;
@@ -57,8 +64,15 @@ void qr_ckpt_list_free(qr_ckpt_info *list, int n) {
 
 int qr_ckpt_write_manifest(const qr_ckpt_info *c) {
     cJSON *m = cJSON_CreateObject();
+    bool increment = c->incremental;
     cJSON_AddStringToObject(m, "format", QR_CKPT_FORMAT);
-    cJSON_AddNumberToObject(m, "version", QR_CKPT_VERSION);
+    cJSON_AddNumberToObject(m, "version", increment ? QR_CKPT_VERSION : QR_CKPT_FULL_VERSION);
+    cJSON_AddStringToObject(m, "kind", increment ? "incremental" : "full");
+    if (increment) {
+        cJSON_AddNumberToObject(m, "base_step", (double)c->base_step);
+        cJSON_AddNumberToObject(m, "base_checkpoint_id", (double)c->base_id);
+        cJSON_AddNumberToObject(m, "full_step", (double)c->full_step);
+    }
     cJSON_AddNumberToObject(m, "global_step", (double)c->step);
     cJSON_AddNumberToObject(m, "unix_time", c->unix_time);
     cJSON_AddStringToObject(m, "mode", c->mode);
@@ -165,6 +179,28 @@ static bool read_identity(const cJSON *m, qr_ckpt_info *c) {
     return true;
 }
 
+/* Its kind, and an increment's chain (version 3). */
+static bool read_kind(const cJSON *m, int64_t version, qr_ckpt_info *c) {
+    const cJSON *kind = cJSON_GetObjectItemCaseSensitive(m, "kind");
+    c->incremental = false;
+    c->base_step = -1;
+    c->full_step = c->step;
+    c->base_id = 0;
+    bool increment = cJSON_IsString(kind) && !strcmp(kind->valuestring, "incremental");
+    if (version < 3) return !kind || (cJSON_IsString(kind) && !strcmp(kind->valuestring, "full"));
+    if (!increment) return cJSON_IsString(kind) && !strcmp(kind->valuestring, "full");
+    int64_t base, id, full;
+    if (!json_int(m, "base_step", 0, c->step - 1, &base) ||
+        !json_int(m, "base_checkpoint_id", 1, INT64_MAX / 2, &id) ||
+        !json_int(m, "full_step", 0, base, &full))
+        return false;
+    c->incremental = true;
+    c->base_step = base;
+    c->base_id = (uint64_t)id;
+    c->full_step = full;
+    return true;
+}
+
 int qr_ckpt_read_manifest(qr_ckpt_info *c) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", c->path, MANIFEST);
@@ -207,6 +243,9 @@ int qr_ckpt_read_manifest(qr_ckpt_info *c) {
              (version >= 2 && !read_identity(m, c)))
         rc = qr__fail(QR_EIO, "'%s' is malformed (global_step, num_shards, shards, mode, "
                       "unix_time, incarnation or checkpoint_id missing or wrong)", path);
+    else if (step == c->step && !read_kind(m, version, c))
+        rc = qr__fail(QR_EIO, "'%s' is malformed (kind, or an increment's base_step, "
+                      "base_checkpoint_id or full_step, missing or wrong)", path);
     else if (step != c->step)
         rc = qr__fail(QR_EIO, "'%s' says global step %lld but its folder is named for step "
                       "%lld: the manifest does not belong to this folder", path,
@@ -343,6 +382,16 @@ static int check_shard_header(const qr_ckpt_info *c, int index, const qr_st_file
                         meta_or(f, "checkpoint_incarnation", "?"), id_text ?: "?",
                         (unsigned long long)c->incarnation,
                         (unsigned long long)c->checkpoint_id);
+    if (c->version < 3) return QR_OK;
+    bool increment = c->incremental;
+    snprintf(want, sizeof want, "%llu", (unsigned long long)c->base_id);
+    if (!meta_is(f, "kind", increment ? "incremental" : "full") ||
+        (increment && !meta_is(f, "base_checkpoint_id", want)))
+        return qr__fail(QR_EIO, "checkpoint shard '%s' is a %s shard of base %s; its manifest "
+                        "is %s checkpoint of base %llu (mixed checkpoints)", f->path,
+                        meta_or(f, "kind", "?"), meta_or(f, "base_checkpoint_id", "none"),
+                        increment ? "an incremental" : "a full",
+                        (unsigned long long)c->base_id);
     return QR_OK;
 }
 
@@ -393,7 +442,75 @@ int qr_ckpt_verify(const qr_ckpt_info *c) {
     return QR_OK;
 }
 
-int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
+int qr_ckpt_chain(const qr_ckpt_info *c, qr_ckpt_info **chain, int *n) {
+    *chain = NULL;
+    *n = 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", c->path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, sizeof dir, ".");
+    int rc = qr_ckpt_verify(c), count = 1, cap = 8;
+    qr_ckpt_info *links = rc ? NULL : qr__calloc((size_t)cap, sizeof *links);
+    if (!rc && !links) rc = QR_ENOMEM;
+    if (rc) return rc;
+    /* Newest first while following the bases; reversed at the end. */
+    links[0] = *c;
+    links[0].shards = qr__calloc((size_t)QR_MAX(c->nshards, 1), sizeof *c->shards);
+    if (!links[0].shards) rc = QR_ENOMEM;
+    else memcpy(links[0].shards, c->shards, (size_t)c->nshards * sizeof *c->shards);
+    while (!rc && links[count - 1].incremental) {
+        const qr_ckpt_info *next = &links[count - 1];
+        if (count == MAX_CHAIN) {
+            rc = qr__fail(QR_EIO, "checkpoint '%s': its chain is longer than %d", c->path,
+                          MAX_CHAIN);
+            break;
+        }
+        if (count == cap) {
+            qr_ckpt_info *grown = realloc(links, (size_t)cap * 2 * sizeof *grown);
+            if (!grown) {
+                rc = QR_ENOMEM;
+                break;
+            }
+            links = grown;
+            cap *= 2;
+            next = &links[count - 1];
+        }
+        qr_ckpt_info *b = &links[count];
+        memset(b, 0, sizeof *b);
+        b->step = next->base_step;
+        rc = qr_ckpt_path(b->path, sizeof b->path, dir, b->step);
+        if (!rc) rc = qr_ckpt_read_manifest(b);
+        count++;
+        if (!rc && (b->incarnation != next->incarnation || b->checkpoint_id != next->base_id ||
+                    b->full_step != next->full_step || b->mode[0] != next->mode[0] ||
+                    b->nshards != next->nshards))
+            rc = qr__fail(QR_EIO, "'%s' is checkpoint %016llx/%llu (chain from step %lld), not "
+                          "the base %016llx/%llu (chain from step %lld) that '%s' names",
+                          b->path, (unsigned long long)b->incarnation,
+                          (unsigned long long)b->checkpoint_id, (long long)b->full_step,
+                          (unsigned long long)next->incarnation,
+                          (unsigned long long)next->base_id, (long long)next->full_step,
+                          next->path);
+        if (!rc) rc = qr_ckpt_verify(b);
+        if (rc) qr__error_prefix("incremental checkpoint '%s': the link of step %lld of its "
+                                 "chain: ", c->path, (long long)b->step);
+    }
+    if (rc) {
+        qr_ckpt_list_free(links, count);
+        return rc;
+    }
+    for (int i = 0; i < count / 2; i++) {
+        qr_ckpt_info t = links[i];
+        links[i] = links[count - 1 - i];
+        links[count - 1 - i] = t;
+    }
+    *chain = links;
+    *n = count;
+    return QR_OK;
+}
+
+int qr_ckpt_latest_chain(const char *dir, qr_ckpt_info **chain, int *nchain) {
     qr_ckpt_info *list;
     int n, rc = qr_ckpt_list(dir, &list, &n);
     if (rc) return rc;
@@ -410,7 +527,7 @@ int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
             qr__log(QR_LOG_WARN, "checkpoint %s skipped: %s", list[i].path, list[i].problem);
             continue;
         }
-        if (qr_ckpt_verify(&list[i])) {
+        if (qr_ckpt_chain(&list[i], chain, nchain)) {
             qr__log(QR_LOG_WARN, "checkpoint skipped: %s", qr_last_error());
             if (problems && used < cap - 1)
                 used += (size_t)snprintf(problems + used, cap - used, "%s%s", used ? "; " : "",
@@ -418,8 +535,6 @@ int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
             used = QR_MIN(used, cap - 1);
             continue;
         }
-        *out = list[i];
-        list[i].shards = NULL; /* moved to *out */
         rc = QR_OK;
         break;
     }
@@ -428,6 +543,16 @@ int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
     free(problems);
     qr_ckpt_list_free(list, n);
     return rc;
+}
+
+int qr_ckpt_latest(const char *dir, qr_ckpt_info *out) {
+    qr_ckpt_info *chain;
+    int n, rc = qr_ckpt_latest_chain(dir, &chain, &n);
+    if (rc) return rc;
+    *out = chain[n - 1];
+    chain[n - 1].shards = NULL; /* moved to *out */
+    qr_ckpt_list_free(chain, n);
+    return QR_OK;
 }
 
 /* "shard-00000-of-00002.safetensors.tmp-4242" -> 4242; 0 for any other name. */
@@ -526,14 +651,32 @@ int qr_ckpt_prune(const char *dir, int keep) {
     qr_ckpt_info *list;
     int n, rc = qr_ckpt_list(dir, &list, &n);
     if (rc) return rc;
+    /* Kept: the newest `keep` complete ones, and every base in their
+     * chains (the list is newest first, so a base comes after its
+     * increment and is marked before it is reached). */
+    bool *kept = qr__calloc((size_t)QR_MAX(n, 1), sizeof *kept);
+    if (!kept) {
+        qr_ckpt_list_free(list, n);
+        return QR_ENOMEM;
+    }
     int complete = 0;
     bool removed = false;
     for (int i = 0; i < n; i++) {
-        bool drop = list[i].complete ? ++complete > keep : complete > 0;
+        if (!list[i].complete) continue;
+        if (++complete <= keep) kept[i] = true;
+        if (!kept[i] || !list[i].incremental) continue;
+        for (int k = i + 1; k < n; k++)
+            if (list[k].step == list[i].base_step) kept[k] = true;
+    }
+    complete = 0;
+    for (int i = 0; i < n; i++) {
+        bool drop = list[i].complete ? !kept[i] : complete > 0;
+        complete += list[i].complete;
         if (!drop) continue;
         if (remove_ckpt(list[i].path)) qr__log(QR_LOG_WARN, "pruning checkpoints: %s", qr_last_error());
         else removed = true;
     }
+    free(kept);
     qr_ckpt_list_free(list, n);
     return removed ? qr_fsync_dir(dir) : QR_OK;
 }

@@ -150,8 +150,12 @@ static const key_spec keys[] = {
      "ps: take a checkpoint every this many seconds (0: not by time)"},
     {"checkpoint-steps", ANY, KEY_INT, "0", 0, 1ll << 40, 0, NULL,
      "ps: take a checkpoint every this many global steps (0: not by steps)"},
+    {"checkpoint-full-every", ANY, KEY_INT, "10", 1, 1 << 20, 0, NULL,
+     "ps: every this many checkpoints one is full; the others in between hold only what "
+     "changed since the previous one (1: every checkpoint full)"},
     {"keep-checkpoints", ANY, KEY_INT, "5", 1, 1 << 20, 0, NULL,
-     "ps: complete checkpoints kept; older ones are deleted once a newer one is complete"},
+     "ps: complete checkpoints kept (and those their chains need); older ones are deleted once "
+     "a newer one is complete"},
     {"allow-fresh-start", ANY, KEY_BOOL, "false", 0, 0, 0, NULL,
      "ps: when every checkpoint in checkpoint-dir is damaged, start from scratch instead of "
      "refusing to start"},

@@ -18,21 +18,26 @@
  *      so any moment between two messages is a consistent cut. With
  *      several ps the moment is a cut agreed across them (ckpt_cut.c),
  *      whose CUT message asks each ps for its shard.
+ *      ps 0 also decides whether it is full or an increment of the previous
+ *      one (complete, and its chain shorter than checkpoint-full-every),
+ *      and names that base in CKPT; the first of a run is full.
  *   2. Each ps takes its shard on the loop and writes it on libuv's thread
- *      pool (qr__ckpt_start_shard; ckpt_shard.c).
+ *      pool (qr__ckpt_start_shard; ckpt_shard.c); an increment only if its
+ *      own last shard is of the base.
  *   3. Each ps reports its file's size and crc32 to ps 0 (the CKPT reply);
  *      ps 0 writes the manifest, on the thread pool too, which makes the
  *      checkpoint exist, then prunes old ones (keep-checkpoints).
  *
  * Restoring: qr__ckpt_init, before the ps listens, picks the checkpoint:
- * the newest that verifies (qr_ckpt_latest skips corrupt ones with a
- * warning), or, in a rollback, exactly the one the restarted ps restored
- * (or none); ckpt_shard.c recreates this shard's variables, tables, slots,
- * averages, counters and the workers' data positions, as if the ps had
- * never stopped. The chief's CREATE then finds them and, as with any live
- * ps, keeps them (its payload is discarded), so nothing is re-initialized;
- * a variable declared differently is refused by create.c with both shapes
- * named.
+ * the newest whose chain verifies (qr_ckpt_latest_chain skips corrupt ones
+ * with a warning), or, in a rollback, exactly the one the restarted ps
+ * restored (or none); the full one of its chain is read, then each
+ * increment applied in order; ckpt_shard.c recreates this shard's
+ * variables, tables, slots, averages, counters and the workers' data
+ * positions, as if the ps had never stopped. The chief's CREATE then
+ * finds them and, as with any live ps, keeps them (its payload is
+ * discarded), so nothing is re-initialized; a variable declared
+ * differently is refused by create.c with both shapes named.
  */
 #include "ps/ps_internal.h"
 
@@ -89,14 +94,26 @@ static void on_shard_written(uv_work_t *w, int status) {
 }
 
 /* Take this ps's shard at `step` and write it off the loop. */
-int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step) {
-    if (ps->ckpt.job)
+int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
+    ps_ckpt *c = &ps->ckpt;
+    if (c->job)
         return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
+    ckpt_shard_ctx sc = shard_ctx(ps);
+    /* An increment holds what changed since this ps's last shard: that
+     * shard must be the base ps 0 names (else ps 0 gives this checkpoint
+     * up, and the next one is full). */
+    if (base && (base != c->snapshot_id || sc.coordinator != c->snapshot_coordinator))
+        return qr__fail(QR_EINVAL, "%s cannot write an increment of checkpoint %llu: its last "
+                        "shard was of checkpoint %llu (of another ps 0 run, or none since it "
+                        "started); the next checkpoint will be a full one", ps->name,
+                        (unsigned long long)base, (unsigned long long)c->snapshot_id);
+    sc.base = base;
     ckpt_job *j;
     uint64_t t0 = qr__now_ns();
-    ckpt_shard_ctx sc = shard_ctx(ps);
     int rc = qr__ckpt_shard_snapshot(&sc, ps->ckpt.dir, id, step, &j);
     if (rc) return rc;
+    c->snapshot_id = id;
+    c->snapshot_coordinator = sc.coordinator;
     j->ps = ps;
     ps->ckpt.last_snapshot_ms = (double)(qr__now_ns() - t0) / 1e6;
     ps->ckpt.max_snapshot_ms = QR_MAX(ps->ckpt.max_snapshot_ms, ps->ckpt.last_snapshot_ms);
@@ -145,12 +162,18 @@ static void on_manifest_written(uv_work_t *w, int status) {
                 (long long)c->step, status ? uv_strerror(status) : m->error);
     } else {
         c->last_step = c->step;
+        c->last_id = m->info.checkpoint_id;
+        c->chain_length = c->base_id ? c->chain_length + 1 : 0;
+        if (!c->base_id) c->full_step = c->step;
         c->last_seconds = seconds;
         c->last_bytes = m->info.bytes;
         c->last_unix_time = m->info.unix_time;
         c->written++;
-        qr__log(QR_LOG_INFO, "checkpoint %s written: global step %lld, %d shard(s), %.1f MB "
-                "in %.3f s", m->info.path, (long long)c->step, m->info.nshards,
+        char kind[96] = "full";
+        if (c->base_id)
+            snprintf(kind, sizeof kind, "incremental on step %lld", (long long)c->base_step);
+        qr__log(QR_LOG_INFO, "checkpoint %s written: global step %lld (%s), %d shard(s), "
+                "%.1f MB in %.3f s", m->info.path, (long long)c->step, kind, m->info.nshards,
                 (double)m->info.bytes / 1e6, seconds);
     }
     free(m);
@@ -180,6 +203,10 @@ static void shards_complete(qr_ps *ps) {
     m->info.nshards = ps->cluster->nps;
     m->info.incarnation = ps->incarnation;
     m->info.checkpoint_id = c->next_id;
+    m->info.incremental = c->base_id != 0;
+    m->info.base_step = c->base_id ? c->base_step : -1;
+    m->info.base_id = c->base_id;
+    m->info.full_step = c->base_id ? c->full_step : c->step;
     m->info.shards = c->shards; /* read by the writer; freed after the checkpoint */
     for (int i = 0; i < m->info.nshards; i++) m->info.bytes += c->shards[i].bytes;
     if (uv_queue_work(&ps->loop, &m->work, write_manifest, on_manifest_written)) {
@@ -218,11 +245,11 @@ void qr__ckpt_take(qr_ps *ps, int64_t step) {
     if (ps->sync.on) {
         qr_wbuf meta = {0};
         qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
-                                              .step = step});
+                                              .step = step, .base = c->base_id});
         for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
         qr_wbuf_free(&meta);
     }
-    if (qr__ckpt_start_shard(ps, c->next_id, step)) {
+    if (qr__ckpt_start_shard(ps, c->next_id, step, c->base_id)) {
         char error[512];
         snprintf(error, sizeof error, "%s", qr_last_error());
         shard_written(ps, 0, QR_EINTERNAL, error, NULL);
@@ -244,6 +271,14 @@ void qr__ckpt_start(qr_ps *ps) {
     c->step = c->started_step = ps->global_step;
     c->started_ns = c->last_ns = qr__now_ns();
     c->failure[0] = '\0';
+    /* An increment of the previous checkpoint when that one is complete
+     * (none failed or was given up since: every ps's last shard is of it)
+     * and its chain is shorter than full-every; else a full one. The
+     * first one of a run is full, so a chain never spans a restart. */
+    bool increment = c->full_every > 1 && c->last_id && c->last_id == c->next_id &&
+                     c->chain_length + 1 < c->full_every;
+    c->base_id = increment ? c->last_id : 0;
+    c->base_step = increment ? c->last_step : -1;
     c->next_id++;
     if (!ps->sync.on && ps->cluster->nps > 1) qr__ckpt_cut_begin(ps);
     else qr__ckpt_take(ps, ps->global_step);
@@ -387,7 +422,7 @@ void qr__ckpt_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
         return;
     }
-    if (qr__ckpt_start_shard(ps, m.id, m.step)) {
+    if (qr__ckpt_start_shard(ps, m.id, m.step, m.base)) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", qr_last_error());
         qr__peer_reply_error(p, f, QR_EINTERNAL, msg);
@@ -426,6 +461,8 @@ void qr__ckpt_stats_json(const qr_ps *ps, cJSON *obj) {
     cJSON_AddNumberToObject(j, "last_step", (double)c->last_step);
     cJSON_AddNumberToObject(j, "last_duration_s", c->last_seconds);
     cJSON_AddNumberToObject(j, "last_bytes", (double)c->last_bytes);
+    cJSON_AddBoolToObject(j, "last_incremental", c->last_id && c->chain_length > 0);
+    cJSON_AddNumberToObject(j, "full_every", (double)c->full_every);
     cJSON_AddNumberToObject(j, "last_unix_time", c->last_unix_time);
     cJSON_AddNumberToObject(j, "restored_step", (double)c->restored_step);
     cJSON_AddNumberToObject(j, "last_snapshot_ms", c->last_snapshot_ms);
@@ -434,19 +471,26 @@ void qr__ckpt_stats_json(const qr_ps *ps, cJSON *obj) {
 
 /* ---- restore at start ---------------------------------------------------------- */
 
-static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
+/* Restore this ps's shard of the chain: the full checkpoint, then each
+ * increment in order (qr_ckpt_chain verified every link). */
+static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n) {
+    const qr_ckpt_info *info = &chain[n - 1];
     char file[64], path[4200];
     qr_ckpt_shard_name(file, sizeof file, ps->index, ps->cluster->nps);
-    snprintf(path, sizeof path, "%s/%s", info->path, file);
     ckpt_shard_ctx sc = shard_ctx(ps);
     int64_t counters[2];
-    int rc = qr__ckpt_shard_restore(&sc, path, counters);
-    /* qr_ckpt_verify matched the header to the manifest; the counter read
-     * back must say the same (a shard replaced since is refused). */
-    if (!rc && counters[0] != info->step)
-        rc = qr__fail(QR_EIO, "checkpoint shard '%s' holds global step %lld, its manifest %lld: "
-                      "a shard of another checkpoint (mixed steps)", path,
-                      (long long)counters[0], (long long)info->step);
+    int rc = QR_OK;
+    for (int i = 0; i < n && !rc; i++) {
+        snprintf(path, sizeof path, "%s/%s", chain[i].path, file);
+        rc = i == 0 ? qr__ckpt_shard_restore(&sc, path, counters)
+                    : qr__ckpt_shard_apply_increment(&sc, path, counters);
+        /* qr_ckpt_verify matched the header to the manifest; the counter
+         * read back must say the same (a shard replaced since is refused). */
+        if (!rc && counters[0] != chain[i].step)
+            rc = qr__fail(QR_EIO, "checkpoint shard '%s' holds global step %lld, its manifest "
+                          "%lld: a shard of another checkpoint (mixed steps)", path,
+                          (long long)counters[0], (long long)chain[i].step);
+    }
     if (!rc) {
         ps->global_step = counters[0];
         ps->sync.step = counters[0];
@@ -454,8 +498,12 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
         ps->ckpt.restored_step = counters[0];
         ps->ckpt.started_step = counters[0];
         ps->ckpt.last_step = counters[0];
-        qr__log(QR_LOG_INFO, "restored %u variable(s), %.1f MB, from %s (global step %lld)",
-                ps->store.count, (double)ps->store.bytes / 1e6, path, (long long)counters[0]);
+        char chained[64] = "";
+        if (n > 1) snprintf(chained, sizeof chained, " and %d increment(s) after step %lld", n - 1,
+                            (long long)chain[0].step);
+        qr__log(QR_LOG_INFO, "restored %u variable(s), %.1f MB, from %s%s (global step %lld)",
+                ps->store.count, (double)ps->store.bytes / 1e6, n > 1 ? chain[0].path : path,
+                chained, (long long)info->step);
     }
     return rc;
 }
@@ -463,6 +511,10 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *info) {
 int qr__ckpt_init(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->last_step = c->restored_step = -1;
+    /* A run (the first, or one after a rollback) starts no chain on one
+     * of a former run: its first checkpoint is full. */
+    c->last_id = c->snapshot_id = c->snapshot_coordinator = c->base_id = 0;
+    c->chain_length = 0;
     /* ps 0 keeps each worker's data position, checkpoints or not: a worker
      * restarted into the live cluster reads its own back (control.c). */
     if (ps->index == 0) {
@@ -475,11 +527,13 @@ int qr__ckpt_init(qr_ps *ps) {
     c->every_secs = qr__config_int(ps->cfg, "checkpoint-secs");
     c->every_steps = qr__config_int(ps->cfg, "checkpoint-steps");
     c->keep = (int)qr__config_int(ps->cfg, "keep-checkpoints");
+    c->full_every = qr__config_int(ps->cfg, "checkpoint-full-every");
     c->last_ns = qr__now_ns();
     if (!c->dir) return QR_ENOMEM;
     int rc = qr_mkdir(dir);
     if (rc) return rc;
-    qr_ckpt_info info = {0};
+    qr_ckpt_info info = {0}, *chain = NULL;
+    int nchain = 0;
     if (ps->restore_step == QR_RESTORE_NONE) {
         qr__log(QR_LOG_INFO, "starting fresh, as the ps that made the cluster roll back did");
         return QR_OK;
@@ -489,15 +543,15 @@ int qr__ckpt_init(qr_ps *ps) {
         rc = qr_ckpt_path(info.path, sizeof info.path, dir, ps->restore_step);
         info.step = ps->restore_step;
         if (!rc) rc = qr_ckpt_read_manifest(&info);
-        if (!rc) rc = qr_ckpt_verify(&info);
+        if (!rc) rc = qr_ckpt_chain(&info, &chain, &nchain);
+        qr_ckpt_info_free(&info);
         if (rc) {
             qr__error_prefix("cannot roll back to the checkpoint of step %lld: ",
                              (long long)ps->restore_step);
-            qr_ckpt_info_free(&info);
             return rc;
         }
     } else {
-        rc = qr_ckpt_latest(dir, &info);
+        rc = qr_ckpt_latest_chain(dir, &chain, &nchain);
     }
     if (rc == QR_ENOTFOUND) {
         qr__log(QR_LOG_INFO, "no checkpoint in %s: starting fresh", dir);
@@ -514,12 +568,12 @@ int qr__ckpt_init(qr_ps *ps) {
         qr__log(QR_LOG_WARN, "%s; starting fresh, as --allow-fresh-start says", qr_last_error());
         return QR_OK;
     }
-    if (!rc && info.nshards != ps->cluster->nps)
+    if (!rc && chain[nchain - 1].nshards != ps->cluster->nps)
         rc = qr__fail(QR_EINVAL, "checkpoint %s has %d shards, this cluster %d ps tasks: "
-                      "restore it with as many ps tasks as wrote it", info.path, info.nshards,
-                      ps->cluster->nps);
-    if (!rc) rc = restore_shard(ps, &info);
-    qr_ckpt_info_free(&info);
+                      "restore it with as many ps tasks as wrote it", chain[nchain - 1].path,
+                      chain[nchain - 1].nshards, ps->cluster->nps);
+    if (!rc) rc = restore_shard(ps, chain, nchain);
+    qr_ckpt_list_free(chain, nchain);
     return rc;
 }
 

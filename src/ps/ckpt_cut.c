@@ -185,7 +185,7 @@ void qr__ckpt_cut_message(ps_peer *p, const qr_frame *f, const qr_msg_ckpt *m, q
                               : QR_OK;
     if (!rc) {
         apply_parked(ps, cut);
-        rc = qr__ckpt_start_shard(ps, m->id, m->step);
+        rc = qr__ckpt_start_shard(ps, m->id, m->step, m->base);
     }
     apply_parked(ps, NULL);
     free(cut);
@@ -205,7 +205,8 @@ static void send_phase(qr_ps *ps, uint32_t phase, uint64_t id, int64_t step, con
     int nw = ps->cluster->nworkers;
     qr_wbuf meta = {0};
     qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = phase, .id = id, .step = step,
-                                         .count = cut ? (uint32_t)nw : 0});
+                                         .count = cut ? (uint32_t)nw : 0,
+                                         .base = ps->ckpt.base_id});
     for (int w = 0; cut && w < nw; w++) qr_msg_put_cut(&meta, &cut[w]);
     for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
     qr_wbuf_free(&meta);

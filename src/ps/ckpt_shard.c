@@ -21,9 +21,17 @@
  * Tensor names follow TensorFlow's: NAME, NAME/Adam, NAME/Adam_1,
  * NAME/ExponentialMovingAverage, global_step; quorum's own under quorum/
  * and NAME/ids, NAME/admission_ids, NAME/admission_counts,
- * NAME/admission_filter, NAME/update_steps. Each variable's record (name, id, options, version,
+ * NAME/admission_filter, NAME/update_steps, NAME/removed_ids (an
+ * increment's). Each variable's record (name, id, options, version,
  * optimizer, slots, table) is the JSON of the "quorum.variables"
  * metadata. The format reads the ps only through ckpt_shard_ctx.
+ *
+ * Incremental (ctx.base, docs/CHECKPOINTS.md): the shard holds the dense
+ * variables written to since the base (whole), and per table the rows
+ * made or updated since, the candidates sighted since (an admission
+ * filter's counters whole: a sighting changes counters, not an entry) and
+ * the ids removed since (its record says "delta"); a variable made since
+ * is written whole. Restoring applies it onto its base, already restored.
  */
 #include "ps/ps_internal.h"
 
@@ -51,8 +59,9 @@ typedef struct ckpt_entry {
     float *table_rows[1 + QR_TABLE_MAX_SLOTS];
     /* ... and, under admission and eviction, its candidates' ids and
      * sightings and its rows' update steps */
-    int64_t *table_policy[3];
+    int64_t *table_policy[4];
     uint8_t *table_filter;  /* or, under admit_filter=bloom, its counters */
+    uint64_t table_n;       /* the rows copied */
     int first, ntensors;    /* its tensors in the job's list */
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
@@ -68,7 +77,7 @@ static void entry_release(ckpt_entry *e) {
     free(e->table_ids);
     for (int i = 0; i <= QR_TABLE_MAX_SLOTS; i++) free(e->table_rows[i]);
     memset(e->table_rows, 0, sizeof e->table_rows);
-    for (int i = 0; i < 3; i++) free(e->table_policy[i]);
+    for (int i = 0; i < 4; i++) free(e->table_policy[i]);
     memset(e->table_policy, 0, sizeof e->table_policy);
     free(e->table_filter);
     e->table_filter = NULL;
@@ -79,6 +88,7 @@ static void entry_release(ckpt_entry *e) {
 
 int qr__ckpt_before_apply(qr_ps *ps, qr_var *v) {
     (void)ps;
+    v->ckpt_changed = true; /* the next increment writes it */
     ckpt_entry *e = v->ckpt;
     if (!e) return QR_OK;
     if (atomic_load(&e->written)) {
@@ -131,8 +141,10 @@ static void add_tensor(ckpt_job *j, const char *name, qr_dtype dt, int ndim, con
  * and NAME/admission_counts [candidates] (ids seen, not admitted yet, and
  * their sightings), NAME/update_steps [rows] (the step of each row's last
  * update, in the rows' order), all int64; under admit_filter=bloom
- * NAME/admission_filter [counters] (uint8) in place of the candidates. */
-static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
+ * NAME/admission_filter [counters] (uint8) in place of the candidates. An
+ * increment (sel) holds the candidates sighted since the last checkpoint
+ * (the filter whole) and its rows' steps. */
+static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const uint64_t *sel) {
     const qr_table *t = v->table;
     if (t->filter.counters) {
         e->table_filter = malloc(t->filter.m);
@@ -144,7 +156,8 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
         int64_t shape[1] = {(int64_t)t->filter.m};
         add_tensor(j, name, QR_DT_U8, 1, shape, e->table_filter);
     } else if (t->admit_after) {
-        uint64_t n = t->ncand;
+        uint64_t n = 0;
+        for (uint64_t i = 0; i < t->ncand; i++) n += !sel || t->cand_changed[i];
         e->table_policy[0] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         e->table_policy[1] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         const char *ids = job_name(j, "%s/%s", v->name, "admission_ids");
@@ -152,53 +165,85 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
         if (!e->table_policy[0] || !e->table_policy[1] || !ids || !counts)
             return qr__fail(QR_ENOMEM, "out of memory copying the admission counts of '%s'",
                             v->name);
-        for (uint64_t i = 0; i < n; i++) {
-            e->table_policy[0][i] = t->cand_ids[i];
-            e->table_policy[1][i] = t->cand_seen[i];
+        for (uint64_t i = 0, k = 0; i < t->ncand; i++) {
+            if (sel && !t->cand_changed[i]) continue;
+            e->table_policy[0][k] = t->cand_ids[i];
+            e->table_policy[1][k++] = t->cand_seen[i];
         }
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_policy[0]);
         add_tensor(j, counts, QR_DT_I64, 1, shape, e->table_policy[1]);
     }
     if (t->updated) {
-        uint64_t n = t->count;
+        uint64_t n = e->table_n;
         e->table_policy[2] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         const char *name = job_name(j, "%s/%s", v->name, "update_steps");
         if (!e->table_policy[2] || !name)
             return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
-        if (n) memcpy(e->table_policy[2], t->updated, n * sizeof(int64_t));
+        for (uint64_t r = 0; r < n; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
     }
+    if (sel) { /* the ids removed since the last checkpoint */
+        uint64_t n = t->nremoved;
+        e->table_policy[3] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
+        const char *name = job_name(j, "%s/%s", v->name, "removed_ids");
+        if (!e->table_policy[3] || !name)
+            return qr__fail(QR_ENOMEM, "out of memory copying the removed ids of '%s'", v->name);
+        if (n) memcpy(e->table_policy[3], t->removed_ids, n * sizeof(int64_t));
+        int64_t shape[1] = {(int64_t)n};
+        add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[3]);
+    }
+    return QR_OK;
+}
+
+/* The rows that changed since the last checkpoint, in *sel (*n of them). */
+static int changed_rows(const qr_table *t, uint64_t **sel, uint64_t *n) {
+    uint64_t m = 0;
+    for (uint64_t r = 0; r < t->count; r++) m += t->changed[r];
+    *sel = malloc(QR_MAX(m, 1) * sizeof **sel);
+    if (!*sel) return QR_ENOMEM;
+    for (uint64_t r = 0, k = 0; r < t->count; r++)
+        if (t->changed[r]) (*sel)[k++] = r;
+    *n = m;
     return QR_OK;
 }
 
 /* A table's rows, copied now: unlike a dense tensor they are updated in
  * place, so the snapshot cannot hold a reference. The tensors: NAME
- * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. */
-static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec) {
+ * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. In an
+ * increment (delta) only the rows made or updated since the last
+ * checkpoint, and NAME/removed_ids. */
+static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, bool delta) {
     const qr_table *t = v->table;
-    uint64_t n = t->count;
+    uint64_t *sel = NULL, n = t->count;
+    if (delta && changed_rows(t, &sel, &n))
+        return qr__fail(QR_ENOMEM, "out of memory listing the changed rows of '%s'", v->name);
     int64_t dim = t->dim;
+    e->table_n = n;
     e->table_ids = malloc(QR_MAX(n, 1) * sizeof *e->table_ids);
     for (int s = 0; s <= t->nslots; s++)
         e->table_rows[s] = malloc(QR_MAX(n, 1) * (uint64_t)dim * sizeof(float));
     for (int s = 0; s <= t->nslots; s++)
         if (!e->table_rows[s]) e->table_ids = (free(e->table_ids), NULL);
-    if (!e->table_ids) return qr__fail(QR_ENOMEM, "out of memory copying table '%s' (%llu rows) "
-                                       "for a checkpoint", v->name, (unsigned long long)n);
-    if (n) memcpy(e->table_ids, t->keys, n * sizeof *e->table_ids);
-    for (uint64_t r = 0; r < n; r++) {
+    if (!e->table_ids) {
+        free(sel);
+        return qr__fail(QR_ENOMEM, "out of memory copying table '%s' (%llu rows) for a "
+                        "checkpoint", v->name, (unsigned long long)n);
+    }
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t r = sel ? sel[k] : k;
         const float *row = qr_table_row(t, r);
+        e->table_ids[k] = t->keys[r];
         for (int s = 0; s <= t->nslots; s++)
-            memcpy(e->table_rows[s] + r * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
+            memcpy(e->table_rows[s] + k * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
     }
     int64_t shape[2] = {(int64_t)n, dim};
     add_tensor(j, v->name, QR_DT_F32, 2, shape, e->table_rows[0]);
     const char *ids = job_name(j, "%s/%s", v->name, "ids");
-    if (!ids) return QR_ENOMEM;
-    add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
-    int rc = snapshot_table_policy(j, e, v);
+    if (ids) add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
+    int rc = ids ? snapshot_table_policy(j, e, v, sel) : QR_ENOMEM;
+    free(sel);
     if (rc) return rc;
     cJSON *tab = cJSON_AddObjectToObject(rec, "table");
     cJSON_AddNumberToObject(tab, "dim", (double)dim);
@@ -207,17 +252,30 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec) {
     snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
     cJSON_AddStringToObject(tab, "seed", seed);
     cJSON_AddNumberToObject(tab, "rows", (double)n);
+    if (delta) cJSON_AddBoolToObject(tab, "delta", true);
     return QR_OK;
+}
+
+/* In an increment: did v change since the base, the last checkpoint this
+ * ps took a shard for? A variable made since, or a table whose changes
+ * were not tracked, is written whole. */
+static bool in_base(const ckpt_shard_ctx *c, const qr_var *v) {
+    return c->base && v->ckpt_id == c->base && (!v->table || v->table->changed);
+}
+
+static bool unchanged_since_base(const ckpt_shard_ctx *c, const qr_var *v) {
+    return in_base(c, v) && !v->table && v->version == v->ckpt_version && !v->ckpt_changed;
 }
 
 /* One variable's tensors (value, slots, average) and its metadata record. */
 static int snapshot_var(ckpt_job *j, const ckpt_shard_ctx *c, qr_var *v, cJSON *vars) {
+    if (unchanged_since_base(c, v)) return QR_OK; /* the base holds it as it is */
     ckpt_entry *e = &j->entries[j->nentries++];
     e->var = v;
     e->first = j->ntensors;
     cJSON *rec = cJSON_CreateObject();
     if (v->table) {
-        int rc = snapshot_table(j, e, v, rec);
+        int rc = snapshot_table(j, e, v, rec, in_base(c, v));
         if (rc) {
             cJSON_Delete(rec);
             return rc;
@@ -252,7 +310,7 @@ static int snapshot_var(ckpt_job *j, const ckpt_shard_ctx *c, qr_var *v, cJSON *
         if (!name) return QR_ENOMEM;
         /* Per-element slots have the variable's shape; scalar ones none. */
         if (v->table && s < v->table->nslots) {
-            int64_t shape[2] = {(int64_t)v->table->count, v->table->dim};
+            int64_t shape[2] = {(int64_t)e->table_n, v->table->dim};
             add_tensor(j, name, QR_DT_F32, 2, shape, e->table_rows[1 + s]);
         } else if (n == v->n) add_tensor(j, name, QR_DT_F32, v->ndim, v->shape, data);
         else add_tensor(j, name, QR_DT_F32, 0, NULL, data);
@@ -303,6 +361,17 @@ int qr__ckpt_shard_snapshot(const ckpt_shard_ctx *c, const char *ckpt_dir, uint6
     snprintf(j->path, sizeof j->path, "%s/%s", dir, file);
     for (uint32_t i = 0; i < c->store->cap && !rc; i++)
         if (c->store->by_id[i]) rc = snapshot_var(j, c, c->store->by_id[i], vars);
+    /* What the next increment compares with: this shard. */
+    for (uint32_t i = 0; i < c->store->cap && !rc; i++) {
+        qr_var *v = c->store->by_id[i];
+        if (!v) continue;
+        v->ckpt_id = id;
+        v->ckpt_version = v->version;
+        v->ckpt_changed = false;
+        /* Out of memory: the table is written whole next time. */
+        if (v->table && qr_table_changes_begin(v->table))
+            qr__log(QR_LOG_WARN, "%s; its next checkpoint holds it whole", qr_last_error());
+    }
     j->counters[0] = step;
     j->counters[1] = c->sync ? step : c->applied_steps;
     add_tensor(j, "global_step", QR_DT_I64, 0, NULL, &j->counters[0]);
@@ -318,7 +387,11 @@ int qr__ckpt_shard_snapshot(const ckpt_shard_ctx *c, const char *ckpt_dir, uint6
         }
     }
     cJSON_AddStringToObject(j->meta, "format", QR_CKPT_FORMAT);
-    add_meta(j->meta, "version", "%lld", QR_CKPT_VERSION);
+    /* Incremental shards are version 3: a quorum that reads only 1 and 2
+     * refuses them instead of restoring an increment as a whole. */
+    add_meta(j->meta, "version", "%lld", c->base ? QR_CKPT_VERSION : QR_CKPT_FULL_VERSION);
+    cJSON_AddStringToObject(j->meta, "kind", c->base ? "incremental" : "full");
+    if (c->base) add_meta(j->meta, "base_checkpoint_id", "%lld", (long long)c->base);
     add_meta(j->meta, "global_step", "%lld", step);
     add_meta(j->meta, "shard", "%lld", c->index);
     add_meta(j->meta, "num_shards", "%lld", c->nps);
@@ -398,6 +471,21 @@ static int read_floats(const qr_st_file *f, const char *name, float *dst, int64_
     return qr_st_read(f, t, dst);
 }
 
+/* An admission filter's counters, whole (a full checkpoint's or an
+ * increment's), if the file has them and the table keeps a filter. */
+static int restore_filter(const qr_st_file *f, qr_table *t, const char *name) {
+    char key[QR_PROTO_MAX_NAME + 24];
+    snprintf(key, sizeof key, "%s/admission_filter", name);
+    const qr_st_tensor *filter = qr_st_find(f, key);
+    if (!filter || !t->filter.counters) return QR_OK;
+    /* The table was made from the checkpoint's own options: the same size. */
+    if (filter->dtype != QR_DT_U8 || filter->ndim != 1 ||
+        (uint64_t)filter->shape[0] != t->filter.m)
+        return qr__fail(QR_EIO, "'%s': table '%s': its admission filter is not uint8 [%llu]",
+                        f->path, name, (unsigned long long)t->filter.m);
+    return qr_st_read(f, filter, t->filter.counters);
+}
+
 /* Put back what snapshot_table_policy wrote (either may be absent: the
  * checkpoint was written with admission or eviction off). */
 static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *name) {
@@ -408,17 +496,7 @@ static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *na
     const qr_st_tensor *counts = qr_st_find(f, key);
     snprintf(key, sizeof key, "%s/update_steps", name);
     const qr_st_tensor *steps = qr_st_find(f, key);
-    snprintf(key, sizeof key, "%s/admission_filter", name);
-    const qr_st_tensor *filter = qr_st_find(f, key);
-    int rc = QR_OK;
-    if (filter && t->filter.counters) {
-        /* The table was made from the checkpoint's own options: the same size. */
-        if (filter->dtype != QR_DT_U8 || filter->ndim != 1 ||
-            (uint64_t)filter->shape[0] != t->filter.m)
-            return qr__fail(QR_EIO, "'%s': table '%s': its admission filter is not uint8 "
-                            "[%llu]", f->path, name, (unsigned long long)t->filter.m);
-        rc = qr_st_read(f, filter, t->filter.counters);
-    }
+    int rc = restore_filter(f, t, name);
     if (ids && counts && t->admit_after) {
         uint64_t n = (uint64_t)(ids->ndim == 1 ? ids->shape[0] : -1);
         if (ids->dtype != QR_DT_I64 || counts->dtype != QR_DT_I64 || ids->ndim != 1 ||
@@ -620,35 +698,208 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     return rc;
 }
 
-/* Read the shard at `path` into c's store (ckpt_shard.h). */
-int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]) {
-    qr_st_file f;
-    int rc = qr_st_open(&f, path);
+/* Open the shard at `path`, check its kind and mode, read its variable
+ * records and counters. */
+static int open_shard(const ckpt_shard_ctx *c, const char *path, bool increment, qr_st_file *f,
+                      cJSON **vars, int64_t counters[2]) {
+    *vars = NULL;
+    int rc = qr_st_open(f, path);
     if (rc) return rc;
-    const char *vars_text = qr_st_meta(&f, "quorum.variables");
-    const char *mode = qr_st_meta(&f, "mode");
-    cJSON *vars = vars_text ? cJSON_Parse(vars_text) : NULL;
-    if (!cJSON_IsArray(vars) || !mode)
+    const char *vars_text = qr_st_meta(f, "quorum.variables");
+    const char *mode = qr_st_meta(f, "mode");
+    const char *kind = qr_st_meta(f, "kind");
+    bool is_increment = kind && !strcmp(kind, "incremental");
+    *vars = vars_text ? cJSON_Parse(vars_text) : NULL;
+    if (!cJSON_IsArray(*vars) || !mode)
         rc = qr__fail(QR_EIO, "'%s' is not a quorum shard (no quorum.variables)", path);
     else if (strcmp(mode, c->sync ? "sync" : "async"))
         rc = qr__fail(QR_EINVAL, "'%s' was written in %s mode; this run trains in %s mode", path,
                       mode, c->sync ? "sync" : "async");
-    if (!rc) rc = read_counter(&f, "global_step", &counters[0]);
-    if (!rc) rc = read_counter(&f, "quorum/applied_steps", &counters[1]);
+    else if (is_increment != increment)
+        rc = qr__fail(QR_EIO, "'%s' is %s shard where %s one was expected", path,
+                      is_increment ? "an incremental" : "a full",
+                      increment ? "an incremental" : "a full");
+    if (!rc) rc = read_counter(f, "global_step", &counters[0]);
+    if (!rc) rc = read_counter(f, "quorum/applied_steps", &counters[1]);
+    if (rc) {
+        cJSON_Delete(*vars);
+        *vars = NULL;
+        qr_st_close(f);
+    }
+    return rc;
+}
+
+static int restore_data_pos(const ckpt_shard_ctx *c, const qr_st_file *f) {
+    const qr_st_tensor *pos = qr_st_find(f, "quorum/worker_data_position");
+    if (!c->data_pos || !pos) return QR_OK;
+    if (pos->dtype != QR_DT_I64 || pos->ndim != 1 || pos->shape[0] != c->nworkers) {
+        qr__log(QR_LOG_WARN, "%s: the workers' data positions are for %lld workers, this "
+                "cluster has %d: they start their data streams anew", f->path,
+                (long long)(pos->ndim == 1 ? pos->shape[0] : -1), c->nworkers);
+        return QR_OK;
+    }
+    return qr_st_read(f, pos, c->data_pos);
+}
+
+/* Read the shard at `path` into c's store (ckpt_shard.h). */
+int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]) {
+    qr_st_file f;
+    cJSON *vars;
+    int rc = open_shard(c, path, false, &f, &vars, counters);
+    if (rc) return rc;
     const cJSON *rec;
     cJSON_ArrayForEach(rec, vars) {
         if (rc) break;
         rc = restore_var(c, &f, rec);
     }
-    const qr_st_tensor *pos = qr_st_find(&f, "quorum/worker_data_position");
-    if (!rc && c->data_pos && pos) {
-        if (pos->dtype != QR_DT_I64 || pos->ndim != 1 || pos->shape[0] != c->nworkers)
-            qr__log(QR_LOG_WARN, "%s: the workers' data positions are for %lld workers, this "
-                    "cluster has %d: they start their data streams anew", path,
-                    (long long)(pos->ndim == 1 ? pos->shape[0] : -1), c->nworkers);
-        else
-            rc = qr_st_read(&f, pos, c->data_pos);
+    if (!rc) rc = restore_data_pos(c, &f);
+    cJSON_Delete(vars);
+    qr_st_close(&f);
+    return rc;
+}
+
+/* ---- restore: an increment on top of its base ----------------------------------- */
+
+/* Read an int64 vector tensor NAME/suffix of n entries (n -1: any) into a
+ * malloc'd array; *count its length. Absent: NULL and 0, no error. */
+static int read_ids(const qr_st_file *f, const char *name, const char *suffix, int64_t n,
+                    int64_t **out, uint64_t *count) {
+    char key[QR_PROTO_MAX_NAME + 24];
+    snprintf(key, sizeof key, "%s/%s", name, suffix);
+    const qr_st_tensor *t = qr_st_find(f, key);
+    *out = NULL;
+    *count = 0;
+    if (!t) return QR_OK;
+    if (t->dtype != QR_DT_I64 || t->ndim != 1 || (n >= 0 && t->shape[0] != n))
+        return qr__fail(QR_EIO, "'%s': tensor '%s' is malformed", f->path, key);
+    *count = (uint64_t)t->shape[0];
+    *out = malloc(QR_MAX(*count, 1) * sizeof **out);
+    if (!*out) return QR_ENOMEM;
+    return qr_st_read(f, t, *out);
+}
+
+/* An incremental table record: the ids removed since the base go (rows and
+ * candidates), the rows it holds replace or join the table's (an admitted
+ * id is no candidate any more), then the candidates it holds take their
+ * counts. That order is the one the changes happened in: an id removed
+ * and made again since the base is in both lists and ends up present. */
+static int apply_table_delta(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON *rec,
+                             const qr_st_tensor *t, qr_var *v) {
+    const char *name = v->name;
+    qr_table *tab = v->table;
+    int64_t d = tab->dim;
+    if (t->ndim != 2 || t->shape[1] != d || t->dtype != QR_DT_F32)
+        return qr__fail(QR_EIO, "'%s': table '%s': its rows are not [n, %lld]", f->path, name,
+                        (long long)d);
+    uint64_t n = (uint64_t)t->shape[0];
+    uint64_t nremoved = 0, nids = 0, nsteps = 0, ncand = 0, ncounts = 0;
+    int64_t *removed = NULL, *idv = NULL, *steps = NULL, *cand = NULL, *counts = NULL;
+    float *rows[1 + QR_TABLE_MAX_SLOTS] = {0};
+    int rc = read_ids(f, name, "removed_ids", -1, &removed, &nremoved);
+    if (!rc) rc = read_ids(f, name, "ids", (int64_t)n, &idv, &nids);
+    if (!rc && nids != n)
+        rc = qr__fail(QR_EIO, "'%s': table '%s' has no ids for its rows", f->path, name);
+    if (!rc) rc = read_ids(f, name, "update_steps", (int64_t)n, &steps, &nsteps);
+    if (!rc) rc = read_ids(f, name, "admission_ids", -1, &cand, &ncand);
+    if (!rc) rc = read_ids(f, name, "admission_counts", (int64_t)ncand, &counts, &ncounts);
+    if (!rc && ncounts != ncand)
+        rc = qr__fail(QR_EIO, "'%s': table '%s': its admission counts are malformed", f->path,
+                      name);
+    if (!rc) rc = restore_slots(c, f, v, cJSON_GetObjectItemCaseSensitive(rec, "slots"));
+    for (int s = 0; s <= tab->nslots && !rc; s++) {
+        rows[s] = malloc(QR_MAX(n, 1) * (uint64_t)d * 4);
+        if (!rows[s]) rc = QR_ENOMEM;
     }
+    if (!rc) rc = qr_st_read(f, t, rows[0]);
+    const cJSON *slots = cJSON_GetObjectItemCaseSensitive(rec, "slots");
+    const cJSON *e = slots ? slots->child : NULL;
+    for (int s = 1; s <= tab->nslots && !rc; s++, e = e ? e->next : NULL)
+        rc = e ? read_floats(f, e->string, rows[s], (int64_t)n * d)
+               : qr__fail(QR_EIO, "'%s': table '%s': slot %d is missing", f->path, name, s - 1);
+    for (uint64_t i = 0; i < nremoved && !rc; i++) qr_table_forget_id(tab, removed[i]);
+    for (uint64_t r = 0; r < n && !rc; r++) {
+        if (qr_place_row(idv[r], c->nps) != c->index) {
+            rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld does not belong on ps %d", f->path,
+                          name, (long long)idv[r], c->index);
+            break;
+        }
+        bool added;
+        if (tab->admit_after && qr_table_find(tab, idv[r]) < 0) qr_table_forget_id(tab, idv[r]);
+        int64_t at = qr_table_get_or_add(tab, idv[r], &added);
+        if (at < 0) {
+            rc = QR_ENOMEM;
+            break;
+        }
+        float *row = qr_table_row(tab, (uint64_t)at);
+        for (int s = 0; s <= tab->nslots; s++)
+            memcpy(row + s * d, rows[s] + r * (uint64_t)d, (size_t)d * 4);
+        if (steps && tab->updated) tab->updated[at] = steps[r];
+    }
+    for (uint64_t i = 0; i < ncand && !rc && tab->admit_after; i++) {
+        if (counts[i] < 1 || counts[i] > UINT32_MAX || qr_table_find(tab, cand[i]) >= 0)
+            rc = qr__fail(QR_EIO, "'%s': table '%s': admission count %lld of id %lld", f->path,
+                          name, (long long)counts[i], (long long)cand[i]);
+        else rc = qr_table_restore_candidate(tab, cand[i], (uint32_t)counts[i]);
+    }
+    if (!rc) rc = restore_filter(f, tab, name);
+    free(removed);
+    free(idv);
+    free(steps);
+    free(cand);
+    free(counts);
+    for (int s = 0; s <= tab->nslots; s++) free(rows[s]);
+    if (!rc) v->version = (uint64_t)cJSON_GetObjectItemCaseSensitive(rec, "version")->valuedouble;
+    if (rc) qr__error_prefix("applying the increment of table '%s': ", name);
+    return rc;
+}
+
+/* Drop variable v from the store (an increment holds it anew). */
+static void store_drop(qr_store *s, qr_var *v) {
+    s->by_id[v->id] = NULL;
+    s->count--;
+    s->bytes -= v->n * (int64_t)sizeof(float);
+    qr_var_free(v);
+}
+
+/* Apply the incremental shard at `path` (ckpt_shard.h). */
+int qr__ckpt_shard_apply_increment(const ckpt_shard_ctx *c, const char *path,
+                                   int64_t counters[2]) {
+    qr_st_file f;
+    cJSON *vars;
+    int rc = open_shard(c, path, true, &f, &vars, counters);
+    if (rc) return rc;
+    const cJSON *rec;
+    cJSON_ArrayForEach(rec, vars) {
+        if (rc) break;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(rec, "name");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(rec, "id");
+        const cJSON *table = cJSON_GetObjectItemCaseSensitive(rec, "table");
+        const cJSON *version = cJSON_GetObjectItemCaseSensitive(rec, "version");
+        if (!cJSON_IsString(name) || !cJSON_IsNumber(id) || id->valuedouble < 0 ||
+            id->valuedouble >= QR_MAX_VAR_ID || !cJSON_IsNumber(version)) {
+            rc = qr__fail(QR_EIO, "'%s': a variable record of quorum.variables is malformed",
+                          path);
+            break;
+        }
+        qr_var *v = qr_store_get(c->store, (uint32_t)id->valuedouble);
+        if (v && strcmp(v->name, name->valuestring)) {
+            rc = qr__fail(QR_EIO, "'%s': variable id %u is '%s' here, '%s' in its base", path,
+                          v->id, name->valuestring, v->name);
+            break;
+        }
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(table, "delta"))) {
+            const qr_st_tensor *t = qr_st_find(&f, name->valuestring);
+            if (!v || !v->table || !t)
+                rc = qr__fail(QR_EIO, "'%s': the rows of table '%s' change a table its base "
+                              "does not hold", path, name->valuestring);
+            else rc = apply_table_delta(c, &f, rec, t, v);
+            continue;
+        }
+        /* Written whole: it replaces the base's (or is new since). */
+        if (v) store_drop(c->store, v);
+        rc = restore_var(c, &f, rec);
+    }
+    if (!rc) rc = restore_data_pos(c, &f);
     cJSON_Delete(vars);
     qr_st_close(&f);
     return rc;

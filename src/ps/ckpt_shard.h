@@ -6,6 +6,8 @@
  * orchestration's (ckpt_coord.c); like Redis's rdb.c, nothing here knows
  * it. The format reads the ps only through ckpt_shard_ctx, so a store can
  * be written and restored without a ps or a cluster (test_ckpt_shard.c).
+ * A shard is full, or an increment of the previous one this ps took
+ * (ctx.base): only what changed since, and the ids removed.
  */
 #ifndef QR_PS_CKPT_SHARD_H
 #define QR_PS_CKPT_SHARD_H
@@ -31,6 +33,9 @@ typedef struct ckpt_shard_ctx {
     /* written into the shard's header, so that it names its checkpoint:
      * this ps run's incarnation, and the ps 0 run whose checkpoint it is */
     uint64_t incarnation, coordinator;
+    /* snapshot: the checkpoint this one is an increment of (its id, the
+     * last this ps took a shard for), or 0 for a full one */
+    uint64_t base;
 } ckpt_shard_ctx;
 
 /* The optimizer that applies to v: its own, else the ps's. */
@@ -81,5 +86,11 @@ void qr__ckpt_lower_priority(void);
 /* Read the shard at `path` into c's store (and c->data_pos), checking it
  * was written in c's mode; counters: its global_step, applied_steps. */
 int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]);
+/* Apply the incremental shard at `path` to c's store, which holds its
+ * base restored (a full shard and the increments before it, in order):
+ * the rows, dense variables and admission counts it holds replace what is
+ * there, the ids it lists as removed go; counters as for a full one. */
+int qr__ckpt_shard_apply_increment(const ckpt_shard_ctx *c, const char *path,
+                                   int64_t counters[2]);
 
 #endif /* QR_PS_CKPT_SHARD_H */

@@ -35,8 +35,9 @@
  *   ckpt_save.c   SAVE: a worker asks ps 0 for a checkpoint now
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
- *   ckpt_shard.c  one shard's format: snapshot (references, on the loop),
- *                 write (libuv's thread pool), restore into a store
+ *   ckpt_shard.c  one shard's format: snapshot (references, on the loop;
+ *                 full, or an increment of the last one), write (libuv's
+ *                 thread pool), restore into a store, increments applied
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
  *   failover.c    --ps-replicas 2: the view (where each shard is
@@ -416,8 +417,18 @@ typedef struct ps_ckpt {
     char *dir;             /* NULL: checkpoints off */
     int64_t every_secs, every_steps;
     int keep;
+    int64_t full_every;    /* a full checkpoint every this many (1: all full) */
     ckpt_job *job;         /* this ps's shard being written, or NULL */
     uint64_t next_id;
+    /* the last shard this ps took: its checkpoint's id and coordinator (an
+     * increment must be of it) */
+    uint64_t snapshot_id, snapshot_coordinator;
+    /* ps 0: the chain. base_id, base_step: the one being taken is an
+     * increment of that checkpoint (0: full); last_id: the newest
+     * complete checkpoint of this run (0: none yet), chain_length: the
+     * increments between it and its full one, full_step: that one's step */
+    uint64_t base_id, last_id;
+    int64_t base_step, full_step, chain_length;
     /* ps 0 */
     bool busy;             /* a checkpoint is being taken (shards, manifest) */
     int64_t step;          /* its global step */
@@ -1010,7 +1021,9 @@ void qr__ckpt_peer_lost(ps_peer *p);
 void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
 /* For ckpt_cut.c: this ps's shard at `step`; ps 0: collect the shards of
  * the checkpoint at `step`, or give it up. */
-int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step);
+/* base: the id of the checkpoint this one is an increment of, which must
+ * be the last this ps took a shard for; 0: a full one. */
+int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base);
 void qr__ckpt_take(qr_ps *ps, int64_t step);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
 

@@ -71,6 +71,12 @@ typedef struct qr_var {
      * slots (src/ps/ckpt_shard.c): the next apply calls
      * qr__ckpt_before_apply first. NULL otherwise. */
     struct ckpt_entry *ckpt;
+    /* Incremental checkpoints: the id of the last checkpoint whose shard
+     * held this variable (0: none yet), its version then, and whether it
+     * changed since in a way the version does not count (set by
+     * qr__ckpt_before_apply, which every write of a dense variable calls). */
+    uint64_t ckpt_id, ckpt_version;
+    bool ckpt_changed;
 } qr_var;
 
 typedef struct qr_store {

@@ -42,6 +42,9 @@ void qr_table_free(qr_table *t) {
     free(t->updated);
     free(t->cand_ids);
     free(t->cand_seen);
+    free(t->changed);
+    free(t->cand_changed);
+    free(t->removed_ids);
     qr_idmap_free(&t->index);
     qr_idmap_free(&t->cand_index);
     qr_bloom_free(&t->filter);
@@ -76,6 +79,12 @@ static int reserve_row(qr_table *t) {
                                           "rows", (unsigned long long)cap);
             t->updated = updated;
         }
+        if (t->changed) {
+            uint8_t *changed = realloc(t->changed, cap);
+            if (!changed) return qr__fail(QR_ENOMEM, "out of memory growing a table to %llu "
+                                          "rows", (unsigned long long)cap);
+            t->changed = changed;
+        }
         t->keys_cap = cap;
     }
     if ((t->count >> t->chunk_shift) < t->nchunks) return QR_OK;
@@ -103,6 +112,7 @@ int64_t qr_table_get_or_add(qr_table *t, int64_t id, bool *added) {
     if (r < 0) return -1;
     t->keys[r] = id;
     if (t->updated) t->updated[r] = t->clock;
+    if (t->changed) t->changed[r] = 1;
     t->count++;
     float *row = qr_table_row(t, (uint64_t)r);
     qr_init_row(&t->init, t->seed, id, row, t->dim);
@@ -113,12 +123,33 @@ int64_t qr_table_get_or_add(qr_table *t, int64_t id, bool *added) {
     return r;
 }
 
+/* An incremental checkpoint lists the ids removed since the last one. A
+ * failure to grow the list turns tracking off: the next checkpoint then
+ * writes this table whole (ckpt_shard.c), which needs no list. */
+static void note_removed(qr_table *t, int64_t id) {
+    if (!t->changed) return;
+    if (t->nremoved == t->removed_cap) {
+        uint64_t cap = t->removed_cap ? t->removed_cap * 2 : 64;
+        int64_t *ids = realloc(t->removed_ids, cap * sizeof *ids);
+        if (!ids) {
+            free(t->changed);
+            t->changed = NULL;
+            return;
+        }
+        t->removed_ids = ids;
+        t->removed_cap = cap;
+    }
+    t->removed_ids[t->nremoved++] = id;
+}
+
 void qr_table_remove(qr_table *t, uint64_t r) {
     uint64_t last = t->count - 1;
+    note_removed(t, t->keys[r]);
     qr_idmap_remove(&t->index, t->keys, t->keys[r], (int64_t)r, r == last ? -1 : (int64_t)last);
     if (r != last) {
         t->keys[r] = t->keys[last];
         if (t->updated) t->updated[r] = t->updated[last];
+        if (t->changed) t->changed[r] = t->changed[last];
         memcpy(qr_table_row(t, r), qr_table_row(t, last), (size_t)t->stride * sizeof(float));
     }
     t->count--;
@@ -134,7 +165,9 @@ static int64_t candidate(qr_table *t, int64_t id) {
         if (ids) t->cand_ids = ids;
         uint32_t *seen = realloc(t->cand_seen, cap * sizeof *seen);
         if (seen) t->cand_seen = seen;
-        if (!ids || !seen) {
+        uint8_t *changed = t->cand_changed ? realloc(t->cand_changed, cap) : NULL;
+        if (changed) t->cand_changed = changed;
+        if (!ids || !seen || (t->cand_changed && !changed)) {
             qr__fail(QR_ENOMEM, "out of memory counting the sightings of %llu ids",
                      (unsigned long long)cap);
             return -1;
@@ -146,6 +179,7 @@ static int64_t candidate(qr_table *t, int64_t id) {
     if (at >= 0 && added) {
         t->cand_ids[at] = id;
         t->cand_seen[at] = 0;
+        if (t->cand_changed) t->cand_changed[at] = 1;
         t->ncand++;
     }
     return at;
@@ -157,6 +191,7 @@ static void forget_candidate(qr_table *t, int64_t at) {
                     (uint64_t)at == last ? -1 : (int64_t)last);
     t->cand_ids[at] = t->cand_ids[last];
     t->cand_seen[at] = t->cand_seen[last];
+    if (t->cand_changed) t->cand_changed[at] = t->cand_changed[last];
     t->ncand--;
 }
 
@@ -180,6 +215,7 @@ int qr_table_sight(qr_table *t, int64_t id, int64_t *row, bool *added) {
     if (t->admit_after) {
         int64_t at = candidate(t, id);
         if (at < 0) return QR_ENOMEM;
+        if (t->cand_changed) t->cand_changed[at] = 1;
         if (++t->cand_seen[at] < t->admit_after) {
             t->unadmitted_reads++;
             return QR_OK;
@@ -271,6 +307,7 @@ int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added) {
         if (r < 0) return -2;
     }
     if (t->updated) t->updated[r] = t->clock;
+    if (t->changed) t->changed[r] = 1;
     return r;
 }
 
@@ -284,6 +321,31 @@ int qr_table_restore_candidate(qr_table *t, int64_t id, uint32_t seen) {
     int64_t at = candidate(t, id);
     if (at < 0) return QR_ENOMEM;
     t->cand_seen[at] = QR_MIN(seen, t->admit_after - 1);
+    if (t->cand_changed) t->cand_changed[at] = 1;
+    return QR_OK;
+}
+
+void qr_table_forget_id(qr_table *t, int64_t id) {
+    int64_t r = qr_table_find(t, id);
+    if (r >= 0) qr_table_remove(t, (uint64_t)r);
+    int64_t at = t->admit_after ? qr_idmap_find(&t->cand_index, t->cand_ids, id) : -1;
+    if (at >= 0) forget_candidate(t, at);
+}
+
+/* ---- changes since the last checkpoint ------------------------------------- */
+
+int qr_table_changes_begin(qr_table *t) {
+    if (!t->changed) t->changed = malloc(QR_MAX(t->keys_cap, 1));
+    if (t->admit_after && !t->cand_changed) t->cand_changed = malloc(QR_MAX(t->cand_cap, 1));
+    if (!t->changed || (t->admit_after && !t->cand_changed)) {
+        free(t->changed);
+        t->changed = NULL;
+        return qr__fail(QR_ENOMEM, "out of memory tracking the changes of a table of %llu rows",
+                        (unsigned long long)t->count);
+    }
+    memset(t->changed, 0, QR_MAX(t->keys_cap, 1));
+    if (t->cand_changed) memset(t->cand_changed, 0, QR_MAX(t->cand_cap, 1));
+    t->nremoved = 0;
     return QR_OK;
 }
 
@@ -308,6 +370,8 @@ uint64_t qr_table_bytes(const qr_table *t) {
     uint64_t chunk = ((uint64_t)1 << t->chunk_shift) * (uint64_t)t->stride * sizeof(float);
     uint64_t bytes = t->nchunks * chunk + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
     if (t->updated) bytes += t->keys_cap * sizeof *t->updated;
+    if (t->changed) bytes += t->keys_cap + t->removed_cap * sizeof *t->removed_ids;
+    if (t->cand_changed) bytes += t->cand_cap;
     bytes += t->cand_cap * (sizeof *t->cand_ids + sizeof *t->cand_seen) +
              qr_idmap_bytes(&t->cand_index) + t->filter.m;
     return bytes;

@@ -30,6 +30,12 @@
  * bytes a row, only then) and rows idle for more than T steps are removed
  * by a sweep every T/4 steps. The clock is the caller's: the steps applied
  * on this ps (the global step in sync mode).
+ *
+ * Changes since the last checkpoint (incremental checkpoints,
+ * docs/CHECKPOINTS.md): once qr_table_changes_begin was called, each row
+ * and each admission candidate carries a flag set when it is made or
+ * updated (1 byte a row), and removed rows' ids are listed; the next
+ * qr_table_changes_begin (the next checkpoint's snapshot) clears them.
  */
 #ifndef QR_PS_TABLE_H
 #define QR_PS_TABLE_H
@@ -72,6 +78,11 @@ typedef struct qr_table {
     int64_t evict_after;
     int64_t *updated;                   /* [keys_cap]: the step of the row's last update */
     int64_t last_sweep;
+    /* changes since the last checkpoint (NULL until the first one) */
+    uint8_t *changed;                   /* [keys_cap]: row made or updated */
+    uint8_t *cand_changed;              /* [cand_cap]: candidate sighted */
+    int64_t *removed_ids;               /* rows removed (evicted), in order */
+    uint64_t nremoved, removed_cap;
     /* counted since the table was made here */
     uint64_t admitted, unadmitted_reads, dropped_rows, evicted;
 } qr_table;
@@ -130,6 +141,14 @@ void qr_table_initial_value(const qr_table *t, int64_t id, float *out);
 
 /* Remove row r; the last row moves into its place (rows stay dense). */
 void qr_table_remove(qr_table *t, uint64_t r);
+
+/* Start (or restart) tracking changes: every flag cleared, the removed
+ * list emptied. Called at each checkpoint's snapshot, after the table was
+ * copied. QR_ENOMEM if the flags cannot be allocated (tracking is off). */
+int qr_table_changes_begin(qr_table *t);
+/* Forget id entirely: its row and its admission candidate, if any (an
+ * incremental checkpoint's removed id, restored). */
+void qr_table_forget_id(qr_table *t, int64_t id);
 
 /* Bytes held: the arena's chunks, the ids and the index, and
  * admission's candidates or filter. */

@@ -339,6 +339,7 @@ void qr_msg_put_ckpt(qr_wbuf *b, const qr_msg_ckpt *m) {
     qr_wbuf_u64(b, m->id);
     qr_wbuf_i64(b, m->step);
     qr_wbuf_u32(b, m->count);
+    qr_wbuf_u64(b, m->base);
 }
 
 void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m) {
@@ -346,6 +347,7 @@ void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m) {
     m->id = qr_rbuf_u64(r);
     m->step = qr_rbuf_i64(r);
     m->count = qr_rbuf_u32(r);
+    m->base = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_cut(qr_wbuf *b, const qr_msg_cut *m) {

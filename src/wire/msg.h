@@ -148,7 +148,9 @@
  *              worker, u32 seq each, in reduce order)
  *              reply: u64 fwd, once the backup has applied it
  *   CKPT       (ps 0 to ps k, checkpoints; src/ps/ckpt_coord.c) req: u32 phase,
- *              u64 id, i64 global_step, u32 count, then count cut records
+ *              u64 id, i64 global_step, u32 count, u64 base (the id of the
+ *              checkpoint this one is an increment of; 0: a full one),
+ *              then count cut records
  *              (u32 include, u32 seq: worker i's pushes up to seq belong to
  *              the checkpoint) for phase CUT, none otherwise. Phases:
  *              SNAPSHOT (sync): take the shard now, at global_step;
@@ -442,8 +444,11 @@ typedef struct qr_msg_ckpt {
     uint64_t id;
     int64_t step;
     uint32_t count; /* cut records that follow (CUT) */
+    /* SNAPSHOT, CUT: the id of the checkpoint this one is an increment of
+     * (the previous one, complete), or 0 for a full one */
+    uint64_t base;
 } qr_msg_ckpt;
-#define QR_MSG_CKPT_LEN 24
+#define QR_MSG_CKPT_LEN 32
 void qr_msg_put_ckpt(qr_wbuf *b, const qr_msg_ckpt *m);
 void qr_msg_get_ckpt(qr_rbuf *r, qr_msg_ckpt *m);
 

@@ -58,6 +58,12 @@ add_test(NAME bench_ckpt_smoke COMMAND quorum bench ckpt --quick --json)
 set_tests_properties(bench_ckpt_smoke PROPERTIES TIMEOUT 120)
 qr_integration_test(integration_ckpt_tool test_ckpt_tool.py ${QR_VENV_PYTHON}
                     ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py)
+# Incremental checkpoints: a chain merged and restored equals a full
+# checkpoint row for row; a damaged or missing link falls back.
+foreach(case equal corrupt)
+  qr_integration_test(integration_ckpt_incremental_${case} test_ckpt_incremental.py
+                      ${QR_VENV_PYTHON} ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py ${case})
+endforeach()
 qr_integration_test(integration_summaries test_summaries.py ${QR_VENV_PYTHON})
 qr_integration_test(integration_metrics test_metrics.py)
 

@@ -21,6 +21,11 @@
  * (another step, or the same step from another run) whose manifest was
  * made to match its size and crc32 is refused by its header, and a
  * version 1 checkpoint (no checkpoint id) still verifies.
+ *
+ * Incremental: a full shard, changes of every kind, an increment of it;
+ * the full one restored and the increment applied equal the live store
+ * bit for bit, and neither kind passes for the other; pruning keeps the
+ * checkpoints a kept increment's chain needs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -181,10 +186,12 @@ static int teardown(void **state) {
 
 /* Snapshot, then write the shard as the thread pool would: its file in
  * path, and in *shard (if not NULL) what the manifest lists of it. */
-static void write_shard(world *w, int64_t step, char *path, size_t len, qr_ckpt_shard *shard) {
+static void write_shard_of(world *w, int64_t step, uint64_t id, uint64_t base, char *path,
+                           size_t len, qr_ckpt_shard *shard) {
     ckpt_shard_ctx c = ctx_of(w, &w->store);
+    c.base = base;
     ckpt_job *j;
-    assert_int_equal(qr__ckpt_shard_snapshot(&c, w->dir, 1, step, &j), QR_OK);
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, w->dir, id, step, &j), QR_OK);
     j->work.data = j;
     qr__ckpt_shard_write(&j->work);
     if (j->status) fail_msg("writing the shard: %s", j->error);
@@ -195,6 +202,11 @@ static void write_shard(world *w, int64_t step, char *path, size_t len, qr_ckpt_
         qr_ckpt_shard_name(shard->file, sizeof shard->file, c.index, c.nps);
     }
     qr__ckpt_shard_free(j);
+}
+
+/* A full shard, checkpoint id 1. */
+static void write_shard(world *w, int64_t step, char *path, size_t len, qr_ckpt_shard *shard) {
+    write_shard_of(w, step, 1, 0, path, len, shard);
 }
 
 static void assert_slots_equal(const qr_var *a, const qr_var *b) {
@@ -494,7 +506,7 @@ static void test_mixed_checkpoint_refused(void **state) {
 }
 
 /* A version 1 manifest (no incarnation, no checkpoint id) over a version 1
- * shard is read and checked by step; version 3 is refused naming both. */
+ * shard is read and checked by step; version 4 is refused naming both. */
 static void test_version_1_read(void **state) {
     world *w = *state;
     char path[4200], mpath[4300];
@@ -554,10 +566,136 @@ static void test_version_1_read(void **state) {
     qr_store_free(&store);
     /* A version this quorum does not know. */
     m = fopen(mpath, "w");
-    fprintf(m, "{\"format\": \"quorum-checkpoint\", \"version\": 3}\n");
+    fprintf(m, "{\"format\": \"quorum-checkpoint\", \"version\": 4}\n");
     fclose(m);
     assert_int_equal(qr_ckpt_read_manifest(&c), QR_EIO);
-    assert_non_null(strstr(qr_last_error(), "reads 1 to 2"));
+    assert_non_null(strstr(qr_last_error(), "reads 1 to 3"));
+}
+
+/* Incremental: a full shard (checkpoint 1), then changes of every kind,
+ * then an increment of it (checkpoint 2). The full shard restored and the
+ * increment applied give the live store back bit for bit (rows with their
+ * slots and update steps, admission counts, dense values, slots and
+ * averages); the increment leaves out the dense variable nothing changed
+ * and the table's unchanged rows; ids removed since the full one stay
+ * removed, one removed and made again is there. */
+static void test_increment_restore(void **state) {
+    world *w = *state;
+    char full[4200], inc[4200];
+    qr_ckpt_shard full_shard, inc_shard;
+    write_shard_of(w, STEP - 10, 1, 0, full, sizeof full, &full_shard);
+    qr_var *weights = qr_store_get(&w->store, 1), *emb = qr_store_get(&w->store, 3);
+    qr_var *adamw = qr_store_get(&w->store, 4);
+    /* weights: applied (its version counts it) */
+    assert_int_equal(qr__ckpt_before_apply(NULL, weights), QR_OK);
+    assert_int_equal(qr_var_prepare_write(weights), QR_OK);
+    fill(weights->value->data, weights->n);
+    weights->version++;
+    /* adamw: a slot written as SLOTS does, the version unchanged */
+    assert_int_equal(qr__ckpt_before_apply(NULL, adamw), QR_OK);
+    const char *slot;
+    float *data;
+    int64_t n;
+    qr_optim_slot(adamw->slots, 0, &slot, &data, &n);
+    fill(data, n);
+    /* layer0/biases: untouched. emb: two rows updated, one removed, one
+     * removed and made again, a candidate admitted, one sighted anew. */
+    qr_table *t = emb->table;
+    t->clock = 600;
+    for (int k = 0; k < 2; k++) {
+        bool added;
+        int64_t r = qr_table_row_for_update(t, 1000 + 37 * k, &added);
+        assert_true(r >= 0 && !added);
+        fill(qr_table_row(t, (uint64_t)r), (int64_t)(1 + t->nslots) * DIM);
+    }
+    int64_t gone = 1000 + 37 * 4, back = 1000 + 37 * 5, row;
+    qr_table_remove(t, (uint64_t)qr_table_find(t, gone));
+    qr_table_remove(t, (uint64_t)qr_table_find(t, back));
+    bool added;
+    for (int seen = 0; seen < 3; seen++)
+        assert_int_equal(qr_table_sight(t, back, &row, &added), QR_OK);
+    assert_true(row >= 0 && added);
+    assert_int_equal(qr_table_sight(t, 5001, &row, &added), QR_OK);
+    assert_true(row >= 0 && added); /* seen twice before: admitted */
+    assert_int_equal(qr_table_sight(t, 5000, &row, &added), QR_OK);
+    assert_int_equal(row, -1);
+    write_shard_of(w, STEP, 2, 1, inc, sizeof inc, &inc_shard);
+    assert_int_equal(inc_shard.nvars, 3); /* not layer0/biases */
+    assert_true(inc_shard.bytes < full_shard.bytes);
+    printf("full shard %llu bytes, increment %llu bytes\n",
+           (unsigned long long)full_shard.bytes, (unsigned long long)inc_shard.bytes);
+    qr_st_file f;
+    assert_int_equal(qr_st_open(&f, inc), QR_OK);
+    const qr_st_tensor *rows = qr_st_find(&f, "emb");
+    assert_non_null(rows);
+    assert_int_equal(rows->shape[0], 4); /* 2 updated, 1 made again, 1 admitted */
+    assert_null(qr_st_find(&f, "layer0/biases"));
+    assert_string_equal(qr_st_meta(&f, "kind"), "incremental");
+    assert_string_equal(qr_st_meta(&f, "base_checkpoint_id"), "1");
+    qr_st_close(&f);
+
+    qr_store got;
+    int64_t counters[2];
+    uint64_t pos[WORKERS] = {0};
+    assert_int_equal(restore(w, full, false, &got, counters, pos), QR_OK);
+    assert_int_equal(counters[0], STEP - 10);
+    ckpt_shard_ctx c = ctx_of(w, &got);
+    c.data_pos = pos;
+    if (qr__ckpt_shard_apply_increment(&c, inc, counters))
+        fail_msg("applying the increment: %s", qr_last_error());
+    assert_int_equal(counters[0], STEP);
+    assert_stores_equal(&w->store, &got);
+    const qr_table *gt = qr_store_get(&got, 3)->table;
+    assert_true(qr_table_find(gt, gone) < 0);
+    assert_true(qr_table_find(gt, back) >= 0);
+    qr_store_free(&got);
+    /* An increment is not a full shard, nor the other way round. */
+    expect_refused(w, inc, false, QR_EIO, "an incremental shard where a full one");
+    qr_store_init(&got);
+    c = ctx_of(w, &got);
+    assert_int_equal(qr__ckpt_shard_apply_increment(&c, full, counters), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "a full shard where an incremental one"));
+    qr_store_free(&got);
+}
+
+/* A manifest alone at `step` (prune reads nothing else): full, or an
+ * increment of `base` in the chain from `full`. */
+static void manifest_only(world *w, int64_t step, int64_t base, int64_t full) {
+    qr_ckpt_shard shard = {.bytes = 8, .nvars = 1};
+    qr_ckpt_shard_name(shard.file, sizeof shard.file, 0, 1);
+    qr_ckpt_info info = {.step = step, .mode = "async", .nshards = 1, .shards = &shard,
+                         .incarnation = INCARNATION, .checkpoint_id = (uint64_t)step,
+                         .incremental = base >= 0, .base_step = base,
+                         .base_id = (uint64_t)base, .full_step = full};
+    assert_int_equal(qr_ckpt_path(info.path, sizeof info.path, w->dir, step), QR_OK);
+    assert_int_equal(qr_mkdir(info.path), QR_OK);
+    assert_int_equal(qr_ckpt_write_manifest(&info), QR_OK);
+}
+
+static bool exists(world *w, int64_t step) {
+    char path[4200];
+    struct stat st;
+    qr_ckpt_path(path, sizeof path, w->dir, step);
+    return stat(path, &st) == 0;
+}
+
+/* Pruning keeps what the kept increments' chains need: F10 I20 I30 F40
+ * I50 with keep 3 keeps 50, 40, 30 and 30's chain (20, 10); keep 2 drops
+ * the first chain; keep 1 keeps 50 and its base 40. */
+static void test_prune_keeps_chains(void **state) {
+    world *w = *state;
+    manifest_only(w, 10, -1, 10);
+    manifest_only(w, 20, 10, 10);
+    manifest_only(w, 30, 20, 10);
+    manifest_only(w, 40, -1, 40);
+    manifest_only(w, 50, 40, 40);
+    assert_int_equal(qr_ckpt_prune(w->dir, 3), QR_OK);
+    for (int s = 10; s <= 50; s += 10) assert_true(exists(w, s));
+    assert_int_equal(qr_ckpt_prune(w->dir, 2), QR_OK);
+    assert_false(exists(w, 10) || exists(w, 20) || exists(w, 30));
+    assert_true(exists(w, 40) && exists(w, 50));
+    assert_int_equal(qr_ckpt_prune(w->dir, 1), QR_OK);
+    assert_true(exists(w, 40) && exists(w, 50));
 }
 
 int main(void) {
@@ -566,6 +704,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_damaged_shards_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_checkpoint_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_1_read, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_increment_restore, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prune_keeps_chains, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

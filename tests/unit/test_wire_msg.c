@@ -286,7 +286,8 @@ static void test_pull_and_small_layouts(void **state) {
 static void test_ckpt_layout(void **state) {
     (void)state;
     qr_wbuf b = {0};
-    qr_msg_put_ckpt(&b, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = 3, .step = 1200});
+    qr_msg_put_ckpt(&b, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = 3, .step = 1200,
+                                       .base = 2});
     qr_msg_put_shard(&b, &(qr_msg_shard){.bytes = 1ull << 33, .crc32 = 0xdeadbeef, .nvars = 4});
     uint8_t want[64];
     size_t n = 0;
@@ -294,6 +295,7 @@ static void test_ckpt_layout(void **state) {
     le(want, &n, 3, 8);
     le(want, &n, 1200, 8);
     le(want, &n, 0, 4);
+    le(want, &n, 2, 8); /* base: an increment of checkpoint 2 */
     assert_int_equal(n, QR_MSG_CKPT_LEN);
     le(want, &n, 1ull << 33, 8);
     le(want, &n, 0xdeadbeef, 4);
@@ -307,7 +309,8 @@ static void test_ckpt_layout(void **state) {
     qr_msg_get_shard(&r, &s);
     assert_false(r.bad);
     assert_int_equal(r.left, 0);
-    assert_true(m.phase == QR_CKPT_SNAPSHOT && m.id == 3 && m.step == 1200 && m.count == 0);
+    assert_true(m.phase == QR_CKPT_SNAPSHOT && m.id == 3 && m.step == 1200 && m.count == 0 &&
+                m.base == 2);
     assert_true(s.bytes == 1ull << 33 && s.crc32 == 0xdeadbeef && s.nvars == 4);
     qr_wbuf_free(&b);
 

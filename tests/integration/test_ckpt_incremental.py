@@ -1,0 +1,261 @@
+"""test_ckpt_incremental.py - incremental checkpoints end to end: real
+clusters (2 ps, 2 workers, sync, --init-tokens 0, so that runs of the same
+seed are equal bit for bit) train the click model wide-deep with admission
+and eviction on its embedding table and write checkpoints every 10 steps.
+Usage:
+    test_ckpt_incremental.py QUORUM_BINARY VENV_PYTHON READ_CHECKPOINT_PY equal|corrupt
+
+equal    run A writes chains (--checkpoint-full-every 4), run B only full
+         checkpoints (--checkpoint-full-every 1). A's last checkpoint is an
+         increment; read_checkpoint.py merges its chain into a full state
+         equal row for row (rows by id with their Adagrad slots and update
+         steps, admission counts, dense variables and slots, counters) to
+         B's full checkpoint of the same step, and `quorum ckpt verify`
+         accepts the merged folder. Ids the chain removed (evicted) and did
+         not make again are absent. Then both runs resume, A from its chain
+         and B from its full checkpoint: they end with the same
+         params_digest and the same final checkpoint, row for row. The
+         bytes of each incremental checkpoint and of the full one of the
+         same step are printed.
+corrupt  a chain with a byte of one increment's shard flipped: `quorum ckpt
+         verify` exits 1 naming that shard for it and the broken link for
+         each later one; a restart restores the newest restorable state, the
+         link before the damaged one (logged), not a partial chain;
+         read_checkpoint.py refuses the damaged chain. Then a link removed:
+         the same fallback, naming the missing checkpoint."""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from qrtest import Proc, last_json
+
+quorum, venv_python, reader, case = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+work = tempfile.mkdtemp(prefix="qr-incr-")
+EMB_OPTS = "embedding:optimizer=adagrad,lr=0.05,admit_after=2,evict_after_steps=8"
+
+
+def launch(ckpt, steps, full_every):
+    proc = Proc([quorum, "launch", "--ps", "2", "--workers", "2", "--mode", "sync",
+                 "--init-tokens", "0", "--data", data, "--model", "wide-deep", "--hidden", "16",
+                 "--optimizer", "adagrad", "--batch-size", "256", "--lr", "0.2", "--seed", "5",
+                 "--steps", str(steps), "--checkpoint-dir", ckpt, "--checkpoint-steps", "10",
+                 "--checkpoint-full-every", str(full_every), "--var-opt", EMB_OPTS, "--json",
+                 "--quiet"])
+    rc, out, err = proc.wait(timeout=300)
+    assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
+    return last_json(out), err
+
+
+def manifest(folder):
+    with open(os.path.join(folder, "manifest.json")) as f:
+        return json.load(f)
+
+
+def folders(ckpt):
+    return sorted(glob.glob(os.path.join(ckpt, "ckpt-*")))
+
+
+def verify(ckpt):
+    r = subprocess.run([quorum, "ckpt", "verify", ckpt], capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+# Two full checkpoint folders, compared row for row by the safetensors
+# library: every tensor of every shard, a table's rows (and per-row slots
+# and update steps) matched by id, its admission candidates by id.
+COMPARE = r'''
+import json, sys, numpy as np
+from safetensors import safe_open
+from safetensors.numpy import load_file
+a_dir, b_dir = sys.argv[1], sys.argv[2]
+checked = 0
+for k in range(2):
+    name = "shard-%05d-of-00002.safetensors" % k
+    a, b = load_file(a_dir + "/" + name), load_file(b_dir + "/" + name)
+    with safe_open(a_dir + "/" + name, "np") as f:
+        recs = json.loads(f.metadata()["quorum.variables"])
+    per_row, cands = set(), set()
+    for r in recs:
+        if "table" in r:
+            n = r["name"]
+            rows = [n] + [s for s in r["slots"] if a[s].ndim == 2] + [n + "/update_steps"]
+            oa, ob = np.argsort(a[n + "/ids"]), np.argsort(b[n + "/ids"])
+            assert np.array_equal(a[n + "/ids"][oa], b[n + "/ids"][ob]), "table %s: ids" % n
+            for t in rows:
+                if t in a or t in b:
+                    assert np.array_equal(a[t][oa], b[t][ob]), "table %s: %s differs" % (n, t)
+                    per_row.add(t)
+            ca, cb = a.get(n + "/admission_ids"), b.get(n + "/admission_ids")
+            if ca is not None or cb is not None:
+                pa, pb = np.argsort(ca), np.argsort(cb)
+                assert np.array_equal(ca[pa], cb[pb]), "table %s: other candidates" % n
+                assert np.array_equal(a[n + "/admission_counts"][pa],
+                                      b[n + "/admission_counts"][pb]), "%s: counts" % n
+                cands |= {n + "/admission_ids", n + "/admission_counts"}
+            per_row.add(n + "/ids")
+            checked += len(oa)
+    assert set(a) == set(b) - {t for t in b if t.endswith("/removed_ids")}, \
+        (sorted(set(a) ^ set(b)))
+    for t in a:
+        if t in per_row or t in cands:
+            continue
+        assert a[t].dtype == b[t].dtype and np.array_equal(a[t], b[t]), "%s differs" % t
+print(json.dumps({"rows": checked}))
+'''
+
+
+def same_state(a_dir, b_dir):
+    r = subprocess.run([venv_python, "-c", COMPARE, a_dir, b_dir], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, "%s and %s differ:\n%s" % (a_dir, b_dir, r.stdout + r.stderr)
+    return json.loads(r.stdout.strip().splitlines()[-1])["rows"]
+
+
+def removed_ids(folder):
+    """The ids increment `folder` lists as removed and does not make again."""
+    r = subprocess.run([venv_python, "-c", r'''
+import json, sys
+from safetensors.numpy import load_file
+gone = set()
+for k in range(2):
+    t = load_file(sys.argv[1] + "/shard-%05d-of-00002.safetensors" % k)
+    gone |= set(t["embedding/removed_ids"].tolist()) - set(t["embedding/ids"].tolist())
+print(json.dumps(sorted(gone)))
+''', folder], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return set(json.loads(r.stdout))
+
+
+def ids_in(folder):
+    r = subprocess.run([venv_python, "-c", r'''
+import json, sys
+from safetensors.numpy import load_file
+ids = set()
+for k in range(2):
+    t = load_file(sys.argv[1] + "/shard-%05d-of-00002.safetensors" % k)
+    ids |= set(t["embedding/ids"].tolist())
+print(json.dumps(sorted(ids)))
+''', folder], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return set(json.loads(r.stdout))
+
+
+def restored_step(err):
+    m = re.findall(r"ps 0 pid \d+\] info: restored .*\(global step (\d+)\)", err)
+    assert m, "no restore logged:\n" + err[-3000:]
+    return int(m[0])
+
+
+try:
+    data = os.path.join(work, "ctr")
+    subprocess.run([quorum, "gen-ctr", "--out", data, "--rows", "20000", "--fields", "8"],
+                   check=True, capture_output=True, text=True, timeout=120)
+    a, b = os.path.join(work, "A"), os.path.join(work, "B")
+
+    if case == "equal":
+        first_a, _ = launch(a, 60, 4)
+        first_b, _ = launch(b, 60, 1)
+        assert first_a["params_digest"] == first_b["params_digest"], (first_a, first_b)
+        tip = manifest(os.path.join(a, "ckpt-0000000060"))
+        assert tip["kind"] == "incremental" and tip["version"] == 3, tip
+        rc, out = verify(a)
+        assert rc == 0 and "incremental on step" in out, out
+        print(out.strip())
+        assert all(manifest(f)["kind"] == "full" for f in folders(b))
+        # ls and show say which kind, and an increment's base
+        r = subprocess.run([quorum, "ckpt", "ls", a], capture_output=True, text=True, timeout=60)
+        lines = {int(l.split()[0]): l for l in r.stdout.splitlines()[1:]}
+        assert "incr of %d" % tip["base_step"] in lines[60] and "full" in lines[10], r.stdout
+        r = subprocess.run([quorum, "ckpt", "show", a], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and ("incremental: base step %d" % tip["base_step"]) in \
+            r.stdout.splitlines()[0], r.stdout[:2000]
+        # bytes written: each increment beside the full one of the same step
+        for f in folders(a):
+            m = manifest(f)
+            full = os.path.join(b, os.path.basename(f))
+            if m["kind"] == "incremental" and os.path.exists(full):
+                fb = sum(s["bytes"] for s in manifest(full)["shards"])
+                ib = sum(s["bytes"] for s in m["shards"])
+                print("step %d: incremental %d bytes, full %d bytes: %.2fx fewer"
+                      % (m["global_step"], ib, fb, fb / ib))
+        # read_checkpoint.py merges the chain: B's full state, row for row
+        merged = os.path.join(work, "M", "ckpt-0000000060")
+        r = subprocess.run([venv_python, reader, a, "--merge", merged], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "merged from the full checkpoint of step %d" % tip["full_step"] in r.stdout, \
+            r.stdout
+        rows = same_state(merged, os.path.join(b, "ckpt-0000000060"))
+        rc, out = verify(os.path.join(work, "M"))
+        assert rc == 0, out
+        print("ok: the merged chain equals the full checkpoint, %d rows compared" % rows)
+        # ids the last increment removed (evicted) stay removed
+        gone = removed_ids(os.path.join(a, "ckpt-0000000060"))
+        assert gone, "no id was evicted in the last interval: the test does not test removal"
+        assert not gone & ids_in(merged), "a removed id came back"
+        print("ok: %d ids removed in the last interval stay removed" % len(gone))
+        # quorum's own restore: A from its chain, B from its full checkpoint
+        second_a, err_a = launch(a, 90, 4)
+        second_b, err_b = launch(b, 90, 1)
+        assert restored_step(err_a) == restored_step(err_b) == 60
+        assert re.search(r"increment\(s\) after step %d" % tip["full_step"], err_a), err_a[-3000:]
+        assert second_a["params_digest"] == second_b["params_digest"], (second_a, second_b)
+        # the first checkpoint after a restart is full: both are
+        for d in (a, b):
+            assert manifest(os.path.join(d, "ckpt-0000000070"))["kind"] == "full"
+        merged = os.path.join(work, "M", "ckpt-0000000090")
+        r = subprocess.run([venv_python, reader, os.path.join(a, "ckpt-0000000090"), "--merge",
+                            merged], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = same_state(merged, os.path.join(b, "ckpt-0000000090"))
+        print("PASS: restored from a chain == restored from a full checkpoint (digest %s, "
+              "%d rows at step 90)" % (second_a["params_digest"], rows))
+
+    elif case == "corrupt":
+        launch(a, 120, 20)
+        chain = folders(a)
+        kinds = [manifest(f)["kind"] for f in chain]
+        assert kinds[0] == "full" and all(k == "incremental" for k in kinds[1:]) \
+            and len(chain) >= 3, list(zip(chain, kinds))
+        spare = os.path.join(work, "A2")
+        shutil.copytree(a, spare)
+        damaged = chain[-2]  # the tip's base
+        shard = os.path.join(damaged, "shard-00001-of-00002.safetensors")
+        with open(shard, "r+b") as f:
+            f.seek(os.path.getsize(shard) - 5)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x40]))
+        rc, out = verify(a)
+        print(out.strip())
+        assert rc == 1, out
+        assert "%s: checkpoint shard '%s' has crc32" % (damaged, shard) in out, out
+        for later in chain[-1:]:
+            assert re.search(re.escape(later) + r": incremental checkpoint .*the link of step "
+                             + str(int(damaged[-10:])), out), out
+        for good in chain[:-2]:
+            assert good + ": ok" in out, out
+        r = subprocess.run([venv_python, reader, a], capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0 and "corrupt" in r.stdout + r.stderr, r.stdout + r.stderr
+        _, err = launch(a, 130, 20)
+        want = int(chain[-3][-10:])
+        assert restored_step(err) == want, err[-3000:]
+        assert "checkpoint skipped" in err and shard in err, err[-3000:]
+        print("ok: a damaged increment: verify names it, the restart restores step %d" % want)
+        # a missing link: the same fallback
+        shutil.rmtree(os.path.join(spare, os.path.basename(damaged)))
+        rc, out = verify(spare)
+        assert rc == 1 and "has no manifest.json" in out, out
+        _, err = launch(spare, 130, 20)
+        assert restored_step(err) == want, err[-3000:]
+        print("PASS: a damaged or missing link of a chain: verify fails, the restore falls back "
+              "to step %d, the newest whole chain" % want)
+finally:
+    shutil.rmtree(work, ignore_errors=True)
