@@ -619,8 +619,16 @@ static void test_increment_restore(void **state) {
     assert_true(row >= 0 && added); /* seen twice before: admitted */
     assert_int_equal(qr_table_sight(t, 5000, &row, &added), QR_OK);
     assert_int_equal(row, -1);
+    /* emb_bloom: an id sighted once, counted in the filter alone (the
+     * increment carries the filter whole) */
+    qr_table *tb = qr_store_get(&w->store, 5)->table;
+    uint8_t before[1000];
+    memcpy(before, tb->filter.counters, sizeof before);
+    assert_int_equal(qr_table_sight(tb, 7001, &row, &added), QR_OK);
+    assert_int_equal(row, -1);
+    assert_memory_not_equal(before, tb->filter.counters, sizeof before);
     write_shard_of(w, STEP, 2, 1, inc, sizeof inc, &inc_shard);
-    assert_int_equal(inc_shard.nvars, 3); /* not layer0/biases */
+    assert_int_equal(inc_shard.nvars, 4); /* the tables, always; not layer0/biases */
     assert_true(inc_shard.bytes < full_shard.bytes);
     printf("full shard %llu bytes, increment %llu bytes\n",
            (unsigned long long)full_shard.bytes, (unsigned long long)inc_shard.bytes);
