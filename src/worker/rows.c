@@ -89,6 +89,9 @@ static int lookup_reserve(qr_worker *w, uint64_t n, int64_t dim) {
     return QR_OK;
 }
 
+/* How many ids ahead the deduplication fetches a slot. */
+#define DEDUP_AHEAD 8
+
 /* The batch's distinct ids into k->uniq (first-seen order), which one
  * each id is into k->pos, each distinct id's ps into k->shard and how
  * many each ps has into k->start[p + 1]. Returns how many are distinct.
@@ -114,6 +117,13 @@ static uint64_t lookup_dedup(wk_lookup *k, int nps, int64_t n, const int64_t *id
          * These are the caller's own ids, not a stranger's, and a bad spread
          * would only cost time. */
         uint64_t at = ((uint64_t)id * 0x9e3779b97f4a7c15ull) >> shift;
+        /* The table (16 bytes a slot, 128 KiB for 4096 ids) outgrows L1:
+         * the slot of the id DEDUP_AHEAD places on is fetched while this
+         * one is probed (the probe's load was a third of the pull's time
+         * on the worker in `perf`, docs/EMBEDDINGS.md). */
+        if (i + DEDUP_AHEAD < n)
+            __builtin_prefetch(&k->table[((uint64_t)ids[i + DEDUP_AHEAD] * 0x9e3779b97f4a7c15ull) >>
+                                         shift]);
         wk_id_slot *s = &k->table[at];
         while (s->gen == gen && s->id != id) {
             at = (at + 1) & mask;
@@ -213,14 +223,24 @@ int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
 
 /* ---- rows added to the next push -------------------------------------------- */
 
+/* The split's own arrays, if it has them (not the sums lent, rows_split). */
+static void split_free(wk_rows *a) {
+    if (a->split_ids != a->ids) {
+        free(a->split_ids);
+        free(a->split_rows);
+    }
+    a->split_ids = NULL;
+    a->split_rows = NULL;
+    free(a->start);
+    a->start = NULL;
+}
+
 static void rows_free(wk_rows *a) {
     if (!a) return;
+    split_free(a);
     qr_idmap_free(&a->index);
     free(a->ids);
     free(a->sum);
-    free(a->split_ids);
-    free(a->split_rows);
-    free(a->start);
     free(a);
 }
 
@@ -277,6 +297,10 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
      * same order give the same sums. */
     for (int64_t i = 0; i < n; i++) {
         bool added;
+        /* The slot of an id DEDUP_AHEAD on is fetched while this one is
+         * probed (a stale guess after the index grows is only a hint). */
+        if (i + DEDUP_AHEAD < n)
+            __builtin_prefetch(a->index.slot + qr_idmap_home(&a->index, ids[i + DEDUP_AHEAD]));
         int64_t at = qr_idmap_insert(&a->index, a->ids, ids[i], (uint32_t)a->n, &added);
         if (at < 0) return QR_ENOMEM;
         float *dst = a->sum + (uint64_t)at * (uint64_t)dim;
@@ -284,7 +308,9 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
             a->ids[a->n++] = ids[i];
             memcpy(dst, rows + i * dim, (size_t)dim * sizeof *dst);
         } else {
-            for (int64_t d = 0; d < dim; d++) dst[d] += rows[i * dim + d];
+            /* The vectorised loop of a delta push: the same float sums
+             * (this one, with no restrict, compiled to scalar adds). */
+            qr_optim_add_delta(dst, dst, rows + i * dim, dim);
         }
     }
     return QR_OK;
@@ -302,23 +328,36 @@ static int row_place(const qr_worker *w, const wk_var *v, int64_t id, int64_t *i
     return v->parts[k].ps;
 }
 
-/* Split every variable's added rows by ps (once per push). */
+/* Split every variable's added rows by ps (once per push). Rows that all
+ * go to one ps under their own ids (always so with one ps) are sent from
+ * the sums themselves: no copy. */
 static int rows_split(qr_worker *w, wk_var *v) {
     wk_rows *a = v->added;
     int64_t dim = v->shape[v->ndim - 1];
-    free(a->split_ids);
-    free(a->split_rows);
-    free(a->start);
+    split_free(a);
+    a->start = qr__calloc((size_t)w->nps + 1, sizeof *a->start);
+    if (!a->start) return qr__fail(QR_ENOMEM, "push: out of memory splitting the rows of '%s'",
+                                   v->name);
+    for (uint64_t i = 0; i < a->n; i++) a->start[row_place(w, v, a->ids[i], NULL) + 1]++;
+    int used = 0;
+    for (int p = 0; p < w->nps; p++) used += a->start[p + 1] > 0;
+    for (int p = 0; p < w->nps; p++) a->start[p + 1] += a->start[p];
+    if (used <= 1 && (v->table || v->nparts <= 1)) {
+        a->split_ids = a->ids;
+        a->split_rows = a->sum;
+        return QR_OK;
+    }
     a->split_ids = malloc(QR_MAX(a->n, 1) * sizeof *a->split_ids);
     a->split_rows = malloc(QR_MAX(a->n, 1) * (uint64_t)dim * sizeof *a->split_rows);
-    a->start = qr__calloc((size_t)w->nps + 1, sizeof *a->start);
     uint64_t *fill = qr__calloc((size_t)w->nps, sizeof *fill);
-    if (!a->split_ids || !a->split_rows || !a->start || !fill) {
+    if (!a->split_ids || !a->split_rows || !fill) {
         free(fill);
+        free(a->split_ids);
+        free(a->split_rows);
+        a->split_ids = NULL;
+        a->split_rows = NULL;
         return qr__fail(QR_ENOMEM, "push: out of memory splitting the rows of '%s'", v->name);
     }
-    for (uint64_t i = 0; i < a->n; i++) a->start[row_place(w, v, a->ids[i], NULL) + 1]++;
-    for (int p = 0; p < w->nps; p++) a->start[p + 1] += a->start[p];
     for (uint64_t i = 0; i < a->n; i++) {
         int64_t id;
         int p = row_place(w, v, a->ids[i], &id);
@@ -395,7 +434,6 @@ void wk_rows_clear(qr_worker *w) {
         if (!a) continue;
         qr_idmap_clear(&a->index);
         a->n = 0;
-        free(a->start);
-        a->start = NULL;
+        split_free(a);
     }
 }
