@@ -320,7 +320,7 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
  * table's id itself, a dense variable's row index within its shard. */
 static int row_place(const qr_worker *w, const wk_var *v, int64_t id, int64_t *id_there) {
     if (id_there) *id_there = id;
-    if (v->table) return qr_place_row(id, w->nps);
+    if (v->table) return w->nps > 1 ? qr_place_row(id, w->nps) : 0;
     int64_t dim = v->shape[v->ndim - 1], at = id * dim;
     int k = 0;
     while (k + 1 < v->nparts && at >= v->parts[k + 1].offset) k++;
