@@ -215,6 +215,13 @@ int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
     if (rc || direct) return rc;
     size_t row_bytes = (size_t)dim * sizeof(float);
     for (int64_t i = 0; i < n; i++) {
+        /* The rows come in any order of the scratch (L2 at best): the
+         * one DEDUP_AHEAD positions on is fetched while this is copied. */
+        if (i + DEDUP_AHEAD < n) {
+            uint64_t next = w->nps > 1 ? k->slot[k->pos[i + DEDUP_AHEAD]] : k->pos[i + DEDUP_AHEAD];
+            const char *row = (const char *)(k->rows + next * (uint64_t)dim);
+            for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
+        }
         uint64_t at = w->nps > 1 ? k->slot[k->pos[i]] : k->pos[i];
         memcpy(out + i * dim, k->rows + at * (uint64_t)dim, row_bytes);
     }
