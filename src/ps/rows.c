@@ -184,7 +184,7 @@ bool qr__rows_present_distinct(row_marks *m, const qr_table *t, const uint8_t *i
         prefetch_find(t, ids, k, n);
         int64_t id;
         memcpy(&id, ids + 8 * k, 8);
-        int64_t r = qr_table_find(t, id);
+        int64_t r = qr_idmap_find_from(&t->index, t->keys, id, qr_idmap_home(&t->index, id));
         if (r < 0) break;
         uint64_t *word = &m->bits[(uint64_t)r >> 6], bit = 1ull << (r & 63);
         if (*word & bit) break;
