@@ -38,6 +38,22 @@ static int grow(void **p, uint64_t *cap, uint64_t want, size_t elem) {
     return QR_OK;
 }
 
+/* The first slot of id in a table of 2^(64 - shift) slots. One multiply
+ * (Fibonacci hashing: the product's top bits pick the slot) spreads
+ * sequential ids, the usual vocabulary indices, evenly. These are the
+ * caller's own ids, not a stranger's, and a bad spread would only cost
+ * time. */
+static inline uint64_t id_slot(int64_t id, int shift) {
+    return ((uint64_t)id * 0x9e3779b97f4a7c15ull) >> shift;
+}
+
+/* 64 - log2(slots), slots a power of two. */
+static int slots_shift(uint64_t slots) {
+    int shift = 64;
+    while ((1ull << (64 - shift)) < slots) shift--;
+    return shift;
+}
+
 /* The slots of the id table a call with n ids uses: the fewest, a power
  * of two, that keep it at most half full, so that probe runs stay short. */
 static uint64_t table_slots(uint64_t n) {
@@ -106,24 +122,18 @@ static uint64_t lookup_dedup(wk_lookup *k, int nps, int64_t n, const int64_t *id
     }
     uint32_t gen = k->gen;
     uint64_t slots = table_slots((uint64_t)n), mask = slots - 1;
-    int shift = 64;
-    while ((1ull << (64 - shift)) < slots) shift--;
+    int shift = slots_shift(slots);
     memset(k->start, 0, ((size_t)nps + 1) * sizeof *k->start);
     uint64_t nu = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t id = ids[i];
-        /* One multiply (Fibonacci hashing: the product's top bits pick the
-         * slot) spreads sequential ids, the usual vocabulary indices, evenly.
-         * These are the caller's own ids, not a stranger's, and a bad spread
-         * would only cost time. */
-        uint64_t at = ((uint64_t)id * 0x9e3779b97f4a7c15ull) >> shift;
+        uint64_t at = id_slot(id, shift);
         /* The table (16 bytes a slot, 128 KiB for 4096 ids) outgrows L1:
          * the slot of the id DEDUP_AHEAD places on is fetched while this
          * one is probed (the probe's load was a third of the pull's time
          * on the worker in `perf`, docs/EMBEDDINGS.md). */
         if (i + DEDUP_AHEAD < n)
-            __builtin_prefetch(&k->table[((uint64_t)ids[i + DEDUP_AHEAD] * 0x9e3779b97f4a7c15ull) >>
-                                         shift]);
+            __builtin_prefetch(&k->table[id_slot(ids[i + DEDUP_AHEAD], shift)]);
         wk_id_slot *s = &k->table[at];
         while (s->gen == gen && s->id != id) {
             at = (at + 1) & mask;
@@ -245,7 +255,7 @@ static void split_free(wk_rows *a) {
 static void rows_free(wk_rows *a) {
     if (!a) return;
     split_free(a);
-    qr_idmap_free(&a->index);
+    free(a->table);
     free(a->ids);
     free(a->sum);
     free(a);
@@ -269,6 +279,33 @@ void wk_rows_free(qr_worker *w) {
     memset(k, 0, sizeof *k);
 }
 
+/* id's slot in a's table: its own, or the empty one it would take. */
+static wk_id_slot *rows_probe(const wk_rows *a, int64_t id) {
+    uint64_t mask = a->table_cap - 1, at = id_slot(id, a->table_shift);
+    wk_id_slot *s = &a->table[at];
+    while (s->gen == a->gen && s->id != id) s = &a->table[at = (at + 1) & mask];
+    return s;
+}
+
+/* Room in a's id table for `more` ids beyond those held, at most half
+ * full; a bigger table takes the ids held again. */
+static int rows_table_reserve(wk_rows *a, uint64_t more) {
+    if (a->n + more > 0x7fffffffull) /* a slot's place is 32 bits */
+        return qr__fail(QR_ENOMEM, "add_rows: more than 2^31 rows added before a push");
+    uint64_t slots = table_slots(a->n + more);
+    if (slots <= a->table_cap) return QR_OK;
+    wk_id_slot *table = qr__calloc((size_t)slots, sizeof *table);
+    if (!table) return QR_ENOMEM;
+    free(a->table);
+    a->table = table;
+    a->table_cap = slots;
+    a->table_shift = slots_shift(slots);
+    if (!a->gen) a->gen = 1; /* zeroed slots: gen 0 is no push's */
+    for (uint64_t i = 0; i < a->n; i++)
+        *rows_probe(a, a->ids[i]) = (wk_id_slot){.id = a->ids[i], .gen = a->gen, .at = (uint32_t)i};
+    return QR_OK;
+}
+
 int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
                        const float *rows) {
     int rc = check_table(w, "add_rows", var_id, n, ids, rows);
@@ -287,10 +324,8 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
         return qr__fail(QR_ENONFINITE, "add_rows: the rows for '%s' contain NaN or Inf",
                         v->name);
     wk_rows *a = v->added;
-    if (!a) {
-        a = v->added = qr__calloc(1, sizeof *a);
-        if (!a || qr_idmap_init(&a->index, (uint64_t)n)) return QR_ENOMEM;
-    }
+    if (!a && !(a = v->added = qr__calloc(1, sizeof *a))) return QR_ENOMEM;
+    if (rows_table_reserve(a, (uint64_t)n)) return QR_ENOMEM;
     if (a->n + (uint64_t)n > a->cap) {
         uint64_t cap = QR_MAX(a->n + (uint64_t)n, a->cap * 2);
         int64_t *ids2 = realloc(a->ids, cap * sizeof *ids2);
@@ -303,14 +338,14 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
     /* Duplicates summed in the order they come: the same rows added in the
      * same order give the same sums. */
     for (int64_t i = 0; i < n; i++) {
-        bool added;
         /* The slot of an id DEDUP_AHEAD on is fetched while this one is
-         * probed (a stale guess after the index grows is only a hint). */
+         * probed. */
         if (i + DEDUP_AHEAD < n)
-            __builtin_prefetch(a->index.slot + qr_idmap_home(&a->index, ids[i + DEDUP_AHEAD]));
-        int64_t at = qr_idmap_insert(&a->index, a->ids, ids[i], (uint32_t)a->n, &added);
-        if (at < 0) return QR_ENOMEM;
-        float *dst = a->sum + (uint64_t)at * (uint64_t)dim;
+            __builtin_prefetch(&a->table[id_slot(ids[i + DEDUP_AHEAD], a->table_shift)]);
+        wk_id_slot *s = rows_probe(a, ids[i]);
+        bool added = s->gen != a->gen;
+        if (added) *s = (wk_id_slot){.id = ids[i], .gen = a->gen, .at = (uint32_t)a->n};
+        float *dst = a->sum + (uint64_t)s->at * (uint64_t)dim;
         if (added) {
             a->ids[a->n++] = ids[i];
             memcpy(dst, rows + i * dim, (size_t)dim * sizeof *dst);
@@ -384,7 +419,7 @@ int wk_rows_prepare(qr_worker *w) {
          * none were added, so each ps holds every member's push of a step. */
         if (!v->added && v->table && w->sync) {
             v->added = qr__calloc(1, sizeof *v->added);
-            if (!v->added || qr_idmap_init(&v->added->index, 0)) return QR_ENOMEM;
+            if (!v->added) return QR_ENOMEM;
         }
         if (v->added && rows_split(w, v)) return QR_ENOMEM;
     }
@@ -439,7 +474,12 @@ void wk_rows_clear(qr_worker *w) {
     for (int i = 0; i < w->nvars; i++) {
         wk_rows *a = w->vars[i].added;
         if (!a) continue;
-        qr_idmap_clear(&a->index);
+        /* A new gen empties every slot; after 2^32 - 1 pushes the gens
+         * come round, and the slots are emptied this once. */
+        if (a->table && ++a->gen == 0) {
+            memset(a->table, 0, (size_t)a->table_cap * sizeof *a->table);
+            a->gen = 1;
+        }
         a->n = 0;
         split_free(a);
     }

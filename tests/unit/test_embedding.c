@@ -30,6 +30,7 @@
 #include "world_fixture.h"
 #include "common/init.h"
 #include "ps/rows.h"
+#include "worker/worker_internal.h"
 
 /* Rows of ids pulled with nps ps tasks, ids pulled in the given order. */
 static void pull_init_rows(int nps, const int64_t *ids, int n, float *out) {
@@ -132,6 +133,38 @@ static void test_async_push_existing_rows(void **state) {
     (void)state;
     push_existing_rows(1);
     push_existing_rows(2);
+}
+
+/* Rows added in several calls before one push are summed by id across
+ * the calls (the worker's id table grows and takes the ids held again),
+ * and the next push starts empty. */
+static void test_add_rows_across_calls(void **state) {
+    (void)state;
+    world s;
+    static const char *const opts[] = {"lr", "1", NULL};
+    world_start(&s, 2, 1, opts);
+    int t;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 1, "zeros", 1, "", &t), QR_OK);
+    world_init_all(&s);
+    assert_int_equal(qr_worker_add_rows(s.w[0], t, 2, (int64_t[]){5, 6}, (float[]){1, 2}), QR_OK);
+    int64_t ids[100];
+    float ones[100];
+    for (int i = 0; i < 100; i++) ids[i] = 99 - i, ones[i] = 1;
+    assert_int_equal(qr_worker_add_rows(s.w[0], t, 100, ids, ones), QR_OK);
+    /* One sum per id, 5 and 6 found again after the table grew (the ps
+     * would sum a duplicate again: only the count shows it). */
+    assert_int_equal(s.w[0]->vars[t].added->n, 100);
+    assert_int_equal(qr_worker_push(s.w[0], 0, NULL, NULL, 0, NULL), QR_OK);
+    assert_int_equal(qr_worker_add_rows(s.w[0], t, 1, (int64_t[]){5}, (float[]){1}), QR_OK);
+    assert_int_equal(qr_worker_push(s.w[0], 0, NULL, NULL, 0, NULL), QR_OK);
+    float got[100];
+    for (int i = 0; i < 100; i++) ids[i] = i;
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 100, ids, got, 0), QR_OK);
+    for (int i = 0; i < 100; i++) {
+        float want = i == 5 ? -3 : i == 6 ? -3 : -1;
+        assert_true(got[i] == want);
+    }
+    world_finish(&s);
 }
 
 /* The duplicate check of that path on a table alone: true only for ids
@@ -599,6 +632,7 @@ int main(void) {
         cmocka_unit_test(test_async_duplicates_summed),
         cmocka_unit_test(test_async_push_existing_rows),
         cmocka_unit_test(test_rows_present_distinct),
+        cmocka_unit_test(test_add_rows_across_calls),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_tensorflow_2_workers_sparse),
         cmocka_unit_test(test_table_sync_true_mean),
