@@ -63,6 +63,7 @@ typedef struct embed_opts {
     unsigned ops;       /* bit op: op_names[op] */
     bool json, quick;
     bool replicas;      /* --ps-replicas 2: a two-copy cluster beside */
+    unsigned sides;     /* --side: bit 0 the sparse calls, bit 1 the dense ones */
 } embed_opts;
 
 static double now_sec(void) {
@@ -75,7 +76,7 @@ static int usage(int status) {
     fprintf(status ? stderr : stdout,
             "usage: quorum bench embed [--seconds S] [--rounds R] [--dims D,..] [--ps N,..]\n"
             "                          [--ids zipf|uniform] [--ops OP,..] [--memory-rows N]\n"
-            "                          [--ps-replicas 2] [--quick] [--json]\n"
+            "                          [--ps-replicas 2] [--side sparse|dense] [--quick] [--json]\n"
             "  sparse pulls and pushes of a table's rows (dim 8, 64, 256; Zipf and uniform\n"
             "  ids; 1 and 2 ps) beside dense transfers of the same bytes, and a table's\n"
             "  memory per row\n"
@@ -89,6 +90,8 @@ static int usage(int status) {
             "  --ps-replicas 2   also the sparse calls of a cluster with two copies of every\n"
             "                    shard, alternated with one copy's: rows/s and the ratio\n"
             "                    (goal 0.85 or more); 2 ps only (--ps 1 is refused)\n"
+            "  --side sparse|dense  only the sparse calls or only the dense ones (no ratio):\n"
+            "                    for a profiler (perf record) to see one side alone\n"
             "  --quick           0.05 s a side, 200000 rows (a smoke test)\n"
             "  --json            one JSON object per point and one for the memory\n");
     return status;
@@ -335,7 +338,7 @@ static void teardown(cluster_run *c, calls *x) {
 /* Every op of one (nps, dim, ids) setting: NOPS points; with two_copies
  * also each sparse call on a cluster with --ps-replicas 2. */
 static int measure(int nps, int dim, bool zipf, const id_batches *ids, double seconds,
-                   int rounds, unsigned ops, bool two_copies, point out[NOPS]) {
+                   int rounds, unsigned ops, unsigned sides, bool two_copies, point out[NOPS]) {
     static const op_fn sparse[NOPS] = {sparse_pull, sparse_pull_distinct, sparse_push};
     static const op_fn dense[NOPS] = {dense_pull, dense_pull, dense_push};
     cluster_run c, c2;
@@ -349,8 +352,8 @@ static int measure(int nps, int dim, bool zipf, const id_batches *ids, double se
         if (!(ops >> op & 1)) continue;
         /* Alternated, best of the rounds: every side sees the same machine. */
         for (int round = 0; round < rounds && !rc; round++) {
-            double s = rate(&c, sparse[op], &x, seconds);
-            double d = rate(&c, dense[op], &x, seconds);
+            double s = sides & 1 ? rate(&c, sparse[op], &x, seconds) : 0;
+            double d = sides & 2 ? rate(&c, dense[op], &x, seconds) : 0;
             double s2 = two_copies ? rate(&c2, sparse[op], &x2, seconds) : 0;
             if (s < 0 || d < 0 || s2 < 0) rc = QR_EINTERNAL;
             p->calls_per_s = QR_MAX(p->calls_per_s, s);
@@ -395,6 +398,17 @@ static int measure_memory(int64_t rows, memory *m) {
 /* ---- the run --------------------------------------------------------------------------- */
 
 static void print_point(const point *p, bool json) {
+    if (!p->calls_per_s || !p->dense_calls_per_s) { /* --side: one side only */
+        const char *side = p->calls_per_s ? "sparse" : "dense";
+        double per_s = p->calls_per_s ? p->calls_per_s : p->dense_calls_per_s;
+        if (json)
+            printf("{\"kind\":\"%s\",\"side\":\"%s\",\"dim\":%d,\"nps\":%d,\"calls_per_s\":%.1f}\n",
+                   op_names[p->op], side, p->dim, p->nps, per_s);
+        else
+            printf("%-13s %4d %2d %s only: %.1f calls/s\n", op_names[p->op], p->dim, p->nps, side,
+                   per_s);
+        return;
+    }
     double bytes = p->distinct * p->dim * 4;
     double gbps = p->calls_per_s * bytes / 1e9, dense = p->dense_calls_per_s * bytes / 1e9;
     double rows_s = p->calls_per_s * p->distinct;
@@ -476,7 +490,7 @@ static const int ps_counts[MAX_PS] = {1, 2};
 
 int qr_bench_embed_main(int argc, char **argv) {
     embed_opts o = {.seconds = 0.5, .mem_rows = 10000000, .rounds = 2, .dims = 7, .nps = 3,
-                    .ids = 3, .ops = (1u << NOPS) - 1};
+                    .ids = 3, .ops = (1u << NOPS) - 1, .sides = 3};
     bool ps_given = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -491,6 +505,8 @@ int qr_bench_embed_main(int argc, char **argv) {
         else if (v && !strcmp(a, "--ops")) o.ops = parse_ops(v), i++;
         else if (v && !strcmp(a, "--ps-replicas") && (!strcmp(v, "1") || !strcmp(v, "2")))
             o.replicas = v[0] == '2', i++;
+        else if (v && !strcmp(a, "--side"))
+            o.sides = !strcmp(v, "sparse") ? 1 : !strcmp(v, "dense") ? 2 : 0, i++;
         else if (v && !strcmp(a, "--ids"))
             o.ids = !strcmp(v, "zipf") ? 2 : !strcmp(v, "uniform") ? 1 : 0, i++;
         else {
@@ -500,10 +516,10 @@ int qr_bench_embed_main(int argc, char **argv) {
     }
     if (o.seconds <= 0 || o.seconds > 60 || (o.mem_rows && o.mem_rows < 1000) ||
         o.mem_rows > 200000000 || o.rounds < 1 || o.rounds > 100 || !o.dims || !o.nps || !o.ids ||
-        !o.ops) {
+        !o.ops || !o.sides) {
         fprintf(stderr, "bench embed: --seconds 0..60, --rounds 1..100, --memory-rows 0 or "
                 "1000..200000000, --dims among 8,64,256, --ps among 1,2, --ids zipf or "
-                "uniform, --ops among pull,pull_distinct,push\n");
+                "uniform, --ops among pull,pull_distinct,push, --side sparse or dense\n");
         return 2;
     }
     /* Two copies need 2 ps (a shard's backup is on the other one). */
@@ -541,7 +557,7 @@ int qr_bench_embed_main(int argc, char **argv) {
                 if (!(o.nps >> c & 1) || !(o.dims >> d & 1)) continue;
                 point p[NOPS];
                 rc = measure(ps_counts[c], dims[d], z, &ids, o.seconds, o.rounds, o.ops,
-                             o.replicas, p);
+                             o.sides, o.replicas, p);
                 for (int k = 0; !rc && k < NOPS; k++) {
                     if (!(o.ops >> k & 1)) continue;
                     print_point(&p[k], o.json);

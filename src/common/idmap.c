@@ -48,12 +48,7 @@ void qr_idmap_clear(qr_idmap *m) {
 
 int64_t qr_idmap_find(const qr_idmap *m, const int64_t *keys, int64_t id) {
     if (!m->cap) return -1;
-    uint64_t mask = m->cap - 1;
-    for (uint64_t i = home(m, id);; i = (i + 1) & mask) {
-        uint32_t s = m->slot[i];
-        if (!s) return -1;
-        if (keys[s - 1] == id) return s - 1;
-    }
+    return qr_idmap_find_from(m, keys, id, home(m, id));
 }
 
 static int grow(qr_idmap *m, const int64_t *keys) {

@@ -53,6 +53,17 @@ static inline uint64_t qr_idmap_home(const qr_idmap *m, int64_t id) {
 
 /* The position of id (keys[pos] == id), or -1. */
 int64_t qr_idmap_find(const qr_idmap *m, const int64_t *keys, int64_t id);
+/* The same, probing from home = qr_idmap_home(m, id) computed by the
+ * caller (who prefetched that slot with it): inline, no second hash. */
+static inline int64_t qr_idmap_find_from(const qr_idmap *m, const int64_t *keys, int64_t id,
+                                         uint64_t home) {
+    uint64_t mask = m->cap - 1;
+    for (uint64_t i = home;; i = (i + 1) & mask) {
+        uint32_t s = m->slot[i];
+        if (!s) return -1;
+        if (keys[s - 1] == id) return s - 1;
+    }
+}
 
 /* The position of id if present (*added false); otherwise id is given
  * position `next` (*added true) and the caller must store keys[next] = id

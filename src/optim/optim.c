@@ -482,9 +482,30 @@ typedef struct rows_job {
     int64_t nrows, dim;
 } rows_job;
 
+/* The lines of n floats at p, fetched for writing. */
+static void prefetch_floats(const float *p, int64_t n) {
+    const char *at = (const char *)p, *end = (const char *)(p + n);
+    for (; at < end; at += 64) __builtin_prefetch(at, 1, 3);
+    __builtin_prefetch(end - 1, 1, 3); /* a row that starts mid-line */
+}
+
+/* How many rows ahead a row apply fetches its rows. */
+#define ROWS_AHEAD 4
+
 static void rows_range(const rows_job *j, int64_t lo, int64_t hi) {
     float *slot[QR_OPTIM_MAX_SLOTS];
     for (int64_t k = lo; k < hi; k++) {
+        /* Rows of an embedding table sit apart (ps/table.c): each kernel
+         * call would wait for its row's misses, so the rows ROWS_AHEAD on
+         * are fetched while this one is applied. Hints only: the values
+         * computed do not change. */
+        if (k + ROWS_AHEAD < hi) {
+            int64_t a = k + ROWS_AHEAD;
+            prefetch_floats(j->var_rows[a], j->dim);
+            prefetch_floats(j->grad_rows[a], j->dim);
+            for (int q = 0; q < j->nrow_slots; q++)
+                prefetch_floats(j->slot_rows[q * j->nrows + a], j->dim);
+        }
         for (int q = 0; q < j->nrow_slots; q++) slot[q] = j->slot_rows[q * j->nrows + k];
         run_kernel(j->c, j->kernel, j->var_rows[k], slot, j->nrow_slots, j->grad_rows[k], j->dim);
     }

@@ -68,6 +68,7 @@
  *   metrics.c     Prometheus metrics: counters, and the page written on
  *                 the loop for the HTTP server's thread
  *   rows.c    sparse rows: a push's ids checked, summed by id and applied
+ *             (distinct ids of a table: applied from the payload itself)
  *             (async pushes, sync steps)
  *   store.c   the variables and their tensors
  *   table.c   an embedding table's shard: rows in an arena, a hash index
@@ -568,6 +569,9 @@ struct qr_ps {
     uint64_t handshakes_refused[QR_HS_REFUSAL_MAX + 1];
     qr_log_limit handshake_log;
     recv_pool recv_pool;
+    /* rows.c: a bit per table row, set while a push's rows are checked
+     * for duplicates (qr__rows_apply_push), clear between pushes */
+    row_marks row_marks;
     uint64_t mark;
     int64_t global_step;   /* meaningful on ps 0 */
     int64_t applied_steps; /* step pushes applied here: Adam's t */
@@ -727,6 +731,13 @@ int qr__rows_check(const qr_ps *ps, int shard, const push_item *it, char *msg, s
  * of t - 1 steps applied; or added as they are (delta). A table gets the
  * rows it lacks, initialized, first. */
 int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t, float pushed_lr);
+/* rows.c: one push's sparse item (n ids, read with memcpy, and n x dim
+ * floats) summed by id and applied as qr__rows_apply does. Ids all in a
+ * table already and all distinct (a worker's push: summed by id there)
+ * are applied from the payload itself, without the sum's copy and index;
+ * the result is the same bit for bit. */
+int qr__rows_apply_push(qr_ps *ps, qr_var *v, const uint8_t *ids, const float *rows, int64_t n,
+                        bool delta, int64_t t, float pushed_lr);
 
 /* lookup.c: LOOKUP, the rows of an embedding table. */
 #define QR_LOOKUP_MAX_IDS (1 << 24)

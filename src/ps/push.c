@@ -299,13 +299,8 @@ static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     qr_var *v = it->var;
     /* as qr__rows_apply picks it, for the backup (replica.c) */
     it->applied_lr = it->lr >= 0 ? it->lr : qr__ps_lr(ps, v, qr__var_optim(ps, v), t - 1);
-    row_sum sum;
-    int rc = row_sum_init(&sum, v->shape[v->ndim - 1], (uint64_t)it->nrows);
-    if (!rc) rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows),
-                              it->nrows);
-    if (!rc) rc = qr__rows_apply(ps, v, &sum, delta, t, it->lr);
-    row_sum_free(&sum);
-    return rc;
+    return qr__rows_apply_push(ps, v, it->data, (const float *)(it->data + 8 * it->nrows),
+                               it->nrows, delta, t, it->lr);
 }
 
 /* A dense gradient or delta (or a non-trainable variable's new value),

@@ -810,16 +810,12 @@ static int apply_item(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     qr_var *v = it->var;
     if (it->dtype == QR_REPL_LOOKUP) return sight(ps, v, it, t);
     if (it->nrows >= 0) {
-        row_sum sum;
-        int rc = row_sum_init(&sum, v->shape[v->ndim - 1], (uint64_t)it->nrows);
         /* The ps's own row counters count what it serves, not its copies. */
         uint64_t added = ps->metrics.rows_added, pushed = ps->metrics.rows_pushed;
-        if (!rc) rc = row_sum_add(&sum, it->data, (const float *)(it->data + 8 * it->nrows),
-                                  it->nrows);
-        if (!rc) rc = qr__rows_apply(ps, v, &sum, delta, t, it->lr);
+        int rc = qr__rows_apply_push(ps, v, it->data, (const float *)(it->data + 8 * it->nrows),
+                                     it->nrows, delta, t, it->lr);
         ps->metrics.rows_added = added;
         ps->metrics.rows_pushed = pushed;
-        row_sum_free(&sum);
         if (!rc) v->version++;
         return rc;
     }

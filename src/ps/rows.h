@@ -2,13 +2,15 @@
  * rows.h - sparse rows gathered from one push or from the members of a
  * sync step: duplicate ids summed (in the order they come, so the result
  * does not depend on anything but that order), then applied to a table or
- * to the rows of a dense variable.
+ * to the rows of a dense variable. A push whose ids are distinct rows of a
+ * table already skips the sum (row_marks).
  */
 #ifndef QR_PS_ROWS_H
 #define QR_PS_ROWS_H
 
 #include "common/idmap.h"
 #include "ps/store.h"
+#include "ps/table.h"
 
 typedef struct row_sum {
     int64_t dim;
@@ -20,6 +22,20 @@ typedef struct row_sum {
     uint64_t n, cap;
     uint32_t sources; /* calls to row_sum_add */
 } row_sum;
+
+/* A bit per row of a table, all clear between uses: what finds a push's
+ * duplicate ids without an index of its own (qr__rows_present_distinct). */
+typedef struct row_marks {
+    uint64_t *bits;
+    uint64_t nbits;
+} row_marks;
+
+/* Are the n ids (read with memcpy) all rows of t already, each once?
+ * Found with their cache misses overlapped; a duplicate shows as a row
+ * whose mark is set already. The marks it sets are cleared before it
+ * returns. False too when memory for the marks ran out. */
+bool qr__rows_present_distinct(row_marks *m, const qr_table *t, const uint8_t *ids, uint64_t n);
+void qr__row_marks_free(row_marks *m);
 
 int row_sum_init(row_sum *s, int64_t dim, uint64_t expected);
 void row_sum_free(row_sum *s);

@@ -571,6 +571,7 @@ static void free_run(qr_ps *ps) {
     qr__links_free(ps);
     qr__replica_free(ps);
     qr__recv_pool_free(&ps->recv_pool);
+    qr__row_marks_free(&ps->row_marks);
     qr__ckpt_free(ps);
     qr__liveness_free(ps);
     qr__metrics_free(ps);

@@ -258,14 +258,16 @@ int qr_table_lookup(qr_table *t, int64_t n, const int64_t *ids, bool read_only, 
                     uint64_t *added) {
     size_t row_bytes = (size_t)t->dim * sizeof(float);
     uint64_t home[RING];
+    int home_shift[RING]; /* the index's shift when home was taken */
     int64_t rows[RING];
     *added = 0;
     for (int64_t i = 0; i < n + 3 * AHEAD; i++) {
-        /* The prefetches are hints: the find probes as usual (a sighting
-         * may grow the index, which moves every slot; a stale home is
-         * still inside the bigger index). */
+        /* A sighting may grow the index, which moves every slot: a home
+         * taken before is then only a hint (still inside the bigger
+         * index), and the find hashes again. */
         if (i < n) {
             home[i % RING] = qr_idmap_home(&t->index, ids[i]);
+            home_shift[i % RING] = t->index.shift;
             __builtin_prefetch(t->index.slot + home[i % RING], 0, 3);
         }
         int64_t k = i - AHEAD;
@@ -277,8 +279,14 @@ int qr_table_lookup(qr_table *t, int64_t n, const int64_t *ids, bool read_only, 
         if (k >= 0 && k < n) {
             bool add = false;
             int64_t *r = &rows[k % RING];
-            if (read_only) *r = qr_table_find(t, ids[k]);
-            else if (qr_table_sight(t, ids[k], r, &add)) return QR_ENOMEM;
+            /* Found inline from its home (no second hash, no call): the
+             * usual case of a warm table. A sighting of an id found
+             * changes nothing, so only a miss goes through
+             * qr_table_sight (admission, a new row). */
+            uint64_t h = home_shift[k % RING] == t->index.shift
+                             ? home[k % RING] : qr_idmap_home(&t->index, ids[k]);
+            *r = qr_idmap_find_from(&t->index, t->keys, ids[k], h);
+            if (*r < 0 && !read_only && qr_table_sight(t, ids[k], r, &add)) return QR_ENOMEM;
             *added += add;
             if (*r >= 0) prefetch_row(qr_table_row(t, (uint64_t)*r), t->dim);
         }

@@ -108,6 +108,19 @@ static inline float *qr_table_row(const qr_table *t, uint64_t r) {
     return t->chunks[r >> t->chunk_shift] + (r & mask) * (uint64_t)t->stride;
 }
 
+/* Hints for a caller that finds many ids in turn (a push's rows,
+ * ps/rows.c): fetch id's index slot some ids before its find, then, once
+ * that slot is in cache, the id it points to, so that the find itself
+ * hits cache (the three dependent misses qr_table_lookup overlaps). */
+static inline void qr_table_prefetch_slot(const qr_table *t, int64_t id) {
+    if (t->index.cap) __builtin_prefetch(t->index.slot + qr_idmap_home(&t->index, id), 0, 3);
+}
+static inline void qr_table_prefetch_key(const qr_table *t, int64_t id) {
+    if (!t->index.cap) return;
+    uint32_t s = t->index.slot[qr_idmap_home(&t->index, id)];
+    if (s) __builtin_prefetch(t->keys + s - 1, 0, 3);
+}
+
 /* A lookup that may make a row: the row of id as qr_table_get_or_add,
  * but under admission one is made only at the id's admit_after-th
  * sighting; until then *row is -1 (read its initial value). QR_ENOMEM if

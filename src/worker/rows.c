@@ -38,6 +38,22 @@ static int grow(void **p, uint64_t *cap, uint64_t want, size_t elem) {
     return QR_OK;
 }
 
+/* The first slot of id in a table of 2^(64 - shift) slots. One multiply
+ * (Fibonacci hashing: the product's top bits pick the slot) spreads
+ * sequential ids, the usual vocabulary indices, evenly. These are the
+ * caller's own ids, not a stranger's, and a bad spread would only cost
+ * time. */
+static inline uint64_t id_slot(int64_t id, int shift) {
+    return ((uint64_t)id * 0x9e3779b97f4a7c15ull) >> shift;
+}
+
+/* 64 - log2(slots), slots a power of two. */
+static int slots_shift(uint64_t slots) {
+    int shift = 64;
+    while ((1ull << (64 - shift)) < slots) shift--;
+    return shift;
+}
+
 /* The slots of the id table a call with n ids uses: the fewest, a power
  * of two, that keep it at most half full, so that probe runs stay short. */
 static uint64_t table_slots(uint64_t n) {
@@ -89,6 +105,9 @@ static int lookup_reserve(qr_worker *w, uint64_t n, int64_t dim) {
     return QR_OK;
 }
 
+/* How many ids ahead the deduplication fetches a slot. */
+#define DEDUP_AHEAD 8
+
 /* The batch's distinct ids into k->uniq (first-seen order), which one
  * each id is into k->pos, each distinct id's ps into k->shard and how
  * many each ps has into k->start[p + 1]. Returns how many are distinct.
@@ -103,17 +122,18 @@ static uint64_t lookup_dedup(wk_lookup *k, int nps, int64_t n, const int64_t *id
     }
     uint32_t gen = k->gen;
     uint64_t slots = table_slots((uint64_t)n), mask = slots - 1;
-    int shift = 64;
-    while ((1ull << (64 - shift)) < slots) shift--;
+    int shift = slots_shift(slots);
     memset(k->start, 0, ((size_t)nps + 1) * sizeof *k->start);
     uint64_t nu = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t id = ids[i];
-        /* One multiply (Fibonacci hashing: the product's top bits pick the
-         * slot) spreads sequential ids, the usual vocabulary indices, evenly.
-         * These are the caller's own ids, not a stranger's, and a bad spread
-         * would only cost time. */
-        uint64_t at = ((uint64_t)id * 0x9e3779b97f4a7c15ull) >> shift;
+        uint64_t at = id_slot(id, shift);
+        /* The table (16 bytes a slot, 128 KiB for 4096 ids) outgrows L1:
+         * the slot of the id DEDUP_AHEAD places on is fetched while this
+         * one is probed (the probe's load was a third of the pull's time
+         * on the worker in `perf`, docs/EMBEDDINGS.md). */
+        if (i + DEDUP_AHEAD < n)
+            __builtin_prefetch(&k->table[id_slot(ids[i + DEDUP_AHEAD], shift)]);
         wk_id_slot *s = &k->table[at];
         while (s->gen == gen && s->id != id) {
             at = (at + 1) & mask;
@@ -205,6 +225,13 @@ int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
     if (rc || direct) return rc;
     size_t row_bytes = (size_t)dim * sizeof(float);
     for (int64_t i = 0; i < n; i++) {
+        /* The rows come in any order of the scratch (L2 at best): the
+         * one DEDUP_AHEAD positions on is fetched while this is copied. */
+        if (i + DEDUP_AHEAD < n) {
+            uint64_t next = w->nps > 1 ? k->slot[k->pos[i + DEDUP_AHEAD]] : k->pos[i + DEDUP_AHEAD];
+            const char *row = (const char *)(k->rows + next * (uint64_t)dim);
+            for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b);
+        }
         uint64_t at = w->nps > 1 ? k->slot[k->pos[i]] : k->pos[i];
         memcpy(out + i * dim, k->rows + at * (uint64_t)dim, row_bytes);
     }
@@ -213,14 +240,24 @@ int qr_worker_pull_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
 
 /* ---- rows added to the next push -------------------------------------------- */
 
+/* The split's own arrays, if it has them (not the sums lent, rows_split). */
+static void split_free(wk_rows *a) {
+    if (a->split_ids != a->ids) {
+        free(a->split_ids);
+        free(a->split_rows);
+    }
+    a->split_ids = NULL;
+    a->split_rows = NULL;
+    free(a->start);
+    a->start = NULL;
+}
+
 static void rows_free(wk_rows *a) {
     if (!a) return;
-    qr_idmap_free(&a->index);
+    split_free(a);
+    free(a->table);
     free(a->ids);
     free(a->sum);
-    free(a->split_ids);
-    free(a->split_rows);
-    free(a->start);
     free(a);
 }
 
@@ -242,6 +279,33 @@ void wk_rows_free(qr_worker *w) {
     memset(k, 0, sizeof *k);
 }
 
+/* id's slot in a's table: its own, or the empty one it would take. */
+static wk_id_slot *rows_probe(const wk_rows *a, int64_t id) {
+    uint64_t mask = a->table_cap - 1, at = id_slot(id, a->table_shift);
+    wk_id_slot *s = &a->table[at];
+    while (s->gen == a->gen && s->id != id) s = &a->table[at = (at + 1) & mask];
+    return s;
+}
+
+/* Room in a's id table for `more` ids beyond those held, at most half
+ * full; a bigger table takes the ids held again. */
+static int rows_table_reserve(wk_rows *a, uint64_t more) {
+    if (a->n + more > 0x7fffffffull) /* a slot's place is 32 bits */
+        return qr__fail(QR_ENOMEM, "add_rows: more than 2^31 rows added before a push");
+    uint64_t slots = table_slots(a->n + more);
+    if (slots <= a->table_cap) return QR_OK;
+    wk_id_slot *table = qr__calloc((size_t)slots, sizeof *table);
+    if (!table) return QR_ENOMEM;
+    free(a->table);
+    a->table = table;
+    a->table_cap = slots;
+    a->table_shift = slots_shift(slots);
+    if (!a->gen) a->gen = 1; /* zeroed slots: gen 0 is no push's */
+    for (uint64_t i = 0; i < a->n; i++)
+        *rows_probe(a, a->ids[i]) = (wk_id_slot){.id = a->ids[i], .gen = a->gen, .at = (uint32_t)i};
+    return QR_OK;
+}
+
 int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
                        const float *rows) {
     int rc = check_table(w, "add_rows", var_id, n, ids, rows);
@@ -260,10 +324,8 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
         return qr__fail(QR_ENONFINITE, "add_rows: the rows for '%s' contain NaN or Inf",
                         v->name);
     wk_rows *a = v->added;
-    if (!a) {
-        a = v->added = qr__calloc(1, sizeof *a);
-        if (!a || qr_idmap_init(&a->index, (uint64_t)n)) return QR_ENOMEM;
-    }
+    if (!a && !(a = v->added = qr__calloc(1, sizeof *a))) return QR_ENOMEM;
+    if (rows_table_reserve(a, (uint64_t)n)) return QR_ENOMEM;
     if (a->n + (uint64_t)n > a->cap) {
         uint64_t cap = QR_MAX(a->n + (uint64_t)n, a->cap * 2);
         int64_t *ids2 = realloc(a->ids, cap * sizeof *ids2);
@@ -276,15 +338,21 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
     /* Duplicates summed in the order they come: the same rows added in the
      * same order give the same sums. */
     for (int64_t i = 0; i < n; i++) {
-        bool added;
-        int64_t at = qr_idmap_insert(&a->index, a->ids, ids[i], (uint32_t)a->n, &added);
-        if (at < 0) return QR_ENOMEM;
-        float *dst = a->sum + (uint64_t)at * (uint64_t)dim;
+        /* The slot of an id DEDUP_AHEAD on is fetched while this one is
+         * probed. */
+        if (i + DEDUP_AHEAD < n)
+            __builtin_prefetch(&a->table[id_slot(ids[i + DEDUP_AHEAD], a->table_shift)]);
+        wk_id_slot *s = rows_probe(a, ids[i]);
+        bool added = s->gen != a->gen;
+        if (added) *s = (wk_id_slot){.id = ids[i], .gen = a->gen, .at = (uint32_t)a->n};
+        float *dst = a->sum + (uint64_t)s->at * (uint64_t)dim;
         if (added) {
             a->ids[a->n++] = ids[i];
             memcpy(dst, rows + i * dim, (size_t)dim * sizeof *dst);
         } else {
-            for (int64_t d = 0; d < dim; d++) dst[d] += rows[i * dim + d];
+            /* The vectorised loop of a delta push: the same float sums
+             * (this one, with no restrict, compiled to scalar adds). */
+            qr_optim_add_delta(dst, dst, rows + i * dim, dim);
         }
     }
     return QR_OK;
@@ -294,7 +362,7 @@ int qr_worker_add_rows(qr_worker *w, int var_id, int64_t n, const int64_t *ids,
  * table's id itself, a dense variable's row index within its shard. */
 static int row_place(const qr_worker *w, const wk_var *v, int64_t id, int64_t *id_there) {
     if (id_there) *id_there = id;
-    if (v->table) return qr_place_row(id, w->nps);
+    if (v->table) return w->nps > 1 ? qr_place_row(id, w->nps) : 0;
     int64_t dim = v->shape[v->ndim - 1], at = id * dim;
     int k = 0;
     while (k + 1 < v->nparts && at >= v->parts[k + 1].offset) k++;
@@ -302,23 +370,36 @@ static int row_place(const qr_worker *w, const wk_var *v, int64_t id, int64_t *i
     return v->parts[k].ps;
 }
 
-/* Split every variable's added rows by ps (once per push). */
+/* Split every variable's added rows by ps (once per push). Rows that all
+ * go to one ps under their own ids (always so with one ps) are sent from
+ * the sums themselves: no copy. */
 static int rows_split(qr_worker *w, wk_var *v) {
     wk_rows *a = v->added;
     int64_t dim = v->shape[v->ndim - 1];
-    free(a->split_ids);
-    free(a->split_rows);
-    free(a->start);
+    split_free(a);
+    a->start = qr__calloc((size_t)w->nps + 1, sizeof *a->start);
+    if (!a->start) return qr__fail(QR_ENOMEM, "push: out of memory splitting the rows of '%s'",
+                                   v->name);
+    for (uint64_t i = 0; i < a->n; i++) a->start[row_place(w, v, a->ids[i], NULL) + 1]++;
+    int used = 0;
+    for (int p = 0; p < w->nps; p++) used += a->start[p + 1] > 0;
+    for (int p = 0; p < w->nps; p++) a->start[p + 1] += a->start[p];
+    if (used <= 1 && (v->table || v->nparts <= 1)) {
+        a->split_ids = a->ids;
+        a->split_rows = a->sum;
+        return QR_OK;
+    }
     a->split_ids = malloc(QR_MAX(a->n, 1) * sizeof *a->split_ids);
     a->split_rows = malloc(QR_MAX(a->n, 1) * (uint64_t)dim * sizeof *a->split_rows);
-    a->start = qr__calloc((size_t)w->nps + 1, sizeof *a->start);
     uint64_t *fill = qr__calloc((size_t)w->nps, sizeof *fill);
-    if (!a->split_ids || !a->split_rows || !a->start || !fill) {
+    if (!a->split_ids || !a->split_rows || !fill) {
         free(fill);
+        free(a->split_ids);
+        free(a->split_rows);
+        a->split_ids = NULL;
+        a->split_rows = NULL;
         return qr__fail(QR_ENOMEM, "push: out of memory splitting the rows of '%s'", v->name);
     }
-    for (uint64_t i = 0; i < a->n; i++) a->start[row_place(w, v, a->ids[i], NULL) + 1]++;
-    for (int p = 0; p < w->nps; p++) a->start[p + 1] += a->start[p];
     for (uint64_t i = 0; i < a->n; i++) {
         int64_t id;
         int p = row_place(w, v, a->ids[i], &id);
@@ -338,7 +419,7 @@ int wk_rows_prepare(qr_worker *w) {
          * none were added, so each ps holds every member's push of a step. */
         if (!v->added && v->table && w->sync) {
             v->added = qr__calloc(1, sizeof *v->added);
-            if (!v->added || qr_idmap_init(&v->added->index, 0)) return QR_ENOMEM;
+            if (!v->added) return QR_ENOMEM;
         }
         if (v->added && rows_split(w, v)) return QR_ENOMEM;
     }
@@ -393,9 +474,13 @@ void wk_rows_clear(qr_worker *w) {
     for (int i = 0; i < w->nvars; i++) {
         wk_rows *a = w->vars[i].added;
         if (!a) continue;
-        qr_idmap_clear(&a->index);
+        /* A new gen empties every slot; after 2^32 - 1 pushes the gens
+         * come round, and the slots are emptied this once. */
+        if (a->table && ++a->gen == 0) {
+            memset(a->table, 0, (size_t)a->table_cap * sizeof *a->table);
+            a->gen = 1;
+        }
         a->n = 0;
-        free(a->start);
-        a->start = NULL;
+        split_free(a);
     }
 }

@@ -84,10 +84,23 @@ typedef struct wk_var {
     struct wk_rows *added; /* rows added to the next push, or NULL */
 } wk_var;
 
+/* One slot of the id tables of qr_worker_pull_rows and qr_worker_add_rows.
+ * The id sits in the slot itself, so a probe reads one slot and nothing
+ * else (an idmap slot holds only a position, and the id is then read from
+ * a second array). */
+typedef struct wk_id_slot {
+    int64_t id;
+    uint32_t gen;      /* the call that filled it: other values mean empty */
+    uint32_t at;       /* which distinct id it is */
+} wk_id_slot;
+
 /* Sparse rows added to the next push for one variable, summed by id, and
  * at push time split by the ps each id goes to. */
 typedef struct wk_rows {
-    qr_idmap index;
+    wk_id_slot *table; /* id -> its place in ids and sum: at most half full */
+    uint64_t table_cap;
+    int table_shift;   /* 64 - log2(table_cap) */
+    uint32_t gen;      /* the slots of this push's ids; other gens are empty */
     int64_t *ids;
     float *sum;        /* n x dim */
     uint64_t n, cap;
@@ -97,14 +110,6 @@ typedef struct wk_rows {
     uint64_t *start;   /* nps + 1 */
 } wk_rows;
 
-/* One slot of qr_worker_pull_rows's id table. The id sits in the slot
- * itself, so a probe reads one slot and nothing else (an idmap slot holds
- * only a position, and the id is then read from a second array). */
-typedef struct wk_id_slot {
-    int64_t id;
-    uint32_t gen;      /* the call that filled it: other values mean empty */
-    uint32_t at;       /* which distinct id it is */
-} wk_id_slot;
 
 /* The scratch of qr_worker_pull_rows, kept between calls (it grows to the
  * largest batch and stays): the batch's distinct ids, each id's place

@@ -3,7 +3,9 @@
  * against real ps tasks on threads (cluster_fixture.h):
  *   - a table's rows start from the seeded initializer of (seed, id), the
  *     same with 1 or 2 ps tasks and in any order of first pulls;
- *   - async sparse pushes: duplicate ids summed before the apply;
+ *   - async sparse pushes: duplicate ids summed before the apply; pushes
+ *     of distinct rows already made applied from the payload, with the
+ *     same values (and the duplicate check of that path, ps/rows.h);
  *   - TensorFlow's SyncReplicasOptimizer test with two workers, a dense
  *     and a sparse variable, R = N = 2 and R initial tokens
  *     (sync_replicas_optimizer_test.py, test2Workers), value by value;
@@ -29,6 +31,8 @@
 
 #include "world_fixture.h"
 #include "common/init.h"
+#include "ps/rows.h"
+#include "worker/worker_internal.h"
 
 /* Rows of ids pulled with nps ps tasks, ids pulled in the given order. */
 static void pull_init_rows(int nps, const int64_t *ids, int n, float *out) {
@@ -94,6 +98,106 @@ static void test_async_duplicates_summed(void **state) {
     const float *b = qr_worker_var_data(s.w[0], d);
     assert_true(b[0] == 0 && b[1] == 0 && b[2] == -1.0f);
     world_finish(&s);
+}
+
+/* Pushes to rows that exist, distinct ids (a worker's push: summed by id
+ * there) with 1 and 2 ps: the ps applies them from the payload, without
+ * summing (ps/rows.c); the values are those of the sum path, exactly. A
+ * push that makes a row (an absent id) takes the sum path in the same run. */
+static void push_existing_rows(int nps) {
+    world s;
+    static const char *const opts[] = {"lr", "0.5", NULL};
+    world_start(&s, nps, 1, opts);
+    int t;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 2, "constant:1", 1, "", &t), QR_OK);
+    world_init_all(&s);
+    int64_t ids[4] = {10, 11, 12, 13};
+    float rows[8];
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 4, ids, rows, 0), QR_OK); /* made */
+    float g[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    /* present and distinct: from the payload */
+    assert_int_equal(qr_worker_push_sparse(s.w[0], t, 4, ids, g, 0, NULL), QR_OK);
+    /* 13 twice (summed on the worker), 14 absent: the sum path */
+    int64_t more[4] = {13, 14, 10, 13};
+    float g2[8] = {1, 1, 2, 2, 4, 4, 8, 8};
+    assert_int_equal(qr_worker_push_sparse(s.w[0], t, 4, more, g2, 0, NULL), QR_OK);
+    int64_t q[5] = {10, 11, 12, 13, 14};
+    float got[10];
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 5, q, got, 0), QR_OK);
+    /* 10: 1 - 0.5 * (1, 2) - 0.5 * (4, 4); 11, 12: one push; 13: 1 - 0.5 *
+     * (7, 8) - 0.5 * (1 + 8, 1 + 8); 14: 1 - 0.5 * (2, 2). */
+    float want[10] = {-1.5f, -2, -0.5f, -1, -1.5f, -2, -7, -7.5f, 0, 0};
+    assert_memory_equal(got, want, sizeof want);
+    world_finish(&s);
+}
+
+static void test_async_push_existing_rows(void **state) {
+    (void)state;
+    push_existing_rows(1);
+    push_existing_rows(2);
+}
+
+/* Rows added in several calls before one push are summed by id across
+ * the calls (the worker's id table grows and takes the ids held again),
+ * and the next push starts empty. */
+static void test_add_rows_across_calls(void **state) {
+    (void)state;
+    world s;
+    static const char *const opts[] = {"lr", "1", NULL};
+    world_start(&s, 2, 1, opts);
+    int t;
+    assert_int_equal(qr_worker_declare_table(s.w[0], "emb", 1, "zeros", 1, "", &t), QR_OK);
+    world_init_all(&s);
+    assert_int_equal(qr_worker_add_rows(s.w[0], t, 2, (int64_t[]){5, 6}, (float[]){1, 2}), QR_OK);
+    int64_t ids[100];
+    float ones[100];
+    for (int i = 0; i < 100; i++) ids[i] = 99 - i, ones[i] = 1;
+    assert_int_equal(qr_worker_add_rows(s.w[0], t, 100, ids, ones), QR_OK);
+    /* One sum per id, 5 and 6 found again after the table grew (the ps
+     * would sum a duplicate again: only the count shows it). */
+    assert_int_equal(s.w[0]->vars[t].added->n, 100);
+    assert_int_equal(qr_worker_push(s.w[0], 0, NULL, NULL, 0, NULL), QR_OK);
+    assert_int_equal(qr_worker_add_rows(s.w[0], t, 1, (int64_t[]){5}, (float[]){1}), QR_OK);
+    assert_int_equal(qr_worker_push(s.w[0], 0, NULL, NULL, 0, NULL), QR_OK);
+    float got[100];
+    for (int i = 0; i < 100; i++) ids[i] = i;
+    assert_int_equal(qr_worker_pull_rows(s.w[0], t, 100, ids, got, 0), QR_OK);
+    for (int i = 0; i < 100; i++) {
+        float want = i == 5 ? -3 : i == 6 ? -3 : -1;
+        assert_true(got[i] == want);
+    }
+    world_finish(&s);
+}
+
+/* The duplicate check of that path on a table alone: true only for ids
+ * all present and each once, and every mark clear after each call. */
+static void test_rows_present_distinct(void **state) {
+    (void)state;
+    qr_table tab;
+    assert_int_equal(qr_table_init(&tab, 4, 0, NULL, "zeros", 1), QR_OK);
+    row_marks m = {0};
+    int64_t ids[300];
+    for (int i = 0; i < 300; i++) ids[i] = (int64_t)i * 7919 - 1000;
+    const uint8_t *raw = (const uint8_t *)ids;
+    assert_false(qr__rows_present_distinct(&m, &tab, raw, 3)); /* an empty table */
+    for (int i = 0; i < 200; i++) {
+        bool added;
+        assert_true(qr_table_get_or_add(&tab, ids[i], &added) == i);
+    }
+    assert_true(qr__rows_present_distinct(&m, &tab, raw, 200));
+    assert_false(qr__rows_present_distinct(&m, &tab, raw, 0));
+    assert_false(qr__rows_present_distinct(&m, &tab, raw, 201)); /* ids[200] absent */
+    int64_t dup[150];
+    memcpy(dup, ids, sizeof dup);
+    dup[149] = ids[3]; /* the last one a duplicate: found after 149 marks */
+    assert_false(qr__rows_present_distinct(&m, &tab, (const uint8_t *)dup, 150));
+    dup[149] = ids[149];
+    dup[0] = dup[1];
+    assert_false(qr__rows_present_distinct(&m, &tab, (const uint8_t *)dup, 150));
+    for (uint64_t w = 0; w < m.nbits / 64; w++) assert_true(m.bits[w] == 0);
+    assert_true(qr__rows_present_distinct(&m, &tab, raw + 8 * 50, 150));
+    qr__row_marks_free(&m);
+    qr_table_free(&tab);
 }
 
 static void test_bad_input(void **state) {
@@ -571,6 +675,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rows_start_from_seed_and_id),
         cmocka_unit_test(test_async_duplicates_summed),
+        cmocka_unit_test(test_async_push_existing_rows),
+        cmocka_unit_test(test_rows_present_distinct),
+        cmocka_unit_test(test_add_rows_across_calls),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_tensorflow_2_workers_sparse),
         cmocka_unit_test(test_table_sync_true_mean),
