@@ -26,6 +26,7 @@
  * metadata. The format reads the ps only through ckpt_shard_ctx.
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include "ckpt/ckpt.h"
 #include "cluster/placement.h"
@@ -148,12 +149,14 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
         add_tensor(j, counts, QR_DT_I64, 1, shape, e->table_policy[1]);
     }
     if (t->updated) {
-        uint64_t n = t->count;
+        uint64_t n = qr__tier_rows(t);
         e->table_policy[2] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         const char *name = job_name(j, "%s/%s", v->name, "update_steps");
         if (!e->table_policy[2] || !name)
             return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
-        if (n) memcpy(e->table_policy[2], t->updated, n * sizeof(int64_t));
+        if (t->count) memcpy(e->table_policy[2], t->updated, t->count * sizeof(int64_t));
+        int rc = qr__tier_copy_disk_rows(t, NULL, NULL, e->table_policy[2], t->count);
+        if (rc) return rc;
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
     }
@@ -165,7 +168,7 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v) {
  * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. */
 static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec) {
     const qr_table *t = v->table;
-    uint64_t n = t->count;
+    uint64_t n = qr__tier_rows(t); /* in memory, then on the disk tier (tier.c) */
     int64_t dim = t->dim;
     e->table_ids = malloc(QR_MAX(n, 1) * sizeof *e->table_ids);
     for (int s = 0; s <= t->nslots; s++)
@@ -174,18 +177,20 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec) {
         if (!e->table_rows[s]) e->table_ids = (free(e->table_ids), NULL);
     if (!e->table_ids) return qr__fail(QR_ENOMEM, "out of memory copying table '%s' (%llu rows) "
                                        "for a checkpoint", v->name, (unsigned long long)n);
-    if (n) memcpy(e->table_ids, t->keys, n * sizeof *e->table_ids);
-    for (uint64_t r = 0; r < n; r++) {
+    if (t->count) memcpy(e->table_ids, t->keys, t->count * sizeof *e->table_ids);
+    for (uint64_t r = 0; r < t->count; r++) {
         const float *row = qr_table_row(t, r);
         for (int s = 0; s <= t->nslots; s++)
             memcpy(e->table_rows[s] + r * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
     }
+    int rc = qr__tier_copy_disk_rows(t, e->table_ids, e->table_rows, NULL, t->count);
+    if (rc) return rc;
     int64_t shape[2] = {(int64_t)n, dim};
     add_tensor(j, v->name, QR_DT_F32, 2, shape, e->table_rows[0]);
     const char *ids = job_name(j, "%s/%s", v->name, "ids");
     if (!ids) return QR_ENOMEM;
     add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
-    int rc = snapshot_table_policy(j, e, v);
+    rc = snapshot_table_policy(j, e, v);
     if (rc) return rc;
     cJSON *tab = cJSON_AddObjectToObject(rec, "table");
     cJSON_AddNumberToObject(tab, "dim", (double)dim);
@@ -239,7 +244,7 @@ static int snapshot_var(ckpt_job *j, const ckpt_shard_ctx *c, qr_var *v, cJSON *
         if (!name) return QR_ENOMEM;
         /* Per-element slots have the variable's shape; scalar ones none. */
         if (v->table && s < v->table->nslots) {
-            int64_t shape[2] = {(int64_t)v->table->count, v->table->dim};
+            int64_t shape[2] = {(int64_t)qr__tier_rows(v->table), v->table->dim};
             add_tensor(j, name, QR_DT_F32, 2, shape, e->table_rows[1 + s]);
         } else if (n == v->n) add_tensor(j, name, QR_DT_F32, v->ndim, v->shape, data);
         else add_tensor(j, name, QR_DT_F32, 0, NULL, data);

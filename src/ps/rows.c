@@ -4,6 +4,7 @@
  * of a dense variable (async pushes and sync steps alike).
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include "cluster/placement.h"
 
@@ -100,6 +101,7 @@ int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t, floa
     float **slot_rows = var_rows ? var_rows + s->n : NULL;
     uint64_t added = 0, m = 0; /* m: the rows applied (admission drops some) */
     tab->clock = t;
+    if (!rc) rc = qr__tier_fault_in(ps, v, s->ids, (int64_t)s->n); /* rows on disk come back */
     for (uint64_t k = 0; k < s->n && !rc; k++) {
         bool add;
         int64_t r = qr_table_row_for_update(tab, s->ids[k], &add);

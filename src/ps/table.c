@@ -110,6 +110,18 @@ int64_t qr_table_get_or_add(qr_table *t, int64_t id, bool *added) {
     return r;
 }
 
+int64_t qr_table_add_uninit(qr_table *t, int64_t id) {
+    if (qr_table_find(t, id) >= 0) return -2;
+    if (reserve_row(t)) return -1;
+    bool added;
+    int64_t r = qr_idmap_insert(&t->index, t->keys, id, (uint32_t)t->count, &added);
+    if (r < 0) return -1;
+    t->keys[r] = id;
+    if (t->updated) t->updated[r] = t->clock;
+    t->count++;
+    return r;
+}
+
 void qr_table_remove(qr_table *t, uint64_t r) {
     uint64_t last = t->count - 1;
     qr_idmap_remove(&t->index, t->keys, t->keys[r], (int64_t)r, r == last ? -1 : (int64_t)last);
