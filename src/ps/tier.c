@@ -272,6 +272,12 @@ static int fetch(tier_table *tt, MDB_txn *txn, const int64_t *missing, uint64_t 
     return QR_OK;
 }
 
+/* LMDB's order of MDB_INTEGERKEY keys: unsigned. */
+static int by_id(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 /* The ids of a request missing from memory: those on disk come back and
  * colder rows make room for every missing one (the rest may become new
  * rows), in one write transaction. */
@@ -283,6 +289,8 @@ static int bring_back(ps_tier *tier, tier_table *tt, uint64_t nmiss) {
         tt->misses += nmiss;
         return QR_OK;
     }
+    /* In key order: each get then walks the B+tree near the last one. */
+    if (tt->disk_rows) qsort(tier->missing, nmiss, sizeof *tier->missing, by_id);
     MDB_txn *txn;
     int rc = mdb_txn_begin(tier->env, NULL, 0, &txn);
     if (rc) return lmdb_fail(rc, "beginning a transaction");
