@@ -65,6 +65,7 @@ typedef struct tier_table tier_table;
 typedef struct victim {
     tier_table *tt;
     uint64_t row;
+    int64_t id;
 } victim;
 
 typedef struct ps_tier {
@@ -74,8 +75,10 @@ typedef struct ps_tier {
     MDB_env *env;
     tier_table **tables;
     int ntables;
-    int64_t *missing;
+    int64_t *missing;            /* a request's ids not in memory */
     uint64_t missing_cap;
+    int64_t *rows;               /* a request's rows in memory (-1: missing) */
+    uint64_t rows_cap;
     victim *victims;
     uint64_t nvictims, victims_cap;
 } ps_tier;
@@ -164,23 +167,18 @@ static int attach(ps_tier *tier, qr_var *v) {
     return sync_marks(tt);
 }
 
-/* The row's record, written into the transaction. */
-static int write_row(MDB_txn *txn, tier_table *tt, uint64_t r) {
-    const qr_table *t = tt->var->table;
-    MDB_val key = {8, &t->keys[r]}, val = {record_bytes(t), NULL};
-    int rc = mdb_put(txn, tt->dbi, &key, &val, MDB_RESERVE);
-    if (rc) return lmdb_fail(rc, "writing a row");
-    memcpy(val.mv_data, qr_table_row(t, r), (size_t)t->stride * 4);
+/* Row r's record into dst. */
+static void fill_record(const qr_table *t, uint64_t r, void *dst) {
+    memcpy(dst, qr_table_row(t, r), (size_t)t->stride * 4);
     if (t->evict_after) {
         int64_t step = t->updated ? t->updated[r] : t->clock;
-        memcpy((char *)val.mv_data + (size_t)t->stride * 4, &step, 8);
+        memcpy((char *)dst + (size_t)t->stride * 4, &step, 8);
     }
-    return QR_OK;
 }
 
-/* CLOCK: rows of tt chosen to go out, written into txn, until *want
- * bytes are freed or every row left is protected. */
-static int choose_victims(ps_tier *tier, tier_table *tt, MDB_txn *txn, int64_t *want) {
+/* CLOCK: rows of tt chosen to go out, until *want bytes are freed or
+ * every row left is protected. */
+static int choose_victims(ps_tier *tier, tier_table *tt, int64_t *want) {
     const qr_table *t = tt->var->table;
     int64_t cost = (int64_t)row_cost(t);
     int rc = sync_marks(tt);
@@ -195,22 +193,54 @@ static int choose_victims(ps_tier *tier, tier_table *tt, MDB_txn *txn, int64_t *
         }
         rc = grow((void **)&tier->victims, &tier->victims_cap, tier->nvictims + 1,
                   sizeof *tier->victims);
-        if (!rc) rc = write_row(txn, tt, r);
         if (rc) break;
         tt->mark[r] = LEAVING;
-        tier->victims[tier->nvictims++] = (victim){tt, r};
+        tier->victims[tier->nvictims++] = (victim){tt, r, t->keys[r]};
         *want -= cost;
         passed = 0;
     }
     return rc;
 }
 
-/* Room for *want more bytes: tt's rows first, then the other tables'. */
+/* By table, then in LMDB's key order (unsigned). */
+static int by_table_then_id(const void *a, const void *b) {
+    const victim *x = a, *y = b;
+    if (x->tt != y->tt) return x->tt < y->tt ? -1 : 1;
+    return (uint64_t)x->id < (uint64_t)y->id ? -1 : (uint64_t)x->id > (uint64_t)y->id;
+}
+
+/* The victims' records into txn, in key order through one cursor a
+ * table: a put then finds its leaf near the last one. */
+static int write_victims(ps_tier *tier, MDB_txn *txn) {
+    qsort(tier->victims, tier->nvictims, sizeof *tier->victims, by_table_then_id);
+    MDB_cursor *cur = NULL;
+    const tier_table *open = NULL;
+    int rc = 0;
+    for (uint64_t k = 0; k < tier->nvictims && !rc; k++) {
+        victim *x = &tier->victims[k];
+        const qr_table *t = x->tt->var->table;
+        if (x->tt != open) {
+            if (cur) mdb_cursor_close(cur);
+            cur = NULL;
+            rc = mdb_cursor_open(txn, x->tt->dbi, &cur);
+            if (rc) break;
+            open = x->tt;
+        }
+        MDB_val key = {8, &x->id}, val = {record_bytes(t), NULL};
+        rc = mdb_cursor_put(cur, &key, &val, MDB_RESERVE);
+        if (!rc) fill_record(t, x->row, val.mv_data);
+    }
+    if (cur) mdb_cursor_close(cur);
+    return rc ? lmdb_fail(rc, "writing rows out") : QR_OK;
+}
+
+/* Room for want more bytes, written into txn: tt's rows first, then the
+ * other tables'. */
 static int make_room(ps_tier *tier, tier_table *tt, MDB_txn *txn, int64_t want) {
-    int rc = choose_victims(tier, tt, txn, &want);
+    int rc = choose_victims(tier, tt, &want);
     for (int i = 0; !rc && want > 0 && i < tier->ntables; i++)
-        if (tier->tables[i] != tt) rc = choose_victims(tier, tier->tables[i], txn, &want);
-    return rc;
+        if (tier->tables[i] != tt) rc = choose_victims(tier, tier->tables[i], &want);
+    return rc ? rc : write_victims(tier, txn);
 }
 
 /* By table, the highest rows first: a removal moves the table's last row
@@ -245,31 +275,50 @@ static void keep_victims(ps_tier *tier) {
 }
 
 /* The missing ids that are on disk come back (appended to the table, and
- * deleted from disk in txn); *found counts them. */
+ * deleted from disk in txn); *found counts them. One cursor, ids in key
+ * order: each search starts near the last. */
 static int fetch(tier_table *tt, MDB_txn *txn, const int64_t *missing, uint64_t nmiss,
                  uint64_t *found) {
     qr_table *t = tt->var->table;
     size_t bytes = record_bytes(t);
-    for (uint64_t k = 0; k < nmiss && tt->disk_rows > *found; k++) {
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, tt->dbi, &cur);
+    if (rc) return lmdb_fail(rc, "opening a cursor");
+    for (uint64_t k = 0; k < nmiss && tt->disk_rows > *found && !rc; k++) {
         int64_t id = missing[k];
         MDB_val key = {8, &id}, val;
-        int rc = mdb_get(txn, tt->dbi, &key, &val);
-        if (rc == MDB_NOTFOUND) continue;
-        if (rc) return lmdb_fail(rc, "reading a row");
-        if (val.mv_size != bytes)
-            return qr__fail(QR_EIO, "table disk tier: the record of id %lld in '%s' has %zu "
-                            "bytes, not %zu", (long long)id, tt->var->name, val.mv_size, bytes);
+        rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
+        if (rc == MDB_NOTFOUND) {
+            rc = 0;
+            continue;
+        }
+        if (rc) {
+            rc = lmdb_fail(rc, "reading a row");
+            break;
+        }
+        if (val.mv_size != bytes) {
+            rc = qr__fail(QR_EIO, "table disk tier: the record of id %lld in '%s' has %zu "
+                          "bytes, not %zu", (long long)id, tt->var->name, val.mv_size, bytes);
+            break;
+        }
         int64_t r = qr_table_add_uninit(t, id);
         if (r == -2) continue; /* an id twice in one request: back already */
-        if (r < 0) return QR_ENOMEM;
+        if (r < 0) {
+            rc = QR_ENOMEM;
+            break;
+        }
         memcpy(qr_table_row(t, (uint64_t)r), val.mv_data, (size_t)t->stride * 4);
         if (t->evict_after && t->updated)
             memcpy(&t->updated[r], (char *)val.mv_data + (size_t)t->stride * 4, 8);
-        rc = mdb_del(txn, tt->dbi, &key, NULL);
-        if (rc) return lmdb_fail(rc, "deleting a row brought back");
+        rc = mdb_cursor_del(cur, 0);
+        if (rc) {
+            rc = lmdb_fail(rc, "deleting a row brought back");
+            break;
+        }
         (*found)++;
     }
-    return QR_OK;
+    mdb_cursor_close(cur);
+    return rc;
 }
 
 /* LMDB's order of MDB_INTEGERKEY keys: unsigned. */
@@ -281,7 +330,7 @@ static int by_id(const void *a, const void *b) {
 /* The ids of a request missing from memory: those on disk come back and
  * colder rows make room for every missing one (the rest may become new
  * rows), in one write transaction. */
-static int bring_back(ps_tier *tier, tier_table *tt, uint64_t nmiss) {
+static int bring_back(ps_tier *tier, tier_table *tt, int64_t n, uint64_t nmiss) {
     qr_table *t = tt->var->table;
     uint64_t cost = row_cost(t);
     bool need_room = used_bytes(tier) + nmiss * cost > tier->cap;
@@ -294,6 +343,10 @@ static int bring_back(ps_tier *tier, tier_table *tt, uint64_t nmiss) {
     MDB_txn *txn;
     int rc = mdb_txn_begin(tier->env, NULL, 0, &txn);
     if (rc) return lmdb_fail(rc, "beginning a transaction");
+    /* The request's rows stay while room is made for its misses. */
+    const int64_t *rows = tier->rows;
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] >= 0) tt->mark[rows[i]] = PROTECTED;
     uint64_t count0 = t->count, found = 0;
     rc = fetch(tt, txn, tier->missing, nmiss, &found);
     if (!rc) rc = sync_marks(tt);
@@ -306,6 +359,10 @@ static int bring_back(ps_tier *tier, tier_table *tt, uint64_t nmiss) {
     } else {
         mdb_txn_abort(txn);
     }
+    /* Unprotected before any removal moves rows. */
+    for (int64_t i = 0; i < n; i++)
+        if (rows[i] >= 0) tt->mark[rows[i]] = REFERENCED;
+    for (uint64_t r = count0; r < tt->nmark; r++) tt->mark[r] = REFERENCED;
     if (rc) {
         /* As it was: the rows brought back leave memory again (they are
          * still on disk), the victims stay. */
@@ -384,26 +441,20 @@ int qr__tier_fault_in(qr_ps *ps, qr_var *v, const int64_t *ids, int64_t n) {
     rc = sync_marks(tt);
     if (!rc) rc = grow((void **)&tier->missing, &tier->missing_cap, (uint64_t)n,
                        sizeof *tier->missing);
+    if (!rc) rc = grow((void **)&tier->rows, &tier->rows_cap, (uint64_t)n, sizeof *tier->rows);
     if (rc) return rc;
+    /* One pass over the index, its slots prefetched ahead (table.c's
+     * lookup does the same). */
     uint64_t nmiss = 0;
     for (int64_t i = 0; i < n; i++) {
+        if (i + 8 < n) __builtin_prefetch(t->index.slot + qr_idmap_home(&t->index, ids[i + 8]));
         int64_t r = qr_table_find(t, ids[i]);
+        tier->rows[i] = r;
         if (r >= 0) tt->mark[r] = REFERENCED;
         else tier->missing[nmiss++] = ids[i];
     }
     tt->memory_hits += (uint64_t)n - nmiss;
-    if (nmiss) {
-        /* The request's rows stay while room is made for its misses. */
-        for (int64_t i = 0; i < n; i++) {
-            int64_t r = qr_table_find(t, ids[i]);
-            if (r >= 0) tt->mark[r] = PROTECTED;
-        }
-        rc = bring_back(tier, tt, nmiss);
-        for (int64_t i = 0; i < n; i++) {
-            int64_t r = qr_table_find(t, ids[i]);
-            if (r >= 0) tt->mark[r] = REFERENCED;
-        }
-    }
+    if (nmiss) rc = bring_back(tier, tt, n, nmiss);
     if (!rc) rc = sweep_disk(tier, tt);
     return rc;
 }
@@ -569,6 +620,7 @@ void qr__tier_free(qr_ps *ps) {
     }
     free(tier->tables);
     free(tier->missing);
+    free(tier->rows);
     free(tier->victims);
     if (tier->env) {
         mdb_env_close(tier->env);
