@@ -19,6 +19,15 @@
  * never wait for the disk, and its pages are file-backed, not the
  * process's anonymous memory: the kernel may drop them under pressure.
  *
+ * One write transaction serves many requests (TXN_REQUESTS, at most
+ * TXN_RECORDS records): LMDB copies a page the first time a transaction
+ * touches it, so a hot leaf is copied once a transaction, not once a
+ * request. Reads by the tier (a snapshot, the statistics) go through the
+ * open transaction, which sees its own writes. An LMDB error loses the
+ * open transaction, and with it the rows written out since it began: the
+ * tier then fails for good, every later request says so (restart from a
+ * checkpoint). Failures of the ps's own memory undo what the request did.
+ *
  * Which rows go out: CLOCK (second chance) over the rows in memory, one
  * byte a row: a request's rows are marked referenced; the hand clears
  * marks and takes the first unmarked row. A request's own rows are
@@ -81,11 +90,67 @@ typedef struct ps_tier {
     uint64_t rows_cap;
     victim *victims;
     uint64_t nvictims, victims_cap;
+    int64_t *idle;               /* a sweep's ids to delete */
+    uint64_t idle_cap;
+    MDB_txn *txn;                /* the open write transaction, or NULL */
+    uint64_t txn_requests, txn_records;
+    char failure[200];           /* "" while the tier works */
 } ps_tier;
+
+/* Requests one write transaction serves, and records it may write or
+ * delete (each dirties a leaf or two: far below LMDB's limit of 131,072
+ * dirty pages a transaction). */
+#define TXN_REQUESTS 64
+#define TXN_RECORDS 16384
 
 static int lmdb_fail(int rc, const char *what) {
     return qr__fail(rc == ENOMEM ? QR_ENOMEM : QR_EIO, "table disk tier: %s: %s", what,
                     mdb_strerror(rc));
+}
+
+/* An LMDB error in the open transaction: lost, and the tier with it. */
+static int tier_failed(ps_tier *tier, int rc, const char *what) {
+    if (tier->txn) mdb_txn_abort(tier->txn);
+    tier->txn = NULL;
+    snprintf(tier->failure, sizeof tier->failure, "%s: %s", what, mdb_strerror(rc));
+    return qr__fail(QR_EIO, "table disk tier: %s (the rows written to it since its last "
+                    "commit are lost: restart from a checkpoint)", tier->failure);
+}
+
+static int txn_open(ps_tier *tier) {
+    if (tier->failure[0])
+        return qr__fail(QR_EIO, "table disk tier: it failed earlier (%s): restart from a "
+                        "checkpoint", tier->failure);
+    if (tier->txn) return QR_OK;
+    int rc = mdb_txn_begin(tier->env, NULL, 0, &tier->txn);
+    if (rc) {
+        tier->txn = NULL;
+        return tier_failed(tier, rc, "beginning a transaction");
+    }
+    tier->txn_requests = tier->txn_records = 0;
+    return QR_OK;
+}
+
+static int txn_commit(ps_tier *tier) {
+    if (!tier->txn) return QR_OK;
+    int rc = mdb_txn_commit(tier->txn);
+    tier->txn = NULL; /* committed, or freed by the failed commit */
+    return rc ? tier_failed(tier, rc, "committing") : QR_OK;
+}
+
+/* After each record: a transaction that has written enough is committed
+ * and a new one begun, with a new cursor on dbi when cur is given. */
+static int txn_count(ps_tier *tier, MDB_dbi dbi, MDB_cursor **cur) {
+    if (++tier->txn_records < TXN_RECORDS) return QR_OK;
+    if (cur && *cur) mdb_cursor_close(*cur);
+    if (cur) *cur = NULL;
+    int rc = txn_commit(tier);
+    if (!rc) rc = txn_open(tier);
+    if (!rc && cur) {
+        rc = mdb_cursor_open(tier->txn, dbi, cur);
+        if (rc) rc = tier_failed(tier, rc, "opening a cursor");
+    }
+    return rc;
 }
 
 /* Memory a row in memory costs: its value and slots, its id, its slot in
@@ -141,24 +206,25 @@ static int attach(ps_tier *tier, qr_var *v) {
         return qr__fail(QR_EINVAL, "table disk tier: more than %d tables", MAX_TABLES);
     tier_table *tt = qr__calloc(1, sizeof *tt);
     tier_table **tables = realloc(tier->tables, (size_t)(tier->ntables + 1) * sizeof *tables);
+    if (tables) tier->tables = tables;
     if (!tt || !tables) {
         free(tt);
         return qr__fail(QR_ENOMEM, "out of memory tiering table '%s'", v->name);
     }
-    tier->tables = tables;
-    MDB_txn *txn;
-    int rc = mdb_txn_begin(tier->env, NULL, 0, &txn);
+    int rc = txn_open(tier);
     if (!rc) {
-        rc = mdb_dbi_open(txn, v->name, MDB_CREATE | MDB_INTEGERKEY, &tt->dbi);
+        rc = mdb_dbi_open(tier->txn, v->name, MDB_CREATE | MDB_INTEGERKEY, &tt->dbi);
         /* A database left by an earlier run of this ps (a rollback) holds
          * rows of that run: empty it. */
-        if (!rc) rc = mdb_drop(txn, tt->dbi, 0);
-        if (!rc) rc = mdb_txn_commit(txn);
-        else mdb_txn_abort(txn);
+        if (!rc) rc = mdb_drop(tier->txn, tt->dbi, 0);
+        /* A handle opened in a transaction is the environment's once it
+         * commits. */
+        if (rc) rc = tier_failed(tier, rc, v->name);
+        else rc = txn_commit(tier);
     }
     if (rc) {
         free(tt);
-        return lmdb_fail(rc, v->name);
+        return rc;
     }
     tt->owner = tier;
     tt->var = v;
@@ -209,38 +275,43 @@ static int by_table_then_id(const void *a, const void *b) {
     return (uint64_t)x->id < (uint64_t)y->id ? -1 : (uint64_t)x->id > (uint64_t)y->id;
 }
 
-/* The victims' records into txn, in key order through one cursor a
+/* The victims' records written, in key order through one cursor a
  * table: a put then finds its leaf near the last one. */
-static int write_victims(ps_tier *tier, MDB_txn *txn) {
+static int write_victims(ps_tier *tier) {
     qsort(tier->victims, tier->nvictims, sizeof *tier->victims, by_table_then_id);
     MDB_cursor *cur = NULL;
     const tier_table *open = NULL;
-    int rc = 0;
+    int rc = QR_OK;
     for (uint64_t k = 0; k < tier->nvictims && !rc; k++) {
         victim *x = &tier->victims[k];
         const qr_table *t = x->tt->var->table;
         if (x->tt != open) {
             if (cur) mdb_cursor_close(cur);
             cur = NULL;
-            rc = mdb_cursor_open(txn, x->tt->dbi, &cur);
-            if (rc) break;
+            int lrc = mdb_cursor_open(tier->txn, x->tt->dbi, &cur);
+            if (lrc) return tier_failed(tier, lrc, "opening a cursor");
             open = x->tt;
         }
         MDB_val key = {8, &x->id}, val = {record_bytes(t), NULL};
-        rc = mdb_cursor_put(cur, &key, &val, MDB_RESERVE);
-        if (!rc) fill_record(t, x->row, val.mv_data);
+        int lrc = mdb_cursor_put(cur, &key, &val, MDB_RESERVE);
+        if (lrc) {
+            mdb_cursor_close(cur);
+            return tier_failed(tier, lrc, "writing rows out");
+        }
+        fill_record(t, x->row, val.mv_data);
+        rc = txn_count(tier, x->tt->dbi, &cur);
     }
     if (cur) mdb_cursor_close(cur);
-    return rc ? lmdb_fail(rc, "writing rows out") : QR_OK;
+    return rc;
 }
 
-/* Room for want more bytes, written into txn: tt's rows first, then the
- * other tables'. */
-static int make_room(ps_tier *tier, tier_table *tt, MDB_txn *txn, int64_t want) {
+/* Room for want more bytes, the rows written out: tt's rows first, then
+ * the other tables'. */
+static int make_room(ps_tier *tier, tier_table *tt, int64_t want) {
     int rc = choose_victims(tier, tt, &want);
     for (int i = 0; !rc && want > 0 && i < tier->ntables; i++)
         if (tier->tables[i] != tt) rc = choose_victims(tier, tier->tables[i], &want);
-    return rc ? rc : write_victims(tier, txn);
+    return rc ? rc : write_victims(tier);
 }
 
 /* By table, the highest rows first: a removal moves the table's last row
@@ -251,7 +322,7 @@ static int by_table_then_row_down(const void *a, const void *b) {
     return x->row < y->row ? 1 : x->row > y->row ? -1 : 0;
 }
 
-/* After the commit: the victims leave memory. */
+/* Once written: the victims leave memory. */
 static void remove_victims(ps_tier *tier) {
     qsort(tier->victims, tier->nvictims, sizeof *tier->victims, by_table_then_row_down);
     for (uint64_t k = 0; k < tier->nvictims; k++) {
@@ -267,38 +338,34 @@ static void remove_victims(ps_tier *tier) {
     tier->nvictims = 0;
 }
 
-/* A failed transaction: the victims stay, unmarked. */
+/* Not written (out of memory choosing them): the victims stay, unmarked. */
 static void keep_victims(ps_tier *tier) {
     for (uint64_t k = 0; k < tier->nvictims; k++)
         tier->victims[k].tt->mark[tier->victims[k].row] = COLD;
     tier->nvictims = 0;
 }
 
-/* The missing ids that are on disk come back (appended to the table, and
- * deleted from disk in txn); *found counts them. One cursor, ids in key
- * order: each search starts near the last. */
-static int fetch(tier_table *tt, MDB_txn *txn, const int64_t *missing, uint64_t nmiss,
-                 uint64_t *found) {
+/* The missing ids that are on disk come back (appended to the table from
+ * row `from` on, deleted from disk); *found counts them. One cursor, ids
+ * in key order: each search starts near the last. QR_ENOMEM if the table
+ * could not take a row (those back so far are then put back on disk). */
+static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_t *found) {
+    ps_tier *tier = tt->owner;
     qr_table *t = tt->var->table;
     size_t bytes = record_bytes(t);
+    uint64_t from = t->count;
     MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, tt->dbi, &cur);
-    if (rc) return lmdb_fail(rc, "opening a cursor");
+    int lrc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
+    if (lrc) return tier_failed(tier, lrc, "opening a cursor");
+    int rc = QR_OK;
     for (uint64_t k = 0; k < nmiss && tt->disk_rows > *found && !rc; k++) {
         int64_t id = missing[k];
         MDB_val key = {8, &id}, val;
-        rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
-        if (rc == MDB_NOTFOUND) {
-            rc = 0;
-            continue;
-        }
-        if (rc) {
-            rc = lmdb_fail(rc, "reading a row");
-            break;
-        }
-        if (val.mv_size != bytes) {
-            rc = qr__fail(QR_EIO, "table disk tier: the record of id %lld in '%s' has %zu "
-                          "bytes, not %zu", (long long)id, tt->var->name, val.mv_size, bytes);
+        lrc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
+        if (lrc == MDB_NOTFOUND) continue;
+        if (!lrc && val.mv_size != bytes) lrc = MDB_CORRUPTED;
+        if (lrc) {
+            rc = tier_failed(tier, lrc, "reading a row");
             break;
         }
         int64_t r = qr_table_add_uninit(t, id);
@@ -310,14 +377,28 @@ static int fetch(tier_table *tt, MDB_txn *txn, const int64_t *missing, uint64_t 
         memcpy(qr_table_row(t, (uint64_t)r), val.mv_data, (size_t)t->stride * 4);
         if (t->evict_after && t->updated)
             memcpy(&t->updated[r], (char *)val.mv_data + (size_t)t->stride * 4, 8);
-        rc = mdb_cursor_del(cur, 0);
-        if (rc) {
-            rc = lmdb_fail(rc, "deleting a row brought back");
+        lrc = mdb_cursor_del(cur, 0);
+        if (lrc) {
+            rc = tier_failed(tier, lrc, "deleting a row brought back");
             break;
         }
         (*found)++;
+        rc = txn_count(tier, tt->dbi, &cur);
     }
-    mdb_cursor_close(cur);
+    /* Out of memory: what came back goes back (the table as it was). */
+    while (rc == QR_ENOMEM && t->count > from && cur) {
+        uint64_t r = t->count - 1;
+        MDB_val key = {8, &t->keys[r]}, val = {bytes, NULL};
+        lrc = mdb_cursor_put(cur, &key, &val, MDB_RESERVE);
+        if (lrc) {
+            rc = tier_failed(tier, lrc, "putting rows back");
+            break;
+        }
+        fill_record(t, r, val.mv_data);
+        qr_table_remove(t, r);
+        (*found)--;
+    }
+    if (cur && !tier->failure[0]) mdb_cursor_close(cur);
     return rc;
 }
 
@@ -327,9 +408,9 @@ static int by_id(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The ids of a request missing from memory: those on disk come back and
- * colder rows make room for every missing one (the rest may become new
- * rows), in one write transaction. */
+/* The ids of a request missing from memory (tier->missing; its n rows in
+ * memory are tier->rows): those on disk come back and colder rows make
+ * room for every missing one (the rest may become new rows). */
 static int bring_back(ps_tier *tier, tier_table *tt, int64_t n, uint64_t nmiss) {
     qr_table *t = tt->var->table;
     uint64_t cost = row_cost(t);
@@ -340,42 +421,35 @@ static int bring_back(ps_tier *tier, tier_table *tt, int64_t n, uint64_t nmiss) 
     }
     /* In key order: each get then walks the B+tree near the last one. */
     if (tt->disk_rows) qsort(tier->missing, nmiss, sizeof *tier->missing, by_id);
-    MDB_txn *txn;
-    int rc = mdb_txn_begin(tier->env, NULL, 0, &txn);
-    if (rc) return lmdb_fail(rc, "beginning a transaction");
+    int rc = txn_open(tier);
+    if (rc) return rc;
     /* The request's rows stay while room is made for its misses. */
     const int64_t *rows = tier->rows;
     for (int64_t i = 0; i < n; i++)
         if (rows[i] >= 0) tt->mark[rows[i]] = PROTECTED;
     uint64_t count0 = t->count, found = 0;
-    rc = fetch(tt, txn, tier->missing, nmiss, &found);
+    if (tt->disk_rows) rc = fetch(tt, tier->missing, nmiss, &found);
+    tt->disk_rows -= found;
+    tt->disk_hits += found;
+    tt->misses += nmiss - found;
     if (!rc) rc = sync_marks(tt);
     for (uint64_t r = count0; !rc && r < t->count; r++) tt->mark[r] = PROTECTED;
     int64_t want = (int64_t)(used_bytes(tier) + (nmiss - found) * cost) - (int64_t)tier->cap;
-    if (!rc && want > 0) rc = make_room(tier, tt, txn, want);
-    if (!rc) {
-        rc = mdb_txn_commit(txn);
-        if (rc) rc = lmdb_fail(rc, "committing");
-    } else {
-        mdb_txn_abort(txn);
-    }
+    if (!rc && want > 0) rc = make_room(tier, tt, want);
     /* Unprotected before any removal moves rows. */
     for (int64_t i = 0; i < n; i++)
         if (rows[i] >= 0) tt->mark[rows[i]] = REFERENCED;
     for (uint64_t r = count0; r < tt->nmark; r++) tt->mark[r] = REFERENCED;
     if (rc) {
-        /* As it was: the rows brought back leave memory again (they are
-         * still on disk), the victims stay. */
+        /* Out of memory choosing victims: the rows back stay (the cap is
+         * exceeded until the next request); an LMDB failure: the tier is
+         * gone, the rows in memory stay as they are. */
         keep_victims(tier);
-        while (t->count > count0) qr_table_remove(t, t->count - 1);
-        tt->nmark = QR_MIN(tt->nmark, t->count);
         return rc;
     }
-    tt->disk_rows -= found;
-    tt->disk_hits += found;
-    tt->misses += nmiss - found;
     remove_victims(tier);
-    return QR_OK;
+    if (++tier->txn_requests >= TXN_REQUESTS) rc = txn_commit(tier);
+    return rc;
 }
 
 /* Eviction by age on disk too, when the table's sweep is due (the same
@@ -387,37 +461,42 @@ static int sweep_disk(ps_tier *tier, tier_table *tt) {
     if (!t->evict_after || !tt->disk_rows ||
         t->clock - t->last_sweep < QR_MAX(t->evict_after / 4, 1))
         return QR_OK;
-    MDB_txn *txn;
+    int rc = txn_open(tier);
+    if (rc) return rc;
+    /* The idle ids first, then their deletes (committed as they go). */
     MDB_cursor *cur;
-    int rc = mdb_txn_begin(tier->env, NULL, 0, &txn);
-    if (rc) return lmdb_fail(rc, "beginning a sweep");
-    rc = mdb_cursor_open(txn, tt->dbi, &cur);
-    if (rc) {
-        mdb_txn_abort(txn);
-        return lmdb_fail(rc, "opening a cursor");
-    }
-    uint64_t gone = 0;
+    int lrc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
+    if (lrc) return tier_failed(tier, lrc, "opening a cursor");
+    uint64_t nidle = 0;
     MDB_val key, val;
     size_t at = (size_t)t->stride * 4;
-    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc;
-         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+    for (lrc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !lrc && !rc;
+         lrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
         int64_t step;
         memcpy(&step, (char *)val.mv_data + at, 8);
         if (t->clock - step <= t->evict_after) continue;
-        rc = mdb_cursor_del(cur, 0);
-        if (rc) break;
-        gone++;
+        rc = grow((void **)&tier->idle, &tier->idle_cap, nidle + 1, sizeof *tier->idle);
+        if (!rc) memcpy(&tier->idle[nidle++], key.mv_data, 8);
     }
-    mdb_cursor_close(cur);
-    if (rc != MDB_NOTFOUND) {
-        mdb_txn_abort(txn);
-        return lmdb_fail(rc, "sweeping idle rows");
+    if (rc) nidle = 0; /* out of memory: no sweep of the disk this time */
+    else if (lrc != MDB_NOTFOUND) {
+        mdb_cursor_close(cur);
+        return tier_failed(tier, lrc, "sweeping idle rows");
     }
-    rc = mdb_txn_commit(txn);
-    if (rc) return lmdb_fail(rc, "committing a sweep");
-    tt->disk_rows -= gone;
-    t->evicted += gone;
-    return QR_OK;
+    for (uint64_t k = 0; k < nidle && !rc; k++) {
+        MDB_val id = {8, &tier->idle[k]};
+        lrc = mdb_cursor_get(cur, &id, &val, MDB_SET);
+        if (!lrc) lrc = mdb_cursor_del(cur, 0);
+        if (lrc) {
+            mdb_cursor_close(cur);
+            return tier_failed(tier, lrc, "deleting idle rows");
+        }
+        tt->disk_rows--;
+        t->evicted++;
+        rc = txn_count(tier, tt->dbi, &cur);
+    }
+    if (cur) mdb_cursor_close(cur);
+    return rc;
 }
 
 int qr__tier_fault_in(qr_ps *ps, qr_var *v, const int64_t *ids, int64_t n) {
@@ -467,15 +546,14 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
                             uint64_t from) {
     tier_table *tt = t->tier;
     if (!tt || !tt->disk_rows) return QR_OK;
-    MDB_txn *txn;
+    ps_tier *tier = tt->owner;
+    /* Through the open transaction: it sees the rows written since the
+     * last commit. */
+    int rc = txn_open(tier);
+    if (rc) return rc;
     MDB_cursor *cur;
-    int rc = mdb_txn_begin(tt->owner->env, NULL, MDB_RDONLY, &txn);
-    if (rc) return lmdb_fail(rc, "reading the rows for a checkpoint");
-    rc = mdb_cursor_open(txn, tt->dbi, &cur);
-    if (rc) {
-        mdb_txn_abort(txn);
-        return lmdb_fail(rc, "opening a cursor");
-    }
+    rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
+    if (rc) return tier_failed(tier, rc, "opening a cursor");
     MDB_val key, val;
     uint64_t k = from, end = from + tt->disk_rows;
     size_t row_bytes = (size_t)t->dim * 4, bytes = record_bytes(t);
@@ -495,7 +573,6 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
         }
     }
     mdb_cursor_close(cur);
-    mdb_txn_abort(txn);
     if (k != end || (rc && rc != MDB_NOTFOUND))
         return qr__fail(QR_EIO, "table disk tier: '%s' holds %llu rows on disk, %llu read back "
                         "(%s)", tt->var->name, (unsigned long long)tt->disk_rows,
@@ -513,13 +590,10 @@ void qr__tier_stats(const qr_table *t, qr_tier_stats *out) {
     out->disk_hits = tt->disk_hits;
     out->misses = tt->misses;
     out->rows_spilled = tt->spilled;
-    MDB_txn *txn;
     MDB_stat st;
-    if (mdb_txn_begin(tt->owner->env, NULL, MDB_RDONLY, &txn)) return;
-    if (!mdb_stat(txn, tt->dbi, &st))
+    if (!txn_open(tt->owner) && !mdb_stat(tt->owner->txn, tt->dbi, &st))
         out->disk_bytes = (uint64_t)st.ms_psize *
                           (st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages);
-    mdb_txn_abort(txn);
 }
 
 /* The files of an environment, and its directory if made here. */
@@ -537,19 +611,14 @@ static void remove_files(const ps_tier *tier) {
 static int enforce_cap(ps_tier *tier, tier_table *tt) {
     int64_t want = (int64_t)used_bytes(tier) - (int64_t)tier->cap;
     if (want <= 0) return QR_OK;
-    MDB_txn *txn;
-    int rc = mdb_txn_begin(tier->env, NULL, 0, &txn);
-    if (rc) return lmdb_fail(rc, "beginning a transaction");
-    rc = make_room(tier, tt, txn, want);
-    if (!rc) {
-        rc = mdb_txn_commit(txn);
-        if (rc) rc = lmdb_fail(rc, "committing");
-    } else {
-        mdb_txn_abort(txn);
+    int rc = txn_open(tier);
+    if (!rc) rc = make_room(tier, tt, want);
+    if (rc) {
+        keep_victims(tier);
+        return rc;
     }
-    if (rc) keep_victims(tier);
-    else remove_victims(tier);
-    return rc;
+    remove_victims(tier);
+    return txn_commit(tier);
 }
 
 int qr__tier_init(qr_ps *ps) {
@@ -622,6 +691,8 @@ void qr__tier_free(qr_ps *ps) {
     free(tier->missing);
     free(tier->rows);
     free(tier->victims);
+    free(tier->idle);
+    if (tier->txn) mdb_txn_abort(tier->txn); /* scratch: nothing to keep */
     if (tier->env) {
         mdb_env_close(tier->env);
         remove_files(tier);
