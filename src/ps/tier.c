@@ -55,6 +55,22 @@
 /* Tables one ps may tier. */
 #define MAX_TABLES 4096
 
+/* Which ids may be on disk: a Bloom filter (4 bits an id, double
+ * hashing), so that a miss of a new id (most misses while a table grows)
+ * costs no B+tree search. Rows leaving the disk leave their bits set (a
+ * false positive costs one search); the filter is rebuilt from the disk's
+ * keys, at BUILD_BITS bits a row, once it holds fewer than MIN_BITS a row
+ * (at most 2.4% false positives; about 2 bytes a row on disk). */
+#define FILTER_K 4
+#define BUILD_BITS 16
+#define MIN_BITS 8
+
+typedef struct disk_filter {
+    uint64_t *words;
+    uint64_t nbits;
+    uint64_t ids;          /* ids added since it was built, and those it was built with */
+} disk_filter;
+
 /* A row's CLOCK mark. */
 enum { COLD = 0, REFERENCED = 1, PROTECTED = 2, LEAVING = 3 };
 
@@ -66,6 +82,7 @@ struct tier_table {
     uint64_t nmark, mark_cap;
     uint64_t hand;
     uint64_t disk_rows;
+    disk_filter filter;
     uint64_t memory_hits, disk_hits, misses, spilled;
 };
 typedef struct tier_table tier_table;
@@ -173,6 +190,39 @@ static uint64_t used_bytes(const ps_tier *tier) {
     return used;
 }
 
+static uint64_t bit_of(const disk_filter *f, uint64_t h1, uint64_t h2, int i) {
+    return (uint64_t)(((unsigned __int128)(h1 + (uint64_t)i * h2) * f->nbits) >> 64);
+}
+
+static void filter_add(disk_filter *f, int64_t id) {
+    uint64_t h1 = qr_idmap_hash(id), h2 = qr_idmap_hash((int64_t)~h1) | 1;
+    for (int i = 0; i < FILTER_K; i++) {
+        uint64_t b = bit_of(f, h1, h2, i);
+        f->words[b >> 6] |= (uint64_t)1 << (b & 63);
+    }
+    f->ids++;
+}
+
+static bool filter_may_hold(const disk_filter *f, int64_t id) {
+    uint64_t h1 = qr_idmap_hash(id), h2 = qr_idmap_hash((int64_t)~h1) | 1;
+    for (int i = 0; i < FILTER_K; i++) {
+        uint64_t b = bit_of(f, h1, h2, i);
+        if (!(f->words[b >> 6] >> (b & 63) & 1)) return false;
+    }
+    return true;
+}
+
+/* An empty filter of nbits bits (at least 2^16). */
+static int filter_make(disk_filter *f, uint64_t nbits) {
+    nbits = QR_MAX(nbits, (uint64_t)1 << 16);
+    uint64_t *words = calloc((nbits + 63) / 64, sizeof *words);
+    if (!words) return qr__fail(QR_ENOMEM, "out of memory for the disk tier's filter "
+                                "(%llu bits)", (unsigned long long)nbits);
+    free(f->words);
+    *f = (disk_filter){words, nbits, 0};
+    return QR_OK;
+}
+
 /* The marks follow the table's rows: rows made since (by a lookup or a
  * push) count as referenced; rows the table removed itself (eviction by
  * age moves rows around) leave marks that are only a hint. */
@@ -222,6 +272,11 @@ static int attach(ps_tier *tier, qr_var *v) {
         if (rc) rc = tier_failed(tier, rc, v->name);
         else rc = txn_commit(tier);
     }
+    if (rc) {
+        free(tt);
+        return rc;
+    }
+    rc = filter_make(&tt->filter, 0);
     if (rc) {
         free(tt);
         return rc;
@@ -299,6 +354,7 @@ static int write_victims(ps_tier *tier) {
             return tier_failed(tier, lrc, "writing rows out");
         }
         fill_record(t, x->row, val.mv_data);
+        filter_add(&x->tt->filter, x->id);
         rc = txn_count(tier, x->tt->dbi, &cur);
     }
     if (cur) mdb_cursor_close(cur);
@@ -360,6 +416,7 @@ static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_
     int rc = QR_OK;
     for (uint64_t k = 0; k < nmiss && tt->disk_rows > *found && !rc; k++) {
         int64_t id = missing[k];
+        if (!filter_may_hold(&tt->filter, id)) continue;
         MDB_val key = {8, &id}, val;
         lrc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
         if (lrc == MDB_NOTFOUND) continue;
@@ -400,6 +457,33 @@ static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_
     }
     if (cur && !tier->failure[0]) mdb_cursor_close(cur);
     return rc;
+}
+
+/* A filter too full for its ids is built anew from the disk's keys (in
+ * the open transaction, which sees its own writes). Out of memory: the
+ * old one stays (it only answers "maybe" more often). */
+static int filter_refresh(tier_table *tt) {
+    disk_filter *f = &tt->filter;
+    if (f->ids * MIN_BITS <= f->nbits) return QR_OK;
+    disk_filter fresh = {0};
+    if (filter_make(&fresh, tt->disk_rows * BUILD_BITS)) return QR_OK;
+    MDB_cursor *cur;
+    int lrc = mdb_cursor_open(tt->owner->txn, tt->dbi, &cur);
+    MDB_val key, val;
+    for (lrc = lrc ? lrc : mdb_cursor_get(cur, &key, &val, MDB_FIRST); !lrc;
+         lrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+        int64_t id;
+        memcpy(&id, key.mv_data, 8);
+        filter_add(&fresh, id);
+    }
+    if (lrc != MDB_NOTFOUND) {
+        free(fresh.words);
+        return tier_failed(tt->owner, lrc, "reading the keys on disk");
+    }
+    mdb_cursor_close(cur);
+    free(f->words);
+    *f = fresh;
+    return QR_OK;
 }
 
 /* LMDB's order of MDB_INTEGERKEY keys: unsigned. */
@@ -448,7 +532,8 @@ static int bring_back(ps_tier *tier, tier_table *tt, int64_t n, uint64_t nmiss) 
         return rc;
     }
     remove_victims(tier);
-    if (++tier->txn_requests >= TXN_REQUESTS) rc = txn_commit(tier);
+    for (int i = 0; i < tier->ntables && !rc; i++) rc = filter_refresh(tier->tables[i]);
+    if (!rc && ++tier->txn_requests >= TXN_REQUESTS) rc = txn_commit(tier);
     return rc;
 }
 
@@ -618,7 +703,8 @@ static int enforce_cap(ps_tier *tier, tier_table *tt) {
         return rc;
     }
     remove_victims(tier);
-    return txn_commit(tier);
+    for (int i = 0; i < tier->ntables && !rc; i++) rc = filter_refresh(tier->tables[i]);
+    return rc ? rc : txn_commit(tier);
 }
 
 int qr__tier_init(qr_ps *ps) {
@@ -685,6 +771,7 @@ void qr__tier_free(qr_ps *ps) {
         tier_table *tt = tier->tables[i];
         if (tt->var->table) tt->var->table->tier = NULL;
         free(tt->mark);
+        free(tt->filter.words);
         free(tt);
     }
     free(tier->tables);
