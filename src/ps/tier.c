@@ -28,10 +28,12 @@
  * tier then fails for good, every later request says so (restart from a
  * checkpoint). Failures of the ps's own memory undo what the request did.
  *
- * Which rows go out: CLOCK (second chance) over the rows in memory, one
- * byte a row: a request's rows are marked referenced; the hand clears
- * marks and takes the first unmarked row. A request's own rows are
- * protected while room is made for its misses.
+ * Which rows go out: GCLOCK over the rows in memory, one byte a row: a
+ * request counts a use of each of its rows (up to 3); the hand takes one
+ * from each row it passes and takes the first row at 0. Unlike CLOCK's
+ * one bit, the count keeps the rows used often (Zipf's head) over rows
+ * used once lately. A request's own rows are protected while room is made
+ * for its misses.
  *
  * A record on disk: the row's value and slots (stride floats), then its
  * last update step when the table evicts by age (int64).
@@ -71,8 +73,11 @@ typedef struct disk_filter {
     uint64_t ids;          /* ids added since it was built, and those it was built with */
 } disk_filter;
 
-/* A row's CLOCK mark. */
-enum { COLD = 0, REFERENCED = 1, PROTECTED = 2, LEAVING = 3 };
+/* A row's mark: a GCLOCK count of its recent uses (0 to MAX_USES), and
+ * two flags while room is made. */
+#define MAX_USES 3
+#define PROTECTED 0x80 /* a row of the request being served */
+#define LEAVING 0x40   /* chosen to go out */
 
 struct tier_table {
     struct ps_tier *owner;
@@ -236,7 +241,7 @@ static int sync_marks(tier_table *tt) {
         tt->mark = m;
         tt->mark_cap = cap;
     }
-    if (t->count > tt->nmark) memset(tt->mark + tt->nmark, REFERENCED, t->count - tt->nmark);
+    if (t->count > tt->nmark) memset(tt->mark + tt->nmark, 1, t->count - tt->nmark);
     tt->nmark = t->count;
     return QR_OK;
 }
@@ -304,11 +309,11 @@ static int choose_victims(ps_tier *tier, tier_table *tt, int64_t *want) {
     int64_t cost = (int64_t)row_cost(t);
     int rc = sync_marks(tt);
     uint64_t passed = 0; /* rows passed over since the last victim */
-    while (!rc && *want > 0 && t->count && passed <= 2 * t->count) {
+    while (!rc && *want > 0 && t->count && passed <= (MAX_USES + 1) * t->count) {
         if (tt->hand >= t->count) tt->hand = 0;
         uint64_t r = tt->hand++;
-        if (tt->mark[r] != COLD) {
-            if (tt->mark[r] == REFERENCED) tt->mark[r] = COLD;
+        if (tt->mark[r]) {
+            if (!(tt->mark[r] & (PROTECTED | LEAVING))) tt->mark[r]--;
             passed++;
             continue;
         }
@@ -397,7 +402,7 @@ static void remove_victims(ps_tier *tier) {
 /* Not written (out of memory choosing them): the victims stay, unmarked. */
 static void keep_victims(ps_tier *tier) {
     for (uint64_t k = 0; k < tier->nvictims; k++)
-        tier->victims[k].tt->mark[tier->victims[k].row] = COLD;
+        tier->victims[k].tt->mark[tier->victims[k].row] = 0;
     tier->nvictims = 0;
 }
 
@@ -510,20 +515,20 @@ static int bring_back(ps_tier *tier, tier_table *tt, int64_t n, uint64_t nmiss) 
     /* The request's rows stay while room is made for its misses. */
     const int64_t *rows = tier->rows;
     for (int64_t i = 0; i < n; i++)
-        if (rows[i] >= 0) tt->mark[rows[i]] = PROTECTED;
+        if (rows[i] >= 0) tt->mark[rows[i]] |= PROTECTED;
     uint64_t count0 = t->count, found = 0;
     if (tt->disk_rows) rc = fetch(tt, tier->missing, nmiss, &found);
     tt->disk_rows -= found;
     tt->disk_hits += found;
     tt->misses += nmiss - found;
     if (!rc) rc = sync_marks(tt);
-    for (uint64_t r = count0; !rc && r < t->count; r++) tt->mark[r] = PROTECTED;
+    for (uint64_t r = count0; !rc && r < t->count; r++) tt->mark[r] = 1 | PROTECTED;
     int64_t want = (int64_t)(used_bytes(tier) + (nmiss - found) * cost) - (int64_t)tier->cap;
     if (!rc && want > 0) rc = make_room(tier, tt, want);
     /* Unprotected before any removal moves rows. */
     for (int64_t i = 0; i < n; i++)
-        if (rows[i] >= 0) tt->mark[rows[i]] = REFERENCED;
-    for (uint64_t r = count0; r < tt->nmark; r++) tt->mark[r] = REFERENCED;
+        if (rows[i] >= 0) tt->mark[rows[i]] &= (uint8_t)~PROTECTED;
+    for (uint64_t r = count0; r < tt->nmark; r++) tt->mark[r] &= (uint8_t)~PROTECTED;
     if (rc) {
         /* Out of memory choosing victims: the rows back stay (the cap is
          * exceeded until the next request); an LMDB failure: the tier is
@@ -614,8 +619,8 @@ int qr__tier_fault_in(qr_ps *ps, qr_var *v, const int64_t *ids, int64_t n) {
         if (i + 8 < n) __builtin_prefetch(t->index.slot + qr_idmap_home(&t->index, ids[i + 8]));
         int64_t r = qr_table_find(t, ids[i]);
         tier->rows[i] = r;
-        if (r >= 0) tt->mark[r] = REFERENCED;
-        else tier->missing[nmiss++] = ids[i];
+        if (r < 0) tier->missing[nmiss++] = ids[i];
+        else if (tt->mark[r] < MAX_USES) tt->mark[r]++;
     }
     tt->memory_hits += (uint64_t)n - nmiss;
     if (nmiss) rc = bring_back(tier, tt, n, nmiss);
