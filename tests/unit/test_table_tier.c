@@ -9,7 +9,10 @@
  *     hits and misses, and the rows in memory within the cap;
  *   - a checkpoint taken with rows in both tiers restores them all (under
  *     the cap again), and training goes on as without the checkpoint;
- *   - a request larger than the cap is refused with a message naming it.
+ *   - a request larger than the cap is refused with a message naming it;
+ *     a cap out of range and a cap with --ps-replicas 2 are refused;
+ *   - --table-dir: the files live in DIR/ps-0, a stale file there is
+ *     cleared at start, and they are removed at the end.
  * The resident memory, measured from outside, is test_table_tier.py's.
  */
 #include <setjmp.h>
@@ -221,11 +224,62 @@ static void test_request_over_the_cap(void **state) {
     free(ids), free(rows);
 }
 
+static void test_options(void **state) {
+    (void)state;
+    qr_config *cfg;
+    assert_int_equal(qr_config_new(&cfg), QR_OK);
+    assert_int_equal(qr_config_set(cfg, "table-memory-mb", "-1"), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "table-memory-mb"));
+    qr_config_free(cfg);
+    cluster_fixture f;
+    fix_init(&f, 2, 1);
+    assert_int_equal(qr_config_set(f.cfg, "ps-replicas", "2"), QR_OK);
+    assert_int_equal(qr_config_set(f.cfg, "table-memory-mb", "64"), QR_OK);
+    assert_int_equal(fix_start_ps(&f, 0), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "--table-memory-mb does not work with --ps-replicas"));
+    fix_join(&f);
+}
+
+static bool exists(const char *dir, const char *name) {
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r");
+    if (f) fclose(f);
+    return f != NULL;
+}
+
+static void test_table_dir(void **state) {
+    (void)state;
+    char dir[] = "/tmp/qr-tier-dir-XXXXXX", cmd[128];
+    assert_non_null(mkdtemp(dir));
+    /* A stale file where the tier goes: not an LMDB file, cleared. */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/ps-0 && echo stale > %s/ps-0/data.mdb", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    world s;
+    const char *const opts[] = {"optimizer", "adagrad", "table-memory-mb", "1", "table-dir", dir,
+                                NULL};
+    world_start(&s, 1, 1, opts);
+    int t = declare(&s);
+    int64_t *ids = all_ids();
+    push_all(s.w[0], t, ids, 0);
+    assert_true(table_stat(s.w[0], "rows_disk") > 0);
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s/ps-0", dir);
+    assert_true(exists(sub, "data.mdb"));
+    world_finish(&s);
+    assert_false(exists(sub, "data.mdb"));
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    free(ids);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_four_times_the_cap_exact),
         cmocka_unit_test(test_checkpoint_both_tiers),
         cmocka_unit_test(test_request_over_the_cap),
+        cmocka_unit_test(test_options),
+        cmocka_unit_test(test_table_dir),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
