@@ -9,6 +9,9 @@
  *     hits and misses, and the rows in memory within the cap;
  *   - a checkpoint taken with rows in both tiers restores them all (under
  *     the cap again), and training goes on as without the checkpoint;
+ *   - with admission (admit_after) and eviction by age (evict_after_steps)
+ *     the same: rows, and what admission and eviction counted, equal to
+ *     an all-in-memory run's (rows evicted from both tiers);
  *   - a request larger than the cap is refused with a message naming it;
  *     a cap out of range and a cap with --ps-replicas 2 are refused;
  *   - --table-dir: the files live in DIR/ps-0, a stale file there is
@@ -124,12 +127,16 @@ static void train(qr_worker *w, int t, const int64_t *ids, float *out, float *ag
     }
 }
 
-static int declare(world *s) {
+static int declare_with(world *s, const char *options) {
     int t;
-    assert_int_equal(qr_worker_declare_table(s->w[0], "emb", DIM, "uniform:-0.5,0.5", 9, "", &t),
-                     QR_OK);
+    assert_int_equal(qr_worker_declare_table(s->w[0], "emb", DIM, "uniform:-0.5,0.5", 9, options,
+                                             &t), QR_OK);
     world_init_all(s);
     return t;
+}
+
+static int declare(world *s) {
+    return declare_with(s, "");
 }
 
 static void test_four_times_the_cap_exact(void **state) {
@@ -206,6 +213,45 @@ static void test_checkpoint_both_tiers(void **state) {
     free(before), free(restored), free(after), free(straight), free(straight2), free(ids);
 }
 
+/* Admission and eviction across the tiers: the same pushes and lookups
+ * with and without a cap give the same rows and the same counts. */
+static void test_admission_eviction_across_tiers(void **state) {
+    (void)state;
+    static const char *const figures[] = {"rows", "admitted", "unadmitted_reads", "dropped_rows",
+                                          "evicted", "admission_candidates"};
+    int64_t *ids = all_ids();
+    size_t bytes = (size_t)ROWS * DIM * sizeof(float);
+    float *mem = malloc(bytes), *tier = malloc(bytes);
+    assert_true(mem && tier);
+    double counts[2][6];
+    for (int capped = 0; capped < 2; capped++) {
+        world s;
+        start(&s, capped ? "1" : NULL, NULL);
+        int t = declare_with(&s, "admit_after=2,evict_after_steps=30");
+        /* Every id sighted once (a lookup), then training: the skewed
+         * batches admit the ids seen again and the rest stay candidates;
+         * rows idle for 30 steps go, from whichever tier holds them. */
+        float *rows = malloc((size_t)CHUNK * DIM * sizeof *rows);
+        for (int at = 0; at < ROWS; at += CHUNK)
+            assert_int_equal(qr_worker_pull_rows(s.w[0], t, CHUNK, ids + at, rows, 0), QR_OK);
+        free(rows);
+        train(s.w[0], t, ids, capped ? tier : mem, NULL);
+        for (int k = 0; k < 6; k++) counts[capped][k] = table_stat(s.w[0], figures[k]);
+        if (capped) assert_true(table_stat(s.w[0], "rows_disk") > 0);
+        world_finish(&s);
+    }
+    for (int k = 0; k < 6; k++) {
+        if (counts[0][k] != counts[1][k])
+            fprintf(stderr, "%s: %g all in memory, %g tiered\n", figures[k], counts[0][k],
+                    counts[1][k]);
+        assert_true(counts[0][k] == counts[1][k]);
+    }
+    /* Each happened: ids admitted, candidates left, rows evicted by age. */
+    assert_true(counts[0][1] > 0 && counts[0][5] > 0 && counts[0][4] > 0);
+    assert_memory_equal(tier, mem, bytes);
+    free(mem), free(tier), free(ids);
+}
+
 /* A lookup of more rows than the cap holds is refused, naming the flag;
  * the ps goes on serving. */
 static void test_request_over_the_cap(void **state) {
@@ -277,6 +323,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_four_times_the_cap_exact),
         cmocka_unit_test(test_checkpoint_both_tiers),
+        cmocka_unit_test(test_admission_eviction_across_tiers),
         cmocka_unit_test(test_request_over_the_cap),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_table_dir),
