@@ -51,9 +51,12 @@
 #include <string.h>
 #include <unistd.h>
 
-/* Address space reserved for the file (sparse: only what is written
- * takes disk). 1 TiB holds several billion small rows. */
-#define MAP_BYTES ((size_t)1 << 40)
+/* Address space mapped for the file at first (sparse: only what is
+ * written takes disk); doubled between transactions while the pages in
+ * use and a transaction's worst (TXN_RECORDS records, a few pages each)
+ * would take more than half of it. */
+#define MAP_BYTES ((size_t)1 << 30)
+#define TXN_HEADROOM ((size_t)512 << 20)
 /* Tables one ps may tier. */
 #define MAX_TABLES 4096
 
@@ -144,7 +147,15 @@ static int txn_open(ps_tier *tier) {
         return qr__fail(QR_EIO, "table disk tier: it failed earlier (%s): restart from a "
                         "checkpoint", tier->failure);
     if (tier->txn) return QR_OK;
-    int rc = mdb_txn_begin(tier->env, NULL, 0, &tier->txn);
+    MDB_envinfo info;
+    MDB_stat st;
+    int rc = mdb_env_info(tier->env, &info);
+    if (!rc) rc = mdb_env_stat(tier->env, &st);
+    size_t used = rc ? 0 : (info.me_last_pgno + 1) * (size_t)st.ms_psize, size = info.me_mapsize;
+    while (!rc && 2 * (used + TXN_HEADROOM) > size) size *= 2;
+    if (!rc && size != info.me_mapsize) rc = mdb_env_set_mapsize(tier->env, size);
+    if (rc) return tier_failed(tier, rc, "growing the map");
+    rc = mdb_txn_begin(tier->env, NULL, 0, &tier->txn);
     if (rc) {
         tier->txn = NULL;
         return tier_failed(tier, rc, "beginning a transaction");
