@@ -7,7 +7,10 @@ stay within the cap plus a fixed overhead (OVERHEAD_MB: the ps's own
 buffers and the request in flight; docs/EMBEDDINGS.md). The same run
 without the cap is measured beside it: it must exceed that bound (the test
 tells the two apart) and reach the same test AUC within 0.01 (async
-training is not bit for bit). Usage:
+training is not bit for bit). And in sync mode over 2 ps, where training
+is deterministic, a run with each ps's tables about four times its cap
+ends with the parameters of the all-in-memory run bit for bit (the same
+params_digest). Usage:
     test_table_tier.py QUORUM_BINARY"""
 
 import json
@@ -60,9 +63,10 @@ def is_ps(pid):
         return False
 
 
-def run(extra):
-    """A launch with 1 ps, 2 workers; its JSON and the ps's peak RssAnon (MiB)."""
-    proc = Proc([quorum, "launch", "--ps", "1", "--workers", "2", "--model", "wide-deep",
+def run(extra, nps=1):
+    """A launch with nps ps, 2 workers; its JSON and the peak RssAnon (MiB)
+    of a ps."""
+    proc = Proc([quorum, "launch", "--ps", str(nps), "--workers", "2", "--model", "wide-deep",
                  "--embedding-dim", "64", "--data", data, "--json", "--quiet"] + extra)
     peak = [0]
     done = threading.Event()
@@ -105,7 +109,12 @@ try:
     assert whole_mb > bound, "the all-in-memory run (%.1f MiB) is within %d MiB: the table " \
         "is too small to tell" % (whole_mb, bound)
     assert abs(tiered["test_auc"] - whole["test_auc"]) < 0.01, (tiered, whole)
-    print("PASS: ps RssAnon %.1f MiB with --table-memory-mb %d (bound %d), %.1f MiB without"
-          % (tiered_mb, CAP_MB, bound, whole_mb))
+    sync = ["--mode", "sync", "--epochs", "1"]
+    whole_sync, _ = run(sync, nps=2)
+    tiered_sync, _ = run(sync + ["--table-memory-mb", "12"], nps=2)
+    assert tiered_sync["params_digest"] == whole_sync["params_digest"], (tiered_sync, whole_sync)
+    print("PASS: ps RssAnon %.1f MiB with --table-memory-mb %d (bound %d), %.1f MiB without; "
+          "sync over 2 ps with tables 4x the cap: params_digest %s as all in memory"
+          % (tiered_mb, CAP_MB, bound, whole_mb, tiered_sync["params_digest"]))
 finally:
     shutil.rmtree(work, ignore_errors=True)
