@@ -765,7 +765,7 @@ int qr__tier_init(qr_ps *ps) {
         rc = lmdb_fail(rc, tier->dir);
         if (tier->env) mdb_env_close(tier->env);
         tier->env = NULL;
-        if (tier->private_dir) rmdir(tier->dir);
+        remove_files(tier); /* what a failed open left (its file, a private directory) */
         return rc;
     }
     qr__log(QR_LOG_INFO, "tables: at most %lld MiB of rows in memory, colder rows on disk in %s "
