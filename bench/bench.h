@@ -11,5 +11,6 @@ int qr_bench_optim_main(int argc, char **argv);
 int qr_bench_ckpt_main(int argc, char **argv);
 int qr_bench_embed_main(int argc, char **argv);
 int qr_bench_mlp_main(int argc, char **argv);
+int qr_bench_tier_main(int argc, char **argv);
 
 #endif

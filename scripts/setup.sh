@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libuv1-dev libcjson-dev libopenblas-dev
-          libmicrohttpd-dev libsodium-dev libcmocka-dev zlib1g-dev
+          libmicrohttpd-dev libsodium-dev libcmocka-dev zlib1g-dev liblmdb-dev
           dataset-fashion-mnist liblinear-tools prometheus gnuplot-nox
           python3 python3-dev python3-numpy python3-venv iproute2 ${QR_EXTRA_PACKAGES:-})
 missing=()

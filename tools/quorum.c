@@ -34,7 +34,7 @@ static void usage(FILE *f) {
             "  ps       run one parameter-server task of a cluster\n"
             "  worker   run one worker task of a cluster (worker 0 is the chief)\n"
             "  train    --local: the single-process reference of synchronous training\n"
-            "  bench    benchmarks: quorum bench wire | optim | ckpt | embed | mlp\n"
+            "  bench    benchmarks: quorum bench wire | optim | ckpt | embed | mlp | tier\n"
             "  ckpt     look at checkpoints: quorum ckpt ls | show | verify DIR\n"
             "  gen-ctr  write a synthetic click data set: quorum gen-ctr --out DIR\n"
             "  keygen   write a new cluster secret: quorum keygen PATH (docs/SECURITY.md)\n"
@@ -226,6 +226,7 @@ static int cmd_bench(int argc, char **argv) {
                "       quorum bench ckpt [options]    checkpoint pause and write speed vs the disk\n"
                "       quorum bench embed [options]   sparse rows vs dense bytes, memory per row\n"
                "       quorum bench mlp [options]     the MLP's forward and backward, per step\n"
+               "       quorum bench tier [options]    a table larger than --table-memory-mb\n"
                "`quorum bench NAME --help` lists a benchmark's options.\n");
         return argc < 1 ? 2 : 0;
     }
@@ -237,7 +238,9 @@ static int cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[0], "ckpt")) return qr_bench_ckpt_main(argc, argv);
     if (!strcmp(argv[0], "embed")) return qr_bench_embed_main(argc, argv);
     if (!strcmp(argv[0], "mlp")) return qr_bench_mlp_main(argc, argv);
-    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim, ckpt, embed or mlp)\n",
+    if (!strcmp(argv[0], "tier")) return qr_bench_tier_main(argc, argv);
+    fprintf(stderr, "quorum bench: unknown benchmark '%s' (wire, optim, ckpt, embed, mlp or "
+            "tier)\n",
             argv[0]);
     return 2;
 }

@@ -109,6 +109,13 @@ static const key_spec keys[] = {
      "worker: split a dense variable larger than this (MiB) along dimension 0 into shards "
      "of at least this size, one per ps at most, pulled and pushed in parallel (TensorFlow's "
      "min_max_variable_partitioner; 0: never; a variable's partitions=N option overrides)"},
+    /* tables larger than memory (ps tasks; docs/EMBEDDINGS.md) */
+    {"table-memory-mb", ANY, KEY_INT, "0", 0, 1 << 30, 0, NULL,
+     "ps: keep at most this many MiB of embedding-table rows in memory; colder rows move to a "
+     "disk tier (LMDB under table-dir) and come back when asked (0: every row in memory)"},
+    {"table-dir", ANY, KEY_STRING, "", 0, 0, 0, NULL,
+     "ps with table-memory-mb: the disk tier's files go in DIR/ps-K, emptied at start (\"\": a "
+     "private directory under $TMPDIR, else /tmp, removed when the ps ends)"},
     /* training regime */
     {"mode", ANY, KEY_ENUM, "async", 0, 0, 0, "async|sync",
      "async: apply every push at once; sync: synchronous replicas"},

@@ -34,6 +34,7 @@
  * is written whole. Restoring applies it onto its base, already restored.
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include "ckpt/ckpt.h"
 #include "cluster/placement.h"
@@ -180,7 +181,12 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const ui
         const char *name = job_name(j, "%s/%s", v->name, "update_steps");
         if (!e->table_policy[2] || !name)
             return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
-        for (uint64_t r = 0; r < n; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
+        uint64_t in_memory = sel ? n : t->count;
+        for (uint64_t r = 0; r < in_memory; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
+        if (!sel) { /* a full one: the rows on the disk tier follow (tier.c) */
+            int rc = qr__tier_copy_disk_rows(t, NULL, NULL, e->table_policy[2], t->count);
+            if (rc) return rc;
+        }
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
     }
@@ -216,7 +222,11 @@ static int changed_rows(const qr_table *t, uint64_t **sel, uint64_t *n) {
  * checkpoint, and NAME/removed_ids. */
 static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, bool delta) {
     const qr_table *t = v->table;
-    uint64_t *sel = NULL, n = t->count;
+    if (delta && t->tier)
+        return qr__fail(QR_EINVAL, "table '%s' has a disk tier (table-memory-mb): its "
+                        "checkpoints are full, not incremental", v->name);
+    /* full: the rows in memory, then those on the disk tier (tier.c) */
+    uint64_t *sel = NULL, n = qr__tier_rows(t);
     if (delta && changed_rows(t, &sel, &n))
         return qr__fail(QR_ENOMEM, "out of memory listing the changed rows of '%s'", v->name);
     int64_t dim = t->dim;
@@ -231,18 +241,24 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         return qr__fail(QR_ENOMEM, "out of memory copying table '%s' (%llu rows) for a "
                         "checkpoint", v->name, (unsigned long long)n);
     }
-    for (uint64_t k = 0; k < n; k++) {
+    uint64_t in_memory = sel ? n : t->count;
+    for (uint64_t k = 0; k < in_memory; k++) {
         uint64_t r = sel ? sel[k] : k;
         const float *row = qr_table_row(t, r);
         e->table_ids[k] = t->keys[r];
         for (int s = 0; s <= t->nslots; s++)
             memcpy(e->table_rows[s] + k * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
     }
+    int rc = sel ? QR_OK : qr__tier_copy_disk_rows(t, e->table_ids, e->table_rows, NULL, t->count);
+    if (rc) {
+        free(sel);
+        return rc;
+    }
     int64_t shape[2] = {(int64_t)n, dim};
     add_tensor(j, v->name, QR_DT_F32, 2, shape, e->table_rows[0]);
     const char *ids = job_name(j, "%s/%s", v->name, "ids");
     if (ids) add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
-    int rc = ids ? snapshot_table_policy(j, e, v, sel) : QR_ENOMEM;
+    rc = ids ? snapshot_table_policy(j, e, v, sel) : QR_ENOMEM;
     free(sel);
     if (rc) return rc;
     cJSON *tab = cJSON_AddObjectToObject(rec, "table");

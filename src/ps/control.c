@@ -8,6 +8,7 @@
  * Each carries a few fixed bytes of meta and no payload.
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -119,7 +120,7 @@ static void tables_stats_json(const qr_ps *ps, cJSON *j) {
         if (!tables) tables = cJSON_AddObjectToObject(j, "tables");
         const qr_table *t = v->table;
         cJSON *o = cJSON_AddObjectToObject(tables, v->name);
-        cJSON_AddNumberToObject(o, "rows", (double)t->count);
+        cJSON_AddNumberToObject(o, "rows", (double)qr__tier_rows(t));
         cJSON_AddNumberToObject(o, "bytes", (double)qr_table_bytes(t));
         if (t->admit_after) /* where sightings are counted; kept by add_tables as it is */
             cJSON_AddStringToObject(o, "admission_filter", t->filter.counters ? "bloom" : "exact");
@@ -129,6 +130,17 @@ static void tables_stats_json(const qr_ps *ps, cJSON *j) {
         cJSON_AddNumberToObject(o, "unadmitted_reads", (double)t->unadmitted_reads);
         cJSON_AddNumberToObject(o, "dropped_rows", (double)t->dropped_rows);
         cJSON_AddNumberToObject(o, "evicted", (double)t->evicted);
+        if (ps->tier) {
+            qr_tier_stats ts;
+            qr__tier_stats(t, &ts);
+            cJSON_AddNumberToObject(o, "rows_memory", (double)ts.rows_memory);
+            cJSON_AddNumberToObject(o, "rows_disk", (double)ts.rows_disk);
+            cJSON_AddNumberToObject(o, "disk_bytes", (double)ts.disk_bytes);
+            cJSON_AddNumberToObject(o, "memory_hits", (double)ts.memory_hits);
+            cJSON_AddNumberToObject(o, "disk_hits", (double)ts.disk_hits);
+            cJSON_AddNumberToObject(o, "misses", (double)ts.misses);
+            cJSON_AddNumberToObject(o, "rows_spilled", (double)ts.rows_spilled);
+        }
     }
 }
 

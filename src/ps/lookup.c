@@ -15,6 +15,7 @@
  * page-faulted on every reply (`quorum bench embed`).
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include "cluster/placement.h"
 
@@ -99,6 +100,15 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     *reply = (lookup_reply){ps, out, cap};
     uint64_t added = 0;
     t->clock = p->promoted_shard ? ps->replica.copy_steps : ps->applied_steps;
+    /* Rows on the disk tier come back first (tier.c). */
+    int trc = qr__tier_fault_in(ps, v, ids, n);
+    if (trc) {
+        qr__recv_pool_put(&ps->recv_pool, out, cap);
+        free(reply);
+        snprintf(msg, sizeof msg, "%s: LOOKUP of '%s': %s", ps->name, v->name, qr_last_error());
+        qr__peer_reply_error(p, f, trc, msg);
+        return;
+    }
     /* A sighting (admission counts it) unless read-only. An id with no
      * row (not admitted yet, or a read) reads its initial value. */
     if (qr_table_lookup(t, n, ids, f->flags & QR_LOOKUP_READ_ONLY, out, &added)) {

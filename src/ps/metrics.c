@@ -10,6 +10,7 @@
  * counters themselves are plain fields the loop updates as requests go by.
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include "common/metrics.h"
 
@@ -53,12 +54,17 @@ static void family(FILE *f, const char *name, const char *type, const char *help
 /* What table_family samples of each table. */
 typedef enum table_figure {
     TABLE_ROWS, TABLE_BYTES, TABLE_CANDIDATES, TABLE_FILTER_BYTES, TABLE_ADMITTED,
-    TABLE_UNADMITTED_READS, TABLE_DROPPED_ROWS, TABLE_EVICTED
+    TABLE_UNADMITTED_READS, TABLE_DROPPED_ROWS, TABLE_EVICTED,
+    /* the disk tier (--table-memory-mb, tier.c) */
+    TIER_ROWS_MEMORY, TIER_ROWS_DISK, TIER_DISK_BYTES, TIER_MEMORY_HITS, TIER_DISK_HITS,
+    TIER_MISSES, TIER_SPILLED
 } table_figure;
 
 static double table_value(const qr_table *t, table_figure what) {
+    qr_tier_stats ts;
+    if (what >= TIER_ROWS_MEMORY) qr__tier_stats(t, &ts);
     switch (what) {
-    case TABLE_ROWS: return (double)t->count;
+    case TABLE_ROWS: return (double)qr__tier_rows(t);
     case TABLE_BYTES: return (double)qr_table_bytes(t);
     case TABLE_CANDIDATES: return (double)t->ncand;
     case TABLE_FILTER_BYTES: return (double)t->filter.m;
@@ -66,6 +72,13 @@ static double table_value(const qr_table *t, table_figure what) {
     case TABLE_UNADMITTED_READS: return (double)t->unadmitted_reads;
     case TABLE_DROPPED_ROWS: return (double)t->dropped_rows;
     case TABLE_EVICTED: return (double)t->evicted;
+    case TIER_ROWS_MEMORY: return (double)ts.rows_memory;
+    case TIER_ROWS_DISK: return (double)ts.rows_disk;
+    case TIER_DISK_BYTES: return (double)ts.disk_bytes;
+    case TIER_MEMORY_HITS: return (double)ts.memory_hits;
+    case TIER_DISK_HITS: return (double)ts.disk_hits;
+    case TIER_MISSES: return (double)ts.misses;
+    case TIER_SPILLED: return (double)ts.rows_spilled;
     }
     return 0;
 }
@@ -142,13 +155,34 @@ static void render_checkpoints(const qr_ps *ps, FILE *f) {
            (double)ps->ckpt.written);
 }
 
+/* The tables' disk tier (--table-memory-mb): rows per tier, hits and misses. */
+static void render_tier(const qr_ps *ps, FILE *f) {
+    table_family(f, ps, "quorum_table_rows_memory", "gauge",
+                 "Rows of an embedding table in memory here.", TIER_ROWS_MEMORY);
+    table_family(f, ps, "quorum_table_rows_disk", "gauge",
+                 "Rows of an embedding table on the disk tier here.", TIER_ROWS_DISK);
+    table_family(f, ps, "quorum_table_disk_bytes", "gauge",
+                 "Bytes of the disk tier's pages holding an embedding table's rows.",
+                 TIER_DISK_BYTES);
+    table_family(f, ps, "quorum_table_memory_hits_total", "counter",
+                 "Ids of lookups and pushes whose row was in memory.", TIER_MEMORY_HITS);
+    table_family(f, ps, "quorum_table_disk_hits_total", "counter",
+                 "Ids of lookups and pushes whose row was brought back from disk.",
+                 TIER_DISK_HITS);
+    table_family(f, ps, "quorum_table_misses_total", "counter",
+                 "Ids of lookups and pushes with a row in neither tier.", TIER_MISSES);
+    table_family(f, ps, "quorum_table_rows_spilled_total", "counter",
+                 "Rows written to the disk tier to keep --table-memory-mb.", TIER_SPILLED);
+}
+
 /* Embedding tables, when the ps holds any: per table, then their rows' traffic. */
 static void render_tables(const qr_ps *ps, FILE *f) {
     bool tables = false;
     for (uint32_t i = 0; i < ps->store.cap; i++) tables |= ps->store.by_id[i] && ps->store.by_id[i]->table;
     if (!tables) return;
-    table_family(f, ps, "quorum_table_rows", "gauge", "Rows an embedding table holds here.",
-                 TABLE_ROWS);
+    table_family(f, ps, "quorum_table_rows", "gauge", "Rows an embedding table holds here "
+                 "(in memory and on the disk tier).", TABLE_ROWS);
+    if (ps->tier) render_tier(ps, f);
     table_family(f, ps, "quorum_table_bytes", "gauge", "Bytes an embedding table holds "
                  "here: rows, slots, ids, index and admission counts.", TABLE_BYTES);
     table_family(f, ps, "quorum_table_admission_candidates", "gauge",

@@ -613,6 +613,7 @@ struct qr_ps {
     ps_liveness liveness;
     ps_metrics metrics;
     ps_replica replica;
+    struct ps_tier *tier; /* --table-memory-mb: the tables' disk tier (tier.c), or NULL */
     /* rerep.c: the VIEW from ps 0 that started a copy, answered once it is made */
     ps_rerep_report rerep;
 };

@@ -4,6 +4,7 @@
  * of a dense variable (async pushes and sync steps alike).
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include "cluster/placement.h"
 
@@ -163,6 +164,9 @@ int qr__rows_apply(qr_ps *ps, qr_var *v, row_sum *s, bool delta, int64_t t, floa
         return qr_optim_apply_sparse(opt, v->slots, v->value->data, rows, dim, s->ids, s->sum,
                                      (int64_t)s->n, lr, t);
     }
+    v->table->clock = t;
+    int rc = qr__tier_fault_in(ps, v, s->ids, (int64_t)s->n); /* rows on disk come back */
+    if (rc) return rc;
     return apply_table(ps, v, (const uint8_t *)s->ids, s->sum, s->n, delta, t, lr);
 }
 
@@ -208,7 +212,10 @@ int qr__rows_apply_push(qr_ps *ps, qr_var *v, const uint8_t *ids, const float *r
     if (n <= 0) return QR_OK; /* as qr__rows_apply: nothing changes */
     /* The sum of distinct rows is each row as it came, in the order it
      * came: applied from the payload, the result is the sum path's. */
-    if (v->table && qr__rows_present_distinct(&ps->row_marks, v->table, ids, (uint64_t)n)) {
+    /* (Not with a disk tier: its rows come back, and are counted, in
+     * qr__tier_fault_in, which the sum path calls.) */
+    if (v->table && !v->table->tier &&
+        qr__rows_present_distinct(&ps->row_marks, v->table, ids, (uint64_t)n)) {
         const qr_optim *opt = qr__var_optim(ps, v);
         float lr = pushed_lr >= 0 ? pushed_lr : qr__ps_lr(ps, v, opt, t - 1);
         return apply_table(ps, v, ids, rows, (uint64_t)n, delta, t, lr);

@@ -30,6 +30,7 @@
  * (reopen), restoring the checkpoint the rollback names.
  */
 #include "ps/ps_internal.h"
+#include "ps/tier.h"
 
 #include <stddef.h>
 #include <stdlib.h>
@@ -578,6 +579,7 @@ static void free_run(qr_ps *ps) {
     free(ps->worker_conns);
     free(ps->worker_lost_ns);
     free(ps->average_vars);
+    qr__tier_free(ps); /* before the tables it tiers */
     qr_store_free(&ps->store);
     qr_optim_free(ps->optim);
     ps->worker_conns = NULL;
@@ -605,6 +607,7 @@ static int start_run(qr_ps *ps) {
     if (!rc) rc = read_options(ps);
     if (!rc) rc = qr__replica_init(ps);
     if (!rc) rc = qr__ckpt_init(ps);
+    if (!rc) rc = qr__tier_init(ps); /* after a restore: spills what exceeds the cap */
     if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
     if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
     if (!rc && ps->index == 0 && ps->cluster->nps > 1)

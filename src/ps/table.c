@@ -127,7 +127,7 @@ int64_t qr_table_get_or_add(qr_table *t, int64_t id, bool *added) {
  * failure to grow the list turns tracking off: the next checkpoint then
  * writes this table whole (ckpt_shard.c), which needs no list. */
 static void note_removed(qr_table *t, int64_t id) {
-    if (!t->changed) return;
+    if (!t->changed || t->tier) return; /* a row spilled to the disk tier is not removed */
     if (t->nremoved == t->removed_cap) {
         uint64_t cap = t->removed_cap ? t->removed_cap * 2 : 64;
         int64_t *ids = realloc(t->removed_ids, cap * sizeof *ids);
@@ -140,6 +140,18 @@ static void note_removed(qr_table *t, int64_t id) {
         t->removed_cap = cap;
     }
     t->removed_ids[t->nremoved++] = id;
+}
+
+int64_t qr_table_add_uninit(qr_table *t, int64_t id) {
+    if (qr_table_find(t, id) >= 0) return -2;
+    if (reserve_row(t)) return -1;
+    bool added;
+    int64_t r = qr_idmap_insert(&t->index, t->keys, id, (uint32_t)t->count, &added);
+    if (r < 0) return -1;
+    t->keys[r] = id;
+    if (t->updated) t->updated[r] = t->clock;
+    t->count++;
+    return r;
 }
 
 void qr_table_remove(qr_table *t, uint64_t r) {
@@ -343,6 +355,13 @@ void qr_table_forget_id(qr_table *t, int64_t id) {
 /* ---- changes since the last checkpoint ------------------------------------- */
 
 int qr_table_changes_begin(qr_table *t) {
+    if (t->tier) { /* a disk tier: every checkpoint is full (ckpt_coord.c), nothing tracked */
+        free(t->changed);
+        free(t->cand_changed);
+        t->changed = t->cand_changed = NULL;
+        t->nremoved = 0;
+        return QR_OK;
+    }
     if (!t->changed) t->changed = malloc(QR_MAX(t->keys_cap, 1));
     if (t->admit_after && !t->cand_changed) t->cand_changed = malloc(QR_MAX(t->cand_cap, 1));
     if (!t->changed || (t->admit_after && !t->cand_changed)) {

@@ -85,6 +85,8 @@ typedef struct qr_table {
     uint64_t nremoved, removed_cap;
     /* counted since the table was made here */
     uint64_t admitted, unadmitted_reads, dropped_rows, evicted;
+    /* --table-memory-mb: the table's disk tier (tier.c), NULL without one */
+    struct tier_table *tier;
 } qr_table;
 
 /* An empty table. init is an initializer spec (qr_init_validate'd). */
@@ -144,6 +146,11 @@ int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added);
  * if a sweep is due (every evict_after / 4 steps of the clock); how many
  * went. Row pointers are stale after it. */
 uint64_t qr_table_evict_idle(qr_table *t);
+
+/* Room for a new row of id, not initialized: the caller fills its value
+ * and slots (a row coming back from the disk tier, tier.c). -1 with
+ * QR_ENOMEM set if memory ran out, -2 if id has a row already. */
+int64_t qr_table_add_uninit(qr_table *t, int64_t id);
 
 /* Put back a checkpoint's admission candidate (id seen `seen` times;
  * into the filter under admit_filter=bloom). */

@@ -72,6 +72,10 @@ qr_integration_test(integration_metrics test_metrics.py)
 foreach(case train checkpoint)
   qr_integration_test(integration_embeddings_${case} test_embeddings.py ${QR_VENV_PYTHON} ${case})
 endforeach()
+# A table four times --table-memory-mb: the ps's RssAnon within the cap
+# plus a fixed overhead, the AUC of the all-in-memory run (test_table_tier
+# checks the rows bit for bit).
+qr_integration_test(integration_table_tier test_table_tier.py)
 # Two copies of every shard (--ps-replicas 2): the backup equals the
 # primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
 # place of a killed or stopped ps (views, resent pushes, the fence);

@@ -1,0 +1,65 @@
+/*
+ * tier.h - tables larger than memory: with --table-memory-mb N a ps keeps
+ * at most N MiB of its embedding tables' rows in memory; colder rows live
+ * on a disk tier (an LMDB environment under --table-dir) and come back, a
+ * request's misses in one batch, when a lookup or a push asks for them
+ * (docs/EMBEDDINGS.md, "Tables larger than memory").
+ *
+ * The tables themselves (table.c) stay all-in-memory structures: before a
+ * request touches a table, qr__tier_fault_in makes every id it names that
+ * has a row present in memory (brought back from disk, colder rows
+ * written out to make room), so lookup.c and rows.c run unchanged and a
+ * tiered table computes bit for bit what an all-in-memory one does.
+ * Used only from the ps loop thread.
+ */
+#ifndef QR_PS_TIER_H
+#define QR_PS_TIER_H
+
+#include "ps/table.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct qr_ps;
+struct qr_var;
+
+/* What a table's tiers hold and did (zeros without a tier). */
+typedef struct qr_tier_stats {
+    uint64_t rows_memory, rows_disk;
+    uint64_t disk_bytes;   /* the table's pages in the LMDB file */
+    uint64_t memory_hits;  /* ids of requests found in memory */
+    uint64_t disk_hits;    /* ids brought back from disk */
+    uint64_t misses;       /* ids in neither tier (new rows, or not admitted yet) */
+    uint64_t rows_spilled; /* rows written out to make room */
+} qr_tier_stats;
+
+/* Open the ps's disk tier if --table-memory-mb asks for one (at the start
+ * of a run, after a restore: restored tables over the cap are spilled). */
+int qr__tier_init(struct qr_ps *ps);
+/* Close it; a private directory is removed. */
+void qr__tier_free(struct qr_ps *ps);
+
+/* Before a lookup or a push of ids[0..n) on v's table (whose clock is
+ * set): every id with a row on disk gets it back in memory, in one LMDB
+ * transaction with the rows spilled to keep the cap. QR_EINVAL if the
+ * request alone needs more rows than the cap holds, QR_EIO on a failure
+ * of the store, QR_ENOMEM: the table is then unchanged. Nothing to do
+ * without a tier. */
+int qr__tier_fault_in(struct qr_ps *ps, struct qr_var *v, const int64_t *ids, int64_t n);
+
+/* Rows of table t on disk (0 without a tier). */
+uint64_t qr__tier_disk_rows(const qr_table *t);
+/* Rows of table t in both tiers. */
+static inline uint64_t qr__tier_rows(const qr_table *t) {
+    return t->count + qr__tier_disk_rows(t);
+}
+/* A checkpoint's copy of the disk rows: ids[k], the value of row k into
+ * rows[0] + k * dim and slot s into rows[1 + s] + k * dim, and its update
+ * step into steps[k], for k from `from` on (ids and rows, or steps, may
+ * be NULL). */
+int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
+                            uint64_t from);
+
+void qr__tier_stats(const qr_table *t, qr_tier_stats *out);
+
+#endif /* QR_PS_TIER_H */
