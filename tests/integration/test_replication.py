@@ -518,7 +518,10 @@ def failover_kill_case():
 
 def failover_stop_case():
     timeout_ms = 1000
-    args = DIGITS + ["--steps", "8000", "--ps-replicas", "2", "--heartbeat-ms", "200",
+    # Long enough that ps 1 is resumed while the others still train (8000
+    # steps once ended 1.5 s after the failover, before the resume, on a
+    # quiet machine: the resumed ps then had nothing left to fence itself for).
+    args = DIGITS + ["--steps", "30000", "--ps-replicas", "2", "--heartbeat-ms", "200",
                      "--heartbeat-timeout-ms", str(timeout_ms)]
 
     def resume(pid):
@@ -526,7 +529,7 @@ def failover_stop_case():
         os.kill(pid, signal.SIGCONT)
 
     s, err, pid, _ = launch_and_signal(args, 1, signal.SIGSTOP, 1.0, resume)
-    assert s["rollbacks"] == 0 and s["global_step"] >= 8000, s
+    assert s["rollbacks"] == 0 and s["global_step"] >= 30000, s
     assert "ps 1 (" in err and "is hung (no answer to heartbeats" in err, err[-3000:]
     assert "[ps 1 pid %d] error: ps 1 did not run for" % pid in err, err[-3000:]
     assert "is hung: " not in err, "launch killed the failed-over ps"
