@@ -709,7 +709,7 @@ def rerep_killed_case():
     a new replacement, and the copy starts over; at the end every shard
     is on two equal copies, each holding every acknowledged push, with no
     rollback."""
-    args = DIGITS + ["--hidden", "1024,1024", "--lr", "0.01", "--steps", "2000",
+    args = DIGITS + ["--hidden", "1024,1024", "--lr", "0.01", "--steps", "4000",
                      "--ps-replicas", "2", "--max-restarts", "2"]
     log = tempfile.NamedTemporaryFile("w+", prefix="qr-rerep-killed-", suffix=".log")
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args, stderr=log)
