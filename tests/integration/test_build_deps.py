@@ -17,7 +17,7 @@ cmake, source = sys.argv[2], sys.argv[3]
 
 LIBRARIES = {"libuv": "libuv1-dev", "libcjson": "libcjson-dev", "openblas": "libopenblas-dev",
              "zlib": "zlib1g-dev", "libmicrohttpd": "libmicrohttpd-dev",
-             "libsodium": "libsodium-dev"}
+             "libsodium": "libsodium-dev", "lmdb": "liblmdb-dev"}
 
 
 def configure(*args):
@@ -46,7 +46,7 @@ assert rc != 0, text[-3000:]
 for module in list(LIBRARIES) + ["cmocka"]:
     assert module in text, (module, text[-3000:])
 check(text, list(LIBRARIES.values()) + ["libcmocka-dev"])
-print("ok: a plain build names all seven libraries (cmocka for the tests) at once")
+print("ok: a plain build names all eight libraries (cmocka for the tests) at once")
 
 rc, text = configure("-DSKBUILD=ON")
 assert rc != 0, text[-3000:]
@@ -54,7 +54,7 @@ for module in LIBRARIES:
     assert module in text, (module, text[-3000:])
 assert "cmocka" not in text, text[-3000:]
 check(text, list(LIBRARIES.values()))
-print("ok: pip's build (SKBUILD) names all six libraries at once")
+print("ok: pip's build (SKBUILD) names all seven libraries at once")
 
 rc, text = configure("-DSKBUILD=ON", "-DPKG_CONFIG_EXECUTABLE=/nonexistent/pkg-config")
 assert rc != 0, text[-3000:]
