@@ -60,5 +60,5 @@ rc, text = configure("-DSKBUILD=ON", "-DPKG_CONFIG_EXECUTABLE=/nonexistent/pkg-c
 assert rc != 0, text[-3000:]
 assert "pkg-config is missing" in text, text[-3000:]
 check(text, ["pkg-config"] + list(LIBRARIES.values()))
-print("ok: without pkg-config, it is named first, with the six libraries")
+print("ok: without pkg-config, it is named first, with the seven libraries")
 print("PASS: missing C libraries are named at once, with the command that installs them")
