@@ -276,6 +276,13 @@ def launch_child_pid(launcher, job, index):
     raise AssertionError("%s %d not found" % (job, index))
 
 
+def sanitized(binary):
+    """Whether a binary is a sanitizer build (links libasan): its memory
+    figures (RSS, mallinfo) are ASan's shadow and quarantine, not its own."""
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30).stdout
+    return "libasan" in out
+
+
 def wait_catches(pid, signo, timeout=30):
     """Waits until process `pid` has a handler for signal `signo`, read from
     /proc's SigCgt mask. A task stopped (SIGSTOP) before it installs its

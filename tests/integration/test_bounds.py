@@ -28,22 +28,16 @@ import resource
 import select
 import socket
 import struct
-import subprocess
 import sys
 import tempfile
 import time
 
 from qrtest import (CREATE, HELLO, PUSH, READY, REPLY, STEP, Proc, connect, create_meta, floats,
                     frame, free_ports, header, last_json, lone_ps, pad, push_meta, read_reply,
-                    ready_meta, request, serving, status_kb, stop_ps)
+                    ready_meta, request, sanitized, serving, status_kb, stop_ps)
 
 quorum, case = sys.argv[1], sys.argv[2]
 
-
-def sanitized():
-    """Whether the quorum binary is a sanitizer build (links libasan)."""
-    out = subprocess.run(["ldd", quorum], capture_output=True, text=True, timeout=30).stdout
-    return "libasan" in out
 
 # A few thousand sockets: this process's and (inherited) the ps's.
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -169,7 +163,7 @@ try:
               "%.0f KiB per connection beyond the %d MiB budget)"
               % (n, base_kb, peak_kb, grew_mb, per_kb, budget_mb))
         assert left == 0, "%d of %d half-sent connections still open after 60 s" % (left, n)
-        if sanitized():
+        if sanitized(quorum):
             # AddressSanitizer holds freed blocks in its quarantine (256 MiB
             # by default): the resident set says nothing of the budget.
             print("(a sanitizer build: the memory bound is checked by the plain build)")
