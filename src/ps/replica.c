@@ -141,7 +141,10 @@ static void send_forward(repl_link *L, repl_forward *fw) {
     fw->sending++;
     if (qr_conn_send(L->conn, &f, m->data, (uint32_t)m->len, &iov, fw->payload.len ? 1 : 0,
                      on_sent, fw)) {
-        /* The connection is going: `lost` follows, and this is sent again. */
+        /* The connection is going: `lost` follows, and this is sent again.
+         * A failed send never runs on_sent: count it back here, or a queue
+         * dropped later (the copy gone) would leave it unfreed. */
+        fw->sending--;
         qr__log(QR_LOG_WARN, "forwarding to ps %d failed: %s", L->target, qr_last_error());
     }
     qr_wbuf_free(&meta);
