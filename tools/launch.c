@@ -92,6 +92,7 @@ typedef struct child {
     bool late;      /* stopped after the run ended without having joined it */
     bool failed_over; /* a ps whose shard its backup serves (--ps-replicas 2): not a failure */
     uint64_t failed_ms; /* such a ps (k > 0) ended: when, while ps 0's "failover" notice is awaited */
+    bool told_to_stop;  /* a ps sent the orderly SIGTERM once every worker had ended well */
 } child;
 
 /* ps tasks tell the launcher of a ps they found hung (qr__tell_supervisor:
@@ -169,6 +170,9 @@ static void describe_exit(const child *c, char *buf, size_t len) {
 }
 
 static bool failed(const child *c) {
+    /* A ps told to stop in order that the SIGTERM killed outright had not
+     * set its handler yet: it was still starting, with nothing to lose. */
+    if (c->told_to_stop && WIFSIGNALED(c->status) && WTERMSIG(c->status) == SIGTERM) return false;
     return !c->late && !c->failed_over && (!WIFEXITED(c->status) || WEXITSTATUS(c->status) != 0);
 }
 
@@ -437,7 +441,10 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
         if (workers_done && !ps_told) {
             ps_told = true;
             for (int i = 0; i < plan->nps; i++)
-                if (!kids[i].exited) kill(kids[i].pid, SIGTERM);
+                if (!kids[i].exited) {
+                    kids[i].told_to_stop = true;
+                    kill(kids[i].pid, SIGTERM);
+                }
         }
         uint64_t now_ms = qr__now_ns() / 1000000 + 1; /* never 0 */
         if (interrupted && running) {

@@ -70,9 +70,14 @@ static const char *task_exit_help =
     "and not restarted within restart-wait-ms: nobody evaluated the model).\n";
 
 static qr_ps *running_ps;
+/* A SIGINT/SIGTERM that came before the ps was made (a slow start: quorum
+ * launch stops the ps tasks as soon as the workers are done) stops it as
+ * soon as it runs, instead of killing it outright. */
+static volatile sig_atomic_t stop_signalled;
 
 static void on_stop_signal(int sig) {
     (void)sig;
+    stop_signalled = 1;
     if (running_ps) qr_ps_stop(running_ps); /* uv_async_send: async-signal-safe */
 }
 
@@ -85,6 +90,10 @@ static int cmd_ps(int argc, char **argv) {
         cli_print_config_help(stdout);
         return 0;
     }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     cli_args a;
     /* A ps accepts the training options too, so one command line can be
      * given to every task; it uses only the library options. */
@@ -104,10 +113,7 @@ static int cmd_ps(int argc, char **argv) {
         fprintf(stderr, "quorum ps: %s\n", qr_last_error());
     } else {
         running_ps = ps;
-        struct sigaction sa = {0};
-        sa.sa_handler = on_stop_signal;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
+        if (stop_signalled) qr_ps_stop(ps); /* asked while it was being made */
         rc = qr_ps_run(ps);
         running_ps = NULL;
         if (rc) fprintf(stderr, "quorum ps: %s\n", qr_last_error());
