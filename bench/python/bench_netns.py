@@ -5,7 +5,8 @@ docs/PERFORMANCE.md) checked on a network (issue 27, item 6).
 It makes two network namespaces of its own (named after its pid) joined by
 a veth pair, runs `quorum ps` in one and a quorum.Worker timing push_pull
 of one variable of each size in the other (async: one fused round trip;
-sync with one worker: push, token, pull), and prints each step's median
+sync with one worker: one round trip too, the push answered once its step
+is applied, docs/SYNC.md "One round trip"), and prints each step's median
 time beside the model's: R x RTT + 2 x S x wire overhead / bandwidth +
 the ps's apply time, with RTT = the set round trip + the transport's own
 (`quorum bench wire` over loopback TCP), the apply rate from `quorum bench
@@ -392,8 +393,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("link: %.3g Gbit/s, %.3g ms round trip set (%s); transport's own round trip %.1f us, "
           "ps apply %.1f GB/s" % (a.gbit, a.rtt_ms, link.shaping, params["base_rtt_s"] * 1e6,
                                   params["apply_rate"] / 1e9))
-    print("  model: R x RTT + 2 x size x %.3f / rate + apply; R = 3 (sync today: push, token, "
-          "pull) or 1 (async, fused); 'RTTs seen': (measured - the rest of the model) / RTT"
+    print("  model: R x RTT + 2 x size x %.3f / rate + apply; R = 3 (a sync step as push, token, "
+          "pull) or 1 (async and sync push_pull: one trip); 'RTTs seen': (measured - the rest of the model) / RTT"
           % WIRE_OVERHEAD)
     print("  %-6s %9s %12s %12s %12s %9s %10s" % ("mode", "size", "measured ms", "model ms",
                                                   "model 1 RTT", "meas/mod", "RTTs seen"))

@@ -8,7 +8,9 @@ machine with a core to spare), with the worker's overlap on and off.
                 --model mlp`, the same model, data and batch
   quorum.torch: one worker with its ps (run alone: the ps in the same
                 process, on threads of its own) against a plain torch loop
-                (torch.optim.SGD), the same MLP and batch
+                (torch.optim.SGD), the same MLP and batch: overlap off and
+                on, and async with overlap="pipeline" (each step's push
+                and pull under the next step's compute)
 
 Rounds alternate the variants so that all see the same machine; each
 figure is the median over the rounds. The ratios are examples/s against
@@ -25,7 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple, Union
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_env import cpu_model  # noqa: E402  (beside this file)
@@ -81,19 +83,20 @@ def torch_bench(rounds: int, steps: int) -> Dict[str, List[float]]:
             opt.step()
         return steps * batch / (time.perf_counter() - start)
 
+    variants: Dict[str, Tuple[str, Union[bool, str]]] = {
+        "%s overlap %s" % (mode, "on" if ov else "off"): (mode, ov)
+        for mode in ("async", "sync") for ov in (False, True)}
+    variants["async pipeline"] = ("async", "pipeline")  # the step under the next one
     got: Dict[str, List[float]] = {"torch": []}
-    for mode in ("async", "sync"):
-        for ov in (False, True):
-            got["%s overlap %s" % (mode, "on" if ov else "off")] = []
+    got.update({k: [] for k in variants})
     for _ in range(rounds):
         m = make()
         got["torch"].append(loop(m, torch.optim.SGD(m.parameters(), lr=0.01)))
-        for mode in ("async", "sync"):
-            for ov in (False, True):
-                m = make()
-                opt = qt.Optimizer(m, "SGD", lr=0.01, overlap=ov, mode=mode)
-                got["%s overlap %s" % (mode, "on" if ov else "off")].append(loop(m, opt))
-                opt.close()
+        for k, (mode, ov) in variants.items():
+            m = make()
+            opt = qt.Optimizer(m, "SGD", lr=0.01, overlap=ov, mode=mode)
+            got[k].append(loop(m, opt))
+            opt.close()
     return got
 
 

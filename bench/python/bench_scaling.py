@@ -4,16 +4,17 @@ item 7), on one machine: the same MLP (784-1024-256-10, 1.07 M
 parameters), one thread per process, the same cores.
 
 For each worker count W, with the ps count quorum recommends
-(step_model.recommend_ps: 1 ps per 3 workers, capped so that workers and
-ps tasks each get a core) and the model's variables partitioned over them
-(--partition-min-mb), each round runs, in an order rotated round by round:
+(step_model.recommend_ps: one ps per worker, at most twice the cores the
+workers leave, since a sync ps is busy a third of a step or less) and the
+model's variables partitioned over them (--partition-min-mb), each round runs, in an order rotated round by round:
 
   ddp       W torch processes, DDP (gloo) over loopback TCP, batch B
   qt_sync   `quorum launch --mode sync -- bench_torch.py --quorum-worker`
             (quorum.torch), batch B
   qt_async  the same, --mode async
   c_sync    `quorum launch --mode sync --model mlp --hidden 1024,256`
-            (quorum's C trainer), batch --c-batch, on synthetic 28x28 IDX
+            (quorum's C trainer), batch --c-batch (by default B, so that
+            DDP's figure is the baseline of both), on synthetic 28x28 IDX
             data written for the run
   c_async   the same, --mode async (W x --steps global steps: --steps each)
 
@@ -58,18 +59,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_env  # noqa: E402
 import step_model  # noqa: E402
-from benchlib import LIVE, free_port, kill_group, run_all  # noqa: E402
+from benchlib import LIVE, CpuSampler, free_port, kill_group, run_all  # noqa: E402
 
 BENCH_TORCH = os.path.join(HERE, "bench_torch.py")
 MODES = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async")
 
 
-def worker_rates(out: str) -> float:
-    """bench_torch.py's workers' samples/s in an output, summed."""
+def worker_reports(out: str) -> List[Dict[str, Any]]:
+    """bench_torch.py's workers' reports in an output."""
     found = [json.loads(m) for m in re.findall(r'\{"rank"[^}]*\}', out)]
     if not found:
         raise RuntimeError("no worker report in the output: %r" % out[-500:])
-    return float(sum(r["samples_per_s"] for r in found))
+    return found
+
+
+def worker_rates(out: str) -> float:
+    """bench_torch.py's workers' samples/s in an output, summed."""
+    return float(sum(r["samples_per_s"] for r in worker_reports(out)))
+
+
+def wait_share(reports: List[Dict[str, Any]]) -> Optional[float]:
+    """The workers' mean share of a step spent in the optimizer's step
+    (quorum: push, the wait for the quorum, pull)."""
+    shares = [r["opt_step_ms"] / r["step_ms"] for r in reports if r.get("step_ms")]
+    return float(np.mean(shares)) if shares else None
 
 
 def last_json(out: str) -> Dict[str, Any]:
@@ -108,28 +121,61 @@ class Bench:
     def torch_worker(self, *mode: str) -> List[str]:
         return [sys.executable, BENCH_TORCH, "--batch", str(self.a.batch)] + list(mode)
 
-    def launch(self, mode: str, workers: int, ps: int, tail: List[str]) -> str:
+    def launch(self, mode: str, workers: int, ps: int, tail: List[str],
+               cpu: Optional[CpuSampler] = None) -> str:
         cmd = [self.quorum, "launch", "--ps", str(ps), "--workers", str(workers), "--mode", mode,
                "--lr", "0.01", "--quiet", "--partition-min-mb", str(self.a.partition_min_mb)]
-        return run_all([cmd + tail], self.env, self.a.timeout)[0]
+        return run_all([cmd + tail], self.env, self.a.timeout, cpu)[0]
 
     def run(self, mode: str, workers: int, ps: int) -> float:
-        """One round of one mode: examples/s summed over the workers."""
+        """One round of one mode: examples/s summed over the workers. With
+        --profile, self.profile holds where the round's time went."""
         a = self.a
+        cpu = CpuSampler() if a.profile else None
+        self.profile: Dict[str, Any] = {}
+        reports: List[Dict[str, Any]] = []
+        gather: Optional[float] = None  # c_sync: ps 0's share of a step before its last gradient
         if mode == "ddp":
             port = str(free_port())
             outs = run_all([self.torch_worker("--ddp-worker", str(r), str(workers), port,
                                               str(a.steps)) for r in range(workers)],
-                           self.env, a.timeout)
-            return sum(worker_rates(o) for o in outs)
-        if mode.startswith("qt_"):
-            return worker_rates(self.launch(mode[3:], workers, ps, ["--"] + self.torch_worker(
-                "--quorum-worker", str(a.steps), "float32")))
-        sync = mode == "c_sync"
-        steps = a.steps if sync else a.steps * workers  # global steps: async counts every push
-        out = self.launch(mode[2:], workers, ps, self.c_model + [
-            "--batch-size", str(a.c_batch), "--steps", str(steps), "--json"])
-        return float(last_json(out)["examples_per_sec"])
+                           self.env, a.timeout, cpu)
+            reports = [r for o in outs for r in worker_reports(o)]
+            rate = float(sum(r["samples_per_s"] for r in reports))
+        elif mode.startswith("qt_"):
+            reports = worker_reports(self.launch(mode[3:], workers, ps, ["--"] + self.torch_worker(
+                "--quorum-worker", str(a.steps), "float32"), cpu))
+            rate = float(sum(r["samples_per_s"] for r in reports))
+        else:
+            sync = mode == "c_sync"
+            steps = a.steps if sync else a.steps * workers  # global steps: async counts every push
+            doc = last_json(self.launch(mode[2:], workers, ps, self.c_model + [
+                "--batch-size", str(a.c_batch), "--steps", str(steps), "--overlap", a.c_overlap,
+                "--json"], cpu))
+            rate = float(doc["examples_per_sec"])
+            if sync and doc.get("sync"):
+                # ps 0's mean time from a step's start to its last gradient
+                # (the rest of the step: the apply and the answers)
+                step_ms = 1e3 * doc["wall_seconds"] / max(1, doc["global_step"])
+                gather = doc["sync"]["mean_wait_ms"] / step_ms
+        if cpu:
+            use = cpu.stop()
+            wall = max(use["wall_s"], 1e-9)
+            self.profile = {
+                "wait_share": wait_share(reports),
+                "gather_share": gather,
+                "cores_busy": {role: sec / wall for role, sec in use["cpu_s"].items()},
+                "wall_s": wall}
+            # The window every worker was in its timed loop, where they say.
+            loops = [r["loop"] for r in reports if "loop" in r]
+            busy = cpu.window(max(t for t, _ in loops), min(t for _, t in loops)) \
+                if loops else {}
+            if busy:
+                self.profile["cores_busy"] = busy
+                self.profile["window_s"] = min(t for _, t in loops) - max(t for t, _ in loops)
+            self.profile["busy_per_task"] = {role: n / use["tasks"][role] for role, n in
+                                             self.profile["cores_busy"].items()}
+        return rate
 
     def params(self) -> Dict[str, Any]:
         """What the step model needs, measured here: compute alone (torch,
@@ -201,6 +247,24 @@ def print_tables(doc: Dict[str, Any]) -> None:
         print("  %-12s " % ("%d (%d)" % (w, ps)) + " ".join(
             "%12.0f" % med[(w, m)]["examples_per_s"] if med.get((w, m)) and
             med[(w, m)].get("examples_per_s") else "%12s" % "failed" for m in modes))
+    profiled = [p for p in doc["points"] if p.get("profile")]
+    if profiled:
+        print("where the time went (medians over the rounds): cores busy per task by role "
+              "(torch: while every worker was in its timed loop; C: the whole run); 'step wait': the workers' share of a step in the "
+              "optimizer's step (push, wait, pull); 'gather': C sync, ps 0's share of a step "
+              "from its start to its last gradient (the rest is the apply and the answers)")
+        print("  %-12s %-9s %8s %8s %8s %10s %8s" % ("workers (ps)", "mode", "ps", "worker",
+                                                   "launch", "step wait", "gather"))
+        for pt in profiled:
+            def mid(f: Any) -> str:
+                vals = [v for v in (f(r) for r in pt["profile"]) if v is not None]
+                return "%.2f" % float(np.median(vals)) if vals else "-"
+            print("  %-12s %-9s %8s %8s %8s %10s %8s" % (
+                "%d (%d)" % (pt["workers"], pt["ps"]), pt["mode"],
+                mid(lambda r: r["busy_per_task"].get("ps")),
+                mid(lambda r: r["busy_per_task"].get("worker")),
+                mid(lambda r: r["busy_per_task"].get("launch")),
+                mid(lambda r: r["wait_share"]), mid(lambda r: r["gather_share"])))
     p = doc.get("params")
     if p:
         print("alone (one process): torch %.0f examples/s (%.2f ms a step), C trainer %.0f "
@@ -226,19 +290,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="timed steps per worker (default 300)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds; medians reported (default 3)")
     ap.add_argument("--batch", type=int, default=128, help="torch batch per worker (default 128)")
-    ap.add_argument("--c-batch", type=int, default=64, help="C trainer batch (default 64)")
+    ap.add_argument("--c-batch", type=int, default=0,
+                    help="C trainer batch (default 0: --batch, DDP's, so that one DDP figure "
+                    "is the baseline of both)")
+    ap.add_argument("--c-overlap", choices=["auto", "on", "off"], default="auto",
+                    help="the C trainer's --overlap (default auto: on where the tasks leave a "
+                    "core spare)")
     ap.add_argument("--modes", default=",".join(MODES), help="of %s" % ",".join(MODES))
     ap.add_argument("--timeout", type=float, default=180, help="seconds a run may take "
                     "(default 180)")
     ap.add_argument("--json", metavar="PATH", help="write the run's JSON here too")
     ap.add_argument("--no-model", action="store_true",
                     help="skip the step model's measurements and predictions")
+    ap.add_argument("--profile", action="store_true",
+                    help="where each run's time went: every task's CPU by role (ps, worker, "
+                    "launch; read from /proc) and the workers' share of a step spent in the "
+                    "optimizer's step (push, wait, pull)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, one round (a smoke test)")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         ap.error("--modes: unknown %s (known: %s)" % (",".join(bad), ",".join(MODES)))
+    a.c_batch = a.c_batch or a.batch
     for name in ("steps", "rounds", "batch", "c_batch"):
         if getattr(a, name) < 1:
             ap.error("--%s must be at least 1, got %d" % (name.replace("_", "-"),
@@ -268,7 +342,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "config": {"mlp_dims": a.dims, "batch": {"torch": a.batch, "c": a.c_batch},
                        "steps": a.steps, "rounds": a.rounds, "modes": modes,
                        "partition_min_mb": a.partition_min_mb,
-                       "counts": counts, "quorum": bench.quorum},
+                       "counts": counts, "quorum": bench.quorum, "c_overlap": a.c_overlap},
             "points": []}
         print(bench_env.header(doc["machine"]), flush=True)
         if not a.no_model:
@@ -278,6 +352,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print("note: %d workers and %d ps tasks on %d cores: they share cores"
                       % (w, ps, cores), file=sys.stderr)
             seen: Dict[str, List[float]] = {m: [] for m in modes}
+            profiles: Dict[str, List[Dict[str, Any]]] = {m: [] for m in modes}
             errors: Dict[str, str] = {}
             for r in range(a.rounds):
                 order = modes[r % len(modes):] + modes[:r % len(modes)]  # rotated each round
@@ -285,6 +360,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     t0 = time.monotonic()
                     try:
                         seen[m].append(bench.run(m, w, ps))
+                        if bench.profile:
+                            profiles[m].append(bench.profile)
                     except RuntimeError as e:
                         errors[m] = str(e)
                         print("%s at %d workers failed: %s" % (m, w, e), file=sys.stderr)
@@ -297,6 +374,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 v = float(np.median(seen[m])) if seen[m] else 0.0
                 pt: Dict[str, Any] = {"workers": w, "ps": ps, "mode": m, "examples_per_s": v,
                                       "rounds": seen[m], "ratio_to_ddp": v / ddp if ddp else None}
+                if profiles[m]:
+                    pt["profile"] = profiles[m]
                 if m in errors:
                     pt["error"] = errors[m][-500:]
                 doc["points"].append(pt)

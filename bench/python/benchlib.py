@@ -12,8 +12,9 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 LIVE: List[subprocess.Popen[str]] = []  # process groups to kill if this one is stopped
 
@@ -38,16 +39,108 @@ def kill_group(p: subprocess.Popen[Any]) -> None:
         pass
 
 
-def run_all(cmds: Sequence[List[str]], env: Dict[str, str], timeout: float) -> List[str]:
+def task_role(cmdline: List[str]) -> str:
+    """What a process of a run is, from its argv: `quorum ps ...` is "ps",
+    `quorum launch ...` "launch", anything else (`quorum worker`, a Python
+    worker) "worker"."""
+    if len(cmdline) > 1 and os.path.basename(cmdline[0]).startswith("quorum"):
+        if cmdline[1] in ("ps", "launch"):
+            return cmdline[1]
+    return "worker"
+
+
+class CpuSampler:
+    """The CPU time (user + system) of every process in some process
+    groups, by role (task_role), read from /proc every `period` seconds
+    while they run: a profile of where a run's cores went without a
+    profiler (the device machines have no perf). A process's last sample
+    stands for its total, so up to `period` of its end is missed; the
+    share of a run that is wall time spent waiting is 1 - cpu / wall."""
+
+    def __init__(self, period: float = 0.2):
+        self.period = period
+        self.groups: List[int] = []
+        self.seen: Dict[int, Any] = {}  # pid -> (role, cpu seconds)
+        self.series: List[Any] = []  # (time.time(), {role: cpu seconds so far}) per sample
+        self.t0 = time.monotonic()
+        self.t1: Optional[float] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def start(self, groups: List[int]) -> None:
+        self.groups = list(groups)
+        self.t0 = time.monotonic()
+        self._thread.start()
+
+    def _sample(self) -> None:
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % name) as f:
+                    stat = f.read()
+                fields = stat[stat.rindex(")") + 2:].split()
+                if int(fields[2]) not in self.groups:  # pgrp
+                    continue
+                cpu = (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
+                pid = int(name)
+                if pid not in self.seen:
+                    with open("/proc/%s/cmdline" % name) as f:
+                        argv = f.read().split("\0")
+                    self.seen[pid] = (task_role(argv), cpu)
+                else:
+                    self.seen[pid] = (self.seen[pid][0], cpu)
+            except (OSError, ValueError, IndexError):
+                continue  # ended between listdir and read
+        totals: Dict[str, float] = {}
+        for role, seconds in self.seen.values():
+            totals[role] = totals.get(role, 0.0) + seconds
+        self.series.append((time.time(), totals))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.period)
+
+    def window(self, t_from: float, t_to: float) -> Dict[str, float]:
+        """Cores busy by role between two time.time() moments (the samples
+        nearest inside them): a window that leaves start-up out."""
+        inside = [x for x in self.series if t_from <= x[0] <= t_to]
+        if len(inside) < 2:
+            return {}
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        return {role: (b[role] - a.get(role, 0.0)) / (tb - ta) for role in b if tb > ta}
+
+    def stop(self) -> Dict[str, Any]:
+        """{"wall_s", "cpu_s": {role: seconds}, "tasks": {role: count}}."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.t1 is None:
+            self.t1 = time.monotonic()
+        cpu: Dict[str, float] = {}
+        tasks: Dict[str, int] = {}
+        for role, seconds in self.seen.values():
+            cpu[role] = cpu.get(role, 0.0) + seconds
+            tasks[role] = tasks.get(role, 0) + 1
+        return {"wall_s": self.t1 - self.t0, "cpu_s": cpu, "tasks": tasks}
+
+
+def run_all(cmds: Sequence[List[str]], env: Dict[str, str], timeout: float,
+            cpu: Optional[CpuSampler] = None) -> List[str]:
     """Run commands side by side, each in a process group of its own; their
     stdouts. Raises RuntimeError (with the stderr's tail) if one fails or
-    the deadline passes; every group is killed before returning."""
+    the deadline passes; every group is killed before returning. With
+    `cpu`, its sampler follows their process groups until they end."""
     procs = []
     try:
         for c in cmds:
             procs.append(subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                           text=True, env=env, start_new_session=True))
             LIVE.append(procs[-1])
+        if cpu:
+            cpu.start([p.pid for p in procs])
         deadline = time.monotonic() + timeout
         outs = []
         for p, c in zip(procs, cmds):
@@ -61,6 +154,8 @@ def run_all(cmds: Sequence[List[str]], env: Dict[str, str], timeout: float) -> L
             outs.append(out)
         return outs
     finally:
+        if cpu:
+            cpu.stop()
         for p in procs:
             kill_group(p)
             LIVE.remove(p)

@@ -85,7 +85,7 @@ class Step:
     compute: float
     batch: int
     busiest: Optional[float] = None  # share of the bytes on the busiest ps (None: 1/ps)
-    sync_rtts: int = 3                # push, token, pull today; 1 with the fused sync push_pull
+    sync_rtts: int = 3                # push, token, pull; 1 with the one-trip sync push_pull
     overlap: bool = False             # communication hidden behind compute (max, not sum)
 
     def share(self) -> float:
@@ -136,21 +136,24 @@ def recommend_ps(workers: int, cores: Optional[int] = None, model_bytes: Optiona
     """The ps count for `workers` workers: the fewest ps tasks whose busiest
     one spends at most `budget` of a worker's compute time on a step
     (N*B/P of link each way and (N+1)*B/P of reduce and apply, the model
-    partitioned P ways), capped so that workers and ps tasks on one machine
-    of `cores` cores each get a core (at least 1 ps). Without the measured
-    terms: 1 ps per 3 workers, the same rule at the benchmarks' MLP on
-    loopback (B 4.3 MB, ~1.5 ms of ps time per worker step against ~5-15 ms
-    of compute)."""
+    partitioned P ways). Without the measured terms: one ps per worker,
+    what that rule gives for the benchmarks' MLP on loopback (B 4.3 MB:
+    about 1.5 ms of a ps thread's time per worker per step against 5 ms of
+    compute at batch 128; docs/PERFORMANCE.md, "How many ps tasks"). On
+    one machine of `cores` cores the ps tasks may share cores with the
+    workers, since a sync ps is busy a third of a step or less (measured
+    0.2-0.45 of a core): at most 2 * (cores - workers) of them, and at
+    least 1."""
     if workers < 1:
         raise ValueError("recommend_ps: workers must be at least 1, got %d" % workers)
     if None in (model_bytes, bandwidth, apply_rate, compute):
-        want = int(math.ceil(workers / 3.0))
+        want = workers
     else:
         assert model_bytes and bandwidth and apply_rate and compute
         per_worker = model_bytes * (2.0 / bandwidth + 1.0 / apply_rate)
         want = int(math.ceil(workers * per_worker / (budget * compute)))
     if cores is not None:
-        want = min(want, cores - workers)
+        want = min(want, 2 * (cores - workers))
     return max(1, want)
 
 

@@ -36,6 +36,7 @@ from .embedding import Embedding
 from .local import start_local
 from .options import HYPER, check_keys, group_lr, group_options, resolve, setting_value
 from .overlap import grad_ready_hook, land_before_use, spare_core
+from .pipeline import Pipeline, pipeline_refusal
 from .staging import Staging, wants_staging
 from .state import check_state, read_state, write_state
 from .summaries import Monitor, check_step_args
@@ -125,11 +126,16 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, module: Any, optimizer: Union[str, type] = "SGD",
                  worker: Optional[Worker] = None, accumulate: int = 1, local_steps: int = 1,
-                 overlap: Optional[bool] = None, params: Optional[Iterable[Any]] = None,
+                 overlap: Union[bool, str, None] = None, params: Optional[Iterable[Any]] = None,
                  buffers: str = "chief", sampler: Optional[DistributedSampler] = None,
                  wire_dtype: Optional[str] = None, staging: Optional[bool] = None,
                  **settings: Any):
         self._own_worker: Optional[Worker] = None
+        self._pipeline: Optional[Pipeline] = None  # overlap="pipeline" (pipeline.py)
+        self._deferred: Optional[Tuple[Any, Optional[int]]] = None  # its step's summary
+        if overlap not in (None, True, False, "pipeline"):
+            raise ValueError("overlap=%r: True, False, \"pipeline\" (async) or None (chosen "
+                             "from the cores, docs/PYTHON.md \"Overlap\")" % (overlap,))
         self._monitor: Optional[Monitor] = None  # summaries, metrics, progress (summaries.py)
         self._local_dir: Optional[str] = None
         self._local_ps: Optional[PS] = None
@@ -180,7 +186,7 @@ class Optimizer(torch.optim.Optimizer):
             raise
 
     def _declare(self, worker: Optional[Worker], settings: Dict[str, Any],
-                 names: Dict[int, str], overlap: Optional[bool],
+                 names: Dict[int, str], overlap: Union[bool, str, None],
                  staging: Optional[bool]) -> None:
         accumulate, local_steps = self.accumulate, self.local_steps
         if worker is None:
@@ -193,12 +199,16 @@ class Optimizer(torch.optim.Optimizer):
         if local_steps > 1 and self.sync:
             raise ValueError("local_steps is for async training")
         plain = accumulate == 1 and local_steps == 1
+        pipeline_asked = overlap == "pipeline"
+        if pipeline_asked:
+            overlap = False  # none of the hooks below: the thread hides the whole step
         if overlap and not plain:
             raise ValueError("overlap is for training without accumulate or local_steps")
         if overlap and self.sync and self.module is None:
             raise ValueError("overlap=True in sync mode lands the pulled values before the "
                              "module's next forward: give the optimizer the module")
         overlap_asked = overlap
+        spare = False
         if overlap is None:
             # Both forms of overlap change what a script sees between
             # step() and the next forward (async: gradients pushed before
@@ -207,7 +217,7 @@ class Optimizer(torch.optim.Optimizer):
             # off; where quorum's own trainer would turn it on (a core to
             # spare, spare_core), the log says so.
             spare, cores, needed = spare_core(worker.cluster, self._local_ps is not None)
-            if spare and plain:
+            if spare and plain and self.sync:
                 _log.info("overlap off (overlap=True turns it on): this machine has a core to "
                           "spare (%d cores for tasks that use %d)", cores, needed)
             overlap = False
@@ -271,6 +281,7 @@ class Optimizer(torch.optim.Optimizer):
                 m._table = worker.declare_table(name or "embedding", m.dim, m.init, m.seed,
                                                 options)
                 self.embeddings.append(m)
+        self._choose_pipeline(pipeline_asked, overlap_asked is None and spare, plain)
         worker.initialize()
         # Where this worker's data stream was at its last push that counted
         # (0 unless it was restarted into the running cluster).
@@ -301,6 +312,31 @@ class Optimizer(torch.optim.Optimizer):
             land_before_use(self, self.module)
         self._monitor = Monitor.for_optimizer(self)
 
+    def _choose_pipeline(self, asked: bool, spare: bool, plain: bool) -> None:
+        """overlap="pipeline", or by default (overlap=None) in async mode
+        where this machine has a core to spare for the thread and the
+        cluster has more than one worker: a one-worker async run is
+        deterministic and steps as torch's optimizer does, which the
+        pipeline's extra step of staleness would change; with several
+        workers the order of pushes already varies from run to run."""
+        why = pipeline_refusal(self.sync, plain, self._staging is not None, bool(self.buffers),
+                               bool(self.embeddings))
+        if asked and why:
+            raise ValueError("overlap=\"pipeline\": %s" % why)
+        workers = len(self.worker.cluster.addresses("worker"))
+        if asked or (spare and why is None and workers > 1):
+            self._pipeline = Pipeline(self.params)
+            if not asked:
+                _log.info("pipelined async steps on (overlap=False turns them off): this "
+                          "machine has a core to spare, so each step's push and pull run on a "
+                          "thread under the next batch's compute, one step staler")
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether each step's push and pull run under the next step's
+        compute (overlap="pipeline", pipeline.py)."""
+        return self._pipeline is not None
+
     def add_param_group(self, param_group: Dict[str, Any]) -> None:
         """A group, checked as the ps will take it; only while the optimizer
         is made: its variables are declared on the ps tasks then."""
@@ -321,7 +357,16 @@ class Optimizer(torch.optim.Optimizer):
         """The last step's values in the parameters now. Only sync overlap
         leaves them in flight when step() returns (they land by themselves
         before the module's next forward, its state_dict() and any call of
-        this optimizer): call it before reading a parameter by hand."""
+        this optimizer): call it before reading a parameter by hand. With
+        overlap="pipeline" it waits for the step in flight and its values
+        become the parameters'."""
+        if self._pipeline is not None and self._pipeline.busy:
+            step = self._pipeline.finish(self.params)
+            if step is not None:
+                self.global_step = step
+            deferred, self._deferred = self._deferred, None
+            if deferred is not None and self._monitor is not None:
+                self._monitor.step(self, *deferred)
         landing, self._landing = self._landing, []
         if not landing:
             return
@@ -348,6 +393,8 @@ class Optimizer(torch.optim.Optimizer):
     def _release(self) -> None:
         """Free what this optimizer made: its worker, its local ps and the
         folder of their sockets."""
+        if self._pipeline is not None:
+            self._pipeline.close()
         if self._monitor is not None:  # it borrows the worker's handle
             self._monitor.close(flush=False)
             self._monitor = None
@@ -445,13 +492,17 @@ class Optimizer(torch.optim.Optimizer):
             check_step_args(loss, examples)
         if self.stopped:
             return self.global_step
-        self._check_groups()
-        self._batches += 1
-        self.worker.set_data_position(self._position())  # rides on the pushes
         try:
-            self.synchronize()  # the last step's values, if still in flight
+            # The last step's values, if still in flight (and the worker's
+            # handle back from a pipelined step's thread before any use).
+            self.synchronize()
+            self._check_groups()
+            self._batches += 1
+            self.worker.set_data_position(self._position())  # rides on the pushes
             self._step()
-            if self._monitor is not None:
+            if self._pipeline is not None and self._pipeline.busy:
+                self._deferred = (loss, examples)  # summarised once its step is known
+            elif self._monitor is not None:
                 self._monitor.step(self, loss, examples)
             return self.global_step
         except StoppedError as e:
@@ -515,6 +566,14 @@ class Optimizer(torch.optim.Optimizer):
         for emb in self.embeddings:
             for ids, rows in emb._take_rows():
                 self.worker.add_rows(emb._table, ids, rows.contiguous())
+        if not self.sync and len(grads) == len(self.params) and self._pipeline is not None:
+            # Under the next step's compute, on the pipeline's thread; the
+            # gradients are the thread's now (the next backward makes new
+            # ones: p.grad is None until then).
+            for _, p, _ in self.params:
+                p.grad = None
+            self._pipeline.start(self.worker, grads)
+            return self.global_step
         if not self.sync and len(grads) == len(self.params):
             # One round trip per ps: the push's reply brings the new values
             # straight into the parameters.
