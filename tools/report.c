@@ -74,6 +74,7 @@ static void print_json(const cli_args *a, const char *mode, int nps, int nworker
     cJSON_AddNumberToObject(j, "lost_pushes", (double)r->lost_pushes);
     cJSON_AddStringToObject(j, "wire_dtype", qr_dt_name(o->wire_dtype));
     cJSON_AddBoolToObject(j, "overlap", r->overlapped);
+    cJSON_AddBoolToObject(j, "pipeline", r->pipelined);
     cJSON *stats = r->stats[0] ? cJSON_Parse(r->stats) : NULL;
     /* the payload bytes the ps tasks received and sent (--wire-dtype) */
     for (const char **key = (const char *[]){"push_bytes", "pull_bytes", NULL}; *key; key++) {

@@ -42,13 +42,13 @@ static int set_wire_dtype(cli_args *a, const char *value) {
 }
 
 static int set_overlap(cli_args *a, const char *value) {
-    static const char *const choices[] = {"off", "on", "auto"};
-    for (int i = 0; i < 3; i++)
+    static const char *const choices[] = {"off", "on", "pipeline", "auto"};
+    for (int i = 0; i < 4; i++)
         if (!strcmp(value, choices[i])) {
-            a->train.overlap = i == 2 ? -1 : i;
+            a->train.overlap = i == 3 ? -1 : i;
             return QR_OK;
         }
-    return qr__fail(QR_EINVAL, "expected auto, on or off");
+    return qr__fail(QR_EINVAL, "expected auto, on, off or pipeline");
 }
 
 static int set_hidden(cli_args *a, const char *value) {
@@ -239,11 +239,14 @@ static const train_flag flags[] = {
      "async: K plain SGD steps on a local copy (lr: --lr,\n"
      "default 0.05, decayed by the lr-decay-* schedule at the\n"
      "global step), then push the delta w_local - w_pulled"},
-    {"overlap", "auto|on|off", CLUSTER_ONLY, NULL, set_overlap,
-     "workers: push each layer's gradient as backward has\n"
-     "it and pull each layer's values under the next batch\n"
-     "and forward; auto (default): on when this machine's\n"
-     "cores outnumber what its tasks use (README)"},
+    {"overlap", "auto|on|off|pipeline", CLUSTER_ONLY, NULL, set_overlap,
+     "workers: on: push each layer's gradient as backward\n"
+     "has it and pull each layer's values under the next\n"
+     "batch and forward; pipeline (async): a step's push and\n"
+     "pull on a thread under the next step's compute, one\n"
+     "step staler; auto (default): where this machine's\n"
+     "cores outnumber what its tasks use, pipeline for async\n"
+     "runs of several workers, else on (README)"},
     {"var-opt", "NAME:K=V,...", CLUSTER_ONLY, NULL, set_var_opt,
      "a variable's own optimizer options, e.g.\n"
      "layer0/weights:optimizer=adagrad,lr=0.05 (repeatable);\n"

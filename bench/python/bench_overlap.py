@@ -4,7 +4,7 @@ in one process, in one run (issue 27, item 2: goal at least 0.9x on a
 machine with a core to spare), with the worker's overlap on and off.
 
   C trainer:    `quorum launch --ps 1 --workers 1 --model mlp` (async and
-                sync, --overlap on and off) against `quorum train --local
+                sync, --overlap on and off; async --overlap pipeline) against `quorum train --local
                 --model mlp`, the same model, data and batch
   quorum.torch: one worker with its ps (run alone: the ps in the same
                 process, on threads of its own) against a plain torch loop
@@ -45,10 +45,11 @@ def c_bench(quorum: str, rounds: int, steps: int, data: str) -> Dict[str, List[f
     model = ["--model", "mlp", "--hidden", "1024,256", "--data", data, "--batch-size", "64",
              "--steps", str(steps), "--seed", "1", "--lr", "0.01"]
     variants = {"local": ["train", "--local"] + model}
-    for mode in ("async", "sync"):
-        for ov in ("off", "on"):
-            variants["%s overlap %s" % (mode, ov)] = [
-                "launch", "--ps", "1", "--workers", "1", "--mode", mode, "--overlap", ov] + model
+    for mode, ov in (("async", "off"), ("async", "on"), ("async", "pipeline"), ("sync", "off"),
+                     ("sync", "on")):
+        name = "%s overlap %s" % (mode, ov) if ov != "pipeline" else "async pipeline"
+        variants[name] = ["launch", "--ps", "1", "--workers", "1", "--mode", mode,
+                          "--overlap", ov] + model
     got: Dict[str, List[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for k, args in variants.items():

@@ -153,6 +153,8 @@ typedef struct worker_run {
     bool decay_staircase;
     /* overlap: per layer, its request in flight (NULL: none) */
     bool overlap;
+    bool pipelined;     /* --overlap pipeline (pipeline.c) */
+    qr__pipeline pipe;
     int nlayers;
     qr_request **layer_req;
     qr_train_result *res;
@@ -415,20 +417,31 @@ static void read_local_lr(worker_run *r, const qr_config *cfg) {
 
 /* Everything before the first step: data, model, worker, variables
  * (initialized by the chief, waited for by the others). */
-/* --overlap: on, off, or (auto) when this machine has a core to spare
- * (qr__train_overlap_default); plain steps only. */
+/* --overlap: on, off, pipeline, or (auto) when this machine has a core to
+ * spare (qr__train_overlap_default): pipeline for async runs of several
+ * workers (a one-worker async run steps as --local does, which the
+ * pipeline's extra step of staleness would change; several workers' push
+ * order varies from run to run anyway), on otherwise; plain steps only. */
 static int choose_overlap(worker_run *r, const qr_cluster *cluster) {
     const qr_train_opts *o = r->o;
     bool plain = o->accumulate <= 1 && o->local_steps <= 1;
-    if (o->overlap == 1 && !plain)
-        return qr__fail(QR_EINVAL, "--overlap on: a step of several batches (--accumulate, "
-                        "--local-steps) pushes once at its end; use --overlap off or auto");
+    if (o->overlap >= 1 && !plain)
+        return qr__fail(QR_EINVAL, "--overlap %s: a step of several batches (--accumulate, "
+                        "--local-steps) pushes once at its end; use --overlap off or auto",
+                        o->overlap == 2 ? "pipeline" : "on");
+    if (o->overlap == 2 && r->sync)
+        return qr__fail(QR_EINVAL, "--overlap pipeline is for --mode async: a sync step's "
+                        "values exist only after its quorum (--overlap on pulls them under the "
+                        "next batch)");
     int cores = 0, needed = 0;
     bool spare = qr__train_overlap_default(cluster, openblas_get_num_threads(), &cores, &needed);
-    r->overlap = plain && (o->overlap < 0 ? spare : o->overlap == 1);
+    r->pipelined = o->overlap == 2 || (o->overlap < 0 && spare && plain && !r->sync &&
+                                       qr_cluster_num_workers(cluster) > 1);
+    r->overlap = !r->pipelined && plain && (o->overlap < 0 ? spare : o->overlap == 1);
     if (r->chief && o->overlap < 0)
         qr__log(QR_LOG_INFO, "overlap %s: %d cores for this machine's tasks, which use %d "
-                "(--overlap on|off to choose)", r->overlap ? "on" : "off", cores, needed);
+                "(--overlap on|off|pipeline to choose)",
+                r->pipelined ? "pipeline" : r->overlap ? "on" : "off", cores, needed);
     r->nlayers = qr_model_num_layers(r->t.model);
     r->layer_req = qr__calloc((size_t)QR_MAX(r->nlayers, 1), sizeof *r->layer_req);
     return r->layer_req ? QR_OK : QR_ENOMEM;
@@ -502,6 +515,7 @@ static void run_free(worker_run *r) {
         if (r->grads) free(r->grads[i]);
         if (r->extra) free(r->extra[i]);
     }
+    qr__pipeline_free(&r->pipe); /* joined already (pipelined_steps) */
     free(r->layer_req); /* every request was waited for (overlapped_steps) */
     free(r->extra);
     free(r->grads);
@@ -554,8 +568,44 @@ static int overlapped_steps(worker_run *r, double start) {
     return rc ? rc : wait_rc;
 }
 
+/* ---- pipeline: a step's communication under the next step's compute --- */
+
+/* The steps pipelined (pipeline.c): step t's push and pull run on the
+ * pipeline's thread while step t+1 computes on the values step t-1's push
+ * brought. A step is done (its global step known, its loss reported) once
+ * the next batch's gradient is computed and its push is answered. */
+static int pipelined_steps(worker_run *r, double start) {
+    int rc = qr__pipeline_init(&r->pipe, r->w, r->t.nparams, r->ids, r->sizes, r->grads);
+    if (!rc) rc = first_values(r);
+    double pending = NAN;
+    while (!rc) {
+        double loss = 0;
+        rc = batch_grad(&r->t, &r->rng, r->o->batch_size, r->params, r->grads, &loss);
+        if (!rc && r->pipe.running) {
+            int64_t global = r->step;
+            int push_rc = qr__pipeline_finish(&r->pipe, r->params, &global);
+            rc = qr__train_after_push(r->w, push_rc, false, global, &r->step, r->res);
+            if (!rc) rc = step_done(r, pending, start);
+        }
+        if (rc || r->step >= r->total) break;
+        qr__train_slow_down(r->o, r->task_index);
+        rc = qr_worker_wait_bound(r->w); /* max-staleness; at once if unset */
+        qr_worker_set_data_position(r->w, r->t.drawn); /* rides on the push */
+        if (!rc) rc = qr__pipeline_start(&r->pipe, r->grads, QR_PUSH_STEP);
+        pending = loss;
+    }
+    int64_t global = 0;
+    int wait_rc = qr__pipeline_finish(&r->pipe, r->params, &global); /* one still in flight */
+    qr__pipeline_end(&r->pipe, r->grads); /* run_free frees the buffers it made */
+    /* The worker's own copies again: the chief evaluates what its last
+     * pull brings into them. */
+    for (int i = 0; i < r->t.nparams; i++) r->params[i] = qr_worker_var_data(r->w, r->ids[i]);
+    return rc ? rc : wait_rc;
+}
+
 /* Steps until the run's last one, or a failure. */
 static int train_steps(worker_run *r, qr_train_result *res, double start) {
+    if (r->pipelined) return pipelined_steps(r, start);
     if (r->overlap) return overlapped_steps(r, start);
     step_fn compute_step = pick_strategy(r->o);
     /* A plain sync step is one round trip: its answer brings the next
@@ -626,7 +676,8 @@ rejoin:
     }
     rc = qr__train_steps_ended(o, rc, r.chief, r.step, r.total, r.batches, r.loss_avg, start,
                                res);
-    res->overlapped = r.overlap;
+    res->overlapped = r.overlap || r.pipelined;
+    res->pipelined = r.pipelined;
     if (!rc && r.chief) {
         rc = chief_finish(&r, cfg, res);
         if (rc == QR_EROLLEDBACK) goto rejoin; /* met while it finished */

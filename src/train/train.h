@@ -57,8 +57,10 @@ typedef struct qr_train_opts {
     bool model_optimizer;
     int virtual_workers;        /* workers simulated by qr_train_local */
     /* A worker's communication under its compute (train.c, "Overlap"):
-     * 1 on, 0 off, -1 (the default) on when this machine has a core to
-     * spare (qr__train_overlap_default). Plain steps only. */
+     * 1 on, 0 off, 2 pipeline (async: the step's push and pull under the
+     * next step's compute, pipeline.c), -1 (the default) pipeline or on
+     * when this machine has a core to spare (qr__train_overlap_default).
+     * Plain steps only. */
     int overlap;
     /* Called by qr_train_worker after every step and once at the end
      * (final), if set; the callback decides what to show and how often. */
@@ -87,6 +89,7 @@ typedef struct qr_train_result {
     double wall_seconds;
     uint64_t params_digest;
     bool overlapped;            /* the steps overlapped communication with compute */
+    bool pipelined;             /* ... as --overlap pipeline: a step under the next one */
 } qr_train_result;
 
 /* Run worker `task_index` of `cluster` to the end of training. The chief

@@ -8,6 +8,8 @@
  *                    the seeds, --var-opt, the outcome of a push, progress,
  *                    the figures at the end of the steps; the --overlap
  *                    default
+ *   pipeline.c       --overlap pipeline: an async step's push and pull on a
+ *                    thread of its own, under the next step's compute
  *   summaries.c      the chief's summary service (--logdir)
  *   worker_metrics.c a worker's Prometheus endpoint (--metrics-port)
  *   monitor.c        both of them for a program's own training loop
@@ -19,6 +21,8 @@
 #define QR_TRAIN_INTERNAL_H
 
 #include "train/train.h"
+
+#include <pthread.h>
 
 /* train_ctr.c: the click models' loop, which qr_train_worker hands them to. */
 bool qr__train_is_ctr(const char *model);
@@ -51,6 +55,41 @@ void qr__train_skip_batches(qr_rng *rng, int batch, int64_t n, uint64_t batches)
  * counts go to *cores and *needed (may be NULL). */
 bool qr__train_overlap_default(const qr_cluster *cluster, int compute_threads, int *cores,
                                int *needed);
+
+/* --overlap pipeline (pipeline.c): the step in flight on its thread and
+ * the back halves of the double-buffered parameters and gradients. The
+ * worker's handle is the thread's between start and finish. */
+typedef struct qr__pipeline {
+    qr_worker *w;
+    int n;
+    const int *ids;
+    float **params_back, **grads_back; /* the sets the thread pulls into and sends */
+    float **owned;                     /* what init allocated, to free whatever was swapped */
+    float **grads_given;               /* the caller's gradient buffers, given back at the end */
+    pthread_t thread;
+    bool running;
+    unsigned flags;
+    int rc;                            /* the thread's push_pull status, its message: */
+    char error[512];
+    int64_t global;
+} qr__pipeline;
+
+/* Back sets for n variables of these sizes. QR_OK or QR_ENOMEM (then
+ * qr__pipeline_free what was made). */
+int qr__pipeline_init(qr__pipeline *p, qr_worker *w, int n, const int *ids,
+                      const int64_t *sizes, float **grads);
+/* Push grads (swapped with the back set first: the caller's pointers then
+ * name the free set) and pull into the back parameters, on the thread. */
+int qr__pipeline_start(qr__pipeline *p, float **grads, unsigned flags);
+/* Wait for the step in flight, if any: its values become the front set
+ * (params swapped with the back one) and *global its global step; its
+ * failure, with the thread's message, otherwise (params unchanged). */
+int qr__pipeline_finish(qr__pipeline *p, float **params, int64_t *global);
+/* Wait for a step still in flight (its outcome dropped) and give the
+ * caller's own gradient buffers back to grads (they may be swapped). */
+void qr__pipeline_end(qr__pipeline *p, float **grads);
+/* Wait for a step still in flight and free the back sets. */
+void qr__pipeline_free(qr__pipeline *p);
 
 /* Whether a --var-opt spec ("NAME:key=value,...") names the variable. */
 bool qr__train_var_opt_names(const char *spec, const char *name);

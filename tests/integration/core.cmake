@@ -30,7 +30,7 @@ foreach(case determinism digits fashion slow kill ps_lost)
   qr_integration_test(integration_sync_${case} test_sync.py ${case})
 endforeach()
 qr_integration_test(integration_async_modes test_async_modes.py)
-foreach(case sync async flags)
+foreach(case sync async pipeline flags)
   qr_integration_test(integration_overlap_${case} test_overlap.py ${case})
 endforeach()
 # Tasks killed and restarted by hand: in-place rollback, the end of a job.

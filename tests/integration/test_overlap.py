@@ -7,10 +7,16 @@ Usage: test_overlap.py QUORUM_BINARY CASE, CASE one of:
             overlap on and off (SGD and Adam: every apply of a step uses
             the step number one push would give it), and 3 async workers
             with overlap on reach the accuracy of test_train.py
-  flags     --overlap takes auto|on|off, on is refused where a step pushes
-            once (--accumulate, the click models), and auto decides by the
-            rule of the README: on when this machine's cores outnumber
-            what its tasks use"""
+  pipeline  --overlap pipeline (async: a step's push and pull on a thread
+            under the next step's compute, src/train/pipeline.c): one worker
+            ends on the same params_digest in two runs, a different one from
+            overlap off (its gradients are one step staler), at the
+            accuracy of off; 3 workers reach test_train.py's accuracy
+  flags     --overlap takes auto|on|off|pipeline, on and pipeline are refused
+            where a step pushes once (--accumulate, the click models),
+            pipeline in sync mode, and auto decides by the rule of the
+            README: on when this machine's cores outnumber what its tasks
+            use (pipeline for async runs of several workers)"""
 
 import os
 import sys
@@ -62,10 +68,38 @@ elif case == "async":
     print("PASS: async overlap: same values for one worker, accuracy %.4f for three"
           % three["test_accuracy"])
 
+elif case == "pipeline":
+    one = ["--mode", "async", "--ps", "1", "--workers", "1", "--steps", "300", "--seed", "5",
+           "--batch-size", "32", "--data", "digits", "--model", "mlp", "--lr", "0.1"]
+    a, _ = run("launch", one + ["--overlap", "pipeline"])
+    b, _ = run("launch", one + ["--overlap", "pipeline"])
+    off, _ = run("launch", one + ["--overlap", "off"])
+    print("pipeline:", a["params_digest"], b["params_digest"], a["test_accuracy"],
+          "off:", off["params_digest"], off["test_accuracy"])
+    assert a["pipeline"] is True and a["overlap"] is True and off["pipeline"] is False
+    assert a["params_digest"] == b["params_digest"], (a, b)
+    assert a["params_digest"] != off["params_digest"]  # one step staler: other values
+    assert a["global_step"] == 300
+    assert a["test_accuracy"] >= off["test_accuracy"] - 0.02, (a, off)
+    three, _ = run("launch", ["--ps", "2", "--workers", "3", "--model", "mlp", "--hidden",
+                              "256,128", "--data", "digits", "--epochs", "60", "--lr", "0.1",
+                              "--batch-size", "64", "--seed", "7", "--lr-decay-rate", "0.3",
+                              "--lr-decay-steps", "1350", "--overlap", "pipeline"])
+    assert three["pipeline"] is True
+    assert three["test_accuracy"] >= 0.95, three["test_accuracy"]
+    print("PASS: pipelined async: one worker deterministic and one step staler, "
+          "accuracy %.4f for three" % three["test_accuracy"])
+
 elif case == "flags":
     _, err = run("launch", ["--ps", "1", "--workers", "1", "--overlap", "sometimes"] + COMMON,
                  expect_rc=2)
-    assert "expected auto, on or off" in err, err[-2000:]
+    assert "expected auto, on, off or pipeline" in err, err[-2000:]
+    _, err = run("launch", ["--ps", "1", "--workers", "1", "--mode", "sync", "--overlap",
+                            "pipeline"] + COMMON, expect_rc=1)
+    assert "--overlap pipeline is for --mode async" in err, err[-2000:]
+    _, err = run("launch", ["--ps", "1", "--workers", "1", "--overlap", "pipeline",
+                            "--local-steps", "2"] + COMMON, expect_rc=1)
+    assert "--overlap pipeline: a step of several batches" in err, err[-2000:]
     _, err = run("launch", ["--ps", "1", "--workers", "1", "--overlap", "on", "--accumulate",
                             "2"] + COMMON, expect_rc=1)
     assert "--overlap on: a step of several batches" in err, err[-2000:]
@@ -80,6 +114,10 @@ elif case == "flags":
         "on" if cores > 3 else "off", cores) in err, err[-2000:]
     accumulate, _ = run("launch", ["--ps", "2", "--workers", "1", "--accumulate", "2"] + COMMON)
     assert accumulate["overlap"] is False
+    # several async workers: pipeline where a core is spare (1 ps, 2 workers: 4 cores)
+    two, err = run("launch", ["--ps", "1", "--workers", "2"] + COMMON)
+    assert two["pipeline"] is (cores > 3) and two["overlap"] is (cores > 3), (cores, two)
+    assert "overlap %s: %d cores" % ("pipeline" if cores > 3 else "off", cores) in err
     print("PASS: --overlap flags, auto is %s on %d cores" % (auto["overlap"], cores))
 
 else:
