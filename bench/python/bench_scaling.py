@@ -299,7 +299,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES), help="of %s" % ",".join(MODES))
     ap.add_argument("--timeout", type=float, default=180, help="seconds a run may take "
                     "(default 180)")
-    ap.add_argument("--json", metavar="PATH", help="write the run's JSON here too")
+    ap.add_argument("--json", metavar="PATH", help="write the run's JSON here too (after "
+                    "every worker count, \"partial\": true until the run ends)")
     ap.add_argument("--no-model", action="store_true",
                     help="skip the step model's measurements and predictions")
     ap.add_argument("--profile", action="store_true",
@@ -379,6 +380,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 if m in errors:
                     pt["error"] = errors[m][-500:]
                 doc["points"].append(pt)
+            if a.json:  # after every count: a run cut short keeps what it measured
+                with open(a.json, "w") as f:
+                    json.dump(dict(doc, partial=True), f, indent=1)
         doc["seconds"] = time.monotonic() - t_start
     finally:
         for p in list(LIVE):

@@ -42,7 +42,10 @@
 #include "common/limits.h"
 
 #define QR_PROTO_MAGIC 0x4D525551u
-#define QR_PROTO_VERSION 2
+/* 3: CKPT carries the increment's base checkpoint (u64 base, incremental
+ * checkpoints) and a BEAT's answer the backup's silence (replication):
+ * tasks of version 2 would read them wrong, so they are refused by name. */
+#define QR_PROTO_VERSION 3
 #define QR_PROTO_HEADER_LEN 32
 #define QR_PROTO_ALIGN 64
 

@@ -19,7 +19,7 @@ import tempfile
 import time
 
 MAGIC = 0x4D525551
-VERSION = 2
+VERSION = 3  # QR_PROTO_VERSION (src/wire/proto.h)
 ALIGN = 64  # payload start and message end fall on multiples of this
 HELLO, CREATE, READY, PUSH, PULL, STEP, STOP = 1, 2, 3, 4, 5, 6, 7
 LEAVE, SAVE = 16, 17

@@ -98,10 +98,15 @@ class Optimizer(torch.optim.Optimizer):
     starts the pull of the new values and returns; they land before the
     module's next forward (the data loading runs under them), its
     state_dict() and any call of this optimizer (read a parameter by hand
-    in between after opt.synchronize()). overlap=None (the default): off,
-    since both change what a script sees between step() and the next
-    forward; the log says when this machine has a core to spare
-    (spare_core, the rule of quorum's own --overlap auto), where it pays.
+    in between after opt.synchronize()). overlap="pipeline" (async):
+    step() hands the step's push and pull to a thread and returns; they
+    run under the next step's compute and their values replace the
+    parameters at the next step() (one step staler; pipeline.py).
+    overlap=None (the default): the pipeline in async mode where this
+    machine has a core to spare (spare_core, the rule of quorum's own
+    --overlap auto) and the cluster has several workers, else off, since
+    overlap=True changes what a script sees between step() and the next
+    forward (the log says where it would pay).
     Parameters may be
     float32, bfloat16 or float16: a bf16/fp16 parameter's gradient travels
     in its dtype (half the bytes) and its new values come back so, while
