@@ -18,7 +18,13 @@ Case "kill_during": the same with a checkpoint always being written
 after the failover are complete (shard 2 written by ps 0) and the newest
 verifies.
 
-Usage: test_replication_ckpt.py QUORUM_BINARY failover|kill_during"""
+Case "resume": sync, R = N with --init-tokens 0, Adam, two copies: a run
+stopped at step 500 (its final checkpoint) and started again on the same
+--checkpoint-dir ends with the params_digest of a run never stopped, and
+every backup's digest equals its primary's: the backups were restored
+from the same files as their primaries.
+
+Usage: test_replication_ckpt.py QUORUM_BINARY failover|kill_during|resume"""
 
 import os
 import re
@@ -171,7 +177,35 @@ def kill_during_case():
     sys.exit("FAIL: ps 2 was never killed during a checkpoint in 3 runs")
 
 
-cases = {"failover": failover_case, "kill_during": kill_during_case}
+def resume_case():
+    sync = ["--mode", "sync", "--init-tokens", "0", "--ps", "3", "--workers", "3", "--data",
+            "digits", "--batch-size", "32", "--seed", "11", "--optimizer", "adam", "--lr",
+            "0.001", "--ps-replicas", "2"]
+    d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
+
+    def run(steps, ckpt):
+        p = Proc([quorum, "launch", "--json", "--quiet"] + sync + ["--steps", str(steps)] +
+                 (["--checkpoint-dir", d] if ckpt else []))
+        rc, out, err = p.wait(300)
+        assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
+        return last_json(out), err
+
+    try:
+        whole, _ = run(1000, False)
+        half, _ = run(500, True)
+        assert half["global_step"] == 500, half
+        resumed, err = run(1000, True)
+        assert "restored the copy of ps 1's shard" in err, err[-3000:]
+        check_copies(err, 3, "resumed")
+        assert resumed["params_digest"] == whole["params_digest"], (resumed, whole)
+        print("PASS: resume: a sync run on two copies stopped at step 500 and resumed from its "
+              "checkpoint ends with the digest of the run never stopped (%s), every backup "
+              "equal to its primary" % whole["params_digest"])
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+cases = {"failover": failover_case, "kill_during": kill_during_case, "resume": resume_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
