@@ -112,10 +112,13 @@ void qr__ckpt_applied(qr_ps *ps, const ps_peer *p) {
     ps_ckpt *c = &ps->ckpt;
     uint32_t w = p->push_worker;
     if (!qr__is_worker(w, ps->cluster->nworkers)) return;
-    if (c->data_pos) c->data_pos[w] = p->push_data_pos;
     /* a push to the shard this ps was promoted to serve is a part of its
      * call of its own (the worker counts shards) */
     qr_msg_mark *marks = p->promoted_shard ? c->copy_marks : c->marks;
+    /* a duplicate resent after a failover may be older than the last */
+    if (marks && (marks[w].flags & QR_MARK_APPLIED) && seq_after(marks[w].seq, p->push_seq))
+        return;
+    if (c->data_pos) c->data_pos[w] = p->push_data_pos;
     if (marks)
         marks[w] = (qr_msg_mark){.worker = w, .flags = QR_MARK_APPLIED, .seq = p->push_seq,
                                     .nparts = p->push_nparts, .data_pos = p->push_data_pos};
@@ -136,6 +139,14 @@ void qr__ckpt_cut_peer_lost(ps_peer *p) {
     c->parked_tail = NULL;
     for (parked_push *pp = c->parked; pp; pp = pp->next) c->parked_tail = pp;
     p->parked = false;
+}
+
+void qr__ckpt_forwarded(qr_ps *ps, bool own, uint32_t worker, uint32_t seq) {
+    ps_ckpt *c = &ps->ckpt;
+    qr_msg_mark *marks = own ? c->marks : c->copy_marks;
+    if (!marks || !qr__is_worker(worker, ps->cluster->nworkers)) return;
+    marks[worker] = (qr_msg_mark){.worker = worker, .flags = QR_MARK_APPLIED | QR_MARK_FORWARDED,
+                                  .seq = seq};
 }
 
 /* This ps's report: a mark per worker (and per worker again for the
@@ -269,7 +280,8 @@ static bool read_reports(qr_ps *ps, call_view *v) {
                 call_view *cv = &v[m.worker];
                 if (pass == 0) { /* the newest applied call */
                     if (m.flags & QR_MARK_CONNECTED) cv->connected = true;
-                    if ((m.flags & QR_MARK_APPLIED) && (!cv->have || seq_after(m.seq, cv->seq))) {
+                    if ((m.flags & QR_MARK_APPLIED) && !(m.flags & QR_MARK_FORWARDED) &&
+                        (!cv->have || seq_after(m.seq, cv->seq))) {
                         cv->have = true;
                         cv->seq = m.seq;
                         cv->nparts = m.nparts;

@@ -1084,8 +1084,12 @@ void qr__ckpt_cut_begin(qr_ps *ps);
  * carries its continuation, so the cut calls nothing of push.c). */
 typedef void (*qr_park_resume_cb)(ps_peer *p, const qr_frame *f);
 bool qr__ckpt_park(ps_peer *p, const qr_frame *f, qr_park_resume_cb resume);
-/* An async push was applied here. */
+/* An async push was applied here (or answered as applied already). */
 void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
+/* A backup applied the forward of (worker, seq) to its copy (own: a
+ * replacement's own shard): once promoted, its report says that part of
+ * the call is in the copy. */
+void qr__ckpt_forwarded(qr_ps *ps, bool own, uint32_t worker, uint32_t seq);
 /* ps 0: a HOLD or QUERY reply; false if none was expected. */
 bool qr__ckpt_cut_report(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_cut_link_lost(qr_ps *ps, int index);
