@@ -23,7 +23,11 @@
  *      and names that base in CKPT; the first of a run is full.
  *   2. Each ps takes its shard on the loop and writes it on libuv's thread
  *      pool (qr__ckpt_start_shard; ckpt_shard.c); an increment only if its
- *      own last shard is of the base.
+ *      own last shard is of the base. With --ps-replicas 2 each shard is
+ *      written by the ps that serves it: a backup promoted after a failover
+ *      writes its failed primary's shard from its copy too (a second job,
+ *      a second record in its CKPT reply); ps 0 keeps per shard the ps
+ *      asked for it (writers) and asks no failed ps or replacement.
  *   3. Each ps reports its file's size and crc32 to ps 0 (the CKPT reply);
  *      ps 0 writes the manifest, on the thread pool too, which makes the
  *      checkpoint exist, then prunes old ones (keep-checkpoints).
@@ -37,7 +41,9 @@
  * positions, as if the ps had never stopped. The chief's CREATE then
  * finds them and, as with any live ps, keeps them (its payload is
  * discarded), so nothing is re-initialized; a variable declared
- * differently is refused by create.c with both shapes named.
+ * differently is refused by create.c with both shapes named. With
+ * --ps-replicas 2 the ps then restores its primary's shard of the same
+ * checkpoint into the copy it holds: both copies start from one file.
  */
 #include "ps/ps_internal.h"
 

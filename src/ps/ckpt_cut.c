@@ -31,6 +31,14 @@
  *      rest, and serves again. The shards are written as in sync mode.
  * Pulls are served all along; only applies wait, for a round trip or two
  * between the ps tasks.
+ *
+ * With --ps-replicas 2 a call's parts are per shard (a worker sends the
+ * part of a shard served by a promoted copy on a connection of its own):
+ * a promoted ps reports its marks twice, its own shard's and the copy's
+ * (copy_marks); a backup marks each forward it applies (FORWARDED: a part
+ * the copy holds, whose nparts it does not know), so that once promoted
+ * the calls its primary applied before dying count as whole; ps 0 asks
+ * only the ps that serve shards (qr__ckpt_writer).
  */
 #include "ps/ps_internal.h"
 
