@@ -22,7 +22,10 @@ Case "resume": sync, R = N with --init-tokens 0, Adam, two copies: a run
 stopped at step 500 (its final checkpoint) and started again on the same
 --checkpoint-dir ends with the params_digest of a run never stopped, and
 every backup's digest equals its primary's: the backups were restored
-from the same files as their primaries.
+from the same files as their primaries. Then the same with a run whose
+ps 2 was SIGKILLed (its shard then written by ps 0, from its promoted
+copy): resumed from its final checkpoint, it ends with the digest of a
+run never stopped.
 
 Usage: test_replication_ckpt.py QUORUM_BINARY failover|kill_during|resume"""
 
@@ -44,10 +47,10 @@ WRITTEN = re.compile(r"\[ps 0 pid \d+\] info: checkpoint (\S+) written: global s
 TENSOR = re.compile(r"^(\S+)\s+(\d+)\s+(F32|I64)\s", re.M)
 
 
-def launch_and_kill(args, victim, after):
+def launch_and_kill(args, victim, after, mode="async"):
     """A launch run with ps `victim` SIGKILLed `after` seconds in: its
-    summary, stderr and the pid killed."""
-    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+    summary and stderr."""
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     try:
         pid = launch_child_pid(p, "ps", victim)
         time.sleep(after)
@@ -178,13 +181,14 @@ def kill_during_case():
 
 
 def resume_case():
-    sync = ["--mode", "sync", "--init-tokens", "0", "--ps", "3", "--workers", "3", "--data",
+    sync = ["--init-tokens", "0", "--ps", "3", "--workers", "3", "--data",
             "digits", "--batch-size", "32", "--seed", "11", "--optimizer", "adam", "--lr",
             "0.001", "--ps-replicas", "2"]
     d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
 
     def run(steps, ckpt):
-        p = Proc([quorum, "launch", "--json", "--quiet"] + sync + ["--steps", str(steps)] +
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync"] + sync +
+                 ["--steps", str(steps)] +
                  (["--checkpoint-dir", d] if ckpt else []))
         rc, out, err = p.wait(300)
         assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
@@ -198,9 +202,24 @@ def resume_case():
         assert "restored the copy of ps 1's shard" in err, err[-3000:]
         check_copies(err, 3, "resumed")
         assert resumed["params_digest"] == whole["params_digest"], (resumed, whole)
+        # A checkpoint written after ps 2 failed over (shard 2 from ps 0's
+        # promoted copy, with the copy's own step count) resumes as exactly.
+        shutil.rmtree(d)
+        killed, err = launch_and_kill(sync + ["--steps", "4000", "--checkpoint-dir", d],
+                                      2, 0.8, mode="sync")
+        after = after_failover(err)
+        assert killed["global_step"] == 4000 and after and after[-1][1] == 4000, \
+            (killed, after, err[-3000:])
+        verify(d)
+        whole2, _ = run(5000, False)
+        resumed2, err = run(5000, True)
+        check_copies(err, 3, "resumed after a failover")
+        assert resumed2["params_digest"] == whole2["params_digest"], (resumed2, whole2)
         print("PASS: resume: a sync run on two copies stopped at step 500 and resumed from its "
-              "checkpoint ends with the digest of the run never stopped (%s), every backup "
-              "equal to its primary" % whole["params_digest"])
+              "checkpoint ends with the digest of the run never stopped (%s); one whose last "
+              "checkpoint was written after ps 2 failed over (shard 2 from ps 0's copy) "
+              "resumed to step 5000 with the digest of a run never stopped (%s); every backup "
+              "equal to its primary" % (whole["params_digest"], whole2["params_digest"]))
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
