@@ -382,10 +382,6 @@ int qr_replicas_check_config(const qr_config *cfg, int nps, int *copies) {
     if (r > 1 && r > nps)
         return qr__fail(QR_EINVAL, "ps-replicas %d needs at least %d ps tasks (each copy of a "
                         "shard on a different ps), and there are %d", r, r, nps);
-    if (r > 1 && qr__config_str(cfg, "checkpoint-dir")[0])
-        return qr__fail(QR_EINVAL, "ps-replicas %d with checkpoint-dir is not built yet (issue "
-                        "29: a shard restored from a checkpoint, or rolled back, is not copied "
-                        "to its backup): leave checkpoint-dir unset, or ps-replicas 1", r);
     if (copies) *copies = r;
     return QR_OK;
 }

@@ -23,7 +23,11 @@
  *      and names that base in CKPT; the first of a run is full.
  *   2. Each ps takes its shard on the loop and writes it on libuv's thread
  *      pool (qr__ckpt_start_shard; ckpt_shard.c); an increment only if its
- *      own last shard is of the base.
+ *      own last shard is of the base. With --ps-replicas 2 each shard is
+ *      written by the ps that serves it: a backup promoted after a failover
+ *      writes its failed primary's shard from its copy too (a second job,
+ *      a second record in its CKPT reply); ps 0 keeps per shard the ps
+ *      asked for it (writers) and asks no failed ps or replacement.
  *   3. Each ps reports its file's size and crc32 to ps 0 (the CKPT reply);
  *      ps 0 writes the manifest, on the thread pool too, which makes the
  *      checkpoint exist, then prunes old ones (keep-checkpoints).
@@ -37,7 +41,9 @@
  * positions, as if the ps had never stopped. The chief's CREATE then
  * finds them and, as with any live ps, keeps them (its payload is
  * discarded), so nothing is re-initialized; a variable declared
- * differently is refused by create.c with both shapes named.
+ * differently is refused by create.c with both shapes named. With
+ * --ps-replicas 2 the ps then restores its primary's shard of the same
+ * checkpoint into the copy it holds: both copies start from one file.
  */
 #include "ps/ps_internal.h"
 
@@ -49,81 +55,166 @@
 #include <string.h>
 #include <time.h>
 
-/* What ckpt_shard.c reads of this ps. */
-static ckpt_shard_ctx shard_ctx(qr_ps *ps) {
-    return (ckpt_shard_ctx){.store = &ps->store, .optim = ps->optim, .cfg = ps->cfg,
-                            .index = ps->index, .nps = ps->cluster->nps,
-                            .nworkers = ps->cluster->nworkers, .sync = ps->sync.on,
-                            .applied_steps = ps->applied_steps,
-                            .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos,
-                            .incarnation = ps->incarnation,
-                            .coordinator = ps->index == 0 ? ps->incarnation : ps->coordinator};
+/* What ckpt_shard.c reads of this ps: its own shard, or (copy) the copy
+ * of ps `primary`'s that it holds (ps-replicas 2), with that shard's own
+ * step counter. */
+static ckpt_shard_ctx shard_ctx(qr_ps *ps, bool copy) {
+    ckpt_shard_ctx sc = {.store = &ps->store, .optim = ps->optim, .cfg = ps->cfg,
+                         .index = ps->index, .nps = ps->cluster->nps,
+                         .nworkers = ps->cluster->nworkers, .sync = ps->sync.on,
+                         .applied_steps = ps->applied_steps,
+                         .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos,
+                         .incarnation = ps->incarnation,
+                         .coordinator = ps->index == 0 ? ps->incarnation : ps->coordinator};
+    if (copy) {
+        sc.store = &ps->replica.store;
+        sc.index = ps->replica.primary;
+        sc.applied_steps = ps->replica.copy_steps;
+        sc.data_pos = NULL; /* ps 0's own shard only; ps 0 is never a promoted copy */
+    }
+    return sc;
 }
 
-/* ---- this ps's shard: taken, written, answered ------------------------------- */
+bool qr__ckpt_writer(const qr_ps *ps, int k) {
+    return !qr__replica_on(ps) || ps->replica.failed[k] == QR_PS_ALIVE;
+}
 
-static void shard_written(qr_ps *ps, int index, int status, const char *error,
+/* The shard this ps was promoted to serve, which it writes too; -1: none. */
+static int promoted_shard(const qr_ps *ps) {
+    const ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || !r->promoted || r->failed[r->primary] == QR_PS_ALIVE) return -1;
+    return r->primary;
+}
+
+/* ---- this ps's shard(s): taken, written, answered ----------------------------- */
+
+static void shard_written(qr_ps *ps, int from, int index, int status, const char *error,
                           const qr_msg_shard *shard);
+static void writer_failed(qr_ps *ps, int from, int status, const char *error);
+
+/* Every shard of this ps is written: ps 0 counts them; ps k answers CKPT
+ * with its own shard's record, then the promoted copy's (u32 shard, record). */
+static void shards_written(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    int copy = c->copy_shard;
+    c->copy_shard = -1;
+    if (ps->index == 0) {
+        uint64_t id = c->next_id;
+        shard_written(ps, 0, 0, c->results[0].status, c->results[0].error, &c->results[0].shard);
+        if (copy >= 0 && c->next_id == id)
+            shard_written(ps, 0, copy, c->results[1].status, c->results[1].error,
+                          &c->results[1].shard);
+        if (c->next_id == id)
+            writer_failed(ps, 0, QR_EINTERNAL, "ps 0 did not write it (the view moved)");
+        return;
+    }
+    ps_peer *p = c->reply_peer;
+    c->reply_peer = NULL;
+    if (!p) return;
+    const ckpt_result *bad = c->results[0].status ? &c->results[0]
+                             : copy >= 0 && c->results[1].status ? &c->results[1] : NULL;
+    if (bad) {
+        qr__peer_reply_error(p, &c->reply_req, bad->status, bad->error);
+        return;
+    }
+    qr_wbuf meta = {0};
+    qr_msg_put_shard(&meta, &c->results[0].shard);
+    if (copy >= 0) {
+        qr_wbuf_u32(&meta, (uint32_t)copy);
+        qr_msg_put_shard(&meta, &c->results[1].shard);
+    }
+    qr__peer_reply(p, &c->reply_req, QR_OK, &meta, NULL, 0, NULL, NULL);
+    qr_wbuf_free(&meta);
+}
 
 static void on_shard_written(uv_work_t *w, int status) {
     ckpt_job *j = w->data;
     qr_ps *ps = j->ps;
-    ps->ckpt.job = NULL;
+    ps_ckpt *c = &ps->ckpt;
+    ckpt_result *res = &c->results[j == c->copy_job ? 1 : 0];
+    if (j == c->copy_job) c->copy_job = NULL;
+    else c->job = NULL;
     if (status && !j->status) {
         j->status = QR_EINTERNAL;
         snprintf(j->error, sizeof j->error, "the write was cancelled");
     }
-    qr_msg_shard shard = {.bytes = j->bytes, .crc32 = j->crc, .nvars = (uint32_t)j->nentries};
+    res->status = j->status;
+    snprintf(res->error, sizeof res->error, "%s", j->error);
+    res->shard = (qr_msg_shard){.bytes = j->bytes, .crc32 = j->crc, .nvars = (uint32_t)j->nentries};
     if (j->status)
         qr__log(QR_LOG_ERROR, "checkpoint at step %lld: %s", (long long)j->step, j->error);
-    if (ps->index == 0) {
-        shard_written(ps, 0, j->status, j->error, &shard);
-    } else if (ps->ckpt.reply_peer) {
-        ps_peer *p = ps->ckpt.reply_peer;
-        ps->ckpt.reply_peer = NULL;
-        if (j->status) {
-            qr__peer_reply_error(p, &ps->ckpt.reply_req, j->status, j->error);
-        } else {
-            qr_wbuf meta = {0};
-            qr_msg_put_shard(&meta, &shard);
-            qr__peer_reply(p, &ps->ckpt.reply_req, QR_OK, &meta, NULL, 0, NULL, NULL);
-            qr_wbuf_free(&meta);
-        }
-    }
     qr__ckpt_shard_free(j);
+    if (c->job || c->copy_job) return; /* the other shard is still being written */
+    shards_written(ps);
+    qr__rerep_resume(ps); /* a copy that waited for the stores */
 }
 
-/* Take this ps's shard at `step` and write it off the loop. */
-int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
+/* Snapshot one shard (copy: the promoted copy's) for checkpoint `id`. */
+static int snapshot(qr_ps *ps, bool copy, uint64_t id, int64_t step, uint64_t base,
+                    ckpt_job **out) {
     ps_ckpt *c = &ps->ckpt;
-    if (c->job)
-        return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
-    ckpt_shard_ctx sc = shard_ctx(ps);
+    ckpt_shard_ctx sc = shard_ctx(ps, copy);
+    uint64_t *snap_id = copy ? &c->copy_snapshot_id : &c->snapshot_id;
+    uint64_t *snap_coord = copy ? &c->copy_snapshot_coordinator : &c->snapshot_coordinator;
     /* An increment holds what changed since this ps's last shard: that
      * shard must be the base ps 0 names (else ps 0 gives this checkpoint
      * up, and the next one is full). */
-    if (base && (base != c->snapshot_id || sc.coordinator != c->snapshot_coordinator))
-        return qr__fail(QR_EINVAL, "%s cannot write an increment of checkpoint %llu: its last "
-                        "shard was of checkpoint %llu (of another ps 0 run, or none since it "
-                        "started); the next checkpoint will be a full one", ps->name,
-                        (unsigned long long)base, (unsigned long long)c->snapshot_id);
+    if (base && (base != *snap_id || sc.coordinator != *snap_coord))
+        return qr__fail(QR_EINVAL, "%s cannot write an increment of checkpoint %llu of shard "
+                        "%d: its last shard was of checkpoint %llu (of another ps 0 run, or "
+                        "none since it started); the next checkpoint will be a full one",
+                        ps->name, (unsigned long long)base, sc.index,
+                        (unsigned long long)*snap_id);
+    /* A re-replication's snapshot of this store still being written (rerep.c). */
+    if (qr__ckpt_store_busy(sc.store))
+        return qr__fail(QR_EINVAL, "%s: shard %d's snapshot for a re-replication is still "
+                        "being written", ps->name, sc.index);
     sc.base = base;
-    ckpt_job *j;
-    uint64_t t0 = qr__now_ns();
-    int rc = qr__ckpt_shard_snapshot(&sc, ps->ckpt.dir, id, step, &j);
+    int rc = qr__ckpt_shard_snapshot(&sc, c->dir, id, step, out);
     if (rc) return rc;
-    c->snapshot_id = id;
-    c->snapshot_coordinator = sc.coordinator;
-    j->ps = ps;
+    *snap_id = id;
+    *snap_coord = sc.coordinator;
+    (*out)->ps = ps;
+    (*out)->work.data = *out;
+    return QR_OK;
+}
+
+/* Take this ps's shard at `step` and write it off the loop; and the
+ * promoted copy's shard, if this ps serves one (ps-replicas 2). */
+int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
+    ps_ckpt *c = &ps->ckpt;
+    if (c->job || c->copy_job)
+        return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
+    int copy = promoted_shard(ps);
+    ckpt_job *own = NULL, *cj = NULL;
+    uint64_t t0 = qr__now_ns();
+    int rc = snapshot(ps, false, id, step, base, &own);
+    if (!rc && copy >= 0) rc = snapshot(ps, true, id, step, base, &cj);
+    if (rc) {
+        if (own) qr__ckpt_shard_free(own);
+        return rc;
+    }
     ps->ckpt.last_snapshot_ms = (double)(qr__now_ns() - t0) / 1e6;
     ps->ckpt.max_snapshot_ms = QR_MAX(ps->ckpt.max_snapshot_ms, ps->ckpt.last_snapshot_ms);
-    j->work.data = j;
-    rc = uv_queue_work(&ps->loop, &j->work, qr__ckpt_shard_write, on_shard_written);
+    memset(c->results, 0, sizeof c->results);
+    rc = uv_queue_work(&ps->loop, &own->work, qr__ckpt_shard_write, on_shard_written);
     if (rc) {
-        qr__ckpt_shard_free(j);
+        qr__ckpt_shard_free(own);
+        if (cj) qr__ckpt_shard_free(cj);
         return qr__fail(QR_EINTERNAL, "cannot queue a checkpoint write: %s", uv_strerror(rc));
     }
-    ps->ckpt.job = j;
+    c->job = own;
+    c->copy_shard = copy;
+    if (!cj) return QR_OK;
+    rc = uv_queue_work(&ps->loop, &cj->work, qr__ckpt_shard_write, on_shard_written);
+    if (rc) { /* answered with the own shard's write, as failed */
+        c->results[1].status = QR_EINTERNAL;
+        snprintf(c->results[1].error, sizeof c->results[1].error,
+                 "cannot queue the write of shard %d: %s", copy, uv_strerror(rc));
+        qr__ckpt_shard_free(cj);
+        return QR_OK;
+    }
+    c->copy_job = cj;
     return QR_OK;
 }
 
@@ -163,6 +254,7 @@ static void on_manifest_written(uv_work_t *w, int status) {
     } else {
         c->last_step = c->step;
         c->last_id = m->info.checkpoint_id;
+        c->last_view = c->started_view;
         c->chain_length = c->base_id ? c->chain_length + 1 : 0;
         if (!c->base_id) c->full_step = c->step;
         c->last_seconds = seconds;
@@ -215,12 +307,17 @@ static void shards_complete(qr_ps *ps) {
     }
 }
 
-static void shard_written(qr_ps *ps, int index, int status, const char *error,
+/* ps 0: shard `index` written by ps `from` (or not: status). A shard
+ * counts once, and only from the ps that was asked for it. */
+static void shard_written(qr_ps *ps, int from, int index, int status, const char *error,
                           const qr_msg_shard *shard) {
     ps_ckpt *c = &ps->ckpt;
-    if (!c->busy || !c->shards) return;
+    if (!c->busy || !c->shards || !c->writers || index < 0 || index >= ps->cluster->nps ||
+        c->writers[index] != from)
+        return;
+    c->writers[index] = -1;
     if (status && !c->failure[0])
-        snprintf(c->failure, sizeof c->failure, "ps %d: %s", index, error);
+        snprintf(c->failure, sizeof c->failure, "ps %d, shard %d: %s", from, index, error);
     if (!status) {
         qr_ckpt_shard *s = &c->shards[index];
         qr_ckpt_shard_name(s->file, sizeof s->file, index, ps->cluster->nps);
@@ -231,28 +328,47 @@ static void shard_written(qr_ps *ps, int index, int status, const char *error,
     if (--c->shards_pending == 0) shards_complete(ps);
 }
 
+/* ps 0: every shard ps `from` was to write, not written (its link lost,
+ * or its answer an error). */
+static void writer_failed(qr_ps *ps, int from, int status, const char *error) {
+    ps_ckpt *c = &ps->ckpt;
+    /* The last shard may end this checkpoint, and the next may start at
+     * once: its shards are not this one's. */
+    uint64_t id = c->next_id;
+    for (int k = 0; c->busy && c->writers && c->next_id == id && k < ps->cluster->nps; k++)
+        if (c->writers[k] == from) shard_written(ps, from, k, status, error, NULL);
+}
+
 /* Collect the shards of the checkpoint at `step`: this ps's, and in sync
- * mode the others' (async: the CUT that ckpt_cut.c sent asks for them). */
+ * mode the others' (async: the CUT that ckpt_cut.c sent asks for them).
+ * Each shard is written by the ps that serves it now: its own ps, or,
+ * after a failover (ps-replicas 2), the backup promoted in its place. */
 void qr__ckpt_take(qr_ps *ps, int64_t step) {
     ps_ckpt *c = &ps->ckpt;
+    int nps = ps->cluster->nps;
     c->step = step;
-    c->shards = qr__calloc((size_t)ps->cluster->nps, sizeof *c->shards);
-    if (!c->shards) {
+    c->shards = qr__calloc((size_t)nps, sizeof *c->shards);
+    free(c->writers);
+    c->writers = qr__calloc((size_t)nps, sizeof *c->writers);
+    if (!c->shards || !c->writers) {
         qr__ckpt_failed(ps, "out of memory");
         return;
     }
-    c->shards_pending = ps->cluster->nps;
+    for (int k = 0; k < nps; k++)
+        c->writers[k] = qr__ckpt_writer(ps, k) ? k : (k + 1) % nps;
+    c->shards_pending = nps;
     if (ps->sync.on) {
         qr_wbuf meta = {0};
         qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
                                               .step = step, .base = c->base_id});
-        for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
+        for (int k = 1; k < nps; k++)
+            if (qr__ckpt_writer(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
         qr_wbuf_free(&meta);
     }
     if (qr__ckpt_start_shard(ps, c->next_id, step, c->base_id)) {
         char error[512];
         snprintf(error, sizeof error, "%s", qr_last_error());
-        shard_written(ps, 0, QR_EINTERNAL, error, NULL);
+        writer_failed(ps, 0, QR_EINTERNAL, error);
     }
 }
 
@@ -275,8 +391,11 @@ void qr__ckpt_start(qr_ps *ps) {
      * (none failed or was given up since: every ps's last shard is of it)
      * and its chain is shorter than full-every; else a full one. The
      * first one of a run is full, so a chain never spans a restart. */
+    /* With two copies, also none since the view moved: a shard whose
+     * writer moved (to its promoted copy) has no base on its new writer. */
+    c->started_view = qr__replica_on(ps) ? ps->replica.view : 0;
     bool increment = c->full_every > 1 && c->last_id && c->last_id == c->next_id &&
-                     c->chain_length + 1 < c->full_every;
+                     c->chain_length + 1 < c->full_every && c->last_view == c->started_view;
     c->base_id = increment ? c->last_id : 0;
     c->base_step = increment ? c->last_step : -1;
     c->next_id++;
@@ -288,6 +407,8 @@ static void finish_checkpoint(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     free(c->shards);
     c->shards = NULL;
+    free(c->writers);
+    c->writers = NULL;
     c->busy = false;
     bool more_saves = qr__ckpt_save_done(ps, c->next_id, c->last_step == c->step);
     if (c->want_final && !c->final_started && ps->global_step != c->last_step &&
@@ -348,13 +469,12 @@ bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
     return true;
 }
 
-/* A ps k's link lost while it wrote its shard: that shard is lost to us. */
+/* A ps k's link lost while it wrote its shard(s): they are lost to us. */
 static void link_lost(qr_ps *ps, int index) {
     ps_ckpt *c = &ps->ckpt;
     qr__ckpt_cut_link_lost(ps, index);
-    if (!c->busy || !c->shards || c->shards[index].bytes) return;
-    shard_written(ps, index, QR_EPEERLOST, "the link to it was lost while it wrote its shard",
-                  NULL);
+    if (!c->busy || !c->shards) return;
+    writer_failed(ps, index, QR_EPEERLOST, "the link to it was lost while it wrote its shard");
 }
 
 void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
@@ -367,16 +487,34 @@ void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
     if (!ps->ckpt.shards) return; /* RELEASE's reply, or a late one */
     qr_rbuf r;
     qr_rbuf_init(&r, meta, f->meta_len);
-    qr_msg_shard shard = {0};
+    qr_msg_shard shard = {0}, copy = {0};
+    uint32_t copy_index = 0;
+    bool has_copy = false;
     char error[512] = "";
     if (f->status) {
         snprintf(error, sizeof error, "%.*s", (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
     } else {
         qr_msg_get_shard(&r, &shard);
-        if (r.bad) snprintf(error, sizeof error, "its CKPT reply is truncated");
+        /* then the promoted copy's shard, if that ps serves one */
+        if (!r.bad && r.left) {
+            has_copy = true;
+            copy_index = qr_rbuf_u32(&r);
+            qr_msg_get_shard(&r, &copy);
+        }
+        if (r.bad || r.left) snprintf(error, sizeof error, "its CKPT reply is truncated");
     }
-    shard_written(ps, index, error[0] ? (f->status ? f->status : QR_EPROTO) : QR_OK, error,
-                  &shard);
+    if (error[0]) {
+        writer_failed(ps, index, f->status ? f->status : QR_EPROTO, error);
+        return;
+    }
+    uint64_t id = ps->ckpt.next_id;
+    shard_written(ps, index, index, QR_OK, "", &shard);
+    if (has_copy && ps->ckpt.next_id == id)
+        shard_written(ps, index, (int)copy_index, QR_OK, "", &copy);
+    /* a shard it was asked for and did not write (a view it had not
+     * applied yet): not in this checkpoint */
+    if (ps->ckpt.next_id == id)
+        writer_failed(ps, index, QR_EINTERNAL, "its answer did not hold this shard");
 }
 
 
@@ -471,13 +609,15 @@ void qr__ckpt_stats_json(const qr_ps *ps, cJSON *obj) {
 
 /* ---- restore at start ---------------------------------------------------------- */
 
-/* Restore this ps's shard of the chain: the full checkpoint, then each
- * increment in order (qr_ckpt_chain verified every link). */
-static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n) {
+/* Restore a shard of the chain into this ps: its own, or (copy, with
+ * ps-replicas 2) its primary's into the copy it holds. The full
+ * checkpoint, then each increment in order (qr_ckpt_chain verified every
+ * link). */
+static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n, bool copy) {
     const qr_ckpt_info *info = &chain[n - 1];
+    ckpt_shard_ctx sc = shard_ctx(ps, copy);
     char file[64], path[4200];
-    qr_ckpt_shard_name(file, sizeof file, ps->index, ps->cluster->nps);
-    ckpt_shard_ctx sc = shard_ctx(ps);
+    qr_ckpt_shard_name(file, sizeof file, sc.index, ps->cluster->nps);
     int64_t counters[2];
     int rc = QR_OK;
     for (int i = 0; i < n && !rc; i++) {
@@ -491,26 +631,37 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n) {
                           "%lld: a shard of another checkpoint (mixed steps)", path,
                           (long long)counters[0], (long long)chain[i].step);
     }
-    if (!rc) {
-        ps->global_step = counters[0];
-        ps->sync.step = counters[0];
-        ps->applied_steps = counters[1];
-        ps->ckpt.restored_step = counters[0];
-        ps->ckpt.started_step = counters[0];
-        ps->ckpt.last_step = counters[0];
-        char chained[64] = "";
-        if (n > 1) snprintf(chained, sizeof chained, " and %d increment(s) after step %lld", n - 1,
-                            (long long)chain[0].step);
-        qr__log(QR_LOG_INFO, "restored %u variable(s), %.1f MB, from %s%s (global step %lld)",
-                ps->store.count, (double)ps->store.bytes / 1e6, n > 1 ? chain[0].path : path,
-                chained, (long long)info->step);
+    if (rc) return rc;
+    char chained[64] = "";
+    if (n > 1) snprintf(chained, sizeof chained, " and %d increment(s) after step %lld", n - 1,
+                        (long long)chain[0].step);
+    if (copy) {
+        /* The copy starts equal to its primary, which restores the same
+         * bytes: the shard's own steps (Adam's t) are the file's. */
+        ps->replica.copy_steps = counters[1];
+        qr__log(QR_LOG_INFO, "restored the copy of ps %d's shard: %u variable(s), %.1f MB, "
+                "from %s%s (global step %lld)", sc.index, sc.store->count,
+                (double)sc.store->bytes / 1e6, n > 1 ? chain[0].path : path, chained,
+                (long long)info->step);
+        return QR_OK;
     }
-    return rc;
+    ps->global_step = counters[0];
+    ps->sync.step = counters[0];
+    ps->applied_steps = counters[1];
+    ps->ckpt.restored_step = counters[0];
+    ps->ckpt.started_step = counters[0];
+    ps->ckpt.last_step = counters[0];
+    qr__log(QR_LOG_INFO, "restored %u variable(s), %.1f MB, from %s%s (global step %lld)",
+            ps->store.count, (double)ps->store.bytes / 1e6, n > 1 ? chain[0].path : path,
+            chained, (long long)info->step);
+    return QR_OK;
 }
 
 int qr__ckpt_init(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->last_step = c->restored_step = -1;
+    c->copy_shard = -1;
+    c->copy_snapshot_id = c->copy_snapshot_coordinator = 0;
     /* A run (the first, or one after a rollback) starts no chain on one
      * of a former run: its first checkpoint is full. */
     c->last_id = c->snapshot_id = c->snapshot_coordinator = c->base_id = 0;
@@ -580,7 +731,11 @@ int qr__ckpt_init(qr_ps *ps) {
         rc = qr__fail(QR_EINVAL, "checkpoint %s has %d shards, this cluster %d ps tasks: "
                       "restore it with as many ps tasks as wrote it", chain[nchain - 1].path,
                       chain[nchain - 1].nshards, ps->cluster->nps);
-    if (!rc) rc = restore_shard(ps, chain, nchain);
+    if (!rc) rc = restore_shard(ps, chain, nchain, false);
+    /* With two copies the backup loads its primary's shard of the same
+     * checkpoint: both copies start from the same verified bytes, equal
+     * bit for bit, before any worker connects (docs/REPLICATION.md). */
+    if (!rc && qr__replica_on(ps)) rc = restore_shard(ps, chain, nchain, true);
     qr_ckpt_list_free(chain, nchain);
     return rc;
 }
@@ -600,8 +755,10 @@ void qr__ckpt_free(qr_ps *ps) {
     qr__ckpt_save_free(ps);
     free(c->dir);
     free(c->shards);
+    free(c->writers);
     free(c->data_pos);
     c->dir = NULL;
     c->shards = NULL;
+    c->writers = NULL;
     c->data_pos = NULL;
 }

@@ -31,6 +31,14 @@
  *      rest, and serves again. The shards are written as in sync mode.
  * Pulls are served all along; only applies wait, for a round trip or two
  * between the ps tasks.
+ *
+ * With --ps-replicas 2 a call's parts are per shard (a worker sends the
+ * part of a shard served by a promoted copy on a connection of its own):
+ * a promoted ps reports its marks twice, its own shard's and the copy's
+ * (copy_marks); a backup marks each forward it applies (FORWARDED: a part
+ * the copy holds, whose nparts it does not know), so that once promoted
+ * the calls its primary applied before dying count as whole; ps 0 asks
+ * only the ps that serve shards (qr__ckpt_writer).
  */
 #include "ps/ps_internal.h"
 
@@ -112,9 +120,15 @@ void qr__ckpt_applied(qr_ps *ps, const ps_peer *p) {
     ps_ckpt *c = &ps->ckpt;
     uint32_t w = p->push_worker;
     if (!qr__is_worker(w, ps->cluster->nworkers)) return;
+    /* a push to the shard this ps was promoted to serve is a part of its
+     * call of its own (the worker counts shards) */
+    qr_msg_mark *marks = p->promoted_shard ? c->copy_marks : c->marks;
+    /* a duplicate resent after a failover may be older than the last */
+    if (marks && (marks[w].flags & QR_MARK_APPLIED) && seq_after(marks[w].seq, p->push_seq))
+        return;
     if (c->data_pos) c->data_pos[w] = p->push_data_pos;
-    if (c->marks)
-        c->marks[w] = (qr_msg_mark){.worker = w, .flags = QR_MARK_APPLIED, .seq = p->push_seq,
+    if (marks)
+        marks[w] = (qr_msg_mark){.worker = w, .flags = QR_MARK_APPLIED, .seq = p->push_seq,
                                     .nparts = p->push_nparts, .data_pos = p->push_data_pos};
 }
 
@@ -135,17 +149,29 @@ void qr__ckpt_cut_peer_lost(ps_peer *p) {
     p->parked = false;
 }
 
-/* This ps's report: a mark per worker, then one per parked push. */
+void qr__ckpt_forwarded(qr_ps *ps, bool own, uint32_t worker, uint32_t seq) {
+    ps_ckpt *c = &ps->ckpt;
+    qr_msg_mark *marks = own ? c->marks : c->copy_marks;
+    if (!marks || !qr__is_worker(worker, ps->cluster->nworkers)) return;
+    marks[worker] = (qr_msg_mark){.worker = worker, .flags = QR_MARK_APPLIED | QR_MARK_FORWARDED,
+                                  .seq = seq};
+}
+
+/* This ps's report: a mark per worker (and per worker again for the
+ * promoted copy's shard, if it serves one), then one per parked push. */
 static void put_report(qr_ps *ps, qr_wbuf *b) {
     ps_ckpt *c = &ps->ckpt;
-    uint32_t n = (uint32_t)ps->cluster->nworkers;
+    bool copy = c->copy_marks && ps->replica.promoted;
+    uint32_t n = (uint32_t)ps->cluster->nworkers * (copy ? 2 : 1);
     for (parked_push *pp = c->parked; pp; pp = pp->next) n++;
     qr_msg_put_count(b, n);
-    for (int w = 0; w < ps->cluster->nworkers; w++) {
-        qr_msg_mark m = c->marks[w];
-        m.worker = (uint32_t)w;
-        if (ps->worker_conns[w] > 0) m.flags |= QR_MARK_CONNECTED;
-        qr_msg_put_mark(b, &m);
+    for (int i = 0; i < (copy ? 2 : 1); i++) {
+        for (int w = 0; w < ps->cluster->nworkers; w++) {
+            qr_msg_mark m = i ? c->copy_marks[w] : c->marks[w];
+            m.worker = (uint32_t)w;
+            if (ps->worker_conns[w] > 0) m.flags |= QR_MARK_CONNECTED;
+            qr_msg_put_mark(b, &m);
+        }
     }
     for (parked_push *pp = c->parked; pp; pp = pp->next)
         qr_msg_put_mark(b, &(qr_msg_mark){.worker = pp->p->push_worker, .flags = QR_MARK_PARKED,
@@ -208,7 +234,10 @@ static void send_phase(qr_ps *ps, uint32_t phase, uint64_t id, int64_t step, con
                                          .count = cut ? (uint32_t)nw : 0,
                                          .base = ps->ckpt.base_id});
     for (int w = 0; cut && w < nw; w++) qr_msg_put_cut(&meta, &cut[w]);
-    for (int k = 1; k < ps->cluster->nps; k++) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
+    /* the ps that serve shards (ps-replicas 2: not a failed ps, nor a
+     * replacement, whose shards are served by the ps promoted for them) */
+    for (int k = 1; k < ps->cluster->nps; k++)
+        if (qr__ckpt_writer(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
     qr_wbuf_free(&meta);
 }
 
@@ -220,7 +249,8 @@ static void collect(qr_ps *ps, uint32_t phase) {
         c->park_failed = false;
     }
     c->collecting = true;
-    c->reports_pending = ps->cluster->nps - 1;
+    c->reports_pending = 0;
+    for (int k = 1; k < ps->cluster->nps; k++) c->reports_pending += qr__ckpt_writer(ps, k);
     qr_wbuf_reset(&c->reports[0]);
     put_report(ps, &c->reports[0]);
     send_phase(ps, phase, c->next_id, c->step, NULL);
@@ -247,6 +277,7 @@ static bool read_reports(qr_ps *ps, call_view *v) {
     int nw = ps->cluster->nworkers;
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < ps->cluster->nps; k++) {
+            if (!qr__ckpt_writer(ps, k)) continue; /* not asked */
             qr_rbuf r;
             qr_rbuf_init(&r, c->reports[k].data, c->reports[k].len);
             uint32_t n = qr_msg_get_count(&r);
@@ -257,7 +288,8 @@ static bool read_reports(qr_ps *ps, call_view *v) {
                 call_view *cv = &v[m.worker];
                 if (pass == 0) { /* the newest applied call */
                     if (m.flags & QR_MARK_CONNECTED) cv->connected = true;
-                    if ((m.flags & QR_MARK_APPLIED) && (!cv->have || seq_after(m.seq, cv->seq))) {
+                    if ((m.flags & QR_MARK_APPLIED) && !(m.flags & QR_MARK_FORWARDED) &&
+                        (!cv->have || seq_after(m.seq, cv->seq))) {
                         cv->have = true;
                         cv->seq = m.seq;
                         cv->nparts = m.nparts;
@@ -357,6 +389,10 @@ int qr__ckpt_cut_init(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     c->marks = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *c->marks);
     if (!c->marks) return QR_ENOMEM;
+    if (qr__replica_on(ps)) {
+        c->copy_marks = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *c->marks);
+        if (!c->copy_marks) return QR_ENOMEM;
+    }
     if (ps->index != 0) return QR_OK;
     c->reports = qr__calloc((size_t)ps->cluster->nps, sizeof *c->reports);
     if (!c->reports) return QR_ENOMEM;
@@ -381,6 +417,7 @@ void qr__ckpt_cut_free(qr_ps *ps) {
     for (int k = 0; c->reports && k < ps->cluster->nps; k++) qr_wbuf_free(&c->reports[k]);
     free(c->reports);
     free(c->marks);
+    free(c->copy_marks);
     c->reports = NULL;
-    c->marks = NULL;
+    c->marks = c->copy_marks = NULL;
 }

@@ -87,6 +87,12 @@ static void entry_release(ckpt_entry *e) {
     e->slots = NULL;
 }
 
+bool qr__ckpt_store_busy(const qr_store *s) {
+    for (uint32_t i = 0; i < s->cap; i++)
+        if (s->by_id[i] && s->by_id[i]->ckpt) return true;
+    return false;
+}
+
 int qr__ckpt_before_apply(qr_ps *ps, qr_var *v) {
     (void)ps;
     v->ckpt_changed = true; /* the next increment writes it */
@@ -377,8 +383,10 @@ int qr__ckpt_shard_snapshot(const ckpt_shard_ctx *c, const char *ckpt_dir, uint6
     snprintf(j->path, sizeof j->path, "%s/%s", dir, file);
     for (uint32_t i = 0; i < c->store->cap && !rc; i++)
         if (c->store->by_id[i]) rc = snapshot_var(j, c, c->store->by_id[i], vars);
-    /* What the next increment compares with: this shard. */
-    for (uint32_t i = 0; i < c->store->cap && !rc; i++) {
+    /* What the next increment compares with: this shard, when it is a
+     * checkpoint's (id 0 is a re-replication's snapshot, rerep.c: the
+     * changes since the last checkpoint stay marked for the next one). */
+    for (uint32_t i = 0; i < c->store->cap && !rc && id; i++) {
         qr_var *v = c->store->by_id[i];
         if (!v) continue;
         v->ckpt_id = id;

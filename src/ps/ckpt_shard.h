@@ -76,6 +76,10 @@ typedef struct ckpt_job {
  * or the variable is next applied (qr__ckpt_before_apply). */
 int qr__ckpt_shard_snapshot(const ckpt_shard_ctx *c, const char *dir, uint64_t id, int64_t step,
                             ckpt_job **out);
+/* A snapshot of s is still being written (a variable's v->ckpt is set):
+ * a second one must wait, since a variable protects one snapshot's
+ * entry at a time (a checkpoint's and a re-replication's of one store). */
+bool qr__ckpt_store_busy(const qr_store *s);
 /* uv_work_cb: write the job's shard, durably; sets its status, error,
  * crc and bytes. Runs off the loop. */
 void qr__ckpt_shard_write(uv_work_t *w);

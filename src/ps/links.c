@@ -181,6 +181,10 @@ static void on_link_connected(qr_conn *c, int status) {
 static void drop(coord_link *l) {
     l->dropped = l->closing = true;
     l->apply_step = -1;
+    /* A checkpoint that asked it for its part (a CKPT that the link, down
+     * since its loss, never sent: a checkpoint started between the loss
+     * and the failover) will not get it: given up, not waited for. */
+    if (l->ckpt_wanted && l->ckpt_cb) l->ckpt_cb(l->ps, l->index, QR_EPEERLOST, NULL, NULL);
     l->ckpt_wanted = l->view_wanted = false;
     l->up = false;
     uv_timer_stop(&l->retry);

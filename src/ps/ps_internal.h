@@ -414,16 +414,37 @@ typedef struct ps_bound {
 
 /* Checkpoints (ckpt_coord.c): the options, the one being written, and on
  * ps 0 the shards collected for its manifest. */
+/* What one shard's write gave (ckpt_coord.c), kept for the CKPT reply. */
+typedef struct ckpt_result {
+    int status;
+    char error[512];
+    qr_msg_shard shard;
+} ckpt_result;
+
 typedef struct ps_ckpt {
     char *dir;             /* NULL: checkpoints off */
     int64_t every_secs, every_steps;
     int keep;
     int64_t full_every;    /* a full checkpoint every this many (1: all full) */
     ckpt_job *job;         /* this ps's shard being written, or NULL */
+    /* ps-replicas 2: the shard this ps was promoted to serve (its failed
+     * primary's) is written by this ps too, from its copy: its job, which
+     * shard (-1: none), and each write's result (own, copy) until both end */
+    ckpt_job *copy_job;
+    int copy_shard;
+    ckpt_result results[2];
     uint64_t next_id;
     /* the last shard this ps took: its checkpoint's id and coordinator (an
-     * increment must be of it) */
+     * increment must be of it); the same for the promoted copy's */
     uint64_t snapshot_id, snapshot_coordinator;
+    uint64_t copy_snapshot_id, copy_snapshot_coordinator;
+    /* ps 0, ps-replicas 2: the view the one being taken started in, and
+     * the newest complete one's; an increment needs both the same (a
+     * shard whose writer moved is written whole) */
+    uint64_t started_view, last_view;
+    /* ps 0: per shard of the one being taken, the ps that writes it (the
+     * one serving it), -1 once its answer counted */
+    int *writers;
     /* ps 0: the chain. base_id, base_step: the one being taken is an
      * increment of that checkpoint (0: full); last_id: the newest
      * complete checkpoint of this run (0: none yet), chain_length: the
@@ -462,6 +483,7 @@ typedef struct ps_ckpt {
     int64_t restored_step; /* -1: started fresh */
     /* async with several ps: the cut (ckpt_cut.c) */
     qr_msg_mark *marks;     /* [workers]: each one's last push applied here */
+    qr_msg_mark *copy_marks; /* ps-replicas 2: the same for the promoted copy's shard */
     bool holding;           /* whole pushes park instead of being applied */
     bool park_failed;       /* one could not be parked: this cut is spoiled */
     struct parked_push *parked, *parked_tail;
@@ -1037,6 +1059,11 @@ void qr__ckpt_stats_json(const qr_ps *ps, struct cJSON *obj);
  * be the last this ps took a shard for; 0: a full one. */
 int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base);
 void qr__ckpt_take(qr_ps *ps, int64_t step);
+/* ps 0: ps k writes shards of a checkpoint (it serves its own shard in
+ * the view: always with one copy; ps-replicas 2, a failed ps or a
+ * replacement serves none, and its shard is written by the ps that
+ * serves it, from its promoted copy). */
+bool qr__ckpt_writer(const qr_ps *ps, int k);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
 
 /* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
@@ -1057,8 +1084,12 @@ void qr__ckpt_cut_begin(qr_ps *ps);
  * carries its continuation, so the cut calls nothing of push.c). */
 typedef void (*qr_park_resume_cb)(ps_peer *p, const qr_frame *f);
 bool qr__ckpt_park(ps_peer *p, const qr_frame *f, qr_park_resume_cb resume);
-/* An async push was applied here. */
+/* An async push was applied here (or answered as applied already). */
 void qr__ckpt_applied(qr_ps *ps, const ps_peer *p);
+/* A backup applied the forward of (worker, seq) to its copy (own: a
+ * replacement's own shard): once promoted, its report says that part of
+ * the call is in the copy. */
+void qr__ckpt_forwarded(qr_ps *ps, bool own, uint32_t worker, uint32_t seq);
 /* ps 0: a HOLD or QUERY reply; false if none was expected. */
 bool qr__ckpt_cut_report(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta);
 void qr__ckpt_cut_link_lost(qr_ps *ps, int index);

@@ -467,6 +467,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     if (qr__replica_duplicate(p, p->push_worker, p->push_seq, &answer)) {
         qr__log(QR_LOG_DEBUG, "push (worker %u, seq %u) was applied already: answered, not "
                 "applied again", p->push_worker, p->push_seq);
+        qr__ckpt_applied(ps, p); /* this part of the call is in the shard (a cut counts it) */
         answer_after_backup(p, f, answer);
         return;
     }

@@ -925,6 +925,7 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (!sightings) { /* a push: what a promotion goes on from */
         record_last(p->copy_own ? r->last : r->backup_last, ps->cluster->nworkers, h->worker,
                     h->seq, h->answer);
+        qr__ckpt_forwarded(ps, p->copy_own, h->worker, h->seq);
         int64_t steps = (h->flags & QR_PUSH_STEP) ? h->t : h->t - 1;
         if (p->copy_own) {
             ps->applied_steps = steps;

@@ -66,6 +66,8 @@ typedef struct repl_link {
      * snapshot and every forward made before that (`mark`), pushes are
      * answered at once (the shard is still on one copy: `streaming`) */
     bool hold, streaming;
+    bool deferred;         /* its store's checkpoint snapshot was being written: the
+                            * copy starts once it is (qr__rerep_resume) */
     uint64_t mark;
     uint64_t snapshot_fwd; /* the snapshot's forward number (0: none) */
     uint64_t target_incarnation; /* the run of the target that holds the copy (0: not met) */
@@ -225,6 +227,9 @@ void qr__rerep_close(qr_ps *ps);
 /* L's copy is given up: a snapshot still being written is dropped when
  * the write ends. */
 void qr__rerep_abandon(repl_link *L);
+/* A checkpoint's shards are written (ckpt_coord.c): a copy that waited
+ * for its store's snapshot to be free starts now. */
+void qr__rerep_resume(qr_ps *ps);
 /* A worker's HELLO for this ps's own shard, before this ps knows it
  * serves it (its backup has not accepted its replica link yet, and ps 0
  * has told it no view): held (true), and answered by

@@ -174,8 +174,16 @@ void qr__rerep_start(repl_link *L) {
     qr_ps *ps = L->ps;
     ps_replica *r = &ps->replica;
     if (!L->gone || L->job) return; /* a copy there, or being made */
-    rerep_job *j = qr__calloc(1, sizeof *j);
     qr_store *store = L->copy ? &r->store : &ps->store;
+    if (qr__ckpt_store_busy(store)) {
+        /* A checkpoint's snapshot of the store is being written; a
+         * variable protects one snapshot at a time. */
+        L->deferred = true;
+        qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d waits for the checkpoint "
+                "being written", L->shard, L->target);
+        return;
+    }
+    rerep_job *j = qr__calloc(1, sizeof *j);
     int64_t steps = L->copy ? r->copy_steps : ps->applied_steps;
     uint64_t t0 = qr__now_ns();
     int rc = j ? make_dir(j->dir, sizeof j->dir) : QR_ENOMEM;
@@ -448,7 +456,22 @@ void qr__rerep_peer_lost(ps_peer *p) {
     if (p->ps->rerep.peer == p) p->ps->rerep.peer = NULL;
 }
 
+void qr__rerep_resume(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || !r->failed) return;
+    /* Still wanted: the target is still a replacement being copied. */
+    if (r->link.deferred) {
+        r->link.deferred = false;
+        if (r->failed[r->link.target] == QR_PS_JOINING) qr__rerep_start(&r->link);
+    }
+    if (r->copy_link.deferred) {
+        r->copy_link.deferred = false;
+        if (r->failed[r->copy_link.target] == QR_PS_JOINING) qr__rerep_start(&r->copy_link);
+    }
+}
+
 void qr__rerep_abandon(repl_link *L) {
+    L->deferred = false;
     /* the write still runs on the pool: it frees itself when done, and
      * leaves the snapshot's forward (dropped with the link's) alone */
     if (L->job) L->job->orphan = true;

@@ -486,6 +486,9 @@ void qr_msg_get_cut(qr_rbuf *r, qr_msg_cut *m);
 #define QR_MARK_APPLIED 1u
 #define QR_MARK_CONNECTED 2u
 #define QR_MARK_PARKED 4u
+/* applied as a backup's forward (ps-replicas 2): nparts unknown; counts as
+ * a part of a call that another mark names, never names one itself */
+#define QR_MARK_FORWARDED 8u
 typedef struct qr_msg_mark {
     uint32_t worker, flags, seq, nparts;
     uint64_t data_pos;

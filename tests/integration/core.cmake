@@ -87,6 +87,13 @@ foreach(case wire train sync_train failover_wire failover_kill failover_stop fai
         sync_failover_loop rerep rerep_second rerep_killed)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
+# Checkpoints with two copies: each shard written once, by the ps serving
+# it (after a failover, the promoted copy), a restart restoring both
+# copies, a ps killed while a checkpoint is being written, and a sync run
+# resumed to the digest of one never stopped.
+foreach(case failover kill_during resume)
+  qr_integration_test(integration_replication_ckpt_${case} test_replication_ckpt.py ${case})
+endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.
 qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})
 # Tasks in network namespaces of their own, over veth links with real
