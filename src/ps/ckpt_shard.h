@@ -1,7 +1,7 @@
 /*
  * ckpt_shard.h - one ps's shard of a checkpoint, its format only
  * (ckpt_shard.c): taken as references on the loop, written on libuv's
- * thread pool, read back into a store at start. When a checkpoint is
+ * thread pool, read back into a store at start (ckpt_restore.c). When a checkpoint is
  * taken, by whom, and what becomes of the written shard is the
  * orchestration's (ckpt_coord.c); like Redis's rdb.c, nothing here knows
  * it. The format reads the ps only through ckpt_shard_ctx, so a store can

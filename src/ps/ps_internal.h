@@ -37,7 +37,9 @@
  *                 ps: pushes parked, reports, the cut decided by ps 0
  *   ckpt_shard.c  one shard's format: snapshot (references, on the loop;
  *                 full, or an increment of the last one), write (libuv's
- *                 thread pool), restore into a store, increments applied
+ *                 thread pool)
+ *   ckpt_restore.c  the same format read back: restore into a store,
+ *                 increments applied onto their base
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
  *   failover.c    --ps-replicas 2: the view (where each shard is
