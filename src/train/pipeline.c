@@ -27,8 +27,10 @@
 
 static void *push_pull_thread(void *arg) {
     qr__pipeline *p = arg;
+    double t0 = qr__now_sec();
     p->rc = qr_worker_push_pull(p->w, p->n, p->ids, (const float *const *)p->grads_back,
                                 p->params_back, p->flags, &p->global);
+    p->seconds = qr__now_sec() - t0;
     if (p->rc) snprintf(p->error, sizeof p->error, "%s", qr_last_error()); /* per thread */
     return NULL;
 }

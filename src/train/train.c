@@ -584,6 +584,7 @@ static int pipelined_steps(worker_run *r, double start) {
         if (!rc && r->pipe.running) {
             int64_t global = r->step;
             int push_rc = qr__pipeline_finish(&r->pipe, r->params, &global);
+            qr__worker_metrics_call(&r->metrics, true, r->pipe.seconds);
             rc = qr__train_after_push(r->w, push_rc, false, global, &r->step, r->res);
             if (!rc) rc = step_done(r, pending, start);
         }

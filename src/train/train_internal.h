@@ -72,6 +72,7 @@ typedef struct qr__pipeline {
     int rc;                            /* the thread's push_pull status, its message: */
     char error[512];
     int64_t global;
+    double seconds;                    /* how long its push_pull took (the metrics') */
 } qr__pipeline;
 
 /* Back sets for n variables of these sizes. QR_OK or QR_ENOMEM (then
