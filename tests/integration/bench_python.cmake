@@ -8,17 +8,19 @@ set(qr_bench_python_env
     "QUORUM_LIBRARY=$<TARGET_FILE:quorum_shared>"
     "PYTHONPATH=${PROJECT_SOURCE_DIR}/python")
 
-# bench_scaling.py --quick at 1 and 2 workers: every mode (DDP, quorum.torch
-# and the C trainer, sync and async) at every count, the model's measured
-# parameters, its comparison and the 25 Gbit/s table; then step_model.py's
-# command line on the JSON it wrote.
+# bench_scaling.py --quick --profile at 1 and 2 workers: every mode (DDP,
+# quorum.torch and the C trainer, sync and async) at every count with the
+# ps count recommend_ps gives, each with its profile (the cores its tasks
+# kept busy, by role), the model's measured parameters, its comparison and
+# the 25 Gbit/s table; then step_model.py's command line on the JSON it
+# wrote.
 set(qr_bench_scaling_check [=[
 import json, os, subprocess, sys, tempfile
 bench = os.path.join(sys.argv[1], "bench", "python")
 out_json = os.path.join(tempfile.mkdtemp(prefix="qr-scaling-"), "scaling.json")
 p = subprocess.run([sys.executable, os.path.join(bench, "bench_scaling.py"), "--quick",
-                    "--workers", "1,2", "--json", out_json], capture_output=True, text=True,
-                   timeout=500)
+                    "--profile", "--workers", "1,2", "--json", out_json], capture_output=True,
+                   text=True, timeout=500)
 assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 doc = json.load(open(out_json))
 m = doc["machine"]
@@ -27,16 +29,26 @@ assert m["torch"]["kernel"], m
 modes = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async")
 got = {(pt["workers"], pt["mode"]): pt for pt in doc["points"]}
 assert set(got) == {(w, md) for w in (1, 2) for md in modes}, sorted(got)
+sys.path.insert(0, bench)
+import step_model
 for pt in doc["points"]:
     assert pt["examples_per_s"] > 0 and "error" not in pt, pt
-    assert pt["ps"] == 1 and pt["ratio_to_ddp"] > 0, pt
+    assert pt["ps"] == step_model.recommend_ps(pt["workers"], m["cores"]), (pt, m["cores"])
+    assert pt["ratio_to_ddp"] > 0, pt
+    prof = pt["profile"][0]
+    assert prof["wall_s"] > 0 and set(prof["busy_per_task"]) <= {"ps", "worker", "launch"}, prof
+    if pt["mode"] != "ddp":
+        assert "launch" in prof["cores_busy"], prof  # quorum launch's tasks were followed
+assert "where the time went" in p.stdout, p.stdout[-3000:]
+assert "partial" not in doc, "the finished run's JSON is marked partial"
 par = doc["params"]
 for k in ("apply_rate", "rtt_s", "bandwidth"):
     assert par[k] > 0, (k, par)
 assert par["compute_s"]["torch"] > 0 and par["compute_s"]["c"] > 0, par
 assert len(doc["extrapolation_25gbit"]) == 6, doc["extrapolation_25gbit"]
 for line in ("machine: ", "quorum BLAS kernel: ", "torch BLAS kernel: ", "| workers (ps) | DDP",
-             "| 1 (1) | 1.00 |", "| 2 (1) | 1.00 |", "model vs measurement", "model: 4.28 MB"):
+             "| 1 (1) | 1.00 |", "| 2 (%d) | 1.00 |" % step_model.recommend_ps(2, m["cores"]),
+             "model vs measurement", "model: 4.28 MB"):
     assert line in p.stdout, (line, p.stdout[-3000:])
 model = os.path.join(bench, "step_model.py")
 c = json.loads(subprocess.run([sys.executable, model, "compare", out_json, "--json"],
@@ -48,7 +60,7 @@ assert {(r["workers"], r["ps"]) for r in e["rows"]} == {(w, p) for w in (100, 10
                                                        for p in (10, 20, 50)}, e
 r = subprocess.run([sys.executable, model, "recommend", "--workers", "12", "--cores", "16"],
                    check=True, capture_output=True, text=True, timeout=60).stdout
-assert r.strip() == "4", r
+assert r.strip() == "8", r  # one ps per worker, at most two per core the workers leave
 bad = subprocess.run([sys.executable, os.path.join(bench, "bench_scaling.py"), "--workers", "0"],
                      capture_output=True, text=True, timeout=60)
 assert bad.returncode == 2 and "at least 1" in bad.stderr, bad.stderr
