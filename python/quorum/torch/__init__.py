@@ -11,7 +11,8 @@
 
 A file each: optimizer.py (``Optimizer``: declares the parameters on the
 ps tasks and steps them there), overlap.py (its communication under the
-backward pass and the data loading, and when that pays), local.py (the
+backward pass and the data loading, and when that pays), pipeline.py (an
+async step's push and pull on a thread under the next step), local.py (the
 one-ps cluster of a script run alone), options.py (torch.optim's names and
 hyper-parameters as quorum's per-variable options), embedding.py
 (``Embedding``, a table on the ps tasks), buffers.py (a module's
