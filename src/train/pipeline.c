@@ -2,10 +2,11 @@
  * pipeline.c - an async step's push and pull on a thread of its own, under
  * the next step's compute (--overlap pipeline; train.c, "Overlap").
  *
- * Why a thread: the worker moves bytes only while one of its calls waits
- * (it has no I/O thread: a request started before the forward pass and
- * waited for after the backward moves almost nothing in between), so the
- * per-layer overlap of train.c hides little of a step. Here the blocking
+ * Why a thread: the worker has no I/O thread (worker/inflight.c): a
+ * request started sends what its sockets take at once (a few hundred
+ * KiB), and the rest of it and its answer move only while some call of
+ * the worker waits, so the per-layer overlap of train.c hides little of a
+ * step. Here the blocking
  * qr_worker_push_pull of step t runs on a second thread while the caller
  * computes step t+1; the worker's handle belongs to that thread from
  * qr__pipeline_start to qr__pipeline_finish (one handle, one thread at a

@@ -4,10 +4,11 @@ on a thread of its own while the script computes the next batch on the
 values it has, and the values it brings replace the parameters at the
 next step() (docs/PYTHON.md, "Pipelined async steps").
 
-Why a thread: the worker's library moves bytes only while a call waits on
-it (it has no I/O thread of its own: src/worker/client.c), so a request
-started before the forward pass and waited for after the backward moves
-almost nothing in between. A blocking push_pull on a second thread
+Why a thread: the worker's library has no I/O thread of its own
+(src/worker/inflight.c): a request started before the forward pass sends
+what its sockets take at once (a few hundred KiB), and the rest of it and
+its answer move only while some call of the worker waits, so little of a
+step's exchange happens under the forward and backward passes. A blocking push_pull on a second thread
 releases the GIL for its whole round trip, so the socket copies and the
 ps's apply run on another core beside the compute.
 
