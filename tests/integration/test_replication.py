@@ -377,7 +377,17 @@ def failover_wire_case():
         status, meta = request(s1, frame(CREATE, 2, create_meta([(2, [4], -1.0, "v")]),
                                          floats([1, 2, 3, 4])))[2:4]
         assert status == 0, meta
-        assert request(s0, frame(READY, 3, ready_meta(1)))[2] == 0
+        # READY is answered set only once ps 0 is linked to every ps (as a
+        # worker waits for before it trains): a ps killed before ps 0's
+        # link has met it is waited for as a restart, not failed over
+        deadline = time.time() + 30
+        while True:
+            status, meta = request(s0, frame(READY, 3, ready_meta(1)))[2:4]
+            assert status == 0, meta
+            if struct.unpack("<I", meta[:4])[0] or time.time() > deadline:
+                break
+            time.sleep(0.02)
+        assert struct.unpack("<I", meta[:4])[0] == 1, "ps 0 never linked to every ps"
 
         def push(s, seq, rid):
             mtype, _, status, meta, _ = request(
