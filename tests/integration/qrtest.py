@@ -300,6 +300,27 @@ def wait_catches(pid, signo, timeout=30):
     raise AssertionError("pid %d did not catch signal %d within %ds" % (pid, signo, timeout))
 
 
+def wait_loop_turned(pid, timeout=30):
+    """Waits until process `pid`'s main thread sleeps in epoll_wait: its
+    event loop has turned at least once (a ps sets its liveness clock in a
+    prepare callback, before each poll). A ps stopped before that has no
+    clock to judge its own stall by. Where the kernel hides wchan (it reads
+    "0"), waits a second instead."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            wchan = open("/proc/%d/wchan" % pid).read().strip()
+        except OSError:
+            raise AssertionError("pid %d ended before its loop turned" % pid)
+        if wchan == "0":
+            time.sleep(1.0)
+            return
+        if "epoll_wait" in wchan:
+            return
+        time.sleep(0.02)
+    raise AssertionError("pid %d did not reach its event loop within %ds" % (pid, timeout))
+
+
 # A replicated run's last log lines (--ps-replicas 2, docs/REPLICATION.md):
 # each worker's pushes acknowledged per shard, each ps's two copies
 # (src/ps/replica.c log_digests). Read by tests/integration/

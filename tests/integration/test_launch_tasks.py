@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 
-from qrtest import Proc, last_json, launch_child_pid, wait_catches
+from qrtest import Proc, last_json, launch_child_pid, wait_catches, wait_loop_turned
 
 quorum, case = sys.argv[1], sys.argv[2]
 
@@ -262,15 +262,22 @@ elif case == "rollbacks_once":
 elif case == "ps_after_end":
     d = tempfile.mkdtemp(prefix="qr-after-end-")
     try:
-        # The workers are a program that ends at once; launch then stops
-        # the ps tasks (SIGTERM), ps 0 first to end, ps 1 being stopped.
+        # The worker is a program that ends once ps 1 is stopped (the test
+        # makes a file); launch then stops the ps tasks (SIGTERM), ps 0
+        # first to end, ps 1 being stopped.
+        go = os.path.join(d, "go")
         p = Proc([quorum, "launch", "--ps", "2", "--workers", "1", "--checkpoint-dir", d,
                   "--max-restarts", "1", "--heartbeat-timeout-ms", "3000", "--linger-ms", "300",
-                  "--", "sleep", "1"])
+                  "--", "sh", "-c", "while [ ! -e %s ]; do sleep 0.05; done" % go])
         ps0, ps1 = launch_child_pid(p, "ps", 0), launch_child_pid(p, "ps", 1)
         wait_catches(ps1, signal.SIGTERM)  # else launch's SIGTERM would kill it outright
+        # A ps stopped before its loop first turned has no clock to find its
+        # own stall by: it would take launch's SIGTERM and end well (the
+        # sanitizer build's slow start did that in CI).
+        wait_loop_turned(ps1)
         os.kill(ps1, signal.SIGSTOP)
         stopped = time.time()
+        open(go, "w").close()
 
         def ended(pid):
             try:
