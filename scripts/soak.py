@@ -35,8 +35,9 @@ launcher's stderr of every run that went wrong. Processes are found and killed b
 
 --replication: the proof of issue 29 (docs/REPLICATION.md) that a ps
 death loses nothing with two copies of every shard. Each run is `quorum
-launch --ps 3 --workers 3 --mode async --ps-replicas 2` on digits
-(--steps, --heartbeat-ms 200 --heartbeat-timeout-ms 1000 by default) and, at a random
+launch --ps 3 --workers 3 --mode async (or sync) --ps-replicas 2` on
+digits (--steps, --heartbeat-ms 200 --heartbeat-timeout-ms 1000 by
+default) and, at a random
 moment 0.3 s to --kill-window s in, one fault on a random ps OTHER THAN
 PS 0 (ps 0's coordinator failover is not built yet: killing it ends the run
 as with one copy, so it is never the victim), drawn from:
@@ -59,9 +60,12 @@ the reference. Every run must:
 and it prints the counts at the end: runs, kills, stops, failovers, pushes
 resent after a lost connection, pushes answered as duplicates (applied
 once, acknowledged twice), and the longest push a worker waited for (the
-stall around a failover). Sync mode with two copies is not built yet.
+stall around a failover). With --mode sync each run is `--mode sync
+--init-tokens 0` (R = N, 2000 steps by default), deterministic, and must
+also end on the reference run's params_digest: a fault changes no bit.
 
     python3 scripts/soak.py build/tools/quorum --replication --runs 20
+    python3 scripts/soak.py build/tools/quorum --replication --mode sync --runs 50
 """
 
 import argparse
@@ -277,13 +281,16 @@ def replication_problems(err, nps, failed):
     return problems, report.resent, report.duplicates(skip), report.stall, report.views
 
 
-def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms):
+def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms,
+                    mode="async"):
     """One run of --replication (fault None: the reference). Returns
     (problems, counts, summary)."""
-    args = [quorum, "launch", "--ps", str(REPLICATION_PS), "--workers", "3", "--mode", "async",
+    args = [quorum, "launch", "--ps", str(REPLICATION_PS), "--workers", "3", "--mode", mode,
             "--ps-replicas", "2", "--data", "digits", "--batch-size", "32", "--seed", "11",
             "--lr", "0.1", "--steps", str(steps), "--heartbeat-ms", "200",
             "--heartbeat-timeout-ms", str(hb_timeout_ms), "--json", "--quiet"]
+    if mode == "sync":  # R = N, every step's tokens from its own quorum: a deterministic run
+        args += ["--init-tokens", "0"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.time() + timeout
@@ -322,6 +329,11 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
         if reference and final["test_accuracy"] < reference["test_accuracy"] - 0.03:
             problems.append("accuracy %.4f, %.4f unkilled" % (final["test_accuracy"],
                                                              reference["test_accuracy"]))
+        # Sync with R = N and --init-tokens 0 is deterministic: a fault
+        # must change no bit of the result (issue 29, item 6).
+        if reference and mode == "sync" and final["params_digest"] != reference["params_digest"]:
+            problems.append("digest %s, %s unkilled" % (final["params_digest"],
+                                                       reference["params_digest"]))
     except (ValueError, IndexError, KeyError):
         if "hung" not in problems:
             problems.append("lost data (no summary)")
@@ -362,11 +374,13 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
 def replication_soak(a, rng):
     faults = REPLICATION_FAULTS[a.faults]
     print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
-          "async --ps-replicas 2, --steps %d, faults %s on ps 1..%d (never ps 0: its failover "
-          "is not built)" % (a.runs, REPLICATION_PS, a.steps, "/".join(faults),
-                              REPLICATION_PS - 1), flush=True)
+          "%s%s --ps-replicas 2, --steps %d, faults %s on ps 1..%d (never ps 0: its failover "
+          "is not built)" % (a.runs, REPLICATION_PS, a.mode,
+                              " --init-tokens 0" if a.mode == "sync" else "", a.steps,
+                              "/".join(faults), REPLICATION_PS - 1), flush=True)
     problems, _, reference = replication_run(a.quorum, 0, a.timeout, rng, a.steps, None,
-                                             a.kill_window, None, a.heartbeat_timeout_ms)
+                                             a.kill_window, None, a.heartbeat_timeout_ms,
+                                             a.mode)
     if problems or not reference:
         print("soak: the reference run (no fault) failed: %s" % "; ".join(problems))
         return 1
@@ -374,7 +388,8 @@ def replication_soak(a, rng):
     stalls, bad = [], {}
     for i in range(1, a.runs + 1):
         found, counts, _ = replication_run(a.quorum, i, a.timeout, rng, a.steps, faults,
-                                           a.kill_window, reference, a.heartbeat_timeout_ms)
+                                           a.kill_window, reference, a.heartbeat_timeout_ms,
+                                           a.mode)
         for k in totals:
             totals[k] += counts[k]
         if counts["failovers"]:
@@ -385,10 +400,11 @@ def replication_soak(a, rng):
     stalls.sort()
     print("soak --replication: %d runs, %d kills, %d stops, %d failovers, %d pushes resent, %d "
           "answered as duplicates; longest push over the failovers: max %.3f s, median %.3f s; "
-          "reference accuracy %.4f" % (
+          "reference accuracy %.4f%s" % (
               a.runs, totals["kills"], totals["stops"], totals["failovers"], totals["resent"],
               totals["duplicates"], stalls[-1] if stalls else 0.0,
-              stalls[len(stalls) // 2] if stalls else 0.0, reference["test_accuracy"]))
+              stalls[len(stalls) // 2] if stalls else 0.0, reference["test_accuracy"],
+              ", digest %s" % reference["params_digest"] if a.mode == "sync" else ""))
     print("soak --replication: problems: %s" % (", ".join(
         "%s %d" % kv for kv in sorted(bad.items())) or "none"))
     return 1 if bad else 0
@@ -400,7 +416,8 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--timeout", type=float, default=180, help="seconds before a run is hung")
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--mode", choices=["sync", "async"], help="only this mode (default: drawn)")
+    ap.add_argument("--mode", choices=["sync", "async"],
+                    help="only this mode (default: drawn; with --replication: async)")
     ap.add_argument("--fault", choices=sorted(set(FAULTS)),
                     help="only this fault (default: drawn)")
     ap.add_argument("--task", help="only this victim, e.g. 'ps 1' (default: drawn among those "
@@ -408,11 +425,13 @@ def main():
     ap.add_argument("--logs", help="a folder where the stderr of each run with a problem is "
                     "kept (default: none kept)")
     ap.add_argument("--steps", type=int, default=None,
-                    help="global steps of each run (default 3000; 6000 with --replication)")
+                    help="global steps of each run (default 3000; with --replication 6000 "
+                    "async, 2000 sync)")
     ap.add_argument("--replication", action="store_true",
-                    help="two copies of every shard (--ps-replicas 2, async): kill or stop a "
-                    "random ps other than ps 0 (ps 0's failover is not built) and check that "
-                    "nothing is lost (see the top of this file)")
+                    help="two copies of every shard (--ps-replicas 2; --mode async by "
+                    "default, or sync): kill or stop a random ps other than ps 0 (ps 0's "
+                    "failover is not built) and check that nothing is lost (see the top of "
+                    "this file)")
     ap.add_argument("--faults", choices=sorted(REPLICATION_FAULTS), default="both",
                     help="--replication: SIGKILLs, SIGSTOP+CONTs or both (default)")
     ap.add_argument("--kill-window", type=float, default=2.0,
@@ -430,7 +449,8 @@ def main():
     seed = a.seed if a.seed is not None else int(time.time())
     rng = random.Random(seed)
     if a.replication:
-        a.steps = a.steps or 6000
+        a.mode = a.mode or "async"
+        a.steps = a.steps or (6000 if a.mode == "async" else 2000)
         print("soak: seed %d" % seed)
         return replication_soak(a, rng)
     a.steps = a.steps or 3000

@@ -22,9 +22,10 @@
  *             token barrier, the global step, stall reports, statistics
  *   sync.c    synchronous replicas on every ps: pushes held per step (and
  *             a sync push-and-pull's answer, until its step is done), and
- *             the reduce-and-apply of a step once its quorum is decided;
- *             with --ps-replicas 2 the same for the copy of ps k's shard
+ *             a step applied once its quorum is decided; with
+ *             --ps-replicas 2 the same for the copy of ps k's shard
  *             (pushes and steps forwarded; served after a failover)
+ *   sync_reduce.c  a step's reduce and apply, in member order, per variable
  *   bound.c   bounded staleness on ps 0 (async): the workers' clocks
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
@@ -832,6 +833,12 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* Reduce and apply step s from the given pushes (in that order) and drop
  * the other pushes of step <= s. */
 int qr__sync_apply_step(qr_ps *ps, int64_t s, const quorum_member *members, int n);
+/* sync_reduce.c: a step's gradients, gathered one source at a time
+ * (variable, member index, item), then reduced in member order and
+ * applied once per variable (the sources are sorted in place). */
+int qr__sync_add_source(ps_sync *s, qr_var *v, int member, const push_item *it);
+int qr__sync_reduce_and_apply(qr_ps *ps, sync_source *sources, int nsources, int64_t step,
+                              float divisor);
 /* ps 0, ps-replicas 2, sync: ps k failed over; a step being applied gets
  * shard k's part from its promoted copy (coord.c). */
 void qr__coord_failed_over(qr_ps *ps, int k);
