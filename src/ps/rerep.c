@@ -159,8 +159,9 @@ static void on_snapshot_written(uv_work_t *w, int status) {
         job_free(j);
         return;
     }
-    qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot written (%.1f MB in "
-            "%.0f ms off the loop), sending it", L->shard, L->target, (double)j->len / 1e6,
+    qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot written (%zu bytes, "
+            "%.1f MB in %.0f ms off the loop), sending it", L->shard, L->target, j->len,
+            (double)j->len / 1e6,
             (double)(qr__now_ns() - j->t0_ns) / 1e6);
     qr__replica_snapshot_payload(j->fw, j->bytes, j->len);
     j->bytes = NULL;

@@ -756,7 +756,7 @@ def rerep_killed_case():
 TAKEN = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
                    r"snapshot taken")
 WRITTEN = re.compile(r"\[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
-                     r"snapshot written \(([\d.]+) MB")
+                     r"snapshot written \(\d+ bytes, ([\d.]+) MB")
 LOADED = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+): ps \d+ "
                     r"has loaded the snapshot")
 
