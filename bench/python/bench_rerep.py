@@ -25,7 +25,8 @@ time; best of --baseline-tries.
 
     python3 bench/python/bench_rerep.py [--shard-mib 1024]
         [--transports unix,tcp] [--modes idle,busy] [--rounds 1]
-        [--push-kib 64] [--push-rate 500] [--json PATH] [--quorum BIN]
+        [--push-kib 64] [--push-rate 500] [--json PATH] [--logs DIR]
+        [--quorum BIN]
 
 Prints one table row per copy (bytes, seconds, GB/s, the socket's GB/s,
 the ratio) and per transport and mode the best round. Memory: about 3x the
@@ -187,7 +188,7 @@ class Cluster:
         self.flags = ["--ps_hosts", ",".join("127.0.0.1:%d" % p for p in self.ports),
                       "--worker_hosts", "127.0.0.1:%d" % worker, "--ps-replicas", "2",
                       "--transport", transport, "--lr", "0.001", "--linger-ms", "500",
-                      "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "2000",
+                      "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "60000",
                       "--restart-wait-ms", "600000"]
         self.procs: List[subprocess.Popen[bytes]] = []
         self.logs: List[str] = []
@@ -295,11 +296,19 @@ def one_copy(quorum: str, transport: str, mode: str, args: argparse.Namespace) -
                 "copy_s": copy_s, "caught_up_s": stamp(holds[1]) - stamp(taken[1]),
                 "joined_to_copied_s": stamp(holds[1]) - started,
                 "pushes_meanwhile": count[0], "forwards_after_snapshot": int(loaded[2])}
+    except (OSError, RuntimeError) as e:
+        raise RuntimeError("%s\n%s" % (e, "".join("ps %d's log ends:\n%s\n" % (
+            i, c.log(i)[-1500:]) for i in range(3)))) from e
     finally:
         stop.set()
         if t:
             t.join()
         c.close()
+        if args.logs:  # each ps's log, for the copy's phases
+            os.makedirs(args.logs, exist_ok=True)
+            for path in c.logs:
+                shutil.copy(path, os.path.join(args.logs, "%s-%s-%s" % (
+                    transport, mode, os.path.basename(path))))
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -369,6 +378,7 @@ def main() -> int:
     ap.add_argument("--baseline-tries", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600, help="s a copy may take")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--logs", help="keep the ps tasks' logs in this folder")
     ap.add_argument("--quorum", help="the quorum binary")
     a = ap.parse_args()
     def check(ok: bool, what: str) -> None:
