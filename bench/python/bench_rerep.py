@@ -160,7 +160,7 @@ def push_meta(var_id: int, nbytes: int, seq: int) -> bytes:
 
 STAMP = r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z \[ps 2 pid \d+\] info: "
 TAKEN = re.compile(STAMP + r"re-replication of shard 1 to ps 1: snapshot taken")
-SENT = re.compile(STAMP + r"re-replication of shard 1 to ps 1: snapshot (?:written|made) "
+SENT = re.compile(STAMP + r"re-replication of shard 1 to ps 1: snapshot made "
                   r"\((\d+) bytes")
 LOADED = re.compile(STAMP + r"re-replication of shard 1: ps 1 has loaded the snapshot; "
                     r"(\d+) forwards")
