@@ -16,8 +16,9 @@
  *   copy-on-write references, ckpt_shard.c), puts it at the head of the
  *   link's queue, and goes on training: every push applied from then on
  *   is forwarded behind it, and answered at once (the shard is still on
- *   one copy). The snapshot is written and read back off the loop, then
- *   sent (SNAPSHOT); K loads it into the store it copies (its own shard
+ *   one copy). The snapshot is sent as it stands (SNAPSHOT: the shard
+ *   file's head, then its tensors where they are, no file and no copy);
+ *   K loads it from the bytes received into the store it copies (its own shard
  *   into ps->store, its neighbour's into ps->replica.store), with the
  *   step counters, the duplicate records and the push count, then applies
  *   the forwards in order. Once K has applied the snapshot and every
