@@ -29,12 +29,13 @@ time; best of --baseline-tries.
         [--quorum BIN]
 
 Prints one table row per copy (bytes, seconds, GB/s, the socket's GB/s,
-the ratio) and per transport and mode the best round. Memory: about 2x the
-shard on ps 2 (its copy, and the CREATE's forward it received) and 2x on
-the replacement (the message received, the store loaded from it), 2x on
-the killed ps 1 before its kill, 1x in this process's CREATE: printed as
-each copy's peak RSS of ps 2 and of the replacement (about 2 GiB each for
---shard-mib 1024; at most about 5 GiB held at once). Plain python3; the quorum binary: --quorum, else
+the ratio) and per transport and mode the best round. Memory: the shard
+once in ps 2 (its copy; the snapshot is sent from it), twice in the
+replacement (the message received, the store loaded from it), twice in ps
+1 before its kill, once in this process while it sends the CREATE; each
+copy's row prints the peak RSS of ps 2 and of the replacement (1033 and
+2056 MiB measured for --shard-mib 1024: under 6 GiB held at once).
+Plain python3; the quorum binary: --quorum, else
 $QUORUM_BINARY, else `quorum` on PATH. Every process it starts is killed
 by pid at the end.
 """
