@@ -77,10 +77,18 @@ int qr_st_write_file_progress(const char *path, const qr_st_tensor *t, int n,
                               void (*written)(void *ctx, int i), void *ctx, uint32_t *crc,
                               uint64_t *bytes);
 
+/* The bytes of a safetensors file that come before the tensors' (the
+ * length and the header) of tensors t[0..n), malloc'd: with each
+ * tensor's data after it, in order, they are the file (a re-replication
+ * sends them so, from the tensors themselves). what: for messages. */
+int qr_st_head(const char *what, const qr_st_tensor *t, int n, const struct cJSON *metadata,
+               uint8_t **out, size_t *len);
+
 /* A safetensors file opened for reading: its header parsed and checked
  * (offsets inside the file, contiguous, sizes matching shapes). */
 typedef struct qr_st_file {
     int fd;
+    const uint8_t *mem;     /* qr_st_open_memory: the file's bytes (not owned); NULL */
     char *path;
     uint64_t data_start, file_bytes;
     int n;
@@ -90,6 +98,9 @@ typedef struct qr_st_file {
 } qr_st_file;
 
 int qr_st_open(qr_st_file *f, const char *path);
+/* The same, of a file's len bytes in memory (kept by the caller until
+ * qr_st_close); name stands for its path in messages. */
+int qr_st_open_memory(qr_st_file *f, const void *bytes, uint64_t len, const char *name);
 const qr_st_tensor *qr_st_find(const qr_st_file *f, const char *name);
 /* Read tensor t's bytes into dst (qr_st_bytes(t) of them). */
 int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst);

@@ -89,19 +89,44 @@ int qr_st_write_file(const char *path, const qr_st_tensor *t, int n, const cJSON
     return qr_st_write_file_progress(path, t, n, metadata, NULL, NULL, crc, bytes);
 }
 
-int qr_st_write_file_progress(const char *path, const qr_st_tensor *t, int n,
-                              const cJSON *metadata, void (*written)(void *ctx, int i), void *ctx,
-                              uint32_t *crc, uint64_t *bytes) {
+static int check_names(const char *path, const qr_st_tensor *t, int n) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
             if (!strcmp(t[i].name, t[j].name))
                 return qr__fail(QR_EINVAL, "checkpoint '%s': tensor name '%s' used twice", path,
                                 t[i].name);
+    return QR_OK;
+}
+
+int qr_st_head(const char *what, const qr_st_tensor *t, int n, const cJSON *metadata,
+               uint8_t **out, size_t *len) {
+    int rc = check_names(what, t, n);
+    if (rc) return rc;
+    size_t hlen = 0;
+    char *header = build_header(t, n, metadata, &hlen);
+    uint8_t *b = header ? malloc(8 + hlen) : NULL;
+    if (!b) {
+        free(header);
+        return qr__fail(QR_ENOMEM, "out of memory making the header of '%s'", what);
+    }
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    memcpy(b + 8, header, hlen);
+    free(header);
+    *out = b;
+    *len = 8 + hlen;
+    return QR_OK;
+}
+
+int qr_st_write_file_progress(const char *path, const qr_st_tensor *t, int n,
+                              const cJSON *metadata, void (*written)(void *ctx, int i), void *ctx,
+                              uint32_t *crc, uint64_t *bytes) {
+    int rc = check_names(path, t, n);
+    if (rc) return rc;
     size_t hlen = 0;
     char *header = build_header(t, n, metadata, &hlen);
     if (!header) return qr__fail(QR_ENOMEM, "out of memory writing the header of '%s'", path);
     qr_durable d;
-    int rc = qr_durable_open(&d, path);
+    rc = qr_durable_open(&d, path);
     if (rc) {
         free(header);
         return rc;
@@ -137,6 +162,7 @@ int qr_st_write_file_progress(const char *path, const qr_st_tensor *t, int n,
 /* ---- reading ---------------------------------------------------------------- */
 
 static int read_at(int fd, void *buf, size_t len, uint64_t off, const char *path) {
+    if (fd < 0) return qr__fail(QR_EINVAL, "'%s' is not open", path);
     uint8_t *p = buf;
     while (len) {
         ssize_t n = pread(fd, p, len, (off_t)off);
@@ -250,6 +276,25 @@ static int parse_header(qr_st_file *f, const char *text, size_t len) {
     return check_tiling(f);
 }
 
+int qr_st_open_memory(qr_st_file *f, const void *bytes, uint64_t len, const char *name) {
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->mem = bytes;
+    f->path = qr__strdup(name);
+    if (!f->path) return QR_ENOMEM;
+    f->file_bytes = len;
+    uint64_t hlen = 0;
+    for (int b = 0; b < 8 && len >= 8; b++) hlen |= (uint64_t)f->mem[b] << (8 * b);
+    int rc = QR_OK;
+    if (len < 8 || hlen > ST_MAX_HEADER || hlen > len - 8)
+        rc = qr__fail(QR_EIO, "'%s': %llu bytes are not a safetensors file (header length "
+                      "%llu)", name, (unsigned long long)len, (unsigned long long)hlen);
+    f->data_start = 8 + hlen;
+    if (!rc) rc = parse_header(f, (const char *)f->mem + 8, hlen);
+    if (rc) qr_st_close(f);
+    return rc;
+}
+
 int qr_st_open(qr_st_file *f, const char *path) {
     memset(f, 0, sizeof *f);
     f->fd = -1;
@@ -292,6 +337,10 @@ const qr_st_tensor *qr_st_find(const qr_st_file *f, const char *name) {
 }
 
 int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst) {
+    if (f->mem) { /* offsets checked against file_bytes at open */
+        memcpy(dst, f->mem + f->data_start + t->begin, (size_t)(t->end - t->begin));
+        return QR_OK;
+    }
     return read_at(f->fd, dst, (size_t)(t->end - t->begin), f->data_start + t->begin, f->path);
 }
 

@@ -165,10 +165,10 @@ static int snapshot(qr_ps *ps, bool copy, uint64_t id, int64_t step, uint64_t ba
                         "none since it started); the next checkpoint will be a full one",
                         ps->name, (unsigned long long)base, sc.index,
                         (unsigned long long)*snap_id);
-    /* A re-replication's snapshot of this store still being written (rerep.c). */
+    /* A re-replication's snapshot of this store still being sent (rerep.c). */
     if (qr__ckpt_store_busy(sc.store))
         return qr__fail(QR_EINVAL, "%s: shard %d's snapshot for a re-replication is still "
-                        "being written", ps->name, sc.index);
+                        "being sent", ps->name, sc.index);
     sc.base = base;
     int rc = qr__ckpt_shard_snapshot(&sc, c->dir, id, step, out);
     if (rc) return rc;

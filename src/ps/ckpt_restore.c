@@ -245,7 +245,7 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     v->n = (int64_t)((t->end - t->begin) / 4);
     v->lr = (float)lr->valuedouble;
     v->version = (uint64_t)version->valuedouble;
-    v->value = v->name && v->options ? qr_tensor_new(v->n) : NULL;
+    v->value = v->name && v->options ? qr_tensor_new_uninit(v->n) : NULL; /* read whole */
     int rc = v->value ? QR_OK : QR_ENOMEM;
     if (!rc && v->options[0]) rc = qr_optim_create_for_var(&v->optim, c->cfg, v->options);
     bool trainable = true;
@@ -256,7 +256,7 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     if (!rc) rc = qr_st_read(f, t, v->value->data);
     if (!rc) rc = restore_slots(c, f, v, slots);
     if (!rc && cJSON_IsString(average) && c->average_decay > 0) {
-        v->average = qr_tensor_new(v->n);
+        v->average = qr_tensor_new_uninit(v->n); /* read whole */
         rc = v->average ? read_floats(f, average->valuestring, v->average->data, v->n) : QR_ENOMEM;
     }
     if (!rc && (qr_store_get(c->store, v->id) || qr_store_find_name(c->store, v->name)))
@@ -269,13 +269,12 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     return rc;
 }
 
-/* Open the shard at `path`, check its kind and mode, read its variable
- * records and counters. */
-static int open_shard(const ckpt_shard_ctx *c, const char *path, bool increment, qr_st_file *f,
-                      cJSON **vars, int64_t counters[2]) {
-    *vars = NULL;
-    int rc = qr_st_open(f, path);
-    if (rc) return rc;
+/* f, opened: check its kind and mode, read its variable records and
+ * counters (f closed on an error). */
+static int check_shard(const ckpt_shard_ctx *c, bool increment, qr_st_file *f, cJSON **vars,
+                       int64_t counters[2]) {
+    const char *path = f->path;
+    int rc = QR_OK;
     const char *vars_text = qr_st_meta(f, "quorum.variables");
     const char *mode = qr_st_meta(f, "mode");
     const char *kind = qr_st_meta(f, "kind");
@@ -300,6 +299,14 @@ static int open_shard(const ckpt_shard_ctx *c, const char *path, bool increment,
     return rc;
 }
 
+/* Open the shard at `path`, then check_shard. */
+static int open_shard(const ckpt_shard_ctx *c, const char *path, bool increment, qr_st_file *f,
+                      cJSON **vars, int64_t counters[2]) {
+    *vars = NULL;
+    int rc = qr_st_open(f, path);
+    return rc ? rc : check_shard(c, increment, f, vars, counters);
+}
+
 static int restore_data_pos(const ckpt_shard_ctx *c, const qr_st_file *f) {
     const qr_st_tensor *pos = qr_st_find(f, "quorum/worker_data_position");
     if (!c->data_pos || !pos) return QR_OK;
@@ -312,21 +319,35 @@ static int restore_data_pos(const ckpt_shard_ctx *c, const qr_st_file *f) {
     return qr_st_read(f, pos, c->data_pos);
 }
 
+/* A full shard, opened and checked, into c's store; f and vars freed. */
+static int restore_opened(const ckpt_shard_ctx *c, qr_st_file *f, cJSON *vars) {
+    int rc = QR_OK;
+    const cJSON *rec;
+    cJSON_ArrayForEach(rec, vars) {
+        if (rc) break;
+        rc = restore_var(c, f, rec);
+    }
+    if (!rc) rc = restore_data_pos(c, f);
+    cJSON_Delete(vars);
+    qr_st_close(f);
+    return rc;
+}
+
 /* Read the shard at `path` into c's store (ckpt_shard.h). */
 int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]) {
     qr_st_file f;
     cJSON *vars;
     int rc = open_shard(c, path, false, &f, &vars, counters);
-    if (rc) return rc;
-    const cJSON *rec;
-    cJSON_ArrayForEach(rec, vars) {
-        if (rc) break;
-        rc = restore_var(c, &f, rec);
-    }
-    if (!rc) rc = restore_data_pos(c, &f);
-    cJSON_Delete(vars);
-    qr_st_close(&f);
-    return rc;
+    return rc ? rc : restore_opened(c, &f, vars);
+}
+
+int qr__ckpt_shard_restore_memory(const ckpt_shard_ctx *c, const void *bytes, size_t len,
+                                  const char *name, int64_t counters[2]) {
+    qr_st_file f;
+    cJSON *vars = NULL;
+    int rc = qr_st_open_memory(&f, bytes, len, name);
+    if (!rc) rc = check_shard(c, false, &f, &vars, counters);
+    return rc ? rc : restore_opened(c, &f, vars);
 }
 
 /* ---- restore: an increment on top of its base ----------------------------------- */

@@ -90,6 +90,10 @@ void qr__ckpt_lower_priority(void);
 /* Read the shard at `path` into c's store (and c->data_pos), checking it
  * was written in c's mode; counters: its global_step, applied_steps. */
 int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]);
+/* The same, of a shard's len bytes in memory (a re-replication's
+ * SNAPSHOT); name stands for its path in messages. */
+int qr__ckpt_shard_restore_memory(const ckpt_shard_ctx *c, const void *bytes, size_t len,
+                                  const char *name, int64_t counters[2]);
 /* Apply the incremental shard at `path` to c's store, which holds its
  * base restored (a full shard and the increments before it, in order):
  * the rows, dense variables and admission counts it holds replace what is

@@ -72,6 +72,12 @@ struct repl_forward {
     qr_msg_repl_head head;
     qr_wbuf items;       /* REPLICATE: the item records; CREATE: the meta */
     qr_wbuf payload;
+    /* SNAPSHOT: the payload as buffers another owns (a snapshot's
+     * references, rerep.c), let go with release(owner) when freed */
+    qr_iov *iov;
+    int niov;
+    void (*release)(void *owner);
+    void *owner;
 };
 
 struct repl_wait {
@@ -117,6 +123,8 @@ int qr__replica_init(qr_ps *ps) {
 static void forward_free(repl_forward *fw) {
     qr_wbuf_free(&fw->items);
     qr_wbuf_free(&fw->payload);
+    if (fw->release) fw->release(fw->owner);
+    free(fw->iov);
     free(fw);
 }
 
@@ -139,8 +147,8 @@ static void send_forward(repl_link *L, repl_forward *fw) {
     fw->request_id = f.request_id;
     qr_iov iov = {fw->payload.data, fw->payload.len};
     fw->sending++;
-    if (qr_conn_send(L->conn, &f, m->data, (uint32_t)m->len, &iov, fw->payload.len ? 1 : 0,
-                     on_sent, fw)) {
+    if (qr_conn_send(L->conn, &f, m->data, (uint32_t)m->len, fw->niov ? fw->iov : &iov,
+                     fw->niov ? fw->niov : fw->payload.len ? 1 : 0, on_sent, fw)) {
         /* The connection is going: `lost` follows, and this is sent again.
          * A failed send never runs on_sent: count it back here, or a queue
          * dropped later (the copy gone) would leave it unfreed. */
@@ -152,7 +160,7 @@ static void send_forward(repl_link *L, repl_forward *fw) {
 
 /* Every forward not applied yet goes (again), in order. */
 static void link_flush(repl_link *L) {
-    if (!L->conn || L->connecting || !L->up || L->hold) return;
+    if (!L->conn || L->connecting || !L->up) return;
     for (repl_forward *fw = L->fwd_head; fw; fw = fw->next) send_forward(L, fw);
 }
 
@@ -360,7 +368,7 @@ int qr__replica_start(qr_ps *ps) {
 static void link_stop(repl_link *L) {
     L->closing = true;
     if (L->retry_on) uv_timer_stop(&L->retry);
-    if (L->conn && L->up && L->fwd_head && !L->hold && !qr__ps_fenced(L->ps)) {
+    if (L->conn && L->up && L->fwd_head && !qr__ps_fenced(L->ps)) {
         L->draining = true;
         return;
     }
@@ -497,14 +505,14 @@ static void link_send(repl_link *L, repl_forward *fw) {
     }
     L->fwd_tail = fw;
     L->forwards++;
-    if (L->conn && L->up && !L->hold) send_forward(L, fw);
+    if (L->conn && L->up) send_forward(L, fw);
 }
 
 uint64_t qr__replica_backup_silent_ms(const qr_ps *ps, uint64_t now) {
     const ps_replica *r = &ps->replica;
     const repl_link *L = &r->link;
     if (!qr__replica_on(ps) || ps->stopping || !r->ever_up || L->gone || L->stale ||
-        L->closing || L->draining || L->streaming || L->hold)
+        L->closing || L->draining || L->streaming)
         return 0;
     if (!L->up) return L->down_ns ? (now - L->down_ns) / 1000000 : 0;
     return L->fwd_head ? (now - L->heard_ns) / 1000000 : 0;
@@ -960,8 +968,8 @@ uint64_t qr__replica_link_gone(repl_link *L) {
     if (L->gone) return 0;
     L->gone = true;
     L->stale = false;
-    L->streaming = L->hold = false;
-    qr__rerep_abandon(L); /* a snapshot being written: for nobody now */
+    L->streaming = false;
+    qr__rerep_abandon(L); /* a copy waiting for a checkpoint: for nobody now */
     if (L->retry_on) uv_timer_stop(&L->retry);
     if (L->conn) qr_conn_close(L->conn);
     uint64_t dropped = drop_forwards(L, false);
@@ -997,13 +1005,17 @@ void qr__replica_snapshot_meta(repl_forward *fw, const qr_wbuf *meta) {
     if (fw) qr_wbuf_bytes(&fw->items, meta->data, meta->len);
 }
 
-void qr__replica_snapshot_payload(repl_forward *fw, uint8_t *bytes, size_t len) {
+void qr__replica_snapshot_payload(repl_forward *fw, qr_iov *iov, int niov,
+                                  void (*release)(void *owner), void *owner) {
     if (!fw) {
-        free(bytes);
+        release(owner);
+        free(iov);
         return;
     }
-    qr_wbuf_free(&fw->payload);
-    fw->payload = (qr_wbuf){.data = bytes, .len = len, .cap = len};
+    fw->iov = iov;
+    fw->niov = niov;
+    fw->release = release;
+    fw->owner = owner;
 }
 
 void qr__replica_link_flush(repl_link *L) {

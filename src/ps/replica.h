@@ -61,11 +61,12 @@ typedef struct repl_link {
     repl_forward *fwd_head, *fwd_tail;
     repl_wait *wait_head, *wait_tail;
     uint64_t forwards;
-    /* re-replication (rerep.c): the queue starts with a snapshot, held
-     * back until it is written (`hold`); until the copy has applied the
-     * snapshot and every forward made before that (`mark`), pushes are
-     * answered at once (the shard is still on one copy: `streaming`) */
-    bool hold, streaming;
+    /* re-replication (rerep.c): the queue starts with a snapshot (its
+     * payload the variables' own tensors, held until the copy has it);
+     * until the copy has applied the snapshot and every forward made
+     * before that (`mark`), pushes are answered at once (the shard is
+     * still on one copy: `streaming`) */
+    bool streaming;
     bool deferred;         /* its store's checkpoint snapshot was being written: the
                             * copy starts once it is (qr__rerep_resume) */
     uint64_t mark;
@@ -73,7 +74,6 @@ typedef struct repl_link {
     uint64_t target_incarnation; /* the run of the target that holds the copy (0: not met) */
     bool stale;            /* the target answered as a new run (its copy lost): the link
                             * waits for ps 0's view (failed, then a re-replication) */
-    struct rerep_job *job; /* the snapshot being written */
     /* A partition ps 0 cannot see (qr__replica_backup_silent_ms): when
      * the link went down (0 while up), and when the copy last answered
      * (or a forward was queued behind none). */
@@ -197,18 +197,20 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
  * failed: its forwards dropped, what waited answered; returns how many
  * were dropped); a link opened again with `snapshot` at the head of its
  * queue (numbered), to a replacement; the snapshot's forward made
- * (type SNAPSHOT) and the link opened; its meta and its payload (taken). */
+ * (type SNAPSHOT) and the link opened; its meta, and its payload: niov
+ * buffers (iov taken) that owner keeps, let go of by release(owner) when
+ * the forward is freed. */
 uint64_t qr__replica_link_gone(repl_link *L);
 repl_forward *qr__replica_snapshot_forward(repl_link *L);
 void qr__replica_snapshot_meta(repl_forward *fw, const qr_wbuf *meta);
-void qr__replica_snapshot_payload(repl_forward *fw, uint8_t *bytes, size_t len);
+void qr__replica_snapshot_payload(repl_forward *fw, qr_iov *iov, int niov,
+                                  void (*release)(void *owner), void *owner);
 void qr__replica_link_flush(repl_link *L);
 /* A forward of p's shard: to the backup of this ps's own shard, or (a
  * promoted shard) to the replacement being copied it. */
 void qr__replica_send_for(ps_peer *p, repl_forward *fw);
 
 /* rerep.c: re-replication (docs/REPLICATION.md, "Re-replication"). */
-struct rerep_job;
 /* Source: take the snapshot of L's shard and stream it to L's target,
  * then the forwards made since; qr__rerep_acked on each forward the
  * target applies while it is being copied. */
@@ -224,8 +226,8 @@ void qr__rerep_view_answer(qr_ps *ps, int from, int status, const uint8_t *meta,
 bool qr__rerep_hold_view(ps_peer *p, const qr_frame *f);
 void qr__rerep_peer_lost(ps_peer *p);
 void qr__rerep_close(qr_ps *ps);
-/* L's copy is given up: a snapshot still being written is dropped when
- * the write ends. */
+/* L's copy is given up: a copy waiting for a checkpoint's write to end
+ * is not started (a snapshot sent goes with the link's forwards). */
 void qr__rerep_abandon(repl_link *L);
 /* A checkpoint's shards are written (ckpt_coord.c): a copy that waited
  * for its store's snapshot to be free starts now. */

@@ -16,8 +16,9 @@
  *   copy-on-write references, ckpt_shard.c), puts it at the head of the
  *   link's queue, and goes on training: every push applied from then on
  *   is forwarded behind it, and answered at once (the shard is still on
- *   one copy). The snapshot is written and read back off the loop, then
- *   sent (SNAPSHOT); K loads it into the store it copies (its own shard
+ *   one copy). The snapshot is sent as it stands (SNAPSHOT: the shard
+ *   file's head, then its tensors where they are, no file and no copy);
+ *   K loads it from the bytes received into the store it copies (its own shard
  *   into ps->store, its neighbour's into ps->replica.store), with the
  *   step counters, the duplicate records and the push count, then applies
  *   the forwards in order. Once K has applied the snapshot and every
@@ -36,28 +37,21 @@
 #include "ckpt/ckpt.h"
 #include "ps/ckpt_shard.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-/* A snapshot being written and read back off the loop. */
-typedef struct rerep_job {
-    uv_work_t work;
-    repl_link *link;
-    repl_forward *fw;
+/* A snapshot as a SNAPSHOT's payload: the shard's safetensors head, then
+ * each tensor's bytes where the snapshot holds them (the variables' own
+ * values, averages and slots by reference, copied on write by the next
+ * apply; the tables' rows copied when it was taken). Freed with the
+ * forward, once the copy has it or is given up. */
+typedef struct rerep_snapshot {
     ckpt_job *shard;
-    char dir[4096];
-    uint8_t *bytes;
-    size_t len;
-    int status;
-    char error[512];
-    uint64_t t0_ns;
-    bool orphan;           /* the link gave it up: freed when the write ends */
-} rerep_job;
+    uint8_t *head;
+} rerep_snapshot;
 
-/* What the snapshot's meta carries besides the shard file. */
+/* What the snapshot's meta carries besides the shard. */
 static void put_snapshot_meta(qr_wbuf *b, const repl_link *L, uint64_t fwd) {
     const qr_ps *ps = L->ps;
     const ps_replica *r = &ps->replica;
@@ -79,101 +73,61 @@ static ckpt_shard_ctx shard_ctx(qr_ps *ps, qr_store *store, int shard, int64_t s
                             .coordinator = ps->index == 0 ? ps->incarnation : ps->coordinator};
 }
 
-/* A directory of one's own for a shard file: tmpfs when there is one. */
-static int make_dir(char *dir, size_t len) {
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, len, "%s/quorum-rerep-XXXXXX", base);
-    if (!mkdtemp(dir))
-        return qr__fail(QR_EIO, "re-replication: cannot make a directory under %s: %s", base,
-                        strerror(errno));
-    return QR_OK;
+static void snapshot_free(void *owner) {
+    rerep_snapshot *sn = owner;
+    qr__ckpt_shard_free(sn->shard);
+    free(sn->head);
+    free(sn);
 }
 
-/* Remove what a shard write left under dir (one level of directories). */
-static void remove_tree(const char *dir, const char *file) {
-    if (file && *file) unlink(file);
-    char sub[4200];
-    snprintf(sub, sizeof sub, "%s", file ? file : "");
-    char *slash = strrchr(sub, '/');
-    while (slash && strlen(sub) > strlen(dir)) {
-        *slash = '\0';
-        rmdir(sub);
-        slash = strrchr(sub, '/');
-    }
-    rmdir(dir);
-}
-
-static int read_file(const char *path, uint8_t **out, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return qr__fail(QR_EIO, "cannot open '%s': %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = n > 0 ? malloc((size_t)n) : NULL;
-    int rc = QR_OK;
-    if (n <= 0 || !b) rc = qr__fail(n <= 0 ? QR_EIO : QR_ENOMEM, "reading '%s'", path);
-    else if (fread(b, 1, (size_t)n, f) != (size_t)n)
-        rc = qr__fail(QR_EIO, "short read of '%s'", path);
-    fclose(f);
+/* The snapshot of store's shard and its payload's buffers (*niov of them,
+ * *bytes in all). */
+static int take_snapshot(qr_ps *ps, qr_store *store, int shard, int64_t steps,
+                         rerep_snapshot **out, qr_iov **iov_out, int *niov, size_t *bytes) {
+    rerep_snapshot *sn = qr__calloc(1, sizeof *sn);
+    if (!sn) return QR_ENOMEM;
+    ckpt_shard_ctx sc = shard_ctx(ps, store, shard, steps);
+    size_t head_len = 0;
+    int rc = qr__ckpt_shard_snapshot(&sc, "re-replication", 0, ps->global_step, &sn->shard);
+    if (!rc) rc = qr_st_head(sn->shard->path, sn->shard->tensors, sn->shard->ntensors,
+                             sn->shard->meta, &sn->head, &head_len);
+    qr_iov *iov = rc ? NULL : qr__calloc((size_t)sn->shard->ntensors + 1, sizeof *iov);
+    if (!rc && !iov) rc = QR_ENOMEM;
     if (rc) {
-        free(b);
+        snapshot_free(sn);
         return rc;
     }
-    *out = b;
-    *len = (size_t)n;
+    int n = 0;
+    iov[n++] = (qr_iov){sn->head, head_len};
+    *bytes = head_len;
+    for (int i = 0; i < sn->shard->ntensors; i++) {
+        const qr_st_tensor *t = &sn->shard->tensors[i];
+        size_t len = (size_t)qr_st_bytes(t);
+        if (len) iov[n++] = (qr_iov){(void *)t->data, len};
+        *bytes += len;
+    }
+    *out = sn;
+    *iov_out = iov;
+    *niov = n;
     return QR_OK;
 }
 
-/* Thread pool: the shard file written (tmpfs), read back whole, removed. */
-static void write_snapshot(uv_work_t *w) {
-    rerep_job *j = w->data;
-    j->shard->work.data = j->shard;
-    qr__ckpt_shard_write(&j->shard->work);
-    j->status = j->shard->status;
-    if (j->status) snprintf(j->error, sizeof j->error, "%s", j->shard->error);
-    else if ((j->status = read_file(j->shard->path, &j->bytes, &j->len)))
-        snprintf(j->error, sizeof j->error, "%s", qr_last_error());
-    remove_tree(j->dir, j->shard->path);
-}
-
-static void job_free(rerep_job *j) {
-    if (j->shard) qr__ckpt_shard_free(j->shard);
-    free(j->bytes);
-    free(j);
-}
-
-static void on_snapshot_written(uv_work_t *w, int status) {
-    rerep_job *j = w->data;
-    if (j->orphan) {
-        job_free(j);
-        return;
-    }
-    repl_link *L = j->link;
-    qr_ps *ps = L->ps;
-    L->job = NULL;
-    if (status || j->status) {
-        qr__log(QR_LOG_ERROR, "re-replication of shard %d to ps %d: the snapshot could not be "
-                "made: %s; the shard stays on one copy", L->shard, L->target,
-                j->status ? j->error : "cancelled");
-        qr__replica_link_gone(L);
-        job_free(j);
-        return;
-    }
-    qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot written (%.1f MB in "
-            "%.0f ms off the loop), sending it", L->shard, L->target, (double)j->len / 1e6,
-            (double)(qr__now_ns() - j->t0_ns) / 1e6);
-    qr__replica_snapshot_payload(j->fw, j->bytes, j->len);
-    j->bytes = NULL;
-    L->hold = false;
-    qr__replica_link_flush(L);
-    job_free(j);
-    (void)ps;
+/* "digest %016llx" of a store for a log line, or, for a large one, why
+ * not: the digest reads every byte, one at a time (a second a GB), on the
+ * loop, which a copy must not stall. */
+#define DIGEST_MAX_BYTES ((size_t)64 << 20)
+static const char *digest_note(const qr_store *s, size_t bytes, char *buf, size_t len) {
+    if (bytes > DIGEST_MAX_BYTES)
+        snprintf(buf, len, "digest left out above %zu MiB", DIGEST_MAX_BYTES >> 20);
+    else
+        snprintf(buf, len, "digest %016llx", (unsigned long long)qr__store_digest(s));
+    return buf;
 }
 
 void qr__rerep_start(repl_link *L) {
     qr_ps *ps = L->ps;
     ps_replica *r = &ps->replica;
-    if (!L->gone || L->job) return; /* a copy there, or being made */
+    if (!L->gone) return; /* a copy there, or being made */
     qr_store *store = L->copy ? &r->store : &ps->store;
     if (qr__ckpt_store_busy(store)) {
         /* A checkpoint's snapshot of the store is being written; a
@@ -183,47 +137,38 @@ void qr__rerep_start(repl_link *L) {
                 "being written", L->shard, L->target);
         return;
     }
-    rerep_job *j = qr__calloc(1, sizeof *j);
     int64_t steps = L->copy ? r->copy_steps : ps->applied_steps;
     uint64_t t0 = qr__now_ns();
-    int rc = j ? make_dir(j->dir, sizeof j->dir) : QR_ENOMEM;
-    ckpt_shard_ctx sc = shard_ctx(ps, store, L->shard, steps);
-    if (!rc) rc = qr__ckpt_shard_snapshot(&sc, j->dir, 0, ps->global_step, &j->shard);
+    rerep_snapshot *sn;
+    qr_iov *iov;
+    int niov;
+    size_t bytes;
+    int rc = take_snapshot(ps, store, L->shard, steps, &sn, &iov, &niov, &bytes);
     if (rc) {
         qr__log(QR_LOG_ERROR, "re-replication of shard %d to ps %d: %s; the shard stays on one "
                 "copy", L->shard, L->target, qr_last_error());
-        if (j) {
-            rmdir(j->dir);
-            job_free(j);
-        }
         return;
     }
     double snap_ms = (double)(qr__now_ns() - t0) / 1e6;
     /* The snapshot heads the link's queue; what is applied from now on is
      * forwarded behind it, and answered at once until the copy has it. */
-    j->fw = qr__replica_snapshot_forward(L);
+    repl_forward *fw = qr__replica_snapshot_forward(L);
     qr_wbuf meta = {0};
     put_snapshot_meta(&meta, L, L->snapshot_fwd);
-    qr__replica_snapshot_meta(j->fw, &meta);
+    qr__replica_snapshot_meta(fw, &meta);
     qr_wbuf_free(&meta);
-    L->hold = L->streaming = true;
+    qr__replica_snapshot_payload(fw, iov, niov, snapshot_free, sn);
+    L->streaming = true;
     L->mark = 0;
-    j->link = L;
-    j->t0_ns = t0;
-    j->work.data = j;
-    L->job = j;
+    char digest[64];
     qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot taken at forward %llu "
-            "(%u variables, %.2f ms on the loop, digest %016llx); training goes on", L->shard,
-            L->target, (unsigned long long)L->snapshot_fwd, store->count, snap_ms,
-            (unsigned long long)qr__store_digest(store));
-    int qrc = uv_queue_work(&ps->loop, &j->work, write_snapshot, on_snapshot_written);
-    if (qrc) {
-        qr__log(QR_LOG_ERROR, "re-replication of shard %d: cannot queue the snapshot's write: %s",
-                L->shard, uv_strerror(qrc));
-        L->job = NULL;
-        job_free(j);
-        qr__replica_link_gone(L);
-    }
+            "(%u variables, %.2f ms on the loop, %s); training goes on", L->shard, L->target,
+            (unsigned long long)L->snapshot_fwd, store->count, snap_ms,
+            digest_note(store, bytes, digest, sizeof digest));
+    qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot made (%zu bytes, %.1f "
+            "MB, sent from the variables' own tensors), sending it", L->shard, L->target,
+            bytes, (double)bytes / 1e6);
+    qr__replica_link_flush(L);
 }
 
 /* ---- the source: caught up ---------------------------------------------------- */
@@ -359,25 +304,15 @@ int qr__rerep_snapshot_header(ps_peer *p, const qr_frame *f, const uint8_t *meta
     return qr_conn_expect(p->conn, &iov, 1);
 }
 
-/* The shard file into store (emptied first). */
+/* The shard's bytes into store (emptied first). */
 static int load(qr_ps *ps, qr_store *store, int shard, const void *bytes, size_t len,
                 int64_t counters[2]) {
-    char dir[4096], path[4200];
-    int rc = make_dir(dir, sizeof dir);
-    if (rc) return rc;
-    snprintf(path, sizeof path, "%s/shard", dir);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(bytes, 1, len, f) != len) rc = qr__fail(QR_EIO, "writing '%s'", path);
-    if (f && fclose(f) && !rc) rc = qr__fail(QR_EIO, "writing '%s'", path);
-    if (!rc) {
-        qr_store_free(store);
-        qr_store_init(store);
-        ckpt_shard_ctx sc = shard_ctx(ps, store, shard, 0);
-        rc = qr__ckpt_shard_restore(&sc, path, counters);
-    }
-    unlink(path);
-    rmdir(dir);
-    return rc;
+    qr_store_free(store);
+    qr_store_init(store);
+    ckpt_shard_ctx sc = shard_ctx(ps, store, shard, 0);
+    char name[64];
+    snprintf(name, sizeof name, "the snapshot of shard %d", shard);
+    return qr__ckpt_shard_restore_memory(&sc, bytes, len, name, counters);
 }
 
 void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -423,11 +358,13 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
         r->copy_pushes = pushes;
         r->applied_fwd = fwd;
     }
+    double load_ms = (double)(qr__now_ns() - t0) / 1e6;
+    char digest[64];
     qr__log(QR_LOG_INFO, "loaded the snapshot of shard %d (%u variables, %.1f MB in %.0f ms, "
-            "digest %016llx, %llu pushes, step %lld) from ps %d", shard, store->count,
-            (double)f->payload_len / 1e6, (double)(qr__now_ns() - t0) / 1e6,
-            (unsigned long long)qr__store_digest(store), (unsigned long long)pushes,
-            (long long)steps, p->copy_own ? r->backup : r->primary);
+            "%s, %llu pushes, step %lld) from ps %d", shard, store->count,
+            (double)f->payload_len / 1e6, load_ms,
+            digest_note(store, (size_t)f->payload_len, digest, sizeof digest),
+            (unsigned long long)pushes, (long long)steps, p->copy_own ? r->backup : r->primary);
     qr_wbuf out = {0};
     qr_wbuf_u64(&out, fwd);
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
@@ -471,11 +408,7 @@ void qr__rerep_resume(qr_ps *ps) {
 }
 
 void qr__rerep_abandon(repl_link *L) {
-    L->deferred = false;
-    /* the write still runs on the pool: it frees itself when done, and
-     * leaves the snapshot's forward (dropped with the link's) alone */
-    if (L->job) L->job->orphan = true;
-    L->job = NULL;
+    L->deferred = false; /* (a snapshot sent goes with the link's forwards) */
 }
 
 void qr__rerep_close(qr_ps *ps) {

@@ -26,6 +26,10 @@ qr_tensor *qr_tensor_new(int64_t n) {
     return tensor_alloc(n, true);
 }
 
+qr_tensor *qr_tensor_new_uninit(int64_t n) {
+    return tensor_alloc(n, false);
+}
+
 qr_tensor *qr_tensor_ref(qr_tensor *t) {
     t->refs++;
     return t;

@@ -32,6 +32,9 @@ typedef struct qr_tensor {
 } qr_tensor;
 
 qr_tensor *qr_tensor_new(int64_t n);
+/* Its values left as they are: for a caller that writes every one (a
+ * restore), which would otherwise touch the memory twice. */
+qr_tensor *qr_tensor_new_uninit(int64_t n);
 qr_tensor *qr_tensor_ref(qr_tensor *t);
 void qr_tensor_unref(qr_tensor *t);
 

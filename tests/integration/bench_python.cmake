@@ -146,3 +146,50 @@ add_test(NAME bench_replicas_smoke
          COMMAND ${QR_PYTHON} -c "${qr_bench_replicas_check}" ${PROJECT_SOURCE_DIR}
                  $<TARGET_FILE:quorum>)
 set_tests_properties(bench_replicas_smoke PROPERTIES TIMEOUT 300)
+
+# bench_rerep.py at 8 MiB (issue 29, item 7): a shard's re-replication to
+# a replacement ps over each transport, idle and with pushes meanwhile,
+# against the same bytes through one socket of that transport: a table of
+# bytes, seconds, GB/s and the ratio, the best per transport and mode, and
+# the JSON. Plain python3. Timings not checked.
+set(qr_bench_rerep_check [=[
+import json, os, re, subprocess, sys, tempfile
+bench = os.path.join(sys.argv[1], "bench", "python", "bench_rerep.py")
+out_json = os.path.join(tempfile.mkdtemp(prefix="qr-rerep-"), "rerep.json")
+p = subprocess.run([sys.executable, bench, "--quorum", sys.argv[2], "--shard-mib", "8",
+                    "--push-rate", "200", "--json", out_json], capture_output=True, text=True,
+                   timeout=280)
+assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+rows = re.findall(r"^\| (unix|tcp) \| (idle|busy) \| (\d+) \| (\d+\.\d{3}) \| (\d+\.\d{3}) \| "
+                  r"(\d+\.\d{3}) \| (\d+\.\d{3}) \| (\d+\.\d{3}) \| (\d+\.\d{3}) \| (\d+) \| "
+                  r"(\d+) / (\d+) \|$",
+                  p.stdout, re.M)
+assert sorted((r[0], r[1]) for r in rows) == sorted(
+    (t, m) for t in ("unix", "tcp") for m in ("idle", "busy")), p.stdout
+for r in rows:
+    assert int(r[2]) > 8 << 20, r  # the shard's 8 MiB and the snapshot's head
+for t in ("unix", "tcp"):
+    for m in ("idle", "busy"):
+        assert re.search(r"^best %s %s: copy \d+\.\d{3} GB/s, socket \d+\.\d{3} GB/s, ratio "
+                         r"\d+\.\d{3} \((met|NOT met)\)$" % (t, m), p.stdout, re.M), p.stdout
+doc = json.load(open(out_json))
+assert doc["shard_mib"] == 8 and doc["goal"] == 0.5 and len(doc["rows"]) == 4, doc
+for r in doc["rows"]:
+    assert r["copy_s"] > 0 and r["socket_s"] > 0 and r["ratio"] > 0, r
+    assert r["caught_up_s"] >= r["copy_s"] - 0.002, r
+    assert (r["pushes_meanwhile"] > 0) == (r["mode"] == "busy"), r
+    assert r["source_peak_rss_mib"] > 8 and r["replacement_peak_rss_mib"] > 8, r
+bad = subprocess.run([sys.executable, bench, "--quorum", sys.argv[2], "--shard-mib", "0"],
+                     capture_output=True, text=True, timeout=60)
+assert bad.returncode == 2 and "--shard-mib must be 1 to" in bad.stderr, bad.stderr
+bad = subprocess.run([sys.executable, bench, "--quorum", sys.argv[2], "--transports", "udp"],
+                     capture_output=True, text=True, timeout=60)
+assert bad.returncode != 0 and "--transports" in bad.stderr, bad.stderr
+os.remove(out_json)
+os.rmdir(os.path.dirname(out_json))
+print("bench_rerep_smoke: " + " | ".join(p.stdout.strip().splitlines()[-4:]))
+]=])
+add_test(NAME bench_rerep_smoke
+         COMMAND ${QR_PYTHON} -c "${qr_bench_rerep_check}" ${PROJECT_SOURCE_DIR}
+                 $<TARGET_FILE:quorum>)
+set_tests_properties(bench_rerep_smoke PROPERTIES TIMEOUT 300)

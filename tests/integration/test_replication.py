@@ -51,7 +51,8 @@ Case "rerep_killed": the replacement killed while its shards are being
 copied to it; the next one is copied both, no rollback.
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
-measured in the same run (QR_VICTIM: the ps killed).
+measured in the same run (QR_VICTIM: the ps killed), in a training run;
+bench/python/bench_rerep.py measures it at any size, on both transports.
 
 Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|rerep|rerep_second|rerep_killed|rerep_rate"""
 
@@ -756,7 +757,7 @@ def rerep_killed_case():
 TAKEN = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
                    r"snapshot taken")
 WRITTEN = re.compile(r"\[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
-                     r"snapshot written \(([\d.]+) MB")
+                     r"snapshot made \(\d+ bytes, ([\d.]+) MB")
 LOADED = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+): ps \d+ "
                     r"has loaded the snapshot")
 
@@ -808,8 +809,8 @@ def rerep_rate_case():
         shard = int(m[3])
         secs = stamp(m[1]) - taken[shard]
         base = socket_rate(int(sizes[shard]))
-        print("RATE: shard %d, %.0f MB: copied in %.2f s (snapshot, write and read back on "
-              "tmpfs, send, load) = %.0f MB/s; an AF_UNIX socket now %.0f MB/s; ratio %.2f" % (
+        print("RATE: shard %d, %.0f MB: copied in %.2f s (snapshot, send, load) = %.0f MB/s; "
+              "an AF_UNIX socket now %.0f MB/s; ratio %.2f" % (
                   shard, sizes[shard] / 1e6, secs, sizes[shard] / secs / 1e6, base / 1e6,
                   sizes[shard] / secs / base))
     held = check_rereplicated(err, 3, set(), "large shard")

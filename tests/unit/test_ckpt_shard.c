@@ -12,7 +12,9 @@
  * changed as an apply would change them (qr__ckpt_before_apply first):
  * the shard written afterwards must hold the state at the snapshot, and
  * restoring it into an empty store must give every value, slot, average,
- * row, counter and data position back bit for bit.
+ * row, counter and data position back bit for bit. The same snapshot as a
+ * re-replication sends it (the head, then the tensors where they are) is
+ * the file byte for byte, and loads from memory to the same state.
  *
  * Then the refusals: a shard cut short, one whose header is damaged, one
  * of the other mode, each refused with an error naming the problem; a
@@ -373,6 +375,86 @@ static void test_snapshot_write_restore(void **state) {
     qr_store_free(&expect);
 }
 
+/* A re-replication's SNAPSHOT (rerep.c): the safetensors head, then the
+ * snapshot's tensors where they are, as the socket delivers them one
+ * after the other, is byte for byte the file the writer makes of the same
+ * snapshot; loaded from memory it gives the state at the snapshot back,
+ * though the live variables changed after it; bytes cut short or a
+ * damaged head are refused, naming the snapshot. */
+static void test_snapshot_sent_from_memory(void **state) {
+    world *w = *state;
+    qr_store expect;
+    copy_store(w, &expect);
+    ckpt_shard_ctx c = ctx_of(w, &w->store);
+    ckpt_job *j;
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, &j), QR_OK);
+    uint8_t *head;
+    size_t head_len, len;
+    assert_int_equal(qr_st_head(j->path, j->tensors, j->ntensors, j->meta, &head, &head_len),
+                     QR_OK);
+    len = head_len;
+    for (int i = 0; i < j->ntensors; i++) len += (size_t)qr_st_bytes(&j->tensors[i]);
+    uint8_t *msg = malloc(len);
+    assert_non_null(msg);
+    memcpy(msg, head, head_len);
+    size_t at = head_len;
+    for (int i = 0; i < j->ntensors; i++) {
+        size_t n = (size_t)qr_st_bytes(&j->tensors[i]);
+        if (n) memcpy(msg + at, j->tensors[i].data, n);
+        at += n;
+    }
+    free(head);
+    /* the same snapshot, written as a checkpoint's shard */
+    snprintf(j->path, sizeof j->path, "%s/sent.safetensors", w->dir);
+    j->work.data = j;
+    qr__ckpt_shard_write(&j->work);
+    if (j->status) fail_msg("writing the shard: %s", j->error);
+    assert_int_equal(j->bytes, len);
+    FILE *fp = fopen(j->path, "rb");
+    assert_non_null(fp);
+    uint8_t *file = malloc(len);
+    assert_non_null(file);
+    assert_int_equal(fread(file, 1, len, fp), len);
+    fclose(fp);
+    assert_memory_equal(file, msg, len);
+    free(file);
+    /* the live store moves on; the bytes sent keep the snapshot's state */
+    for (uint32_t i = 0; i < w->store.cap; i++) {
+        qr_var *v = w->store.by_id[i];
+        if (!v || v->table) continue;
+        assert_int_equal(qr__ckpt_before_apply(NULL, v), QR_OK);
+        assert_int_equal(qr_var_prepare_write(v), QR_OK);
+        fill(v->value->data, v->n);
+    }
+    qr__ckpt_shard_free(j);
+    qr_store got;
+    qr_store_init(&got);
+    ckpt_shard_ctx into = ctx_of(w, &got);
+    int64_t counters[2];
+    if (qr__ckpt_shard_restore_memory(&into, msg, len, "the snapshot of shard 0", counters))
+        fail_msg("restore from memory: %s", qr_last_error());
+    assert_stores_equal(&expect, &got);
+    assert_int_equal(counters[0], STEP);
+    qr_store_free(&got);
+    /* cut short, and a head that is not JSON */
+    qr_store_init(&got);
+    into = ctx_of(w, &got);
+    assert_int_equal(qr__ckpt_shard_restore_memory(&into, msg, len - 1, "the snapshot of shard 0",
+                                                   counters), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "the snapshot of shard 0"));
+    assert_int_equal(qr__ckpt_shard_restore_memory(&into, msg, 5, "the snapshot of shard 0",
+                                                   counters), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "are not a safetensors file"));
+    msg[8] = '[';
+    assert_int_equal(qr__ckpt_shard_restore_memory(&into, msg, len, "the snapshot of shard 0",
+                                                   counters), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "not a JSON object"));
+    assert_int_equal(got.count, 0);
+    qr_store_free(&got);
+    qr_store_free(&expect);
+    free(msg);
+}
+
 static void expect_refused(world *w, const char *path, bool sync, int status, const char *says) {
     qr_store s;
     int64_t counters[2];
@@ -709,6 +791,7 @@ static void test_prune_keeps_chains(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_snapshot_write_restore, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_snapshot_sent_from_memory, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_shards_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_checkpoint_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_1_read, setup, teardown),
