@@ -397,11 +397,22 @@ static void read_notices(child *kids, const launch_plan *plan) {
         }
         if (sscanf(line, "rollback ps %d", &index) == 1) {
             if (index <= 0 || index >= plan->nps || kids[index].rollback) continue;
-            kids[index].rollback = true;
+            child *c = &kids[index];
+            c->rollback = true;
+            /* Still running: the run ps 0 lost, hung or cut off (failed
+             * over before, or silent for heartbeat-timeout-ms), whose
+             * state the rollback drops; a stopped one would hold the
+             * rollback up until it resumed. Not a replacement started a
+             * moment ago for its failover: that one restores the
+             * checkpoint as a restart would. */
+            uint64_t age_ms = qr__now_ns() / 1000000 - c->started_ms;
+            bool kill_it = !c->exited &&
+                           (c->failed_over || age_ms >= (uint64_t)plan->heartbeat_timeout_ms);
             fprintf(stderr, "quorum launch: %s (pid %d) is lost with a neighbour, both copies of "
                     "a shard with them: ps 0 rolls the cluster back to its newest checkpoint; "
-                    "%s is restarted once it has exited (--max-restarts)\n", kids[index].name,
-                    (int)kids[index].pid, kids[index].name);
+                    "%s is restarted once it has exited (--max-restarts)%s\n", c->name,
+                    (int)c->pid, c->name, kill_it ? "; killing it (hung or cut off)" : "");
+            if (kill_it) kill(c->pid, SIGKILL);
             continue;
         }
         if (sscanf(line, "rejoined ps %d %llu", &index, &view) == 2) {
@@ -609,7 +620,10 @@ int cmd_launch(int argc, char **argv) {
                    "killed nor a failure; under --max-restarts, once it has exited, a\n"
                    "replacement rejoins as the backup of its shards, copied while training\n"
                    "goes on, without a rollback; checkpoints (--checkpoint-dir) go on, each\n"
-                   "shard written by the copy that serves it (docs/REPLICATION.md).\n"
+                   "shard written by the copy that serves it (docs/REPLICATION.md). Two\n"
+                   "neighbouring ps lost together (both copies of a shard) roll the cluster\n"
+                   "back to its newest checkpoint, both restarted (2 restarts), or abort the\n"
+                   "run without --checkpoint-dir.\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

@@ -106,7 +106,7 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
     bool prev_down = r->failed[prev] == QR_PS_FAILED || r->failed[prev] == QR_PS_JOINING;
     if ((next_down && r->failed[k] == QR_PS_ALIVE) || prev_down) {
         /* rollback.c: back to the newest checkpoint, or the abort */
-        if (prev_down) return qr__rollback_both_lost(ps, prev, prev, k);
+        if (prev_down) return qr__rollback_both_lost(ps, prev, k, prev);
         return qr__rollback_both_lost(ps, k, k, next);
     }
     int was = r->failed[k];

@@ -994,11 +994,13 @@ bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_
 bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m);
 /* What this ps answers a HELLO with. */
 qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
-/* ps 0, --ps-replicas 2: shard `shard` has lost both its copies, on ps a
- * and ps b. With --checkpoint-dir the cluster rolls back to the newest
- * checkpoint (true: the run ends, a rollback); without, the run aborts
- * (false). Either way the message names the shard and why. */
-bool qr__rollback_both_lost(qr_ps *ps, int shard, int a, int b);
+/* ps 0, --ps-replicas 2: shard `shard` has lost both its copies: ps k
+ * is lost now, its neighbour `other` held no copy (failed, or a
+ * replacement still JOINING). With --checkpoint-dir the cluster rolls
+ * back to the newest checkpoint (true: the run ends, a rollback);
+ * without, the run aborts (false). Either way the message names the
+ * shard and why. */
+bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other);
 #define QR_RESTORE_NEWEST (-1)
 #define QR_RESTORE_NONE (-2)
 

@@ -123,7 +123,8 @@ bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m) {
     return true;
 }
 
-bool qr__rollback_both_lost(qr_ps *ps, int shard, int a, int b) {
+bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other) {
+    int a = QR_MIN(k, other), b = QR_MAX(k, other);
     char why[700];
     int n = snprintf(why, sizeof why, "shard %d has lost both its copies: ps %d (%s) and ps %d "
                      "(%s) are lost together (dead or hung), which no failover covers", shard, a,
@@ -135,10 +136,12 @@ bool qr__rollback_both_lost(qr_ps *ps, int shard, int a, int b) {
         return false;
     }
     if (ps->rollback.wanted) return true;
+    /* The supervisor restarts the lost (killing a hung one first); a
+     * replacement being copied (JOINING) is alive and follows ps 0. */
+    qr__tell_supervisor("rollback ps %d", k);
+    if (ps->replica.failed[other] != QR_PS_JOINING) qr__tell_supervisor("rollback ps %d", other);
     /* Restarted, the lost ps restore the newest complete checkpoint: the
      * one this ps 0 knows as its last (none completes without them). */
-    for (int k = 1; k < ps->cluster->nps; k++)
-        if (k == a || k == b) qr__tell_supervisor("rollback ps %d", k);
     roll_back(ps, ps->ckpt.last_step, 0, 0, why);
     return true;
 }

@@ -28,10 +28,11 @@ copy): resumed from its final checkpoint, it ends with the digest of a
 run never stopped.
 
 Case "both_lost": both copies of a shard lost together (docs/REPLICATION.md,
-"Both copies lost"): `quorum launch --ps 3 --workers 2 --ps-replicas 2
---checkpoint-dir D --checkpoint-steps 200 --max-restarts 2`, async and then
-sync, ps 1 and ps 2 SIGKILLed together mid-run (shard 1's primary and
-backup): ps 0 says shard 1 lost both its copies and rolls back to the
+"Both copies of a shard lost"): `quorum launch --ps 3 --workers 2
+--ps-replicas 2 --checkpoint-dir D --checkpoint-steps 200 --max-restarts 2`,
+async and then sync, ps 1 and ps 2 SIGKILLed together mid-run (shard 1's
+primary and backup), and once more in async with both SIGSTOPped (hung:
+launch kills them for the rollback): ps 0 says shard 1 lost both its copies and rolls back to the
 checkpoint of a step it wrote, launch restarts both, the run ends with
 exit 0 and exactly one rollback, every ps's last view is after the views
 of before (never back), and every backup's digest equals its primary's.
@@ -254,10 +255,10 @@ BOTH_LOST = re.compile(r"\[ps 0 pid \d+\] warn: shard 1 has lost both its copies
                        r"covers: rolling back to (the checkpoint of step (\d+)|a fresh start)")
 
 
-def kill_both(args, ready, timeout=180):
-    """A launch run with ps 1 and ps 2 SIGKILLed together once ready()
+def kill_both(args, ready, timeout=180, sig=signal.SIGKILL):
+    """A launch run with ps 1 and ps 2 sent `sig` together once ready()
     holds (polled up to 120 s): (exit status, summary lines, stderr, the
-    seconds from the kill to the end)."""
+    seconds from the kill to the end, their pids)."""
     p = Proc([quorum, "launch", "--json", "--quiet"] + args)
     try:
         pids = [launch_child_pid(p, "ps", k) for k in (1, 2)]
@@ -267,7 +268,7 @@ def kill_both(args, ready, timeout=180):
         time.sleep(random.uniform(0, 0.05))
         assert p.alive(), "the run ended before ps 1 and ps 2 were killed"
         for pid in pids:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         killed = time.time()
         rc, out, err = p.wait(timeout)
         return rc, out, err, time.time() - killed, pids
@@ -276,7 +277,10 @@ def kill_both(args, ready, timeout=180):
 
 
 def both_lost_case():
-    for mode in ("async", "sync"):
+    # SIGSTOP: both hung, found so after heartbeat-timeout-ms; launch
+    # kills them for the rollback (the run ps 0 lost, still there).
+    for mode, sig in (("async", signal.SIGKILL), ("sync", signal.SIGKILL),
+                      ("async", signal.SIGSTOP)):
         d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
         try:
             args = ["--mode", mode, "--ps", "3", "--workers", "2", "--data", "digits",
@@ -285,8 +289,11 @@ def both_lost_case():
                     "--checkpoint-steps", "200", "--restart-wait-ms", "20000"]
             if mode == "sync":
                 args += ["--init-tokens", "0"]
+            if sig == signal.SIGSTOP:
+                args += ["--heartbeat-timeout-ms", "1500", "--heartbeat-ms", "200"]
             rc, out, err, _, pids = kill_both(
-                args, lambda: sum(n.startswith("ckpt-") for n in os.listdir(d)) >= 2)
+                args, lambda: sum(n.startswith("ckpt-") for n in os.listdir(d)) >= 2, sig=sig)
+            mode += "" if sig == signal.SIGKILL else " (SIGSTOP)"
             assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-5000:])
             s = last_json(out)
             assert s["rollbacks"] == 1 and s["global_step"] >= 6000, (mode, s)
@@ -319,14 +326,14 @@ def both_lost_case():
                 (mode, views, earlier)
             check_copies("\n".join(c[0] for c in last.values()), 3,
                          "%s, after the rollback" % mode)
-            print("ok: %s: ps 1 and ps 2 killed together, shard 1's both copies: rolled back "
+            print("ok: %s: ps 1 and ps 2 lost together, shard 1's both copies: rolled back "
                   "once to the checkpoint of step %d, both restarted, ended at step %d; views "
                   "%s before, %s at the end; every backup equal to its primary" % (
                       mode, step, s["global_step"], sorted(set(earlier)), sorted(views)))
         finally:
             shutil.rmtree(d, ignore_errors=True)
     print("PASS: both_lost: both copies of shard 1 lost together roll the cluster back to the "
-          "last checkpoint, once, in async and sync mode")
+          "last checkpoint, once, in async and sync mode, killed or stopped")
 
 
 def both_lost_abort_case():
