@@ -27,6 +27,12 @@
  *     counted): the new run rejoins as the backup of the shards it held
  *     copies of, without a rollback (src/ps/rerep.c; "rejoined ps K
  *     VIEW" once it holds them);
+ *   - with --ps-replicas 2, two neighbouring ps lost together (a shard's
+ *     both copies) make ps 0 roll the cluster back to its newest
+ *     checkpoint at once ("rollback ps K" for each, read_notices): each is
+ *     restarted as soon as it has exited (a restart counted, even one
+ *     failed over just before), restores that checkpoint and joins the
+ *     rolled-back cluster; without restarts left the run fails;
  *   - with --max-restarts K, up to K failures are restarted instead (as
  *     torchrun does): a failed worker, the chief included, is started again
  *     alone and rejoins at the current global step (the chief does not
@@ -93,6 +99,7 @@ typedef struct child {
     bool failed_over; /* a ps whose shard its backup serves (--ps-replicas 2): not a failure */
     uint64_t failed_ms; /* such a ps (k > 0) ended: when, while ps 0's "failover" notice is awaited */
     bool told_to_stop;  /* a ps sent the orderly SIGTERM once every worker had ended well */
+    bool rollback;      /* lost with its neighbour: ps 0 rolled back ("rollback ps K"), restart it */
 } child;
 
 /* ps tasks tell the launcher of a ps they found hung (qr__tell_supervisor:
@@ -297,7 +304,7 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     c->exited = c->reported = false;
     c->status = 0;
     c->hung[0] = 0;
-    c->joined = c->late = c->failed_over = false;
+    c->joined = c->late = c->failed_over = c->rollback = false;
     c->failed_ms = 0;
     c->started_ms = qr__now_ns() / 1000000;
     if (!is_ps && plan->command)
@@ -388,6 +395,26 @@ static void read_notices(child *kids, const launch_plan *plan) {
                     "rejoins as a backup" : "");
             continue;
         }
+        if (sscanf(line, "rollback ps %d", &index) == 1) {
+            if (index <= 0 || index >= plan->nps || kids[index].rollback) continue;
+            child *c = &kids[index];
+            c->rollback = true;
+            /* Still running: the run ps 0 lost, hung or cut off (failed
+             * over before, or silent for heartbeat-timeout-ms), whose
+             * state the rollback drops; a stopped one would hold the
+             * rollback up until it resumed. Not a replacement started a
+             * moment ago for its failover: that one restores the
+             * checkpoint as a restart would. */
+            uint64_t age_ms = qr__now_ns() / 1000000 - c->started_ms;
+            bool kill_it = !c->exited &&
+                           (c->failed_over || age_ms >= (uint64_t)plan->heartbeat_timeout_ms);
+            fprintf(stderr, "quorum launch: %s (pid %d) is lost with a neighbour, both copies of "
+                    "a shard with them: ps 0 rolls the cluster back to its newest checkpoint; "
+                    "%s is restarted once it has exited (--max-restarts)%s\n", c->name,
+                    (int)c->pid, c->name, kill_it ? "; killing it (hung or cut off)" : "");
+            if (kill_it) kill(c->pid, SIGKILL);
+            continue;
+        }
         if (sscanf(line, "rejoined ps %d %llu", &index, &view) == 2) {
             if (index > 0 && index < plan->nps)
                 fprintf(stderr, "quorum launch: ps %d holds copies of its shards again (view "
@@ -457,10 +484,25 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             /* (reported: a ps that failed once training was over) */
             if (essential(c)) essentials_done &= c->exited && (!failed(c) || c->reported);
-            if (c->exited && c->failed_over && !c->reported && !run_ended_ms &&
+            if (c->exited && c->failed_over && !c->rollback && !c->reported && !run_ended_ms &&
                 rejoin(kids, i, plan, &restarts)) {
                 essentials_done = false;
                 continue;
+            }
+            /* Lost with its neighbour: the cluster rolls back, and waits
+             * for it (failed over just before, or not). */
+            if (c->exited && c->rollback && !c->reported && !run_ended_ms &&
+                !ps0_ended_well(kids)) {
+                if (restart(kids, n, i, plan, &restarts)) {
+                    running++;
+                    essentials_done = false;
+                    break;
+                }
+                c->reported = true;
+                fprintf(stderr, "quorum launch: %s is needed by the rollback and cannot be "
+                        "restarted: stopping the other tasks\n", c->name);
+                stop_all(kids, n);
+                return LAUNCH_FAILED;
             }
             if (!c->exited || !failed(c) || c->reported) continue;
             /* ps 0 may fail it over (--ps-replicas 2): it sees the death
@@ -578,7 +620,10 @@ int cmd_launch(int argc, char **argv) {
                    "killed nor a failure; under --max-restarts, once it has exited, a\n"
                    "replacement rejoins as the backup of its shards, copied while training\n"
                    "goes on, without a rollback; checkpoints (--checkpoint-dir) go on, each\n"
-                   "shard written by the copy that serves it (docs/REPLICATION.md).\n"
+                   "shard written by the copy that serves it (docs/REPLICATION.md). Two\n"
+                   "neighbouring ps lost together (both copies of a shard) roll the cluster\n"
+                   "back to its newest checkpoint, both restarted (2 restarts), or abort the\n"
+                   "run without --checkpoint-dir.\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

@@ -27,9 +27,13 @@
  * part). A failed ps's replacement joins as the backup of its shards
  * (rerep.c, async mode only: the view marks it JOINING, then BACKUP). A
  * shard with no copy left (two neighbours failed, or a neighbour and a
- * replacement still being copied) and ps 0 itself are not failed over:
- * links.c goes on as with one copy (restart-wait-ms, then the run aborts
- * naming the ps).
+ * replacement still being copied) is not failed over: ps 0 rolls the
+ * cluster back to its newest checkpoint at once, or aborts without
+ * --checkpoint-dir (rollback.c, qr__rollback_both_lost); the view starts
+ * again with every ps ALIVE, under the next number
+ * (qr__failover_rolled_back). ps 0 itself is not failed over: links.c
+ * goes on as with one copy (restart-wait-ms, then the run aborts naming
+ * the ps).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -101,13 +105,9 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
     bool next_down = r->failed[next] == QR_PS_FAILED || r->failed[next] == QR_PS_JOINING;
     bool prev_down = r->failed[prev] == QR_PS_FAILED || r->failed[prev] == QR_PS_JOINING;
     if ((next_down && r->failed[k] == QR_PS_ALIVE) || prev_down) {
-        int lost = prev_down ? prev : k;
-        qr__log(QR_LOG_ERROR, "ps %d (%s) %s, and ps %d holds no copy (failed, or a replacement "
-                "still being copied): shard %d has lost both its copies, which no failover "
-                "covers: the run goes on as with one copy (it waits restart-wait-ms for ps %d, "
-                "then rolls back to the last checkpoint or aborts)", k, ps->cluster->ps[k], how,
-                prev_down ? prev : next, lost, k);
-        return false;
+        /* rollback.c: back to the newest checkpoint, or the abort */
+        if (prev_down) return qr__rollback_both_lost(ps, prev, k, prev);
+        return qr__rollback_both_lost(ps, k, k, next);
     }
     int was = r->failed[k];
     r->failed[k] = QR_PS_FAILED;
@@ -134,6 +134,27 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
     qr__failover_notify_workers(ps);
     qr__coord_failed_over(ps, k);
     return true;
+}
+
+/* ps 0, its run after a rollback: every ps serves its shard as placed
+ * (the state of the start), under the view number after the last one of
+ * the run before, never 0 again. Views only move forward: a worker or a
+ * ps takes a view only if it is newer than the one it knows (apply_view,
+ * qr__failover_view_message), so view 0 again would be ignored by a
+ * worker that has not learnt of the rollback yet, and such a worker's
+ * old view N would equal a rolled-back ps k's; under N + 1 an old worker
+ * is refused by every ps k, asks ps 0, and meets its new run (the
+ * rollback). Each other ps, rolled back to view 0, is sent N + 1. */
+void qr__failover_rolled_back(qr_ps *ps, uint64_t view_before) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || ps->index != 0 || !view_before) return;
+    r->view = view_before + 1;
+    qr__log(QR_LOG_INFO, "view %llu: every ps serves its own shard again, with its backup on "
+            "the next ps (the placement of the start, after the rollback)",
+            (unsigned long long)r->view);
+    qr_wbuf_reset(&ps->sync.view_meta);
+    put_view(ps, &ps->sync.view_meta);
+    qr__links_view(ps);
 }
 
 /* A partition between a primary and its backup, ps 0 reaching both: the

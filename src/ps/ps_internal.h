@@ -60,8 +60,9 @@
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
  *             BEAT travel on them, each request with the callback of its
  *             answer; they see a ps die, hang and come back
- *   rollback.c    a ps that comes back as a new run (restarted): the
- *                 whole cluster rolls back to its checkpoint, in place
+ *   rollback.c    a ps that comes back as a new run (restarted), or a
+ *                 shard that lost both its copies (--ps-replicas 2): the
+ *                 whole cluster rolls back to a checkpoint, in place
  *   grad_check.c  the NaN/Inf check of a push's gradients as they arrive
  *   peer.c    what every request family uses: replies, request checks,
  *             receive buffers, the fence of a run stopped too long
@@ -1000,6 +1001,13 @@ bool qr__rollback_check_link(qr_ps *ps, int index, uint64_t known, const qr_msg_
 bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m);
 /* What this ps answers a HELLO with. */
 qr_msg_welcome qr__rollback_welcome(const qr_ps *ps);
+/* ps 0, --ps-replicas 2: shard `shard` has lost both its copies: ps k
+ * is lost now, its neighbour `other` held no copy (failed, or a
+ * replacement still JOINING). With --checkpoint-dir the cluster rolls
+ * back to the newest checkpoint (true: the run ends, a rollback);
+ * without, the run aborts (false). Either way the message names the
+ * shard and why. */
+bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other);
 #define QR_RESTORE_NEWEST (-1)
 #define QR_RESTORE_NONE (-2)
 

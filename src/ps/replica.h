@@ -133,6 +133,9 @@ typedef struct ps_rerep_report {
 /* ps 0: ps k is dead or hung: true if it is failed over (the view moves;
  * qr_link_lost_cb). */
 bool qr__failover_lost(qr_ps *ps, int k, int why);
+/* ps 0's run after a rollback: the view of the start, numbered after
+ * view_before (the run before's last). */
+void qr__failover_rolled_back(qr_ps *ps, uint64_t view_before);
 /* A worker's HELLO: of the view and a shard served here? (QR_EVIEW with
  * the error set if not; p->promoted_shard set for a promoted one) */
 int qr__failover_hello(ps_peer *p, const qr_msg_hello *m);

@@ -43,6 +43,17 @@
  * Without --checkpoint-dir there is nothing to roll back to: a restarted
  * ps has lost its variables, and the run is stopped with an error saying
  * so rather than trained on a mix.
+ *
+ * With two copies (--ps-replicas 2) a lost ps is failed over instead
+ * (failover.c); only a shard that has lost both its copies together (two
+ * neighbours lost, or a ps lost while its neighbour's replacement is still
+ * being copied) comes here: ps 0 rolls back at once to its newest complete
+ * checkpoint (qr__rollback_both_lost), without waiting for the lost ps to
+ * be restarted. Every ps alive follows it (the second rule), and the lost
+ * ps, restarted (`quorum launch --max-restarts` is told: "rollback ps K"),
+ * restore that same checkpoint, the newest, and meet the new ps 0 as the
+ * first one they know. The view starts again with every ps ALIVE, under
+ * the next view number (failover.c, qr__failover_rolled_back).
  */
 #include "ps/ps_internal.h"
 
@@ -109,5 +120,28 @@ bool qr__rollback_check_coordinator(qr_ps *ps, const qr_msg_hello *m) {
     }
     roll_back(ps, m->restored_step, m->incarnation, 0,
               "ps 0 is a new run (restarted, or rolled back)");
+    return true;
+}
+
+bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other) {
+    int a = QR_MIN(k, other), b = QR_MAX(k, other);
+    char why[700];
+    int n = snprintf(why, sizeof why, "shard %d has lost both its copies: ps %d (%s) and ps %d "
+                     "(%s) are lost together (dead or hung), which no failover covers", shard, a,
+                     ps->cluster->ps[a], b, ps->cluster->ps[b]);
+    if (!ps->ckpt.dir) {
+        snprintf(why + n, sizeof why - (size_t)n, "; without --checkpoint-dir there is no "
+                 "checkpoint to roll the cluster back to: the run aborts");
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
+        return false;
+    }
+    if (ps->rollback.wanted) return true;
+    /* The supervisor restarts the lost (killing a hung one first); a
+     * replacement being copied (JOINING) is alive and follows ps 0. */
+    qr__tell_supervisor("rollback ps %d", k);
+    if (ps->replica.failed[other] != QR_PS_JOINING) qr__tell_supervisor("rollback ps %d", other);
+    /* Restarted, the lost ps restore the newest complete checkpoint: the
+     * one this ps 0 knows as its last (none completes without them). */
+    roll_back(ps, ps->ckpt.last_step, 0, 0, why);
     return true;
 }

@@ -632,6 +632,7 @@ static int reopen(qr_ps *ps) {
     uint64_t follows = ps->rollback.follows;
     uint64_t cause = ps->rollback.cause;
     bool stop_asked = ps->stop_asked;
+    uint64_t view = ps->replica.view; /* ps 0's view numbers never go back */
     qr_auth *auth = ps->auth; /* the task's, not the run's */
     free_run(ps);
     size_t keep = offsetof(qr_ps, linger_timer);
@@ -646,6 +647,7 @@ static int reopen(qr_ps *ps) {
         qr__error_prefix("ps %d: rolling back: ", ps->cluster->task_index);
         return rc;
     }
+    qr__failover_rolled_back(ps, view);
     if (stop_asked) qr__ps_ask_stop(ps);
     return QR_OK;
 }

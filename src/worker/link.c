@@ -287,10 +287,18 @@ static void apply_view(qr_worker *w, const uint8_t *meta, uint32_t len) {
     }
 }
 
+static void link_connect(ps_link *l);
+
 /* A ps refused a HELLO as of an old view: ask ps 0 for the view, once at
- * a time, when its link is up. */
+ * a time, when its link is up. A link to ps 0 that is down is made again
+ * for it: nothing else may need ps 0 while the call waits (a push to the
+ * refusing ps alone), and ps 0 may be a new run, rolled back (its views
+ * number on, so every ps refuses this worker's old view): its HELLO's
+ * answer is how this worker learns of the rollback. */
 static void ask_view(qr_worker *w) {
     ps_link *l0 = &w->links[0];
+    if (w->view_wanted && l0->state == LINK_DOWN && qr__now_ns() >= l0->retry_at_ns)
+        link_connect(l0);
     if (!w->view_wanted || w->view_req || l0->state != LINK_UP) return;
     wk_request *r = wk_request_new(w, 0, QR_MSG_VIEW);
     if (!r) return;

@@ -27,7 +27,21 @@ ps 2 was SIGKILLed (its shard then written by ps 0, from its promoted
 copy): resumed from its final checkpoint, it ends with the digest of a
 run never stopped.
 
-Usage: test_replication_ckpt.py QUORUM_BINARY failover|kill_during|resume"""
+Case "both_lost": both copies of a shard lost together (docs/REPLICATION.md,
+"Both copies of a shard lost"): `quorum launch --ps 3 --workers 2
+--ps-replicas 2 --checkpoint-dir D --checkpoint-steps 200 --max-restarts 2`,
+async and then sync, ps 1 and ps 2 SIGKILLed together mid-run (shard 1's
+primary and backup), and once more in async with both SIGSTOPped (hung:
+launch kills them for the rollback): ps 0 says shard 1 lost both its copies and rolls back to the
+checkpoint of a step it wrote, launch restarts both, the run ends with
+exit 0 and exactly one rollback, every ps's last view is after the views
+of before (never back), and every backup's digest equals its primary's.
+Case "both_lost_abort": the same kill without --checkpoint-dir: the run
+aborts at once (not after restart-wait-ms) with a message naming shard 1
+and why.
+
+Usage: test_replication_ckpt.py QUORUM_BINARY
+failover|kill_during|resume|both_lost|both_lost_abort"""
 
 import os
 import random
@@ -39,7 +53,7 @@ import sys
 import tempfile
 import time
 
-from qrtest import Proc, ReplicaReport, last_json, launch_child_pid
+from qrtest import PS_COPIES, Proc, ReplicaReport, last_json, launch_child_pid
 
 quorum, case = sys.argv[1], sys.argv[2]
 DIGITS = ["--ps", "3", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
@@ -236,7 +250,110 @@ def resume_case():
         shutil.rmtree(d, ignore_errors=True)
 
 
-cases = {"failover": failover_case, "kill_during": kill_during_case, "resume": resume_case}
+BOTH_LOST = re.compile(r"\[ps 0 pid \d+\] warn: shard 1 has lost both its copies: ps 1 \(\S+\) "
+                       r"and ps 2 \(\S+\) are lost together \(dead or hung\), which no failover "
+                       r"covers: rolling back to (the checkpoint of step (\d+)|a fresh start)")
+
+
+def kill_both(args, ready, timeout=180, sig=signal.SIGKILL):
+    """A launch run with ps 1 and ps 2 sent `sig` together once ready()
+    holds (polled up to 120 s): (exit status, summary lines, stderr, the
+    seconds from the kill to the end, their pids)."""
+    p = Proc([quorum, "launch", "--json", "--quiet"] + args)
+    try:
+        pids = [launch_child_pid(p, "ps", k) for k in (1, 2)]
+        deadline = time.time() + 120
+        while not ready() and p.alive() and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(random.uniform(0, 0.05))
+        assert p.alive(), "the run ended before ps 1 and ps 2 were killed"
+        for pid in pids:
+            os.kill(pid, sig)
+        killed = time.time()
+        rc, out, err = p.wait(timeout)
+        return rc, out, err, time.time() - killed, pids
+    finally:
+        p.kill()
+
+
+def both_lost_case():
+    # SIGSTOP: both hung, found so after heartbeat-timeout-ms; launch
+    # kills them for the rollback (the run ps 0 lost, still there).
+    for mode, sig in (("async", signal.SIGKILL), ("sync", signal.SIGKILL),
+                      ("async", signal.SIGSTOP)):
+        d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
+        try:
+            args = ["--mode", mode, "--ps", "3", "--workers", "2", "--data", "digits",
+                    "--batch-size", "32", "--seed", "11", "--lr", "0.1", "--ps-replicas", "2",
+                    "--max-restarts", "2", "--steps", "6000", "--checkpoint-dir", d,
+                    "--checkpoint-steps", "200", "--restart-wait-ms", "20000"]
+            if mode == "sync":
+                args += ["--init-tokens", "0"]
+            if sig == signal.SIGSTOP:
+                args += ["--heartbeat-timeout-ms", "1500", "--heartbeat-ms", "200"]
+            rc, out, err, _, pids = kill_both(
+                args, lambda: sum(n.startswith("ckpt-") for n in os.listdir(d)) >= 2, sig=sig)
+            mode += "" if sig == signal.SIGKILL else " (SIGSTOP)"
+            assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-5000:])
+            s = last_json(out)
+            assert s["rollbacks"] == 1 and s["global_step"] >= 6000, (mode, s)
+            m = BOTH_LOST.search(err)
+            assert m and m[2], "%s: no rollback message\n%s" % (mode, err[-5000:])
+            step = int(m[2])
+            written = [int(w[2]) for w in WRITTEN.finditer(err, 0, m.start())]
+            assert step in written, (mode, step, written)
+            for k, pid in zip((1, 2), pids):
+                assert "quorum launch: ps %d (pid %d) is lost with a neighbour" % (k, pid) in err \
+                    and re.search(r"quorum launch: ps %d \(pid %d\) was killed by signal 9 "
+                                  r"\(Killed\); restarting it" % (k, pid), err), \
+                    "%s: ps %d not restarted for the rollback\n%s" % (mode, k, err[-5000:])
+            # every ps followed ps 0 to that checkpoint, both copies
+            for k in (1, 2):
+                assert re.search(r"\[ps %d pid \d+\] info: restored the copy of ps %d's shard: "
+                                 r".* \(global step %d\)" % (k, k - 1, step), err, re.S), \
+                    (mode, k, err[-5000:])
+            # views never go back: every ps's last view (its last line) is
+            # after every view of before the rollback (failovers, ps 0's
+            # line as its run ended)
+            last, earlier = {}, [int(v) for v in re.findall(
+                r"failed over in place, view (\d+)", err[:m.start()])]
+            for c in PS_COPIES.finditer(err):
+                if c[1] in last:
+                    earlier.append(int(last[c[1]][11]))
+                last[c[1]] = c
+            views = {int(c[11]) for c in last.values()}
+            assert sorted(last) == ["0", "1", "2"] and min(views) > max(earlier + [0]), \
+                (mode, views, earlier)
+            check_copies("\n".join(c[0] for c in last.values()), 3,
+                         "%s, after the rollback" % mode)
+            print("ok: %s: ps 1 and ps 2 lost together, shard 1's both copies: rolled back "
+                  "once to the checkpoint of step %d, both restarted, ended at step %d; views "
+                  "%s before, %s at the end; every backup equal to its primary" % (
+                      mode, step, s["global_step"], sorted(set(earlier)), sorted(views)))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    print("PASS: both_lost: both copies of shard 1 lost together roll the cluster back to the "
+          "last checkpoint, once, in async and sync mode, killed or stopped")
+
+
+def both_lost_abort_case():
+    started = time.time()
+    args = ["--mode", "async", "--ps", "3", "--workers", "2", "--data", "digits",
+            "--batch-size", "32", "--seed", "11", "--lr", "0.1", "--ps-replicas", "2",
+            "--max-restarts", "2", "--steps", "100000", "--restart-wait-ms", "30000"]
+    rc, out, err, took, _ = kill_both(args, lambda: time.time() - started > 1.5, timeout=120)
+    assert rc != 0, "launch exited 0 with both copies of shard 1 lost\n%s" % err[-5000:]
+    want = ("shard 1 has lost both its copies: ps 1 (unix:", "are lost together (dead or hung), "
+            "which no failover covers; without --checkpoint-dir there is no checkpoint to roll "
+            "the cluster back to: the run aborts")
+    assert all(w in err for w in want), err[-5000:]
+    assert took < 20, "the abort took %.1f s after the kill (restart-wait-ms 30 s)" % took
+    print("PASS: both_lost_abort: without --checkpoint-dir the run aborted %.1f s after the "
+          "kill, exit %d, naming shard 1 and why" % (took, rc))
+
+
+cases = {"failover": failover_case, "kill_during": kill_during_case, "resume": resume_case,
+         "both_lost": both_lost_case, "both_lost_abort": both_lost_abort_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
