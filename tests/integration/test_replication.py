@@ -494,6 +494,14 @@ def check_counts(err, nps, failed, what):
     return report.resent, duplicates, report.stall
 
 
+class KilledBeforeMet(Exception):
+    """The victim died before ps 0's link had ever reached it (the first
+    moments of a run, slower under load): ps 0 then waits for it as for a
+    ps not started yet, a restart and not a failover (docs/REPLICATION.md,
+    "Failover in place"); nothing was trained. A test that draws its
+    moment at random draws again."""
+
+
 def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     pid = launch_child_pid(p, "ps", victim)
@@ -504,6 +512,11 @@ def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
     if then:
         then(pid)
     rc, out, err = p.wait(300)
+    met = re.search(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % victim, err,
+                    re.MULTILINE)
+    if rc != 0 and not met:
+        raise KilledBeforeMet("ps %d signalled at %.2f s, before ps 0 linked to it" %
+                              (victim, after))
     assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
     assert "quorum launch: ps %d (pid %d) was failed over by ps 0 (view 1)" % (victim, pid) \
         in err, err[-3000:]
@@ -561,9 +574,17 @@ def failover_loop_case(runs=5):
         # (12000 steps: about 4 s of training here, so that a kill drawn
         # up to 1.5 s in lands while the workers still push; at 4000 a run
         # once ended first and nothing was failed over)
-        victim, after = 1 + i % 2, rng.uniform(0.3, 1.5)  # ps 2's copy is on ps 0
-        s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "12000", "--ps-replicas", "2"],
-                                         victim, signal.SIGKILL, after)
+        victim = 1 + i % 2  # ps 2's copy is on ps 0
+        for _ in range(3):
+            after = rng.uniform(0.3, 1.5)
+            try:
+                s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "12000", "--ps-replicas",
+                                                           "2"], victim, signal.SIGKILL, after)
+                break
+            except KilledBeforeMet as e:
+                print("again: %s" % e)
+        else:
+            raise AssertionError("three kills in a row came before ps 0 linked to the victim")
         assert s["rollbacks"] == 0 and s["global_step"] >= 12000, s
         r, d, stall = check_counts(err, 3, victim, "run %d, ps %d killed at %.2f s" % (
             i + 1, victim, after))
@@ -601,9 +622,16 @@ def sync_failover_loop_case(runs=6):
         what, extra = kinds[i % len(kinds)]
         nps = int(extra[1])
         victim = 1 + i % (nps - 1)  # ps 2's copy, and ps 1's of 2, are on ps 0
-        after = rng.uniform(0.1, 2.5)
-        s, err, pid, _ = launch_and_signal(base + extra, victim, signal.SIGKILL, after,
-                                           mode="sync")
+        for _ in range(3):
+            after = rng.uniform(0.1, 2.5)
+            try:
+                s, err, pid, _ = launch_and_signal(base + extra, victim, signal.SIGKILL, after,
+                                                   mode="sync")
+                break
+            except KilledBeforeMet as e:
+                print("again: %s" % e)
+        else:
+            raise AssertionError("three kills in a row came before ps 0 linked to the victim")
         assert s["rollbacks"] == 0 and s["global_step"] == 3000, s
         assert s["params_digest"] == whole[what], "run %d (%s), ps %d killed at %.2f s: " \
             "digest %s, unkilled %s\n%s" % (i + 1, what, victim, after, s["params_digest"],
