@@ -406,6 +406,10 @@ static void read_notices(child *kids, const launch_plan *plan) {
              * moment ago for its failover: that one restores the
              * checkpoint as a restart would. */
             uint64_t age_ms = qr__now_ns() / 1000000 - c->started_ms;
+            /* Exited after its failover and left unreplaced (sync mode, or
+             * no restart left: rejoin), before this notice came: the
+             * rollback needs it all the same (the loop restarts it). */
+            if (c->exited) c->reported = false;
             bool kill_it = !c->exited &&
                            (c->failed_over || age_ms >= (uint64_t)plan->heartbeat_timeout_ms);
             fprintf(stderr, "quorum launch: %s (pid %d) is lost with a neighbour, both copies of "
