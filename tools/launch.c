@@ -417,6 +417,9 @@ static void read_notices(child *kids, const launch_plan *plan) {
                     "%s is restarted once it has exited (--max-restarts)%s\n", c->name,
                     (int)c->pid, c->name, kill_it ? "; killing it (hung or cut off)" : "");
             if (kill_it) kill(c->pid, SIGKILL);
+            /* A replacement started a moment ago takes part in the rollback
+             * as it runs: nothing to restart once it ends (with the run). */
+            if (!c->exited && !kill_it) c->rollback = false;
             continue;
         }
         if (sscanf(line, "rejoined ps %d %llu", &index, &view) == 2) {
