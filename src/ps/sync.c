@@ -36,6 +36,11 @@
  * promoted copy is a second shard of this ps, with its own pushes, held
  * answers and step (sync_push.copy, held_pull.copy, replica.copy_steps).
  *
+ * A push sent again after a lost connection (ps 0 closed a worker it
+ * declared hung, or a failover) that the shard keeps for its step
+ * already, or that was a member of the step last applied to it, is
+ * answered as the original and not kept twice (qr__sync_take_resent).
+ *
  * A non-trainable variable (trainable=false, a module's buffer) takes no
  * gradient: the members that pushed it pushed values, and their mean (over
  * those members only; one member's: its value) is assigned.
