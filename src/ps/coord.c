@@ -520,9 +520,13 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
     char msg[512];
     int status = QR_OK;
     bool known = qr__is_worker(worker, s->N);
-    bool twice = false;
+    bool twice = false, queued = false;
     for (int i = 0; i < s->nquorum; i++)
         twice |= s->quorum[i].worker == worker && s->quorum[i].seq == seq;
+    /* Counted and still queued: its connection is not lost, so this is
+     * not a push sent again after that (below), but a second one. */
+    for (const token_waiter *o = s->waiters; twice && o; o = o->next)
+        queued |= o->member && o->worker == worker && o->seq == seq;
     if (s->aborted) {
         status = QR_EABORTED;
         snprintf(msg, sizeof msg, "%s", s->abort_msg);
@@ -533,6 +537,9 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
         status = QR_EINVAL;
         snprintf(msg, sizeof msg, "COMMIT: worker %u, step %lld: %s", worker,
                  (long long)local_step, !known ? "no such worker" : "that step has not started");
+    } else if (queued) {
+        status = QR_EINVAL;
+        snprintf(msg, sizeof msg, "COMMIT: this push was committed already");
     }
     /* The worker's place in the token queue, fresh or stale alike. */
     token_waiter *w = NULL;
@@ -553,6 +560,9 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
     for (int i = 0; lockstep(s) && i < s->nquorum; i++) again |= s->quorum[i].worker == worker;
     bool stale = !twice && (local_step < ps->global_step || s->applying || again);
     w->committed = local_step;
+    w->member = !stale;
+    w->worker = worker;
+    w->seq = seq;
     if (held) {
         held->stale = stale;
         w->held = held;

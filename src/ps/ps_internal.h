@@ -298,6 +298,8 @@ typedef struct token_waiter {
     bool has_request; /* the TOKEN request has arrived: reply to req */
     qr_frame req;
     held_pull *held;  /* a held push's answer goes with the token */
+    bool member;      /* queued by (worker, seq), counted in the quorum */
+    uint32_t worker, seq;
 } token_waiter;
 
 typedef struct coord_link coord_link;
