@@ -520,9 +520,13 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
     char msg[512];
     int status = QR_OK;
     bool known = qr__is_worker(worker, s->N);
-    bool twice = false;
+    bool twice = false, queued = false;
     for (int i = 0; i < s->nquorum; i++)
         twice |= s->quorum[i].worker == worker && s->quorum[i].seq == seq;
+    /* Counted and still queued: its connection is not lost, so this is
+     * not a push sent again after that (below), but a second one. */
+    for (const token_waiter *o = s->waiters; twice && o; o = o->next)
+        queued |= o->member && o->worker == worker && o->seq == seq;
     if (s->aborted) {
         status = QR_EABORTED;
         snprintf(msg, sizeof msg, "%s", s->abort_msg);
@@ -533,7 +537,7 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
         status = QR_EINVAL;
         snprintf(msg, sizeof msg, "COMMIT: worker %u, step %lld: %s", worker,
                  (long long)local_step, !known ? "no such worker" : "that step has not started");
-    } else if (held && twice) { /* before its place: a held push's answer is its token */
+    } else if (queued) {
         status = QR_EINVAL;
         snprintf(msg, sizeof msg, "COMMIT: this push was committed already");
     }
@@ -554,8 +558,11 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
      * worker's restart, up to restart-wait-ms. */
     bool again = false;
     for (int i = 0; lockstep(s) && i < s->nquorum; i++) again |= s->quorum[i].worker == worker;
-    bool stale = local_step < ps->global_step || s->applying || (again && !twice);
+    bool stale = !twice && (local_step < ps->global_step || s->applying || again);
     w->committed = local_step;
+    w->member = !stale;
+    w->worker = worker;
+    w->seq = seq;
     if (held) {
         held->stale = stale;
         w->held = held;
@@ -579,7 +586,13 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
         return;
     }
     if (twice) {
-        qr__peer_reply_error(p, f, QR_EINVAL, "COMMIT: this push was committed already");
+        /* Sent again after its connection was lost (ps 0 closed it: a
+         * worker declared hung), which took its place in the token queue
+         * (qr__coord_peer_lost): the place is back, the push not counted
+         * again, and the answer is the original's. */
+        ps->replica.duplicate_pushes += !held; /* (a held one was counted as it came) */
+        if (!held) qr__peer_reply_step(p, f, ps->global_step);
+        serve_waiters(ps);
         return;
     }
     s->quorum[s->nquorum++] = (quorum_member){worker, seq, m->data_pos};
@@ -692,7 +705,8 @@ void qr__coord_held_push(ps_peer *p, const qr_frame *f) {
     for (const token_waiter *w = s->waiters; w; w = w->next) held += w->peer == p;
     for (const held_commit *c = s->commits; c; c = c->next) held += c->own && c->own->peer == p;
     char msg[512];
-    int rc;
+    int rc = QR_OK;
+    bool applied = false, resent = false;
     if (held >= PEER_MAX_WAITS) {
         qr__grad_check_finish(&p->check, f->payload_len);
         qr__sync_push_free(ps, p->incoming);
@@ -700,8 +714,32 @@ void qr__coord_held_push(ps_peer *p, const qr_frame *f) {
         rc = QR_EINVAL;
         snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
                  "waiting for their token already (at most %d)", ps->name, held, PEER_MAX_WAITS);
-    } else {
+    } else if (!(resent = qr__sync_take_resent(p, f, &applied))) {
         rc = qr__sync_push_keep(p, f, msg, sizeof msg);
+    }
+    /* A push sent again after its connection was lost (ps 0 closed it:
+     * a worker declared hung) is answered as the original: a member of
+     * the quorum under way gets its place in the token queue back; one of
+     * the step just done, its answer now with that step's token (the
+     * original's answer, lost with the connection, took one); one not
+     * counted yet waits for what the others said of it (held_commit). */
+    bool counted = false;
+    for (int i = 0; i < s->nquorum && !rc; i++)
+        counted |= s->quorum[i].worker == worker && s->quorum[i].seq == seq;
+    counted &= local_step == ps->global_step;
+    if (counted || applied) {
+        ps->replica.duplicate_pushes += !resent; /* (nothing of it kept here to find) */
+        held_pull *h = qr__held_new(p, f, worker, seq, local_step, p->items, p->nitems);
+        if (!h) {
+            qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
+        } else if (counted) {
+            qr_msg_commit m = {.worker = worker, .seq = seq, .local_step = local_step,
+                               .data_pos = p->push_data_pos};
+            commit(ps, p, f, &m, h);
+        } else {
+            qr__held_answer(h, ps->global_step);
+        }
+        return;
     }
     held_commit *c = find_commit(ps, worker, seq, !rc || rc == QR_ESTALE);
     held_pull *h = NULL;
@@ -841,10 +879,15 @@ void qr__coord_peer_lost(ps_peer *p) {
             link = &w->next;
         }
     }
-    for (held_commit *c = s->commits, *next; c; c = next) {
-        next = c->next;
-        if (c->own && c->own->peer == p) drop_commit(s, c);
-    }
+    /* A held push not counted yet loses its answer, but keeps what the
+     * other ps tasks said of it: sent again (qr__coord_held_push), it is
+     * counted without their HELD, which they do not repeat; never sent
+     * again, it goes when its step is over (judge_commits). */
+    for (held_commit *c = s->commits; c; c = c->next)
+        if (c->own && c->own->peer == p) {
+            free(c->own);
+            c->own = NULL;
+        }
     serve_waiters(ps);
     if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
     int w = p->worker_index;

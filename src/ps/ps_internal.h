@@ -298,6 +298,8 @@ typedef struct token_waiter {
     bool has_request; /* the TOKEN request has arrived: reply to req */
     qr_frame req;
     held_pull *held;  /* a held push's answer goes with the token */
+    bool member;      /* queued by (worker, seq), counted in the quorum */
+    uint32_t worker, seq;
 } token_waiter;
 
 typedef struct coord_link coord_link;
@@ -357,11 +359,12 @@ typedef struct ps_sync {
     int nsources, sources_cap;
     uint64_t stale_pushes; /* dropped here as stale */
     held_pull *held;     /* ps k: held pushes' answers, waiting for their step */
-    /* ps-replicas 2: the members of the last step applied to this ps's
-     * copy of ps `primary`'s shard (a push of theirs resent to it after a
-     * failover is answered as applied, not as stale) */
-    quorum_member *copy_members;
-    int ncopy_members, copy_members_cap;
+    /* The members of the last step applied to this ps's own shard and
+     * (ps-replicas 2) to its copy of ps `primary`'s: a push of theirs
+     * resent (after a lost connection, or a failover) is answered as
+     * applied, not as stale (qr__sync_take_resent) */
+    quorum_member *own_members, *copy_members;
+    int nown_members, own_members_cap, ncopy_members, copy_members_cap;
 
 
     /* ps 0 only */
@@ -805,6 +808,11 @@ void qr__sync_free(qr_ps *ps);
 int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_t seq,
                          int64_t local_step);
 void qr__sync_push_message(ps_peer *p, const qr_frame *f);
+/* A sync push resent (same worker, seq, step) that the shard it came for
+ * keeps already for its step, or that was a member of the step last
+ * applied to it (*applied): dropped here (not kept twice), counted in
+ * duplicate_pushes; the caller answers it as the original. false: a new one. */
+bool qr__sync_take_resent(ps_peer *p, const qr_frame *f, bool *applied);
 /* The synchronous push just received, checked and kept for its step:
  * QR_OK, QR_ESTALE (stale here: dropped) or a refusal (dropped); msg
  * says why. Nothing is answered. */

@@ -36,6 +36,11 @@
  * promoted copy is a second shard of this ps, with its own pushes, held
  * answers and step (sync_push.copy, held_pull.copy, replica.copy_steps).
  *
+ * A push sent again after a lost connection (ps 0 closed a worker it
+ * declared hung, or a failover) that the shard keeps for its step
+ * already, or that was a member of the step last applied to it, is
+ * answered as the original and not kept twice (qr__sync_take_resent).
+ *
  * A non-trainable variable (trainable=false, a module's buffer) takes no
  * gradient: the members that pushed it pushed values, and their mean (over
  * those members only; one member's: its value) is assigned.
@@ -91,6 +96,7 @@ void qr__sync_free(qr_ps *ps) {
     free(s->tokens);
     free(s->links);
     free(s->in_quorum);
+    free(s->own_members);
     free(s->copy_members);
     free(s->shard_applied);
     free(s->stale_by_worker);
@@ -293,18 +299,31 @@ static void held_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
     free(t);
 }
 
-/* A promoted copy (ps-replicas 2): a push resent to it after a failover
- * that its old primary had forwarded (held here already), or that was a
- * member of the last step applied to the copy. *applied: the latter. */
-static bool resent_to_copy(qr_ps *ps, const sync_push *in, bool *applied) {
+/* A push resent to a shard (the worker's connection was lost before its
+ * answer: a ps that closed it, say a worker declared hung, or a failover
+ * that promoted this copy): one it keeps for its step already (its old
+ * primary forwarded it, on a copy), or a member of the step last applied
+ * to the shard (*applied). */
+static bool resent(qr_ps *ps, const sync_push *in, bool copy, bool *applied) {
     ps_sync *s = &ps->sync;
     *applied = false;
-    if (find_pending(s, in->worker, in->seq, true)) return true;
-    if (in->local_step != ps->replica.copy_steps - 1) return false;
-    for (int m = 0; m < s->ncopy_members; m++)
-        if (s->copy_members[m].worker == in->worker && s->copy_members[m].seq == in->seq)
-            return *applied = true;
+    const sync_push *kept = find_pending(s, in->worker, in->seq, copy);
+    if (kept) return kept->local_step == in->local_step;
+    if (in->local_step != *shard_step(ps, copy) - 1) return false;
+    const quorum_member *members = copy ? s->copy_members : s->own_members;
+    int n = copy ? s->ncopy_members : s->nown_members;
+    for (int m = 0; m < n; m++)
+        if (members[m].worker == in->worker && members[m].seq == in->seq) return *applied = true;
     return false;
+}
+
+bool qr__sync_take_resent(ps_peer *p, const qr_frame *f, bool *applied) {
+    if (!resent(p->ps, p->incoming, p->promoted_shard, applied)) return false;
+    qr__grad_check_finish(&p->check, f->payload_len);
+    qr__sync_push_free(p->ps, p->incoming);
+    p->incoming = NULL;
+    p->ps->replica.duplicate_pushes++;
+    return true;
 }
 
 void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
@@ -324,13 +343,10 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
         snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
                  "waiting for their step already (at most %d)", ps->name, PEER_MAX_WAITS,
                  PEER_MAX_WAITS);
-    } else if (copy && resent_to_copy(ps, in, &applied)) {
-        /* Kept once: answered as any held push (or at once if applied). */
-        qr__grad_check_finish(&p->check, f->payload_len);
-        qr__sync_push_free(ps, p->incoming);
-        p->incoming = NULL;
+    } else if (qr__sync_take_resent(p, f, &applied)) {
+        /* Kept once: answered as any held push (or at once if applied); a
+         * non-held one as kept, once the backup has what was forwarded. */
         rc = QR_OK;
-        ps->replica.duplicate_pushes++;
     } else {
         rc = qr__sync_push_keep(p, f, msg, sizeof msg);
     }
@@ -638,16 +654,19 @@ static int apply_shard(qr_ps *ps, bool copy, int64_t step, const quorum_member *
         }
     }
     *now = step + 1;
+    quorum_member **last = copy ? &s->copy_members : &s->own_members;
+    int *nlast = copy ? &s->ncopy_members : &s->nown_members;
+    int *cap = copy ? &s->copy_members_cap : &s->own_members_cap;
+    if (n > *cap) {
+        quorum_member *grown = realloc(*last, (size_t)n * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
+        *last = grown;
+        *cap = n;
+    }
+    memcpy(*last, members, (size_t)n * sizeof *members);
+    *nlast = n;
     if (copy) {
         ps->replica.copy_pushes += (uint64_t)n;
-        if (n > s->copy_members_cap) {
-            quorum_member *grown = realloc(s->copy_members, (size_t)n * sizeof *grown);
-            if (!grown) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
-            s->copy_members = grown;
-            s->copy_members_cap = n;
-        }
-        memcpy(s->copy_members, members, (size_t)n * sizeof *members);
-        s->ncopy_members = n;
         answer_held(ps, step, true); /* a promoted copy has no backup to wait for */
         return QR_OK;
     }

@@ -41,6 +41,11 @@ Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 1 or ps 2 (whose
 copy is on ps 0) SIGKILLed at a random moment of six runs (3 ps: SGD,
 Adam, three round trips; 2 ps: Adam): exit 0, no rollback, the
 params_digest of the same run unkilled; ps 1 SIGSTOPped (hung) the same.
+Case "sync_worker_stop": sync, R = N, --init-tokens 0: workers 2 then 1
+SIGSTOPped past heartbeat-timeout-ms while worker 1's push-and-pull waits on
+ps 0 (2 ps, 3 ps, and three round trips): ps 0 closes their connections,
+worker 1 sends its push again; ps 0 answers it as the original (a
+duplicate, not "pushed twice"): exit 0, the params_digest of the run unpaused.
 Case "rerep": ps 1 killed under `launch --max-restarts 1 --ps-replicas 2`:
 its replacement joins as the backup of shards 1 and 0 (re-replication
 while training goes on); at the end every shard has two copies with
@@ -54,7 +59,7 @@ a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|rerep|rerep_second|rerep_killed|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_rate"""
 
 import json
 import os
@@ -659,6 +664,63 @@ def sync_failover_loop_case(runs=6):
           "unkilled run in each" % runs)
 
 
+def sync_worker_stop_case():
+    """Sync, R = N, --init-tokens 0, two copies: worker 1 SIGSTOPped past
+    heartbeat-timeout-ms while its push-and-pull waits on ps 0 (worker 2
+    stopped 0.3 s before it, so that the step cannot complete meanwhile):
+    ps 0 declares both hung and closes their connections; resumed, worker 1
+    sends its push again to ps 0, which keeps it already: answered as the
+    original (a duplicate), not refused as pushed twice. The run ends with
+    the params_digest of the same run unpaused."""
+    base = ["--workers", "3", "--init-tokens", "0", "--data", "digits", "--batch-size", "32",
+            "--seed", "11", "--steps", "4000", "--ps-replicas", "2", "--heartbeat-ms", "200",
+            "--heartbeat-timeout-ms", "1000", "--sync-timeout-ms", "60000"]
+    # Three round trips (--overlap on): the push and the commit are answered
+    # at once, so what waits on ps 0 is the TOKEN request, sent again as
+    # any request is: no push resent, but the run must go on all the same.
+    kinds = [("sgd, 2 ps", ["--ps", "2", "--lr", "0.1"], True),
+             ("sgd, 3 ps", ["--ps", "3", "--lr", "0.1"], True),
+             ("sgd, 2 ps, three round trips", ["--ps", "2", "--lr", "0.1", "--overlap", "on"],
+              False)]
+    for what, extra, held in kinds:
+        whole = launch(base + extra, mode="sync")[0]["params_digest"]
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync"] + base + extra)
+        stopped = []
+        try:
+            stopped = [launch_child_pid(p, "worker", 2), launch_child_pid(p, "worker", 1)]
+            time.sleep(1.5)
+            assert p.alive(), "%s: the run ended before the stop" % what
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.3)
+            time.sleep(1.7)  # worker 1 silent 2 s: past heartbeat-timeout-ms
+        except BaseException:
+            p.kill()
+            raise
+        finally:
+            for pid in stopped:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+        rc, out, err = p.wait(timeout=240)
+        assert rc == 0, "%s: launch exited %d\n%s" % (what, rc, err[-4000:])
+        s = last_json(out)
+        assert "worker 1 sent no heartbeat" in err and "its connections closed" in err, \
+            "%s: worker 1 was not declared hung\n%s" % (what, err[-3000:])
+        assert "pushed twice" not in err and "held already" not in err, err[-3000:]
+        resent = sum(int(n) for n in re.findall(r"resent after a lost connection: (\d+)", err))
+        duplicates = sum(int(n) for n in re.findall(r"(\d+) duplicate pushes", err))
+        assert not held or (resent >= 1 and duplicates >= 1), "%s: %d resent, %d duplicates\n%s" % (
+            what, resent, duplicates, err[-3000:])
+        assert s["global_step"] == 4000 and s["rollbacks"] == 0, (what, s)
+        assert s["params_digest"] == whole, "%s: digest %s, unpaused %s\n%s" % (
+            what, s["params_digest"], whole, err[-3000:])
+        print("ok: %s: workers 2 and 1 declared hung, %d push(es) resent, %d answered as "
+              "duplicates, params_digest %s as unpaused" % (what, resent, duplicates, whole))
+    print("PASS: sync_worker_stop")
+
+
 def check_rereplicated(err, nps, gone, what):
     """Every shard has two copies on the ps still running (none on the
     `gone` ps), their digests equal, and each copy applied the pushes
@@ -848,7 +910,8 @@ def rerep_rate_case():
 cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
          "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
-         "sync_failover_loop": sync_failover_loop_case, "rerep": rerep_case,
+         "sync_failover_loop": sync_failover_loop_case,
+         "sync_worker_stop": sync_worker_stop_case, "rerep": rerep_case,
          "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,
          "rerep_rate": rerep_rate_case}
 if case not in cases:
