@@ -633,8 +633,9 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
     uint64_t next_report = start + WK_WAIT_REPORT_NS;
     /* The loop runs only inside calls: before a push, first take in what
      * happened while the caller was computing (a ps that closed its end,
-     * say), so that it is not sent on a connection already gone: a push is
-     * never repeated (it may have been applied). Other requests are, after
+     * say), so that it is not sent on a connection already gone: an async
+     * push with one copy is never repeated (it may have been applied; see
+     * `again` below for the pushes that are). Other requests are, after
      * a lost connection, so they skip this look (a system call on every
      * small round trip). */
     bool pushes = false;
@@ -653,8 +654,14 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
              * connection; a push may have been applied, so it is not,
              * but with two copies of every shard (--ps-replicas 2): the
              * copy that applied it answers it without applying it again,
-             * wherever it is sent (docs/REPLICATION.md). */
-            bool again = r->type != QR_MSG_PUSH || w->replicas > 1;
+             * wherever it is sent (docs/REPLICATION.md). A sync push is
+             * sent again with one copy too: the ps that keeps it for its
+             * step, or has just applied it, knows it by (worker, seq,
+             * step) and answers it as the original (sync.c resent()); a
+             * paused worker whose connections ps 0 closed would otherwise
+             * leave its step without its gradient until sync-timeout-ms. */
+            bool again = r->type != QR_MSG_PUSH || w->replicas > 1 ||
+                         (r->flags & QR_PUSH_SYNC);
             if (r->done && r->status == QR_EPEERLOST && again &&
                 r->retries < (w->replicas > 1 ? 8 : 3) && now < dl) {
                 if (r->type == QR_MSG_PUSH) w->pushes_resent++;
