@@ -11,8 +11,8 @@ steps only, start-up and the test pass left out), the test accuracy, and
 the peak resident memory (VmHWM) of each ps task, sampled from /proc while
 the run goes on: with two copies a ps holds its shard and its neighbour's.
 
---mode sync is tried the same way; while `--ps-replicas 2` with sync is
-refused (not built yet), its rounds are skipped with launch's message.
+--mode sync runs the same way (`--init-tokens 0`); a launch that refuses
+a combination has its rounds skipped with launch's message.
 
     python3 bench/python/bench_replicas.py [--quick] [--json PATH]
         [--rounds R] [--steps N] [--mode async|sync|both] [--ps P]
