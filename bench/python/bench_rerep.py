@@ -61,6 +61,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_env import quorum_binary  # noqa: E402
 from benchlib import free_port  # noqa: E402
 
+# The loopback connect with retries that the integration tests use (as
+# scripts/soak.py takes their log parser).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "integration"))
+import qrtest  # noqa: E402
+
 GOAL = 0.5
 MAGIC, VERSION, ALIGN = 0x4D525551, 3, 64  # src/wire/proto.h
 HELLO, CREATE, READY, PUSH = 1, 2, 3, 4
@@ -125,16 +131,11 @@ def request(s: socket.socket, mtype: int, rid: int, meta: bytes = b"", payload_l
 
 
 def connect(port: int, timeout: float = 30.0) -> socket.socket:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=600)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return s
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.05)
+    """qrtest's connect, then a long timeout: a 1 GiB shard's requests
+    take more than the connect's."""
+    s: socket.socket = qrtest.connect(port, timeout)
+    s.settimeout(600)
+    return s
 
 
 def worker_hello(port: int, shard: int, view: int) -> socket.socket:
