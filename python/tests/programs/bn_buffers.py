@@ -15,6 +15,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
+import quorum
 import quorum.torch as qt
 
 FEATURES, CLASSES = 6, 3
@@ -71,7 +72,15 @@ if __name__ == "__main__":
               "state": {k: v.clone() for k, v in net.state_dict().items()},
               "accuracy": accuracy(net, tx, ty)}
     if rank == 0:
-        result["checkpoint_step"] = opt.checkpoint()
+        # An async checkpoint whose cut a slow push held up past its wait
+        # is given up ("no checkpoint rather than a torn one"): ask again.
+        for attempt in range(3):
+            try:
+                result["checkpoint_step"] = opt.checkpoint()
+                break
+            except quorum.QuorumError as e:
+                if attempt == 2 or "was not written" not in str(e):
+                    raise
     torch.save(result, "%s.%d.pt.part" % (out, rank))
     os.rename("%s.%d.pt.part" % (out, rank), "%s.%d.pt" % (out, rank))
     # The others finish after the chief's checkpoint: in sync mode the run
