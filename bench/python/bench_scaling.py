@@ -17,6 +17,8 @@ model's variables partitioned over them (--partition-min-mb), each round runs, i
             DDP's figure is the baseline of both), on synthetic 28x28 IDX
             data written for the run
   c_async   the same, --mode async (W x --steps global steps: --steps each)
+  qt_sync_ov  (only when --modes names it) qt_sync with
+            Optimizer(overlap=True): the pull lands under the next forward
 
 and reports each figure's median over the rounds (examples/s summed over
 the workers, their training loop timed by themselves) and its ratio to
@@ -62,7 +64,8 @@ import step_model  # noqa: E402
 from benchlib import LIVE, CpuSampler, free_port, kill_group, run_all  # noqa: E402
 
 BENCH_TORCH = os.path.join(HERE, "bench_torch.py")
-MODES = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async")
+MODES = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async", "qt_sync_ov")
+DEFAULT_MODES = MODES[:5]  # qt_sync_ov on request (--modes): one more torch start per count
 
 
 def worker_reports(out: str) -> List[Dict[str, Any]]:
@@ -143,8 +146,10 @@ class Bench:
             reports = [r for o in outs for r in worker_reports(o)]
             rate = float(sum(r["samples_per_s"] for r in reports))
         elif mode.startswith("qt_"):
-            reports = worker_reports(self.launch(mode[3:], workers, ps, ["--"] + self.torch_worker(
-                "--quorum-worker", str(a.steps), "float32"), cpu))
+            overlap = ["--worker-overlap", "on"] if mode == "qt_sync_ov" else []
+            reports = worker_reports(self.launch(mode.split("_")[1], workers, ps, ["--"] +
+                                                 self.torch_worker("--quorum-worker", str(a.steps),
+                                                                   "float32", *overlap), cpu))
             rate = float(sum(r["samples_per_s"] for r in reports))
         else:
             sync = mode == "c_sync"
@@ -230,7 +235,7 @@ def print_tables(doc: Dict[str, Any]) -> None:
     modes = [m for m in MODES if m in cfg["modes"]]
     med = {(p["workers"], p["mode"]): p for p in doc["points"]}
     names = {"ddp": "DDP", "qt_sync": "quorum.torch sync", "qt_async": "async",
-             "c_sync": "C trainer sync", "c_async": "async"}
+             "c_sync": "C trainer sync", "c_async": "async", "qt_sync_ov": "qt sync overlap"}
     print("| workers (ps) | " + " | ".join(names[m] for m in modes) + " |")
     print("|---" * (len(modes) + 1) + "|")
     for w, ps in cfg["counts"]:
@@ -296,7 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--c-overlap", choices=["auto", "on", "off"], default="auto",
                     help="the C trainer's --overlap (default auto: on where the tasks leave a "
                     "core spare)")
-    ap.add_argument("--modes", default=",".join(MODES), help="of %s" % ",".join(MODES))
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help="of %s (default all but qt_sync_ov)" % ",".join(MODES))
     ap.add_argument("--timeout", type=float, default=180, help="seconds a run may take "
                     "(default 180)")
     ap.add_argument("--json", metavar="PATH", help="write the run's JSON here too (after "

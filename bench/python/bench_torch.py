@@ -54,7 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import ctypes
 
@@ -295,11 +295,12 @@ def report_training(model: torch.nn.Module, opt: Any, rank: int, steps: int) -> 
     sys.stdout.flush()
 
 
-def worker_quorum(steps: int, wire_dtype: str) -> None:
-    """Run by `quorum launch` once per worker: sync SGD."""
+def worker_quorum(steps: int, wire_dtype: str, overlap: Optional[bool] = None) -> None:
+    """Run by `quorum launch` once per worker: SGD in the launch's mode,
+    overlap as asked (None: quorum.torch's default)."""
     torch.set_num_threads(1)
     model = mlp()
-    opt = qt.Optimizer(model, "SGD", lr=0.01, wire_dtype=wire_dtype)
+    opt = qt.Optimizer(model, "SGD", lr=0.01, wire_dtype=wire_dtype, overlap=overlap)
     report_training(model, opt, qt.worker_rank()[0], steps)
     opt.close()
 
@@ -524,13 +525,16 @@ def main() -> None:
     ap.add_argument("--ddp-worker", nargs=4, type=int, metavar="N", help=argparse.SUPPRESS)
     ap.add_argument("--script-worker", metavar="SCRIPT", help=argparse.SUPPRESS)
     ap.add_argument("--alone-worker", type=int, metavar="STEPS", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-overlap", choices=["default", "on", "off"], default="default",
+                    help=argparse.SUPPRESS)  # a --quorum-worker's Optimizer(overlap=...)
     a = ap.parse_args()
     if a.batch < 1 or a.workers < 1 or a.ps < 1 or a.steps < 1 or a.rounds < 1:
         ap.error("--batch, --workers, --ps, --steps and --rounds must be at least 1 (got %d, %d, "
                  "%d, %d, %d)" % (a.batch, a.workers, a.ps, a.steps, a.rounds))
     BATCH = a.batch
     if a.quorum_worker is not None:
-        return worker_quorum(int(a.quorum_worker[0]), a.quorum_worker[1])
+        overlap = {"default": None, "on": True, "off": False}[a.worker_overlap]
+        return worker_quorum(int(a.quorum_worker[0]), a.quorum_worker[1], overlap)
     if a.alone_worker is not None:
         return worker_alone(a.alone_worker)
     if a.ddp_worker is not None:

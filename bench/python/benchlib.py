@@ -85,12 +85,15 @@ class CpuSampler:
                     continue
                 cpu = (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
                 pid = int(name)
-                if pid not in self.seen:
-                    with open("/proc/%s/cmdline" % name) as f:
-                        argv = f.read().split("\0")
-                    self.seen[pid] = (task_role(argv), cpu)
-                else:
-                    self.seen[pid] = (self.seen[pid][0], cpu)
+                # The role is read again at every sample: a process caught
+                # between its fork and its exec still shows its parent's
+                # argv (the benchmark's Python), which task_role takes
+                # for a worker.
+                # (A zombie's argv is empty: it keeps the role it had.)
+                with open("/proc/%s/cmdline" % name) as f:
+                    argv = f.read().split("\0")
+                role = task_role(argv) if argv[0] or pid not in self.seen else self.seen[pid][0]
+                self.seen[pid] = (role, cpu)
             except (OSError, ValueError, IndexError):
                 continue  # ended between listdir and read
         totals: Dict[str, float] = {}

@@ -201,23 +201,47 @@ MODES = {"qt_sync": ("torch", True), "qt_async": ("torch", False),
 
 
 def predict_point(doc: Dict[str, Any], mode: str, workers: int, ps: int,
-                  sync_rtts: int, overlap: bool = False) -> Dict[str, float]:
+                  sync_rtts: int, overlap: bool = False,
+                  compute: Optional[float] = None) -> Dict[str, float]:
     """The model's figure for one point of a bench_scaling.py run, from the
-    parameters the run measured (doc["params"])."""
+    parameters the run measured (doc["params"]); `compute` replaces the
+    compute measured alone."""
     kind, sync = MODES[mode]
     p = doc["params"]
     variables = mlp_variables(doc["config"]["mlp_dims"])
     s = Step(model_bytes=float(sum(v for v, _ in variables)), workers=workers, ps=ps,
              bandwidth=p["bandwidth"], rtt=p["rtt_s"], apply_rate=p["apply_rate"],
-             compute=p["compute_s"][kind], batch=doc["config"]["batch"][kind],
+             compute=p["compute_s"][kind] if compute is None else compute,
+             batch=doc["config"]["batch"][kind],
              busiest=busiest_fraction(variables, ps, doc["config"]["partition_min_mb"]),
              sync_rtts=sync_rtts, overlap=overlap)
     return sync_step(s) if sync else async_step(s)
 
 
+def compute_in_run(doc: Dict[str, Any], pt: Dict[str, Any]) -> Optional[float]:
+    """A worker's compute per step as the run itself measured it, where the
+    workers timed their optimizer's step (torch modes, --profile): the
+    step's time (workers x batch / examples/s) less the share spent in
+    step(). On a machine whose workers share cores, caches and memory
+    bandwidth this is slower than the compute measured alone, and the
+    difference is no communication's."""
+    shares = [r["wait_share"] for r in pt.get("profile", [])
+              if r.get("wait_share") is not None]
+    if not shares or not pt.get("examples_per_s"):
+        return None
+    shares.sort()
+    wait = shares[len(shares) // 2] if len(shares) % 2 else \
+        0.5 * (shares[len(shares) // 2 - 1] + shares[len(shares) // 2])
+    batch = doc["config"]["batch"][MODES[pt["mode"]][0]]
+    return float(pt["workers"] * batch / pt["examples_per_s"] * (1.0 - wait))
+
+
 def compare(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Every measured point of a bench_scaling.py run beside the model's
-    prediction (3 and 1 round trips for sync)."""
+    prediction (3 and 1 round trips for sync), and, where the run measured
+    its workers' compute (compute_in_run), the prediction from that compute:
+    what is left between it and the measurement is the model's
+    communication and waiting, with the machine's sharing taken out."""
     rows = []
     for pt in doc["points"]:
         if pt["mode"] not in MODES or not pt.get("examples_per_s"):
@@ -225,23 +249,33 @@ def compare(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
         sync = MODES[pt["mode"]][1]
         p3 = predict_point(doc, pt["mode"], pt["workers"], pt["ps"], 3)
         p1 = predict_point(doc, pt["mode"], pt["workers"], pt["ps"], 1) if sync else p3
-        rows.append({"workers": pt["workers"], "ps": pt["ps"], "mode": pt["mode"],
-                     "measured": pt["examples_per_s"], "predicted_3rtt": p3["examples_per_s"],
-                     "predicted_1rtt": p1["examples_per_s"],
-                     "measured_over_predicted": pt["examples_per_s"] / p3["examples_per_s"],
-                     "bound": p3["bound"]})
+        row = {"workers": pt["workers"], "ps": pt["ps"], "mode": pt["mode"],
+               "measured": pt["examples_per_s"], "predicted_3rtt": p3["examples_per_s"],
+               "predicted_1rtt": p1["examples_per_s"],
+               "measured_over_predicted": pt["examples_per_s"] / p3["examples_per_s"],
+               "bound": p3["bound"]}
+        c = compute_in_run(doc, pt)
+        if c is not None:
+            pr = predict_point(doc, pt["mode"], pt["workers"], pt["ps"], 3, compute=c)
+            row.update(compute_in_run_s=c, predicted_in_run=pr["examples_per_s"],
+                       measured_over_in_run=pt["examples_per_s"] / pr["examples_per_s"])
+        rows.append(row)
     return rows
 
 
 def print_compare(rows: List[Dict[str, Any]], out: Any = sys.stdout) -> None:
     out.write("model vs measurement (examples/s; sync predicted with 3 round trips a step, "
-              "and 1)\n")
-    out.write("  %-8s %7s %3s %10s %12s %12s %9s  %s\n" % (
-        "mode", "workers", "ps", "measured", "model 3 RTT", "model 1 RTT", "meas/mod", "bound"))
+              "and 1; 'in run': with the compute the workers measured in the run, where "
+              "they did)\n")
+    out.write("  %-8s %7s %3s %10s %12s %12s %9s %9s %9s  %s\n" % (
+        "mode", "workers", "ps", "measured", "model 3 RTT", "model 1 RTT", "meas/mod",
+        "comp ms", "meas/run", "bound"))
     for r in rows:
-        out.write("  %-8s %7d %3d %10.0f %12.0f %12.0f %8.2fx  %s\n" % (
+        run = ("%9.2f %8.2fx" % (r["compute_in_run_s"] * 1e3, r["measured_over_in_run"])
+               if "compute_in_run_s" in r else "%9s %9s" % ("-", "-"))
+        out.write("  %-8s %7d %3d %10.0f %12.0f %12.0f %8.2fx %s  %s\n" % (
             r["mode"], r["workers"], r["ps"], r["measured"], r["predicted_3rtt"],
-            r["predicted_1rtt"], r["measured_over_predicted"], r["bound"]))
+            r["predicted_1rtt"], r["measured_over_predicted"], run, r["bound"]))
 
 
 # ---- 100 and 1,000 workers -------------------------------------------------------------

@@ -10,8 +10,10 @@ set(qr_bench_python_env
 
 # bench_scaling.py --quick --profile at 1 and 2 workers: every mode (DDP,
 # quorum.torch and the C trainer, sync and async) at every count with the
-# ps count recommend_ps gives, each with its profile (the cores its tasks
-# kept busy, by role), the model's measured parameters, its comparison and
+# ps count recommend_ps gives, and quorum.torch sync with overlap=True,
+# each with its profile (the cores its tasks kept busy, by role), the
+# model's measured parameters, its comparison (also from the compute the
+# torch workers timed in the run) and
 # the 25 Gbit/s table; then step_model.py's command line on the JSON it
 # wrote.
 set(qr_bench_scaling_check [=[
@@ -19,14 +21,15 @@ import json, os, subprocess, sys, tempfile
 bench = os.path.join(sys.argv[1], "bench", "python")
 out_json = os.path.join(tempfile.mkdtemp(prefix="qr-scaling-"), "scaling.json")
 p = subprocess.run([sys.executable, os.path.join(bench, "bench_scaling.py"), "--quick",
-                    "--profile", "--workers", "1,2", "--json", out_json], capture_output=True,
+                    "--profile", "--workers", "1,2", "--json", out_json, "--modes",
+                    "ddp,qt_sync,qt_async,c_sync,c_async,qt_sync_ov"], capture_output=True,
                    text=True, timeout=500)
 assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
 doc = json.load(open(out_json))
 m = doc["machine"]
 assert m["cpu_model"] and m["cores"] >= 1 and m["quorum_blas"]["kernel"], m
 assert m["torch"]["kernel"], m
-modes = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async")
+modes = ("ddp", "qt_sync", "qt_async", "c_sync", "c_async", "qt_sync_ov")
 got = {(pt["workers"], pt["mode"]): pt for pt in doc["points"]}
 assert set(got) == {(w, md) for w in (1, 2) for md in modes}, sorted(got)
 sys.path.insert(0, bench)
@@ -54,6 +57,9 @@ model = os.path.join(bench, "step_model.py")
 c = json.loads(subprocess.run([sys.executable, model, "compare", out_json, "--json"],
                               check=True, capture_output=True, text=True, timeout=60).stdout)
 assert len(c["rows"]) == 8 and all(r["predicted_3rtt"] > 0 for r in c["rows"]), c
+# the torch workers timed their step(): the model is also run on that compute
+for r in c["rows"]:
+    assert (r.get("predicted_in_run", 0) > 0) == r["mode"].startswith("qt_"), r
 e = json.loads(subprocess.run([sys.executable, model, "extrapolate", out_json, "--json"],
                               check=True, capture_output=True, text=True, timeout=60).stdout)
 assert {(r["workers"], r["ps"]) for r in e["rows"]} == {(w, p) for w in (100, 1000)
