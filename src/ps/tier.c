@@ -644,6 +644,20 @@ uint64_t qr__tier_disk_rows(const qr_table *t) {
     return t->tier ? t->tier->disk_rows : 0;
 }
 
+/* A checkpoint's copy of one record as row k: its value and slots into
+ * rows[s] + k * dim, its update step into steps[k] (either may be NULL). */
+static void copy_record(const qr_table *t, const MDB_val *val, uint64_t k, float **rows,
+                        int64_t *steps) {
+    size_t row_bytes = (size_t)t->dim * 4;
+    for (int s = 0; rows && s <= t->nslots; s++)
+        memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)val->mv_data + s * row_bytes,
+               row_bytes);
+    if (steps) {
+        if (t->evict_after) memcpy(&steps[k], (const char *)val->mv_data + t->stride * 4, 8);
+        else steps[k] = t->clock;
+    }
+}
+
 int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
                             uint64_t from) {
     tier_table *tt = t->tier;
@@ -658,7 +672,7 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
     if (rc) return tier_failed(tier, rc, "opening a cursor");
     MDB_val key, val;
     uint64_t k = from, end = from + tt->disk_rows;
-    size_t row_bytes = (size_t)t->dim * 4, bytes = record_bytes(t);
+    size_t bytes = record_bytes(t);
     for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < end;
          rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT), k++) {
         if (key.mv_size != 8 || val.mv_size != bytes) {
@@ -666,13 +680,7 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
             break;
         }
         if (ids) memcpy(&ids[k], key.mv_data, 8);
-        for (int s = 0; rows && s <= t->nslots; s++)
-            memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)val.mv_data + s * row_bytes,
-                   row_bytes);
-        if (steps) {
-            if (t->evict_after) memcpy(&steps[k], (const char *)val.mv_data + t->stride * 4, 8);
-            else steps[k] = t->clock;
-        }
+        copy_record(t, &val, k, rows, steps);
     }
     mdb_cursor_close(cur);
     if (k != end || (rc && rc != MDB_NOTFOUND))
@@ -696,7 +704,7 @@ int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float *
     MDB_cursor *cur;
     rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
     if (rc) return tier_failed(tier, rc, "opening a cursor");
-    size_t row_bytes = (size_t)t->dim * 4, bytes = record_bytes(t);
+    size_t bytes = record_bytes(t);
     for (uint64_t k = from; k < from + n; k++) {
         MDB_val key = {8, &ids[k]}, val;
         rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
@@ -706,13 +714,7 @@ int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float *
             return qr__fail(QR_EIO, "table disk tier: '%s': the changed row of id %lld is not "
                             "on disk (%s)", tt->var->name, (long long)ids[k], mdb_strerror(rc));
         }
-        for (int s = 0; rows && s <= t->nslots; s++)
-            memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)val.mv_data + s * row_bytes,
-                   row_bytes);
-        if (steps) {
-            if (t->evict_after) memcpy(&steps[k], (const char *)val.mv_data + t->stride * 4, 8);
-            else steps[k] = t->clock;
-        }
+        copy_record(t, &val, k, rows, steps);
     }
     mdb_cursor_close(cur);
     return QR_OK;
