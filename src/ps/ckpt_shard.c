@@ -28,7 +28,8 @@
  *
  * Incremental (ctx.base, docs/CHECKPOINTS.md): the shard holds the dense
  * variables written to since the base (whole), and per table the rows
- * made or updated since, the candidates sighted since (an admission
+ * made or updated since (on either tier: a row changed and then written
+ * out to the disk tier is read back from it), the candidates sighted since (an admission
  * filter's counters whole: a sighting changes counters, not an entry) and
  * the ids removed since (its record says "delta"); a variable made since
  * is written whole. Restoring (ckpt_restore.c) applies it onto its base,
