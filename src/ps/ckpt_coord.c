@@ -679,14 +679,6 @@ int qr__ckpt_init(qr_ps *ps) {
     c->every_steps = qr__config_int(ps->cfg, "checkpoint-steps");
     c->keep = (int)qr__config_int(ps->cfg, "keep-checkpoints");
     c->full_every = qr__config_int(ps->cfg, "checkpoint-full-every");
-    /* Rows moving between memory and the disk tier are not tracked as
-     * changes (tier.c): with a tier every checkpoint is full. */
-    if (c->full_every > 1 && qr__config_int(ps->cfg, "table-memory-mb") > 0) {
-        if (ps->index == 0)
-            qr__log(QR_LOG_INFO, "checkpoints are full (checkpoint-full-every 1): incremental "
-                    "checkpoints of tables with a disk tier (table-memory-mb) are not built");
-        c->full_every = 1;
-    }
     c->last_ns = qr__now_ns();
     if (!c->dir) return QR_ENOMEM;
     int rc = qr_mkdir(dir);

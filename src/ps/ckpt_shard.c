@@ -28,7 +28,8 @@
  *
  * Incremental (ctx.base, docs/CHECKPOINTS.md): the shard holds the dense
  * variables written to since the base (whole), and per table the rows
- * made or updated since, the candidates sighted since (an admission
+ * made or updated since (on either tier: a row changed and then written
+ * out to the disk tier is read back from it), the candidates sighted since (an admission
  * filter's counters whole: a sighting changes counters, not an entry) and
  * the ids removed since (its record says "delta"); a variable made since
  * is written whole. Restoring (ckpt_restore.c) applies it onto its base,
@@ -152,7 +153,8 @@ static void add_tensor(ckpt_job *j, const char *name, qr_dtype dt, int ndim, con
  * NAME/admission_filter [counters] (uint8) in place of the candidates. An
  * increment (sel) holds the candidates sighted since the last checkpoint
  * (the filter whole) and its rows' steps. */
-static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const uint64_t *sel) {
+static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const uint64_t *sel,
+                                 uint64_t nsel) {
     const qr_table *t = v->table;
     if (t->filter.counters) {
         e->table_filter = malloc(t->filter.m);
@@ -188,12 +190,13 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const ui
         const char *name = job_name(j, "%s/%s", v->name, "update_steps");
         if (!e->table_policy[2] || !name)
             return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
-        uint64_t in_memory = sel ? n : t->count;
+        uint64_t in_memory = sel ? nsel : t->count;
         for (uint64_t r = 0; r < in_memory; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
-        if (!sel) { /* a full one: the rows on the disk tier follow (tier.c) */
-            int rc = qr__tier_copy_disk_rows(t, NULL, NULL, e->table_policy[2], t->count);
-            if (rc) return rc;
-        }
+        /* the rows on the disk tier follow (tier.c): all, or the changed ones */
+        int rc = sel ? qr__tier_read_disk_rows(t, e->table_ids, n - nsel, NULL,
+                                               e->table_policy[2], nsel)
+                     : qr__tier_copy_disk_rows(t, NULL, NULL, e->table_policy[2], t->count);
+        if (rc) return rc;
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
     }
@@ -229,13 +232,15 @@ static int changed_rows(const qr_table *t, uint64_t **sel, uint64_t *n) {
  * checkpoint, and NAME/removed_ids. */
 static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, bool delta) {
     const qr_table *t = v->table;
-    if (delta && t->tier)
-        return qr__fail(QR_EINVAL, "table '%s' has a disk tier (table-memory-mb): its "
-                        "checkpoints are full, not incremental", v->name);
-    /* full: the rows in memory, then those on the disk tier (tier.c) */
-    uint64_t *sel = NULL, n = qr__tier_rows(t);
-    if (delta && changed_rows(t, &sel, &n))
-        return qr__fail(QR_ENOMEM, "out of memory listing the changed rows of '%s'", v->name);
+    /* Full: the rows in memory, then those on the disk tier (tier.c). An
+     * increment: the changed rows in memory, then the changed rows on disk
+     * (moves between the tiers are no changes: table.h). */
+    uint64_t *sel = NULL, n = qr__tier_rows(t), nsel = 0;
+    if (delta) {
+        if (changed_rows(t, &sel, &nsel))
+            return qr__fail(QR_ENOMEM, "out of memory listing the changed rows of '%s'", v->name);
+        n = nsel + t->ndisk_changed;
+    }
     int64_t dim = t->dim;
     e->table_n = n;
     e->table_ids = malloc(QR_MAX(n, 1) * sizeof *e->table_ids);
@@ -248,7 +253,7 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         return qr__fail(QR_ENOMEM, "out of memory copying table '%s' (%llu rows) for a "
                         "checkpoint", v->name, (unsigned long long)n);
     }
-    uint64_t in_memory = sel ? n : t->count;
+    uint64_t in_memory = sel ? nsel : t->count;
     for (uint64_t k = 0; k < in_memory; k++) {
         uint64_t r = sel ? sel[k] : k;
         const float *row = qr_table_row(t, r);
@@ -256,7 +261,14 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         for (int s = 0; s <= t->nslots; s++)
             memcpy(e->table_rows[s] + k * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
     }
-    int rc = sel ? QR_OK : qr__tier_copy_disk_rows(t, e->table_ids, e->table_rows, NULL, t->count);
+    int rc;
+    if (sel) {
+        if (t->ndisk_changed)
+            memcpy(e->table_ids + nsel, t->disk_changed_ids, t->ndisk_changed * sizeof(int64_t));
+        rc = qr__tier_read_disk_rows(t, e->table_ids, t->ndisk_changed, e->table_rows, NULL, nsel);
+    } else {
+        rc = qr__tier_copy_disk_rows(t, e->table_ids, e->table_rows, NULL, t->count);
+    }
     if (rc) {
         free(sel);
         return rc;
@@ -265,7 +277,7 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
     add_tensor(j, v->name, QR_DT_F32, 2, shape, e->table_rows[0]);
     const char *ids = job_name(j, "%s/%s", v->name, "ids");
     if (ids) add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
-    rc = ids ? snapshot_table_policy(j, e, v, sel) : QR_ENOMEM;
+    rc = ids ? snapshot_table_policy(j, e, v, sel, nsel) : QR_ENOMEM;
     free(sel);
     if (rc) return rc;
     cJSON *tab = cJSON_AddObjectToObject(rec, "table");

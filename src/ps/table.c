@@ -45,6 +45,8 @@ void qr_table_free(qr_table *t) {
     free(t->changed);
     free(t->cand_changed);
     free(t->removed_ids);
+    free(t->disk_changed_ids);
+    qr_idmap_free(&t->disk_changed_index);
     qr_idmap_free(&t->index);
     qr_idmap_free(&t->cand_index);
     qr_bloom_free(&t->filter);
@@ -123,23 +125,65 @@ int64_t qr_table_get_or_add(qr_table *t, int64_t id, bool *added) {
     return r;
 }
 
-/* An incremental checkpoint lists the ids removed since the last one. A
- * failure to grow the list turns tracking off: the next checkpoint then
- * writes this table whole (ckpt_shard.c), which needs no list. */
+/* A failure to grow a list of changes turns tracking off: the next
+ * checkpoint then writes this table whole (ckpt_shard.c), which needs no
+ * list. */
+static void tracking_off(qr_table *t) {
+    free(t->changed);
+    t->changed = NULL;
+    t->ndisk_changed = 0;
+    qr_idmap_clear(&t->disk_changed_index);
+}
+
+/* An incremental checkpoint lists the ids removed since the last one. */
 static void note_removed(qr_table *t, int64_t id) {
-    if (!t->changed || t->tier) return; /* a row spilled to the disk tier is not removed */
+    if (!t->changed) return;
     if (t->nremoved == t->removed_cap) {
         uint64_t cap = t->removed_cap ? t->removed_cap * 2 : 64;
         int64_t *ids = realloc(t->removed_ids, cap * sizeof *ids);
         if (!ids) {
-            free(t->changed);
-            t->changed = NULL;
+            tracking_off(t);
             return;
         }
         t->removed_ids = ids;
         t->removed_cap = cap;
     }
     t->removed_ids[t->nremoved++] = id;
+}
+
+/* ---- the changed rows on the disk tier (table.h says why a set) ------------- */
+
+static void disk_changed_add(qr_table *t, int64_t id) {
+    if (t->ndisk_changed == t->disk_changed_cap) {
+        uint64_t cap = t->disk_changed_cap ? t->disk_changed_cap * 2 : 64;
+        int64_t *ids = realloc(t->disk_changed_ids, cap * sizeof *ids);
+        if (!ids) {
+            tracking_off(t);
+            return;
+        }
+        t->disk_changed_ids = ids;
+        t->disk_changed_cap = cap;
+    }
+    bool added;
+    if (qr_idmap_insert(&t->disk_changed_index, t->disk_changed_ids, id,
+                        (uint32_t)t->ndisk_changed, &added) < 0) {
+        tracking_off(t);
+        return;
+    }
+    if (added) t->disk_changed_ids[t->ndisk_changed++] = id;
+}
+
+/* Was id a changed row on disk? It is no longer one. */
+static bool disk_changed_take(qr_table *t, int64_t id) {
+    if (!t->ndisk_changed) return false;
+    int64_t at = qr_idmap_find(&t->disk_changed_index, t->disk_changed_ids, id);
+    if (at < 0) return false;
+    uint64_t last = t->ndisk_changed - 1;
+    qr_idmap_remove(&t->disk_changed_index, t->disk_changed_ids, id, at,
+                    (uint64_t)at == last ? -1 : (int64_t)last);
+    t->disk_changed_ids[at] = t->disk_changed_ids[last];
+    t->ndisk_changed--;
+    return true;
 }
 
 int64_t qr_table_add_uninit(qr_table *t, int64_t id) {
@@ -150,13 +194,21 @@ int64_t qr_table_add_uninit(qr_table *t, int64_t id) {
     if (r < 0) return -1;
     t->keys[r] = id;
     if (t->updated) t->updated[r] = t->clock;
+    /* Back from disk: changed only if it was when it went out. */
+    if (t->changed) t->changed[r] = disk_changed_take(t, id);
     t->count++;
     return r;
 }
 
-void qr_table_remove(qr_table *t, uint64_t r) {
+void qr_table_disk_row_removed(qr_table *t, int64_t id) {
+    if (!t->changed) return;
+    disk_changed_take(t, id);
+    note_removed(t, id);
+}
+
+/* Row r goes; the last row moves into its place. */
+static void remove_row(qr_table *t, uint64_t r) {
     uint64_t last = t->count - 1;
-    note_removed(t, t->keys[r]);
     qr_idmap_remove(&t->index, t->keys, t->keys[r], (int64_t)r, r == last ? -1 : (int64_t)last);
     if (r != last) {
         t->keys[r] = t->keys[last];
@@ -165,6 +217,16 @@ void qr_table_remove(qr_table *t, uint64_t r) {
         memcpy(qr_table_row(t, r), qr_table_row(t, last), (size_t)t->stride * sizeof(float));
     }
     t->count--;
+}
+
+void qr_table_remove(qr_table *t, uint64_t r) {
+    note_removed(t, t->keys[r]);
+    remove_row(t, r);
+}
+
+void qr_table_move_out(qr_table *t, uint64_t r) {
+    if (t->changed && t->changed[r]) disk_changed_add(t, t->keys[r]);
+    remove_row(t, r);
 }
 
 /* ---- admission ------------------------------------------------------------ */
@@ -355,13 +417,8 @@ void qr_table_forget_id(qr_table *t, int64_t id) {
 /* ---- changes since the last checkpoint ------------------------------------- */
 
 int qr_table_changes_begin(qr_table *t) {
-    if (t->tier) { /* a disk tier: every checkpoint is full (ckpt_coord.c), nothing tracked */
-        free(t->changed);
-        free(t->cand_changed);
-        t->changed = t->cand_changed = NULL;
-        t->nremoved = 0;
-        return QR_OK;
-    }
+    t->nremoved = t->ndisk_changed = 0;
+    qr_idmap_clear(&t->disk_changed_index);
     if (!t->changed) t->changed = malloc(QR_MAX(t->keys_cap, 1));
     if (t->admit_after && !t->cand_changed) t->cand_changed = malloc(QR_MAX(t->cand_cap, 1));
     if (!t->changed || (t->admit_after && !t->cand_changed)) {
@@ -372,7 +429,6 @@ int qr_table_changes_begin(qr_table *t) {
     }
     memset(t->changed, 0, QR_MAX(t->keys_cap, 1));
     if (t->cand_changed) memset(t->cand_changed, 0, QR_MAX(t->cand_cap, 1));
-    t->nremoved = 0;
     return QR_OK;
 }
 
@@ -398,6 +454,8 @@ uint64_t qr_table_bytes(const qr_table *t) {
     uint64_t bytes = t->nchunks * chunk + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
     if (t->updated) bytes += t->keys_cap * sizeof *t->updated;
     if (t->changed) bytes += t->keys_cap + t->removed_cap * sizeof *t->removed_ids;
+    bytes += t->disk_changed_cap * sizeof *t->disk_changed_ids +
+             qr_idmap_bytes(&t->disk_changed_index);
     if (t->cand_changed) bytes += t->cand_cap;
     bytes += t->cand_cap * (sizeof *t->cand_ids + sizeof *t->cand_seen) +
              qr_idmap_bytes(&t->cand_index) + t->filter.m;

@@ -36,6 +36,14 @@
  * and each admission candidate carries a flag set when it is made or
  * updated (1 byte a row), and removed rows' ids are listed; the next
  * qr_table_changes_begin (the next checkpoint's snapshot) clears them.
+ * With a disk tier (tier.c) a row moving out to disk and back is neither
+ * removed nor made: its flag goes with it. Why a set of ids beside the
+ * table rather than a flag in the tier's record: the next increment must
+ * find the changed rows on disk without a scan of the disk (its cost is
+ * what changed, not the table), and a checkpoint forgets them all at once
+ * (a flag on disk would need every flagged record rewritten). The set
+ * holds only rows changed since the last checkpoint and now on disk: 8
+ * bytes an id and its index slot, outside --table-memory-mb's cap.
  */
 #ifndef QR_PS_TABLE_H
 #define QR_PS_TABLE_H
@@ -83,6 +91,11 @@ typedef struct qr_table {
     uint8_t *cand_changed;              /* [cand_cap]: candidate sighted */
     int64_t *removed_ids;               /* rows removed (evicted), in order */
     uint64_t nremoved, removed_cap;
+    /* ... and, with a disk tier, the ids of the changed rows now on disk
+     * (a set: qr_table_move_out adds, qr_table_add_uninit takes back) */
+    qr_idmap disk_changed_index;
+    int64_t *disk_changed_ids;
+    uint64_t ndisk_changed, disk_changed_cap;
     /* counted since the table was made here */
     uint64_t admitted, unadmitted_reads, dropped_rows, evicted;
     /* --table-memory-mb: the table's disk tier (tier.c), NULL without one */
@@ -148,9 +161,17 @@ int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added);
 uint64_t qr_table_evict_idle(qr_table *t);
 
 /* Room for a new row of id, not initialized: the caller fills its value
- * and slots (a row coming back from the disk tier, tier.c). -1 with
+ * and slots (a row coming back from the disk tier, tier.c; not a change:
+ * it is marked changed only if it was when it went out). -1 with
  * QR_ENOMEM set if memory ran out, -2 if id has a row already. */
 int64_t qr_table_add_uninit(qr_table *t, int64_t id);
+/* Row r leaves memory for the disk tier (written there by the caller):
+ * removed as qr_table_remove does, but not listed as removed, and if it
+ * changed since the last checkpoint its id joins the changed ids on disk. */
+void qr_table_move_out(qr_table *t, uint64_t r);
+/* The disk tier removed id's row (eviction by age on disk): listed as
+ * removed, no longer a changed id on disk. */
+void qr_table_disk_row_removed(qr_table *t, int64_t id);
 
 /* Put back a checkpoint's admission candidate (id seen `seen` times;
  * into the filter under admit_filter=bloom). */
@@ -159,7 +180,8 @@ int qr_table_restore_candidate(qr_table *t, int64_t id, uint32_t seen);
 /* The value a row of id starts with (what a read of an absent id sees). */
 void qr_table_initial_value(const qr_table *t, int64_t id, float *out);
 
-/* Remove row r; the last row moves into its place (rows stay dense). */
+/* Remove row r; the last row moves into its place (rows stay dense).
+ * Listed as removed for the next increment. */
 void qr_table_remove(qr_table *t, uint64_t r);
 
 /* Start (or restart) tracking changes: every flag cleared, the removed

@@ -402,7 +402,7 @@ static void remove_victims(ps_tier *tier) {
         tier_table *tt = tier->victims[k].tt;
         qr_table *t = tt->var->table;
         uint64_t r = tier->victims[k].row;
-        qr_table_remove(t, r);
+        qr_table_move_out(t, r); /* a move, not a removal (table.h) */
         tt->mark[r] = tt->mark[t->count];
         tt->nmark = t->count;
         tt->disk_rows++;
@@ -469,7 +469,7 @@ static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_
             break;
         }
         fill_record(t, r, val.mv_data);
-        qr_table_remove(t, r);
+        qr_table_move_out(t, r);
         (*found)--;
     }
     if (cur && !tier->failure[0]) mdb_cursor_close(cur);
@@ -594,6 +594,7 @@ static int sweep_disk(ps_tier *tier, tier_table *tt) {
         }
         tt->disk_rows--;
         t->evicted++;
+        qr_table_disk_row_removed(t, tier->idle[k]);
         rc = txn_count(tier, tt->dbi, &cur);
     }
     if (cur) mdb_cursor_close(cur);
@@ -643,6 +644,20 @@ uint64_t qr__tier_disk_rows(const qr_table *t) {
     return t->tier ? t->tier->disk_rows : 0;
 }
 
+/* A checkpoint's copy of one record as row k: its value and slots into
+ * rows[s] + k * dim, its update step into steps[k] (either may be NULL). */
+static void copy_record(const qr_table *t, const MDB_val *val, uint64_t k, float **rows,
+                        int64_t *steps) {
+    size_t row_bytes = (size_t)t->dim * 4;
+    for (int s = 0; rows && s <= t->nslots; s++)
+        memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)val->mv_data + s * row_bytes,
+               row_bytes);
+    if (steps) {
+        if (t->evict_after) memcpy(&steps[k], (const char *)val->mv_data + t->stride * 4, 8);
+        else steps[k] = t->clock;
+    }
+}
+
 int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
                             uint64_t from) {
     tier_table *tt = t->tier;
@@ -657,7 +672,7 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
     if (rc) return tier_failed(tier, rc, "opening a cursor");
     MDB_val key, val;
     uint64_t k = from, end = from + tt->disk_rows;
-    size_t row_bytes = (size_t)t->dim * 4, bytes = record_bytes(t);
+    size_t bytes = record_bytes(t);
     for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < end;
          rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT), k++) {
         if (key.mv_size != 8 || val.mv_size != bytes) {
@@ -665,19 +680,43 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
             break;
         }
         if (ids) memcpy(&ids[k], key.mv_data, 8);
-        for (int s = 0; rows && s <= t->nslots; s++)
-            memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)val.mv_data + s * row_bytes,
-                   row_bytes);
-        if (steps) {
-            if (t->evict_after) memcpy(&steps[k], (const char *)val.mv_data + t->stride * 4, 8);
-            else steps[k] = t->clock;
-        }
+        copy_record(t, &val, k, rows, steps);
     }
     mdb_cursor_close(cur);
     if (k != end || (rc && rc != MDB_NOTFOUND))
         return qr__fail(QR_EIO, "table disk tier: '%s' holds %llu rows on disk, %llu read back "
                         "(%s)", tt->var->name, (unsigned long long)tt->disk_rows,
                         (unsigned long long)(k - from), rc ? mdb_strerror(rc) : "too few");
+    return QR_OK;
+}
+
+int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
+                            int64_t *steps, uint64_t from) {
+    tier_table *tt = t->tier;
+    if (!n) return QR_OK;
+    if (!tt) return qr__fail(QR_EINVAL, "a table without a disk tier: no rows to read from it");
+    ps_tier *tier = tt->owner;
+    /* In key order: each search starts near the last. Through the open
+     * transaction, as a full checkpoint's copy. */
+    qsort(ids + from, n, sizeof *ids, by_id);
+    int rc = txn_open(tier);
+    if (rc) return rc;
+    MDB_cursor *cur;
+    rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
+    if (rc) return tier_failed(tier, rc, "opening a cursor");
+    size_t bytes = record_bytes(t);
+    for (uint64_t k = from; k < from + n; k++) {
+        MDB_val key = {8, &ids[k]}, val;
+        rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
+        if (!rc && val.mv_size != bytes) rc = MDB_CORRUPTED;
+        if (rc) {
+            mdb_cursor_close(cur);
+            return qr__fail(QR_EIO, "table disk tier: '%s': the changed row of id %lld is not "
+                            "on disk (%s)", tt->var->name, (long long)ids[k], mdb_strerror(rc));
+        }
+        copy_record(t, &val, k, rows, steps);
+    }
+    mdb_cursor_close(cur);
     return QR_OK;
 }
 

@@ -59,6 +59,12 @@ static inline uint64_t qr__tier_rows(const qr_table *t) {
  * be NULL). */
 int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
                             uint64_t from);
+/* An increment's copy of the changed rows on disk (table.h): for k from
+ * `from` to from + n, the row of ids[k] as qr__tier_copy_disk_rows copies
+ * row k (rows or steps may be NULL). ids[from..from+n) are sorted first
+ * (the disk's key order). QR_EIO if one is not on disk. */
+int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
+                            int64_t *steps, uint64_t from);
 
 void qr__tier_stats(const qr_table *t, qr_tier_stats *out);
 

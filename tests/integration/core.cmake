@@ -59,8 +59,9 @@ set_tests_properties(bench_ckpt_smoke PROPERTIES TIMEOUT 120)
 qr_integration_test(integration_ckpt_tool test_ckpt_tool.py ${QR_VENV_PYTHON}
                     ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py)
 # Incremental checkpoints: a chain merged and restored equals a full
-# checkpoint row for row; a damaged or missing link falls back.
-foreach(case equal corrupt)
+# checkpoint row for row; a damaged or missing link falls back; a table
+# with a disk tier (rows changed then spilled are in the increment).
+foreach(case equal corrupt tiered)
   qr_integration_test(integration_ckpt_incremental_${case} test_ckpt_incremental.py
                       ${QR_VENV_PYTHON} ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py ${case})
 endforeach()

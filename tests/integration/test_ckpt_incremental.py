@@ -3,7 +3,7 @@ clusters (2 ps, 2 workers, sync, --init-tokens 0, so that runs of the same
 seed are equal bit for bit) train the click model wide-deep with admission
 and eviction on its embedding table and write checkpoints every 10 steps.
 Usage:
-    test_ckpt_incremental.py QUORUM_BINARY VENV_PYTHON READ_CHECKPOINT_PY equal|corrupt
+    test_ckpt_incremental.py QUORUM_BINARY VENV_PYTHON READ_CHECKPOINT_PY equal|corrupt|tiered
 
 equal    run A writes chains (--checkpoint-full-every 4) for 60 steps; run B,
          the same run with only full checkpoints (--checkpoint-full-every
@@ -23,7 +23,21 @@ corrupt  a chain with a byte of one increment's shard flipped: `quorum ckpt
          each later one; a restart restores the newest restorable state, the
          link before the damaged one (logged), not a partial chain;
          read_checkpoint.py refuses the damaged chain. Then a link removed:
-         the same fallback, naming the missing checkpoint."""
+         the same fallback, naming the missing checkpoint.
+tiered   a table with a disk tier (--table-memory-mb 1, embedding dim 32:
+         the embedding table about four times what each ps keeps in
+         memory): run A writes a chain (a checkpoint every 2 steps, a full
+         one every 100) while rows move between memory and disk all along;
+         rows changed and then spilled before the next checkpoint must be
+         in its increment (read from disk), moves must not be written as
+         changes, and rows evicted on either tier are in removed_ids. The
+         chain merged equals row for row (ids, values, Adagrad slots,
+         update steps, admission counts) the full checkpoint of the same
+         step of run B, the same run all in memory with full checkpoints
+         only; `quorum ckpt verify` accepts the chain; the newest increment
+         is under a third of B's full checkpoint in bytes. Then A resumes
+         from that chain (tiered) and B from its full checkpoint of the same
+         step: the same params_digest and final state."""
 
 import glob
 import json
@@ -41,13 +55,13 @@ work = tempfile.mkdtemp(prefix="qr-incr-")
 EMB_OPTS = "embedding:optimizer=adagrad,lr=0.05,admit_after=2,evict_after_steps=8"
 
 
-def launch(ckpt, steps, full_every):
+def launch(ckpt, steps, full_every, every=10, emb=EMB_OPTS, extra=()):
     proc = Proc([quorum, "launch", "--ps", "2", "--workers", "2", "--mode", "sync",
                  "--init-tokens", "0", "--data", data, "--model", "wide-deep", "--hidden", "16",
                  "--optimizer", "adagrad", "--batch-size", "256", "--lr", "0.2", "--seed", "5",
-                 "--steps", str(steps), "--checkpoint-dir", ckpt, "--checkpoint-steps", "10",
-                 "--checkpoint-full-every", str(full_every), "--var-opt", EMB_OPTS, "--json",
-                 "--quiet"])
+                 "--steps", str(steps), "--checkpoint-dir", ckpt, "--checkpoint-steps",
+                 str(every), "--checkpoint-full-every", str(full_every), "--var-opt", emb,
+                 "--json", "--quiet"] + list(extra))
     rc, out, err = proc.wait(timeout=300)
     assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
     return last_json(out), err
@@ -119,17 +133,19 @@ def same_state(a_dir, b_dir):
     return json.loads(r.stdout.strip().splitlines()[-1])["rows"]
 
 
-def removed_ids(folder):
-    """The ids increment `folder` lists as removed and does not make again."""
+def removed_ids(folder, made_again=False):
+    """The ids increment `folder` lists as removed and does not make again
+    (or all it lists, made_again)."""
     r = subprocess.run([venv_python, "-c", r'''
 import json, sys
 from safetensors.numpy import load_file
 gone = set()
 for k in range(2):
     t = load_file(sys.argv[1] + "/shard-%05d-of-00002.safetensors" % k)
-    gone |= set(t["embedding/removed_ids"].tolist()) - set(t["embedding/ids"].tolist())
+    gone |= set(t["embedding/removed_ids"].tolist()) - (
+        set() if sys.argv[2] == "1" else set(t["embedding/ids"].tolist()))
 print(json.dumps(sorted(gone)))
-''', folder], capture_output=True, text=True, timeout=120)
+''', folder, "1" if made_again else "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return set(json.loads(r.stdout))
 
@@ -235,6 +251,71 @@ try:
         rows = same_state(merged, os.path.join(b, "ckpt-0000000090"))
         print("PASS: restored from a chain == restored from a full checkpoint (digest %s, "
               "%d rows at step 90)" % (second_a["params_digest"], rows))
+
+    elif case == "tiered":
+        tier_emb = "embedding:optimizer=adagrad,lr=0.05,admit_after=2,evict_after_steps=40"
+        tiered = ["--embedding-dim", "32", "--table-memory-mb", "1", "--keep-checkpoints", "100"]
+        # Worker 0 sleeps 10 ms a step (the same results, slower steps): a
+        # checkpoint every 2 steps is then not held back by its
+        # predecessor's write on a loaded machine.
+        first_a, _ = launch(a, 110, 100, 2, tier_emb, tiered + ["--slow-worker", "0:10"])
+        emb = first_a["sync"]["tables"]["embedding"]
+        # the table several times what memory holds, rows moving all along
+        assert emb["rows_disk"] > 2 * emb["rows_memory"] and emb["rows_spilled"] > emb["rows"] \
+            and emb["disk_hits"] > 0, emb
+        incs = [manifest(f) for f in folders(a) if manifest(f)["kind"] == "incremental"]
+        assert len(incs) >= 5, [(manifest(f)["global_step"], manifest(f)["kind"])
+                                for f in folders(a)]
+        # The increment compared: of the second epoch (the table made),
+        # the one of the shortest interval (a checkpoint that waits for
+        # its predecessor's write on a loaded machine starts late).
+        late = [m for m in incs if m["global_step"] >= 80] or incs
+        inc = min(late, key=lambda m: (m["global_step"] - m["base_step"], -m["global_step"]))
+        step = inc["global_step"]
+        folder = "ckpt-%010d" % step
+        chain = [f for f in folders(a) if inc["full_step"] <= manifest(f)["global_step"] <= step]
+        gone = set()
+        for f in chain[1:]:
+            gone |= removed_ids(f, made_again=True)
+        assert gone, "no id was evicted along the chain: the test does not test removal " \
+            "(%s)" % [(manifest(f)["global_step"], manifest(f)["kind"]) for f in chain]
+        launch(b, step, 1, 2, tier_emb, ["--embedding-dim", "32", "--keep-checkpoints", "100"])
+        assert manifest(os.path.join(b, folder))["kind"] == "full"
+        rc, out = verify(a)
+        assert rc == 0 and "incremental on step" in out, out
+        fb = sum(s["bytes"] for s in manifest(os.path.join(b, folder))["shards"])
+        ib = sum(s["bytes"] for s in inc["shards"])
+        print("step %d: incremental (of %d steps) %d bytes, full %d bytes: %.2fx fewer (%d "
+              "links after the full checkpoint of step %d)"
+              % (step, step - inc["base_step"], ib, fb, fb / ib, len(chain) - 1,
+                 inc["full_step"]))
+        assert 3 * ib < fb, "the increment is not much smaller than a full checkpoint"
+        merged = os.path.join(work, "M", folder)
+        r = subprocess.run([venv_python, reader, os.path.join(a, folder), "--merge", merged],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = same_state(merged, os.path.join(b, folder))
+        rc, out = verify(os.path.join(work, "M"))
+        assert rc == 0, out
+        print("ok: a tiered table's chain (%d ids removed along it) merged equals the full "
+              "checkpoint of the run all in memory, %d rows compared" % (len(gone), rows))
+        # Both resume from `step` (eviction's sweeps keep time from the
+        # restart: the same step for both), A from its chain (tiered).
+        for f in folders(a):
+            if manifest(f)["global_step"] > step:
+                shutil.rmtree(f)
+        second_a, err_a = launch(a, 140, 100, 2, tier_emb, tiered)
+        second_b, err_b = launch(b, 140, 1, 2, tier_emb,
+                                 ["--embedding-dim", "32", "--keep-checkpoints", "100"])
+        assert restored_step(err_a) == step and restored_step(err_b) == step
+        assert second_a["params_digest"] == second_b["params_digest"], (second_a, second_b)
+        merged = os.path.join(work, "M", "ckpt-0000000140")
+        r = subprocess.run([venv_python, reader, os.path.join(a, "ckpt-0000000140"), "--merge",
+                            merged], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        rows = same_state(merged, os.path.join(b, "ckpt-0000000140"))
+        print("PASS: a tiered table's chain restored == a full checkpoint restored all in memory "
+              "(digest %s, %d rows at step 140)" % (second_a["params_digest"], rows))
 
     elif case == "corrupt":
         launch(a, 120, 20)
