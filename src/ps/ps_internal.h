@@ -250,6 +250,7 @@ typedef struct ps_peer {
                            * serve (failover.c): its requests name ps->replica.store */
     bool copy_own;        /* a replica link that copies this ps's own shard into ps->store
                            * (a replacement's, rerep.c) */
+    struct rerep_recv *snapshot; /* a SNAPSHOT being received into place (rerep.c) */
     bool hello_held;      /* its HELLO waits (rerep.c): held_req, held_meta */
     qr_frame held_req;
     uint8_t held_meta[64];

@@ -14,7 +14,9 @@
  * restoring it into an empty store must give every value, slot, average,
  * row, counter and data position back bit for bit. The same snapshot as a
  * re-replication sends it (the head, then the tensors where they are) is
- * the file byte for byte, and loads from memory to the same state.
+ * the file byte for byte, and loads from memory to the same state; and
+ * received in place (its head first, then each tensor's bytes straight
+ * into the variable made for it) to the same state too.
  *
  * Then the refusals: a shard cut short, one whose header is damaged, one
  * of the other mode, each refused with an error naming the problem; a
@@ -375,6 +377,28 @@ static void test_snapshot_write_restore(void **state) {
     qr_store_free(&expect);
 }
 
+/* The bytes of a SNAPSHOT of snapshot j, malloc'd: the head, then each
+ * tensor's where the snapshot holds it, as the socket delivers them. */
+static uint8_t *snapshot_message(const ckpt_job *j, size_t *len) {
+    uint8_t *head;
+    size_t head_len;
+    assert_int_equal(qr_st_head(j->path, j->tensors, j->ntensors, j->meta, &head, &head_len),
+                     QR_OK);
+    *len = head_len;
+    for (int i = 0; i < j->ntensors; i++) *len += (size_t)qr_st_bytes(&j->tensors[i]);
+    uint8_t *msg = malloc(*len);
+    assert_non_null(msg);
+    memcpy(msg, head, head_len);
+    size_t at = head_len;
+    for (int i = 0; i < j->ntensors; i++) {
+        size_t n = (size_t)qr_st_bytes(&j->tensors[i]);
+        if (n) memcpy(msg + at, j->tensors[i].data, n);
+        at += n;
+    }
+    free(head);
+    return msg;
+}
+
 /* A re-replication's SNAPSHOT (rerep.c): the safetensors head, then the
  * snapshot's tensors where they are, as the socket delivers them one
  * after the other, is byte for byte the file the writer makes of the same
@@ -388,22 +412,8 @@ static void test_snapshot_sent_from_memory(void **state) {
     ckpt_shard_ctx c = ctx_of(w, &w->store);
     ckpt_job *j;
     assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, &j), QR_OK);
-    uint8_t *head;
-    size_t head_len, len;
-    assert_int_equal(qr_st_head(j->path, j->tensors, j->ntensors, j->meta, &head, &head_len),
-                     QR_OK);
-    len = head_len;
-    for (int i = 0; i < j->ntensors; i++) len += (size_t)qr_st_bytes(&j->tensors[i]);
-    uint8_t *msg = malloc(len);
-    assert_non_null(msg);
-    memcpy(msg, head, head_len);
-    size_t at = head_len;
-    for (int i = 0; i < j->ntensors; i++) {
-        size_t n = (size_t)qr_st_bytes(&j->tensors[i]);
-        if (n) memcpy(msg + at, j->tensors[i].data, n);
-        at += n;
-    }
-    free(head);
+    size_t len;
+    uint8_t *msg = snapshot_message(j, &len);
     /* the same snapshot, written as a checkpoint's shard */
     snprintf(j->path, sizeof j->path, "%s/sent.safetensors", w->dir);
     j->work.data = j;
@@ -451,6 +461,72 @@ static void test_snapshot_sent_from_memory(void **state) {
     assert_non_null(strstr(qr_last_error(), "not a JSON object"));
     assert_int_equal(got.count, 0);
     qr_store_free(&got);
+    qr_store_free(&expect);
+    free(msg);
+}
+
+/* A SNAPSHOT received in place (rerep.c): its head parsed first, the
+ * dense variables made from it, each of their tensors given its place in
+ * them (the value, slots, average), the rest (tables, counters) a place
+ * of the file's; the bytes copied there as the socket would, then the
+ * shard finished: the store equals the snapshot's, and no dense tensor
+ * was read twice. A head that does not fit the bytes announced, and a
+ * tensor given two places, are refused by name. */
+static void test_snapshot_received_in_place(void **state) {
+    world *w = *state;
+    qr_store expect;
+    copy_store(w, &expect);
+    ckpt_shard_ctx c = ctx_of(w, &w->store);
+    ckpt_job *j;
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, &j), QR_OK);
+    size_t len;
+    uint8_t *msg = snapshot_message(j, &len);
+    qr__ckpt_shard_free(j);
+    uint64_t head_len;
+    assert_int_equal(qr_st_head_length(msg, len, &head_len), QR_OK);
+    qr_st_file f;
+    const char *name = "the snapshot of shard 0";
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len, name), QR_OK);
+    qr_store got;
+    qr_store_init(&got);
+    ckpt_shard_ctx into = ctx_of(w, &got);
+    cJSON *vars;
+    if (qr__ckpt_shard_place(&into, &f, &vars)) fail_msg("place: %s", qr_last_error());
+    /* every dense value lands in its variable; every tensor has a place */
+    int placed_in_vars = 0;
+    for (uint32_t i = 0; i < got.cap; i++) {
+        qr_var *v = got.by_id[i];
+        if (!v) continue;
+        assert_null(v->table); /* tables are made once their rows are in */
+        const qr_st_tensor *t = qr_st_find(&f, v->name);
+        assert_non_null(t);
+        assert_ptr_equal(t->data, v->value->data);
+        placed_in_vars++;
+    }
+    assert_int_equal(placed_in_vars, 3);
+    for (int i = 0; i < f.n; i++) {
+        assert_non_null(f.t[i].data);
+        memcpy((void *)f.t[i].data, msg + head_len + f.t[i].begin,
+               (size_t)(f.t[i].end - f.t[i].begin));
+    }
+    int64_t counters[2];
+    if (qr__ckpt_shard_finish(&into, &f, vars, counters)) fail_msg("finish: %s", qr_last_error());
+    assert_stores_equal(&expect, &got);
+    assert_int_equal(counters[0], STEP);
+    qr_store_free(&got);
+    /* the bytes announced are not those the head describes */
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len - 4, name), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), name));
+    assert_int_equal(qr_st_head_length(msg, 7, &head_len), QR_EIO);
+    assert_int_equal(qr_st_head_length(msg, head_len - 1, &head_len), QR_EIO);
+    /* one tensor, two places */
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len, name), QR_OK);
+    int64_t a, b; /* placing: nothing is read into them */
+    const qr_st_tensor *t = qr_st_find(&f, "global_step");
+    assert_int_equal(qr_st_read(&f, t, &a), QR_OK);
+    assert_int_equal(qr_st_read(&f, t, &b), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "'global_step' is named by two records"));
+    qr_st_close(&f);
     qr_store_free(&expect);
     free(msg);
 }
@@ -792,6 +868,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_snapshot_write_restore, setup, teardown),
         cmocka_unit_test_setup_teardown(test_snapshot_sent_from_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_snapshot_received_in_place, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_shards_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_checkpoint_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_1_read, setup, teardown),
