@@ -377,9 +377,14 @@ static void test_snapshot_write_restore(void **state) {
     qr_store_free(&expect);
 }
 
-/* The bytes of a SNAPSHOT of snapshot j, malloc'd: the head, then each
- * tensor's where the snapshot holds it, as the socket delivers them. */
-static uint8_t *snapshot_message(const ckpt_job *j, size_t *len) {
+/* A re-replication's snapshot of w's store (*j; *expect a copy of the
+ * store at it) and the bytes of its SNAPSHOT, malloc'd: the head, then
+ * each tensor's where the snapshot holds it, as the socket delivers them. */
+static uint8_t *snapshot_message(world *w, qr_store *expect, ckpt_job **jp, size_t *len) {
+    copy_store(w, expect);
+    ckpt_shard_ctx c = ctx_of(w, &w->store);
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, jp), QR_OK);
+    const ckpt_job *j = *jp;
     uint8_t *head;
     size_t head_len;
     assert_int_equal(qr_st_head(j->path, j->tensors, j->ntensors, j->meta, &head, &head_len),
@@ -408,12 +413,9 @@ static uint8_t *snapshot_message(const ckpt_job *j, size_t *len) {
 static void test_snapshot_sent_from_memory(void **state) {
     world *w = *state;
     qr_store expect;
-    copy_store(w, &expect);
-    ckpt_shard_ctx c = ctx_of(w, &w->store);
     ckpt_job *j;
-    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, &j), QR_OK);
     size_t len;
-    uint8_t *msg = snapshot_message(j, &len);
+    uint8_t *msg = snapshot_message(w, &expect, &j, &len);
     /* the same snapshot, written as a checkpoint's shard */
     snprintf(j->path, sizeof j->path, "%s/sent.safetensors", w->dir);
     j->work.data = j;
@@ -475,12 +477,9 @@ static void test_snapshot_sent_from_memory(void **state) {
 static void test_snapshot_received_in_place(void **state) {
     world *w = *state;
     qr_store expect;
-    copy_store(w, &expect);
-    ckpt_shard_ctx c = ctx_of(w, &w->store);
     ckpt_job *j;
-    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, &j), QR_OK);
     size_t len;
-    uint8_t *msg = snapshot_message(j, &len);
+    uint8_t *msg = snapshot_message(w, &expect, &j, &len);
     qr__ckpt_shard_free(j);
     uint64_t head_len;
     assert_int_equal(qr_st_head_length(msg, len, &head_len), QR_OK);

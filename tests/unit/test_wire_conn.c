@@ -416,6 +416,26 @@ static void pauser_lost(qr_conn *c, int status) {
     p->lost++;
 }
 
+/* A listener on a fresh Unix socket and a client connecting to it, on
+ * loop, with events ev and owner data: the loop turns until *connected
+ * and *server are set (the events' own flags) or 10 s pass. */
+static qr_listener *listen_and_connect(uv_loop_t *loop, const qr_conn_events *ev, void *data,
+                                       qr_conn **client, const bool *connected,
+                                       qr_conn *const *server) {
+    qr_conn_options opt = {.max_payload = 1 << 20};
+    char address[96];
+    unix_address(address, sizeof address);
+    qr_addr addr;
+    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
+    qr_listener *l = NULL;
+    assert_int_equal(qr_listen(loop, &addr, NULL, false, &opt, ev, data, &l), QR_OK);
+    assert_int_equal(qr_connect(loop, &addr, false, &opt, ev, data, client), QR_OK);
+    uint64_t end = uv_now(loop) + 10000;
+    while (!(*connected && *server) && uv_now(loop) < end) uv_run(loop, UV_RUN_ONCE);
+    assert_true(*connected && *server);
+    return l;
+}
+
 static void test_pause_holds_the_rest_of_a_read(void **state) {
     (void)state;
     pauser *p = calloc(1, sizeof *p);
@@ -426,24 +446,14 @@ static void test_pause_holds_the_rest_of_a_read(void **state) {
     qr_conn_events ev = {.connected = pauser_connected, .header = pauser_header,
                          .message = pauser_message, .lost = pauser_lost,
                          .accepted = pauser_accepted};
-    qr_conn_options opt = {.max_payload = 1 << 20};
-    char address[96];
-    unix_address(address, sizeof address);
-    qr_addr addr;
-    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
-    qr_listener *l = NULL;
-    assert_int_equal(qr_listen(&p->loop, &addr, NULL, false, &opt, &ev, p, &l), QR_OK);
-    assert_int_equal(qr_connect(&p->loop, &addr, false, &opt, &ev, p, &p->client), QR_OK);
-    uint64_t end = uv_now(&p->loop) + 10000;
-    while (!(p->connected && p->server) && uv_now(&p->loop) < end) uv_run(&p->loop, UV_RUN_ONCE);
-    assert_true(p->connected && p->server);
+    qr_listener *l = listen_and_connect(&p->loop, &ev, p, &p->client, &p->connected, &p->server);
     /* Every request written before the loop turns: the server reads many
      * of them at once. */
     for (int k = 0; k < BURST; k++) {
         qr_frame f = {.type = QR_MSG_STEP, .request_id = (uint32_t)k + 1};
         assert_int_equal(qr_conn_send(p->client, &f, &k, 4, NULL, 0, NULL, NULL), QR_OK);
     }
-    end = uv_now(&p->loop) + 10000;
+    uint64_t end = uv_now(&p->loop) + 10000;
     uv_timer_t ticker; /* so that no turn sleeps past the last message */
     uv_timer_init(&p->loop, &ticker);
     uv_timer_start(&ticker, tick, 10, 10);
@@ -571,17 +581,7 @@ static void test_payload_placed_in_stages(void **state) {
     qr_conn_events ev = {.connected = stager_connected, .header = stager_header,
                          .payload = stager_payload, .message = stager_message,
                          .lost = stager_lost, .accepted = stager_accepted};
-    qr_conn_options opt = {.max_payload = 1 << 20};
-    char address[96];
-    unix_address(address, sizeof address);
-    qr_addr addr;
-    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
-    qr_listener *l = NULL;
-    assert_int_equal(qr_listen(&p->loop, &addr, NULL, false, &opt, &ev, p, &l), QR_OK);
-    assert_int_equal(qr_connect(&p->loop, &addr, false, &opt, &ev, p, &p->client), QR_OK);
-    uint64_t end = uv_now(&p->loop) + 10000;
-    while (!(p->connected && p->server) && uv_now(&p->loop) < end) uv_run(&p->loop, UV_RUN_ONCE);
-    assert_true(p->connected && p->server);
+    qr_listener *l = listen_and_connect(&p->loop, &ev, p, &p->client, &p->connected, &p->server);
     uint8_t *out[STAGED];
     for (int k = 0; k < STAGED; k++) { /* all written before the loop turns */
         uint64_t head = staged_head(k), len = head + staged_rest(k);
@@ -593,7 +593,7 @@ static void test_payload_placed_in_stages(void **state) {
         qr_iov iov = {out[k], (size_t)len};
         assert_int_equal(qr_conn_send(p->client, &f, NULL, 0, &iov, 1, NULL, NULL), QR_OK);
     }
-    end = uv_now(&p->loop) + 10000;
+    uint64_t end = uv_now(&p->loop) + 10000;
     uv_timer_t ticker;
     uv_timer_init(&p->loop, &ticker);
     uv_timer_start(&ticker, tick, 10, 10);
