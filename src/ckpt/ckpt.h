@@ -89,7 +89,6 @@ int qr_st_head(const char *what, const qr_st_tensor *t, int n, const struct cJSO
  * (offsets inside the file, contiguous, sizes matching shapes). */
 typedef struct qr_st_file {
     int fd;
-    const uint8_t *mem;     /* qr_st_open_memory: the file's bytes (not owned); NULL */
     char *path;
     uint64_t data_start, file_bytes;
     int n;
@@ -101,9 +100,6 @@ typedef struct qr_st_file {
 } qr_st_file;
 
 int qr_st_open(qr_st_file *f, const char *path);
-/* The same, of a file's len bytes in memory (kept by the caller until
- * qr_st_close); name stands for its path in messages. */
-int qr_st_open_memory(qr_st_file *f, const void *bytes, uint64_t len, const char *name);
 /* A file whose bytes are still to come (a re-replication's SNAPSHOT,
  * taken from a socket straight into the tensors it fills), in three steps:
  *   qr_st_head_length: from its first 8 bytes (len in all), the length of

@@ -276,38 +276,10 @@ static int parse_header(qr_st_file *f, const char *text, size_t len) {
     return check_tiling(f);
 }
 
-/* The length word and header of a file of `len` bytes, `avail` of which
- * are at `bytes` (all of them, or the head only: qr_st_open_head). */
-static int open_bytes(qr_st_file *f, const void *bytes, uint64_t avail, uint64_t len,
-                      const char *name) {
-    memset(f, 0, sizeof *f);
-    f->fd = -1;
-    f->path = qr__strdup(name);
-    if (!f->path) return QR_ENOMEM;
-    f->file_bytes = len;
-    const uint8_t *b = bytes;
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8 && avail >= 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
-    int rc = QR_OK;
-    if (avail < 8 || len < 8 || hlen > ST_MAX_HEADER || hlen > len - 8 || hlen > avail - 8)
-        rc = qr__fail(QR_EIO, "'%s': %llu bytes are not a safetensors file (header length "
-                      "%llu)", name, (unsigned long long)len, (unsigned long long)hlen);
-    f->data_start = 8 + hlen;
-    if (!rc) rc = parse_header(f, (const char *)b + 8, hlen);
-    if (rc) qr_st_close(f);
-    return rc;
-}
-
-int qr_st_open_memory(qr_st_file *f, const void *bytes, uint64_t len, const char *name) {
-    int rc = open_bytes(f, bytes, len, len, name);
-    if (!rc) f->mem = bytes;
-    return rc;
-}
-
 int qr_st_head_length(const void *first8, uint64_t len, uint64_t *head_len) {
     const uint8_t *b = first8;
     uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+    for (int i = 0; i < 8 && len >= 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
     if (len < 8 || hlen > ST_MAX_HEADER || hlen > len - 8)
         return qr__fail(QR_EIO, "%llu bytes are not a safetensors file (header length %llu)",
                         (unsigned long long)len, (unsigned long long)hlen);
@@ -317,13 +289,21 @@ int qr_st_head_length(const void *first8, uint64_t len, uint64_t *head_len) {
 
 int qr_st_open_head(qr_st_file *f, const void *head, uint64_t head_len, uint64_t len,
                     const char *name) {
-    int rc = open_bytes(f, head, head_len, len, name);
-    if (!rc && f->data_start != head_len) {
-        rc = qr__fail(QR_EIO, "'%s': a head of %llu bytes, but its header ends at byte %llu",
-                      name, (unsigned long long)head_len, (unsigned long long)f->data_start);
-        qr_st_close(f);
-    }
-    if (!rc) f->placing = true;
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->path = qr__strdup(name);
+    if (!f->path) return QR_ENOMEM;
+    f->file_bytes = len;
+    uint64_t want = 0;
+    int rc = head_len >= 8 ? qr_st_head_length(head, len, &want) : QR_OK;
+    if (!rc && (head_len < 8 || want != head_len))
+        rc = qr__fail(QR_EIO, "a head of %llu bytes, but its length word says %llu",
+                      (unsigned long long)head_len, (unsigned long long)want);
+    f->data_start = head_len;
+    if (!rc) rc = parse_header(f, (const char *)head + 8, head_len - 8);
+    else qr__error_prefix("'%s': ", name);
+    if (rc) qr_st_close(f);
+    else f->placing = true;
     return rc;
 }
 
@@ -401,10 +381,6 @@ int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst) {
     }
     if (t->data) { /* its bytes landed there: nothing to do if that is dst */
         if (t->data != dst) memcpy(dst, t->data, len);
-        return QR_OK;
-    }
-    if (f->mem) { /* offsets checked against file_bytes at open */
-        memcpy(dst, f->mem + f->data_start + t->begin, len);
         return QR_OK;
     }
     if (f->fd < 0)

@@ -10,6 +10,10 @@
  *   restored: dense variables replaced whole, a table's rows made or
  *   updated since written over, its candidates merged, the ids removed
  *   since dropped, a variable made since restored whole.
+ *   Received (a re-replication's SNAPSHOT, rerep.c): the dense variables
+ *   made from the head alone, their tensors then the places the bytes
+ *   are received into (place); the counters and tables read once every
+ *   byte is in (finish).
  * A shard that does not fit the running ps (another mode, shape or
  * optimizer) is refused with a message naming it (docs/CHECKPOINTS.md,
  * "Restore").
@@ -363,15 +367,6 @@ int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t co
     qr_st_file f;
     cJSON *vars;
     int rc = open_shard(c, path, false, &f, &vars, counters);
-    return rc ? rc : restore_opened(c, &f, vars, RESTORE_ALL);
-}
-
-int qr__ckpt_shard_restore_memory(const ckpt_shard_ctx *c, const void *bytes, size_t len,
-                                  const char *name, int64_t counters[2]) {
-    qr_st_file f;
-    cJSON *vars = NULL;
-    int rc = qr_st_open_memory(&f, bytes, len, name);
-    if (!rc) rc = check_shard(c, false, &f, &vars, counters);
     return rc ? rc : restore_opened(c, &f, vars, RESTORE_ALL);
 }
 

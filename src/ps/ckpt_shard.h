@@ -90,11 +90,7 @@ void qr__ckpt_lower_priority(void);
 /* Read the shard at `path` into c's store (and c->data_pos), checking it
  * was written in c's mode; counters: its global_step, applied_steps. */
 int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]);
-/* The same, of a shard's len bytes in memory (a re-replication's
- * SNAPSHOT); name stands for its path in messages. */
-int qr__ckpt_shard_restore_memory(const ckpt_shard_ctx *c, const void *bytes, size_t len,
-                                  const char *name, int64_t counters[2]);
-/* The same, of a shard whose bytes are still to come (a re-replication's
+/* A full shard whose bytes are still to come (a re-replication's
  * SNAPSHOT, received straight into the variables): f opened with
  * qr_st_open_head. place: check its kind and mode, make its dense
  * variables in c's store (their values, slots and averages then are the

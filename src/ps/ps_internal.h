@@ -40,7 +40,8 @@
  *                 full, or an increment of the last one), write (libuv's
  *                 thread pool)
  *   ckpt_restore.c  the same format read back: restore into a store,
- *                 increments applied onto their base
+ *                 increments applied onto their base, a SNAPSHOT's
+ *                 variables made from its head before its tensors arrive
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
  *   failover.c    --ps-replicas 2: the view (where each shard is
