@@ -30,11 +30,11 @@ time; best of --baseline-tries.
 
 Prints one table row per copy (bytes, seconds, GB/s, the socket's GB/s,
 the ratio) and per transport and mode the best round. Memory: the shard
-once in ps 2 (its copy; the snapshot is sent from it), twice in the
-replacement (the message received, the store loaded from it), twice in ps
-1 before its kill, once in this process while it sends the CREATE; each
+once in ps 2 (its copy; the snapshot is sent from it), once in the
+replacement (received straight into its variables), twice in ps 1
+before its kill, once in this process while it sends the CREATE; each
 copy's row prints the peak RSS of ps 2 and of the replacement (1033 and
-2056 MiB measured for --shard-mib 1024: under 6 GiB held at once).
+1032 MiB measured for --shard-mib 1024: under 5 GiB held at once).
 Plain python3; the quorum binary: --quorum, else
 $QUORUM_BINARY, else `quorum` on PATH. Every process it starts is killed
 by pid at the end.

@@ -55,7 +55,8 @@ typedef struct qr_st_tensor {
     qr_dtype dtype;
     int ndim; /* 0: a scalar */
     int64_t shape[QR_PROTO_MAX_NDIM];
-    const void *data; /* writer: the bytes, little-endian */
+    const void *data; /* writer: the bytes, little-endian; reader: where they
+                       * landed (qr_st_open_head), else NULL */
     uint64_t begin, end; /* reader: the bytes' offsets in the data section */
 } qr_st_tensor;
 
@@ -88,21 +89,36 @@ int qr_st_head(const char *what, const qr_st_tensor *t, int n, const struct cJSO
  * (offsets inside the file, contiguous, sizes matching shapes). */
 typedef struct qr_st_file {
     int fd;
-    const uint8_t *mem;     /* qr_st_open_memory: the file's bytes (not owned); NULL */
     char *path;
     uint64_t data_start, file_bytes;
     int n;
     qr_st_tensor *t;        /* names point into header */
     struct cJSON *header;   /* the parsed header */
     struct cJSON *metadata; /* its "__metadata__" object, or NULL */
+    bool placing;           /* qr_st_open_head, until qr_st_place_rest */
+    uint8_t *rest;          /* qr_st_place_rest's buffer */
 } qr_st_file;
 
 int qr_st_open(qr_st_file *f, const char *path);
-/* The same, of a file's len bytes in memory (kept by the caller until
- * qr_st_close); name stands for its path in messages. */
-int qr_st_open_memory(qr_st_file *f, const void *bytes, uint64_t len, const char *name);
+/* A file whose bytes are still to come (a re-replication's SNAPSHOT,
+ * taken from a socket straight into the tensors it fills), in three steps:
+ *   qr_st_head_length: from its first 8 bytes (len in all), the length of
+ *     its head (the length word and the header);
+ *   qr_st_open_head: that head parsed and checked as qr_st_open does,
+ *     against len; f is then `placing`: a qr_st_read names where tensor
+ *     t's bytes are to land (t->data = dst), reads nothing, and refuses a
+ *     second place for one tensor;
+ *   qr_st_place_rest: the tensors given no place get one in a buffer of
+ *     f's (f->rest); placing ends. The caller receives each tensor's bytes
+ *     at its t->data, and a qr_st_read then copies from there (nothing
+ *     when dst is that place). */
+int qr_st_head_length(const void *first8, uint64_t len, uint64_t *head_len);
+int qr_st_open_head(qr_st_file *f, const void *head, uint64_t head_len, uint64_t len,
+                    const char *name);
+int qr_st_place_rest(qr_st_file *f);
 const qr_st_tensor *qr_st_find(const qr_st_file *f, const char *name);
-/* Read tensor t's bytes into dst (qr_st_bytes(t) of them). */
+/* Read tensor t's bytes into dst (qr_st_bytes(t) of them); see above for
+ * a file opened with qr_st_open_head. */
 int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst);
 /* A metadata string, or NULL. */
 const char *qr_st_meta(const qr_st_file *f, const char *key);

@@ -276,23 +276,53 @@ static int parse_header(qr_st_file *f, const char *text, size_t len) {
     return check_tiling(f);
 }
 
-int qr_st_open_memory(qr_st_file *f, const void *bytes, uint64_t len, const char *name) {
+int qr_st_head_length(const void *first8, uint64_t len, uint64_t *head_len) {
+    const uint8_t *b = first8;
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8 && len >= 8; i++) hlen |= (uint64_t)b[i] << (8 * i);
+    if (len < 8 || hlen > ST_MAX_HEADER || hlen > len - 8)
+        return qr__fail(QR_EIO, "%llu bytes are not a safetensors file (header length %llu)",
+                        (unsigned long long)len, (unsigned long long)hlen);
+    *head_len = 8 + hlen;
+    return QR_OK;
+}
+
+int qr_st_open_head(qr_st_file *f, const void *head, uint64_t head_len, uint64_t len,
+                    const char *name) {
     memset(f, 0, sizeof *f);
     f->fd = -1;
-    f->mem = bytes;
     f->path = qr__strdup(name);
     if (!f->path) return QR_ENOMEM;
     f->file_bytes = len;
-    uint64_t hlen = 0;
-    for (int b = 0; b < 8 && len >= 8; b++) hlen |= (uint64_t)f->mem[b] << (8 * b);
-    int rc = QR_OK;
-    if (len < 8 || hlen > ST_MAX_HEADER || hlen > len - 8)
-        rc = qr__fail(QR_EIO, "'%s': %llu bytes are not a safetensors file (header length "
-                      "%llu)", name, (unsigned long long)len, (unsigned long long)hlen);
-    f->data_start = 8 + hlen;
-    if (!rc) rc = parse_header(f, (const char *)f->mem + 8, hlen);
+    uint64_t want = 0;
+    int rc = head_len >= 8 ? qr_st_head_length(head, len, &want) : QR_OK;
+    if (!rc && (head_len < 8 || want != head_len))
+        rc = qr__fail(QR_EIO, "a head of %llu bytes, but its length word says %llu",
+                      (unsigned long long)head_len, (unsigned long long)want);
+    f->data_start = head_len;
+    if (!rc) rc = parse_header(f, (const char *)head + 8, head_len - 8);
+    else qr__error_prefix("'%s': ", name);
     if (rc) qr_st_close(f);
+    else f->placing = true;
     return rc;
+}
+
+int qr_st_place_rest(qr_st_file *f) {
+    uint64_t rest = 0;
+    for (int i = 0; i < f->n; i++)
+        if (!f->t[i].data) rest += f->t[i].end - f->t[i].begin;
+    f->placing = false;
+    f->rest = malloc(QR_MAX(rest, 1));
+    if (!f->rest)
+        return qr__fail(QR_ENOMEM, "out of memory for %llu bytes of '%s'",
+                        (unsigned long long)rest, f->path);
+    uint64_t at = 0;
+    for (int i = 0; i < f->n; i++) {
+        if (f->t[i].data) continue;
+        f->t[i].data = f->rest + at;
+        at += f->t[i].end - f->t[i].begin;
+    }
+    return QR_OK;
 }
 
 int qr_st_open(qr_st_file *f, const char *path) {
@@ -337,11 +367,25 @@ const qr_st_tensor *qr_st_find(const qr_st_file *f, const char *name) {
 }
 
 int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst) {
-    if (f->mem) { /* offsets checked against file_bytes at open */
-        memcpy(dst, f->mem + f->data_start + t->begin, (size_t)(t->end - t->begin));
+    size_t len = (size_t)(t->end - t->begin);
+    if (f->placing) { /* qr_st_open_head: dst is where t's bytes are to land */
+        if (t < f->t || t >= f->t + f->n)
+            return qr__fail(QR_EINTERNAL, "'%s': tensor '%s' is not one of its own", f->path,
+                            t->name);
+        qr_st_tensor *own = &f->t[t - f->t]; /* f's array, not f itself */
+        if (own->data)
+            return qr__fail(QR_EIO, "'%s': tensor '%s' is named by two records", f->path,
+                            t->name);
+        own->data = dst;
         return QR_OK;
     }
-    return read_at(f->fd, dst, (size_t)(t->end - t->begin), f->data_start + t->begin, f->path);
+    if (t->data) { /* its bytes landed there: nothing to do if that is dst */
+        if (t->data != dst) memcpy(dst, t->data, len);
+        return QR_OK;
+    }
+    if (f->fd < 0)
+        return qr__fail(QR_EINTERNAL, "'%s': tensor '%s' was given no place", f->path, t->name);
+    return read_at(f->fd, dst, len, f->data_start + t->begin, f->path);
 }
 
 const char *qr_st_meta(const qr_st_file *f, const char *key) {
@@ -353,6 +397,7 @@ void qr_st_close(qr_st_file *f) {
     if (f->fd >= 0) close(f->fd);
     cJSON_Delete(f->header);
     free(f->t);
+    free(f->rest);
     free(f->path);
     memset(f, 0, sizeof *f);
     f->fd = -1;

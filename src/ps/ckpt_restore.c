@@ -10,6 +10,10 @@
  *   restored: dense variables replaced whole, a table's rows made or
  *   updated since written over, its candidates merged, the ids removed
  *   since dropped, a variable made since restored whole.
+ *   Received (a re-replication's SNAPSHOT, rerep.c): the dense variables
+ *   made from the head alone, their tensors then the places the bytes
+ *   are received into (place); the counters and tables read once every
+ *   byte is in (finish).
  * A shard that does not fit the running ps (another mode, shape or
  * optimizer) is refused with a message naming it (docs/CHECKPOINTS.md,
  * "Restore").
@@ -217,7 +221,13 @@ static int restore_table(const ckpt_shard_ctx *c, const qr_st_file *f, const cJS
     return rc;
 }
 
-static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON *rec) {
+/* Which records a walk restores: a shard read whole restores all; one
+ * whose bytes are still to come places its dense variables first (their
+ * tensors then land in them) and restores its tables once it is in. */
+typedef enum { RESTORE_ALL, RESTORE_DENSE, RESTORE_TABLES } restore_part;
+
+static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON *rec,
+                       restore_part part) {
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(rec, "name");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(rec, "id");
     const cJSON *lr = cJSON_GetObjectItemCaseSensitive(rec, "lr");
@@ -234,7 +244,8 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     if (!t || t->dtype != QR_DT_F32 || t->ndim < 1)
         return qr__fail(QR_EIO, "'%s': variable '%s' has no F32 tensor", f->path, name->valuestring);
     const cJSON *table = cJSON_GetObjectItemCaseSensitive(rec, "table");
-    if (table) return restore_table(c, f, rec, table, t);
+    if (table) return part == RESTORE_DENSE ? QR_OK : restore_table(c, f, rec, table, t);
+    if (part == RESTORE_TABLES) return QR_OK;
     qr_var *v = qr__calloc(1, sizeof *v);
     if (!v) return QR_ENOMEM;
     v->id = (uint32_t)id->valuedouble;
@@ -269,10 +280,10 @@ static int restore_var(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON
     return rc;
 }
 
-/* f, opened: check its kind and mode, read its variable records and
- * counters (f closed on an error). */
-static int check_shard(const ckpt_shard_ctx *c, bool increment, qr_st_file *f, cJSON **vars,
-                       int64_t counters[2]) {
+/* f, opened: check its kind and mode and parse its variable records
+ * (*vars; NULL on an error, f left open). */
+static int check_kind(const ckpt_shard_ctx *c, bool increment, const qr_st_file *f,
+                      cJSON **vars) {
     const char *path = f->path;
     int rc = QR_OK;
     const char *vars_text = qr_st_meta(f, "quorum.variables");
@@ -289,8 +300,24 @@ static int check_shard(const ckpt_shard_ctx *c, bool increment, qr_st_file *f, c
         rc = qr__fail(QR_EIO, "'%s' is %s shard where %s one was expected", path,
                       is_increment ? "an incremental" : "a full",
                       increment ? "an incremental" : "a full");
-    if (!rc) rc = read_counter(f, "global_step", &counters[0]);
+    if (rc) {
+        cJSON_Delete(*vars);
+        *vars = NULL;
+    }
+    return rc;
+}
+
+static int read_counters(const qr_st_file *f, int64_t counters[2]) {
+    int rc = read_counter(f, "global_step", &counters[0]);
     if (!rc) rc = read_counter(f, "quorum/applied_steps", &counters[1]);
+    return rc;
+}
+
+/* f, opened: check_kind, then its counters (f closed on an error). */
+static int check_shard(const ckpt_shard_ctx *c, bool increment, qr_st_file *f, cJSON **vars,
+                       int64_t counters[2]) {
+    int rc = check_kind(c, increment, f, vars);
+    if (!rc) rc = read_counters(f, counters);
     if (rc) {
         cJSON_Delete(*vars);
         *vars = NULL;
@@ -319,13 +346,15 @@ static int restore_data_pos(const ckpt_shard_ctx *c, const qr_st_file *f) {
     return qr_st_read(f, pos, c->data_pos);
 }
 
-/* A full shard, opened and checked, into c's store; f and vars freed. */
-static int restore_opened(const ckpt_shard_ctx *c, qr_st_file *f, cJSON *vars) {
+/* A full shard, opened and checked, into c's store (the records `part`
+ * names); f and vars freed. */
+static int restore_opened(const ckpt_shard_ctx *c, qr_st_file *f, cJSON *vars,
+                          restore_part part) {
     int rc = QR_OK;
     const cJSON *rec;
     cJSON_ArrayForEach(rec, vars) {
         if (rc) break;
-        rc = restore_var(c, f, rec);
+        rc = restore_var(c, f, rec, part);
     }
     if (!rc) rc = restore_data_pos(c, f);
     cJSON_Delete(vars);
@@ -338,16 +367,35 @@ int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t co
     qr_st_file f;
     cJSON *vars;
     int rc = open_shard(c, path, false, &f, &vars, counters);
-    return rc ? rc : restore_opened(c, &f, vars);
+    return rc ? rc : restore_opened(c, &f, vars, RESTORE_ALL);
 }
 
-int qr__ckpt_shard_restore_memory(const ckpt_shard_ctx *c, const void *bytes, size_t len,
-                                  const char *name, int64_t counters[2]) {
-    qr_st_file f;
-    cJSON *vars = NULL;
-    int rc = qr_st_open_memory(&f, bytes, len, name);
-    if (!rc) rc = check_shard(c, false, &f, &vars, counters);
-    return rc ? rc : restore_opened(c, &f, vars);
+int qr__ckpt_shard_place(const ckpt_shard_ctx *c, qr_st_file *f, cJSON **vars) {
+    *vars = NULL;
+    int rc = check_kind(c, false, f, vars);
+    const cJSON *rec;
+    cJSON_ArrayForEach(rec, *vars) { /* NULL on an error */
+        if (rc) break;
+        rc = restore_var(c, f, rec, RESTORE_DENSE);
+    }
+    if (!rc) rc = qr_st_place_rest(f);
+    if (rc) {
+        cJSON_Delete(*vars);
+        *vars = NULL;
+        qr_st_close(f);
+    }
+    return rc;
+}
+
+int qr__ckpt_shard_finish(const ckpt_shard_ctx *c, qr_st_file *f, cJSON *vars,
+                          int64_t counters[2]) {
+    int rc = read_counters(f, counters);
+    if (rc) {
+        cJSON_Delete(vars);
+        qr_st_close(f);
+        return rc;
+    }
+    return restore_opened(c, f, vars, RESTORE_TABLES);
 }
 
 /* ---- restore: an increment on top of its base ----------------------------------- */
@@ -489,7 +537,7 @@ int qr__ckpt_shard_apply_increment(const ckpt_shard_ctx *c, const char *path,
         }
         /* Written whole: it replaces the base's (or is new since). */
         if (v) store_drop(c->store, v);
-        rc = restore_var(c, &f, rec);
+        rc = restore_var(c, &f, rec, RESTORE_ALL);
     }
     if (!rc) rc = restore_data_pos(c, &f);
     cJSON_Delete(vars);

@@ -90,10 +90,17 @@ void qr__ckpt_lower_priority(void);
 /* Read the shard at `path` into c's store (and c->data_pos), checking it
  * was written in c's mode; counters: its global_step, applied_steps. */
 int qr__ckpt_shard_restore(const ckpt_shard_ctx *c, const char *path, int64_t counters[2]);
-/* The same, of a shard's len bytes in memory (a re-replication's
- * SNAPSHOT); name stands for its path in messages. */
-int qr__ckpt_shard_restore_memory(const ckpt_shard_ctx *c, const void *bytes, size_t len,
-                                  const char *name, int64_t counters[2]);
+/* A full shard whose bytes are still to come (a re-replication's
+ * SNAPSHOT, received straight into the variables): f opened with
+ * qr_st_open_head. place: check its kind and mode, make its dense
+ * variables in c's store (their values, slots and averages then are the
+ * places their tensors land in), give the other tensors a place of f's
+ * (qr_st_place_rest); *vars its records (f closed on an error). Once
+ * every byte is in, finish: its counters, its tables; f and vars freed.
+ * c's store is a fresh one, put in service only once finish succeeds. */
+int qr__ckpt_shard_place(const ckpt_shard_ctx *c, qr_st_file *f, struct cJSON **vars);
+int qr__ckpt_shard_finish(const ckpt_shard_ctx *c, qr_st_file *f, struct cJSON *vars,
+                          int64_t counters[2]);
 /* Apply the incremental shard at `path` to c's store, which holds its
  * base restored (a full shard and the increments before it, in order):
  * the rows, dense variables and admission counts it holds replace what is

@@ -40,7 +40,8 @@
  *                 full, or an increment of the last one), write (libuv's
  *                 thread pool)
  *   ckpt_restore.c  the same format read back: restore into a store,
- *                 increments applied onto their base
+ *                 increments applied onto their base, a SNAPSHOT's
+ *                 variables made from its head before its tensors arrive
  *   pull.c    pulls: replies that lend the variables' tensors
  *   create.c  CREATE: the chief's variables and the others' checks
  *   failover.c    --ps-replicas 2: the view (where each shard is
@@ -250,6 +251,7 @@ typedef struct ps_peer {
                            * serve (failover.c): its requests name ps->replica.store */
     bool copy_own;        /* a replica link that copies this ps's own shard into ps->store
                            * (a replacement's, rerep.c) */
+    struct rerep_recv *snapshot; /* a SNAPSHOT being received into place (rerep.c) */
     bool hello_held;      /* its HELLO waits (rerep.c): held_req, held_meta */
     qr_frame held_req;
     uint8_t held_meta[64];

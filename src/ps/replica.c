@@ -957,10 +957,11 @@ void qr__replica_promote(qr_ps *ps) {
      * finds its replica link refused (QR_EVIEW) and is fenced. */
     for (ps_peer *p = ps->peers; p; p = p->next)
         if (p->role == QR_ROLE_REPLICA) qr_conn_close(p->conn);
+    char note[64]; /* its digest, unless large: the workers wait for this ps */
     qr__log(QR_LOG_WARN, "view %llu: this ps serves ps %d's shard now, from its copy (%u "
-            "variables, digest %016llx, %llu pushes applied, step %lld); on one copy until "
+            "variables, %s, %llu pushes applied, step %lld); on one copy until "
             "its failed primary's replacement is copied it (re-replication)", (unsigned long long)r->view, r->primary,
-            r->store.count, (unsigned long long)qr__store_digest(&r->store),
+            r->store.count, qr__store_digest_note(&r->store, (size_t)r->store.bytes, note, sizeof note),
             (unsigned long long)r->copy_pushes, (long long)r->copy_steps);
 }
 

@@ -250,6 +250,9 @@ void qr__rerep_stop(qr_ps *ps);
  * shard + 1); SNAPSHOT, loaded into the store the link copies. */
 int qr__rerep_hello(ps_peer *p, const qr_msg_hello *m);
 int qr__rerep_snapshot_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* A SNAPSHOT's payload so far (the `payload` event): once its head is in,
+ * its tensors are given their places in the store being made. */
+void qr__rerep_snapshot_payload(ps_peer *p, uint64_t got);
 void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 /* failover.c, for rerep.c: apply the view to this ps; tell the workers. */
 void qr__failover_apply(qr_ps *ps);
@@ -272,6 +275,10 @@ void qr__failover_beat_answer(qr_ps *ps, int index, const uint8_t *meta, uint32_
  * order (the trainer's params_digest), then every table row's id and
  * values in the table's order. */
 uint64_t qr__store_digest(const qr_store *s);
+/* "digest %016llx" of a store of `bytes` for a log line, into buf, or,
+ * above 64 MiB, why not (rerep.c): the digest reads every byte on the
+ * loop, which a failover or a copy must not stall. */
+const char *qr__store_digest_note(const qr_store *s, size_t bytes, char *buf, size_t len);
 /* The copies' statistics: per shard held, its role and digest. */
 void qr__replica_stats_json(qr_ps *ps, struct cJSON *obj);
 

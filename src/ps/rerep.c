@@ -18,10 +18,12 @@
  *   is forwarded behind it, and answered at once (the shard is still on
  *   one copy). The snapshot is sent as it stands (SNAPSHOT: the shard
  *   file's head, then its tensors where they are, no file and no copy);
- *   K loads it from the bytes received into the store it copies (its own shard
- *   into ps->store, its neighbour's into ps->replica.store), with the
- *   step counters, the duplicate records and the push count, then applies
- *   the forwards in order. Once K has applied the snapshot and every
+ *   K receives the head, makes a store from it, and receives the tensors
+ *   straight into that store's variables (one copy, the kernel's); once
+ *   all is in and checked, the store replaces the one the link copies
+ *   (its own shard: ps->store, its neighbour's: ps->replica.store), with
+ *   the step counters, the duplicate records and the push count; then it
+ *   applies the forwards in order. Once K has applied the snapshot and every
  *   forward made before that moment, the source waits for K again before
  *   it answers a push (as any primary waits for its backup), and says so
  *   to ps 0 (its answer to the VIEW that started it; ps 0 itself: here).
@@ -36,6 +38,8 @@
 
 #include "ckpt/ckpt.h"
 #include "ps/ckpt_shard.h"
+
+#include <cjson/cJSON.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,11 +116,9 @@ static int take_snapshot(qr_ps *ps, qr_store *store, int shard, int64_t steps,
     return QR_OK;
 }
 
-/* "digest %016llx" of a store for a log line, or, for a large one, why
- * not: the digest reads every byte, one at a time (a second a GB), on the
- * loop, which a copy must not stall. */
+/* The digest reads every byte, one at a time (a second a GB). */
 #define DIGEST_MAX_BYTES ((size_t)64 << 20)
-static const char *digest_note(const qr_store *s, size_t bytes, char *buf, size_t len) {
+const char *qr__store_digest_note(const qr_store *s, size_t bytes, char *buf, size_t len) {
     if (bytes > DIGEST_MAX_BYTES)
         snprintf(buf, len, "digest left out above %zu MiB", DIGEST_MAX_BYTES >> 20);
     else
@@ -164,7 +166,7 @@ void qr__rerep_start(repl_link *L) {
     qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot taken at forward %llu "
             "(%u variables, %.2f ms on the loop, %s); training goes on", L->shard, L->target,
             (unsigned long long)L->snapshot_fwd, store->count, snap_ms,
-            digest_note(store, bytes, digest, sizeof digest));
+            qr__store_digest_note(store, bytes, digest, sizeof digest));
     qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot made (%zu bytes, %.1f "
             "MB, sent from the variables' own tensors), sending it", L->shard, L->target,
             bytes, (double)bytes / 1e6);
@@ -290,63 +292,178 @@ int qr__rerep_hello(ps_peer *p, const qr_msg_hello *m) {
     return QR_OK;
 }
 
-int qr__rerep_snapshot_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    (void)meta;
-    if (p->role != QR_ROLE_REPLICA)
-        return qr__fail(QR_EINVAL, "SNAPSHOT comes only on a replica link");
-    if (f->meta_len < 32 || f->payload_len == 0)
-        return qr__fail(QR_EPROTO, "SNAPSHOT: the meta (%u bytes) or the shard is missing",
-                        f->meta_len);
-    int rc = qr__peer_take_recv(p, (size_t)f->payload_len);
-    if (rc) return qr__fail(rc, "out of memory receiving a snapshot of %llu bytes",
-                            (unsigned long long)f->payload_len);
-    qr_iov iov = {p->recv, (size_t)f->payload_len};
-    return qr_conn_expect(p->conn, &iov, 1);
+/* A SNAPSHOT being received: its length word, then its head, into
+ * buffers of their own; then its tensors straight into the variables of
+ * a store of its own, made from the head (dense variables: their values,
+ * slots and averages; the rest, tables and counters, into a buffer of
+ * the file's, read from there once all is in). The store is put in
+ * service only when every byte is in and checked: a snapshot refused or
+ * cut short leaves nothing half loaded. */
+typedef struct rerep_recv {
+    int shard;
+    uint64_t payload_len;
+    uint8_t first8[8];
+    uint8_t *head;
+    uint64_t head_len;       /* 0 until the length word is in */
+    bool open;               /* file and vars hold the head, placed */
+    qr_st_file file;
+    cJSON *vars;
+    qr_store store;
+    char name[64];
+} rerep_recv;
+
+static void recv_free(ps_peer *p) {
+    rerep_recv *rr = p->snapshot;
+    if (!rr) return;
+    if (rr->open) {
+        cJSON_Delete(rr->vars);
+        qr_st_close(&rr->file);
+    }
+    free(rr->head);
+    qr_store_free(&rr->store);
+    free(rr);
+    p->snapshot = NULL;
 }
 
-/* The shard's bytes into store (emptied first). */
-static int load(qr_ps *ps, qr_store *store, int shard, const void *bytes, size_t len,
-                int64_t counters[2]) {
-    qr_store_free(store);
-    qr_store_init(store);
-    ckpt_shard_ctx sc = shard_ctx(ps, store, shard, 0);
-    char name[64];
-    snprintf(name, sizeof name, "the snapshot of shard %d", shard);
-    return qr__ckpt_shard_restore_memory(&sc, bytes, len, name, counters);
+/* The shard the SNAPSHOT's meta names, checked against what the link
+ * copies. */
+static int check_snapshot_meta(ps_peer *p, const qr_frame *f, const uint8_t *meta, int *shard) {
+    qr_ps *ps = p->ps;
+    qr_rbuf rb;
+    qr_rbuf_init(&rb, meta, f->meta_len);
+    (void)qr_rbuf_u64(&rb); /* the forward */
+    *shard = (int)qr_rbuf_u32(&rb);
+    (void)qr_rbuf_i64(&rb);
+    (void)qr_rbuf_u64(&rb);
+    uint32_t nw = qr_rbuf_u32(&rb);
+    int want = p->copy_own ? ps->index : ps->replica.primary;
+    size_t rec = (size_t)QR_MAX(ps->cluster->nworkers, 1) * sizeof(repl_last);
+    if (rb.bad || *shard != want || nw != (uint32_t)QR_MAX(ps->cluster->nworkers, 1) ||
+        rb.left != rec)
+        return qr__fail(QR_EINVAL, "SNAPSHOT: of shard %d for %u workers, but this link copies "
+                        "shard %d of a cluster of %d workers", *shard, nw, want,
+                        ps->cluster->nworkers);
+    return QR_OK;
+}
+
+int qr__rerep_snapshot_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    recv_free(p);
+    if (p->role != QR_ROLE_REPLICA)
+        return qr__fail(QR_EINVAL, "SNAPSHOT comes only on a replica link");
+    if (f->meta_len < 32 || f->payload_len < 8)
+        return qr__fail(QR_EPROTO, "SNAPSHOT: the meta (%u bytes) or the shard (%llu bytes) is "
+                        "missing", f->meta_len, (unsigned long long)f->payload_len);
+    int shard;
+    int rc = check_snapshot_meta(p, f, meta, &shard);
+    if (rc) return rc;
+    rerep_recv *rr = qr__calloc(1, sizeof *rr);
+    if (!rr) return qr__fail(QR_ENOMEM, "out of memory receiving a snapshot");
+    rr->shard = shard;
+    rr->payload_len = f->payload_len;
+    qr_store_init(&rr->store);
+    snprintf(rr->name, sizeof rr->name, "the snapshot of shard %d", shard);
+    p->snapshot = rr;
+    qr_iov iov = {rr->first8, sizeof rr->first8};
+    return qr_conn_expect_rest(p->conn, &iov, 1); /* the rest: qr__rerep_snapshot_payload */
+}
+
+static int by_begin(const void *a, const void *b) {
+    const qr_st_tensor *x = *(const qr_st_tensor *const *)a, *y = *(const qr_st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* The head is in: parse it, make the store, and receive the tensors into it. */
+static int place_tensors(ps_peer *p, rerep_recv *rr, uint64_t payload_len) {
+    int rc = qr_st_open_head(&rr->file, rr->head, rr->head_len, payload_len, rr->name);
+    if (rc) return rc;
+    ckpt_shard_ctx sc = shard_ctx(p->ps, &rr->store, rr->shard, 0);
+    rc = qr__ckpt_shard_place(&sc, &rr->file, &rr->vars); /* the file closed on an error */
+    if (rc) return rc;
+    rr->open = true;
+    free(rr->head); /* parsed: the names live in the file's header */
+    rr->head = NULL;
+    /* The tensors tile the bytes after the head (checked at open): in
+     * their order, their places take the rest of the payload exactly. */
+    int n = rr->file.n;
+    const qr_st_tensor **order = qr__calloc((size_t)QR_MAX(n, 1), sizeof *order);
+    qr_iov *iov = qr__calloc((size_t)QR_MAX(n, 1), sizeof *iov);
+    if (!order || !iov) rc = qr__fail(QR_ENOMEM, "out of memory placing %s", rr->name);
+    int niov = 0;
+    for (int i = 0; !rc && i < n; i++) order[i] = &rr->file.t[i];
+    if (!rc) qsort(order, (size_t)n, sizeof *order, by_begin);
+    for (int i = 0; !rc && i < n; i++) {
+        size_t len = (size_t)(order[i]->end - order[i]->begin);
+        if (len) iov[niov++] = (qr_iov){(void *)order[i]->data, len};
+    }
+    if (!rc) rc = qr_conn_expect_rest(p->conn, iov, niov);
+    free(order);
+    free(iov);
+    return rc;
+}
+
+void qr__rerep_snapshot_payload(ps_peer *p, uint64_t got) {
+    rerep_recv *rr = p->snapshot;
+    uint64_t len = rr->payload_len;
+    int rc = QR_OK;
+    if (!rr->head_len && got == sizeof rr->first8) {
+        rc = qr_st_head_length(rr->first8, len, &rr->head_len);
+        if (rc) qr__error_prefix("'%s': ", rr->name);
+        rr->head = rc ? NULL : malloc(rr->head_len);
+        if (!rc && !rr->head) rc = qr__fail(QR_ENOMEM, "out of memory for the head of %s",
+                                            rr->name);
+        if (!rc) {
+            memcpy(rr->head, rr->first8, sizeof rr->first8);
+            qr_iov iov = {rr->head + 8, (size_t)rr->head_len - 8};
+            rc = qr_conn_expect_rest(p->conn, &iov, rr->head_len > 8 ? 1 : 0);
+            if (!rc && rr->head_len == 8) rc = place_tensors(p, rr, len);
+        }
+    } else if (rr->head_len && !rr->open && got == rr->head_len) {
+        rc = place_tensors(p, rr, len);
+    }
+    if (rc) { /* refused once the payload has gone by (on_message) */
+        qr__error_prefix("SNAPSHOT of shard %d: ", rr->shard);
+        qr__peer_hold_error(p, rc);
+        recv_free(p);
+        qr_conn_expect_rest(p->conn, NULL, 0);
+    }
 }
 
 void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_replica *r = &ps->replica;
+    rerep_recv *rr = p->snapshot;
+    if (!rr || !rr->open) { /* a payload of 8 bytes or less */
+        recv_free(p);
+        qr__peer_reply_error(p, f, QR_EPROTO, "SNAPSHOT: the shard is cut short");
+        return;
+    }
     qr_rbuf rb;
     qr_rbuf_init(&rb, meta, f->meta_len);
     uint64_t fwd = qr_rbuf_u64(&rb);
     int shard = (int)qr_rbuf_u32(&rb);
     int64_t steps = qr_rbuf_i64(&rb);
     uint64_t pushes = qr_rbuf_u64(&rb);
-    uint32_t nw = qr_rbuf_u32(&rb);
-    int want = p->copy_own ? ps->index : r->primary;
+    (void)qr_rbuf_u32(&rb); /* the workers, checked with the rest at the header */
     size_t rec = (size_t)QR_MAX(ps->cluster->nworkers, 1) * sizeof(repl_last);
-    if (rb.bad || shard != want || nw != (uint32_t)QR_MAX(ps->cluster->nworkers, 1) ||
-        rb.left != rec) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "%s: SNAPSHOT: of shard %d for %u workers, but this link copies "
-                 "shard %d of a cluster of %d workers", ps->name, shard, nw, want,
-                 ps->cluster->nworkers);
-        qr__peer_reply_error(p, f, QR_EINVAL, msg);
-        return;
-    }
-    qr_store *store = qr__peer_store(p);
     int64_t counters[2];
     uint64_t t0 = qr__now_ns();
-    int rc = load(ps, store, shard, p->recv, (size_t)f->payload_len, counters);
+    ckpt_shard_ctx sc = shard_ctx(ps, &rr->store, shard, 0);
+    rr->open = false; /* finish frees the file and the records */
+    int rc = qr__ckpt_shard_finish(&sc, &rr->file, rr->vars, counters);
     if (rc) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s: SNAPSHOT of shard %d: %s", ps->name, shard,
                  qr_last_error());
+        recv_free(p);
         qr__peer_reply_error(p, f, rc, msg);
         return;
     }
+    /* Complete and checked: it replaces what the link's store held. */
+    qr_store *store = qr__peer_store(p);
+    qr_store_free(store);
+    *store = rr->store;
+    qr_store_init(&rr->store);
+    recv_free(p);
     memcpy(p->copy_own ? r->last : r->backup_last, rb.p, rec);
     if (p->copy_own) {
         ps->applied_steps = steps;
@@ -360,10 +477,10 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
     }
     double load_ms = (double)(qr__now_ns() - t0) / 1e6;
     char digest[64];
-    qr__log(QR_LOG_INFO, "loaded the snapshot of shard %d (%u variables, %.1f MB in %.0f ms, "
-            "%s, %llu pushes, step %lld) from ps %d", shard, store->count,
-            (double)f->payload_len / 1e6, load_ms,
-            digest_note(store, (size_t)f->payload_len, digest, sizeof digest),
+    qr__log(QR_LOG_INFO, "loaded the snapshot of shard %d (%u variables, %.1f MB received into "
+            "them, %.1f ms to finish, %s, %llu pushes, step %lld) from ps %d", shard,
+            store->count, (double)f->payload_len / 1e6, load_ms,
+            qr__store_digest_note(store, (size_t)f->payload_len, digest, sizeof digest),
             (unsigned long long)pushes, (long long)steps, p->copy_own ? r->backup : r->primary);
     qr_wbuf out = {0};
     qr_wbuf_u64(&out, fwd);
@@ -390,6 +507,7 @@ bool qr__rerep_hold_view(ps_peer *p, const qr_frame *f) {
 }
 
 void qr__rerep_peer_lost(ps_peer *p) {
+    recv_free(p); /* a snapshot cut short: nothing of it was put in service */
     if (p->ps->rerep.peer == p) p->ps->rerep.peer = NULL;
 }
 

@@ -208,10 +208,12 @@ static void on_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     if (!p->parked) qr__peer_release_recv(p);
 }
 
-/* More of a push's payload is in: check the new part while it is hot. */
+/* More of a push's payload is in: check the new part while it is hot.
+ * A snapshot's: its head in, the rest is placed (rerep.c). */
 static void on_payload(qr_conn *c, uint64_t got) {
     ps_peer *p = qr_conn_data(c);
     if (p->check.items) qr__grad_check_advance(&p->check, got);
+    if (p->snapshot) qr__rerep_snapshot_payload(p, got);
 }
 
 /* ---- connections ---------------------------------------------------------- */

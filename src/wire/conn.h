@@ -133,6 +133,14 @@ const char *qr_conn_refusal_message(const qr_conn *c);
  * Their lengths must add up to the frame's payload_len. The array is
  * copied; the buffers must stay valid until `message` or `lost`. */
 int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n);
+/* From the `header` or `payload` event: the payload's next bytes (what
+ * has not arrived yet, or its first part) go to these buffers instead;
+ * the owner's `payload` event, called as they fill, may name the next
+ * buffers with another call; bytes no call names are read and discarded
+ * (n 0: all that is left). Lets an owner place a payload it learns the
+ * layout of from its own first bytes (a re-replication's snapshot: its
+ * head, then its tensors straight into the variables). */
+int qr_conn_expect_rest(qr_conn *c, const qr_iov *iov, int n);
 
 /* Send one message: header f (meta_len and payload_len are filled in),
  * meta (copied), and payload buffers, which must stay unchanged until cb

@@ -65,12 +65,14 @@ static void rx_reset(qr_conn *c) {
     c->trailer_left = 0;
 }
 
-int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
+/* Make iov[0..n) the destination of the payload's next bytes: all of the
+ * `left` still to come (exact), or at most that. */
+static int set_iovs(qr_conn *c, const qr_iov *iov, int n, uint64_t left, bool exact) {
     uint64_t total = 0;
     for (int i = 0; i < n; i++) total += iov[i].len;
-    if (total != c->frame.payload_len)
-        return qr__fail(QR_EINTERNAL, "expected buffers hold %llu bytes, payload is %llu",
-                        (unsigned long long)total, (unsigned long long)c->frame.payload_len);
+    if (exact ? total != left : total > left)
+        return qr__fail(QR_EINTERNAL, "expected buffers hold %llu bytes, payload has %llu to come",
+                        (unsigned long long)total, (unsigned long long)left);
     if (n > c->iov_cap) {
         qr_iov *grown = realloc(c->iov, (size_t)n * sizeof *grown);
         if (!grown) return qr__fail(QR_ENOMEM, "out of memory for %d receive buffers", n);
@@ -80,6 +82,32 @@ int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
     if (n) memcpy(c->iov, iov, (size_t)n * sizeof *iov);
     c->niov = n;
     c->discard = false;
+    return QR_OK;
+}
+
+int qr_conn_expect(qr_conn *c, const qr_iov *iov, int n) {
+    return set_iovs(c, iov, n, c->frame.payload_len, true);
+}
+
+static void skip_full_iovs(qr_conn *c);
+
+int qr_conn_expect_rest(qr_conn *c, const qr_iov *iov, int n) {
+    if (c->state != RX_PAYLOAD)
+        return qr__fail(QR_EINTERNAL, "qr_conn_expect_rest outside a payload");
+    c->iov_idx = 0;
+    c->iov_off = 0;
+    if (n == 0) {
+        c->niov = 0;
+        c->discard = true;
+        return QR_OK;
+    }
+    int rc = set_iovs(c, iov, n, c->frame.payload_len - c->payload_got, false);
+    if (rc) {
+        c->niov = 0;
+        c->discard = true; /* the stream stays in step */
+        return rc;
+    }
+    skip_full_iovs(c);
     return QR_OK;
 }
 
@@ -125,6 +153,9 @@ void qr__conn_payload_advance(qr_conn *c, size_t n) {
         c->iov_off += n;
         skip_full_iovs(c);
         if (c->ev->payload) c->ev->payload(c, c->payload_got);
+        /* Buffers named by qr_conn_expect_rest for part of what was left
+         * are full, and the owner named no more: the rest is discarded. */
+        if (!c->discard && c->iov_idx == c->niov) c->discard = true;
     }
     if (c->payload_got == c->frame.payload_len) payload_done(c);
 }
@@ -143,7 +174,8 @@ static void start_payload(qr_conn *c) {
     c->iov_idx = 0;
     c->iov_off = 0;
     if (!c->discard) skip_full_iovs(c);
-    else if (c->reserved) qr__conn_limits_keep(c, c->meta_want); /* read into staging */
+    if (!c->discard && c->iov_idx == c->niov) c->discard = true; /* (empty buffers only) */
+    else if (c->discard && c->reserved) qr__conn_limits_keep(c, c->meta_want); /* read into staging */
     if (c->frame.payload_len == 0) payload_done(c);
 }
 

@@ -28,7 +28,7 @@ REPLY = 0x80
 PUSH_STEP = 1
 PUSH_LR = 0x20  # the items carry their learning rates (push_meta's lrs)
 
-STATUS = {0: "OK", -1: "EINVAL", -4: "EPROTO", -5: "ENOTFOUND", -6: "EEXIST",
+STATUS = {0: "OK", -1: "EINVAL", -3: "EIO", -4: "EPROTO", -5: "ENOTFOUND", -6: "EEXIST",
           -7: "ESHAPE", -10: "ESTOPPED", -11: "ENOTREADY", -14: "ENONFINITE",
           -15: "ETOOBIG"}
 

@@ -9,7 +9,12 @@ raw wire as test_hostile.py does:
     applied, changes nothing on either copy, and counts duplicate_pushes;
   - a REPLICATE from a worker's connection, a replica link from the wrong
     ps, a REPLICATE naming an unknown id or with the wrong size are
-    refused with the problem named, and the backup's copy is unchanged.
+    refused with the problem named, and the backup's copy is unchanged;
+  - so are SNAPSHOTs (a re-replication's) whose shard is malformed: a
+    head that is not JSON, a header longer than the payload, two records
+    naming one tensor (found once the head is in, while the tensors are
+    still to come: refused after them, the link still in step); one cut
+    short by its connection's end leaves the copy as it was too.
 Case "train": `quorum launch --mode async --ps-replicas 2` on digits
 (2 and 3 ps, SGD and Adam) and on click data with embedding tables trains
 as --ps-replicas 1 does, and as the run ends each shard's primary digest
@@ -80,7 +85,7 @@ from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, S
                     launch_child_pid, push_meta, read_reply, ready_meta, unfloats)
 
 quorum, case = sys.argv[1], sys.argv[2]
-REPLICATE, VIEW = 21, 22
+REPLICATE, VIEW, SNAPSHOT = 21, 22, 23
 SYNC_PUSH, SYNC_STEP = 0x10000, 0x20000
 ROLE_WORKER, ROLE_REPLICA, ROLE_WORKER_VIEW = 1, 3, 4
 EVIEW = -20
@@ -127,6 +132,51 @@ def repl_meta(items, fwd, flags=PUSH_STEP, worker=0, seq=1, t=1):
     for var_id, kind, nbytes, lr in items:
         meta += struct.pack("<IIQf", var_id, kind, nbytes, lr)
     return meta
+
+
+REPL_LAST_BYTES = 64 * 4 + 64 * 8 + 8  # repl_last (src/ps/replica.h): one per worker
+
+
+def snapshot_meta(shard, workers=1):
+    return struct.pack("<QIqQI", 1, shard, 0, 0, workers) + bytes(REPL_LAST_BYTES * workers)
+
+
+def safetensors(header, data=b""):
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def malformed_snapshots_refused(r, p1, rid):
+    """SNAPSHOTs of shard 0 on replica link r to p1 that must be refused,
+    p1's copy of shard 0 unchanged."""
+    backup = shard_digests(p1)[(0, "backup")]
+    meta = snapshot_meta(0)
+    expect_error(r, frame(SNAPSHOT, rid, meta, struct.pack("<Q", 8) + b"[1,2,3] " + floats([1] * 4)),
+                 "EIO", "not a JSON object", "a SNAPSHOT whose head is not JSON")
+    expect_error(r, frame(SNAPSHOT, rid + 1, meta, struct.pack("<Q", 1 << 20) + bytes(64)),
+                 "EIO", "are not a safetensors file", "a SNAPSHOT whose header outruns it")
+    rec = {"name": "w", "id": 1, "lr": 0.1, "options": "", "version": 1, "slots": {}}
+    twice = safetensors({"__metadata__": {"quorum.variables": json.dumps([rec, rec]),
+                                          "mode": "async"},
+                         "w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+                        floats([5, 6, 7, 8]))
+    expect_error(r, frame(SNAPSHOT, rid + 2, meta, twice), "EIO",
+                 "tensor 'w' is named by two records", "a SNAPSHOT naming one tensor twice")
+    assert shard_digests(p1)[(0, "backup")] == backup, "a refused SNAPSHOT changed the copy"
+    # cut short: the connection ends in the middle of the tensors
+    c = connect(p1)
+    assert request(c, frame(HELLO, 1, hello(ROLE_REPLICA, 0)))[2] == 0
+    once = safetensors({"__metadata__": {"quorum.variables": json.dumps([rec]),
+                                         "mode": "async"},
+                        "w": {"dtype": "F32", "shape": [1 << 16], "data_offsets": [0, 1 << 18]}},
+                       bytes(1 << 18))
+    c.sendall(frame(SNAPSHOT, 2, meta, once)[:-(1 << 17)])
+    time.sleep(0.3)
+    c.close()
+    time.sleep(0.3)
+    assert shard_digests(p1)[(0, "backup")] == backup, "a SNAPSHOT cut short changed the copy"
+    print("ok: refused or cut short, SNAPSHOTs left the backup's copy unchanged")
 
 
 def wire_case():
@@ -222,6 +272,7 @@ def wire_case():
                               flags=PUSH_STEP),
                      "EPROTO", "a replica link carries CREATE and REPLICATE",
                      "a PUSH on a replica link")
+        malformed_snapshots_refused(r, p1, 40)
         r.close()
         assert shard_digests(p1)[(0, "backup")] == backup, "a refused REPLICATE changed the copy"
         print("ok: refused REPLICATEs left the backup's copy unchanged")

@@ -14,7 +14,9 @@
  * restoring it into an empty store must give every value, slot, average,
  * row, counter and data position back bit for bit. The same snapshot as a
  * re-replication sends it (the head, then the tensors where they are) is
- * the file byte for byte, and loads from memory to the same state.
+ * the file byte for byte, and received in place (its head first, then
+ * each tensor's bytes straight into the variable made for it) gives the
+ * same state; a SNAPSHOT that does not fit its head is refused.
  *
  * Then the refusals: a shard cut short, one whose header is damaged, one
  * of the other mode, each refused with an error naming the problem; a
@@ -375,26 +377,21 @@ static void test_snapshot_write_restore(void **state) {
     qr_store_free(&expect);
 }
 
-/* A re-replication's SNAPSHOT (rerep.c): the safetensors head, then the
- * snapshot's tensors where they are, as the socket delivers them one
- * after the other, is byte for byte the file the writer makes of the same
- * snapshot; loaded from memory it gives the state at the snapshot back,
- * though the live variables changed after it; bytes cut short or a
- * damaged head are refused, naming the snapshot. */
-static void test_snapshot_sent_from_memory(void **state) {
-    world *w = *state;
-    qr_store expect;
-    copy_store(w, &expect);
+/* A re-replication's snapshot of w's store (*j; *expect a copy of the
+ * store at it) and the bytes of its SNAPSHOT, malloc'd: the head, then
+ * each tensor's where the snapshot holds it, as the socket delivers them. */
+static uint8_t *snapshot_message(world *w, qr_store *expect, ckpt_job **jp, size_t *len) {
+    copy_store(w, expect);
     ckpt_shard_ctx c = ctx_of(w, &w->store);
-    ckpt_job *j;
-    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, &j), QR_OK);
+    assert_int_equal(qr__ckpt_shard_snapshot(&c, "re-replication", 0, STEP, jp), QR_OK);
+    const ckpt_job *j = *jp;
     uint8_t *head;
-    size_t head_len, len;
+    size_t head_len;
     assert_int_equal(qr_st_head(j->path, j->tensors, j->ntensors, j->meta, &head, &head_len),
                      QR_OK);
-    len = head_len;
-    for (int i = 0; i < j->ntensors; i++) len += (size_t)qr_st_bytes(&j->tensors[i]);
-    uint8_t *msg = malloc(len);
+    *len = head_len;
+    for (int i = 0; i < j->ntensors; i++) *len += (size_t)qr_st_bytes(&j->tensors[i]);
+    uint8_t *msg = malloc(*len);
     assert_non_null(msg);
     memcpy(msg, head, head_len);
     size_t at = head_len;
@@ -404,6 +401,56 @@ static void test_snapshot_sent_from_memory(void **state) {
         at += n;
     }
     free(head);
+    return msg;
+}
+
+#define SNAPSHOT_NAME "the snapshot of shard 0"
+
+/* msg's len bytes received as rerep.c receives a SNAPSHOT, into got: the
+ * head parsed first and the store made from it, each dense variable's
+ * tensors (value, slots, average) given their place in it, the rest
+ * (tables, counters) a place of the file's; each tensor's bytes copied
+ * to its place as the socket would copy them; then the shard finished. */
+static void receive_in_place(world *w, const uint8_t *msg, size_t len, qr_store *got,
+                             int64_t counters[2]) {
+    uint64_t head_len;
+    assert_int_equal(qr_st_head_length(msg, len, &head_len), QR_OK);
+    qr_st_file f;
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len, SNAPSHOT_NAME), QR_OK);
+    qr_store_init(got);
+    ckpt_shard_ctx into = ctx_of(w, got);
+    cJSON *vars;
+    if (qr__ckpt_shard_place(&into, &f, &vars)) fail_msg("place: %s", qr_last_error());
+    int dense_placed = 0;
+    for (uint32_t i = 0; i < got->cap; i++) {
+        qr_var *v = got->by_id[i];
+        if (!v) continue;
+        assert_null(v->table); /* tables are made once their rows are in */
+        const qr_st_tensor *t = qr_st_find(&f, v->name);
+        assert_non_null(t);
+        assert_ptr_equal(t->data, v->value->data); /* the value lands in the variable */
+        dense_placed++;
+    }
+    assert_int_equal(dense_placed, 3);
+    for (int i = 0; i < f.n; i++) {
+        assert_non_null(f.t[i].data);
+        memcpy((void *)f.t[i].data, msg + head_len + f.t[i].begin,
+               (size_t)(f.t[i].end - f.t[i].begin));
+    }
+    if (qr__ckpt_shard_finish(&into, &f, vars, counters)) fail_msg("finish: %s", qr_last_error());
+}
+
+/* A re-replication's SNAPSHOT (rerep.c): the safetensors head, then the
+ * snapshot's tensors where they are, as the socket delivers them one
+ * after the other, is byte for byte the file the writer makes of the same
+ * snapshot; received in place (receive_in_place) it gives the state at
+ * the snapshot back, though the live variables changed after it. */
+static void test_snapshot_sent_from_memory(void **state) {
+    world *w = *state;
+    qr_store expect;
+    ckpt_job *j;
+    size_t len;
+    uint8_t *msg = snapshot_message(w, &expect, &j, &len);
     /* the same snapshot, written as a checkpoint's shard */
     snprintf(j->path, sizeof j->path, "%s/sent.safetensors", w->dir);
     j->work.data = j;
@@ -428,30 +475,51 @@ static void test_snapshot_sent_from_memory(void **state) {
     }
     qr__ckpt_shard_free(j);
     qr_store got;
-    qr_store_init(&got);
-    ckpt_shard_ctx into = ctx_of(w, &got);
     int64_t counters[2];
-    if (qr__ckpt_shard_restore_memory(&into, msg, len, "the snapshot of shard 0", counters))
-        fail_msg("restore from memory: %s", qr_last_error());
+    receive_in_place(w, msg, len, &got, counters);
     assert_stores_equal(&expect, &got);
     assert_int_equal(counters[0], STEP);
     qr_store_free(&got);
-    /* cut short, and a head that is not JSON */
-    qr_store_init(&got);
-    into = ctx_of(w, &got);
-    assert_int_equal(qr__ckpt_shard_restore_memory(&into, msg, len - 1, "the snapshot of shard 0",
-                                                   counters), QR_EIO);
-    assert_non_null(strstr(qr_last_error(), "the snapshot of shard 0"));
-    assert_int_equal(qr__ckpt_shard_restore_memory(&into, msg, 5, "the snapshot of shard 0",
-                                                   counters), QR_EIO);
-    assert_non_null(strstr(qr_last_error(), "are not a safetensors file"));
-    msg[8] = '[';
-    assert_int_equal(qr__ckpt_shard_restore_memory(&into, msg, len, "the snapshot of shard 0",
-                                                   counters), QR_EIO);
-    assert_non_null(strstr(qr_last_error(), "not a JSON object"));
-    assert_int_equal(got.count, 0);
-    qr_store_free(&got);
     qr_store_free(&expect);
+    free(msg);
+}
+
+/* A SNAPSHOT whose bytes do not fit its head, whose head is cut short or
+ * is not JSON, or that gives one tensor two places, is refused by name
+ * before a byte of its tensors would be taken. */
+static void test_snapshot_refused(void **state) {
+    world *w = *state;
+    qr_store expect;
+    ckpt_job *j;
+    size_t len;
+    uint8_t *msg = snapshot_message(w, &expect, &j, &len);
+    qr__ckpt_shard_free(j);
+    qr_store_free(&expect);
+    uint64_t head_len;
+    assert_int_equal(qr_st_head_length(msg, len, &head_len), QR_OK);
+    qr_st_file f;
+    /* the bytes announced are not those the head describes */
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len - 1, SNAPSHOT_NAME), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), SNAPSHOT_NAME));
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len + 4, SNAPSHOT_NAME), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "bytes after its last tensor"));
+    /* fewer bytes than a length word, or than the head it announces */
+    uint64_t got_len;
+    assert_int_equal(qr_st_head_length(msg, 5, &got_len), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "are not a safetensors file"));
+    assert_int_equal(qr_st_head_length(msg, head_len - 1, &got_len), QR_EIO);
+    /* one tensor, two places */
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len, SNAPSHOT_NAME), QR_OK);
+    int64_t a, b; /* placing: nothing is read into them */
+    const qr_st_tensor *t = qr_st_find(&f, "global_step");
+    assert_int_equal(qr_st_read(&f, t, &a), QR_OK);
+    assert_int_equal(qr_st_read(&f, t, &b), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "'global_step' is named by two records"));
+    qr_st_close(&f);
+    /* a head that is not JSON */
+    msg[8] = '[';
+    assert_int_equal(qr_st_open_head(&f, msg, head_len, len, SNAPSHOT_NAME), QR_EIO);
+    assert_non_null(strstr(qr_last_error(), "not a JSON object"));
     free(msg);
 }
 
@@ -792,6 +860,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_snapshot_write_restore, setup, teardown),
         cmocka_unit_test_setup_teardown(test_snapshot_sent_from_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_snapshot_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_damaged_shards_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_mixed_checkpoint_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_version_1_read, setup, teardown),

@@ -25,6 +25,11 @@
  * A connection paused from a message's callback delivers nothing more of
  * the read that message came in until it resumes, then all of it in order
  * (a ps's parked push keeps the requests behind it waiting).
+ *
+ * A payload placed in stages (qr_conn_expect_rest, a re-replication's
+ * snapshot): its length word, then the head it gives the length of, then
+ * the rest into buffers named once the head is in; what no call names is
+ * discarded and the next message still arrives whole.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -411,6 +416,26 @@ static void pauser_lost(qr_conn *c, int status) {
     p->lost++;
 }
 
+/* A listener on a fresh Unix socket and a client connecting to it, on
+ * loop, with events ev and owner data: the loop turns until *connected
+ * and *server are set (the events' own flags) or 10 s pass. */
+static qr_listener *listen_and_connect(uv_loop_t *loop, const qr_conn_events *ev, void *data,
+                                       qr_conn **client, const bool *connected,
+                                       qr_conn *const *server) {
+    qr_conn_options opt = {.max_payload = 1 << 20};
+    char address[96];
+    unix_address(address, sizeof address);
+    qr_addr addr;
+    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
+    qr_listener *l = NULL;
+    assert_int_equal(qr_listen(loop, &addr, NULL, false, &opt, ev, data, &l), QR_OK);
+    assert_int_equal(qr_connect(loop, &addr, false, &opt, ev, data, client), QR_OK);
+    uint64_t end = uv_now(loop) + 10000;
+    while (!(*connected && *server) && uv_now(loop) < end) uv_run(loop, UV_RUN_ONCE);
+    assert_true(*connected && *server);
+    return l;
+}
+
 static void test_pause_holds_the_rest_of_a_read(void **state) {
     (void)state;
     pauser *p = calloc(1, sizeof *p);
@@ -421,24 +446,14 @@ static void test_pause_holds_the_rest_of_a_read(void **state) {
     qr_conn_events ev = {.connected = pauser_connected, .header = pauser_header,
                          .message = pauser_message, .lost = pauser_lost,
                          .accepted = pauser_accepted};
-    qr_conn_options opt = {.max_payload = 1 << 20};
-    char address[96];
-    unix_address(address, sizeof address);
-    qr_addr addr;
-    assert_int_equal(qr_addr_parse(address, &addr), QR_OK);
-    qr_listener *l = NULL;
-    assert_int_equal(qr_listen(&p->loop, &addr, NULL, false, &opt, &ev, p, &l), QR_OK);
-    assert_int_equal(qr_connect(&p->loop, &addr, false, &opt, &ev, p, &p->client), QR_OK);
-    uint64_t end = uv_now(&p->loop) + 10000;
-    while (!(p->connected && p->server) && uv_now(&p->loop) < end) uv_run(&p->loop, UV_RUN_ONCE);
-    assert_true(p->connected && p->server);
+    qr_listener *l = listen_and_connect(&p->loop, &ev, p, &p->client, &p->connected, &p->server);
     /* Every request written before the loop turns: the server reads many
      * of them at once. */
     for (int k = 0; k < BURST; k++) {
         qr_frame f = {.type = QR_MSG_STEP, .request_id = (uint32_t)k + 1};
         assert_int_equal(qr_conn_send(p->client, &f, &k, 4, NULL, 0, NULL, NULL), QR_OK);
     }
-    end = uv_now(&p->loop) + 10000;
+    uint64_t end = uv_now(&p->loop) + 10000;
     uv_timer_t ticker; /* so that no turn sleeps past the last message */
     uv_timer_init(&p->loop, &ticker);
     uv_timer_start(&ticker, tick, 10, 10);
@@ -457,6 +472,147 @@ static void test_pause_holds_the_rest_of_a_read(void **state) {
     free(p);
 }
 
+/* ---- a payload placed in stages ------------------------------------------ */
+
+#define STAGED 12
+typedef struct stager {
+    uv_loop_t loop;
+    qr_conn *server, *client;
+    bool connected, bad;
+    int received, lost;
+    uint64_t payload_len, head_len;
+    uint8_t len8[8];
+    uint8_t head[64];
+    uint8_t *rest_a, *rest_b; /* the rest, split where the head says */
+    size_t split, named;
+    char why[200];
+} stager;
+
+/* Message k: its head is 8 + (k % 5) * 8 bytes, its rest 40 KiB + k * 1000
+ * (odd k: 100 bytes, read through the staging buffer); bytes numbered. */
+static uint64_t staged_head(int k) { return 8 + (uint64_t)(k % 5) * 8; }
+static uint64_t staged_rest(int k) { return k % 2 ? 100 : 40 * 1024 + (uint64_t)k * 1000; }
+static uint8_t staged_byte(int k, uint64_t i) { return (uint8_t)(k * 13 + i * 5 + (i >> 8)); }
+
+static void stager_accepted(qr_listener *l, qr_conn *c) {
+    stager *p = qr_listener_data(l);
+    p->server = c;
+    qr_conn_set_data(c, p);
+}
+
+static void stager_connected(qr_conn *c, int status) {
+    stager *p = qr_conn_data(c);
+    p->connected = status == QR_OK;
+}
+
+static int stager_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    (void)meta;
+    stager *p = qr_conn_data(c);
+    p->payload_len = f->payload_len;
+    p->head_len = 0;
+    qr_iov iov = {p->len8, 8};
+    return qr_conn_expect_rest(c, &iov, 1);
+}
+
+/* The head is in: the rest goes to rest_a and rest_b; every third
+ * message, the second two thirds are named nowhere. */
+static int name_rest(stager *p, qr_conn *c, int k) {
+    uint64_t rest = p->payload_len - p->head_len;
+    p->split = (size_t)rest / 3;
+    p->named = k % 3 == 2 ? p->split : (size_t)rest;
+    qr_iov iov[2] = {{p->rest_a, p->split}, {p->rest_b, p->named - p->split}};
+    return qr_conn_expect_rest(c, iov, p->named > p->split ? 2 : 1);
+}
+
+static void stager_payload(qr_conn *c, uint64_t got) {
+    stager *p = qr_conn_data(c);
+    int k = p->received;
+    int rc = QR_OK;
+    if (!p->head_len && got == 8) {
+        memcpy(&p->head_len, p->len8, 8);
+        qr_iov iov = {p->head, (size_t)p->head_len - 8};
+        rc = p->head_len > 8 ? qr_conn_expect_rest(c, &iov, 1) : name_rest(p, c, k);
+    } else if (p->head_len && got == p->head_len) {
+        rc = name_rest(p, c, k);
+    }
+    if (rc && !p->bad) {
+        p->bad = true;
+        snprintf(p->why, sizeof p->why, "message %d: refused at %llu bytes: %s", k,
+                 (unsigned long long)got, qr_last_error());
+    }
+}
+
+static void stager_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
+    (void)c, (void)meta;
+    stager *p = qr_conn_data(c);
+    int k = p->received++;
+    if (p->bad) return;
+    uint64_t want = staged_head(k) + staged_rest(k);
+    if (f->request_id != (uint32_t)k + 1 || f->payload_len != want ||
+        p->head_len != staged_head(k)) {
+        p->bad = true;
+        snprintf(p->why, sizeof p->why, "message %d arrived as request %u of %llu bytes", k,
+                 f->request_id, (unsigned long long)f->payload_len);
+        return;
+    }
+    for (uint64_t i = 8; i < p->head_len; i++)
+        if (p->head[i - 8] != staged_byte(k, i)) p->bad = true;
+    for (size_t i = 0; i < p->named; i++) {
+        uint8_t b = i < p->split ? p->rest_a[i] : p->rest_b[i - p->split];
+        if (b != staged_byte(k, p->head_len + i)) p->bad = true;
+    }
+    if (p->bad) snprintf(p->why, sizeof p->why, "message %d: a byte landed wrong", k);
+}
+
+static void stager_lost(qr_conn *c, int status) {
+    (void)status;
+    stager *p = qr_conn_data(c);
+    p->lost++;
+}
+
+static void test_payload_placed_in_stages(void **state) {
+    (void)state;
+    stager *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    p->rest_a = malloc(64 * 1024);
+    p->rest_b = malloc(64 * 1024);
+    assert_true(p->rest_a && p->rest_b);
+    uv_loop_init(&p->loop);
+    qr_conn_events ev = {.connected = stager_connected, .header = stager_header,
+                         .payload = stager_payload, .message = stager_message,
+                         .lost = stager_lost, .accepted = stager_accepted};
+    qr_listener *l = listen_and_connect(&p->loop, &ev, p, &p->client, &p->connected, &p->server);
+    uint8_t *out[STAGED];
+    for (int k = 0; k < STAGED; k++) { /* all written before the loop turns */
+        uint64_t head = staged_head(k), len = head + staged_rest(k);
+        out[k] = malloc(len);
+        assert_non_null(out[k]);
+        memcpy(out[k], &head, 8);
+        for (uint64_t i = 8; i < len; i++) out[k][i] = staged_byte(k, i);
+        qr_frame f = {.type = QR_MSG_STEP, .request_id = (uint32_t)k + 1};
+        qr_iov iov = {out[k], (size_t)len};
+        assert_int_equal(qr_conn_send(p->client, &f, NULL, 0, &iov, 1, NULL, NULL), QR_OK);
+    }
+    uint64_t end = uv_now(&p->loop) + 10000;
+    uv_timer_t ticker;
+    uv_timer_init(&p->loop, &ticker);
+    uv_timer_start(&ticker, tick, 10, 10);
+    while (p->received < STAGED && !p->bad && uv_now(&p->loop) < end) uv_run(&p->loop, UV_RUN_ONCE);
+    uv_close((uv_handle_t *)&ticker, NULL);
+    if (p->bad) fail_msg("%s", p->why);
+    assert_int_equal(p->received, STAGED);
+    assert_int_equal(p->lost, 0);
+    qr_conn_close(p->client);
+    qr_conn_close(p->server);
+    qr_listener_close(l);
+    uv_run(&p->loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&p->loop), 0);
+    for (int k = 0; k < STAGED; k++) free(out[k]);
+    free(p->rest_a);
+    free(p->rest_b);
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unix),
@@ -464,6 +620,7 @@ int main(void) {
         cmocka_unit_test(test_authenticated_and_encrypted),
         cmocka_unit_test(test_other_secret_refused_on_both_ends),
         cmocka_unit_test(test_pause_holds_the_rest_of_a_read),
+        cmocka_unit_test(test_payload_placed_in_stages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
