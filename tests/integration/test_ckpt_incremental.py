@@ -318,7 +318,12 @@ try:
               "(digest %s, %d rows at step 140)" % (second_a["params_digest"], rows))
 
     elif case == "corrupt":
-        launch(a, 120, 20)
+        # Worker 0 sleeps 10 ms a step: on a loaded machine a run this
+        # short otherwise writes few checkpoints (the multiples of 10
+        # reached while one is being written collapse into one, taken when
+        # it is done), leaving too short a chain.
+        slow = ["--slow-worker", "0:10"]
+        launch(a, 120, 20, extra=slow)
         chain = folders(a)
         kinds = [manifest(f)["kind"] for f in chain]
         assert kinds[0] == "full" and all(k == "incremental" for k in kinds[1:]) \
@@ -343,7 +348,7 @@ try:
             assert good + ": ok" in out, out
         r = subprocess.run([venv_python, reader, a], capture_output=True, text=True, timeout=300)
         assert r.returncode != 0 and "corrupt" in r.stdout + r.stderr, r.stdout + r.stderr
-        _, err = launch(a, 130, 20)
+        _, err = launch(a, 130, 20, extra=slow)
         want = int(chain[-3][-10:])
         assert restored_step(err) == want, err[-3000:]
         assert "checkpoint skipped" in err and shard in err, err[-3000:]
@@ -352,7 +357,7 @@ try:
         shutil.rmtree(os.path.join(spare, os.path.basename(damaged)))
         rc, out = verify(spare)
         assert rc == 1 and "has no manifest.json" in out, out
-        _, err = launch(spare, 130, 20)
+        _, err = launch(spare, 130, 20, extra=slow)
         assert restored_step(err) == want, err[-3000:]
         print("PASS: a damaged or missing link of a chain: verify fails, the restore falls back "
               "to step %d, the newest whole chain" % want)
