@@ -50,13 +50,17 @@
  *             the backup of the shards it held copies of: a snapshot of
  *             each (the checkpoint's) streamed while training goes on,
  *             then the forwards since; ps 0 marks it in the view
- *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
- *             (k+1) mod P, each CREATE, applied async push and LOOKUP
- *             forwarded in apply order (sync.c forwards its kept pushes
- *             and steps), answers held until the backup has applied; the
- *             backup's store of ps k's shard, REPLICATE checked and
- *             applied with the same kernels; duplicate pushes; the
- *             shards' digests
+ *   replica_backup.c  --ps-replicas 2, the backup's side: its store of
+ *             ps k's shard, REPLICATE checked and applied with the same
+ *             kernels, the copy promoted; statistics
+ *   replica_forward.c --ps-replicas 2, the primary's side: each CREATE,
+ *             applied async push and LOOKUP forwarded in apply order
+ *             (sync.c forwards its kept pushes and steps), answers held
+ *             until the backup has applied; duplicate pushes
+ *   replica.c ps k's link to its backup ps (k+1) mod P: the forwards
+ *             sent in order and acknowledged, remade when lost, drained
+ *             at the stop; the replication's lifecycle; the shards'
+ *             digests
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
  *             BEAT travel on them, each request with the callback of its
  *             answer; they see a ps die, hang and come back
@@ -76,7 +80,7 @@
  *             (async pushes, sync steps)
  *   store.c   the variables and their tensors
  *   table.c   an embedding table's shard: rows in an arena, a hash index
- * The state and calls of replication (replica.c, failover.c, rerep.c) are
+ * The state and calls of replication (replica*.c, failover.c, rerep.c) are
  * in replica.h, included here.
  * Everything runs on the ps loop thread, but a checkpoint's files, written
  * on libuv's thread pool (ckpt_shard.c's shard, ckpt_coord.c's manifest),
