@@ -19,7 +19,10 @@
  *             first push (a saved run resumed in a new cluster)
  *   push.c    async pushes: checked, acknowledged, applied, counted
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
- *             token barrier, the global step, stall reports, statistics
+ *             global step, stall reports, statistics; with
+ *             coord_token.c (the token barrier) and coord_held.c (held
+ *             pushes: a sync push-and-pull counted once every ps holds
+ *             it), one room: the three call each other
  *   sync.c    synchronous replicas on every ps: pushes held per step (and
  *             a sync push-and-pull's answer, until its step is done), and
  *             a step applied once its quorum is decided; with
@@ -274,7 +277,7 @@ typedef struct quorum_member {
  * docs/SYNC.md): the request to answer and the dense variables whose
  * values it brings back (var and dtype of each). ps k keeps it until the
  * push's step is applied there (sync.c); ps 0 until the worker's token
- * is granted (coord.c). */
+ * is granted (coord_held.c, coord_token.c). */
 typedef struct held_pull {
     struct held_pull *next;
     ps_peer *peer;
@@ -1023,7 +1026,7 @@ bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other);
 #define QR_RESTORE_NEWEST (-1)
 #define QR_RESTORE_NONE (-2)
 
-/* coord.c: ps 0 */
+/* coord.c, coord_token.c, coord_held.c: ps 0 */
 int qr__coord_init(qr_ps *ps);
 void qr__coord_close(qr_ps *ps);
 /* The run is over (its loop has run out): free what waits for the others. */
@@ -1045,6 +1048,35 @@ void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);
 /* The ps is stopping: end every token wait with "stopped". */
 void qr__coord_stop(qr_ps *ps);
+/* Between coord.c (the step), coord_token.c (the token queue) and
+ * coord_held.c (held pushes). coord.c: count the push (worker, seq) of
+ * m->local_step in the step under way, or drop it as stale, and queue the
+ * worker's place in the token queue (held: a held push's answer, given
+ * with the token; NULL: a COMMIT, answered there); abort the training
+ * (every wait ends with the report). */
+void qr__coord_count(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit *m,
+                     held_pull *held);
+void qr__coord_abort(qr_ps *ps, const char *why);
+/* coord_token.c: a token of `step` queued; R = N and no initial tokens
+ * (each step every worker once); tokens granted to the places in order
+ * and the requests in answered; a place queued for p (*out, unless
+ * NULL; QR_EINVAL past PEER_MAX_WAITS, QR_ENOMEM, the error set); every
+ * wait ended with status and msg. */
+int qr__coord_push_token(ps_sync *s, int64_t step);
+bool qr__coord_lockstep(const ps_sync *s);
+void qr__coord_serve_waiters(qr_ps *ps);
+int qr__coord_add_waiter(ps_sync *s, ps_peer *p, token_waiter **out);
+void qr__coord_end_waiters(ps_sync *s, int status, const char *msg);
+/* coord_held.c: the other ps answer held push h now (RELEASE) when its
+ * step is not done everywhere; a HELD from ps `from` (links.c, through
+ * ps->sync.on_held); a step is over: the held pushes it decides judged;
+ * every held push ended with status and msg; p's connection lost: its
+ * held pushes lose their answers. */
+void qr__coord_release_others(qr_ps *ps, const held_pull *h);
+void qr__coord_on_held(qr_ps *ps, int from, const uint8_t *meta, uint32_t len);
+void qr__coord_judge_commits(qr_ps *ps);
+void qr__coord_end_commits(ps_sync *s, int status, const char *msg);
+void qr__coord_held_peer_lost(qr_ps *ps, ps_peer *p);
 
 /* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates,
  * ps k answers CKPT, a starting ps restores), ckpt_save.c serves SAVE,
