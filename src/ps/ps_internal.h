@@ -1,14 +1,18 @@
 /*
  * ps_internal.h - the state of a ps task, shared by the files that make
  * it up. Requests flow down this list: a file calls only files below it
- * (checked with the objects' symbols: nm), with one exception, the
- * checkpoint's orchestration (ckpt_coord.c, ckpt_save.c, ckpt_cut.c, one
- * room), whose files call each other: a SAVE asks for a checkpoint, the
- * cut hands the shard to be written, and a written checkpoint answers the
- * saves and ends the cut. What would go up is a callback the caller hands down: the answer
- * of a link's request (links.c), a parked push's resume (ckpt_cut.c). The
- * lifecycle (stop, end, abort, rollback) is asked for by recording it on
- * the ps, which server.c carries out ("The lifecycle", below).
+ * (checked with the objects' symbols: nm), with two exceptions whose
+ * files call each other, each one room: the checkpoint's orchestration
+ * (ckpt_coord.c, ckpt_write.c, ckpt_save.c, ckpt_cut.c): a SAVE asks for
+ * a checkpoint, the cut hands the shard to be written, and a written
+ * checkpoint answers the saves and ends the cut; and the sync
+ * coordinator (coord.c, coord_token.c, coord_held.c): a counted push
+ * takes a place in the token queue, a completed step fills it and judges
+ * the held pushes, which are counted in turn. What would go up is a
+ * callback the caller hands down: the answer of a link's request
+ * (links.c), a parked push's resume (ckpt_cut.c). The lifecycle (stop,
+ * end, abort, rollback) is asked for by recording it on the ps, which
+ * server.c carries out ("The lifecycle", below).
  *   server.c  the loop, connections, dispatch of each request by type
  *             (one handler table), and the lifecycle: start, stop, end,
  *             abort, rollback, carried out in one place
@@ -33,9 +37,12 @@
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
  *                 run with no worker left; ps k: ps 0 gone, or hung
+ *   ckpt_init.c   checkpoints: the options, the checkpoint a starting ps
+ *                 restores, the end (close, free)
  *   ckpt_coord.c  checkpoints: when one is due, ps 0 collecting the shards
- *                 and writing the manifest, ps k answering CKPT, and the
- *                 checkpoint a starting ps restores
+ *                 and writing the manifest
+ *   ckpt_write.c  a ps's own shard(s) taken and written, ps k answering
+ *                 CKPT
  *   ckpt_save.c   SAVE: a worker asks ps 0 for a checkpoint now
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
@@ -1078,12 +1085,13 @@ void qr__coord_judge_commits(qr_ps *ps);
 void qr__coord_end_commits(ps_sync *s, int status, const char *msg);
 void qr__coord_held_peer_lost(qr_ps *ps, ps_peer *p);
 
-/* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates,
- * ps k answers CKPT, a starting ps restores), ckpt_save.c serves SAVE,
+/* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates),
+ * ckpt_write.c writes a ps's own shard(s) (ps k answers CKPT), ckpt_init.c
+ * reads the options and restores at start, ckpt_save.c serves SAVE,
  * ckpt_cut.c makes the async cut over several ps, and ckpt_shard.c is one
  * shard's format (its types and calls in ckpt_shard.h). */
 
-/* ckpt_coord.c */
+/* ckpt_init.c, ckpt_coord.c, ckpt_write.c */
 /* Read the options; restore the newest complete checkpoint, if any. */
 int qr__ckpt_init(qr_ps *ps);
 void qr__ckpt_free(qr_ps *ps);
@@ -1126,6 +1134,15 @@ void qr__ckpt_take(qr_ps *ps, int64_t step);
  * serves it, from its promoted copy). */
 bool qr__ckpt_writer(const qr_ps *ps, int k);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
+/* Between ckpt_write.c and ckpt_coord.c, ckpt_init.c: what ckpt_shard.c
+ * reads of this ps (its own shard, or copy: the copy of ps `primary`'s
+ * it holds, ps-replicas 2); ps 0: shard `index` written by ps `from` (or
+ * not: status, error), counted once and only from the ps asked for it;
+ * every shard ps `from` was to write, not written. */
+ckpt_shard_ctx qr__ckpt_ctx(qr_ps *ps, bool copy);
+void qr__ckpt_shard_written(qr_ps *ps, int from, int index, int status, const char *error,
+                            const qr_msg_shard *shard);
+void qr__ckpt_writer_failed(qr_ps *ps, int from, int status, const char *error);
 
 /* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
 void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
