@@ -33,138 +33,20 @@
  *
  * ps 0 reaches the other ps tasks through its links (links.c), which
  * carry APPLY, RELEASE and STOP, and bring HELD.
+ *
+ * Files. This file is the step: the quorum counted (COMMIT, or a held
+ * push once the other ps tasks hold it), the step applied everywhere and
+ * completed, the stall reports and the abort. coord_token.c is the token
+ * queue the completed steps fill and the workers' TOKEN requests empty;
+ * coord_held.c the held pushes (a sync push-and-pull): what the other ps
+ * tasks said of each, until it is counted here. The three call each other
+ * (qr__coord_*, ps_internal.h): one room, as the checkpoint's files are.
  */
 #include "ps/ps_internal.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- tokens ---------------------------------------------------------------- */
-
-static int push_token(ps_sync *s, int64_t step) {
-    if (s->ntokens == s->tokens_cap) {
-        int cap = s->tokens_cap ? s->tokens_cap * 2 : 64;
-        int64_t *grown = malloc((size_t)cap * sizeof *grown);
-        if (!grown) return qr__fail(QR_ENOMEM, "out of memory for tokens");
-        for (int i = 0; i < s->ntokens; i++)
-            grown[i] = s->tokens[(s->tokens_head + i) % s->tokens_cap];
-        free(s->tokens);
-        s->tokens = grown;
-        s->tokens_cap = cap;
-        s->tokens_head = 0;
-    }
-    s->tokens[(s->tokens_head + s->ntokens) % s->tokens_cap] = step;
-    s->ntokens++;
-    return QR_OK;
-}
-
-static int64_t pop_token(ps_sync *s) {
-    int64_t step = s->tokens[s->tokens_head];
-    s->tokens_head = (s->tokens_head + 1) % s->tokens_cap;
-    s->ntokens--;
-    return step;
-}
-
-static void unpop_token(ps_sync *s, int64_t step) {
-    if (push_token(s, step)) return; /* makes room; then move it to the front */
-    s->ntokens--;
-    s->tokens_head = (s->tokens_head + s->tokens_cap - 1) % s->tokens_cap;
-    s->tokens[s->tokens_head] = step;
-    s->ntokens++;
-}
-
-static void answer_token(token_waiter *w, int status, int64_t step, const char *msg) {
-    if (w->held) { /* a held push: the values come with the token */
-        if (status) qr__held_fail(w->held, status, msg);
-        else qr__held_answer(w->held, step);
-        w->held = NULL;
-        return;
-    }
-    if (status) {
-        qr__peer_reply_error(w->peer, &w->req, status, msg);
-        return;
-    }
-    qr__peer_reply_step(w->peer, &w->req, step);
-}
-
-/* R = N and no initial tokens: every worker gives each step one gradient. */
-static bool lockstep(const ps_sync *s) {
-    return s->R == s->N && s->init_tokens == 0;
-}
-
-/* Grant tokens to waiting places in order; answer those whose TOKEN
- * request is in. A granted place whose request has not come yet keeps its
- * token (and its place) until it comes. */
-static void release_others(qr_ps *ps, const held_pull *h);
-
-static void serve_waiters(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    token_waiter **link = &s->waiters;
-    while (*link) {
-        token_waiter *w = *link;
-        if (!w->granted) {
-            /* Lockstep: a token of the step this place's gradient is in, or
-             * an earlier one, was released for a worker that is gone (one
-             * that comes back starts at the global step without a token).
-             * Taken, it would make this worker's next gradient a second
-             * one for that step: it is dropped instead. */
-            while (s->ntokens && lockstep(s) && s->tokens[s->tokens_head] <= w->committed)
-                pop_token(s);
-            if (!s->ntokens) break; /* FIFO: nobody behind may pass */
-            w->granted = true;
-            w->token = pop_token(s);
-        }
-        if (w->has_request) {
-            if (w->held) release_others(ps, w->held);
-            answer_token(w, QR_OK, w->token, NULL);
-            *link = w->next;
-            free(w);
-        } else {
-            link = &w->next;
-        }
-    }
-    s->waiters_tail = NULL;
-    for (token_waiter *w = s->waiters; w; w = w->next) s->waiters_tail = w;
-}
-
-/* Queues a place for p at the back (in *out unless out is NULL);
- * QR_EINVAL when p holds PEER_MAX_WAITS places already, QR_ENOMEM when
- * out of memory (the error is set either way). */
-static int add_waiter(ps_sync *s, ps_peer *p, token_waiter **out) {
-    int held = 0;
-    for (const token_waiter *o = s->waiters; o; o = o->next) held += o->peer == p;
-    if (held >= PEER_MAX_WAITS)
-        return qr__fail(QR_EINVAL, "this connection holds %d places in the token queue already "
-                        "(at most %d)", held, PEER_MAX_WAITS);
-    token_waiter *w = qr__calloc(1, sizeof *w);
-    if (!w) return QR_ENOMEM;
-    w->peer = p;
-    w->committed = -1;
-    if (s->waiters_tail) s->waiters_tail->next = w;
-    else s->waiters = w;
-    s->waiters_tail = w;
-    if (out) *out = w;
-    return QR_OK;
-}
-
-static void end_commits(ps_sync *s, int status, const char *msg);
-
-static void end_waiters(ps_sync *s, int status, const char *msg) {
-    while (s->waiters) {
-        token_waiter *w = s->waiters;
-        s->waiters = w->next;
-        if (w->has_request) answer_token(w, status, 0, msg);
-        free(w);
-    }
-    s->waiters_tail = NULL;
-    end_commits(s, status, msg);
-}
-
-static void abort_training(qr_ps *ps, const char *why);
-static void judge_commits(qr_ps *ps);
-static void on_held(qr_ps *ps, int from, const uint8_t *meta, uint32_t len);
-
 /* ---- steps ------------------------------------------------------------------ */
 
 static int cmp_member(const void *a, const void *b) {
@@ -211,13 +93,13 @@ static void complete_step(qr_ps *ps) {
     s->nquorum = 0;
     s->step_started_ns = qr__now_ns();
     int release = QR_MAX(s->N, s->R);
-    judge_commits(ps);
+    qr__coord_judge_commits(ps);
     for (int i = 0; i < release; i++)
-        if (push_token(s, ps->global_step)) {
-            abort_training(ps, qr_last_error());
+        if (qr__coord_push_token(s, ps->global_step)) {
+            qr__coord_abort(ps, qr_last_error());
             return;
         }
-    serve_waiters(ps);
+    qr__coord_serve_waiters(ps);
     qr__ckpt_step_done(ps);
 }
 
@@ -251,7 +133,7 @@ static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const ch
         char msg[700];
         snprintf(msg, sizeof msg, "ps %d could not apply step %lld: %.*s", k, (long long)step,
                  (int)QR_MIN(len, 500u), meta);
-        abort_training(ps, msg);
+        qr__coord_abort(ps, msg);
         return;
     }
     if (!qr__replica_on(ps)) {
@@ -292,7 +174,7 @@ void qr__coord_failed_over(qr_ps *ps, int k) {
         qr__link_apply_again(ps, next, ps->global_step);
         return;
     }
-    if (apply_own_copy(ps)) abort_training(ps, qr_last_error());
+    if (apply_own_copy(ps)) qr__coord_abort(ps, qr_last_error());
 }
 
 /* ps 0's own part of a step with two copies: done once its backup has
@@ -304,7 +186,7 @@ static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int stat
     qr_ps *ps = ctx;
     if (status == QR_ESTOPPED) return; /* the run is ending: no step completes */
     if (status) {
-        abort_training(ps, msg);
+        qr__coord_abort(ps, msg);
         return;
     }
     shard_applied(ps, 0);
@@ -319,7 +201,7 @@ static void start_apply(qr_ps *ps) {
     int64_t step = ps->global_step;
     qr__links_apply(ps, step, on_apply_answer);
     if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum) || apply_own_copy(ps)) {
-        abort_training(ps, qr_last_error());
+        qr__coord_abort(ps, qr_last_error());
         return;
     }
     if (qr__replica_on(ps)) qr__replica_after(ps, own_step_copied, ps);
@@ -374,7 +256,7 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
 #undef ADD
 }
 
-static void abort_training(qr_ps *ps, const char *why) {
+void qr__coord_abort(qr_ps *ps, const char *why) {
     ps_sync *s = &ps->sync;
     if (s->aborted) return;
     s->aborted = true;
@@ -383,7 +265,7 @@ static void abort_training(qr_ps *ps, const char *why) {
     qr__ps_ask_abort(ps, QR_EABORTED, msg);
     /* The cluster's first abort is the one every waiting call is told. */
     snprintf(s->abort_msg, sizeof s->abort_msg, "%s", ps->abort_msg);
-    end_waiters(s, ps->exit_status, s->abort_msg);
+    qr__coord_end_waiters(s, ps->exit_status, s->abort_msg);
 }
 
 /* The worker missing from the step that has been gone longest, or -1: a
@@ -425,7 +307,7 @@ static void on_timer(uv_timer_t *t) {
                  "restart-wait-ms (%lld ms), and step %lld cannot do without it: %s", lost,
                  (double)gone_ms / 1e3, (long long)s->restart_wait_ms, (long long)ps->global_step,
                  report);
-        abort_training(ps, why);
+        qr__coord_abort(ps, why);
         return;
     }
     if (waited_ms < (uint64_t)s->report_ms) return;
@@ -435,7 +317,7 @@ static void on_timer(uv_timer_t *t) {
         char why[1000];
         snprintf(why, sizeof why, "no progress for %lld ms (sync-timeout-ms): %s",
                  (long long)s->timeout_ms, report);
-        abort_training(ps, why);
+        qr__coord_abort(ps, why);
         return;
     }
     if ((now - s->last_report_ns) / 1000000 >= (uint64_t)s->report_ms) {
@@ -462,7 +344,7 @@ int qr__coord_init(qr_ps *ps) {
         if (!s->stats_file)
             return qr__fail(QR_EIO, "sync-stats-file %s: cannot open for writing", path);
     }
-    s->on_held = on_held;
+    s->on_held = qr__coord_on_held;
     uv_timer_init(&ps->loop, &s->timer);
     s->timer.data = ps;
     s->timer_on = true;
@@ -483,22 +365,6 @@ void qr__coord_close(qr_ps *ps) {
         uv_close((uv_handle_t *)&s->timer, on_closed);
 }
 
-void qr__coord_ready(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    s->step = ps->global_step;
-    s->step_started_ns = qr__now_ns();
-    if (s->tokens_seeded) return;
-    s->tokens_seeded = true;
-    for (int i = 0; i < s->init_tokens; i++)
-        if (push_token(s, ps->global_step)) return;
-}
-
-void qr__coord_set_step(qr_ps *ps, int64_t step) {
-    ps_sync *s = &ps->sync;
-    s->step = step;
-    for (int i = 0; i < s->ntokens; i++) s->tokens[(s->tokens_head + i) % s->tokens_cap] = step;
-}
-
 int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const qr_ps *ps = p->ps;
     if (!ps->sync.on)
@@ -512,8 +378,8 @@ int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
  * drop it as stale, and queue the worker's place in the token queue.
  * held: a held push's answer, which goes with the worker's token (p, f
  * are its request); NULL: a COMMIT, answered here. */
-static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit *m,
-                   held_pull *held) {
+void qr__coord_count(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit *m,
+                     held_pull *held) {
     ps_sync *s = &ps->sync;
     uint32_t worker = m->worker, seq = m->seq;
     int64_t local_step = m->local_step;
@@ -543,7 +409,7 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
     }
     /* The worker's place in the token queue, fresh or stale alike. */
     token_waiter *w = NULL;
-    if (!status && (status = add_waiter(s, p, &w)))
+    if (!status && (status = qr__coord_add_waiter(s, p, &w)))
         snprintf(msg, sizeof msg, "COMMIT: %s", qr_last_error());
     if (status) {
         if (held) qr__held_fail(held, status, msg);
@@ -557,7 +423,8 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
      * not, by timing. It is dropped as stale, and the step waits for the
      * worker's restart, up to restart-wait-ms. */
     bool again = false;
-    for (int i = 0; lockstep(s) && i < s->nquorum; i++) again |= s->quorum[i].worker == worker;
+    for (int i = 0; qr__coord_lockstep(s) && i < s->nquorum; i++)
+        again |= s->quorum[i].worker == worker;
     bool stale = !twice && (local_step < ps->global_step || s->applying || again);
     w->committed = local_step;
     w->member = !stale;
@@ -582,7 +449,7 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
                      "after step %lld had its %d gradients", worker, (long long)local_step,
                      (long long)local_step, s->R);
         if (!held) qr__peer_reply_error(p, f, QR_ESTALE, msg);
-        serve_waiters(ps);
+        qr__coord_serve_waiters(ps);
         return;
     }
     if (twice) {
@@ -592,13 +459,13 @@ static void commit(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit
          * again, and the answer is the original's. */
         ps->replica.duplicate_pushes += !held; /* (a held one was counted as it came) */
         if (!held) qr__peer_reply_step(p, f, ps->global_step);
-        serve_waiters(ps);
+        qr__coord_serve_waiters(ps);
         return;
     }
     s->quorum[s->nquorum++] = (quorum_member){worker, seq, m->data_pos};
     s->last_grad_ns = qr__now_ns();
     if (!held) qr__peer_reply_step(p, f, ps->global_step);
-    serve_waiters(ps);
+    qr__coord_serve_waiters(ps);
     if (s->nquorum == s->R) start_apply(ps);
     else qr__liveness_end_if_finished(ps);
 }
@@ -608,236 +475,7 @@ void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_rbuf_init(&r, meta, f->meta_len);
     qr_msg_commit m;
     qr_msg_get_commit(&r, &m);
-    commit(p->ps, p, f, &m, NULL);
-}
-
-/* ---- held pushes: a sync push-and-pull in one round trip ------------------------
- *
- * A held push goes to every ps that holds its variables and to ps 0
- * always; each ps k keeps it for its step and says so (HELD). ps 0 counts
- * it (commit) once its own part is in and every other ps the push went to
- * has said what it did with it: so a gradient is in a quorum only when
- * every ps that should have it has it. Its answer waits for the worker's
- * token: the token is implied by the answer. A ps k answers once the
- * push's step is applied there; when ps 0 answers before that (a token of
- * an earlier step: initial tokens, fewer workers than replicas, a
- * refusal), it tells the others to answer now (RELEASE), as a TOKEN then
- * a PULL would have read them. */
-
-typedef struct held_commit {
-    struct held_commit *next;
-    uint32_t worker, seq;
-    int64_t local_step;
-    uint64_t data_pos;
-    held_pull *own;  /* ps 0's part, the answer to give; NULL until it is in */
-    int nparts;      /* the ps tasks the push went to, ps 0 included */
-    int noted;       /* how many of the others said what they did with it */
-    int refused;     /* the first refusal one of them noted, and why */
-    char why[512];
-    uint8_t from[];  /* per ps: it has noted */
-} held_commit;
-
-static held_commit *find_commit(qr_ps *ps, uint32_t worker, uint32_t seq, bool make) {
-    ps_sync *s = &ps->sync;
-    for (held_commit *c = s->commits; c; c = c->next)
-        if (c->worker == worker && c->seq == seq) return c;
-    if (!make) return NULL;
-    held_commit *c = qr__calloc(1, sizeof *c + (size_t)ps->cluster->nps);
-    if (!c) return NULL;
-    c->worker = worker;
-    c->seq = seq;
-    c->next = s->commits;
-    s->commits = c;
-    return c;
-}
-
-static void drop_commit(ps_sync *s, held_commit *c) {
-    held_commit **link = &s->commits;
-    while (*link != c) link = &(*link)->next;
-    *link = c->next;
-    free(c->own);
-    free(c);
-}
-
-void qr__coord_free(qr_ps *ps) {
-    /* Held pushes still waiting for the other ps tasks' HELD (a run that
-     * aborted): their peers are gone, so nothing is answered. */
-    ps_sync *s = &ps->sync;
-    while (s->commits) drop_commit(s, s->commits);
-}
-
-/* The other ps tasks answer the held push now (RELEASE) when its step is
- * not done everywhere: the answer of ps 0 is going ahead of it. */
-static void release_others(qr_ps *ps, const held_pull *h) {
-    if (h->step >= ps->global_step) qr__links_release(ps, h->worker, h->seq);
-}
-
-/* Commit c if every ps has said what it did with it (or its step is over:
- * a HELD lost with a link cannot hold up a stale push). */
-static void try_commit(qr_ps *ps, held_commit *c) {
-    ps_sync *s = &ps->sync;
-    if (!c->own) return;
-    bool over = c->local_step < ps->global_step;
-    if (c->noted < c->nparts - 1 && !over) return;
-    held_pull *h = c->own;
-    c->own = NULL;
-    int refused = c->refused;
-    char why[sizeof c->why];
-    memcpy(why, c->why, sizeof why);
-    qr_msg_commit m = {.worker = c->worker, .seq = c->seq, .local_step = c->local_step,
-                       .data_pos = c->data_pos};
-    drop_commit(s, c);
-    if (refused) {
-        release_others(ps, h);
-        qr__held_fail(h, refused, why);
-        return;
-    }
-    commit(ps, h->peer, &h->req, &m, h);
-}
-
-void qr__coord_held_push(ps_peer *p, const qr_frame *f) {
-    qr_ps *ps = p->ps;
-    ps_sync *s = &ps->sync;
-    const sync_push *in = p->incoming;
-    uint32_t worker = in->worker, seq = in->seq;
-    int64_t local_step = in->local_step;
-    int held = 0;
-    for (const token_waiter *w = s->waiters; w; w = w->next) held += w->peer == p;
-    for (const held_commit *c = s->commits; c; c = c->next) held += c->own && c->own->peer == p;
-    char msg[512];
-    int rc = QR_OK;
-    bool applied = false, resent = false;
-    if (held >= PEER_MAX_WAITS) {
-        qr__grad_check_finish(&p->check, f->payload_len);
-        qr__sync_push_free(ps, p->incoming);
-        p->incoming = NULL;
-        rc = QR_EINVAL;
-        snprintf(msg, sizeof msg, "%s: PUSH: this connection holds %d sync push-and-pulls "
-                 "waiting for their token already (at most %d)", ps->name, held, PEER_MAX_WAITS);
-    } else if (!(resent = qr__sync_take_resent(p, f, &applied))) {
-        rc = qr__sync_push_keep(p, f, msg, sizeof msg);
-    }
-    /* A push sent again after its connection was lost (ps 0 closed it:
-     * a worker declared hung) is answered as the original: a member of
-     * the quorum under way gets its place in the token queue back; one of
-     * the step just done, its answer now with that step's token (the
-     * original's answer, lost with the connection, took one); one not
-     * counted yet waits for what the others said of it (held_commit). */
-    bool counted = false;
-    for (int i = 0; i < s->nquorum && !rc; i++)
-        counted |= s->quorum[i].worker == worker && s->quorum[i].seq == seq;
-    counted &= local_step == ps->global_step;
-    if (counted || applied) {
-        ps->replica.duplicate_pushes += !resent; /* (nothing of it kept here to find) */
-        held_pull *h = qr__held_new(p, f, worker, seq, local_step, p->items, p->nitems);
-        if (!h) {
-            qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
-        } else if (counted) {
-            qr_msg_commit m = {.worker = worker, .seq = seq, .local_step = local_step,
-                               .data_pos = p->push_data_pos};
-            commit(ps, p, f, &m, h);
-        } else {
-            qr__held_answer(h, ps->global_step);
-        }
-        return;
-    }
-    held_commit *c = find_commit(ps, worker, seq, !rc || rc == QR_ESTALE);
-    held_pull *h = NULL;
-    if (!rc || rc == QR_ESTALE) {
-        h = qr__held_new(p, f, worker, seq, local_step, p->items, p->nitems);
-        if (!h || !c) {
-            free(h);
-            rc = QR_ENOMEM;
-            snprintf(msg, sizeof msg, "out of memory holding a push-and-pull");
-        }
-    }
-    if (rc && rc != QR_ESTALE) {
-        if (c) drop_commit(s, c);
-        qr__links_release(ps, worker, seq);
-        qr__peer_reply_error(p, f, rc, msg);
-        return;
-    }
-    if (c->own) { /* the same (worker, seq) held twice */
-        free(h);
-        qr__peer_reply_error(p, f, QR_EINVAL, "PUSH: this push is held already");
-        return;
-    }
-    c->own = h;
-    c->local_step = local_step;
-    c->data_pos = p->push_data_pos;
-    c->nparts = (int)QR_MIN(QR_MAX(p->push_nparts, 1u), (uint32_t)ps->cluster->nps);
-    try_commit(ps, c);
-}
-
-/* A HELD from ps `from` (links.c). */
-static void on_held(qr_ps *ps, int from, const uint8_t *meta, uint32_t len) {
-    qr_rbuf r;
-    qr_rbuf_init(&r, meta, len);
-    qr_msg_held m;
-    qr_msg_get_held(&r, &m);
-    if (r.bad || from < 1 || from >= ps->cluster->nps) return;
-    if (m.local_step >= 0 && m.local_step < ps->global_step - 1) return; /* long over */
-    held_commit *c = find_commit(ps, m.worker, m.seq, true);
-    if (!c) {
-        abort_training(ps, "out of memory for a held push");
-        return;
-    }
-    if (!c->own && m.local_step >= 0) c->local_step = m.local_step;
-    if (c->from[from]) return; /* said again after its link was remade */
-    c->from[from] = 1;
-    c->noted++;
-    if (m.status && m.status != QR_ESTALE && !c->refused) {
-        c->refused = m.status;
-        snprintf(c->why, sizeof c->why, "ps %d: %.*s", from, (int)QR_MIN(r.left, 400u),
-                 (const char *)meta + QR_MSG_HELD_LEN);
-    }
-    try_commit(ps, c);
-}
-
-/* A step is over: held pushes waiting for a HELD that a lost link took
- * can be judged (stale), and what other ps tasks said of pushes whose
- * own part never came (a worker that died mid-call) is forgotten. */
-static void judge_commits(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    held_commit *c = s->commits;
-    while (c) {
-        held_commit *next = c->next;
-        if (c->own) try_commit(ps, c);
-        else if (c->local_step < ps->global_step) drop_commit(s, c);
-        c = next;
-    }
-}
-
-static void end_commits(ps_sync *s, int status, const char *msg) {
-    while (s->commits) {
-        held_commit *c = s->commits;
-        if (c->own) qr__held_fail(c->own, status, msg);
-        c->own = NULL;
-        drop_commit(s, c);
-    }
-}
-
-void qr__coord_token(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    qr_ps *ps = p->ps;
-    ps_sync *s = &ps->sync;
-    if (s->aborted) {
-        qr__peer_reply_error(p, f, QR_EABORTED, s->abort_msg);
-        return;
-    }
-    /* This worker's oldest place without a request; a worker that asks
-     * without having committed (after a restart, say) queues anew. */
-    token_waiter *w = s->waiters;
-    while (w && (w->peer != p || w->has_request)) w = w->next;
-    int rc = w ? QR_OK : add_waiter(s, p, &w);
-    if (rc) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "TOKEN: %s", qr_last_error());
-        qr__peer_reply_error(p, f, rc, msg);
-        return;
-    }
-    w->has_request = true;
-    w->req = *f;
-    serve_waiters(ps);
+    qr__coord_count(p->ps, p, f, &m, NULL);
 }
 
 void qr__coord_stats_json(qr_ps *ps, cJSON *j) {
@@ -858,52 +496,4 @@ void qr__coord_stats_json(qr_ps *ps, cJSON *j) {
                             s->steps_done ? (double)s->wait_ns_total / 1e6 / (double)s->steps_done : 0);
     cJSON_AddNumberToObject(j, "max_wait_ms", (double)s->wait_ns_max / 1e6);
     cJSON_AddNumberToObject(j, "tokens_queued", s->ntokens);
-}
-
-void qr__coord_peer_lost(ps_peer *p) {
-    qr_ps *ps = p->ps;
-    ps_sync *s = &ps->sync;
-    /* Its places leave the queue; a token it was granted but never
-     * collected goes back to the front, as if never dequeued. */
-    token_waiter **link = &s->waiters;
-    s->waiters_tail = NULL;
-    while (*link) {
-        token_waiter *w = *link;
-        if (w->peer == p) {
-            if (w->granted) unpop_token(s, w->token);
-            *link = w->next;
-            free(w->held);
-            free(w);
-        } else {
-            s->waiters_tail = w;
-            link = &w->next;
-        }
-    }
-    /* A held push not counted yet loses its answer, but keeps what the
-     * other ps tasks said of it: sent again (qr__coord_held_push), it is
-     * counted without their HELD, which they do not repeat; never sent
-     * again, it goes when its step is over (judge_commits). */
-    for (held_commit *c = s->commits; c; c = c->next)
-        if (c->own && c->own->peer == p) {
-            free(c->own);
-            c->own = NULL;
-        }
-    serve_waiters(ps);
-    if (p->role != QR_ROLE_WORKER || p->worker_index < 0) return;
-    int w = p->worker_index;
-    if (ps->worker_conns[w] > 0 || ps->stopping) return; /* control.c and server.c count them */
-    int live = 0;
-    for (int i = 0; i < s->N; i++) live += ps->worker_conns[i] > 0;
-    bool done = ps->step_limit > 0 && ps->global_step >= ps->step_limit;
-    if (!done && !qr__liveness_finished(ps, w))
-        qr__log(QR_LOG_WARN, "worker %d disconnected at step %lld; %d of %d workers alive "
-                "(%d gradients make a step)", w, (long long)ps->global_step, live, s->N, s->R);
-}
-
-void qr__coord_stop(qr_ps *ps) {
-    ps_sync *s = &ps->sync;
-    /* An abort (a lost ps, say) ends them with its status and reason, not
-     * as the end of training: a worker takes QR_ESTOPPED for a job done. */
-    end_waiters(s, ps->exit_status ? ps->exit_status : QR_ESTOPPED, qr__ps_stop_reason(ps));
-    if (s->timer_on) uv_timer_stop(&s->timer);
 }

@@ -1,14 +1,18 @@
 /*
  * ps_internal.h - the state of a ps task, shared by the files that make
  * it up. Requests flow down this list: a file calls only files below it
- * (checked with the objects' symbols: nm), with one exception, the
- * checkpoint's orchestration (ckpt_coord.c, ckpt_save.c, ckpt_cut.c, one
- * room), whose files call each other: a SAVE asks for a checkpoint, the
- * cut hands the shard to be written, and a written checkpoint answers the
- * saves and ends the cut. What would go up is a callback the caller hands down: the answer
- * of a link's request (links.c), a parked push's resume (ckpt_cut.c). The
- * lifecycle (stop, end, abort, rollback) is asked for by recording it on
- * the ps, which server.c carries out ("The lifecycle", below).
+ * (checked with the objects' symbols: nm), with two exceptions whose
+ * files call each other, each one room: the checkpoint's orchestration
+ * (ckpt_coord.c, ckpt_write.c, ckpt_save.c, ckpt_cut.c): a SAVE asks for
+ * a checkpoint, the cut hands the shard to be written, and a written
+ * checkpoint answers the saves and ends the cut; and the sync
+ * coordinator (coord.c, coord_token.c, coord_held.c): a counted push
+ * takes a place in the token queue, a completed step fills it and judges
+ * the held pushes, which are counted in turn. What would go up is a
+ * callback the caller hands down: the answer of a link's request
+ * (links.c), a parked push's resume (ckpt_cut.c). The lifecycle (stop,
+ * end, abort, rollback) is asked for by recording it on the ps, which
+ * server.c carries out ("The lifecycle", below).
  *   server.c  the loop, connections, dispatch of each request by type
  *             (one handler table), and the lifecycle: start, stop, end,
  *             abort, rollback, carried out in one place
@@ -19,7 +23,10 @@
  *             first push (a saved run resumed in a new cluster)
  *   push.c    async pushes: checked, acknowledged, applied, counted
  *   coord.c   synchronous replicas on ps 0: the quorum of each step, the
- *             token barrier, the global step, stall reports, statistics
+ *             global step, stall reports, statistics; with
+ *             coord_token.c (the token barrier) and coord_held.c (held
+ *             pushes: a sync push-and-pull counted once every ps holds
+ *             it), one room: the three call each other
  *   sync.c    synchronous replicas on every ps: pushes held per step (and
  *             a sync push-and-pull's answer, until its step is done), and
  *             a step applied once its quorum is decided; with
@@ -30,9 +37,12 @@
  *   lookup.c  LOOKUP: the rows of an embedding table for a batch's ids
  *   liveness.c    ps 0: the workers' heartbeats (a silent one is hung), a
  *                 run with no worker left; ps k: ps 0 gone, or hung
+ *   ckpt_init.c   checkpoints: the options, the checkpoint a starting ps
+ *                 restores, the end (close, free)
  *   ckpt_coord.c  checkpoints: when one is due, ps 0 collecting the shards
- *                 and writing the manifest, ps k answering CKPT, and the
- *                 checkpoint a starting ps restores
+ *                 and writing the manifest
+ *   ckpt_write.c  a ps's own shard(s) taken and written, ps k answering
+ *                 CKPT
  *   ckpt_save.c   SAVE: a worker asks ps 0 for a checkpoint now
  *   ckpt_cut.c    the consistent cut of an async checkpoint over several
  *                 ps: pushes parked, reports, the cut decided by ps 0
@@ -51,13 +61,17 @@
  *             the backup of the shards it held copies of: a snapshot of
  *             each (the checkpoint's) streamed while training goes on,
  *             then the forwards since; ps 0 marks it in the view
- *   replica.c --ps-replicas 2, both sides: ps k's link to its backup ps
- *             (k+1) mod P, each CREATE, applied async push and LOOKUP
- *             forwarded in apply order (sync.c forwards its kept pushes
- *             and steps), answers held until the backup has applied; the
- *             backup's store of ps k's shard, REPLICATE checked and
- *             applied with the same kernels; duplicate pushes; the
- *             shards' digests
+ *   replica_backup.c  --ps-replicas 2, the backup's side: its store of
+ *             ps k's shard, REPLICATE checked and applied with the same
+ *             kernels, the copy promoted; statistics
+ *   replica_forward.c --ps-replicas 2, the primary's side: each CREATE,
+ *             applied async push and LOOKUP forwarded in apply order
+ *             (sync.c forwards its kept pushes and steps), answers held
+ *             until the backup has applied; duplicate pushes
+ *   replica.c ps k's link to its backup ps (k+1) mod P: the forwards
+ *             sent in order and acknowledged, remade when lost, drained
+ *             at the stop; the replication's lifecycle; the shards'
+ *             digests
  *   links.c   ps 0's links to the other ps tasks: APPLY, CKPT, STOP and
  *             BEAT travel on them, each request with the callback of its
  *             answer; they see a ps die, hang and come back
@@ -77,7 +91,7 @@
  *             (async pushes, sync steps)
  *   store.c   the variables and their tensors
  *   table.c   an embedding table's shard: rows in an arena, a hash index
- * The state and calls of replication (replica.c, failover.c, rerep.c) are
+ * The state and calls of replication (replica*.c, failover.c, rerep.c) are
  * in replica.h, included here.
  * Everything runs on the ps loop thread, but a checkpoint's files, written
  * on libuv's thread pool (ckpt_shard.c's shard, ckpt_coord.c's manifest),
@@ -272,7 +286,7 @@ typedef struct quorum_member {
  * docs/SYNC.md): the request to answer and the dense variables whose
  * values it brings back (var and dtype of each). ps k keeps it until the
  * push's step is applied there (sync.c); ps 0 until the worker's token
- * is granted (coord.c). */
+ * is granted (coord_held.c, coord_token.c). */
 typedef struct held_pull {
     struct held_pull *next;
     ps_peer *peer;
@@ -1021,7 +1035,7 @@ bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other);
 #define QR_RESTORE_NEWEST (-1)
 #define QR_RESTORE_NONE (-2)
 
-/* coord.c: ps 0 */
+/* coord.c, coord_token.c, coord_held.c: ps 0 */
 int qr__coord_init(qr_ps *ps);
 void qr__coord_close(qr_ps *ps);
 /* The run is over (its loop has run out): free what waits for the others. */
@@ -1043,13 +1057,43 @@ void qr__coord_stats_json(qr_ps *ps, struct cJSON *obj);
 void qr__coord_peer_lost(ps_peer *p);
 /* The ps is stopping: end every token wait with "stopped". */
 void qr__coord_stop(qr_ps *ps);
+/* Between coord.c (the step), coord_token.c (the token queue) and
+ * coord_held.c (held pushes). coord.c: count the push (worker, seq) of
+ * m->local_step in the step under way, or drop it as stale, and queue the
+ * worker's place in the token queue (held: a held push's answer, given
+ * with the token; NULL: a COMMIT, answered there); abort the training
+ * (every wait ends with the report). */
+void qr__coord_count(qr_ps *ps, ps_peer *p, const qr_frame *f, const qr_msg_commit *m,
+                     held_pull *held);
+void qr__coord_abort(qr_ps *ps, const char *why);
+/* coord_token.c: a token of `step` queued; R = N and no initial tokens
+ * (each step every worker once); tokens granted to the places in order
+ * and the requests in answered; a place queued for p (*out, unless
+ * NULL; QR_EINVAL past PEER_MAX_WAITS, QR_ENOMEM, the error set); every
+ * wait ended with status and msg. */
+int qr__coord_push_token(ps_sync *s, int64_t step);
+bool qr__coord_lockstep(const ps_sync *s);
+void qr__coord_serve_waiters(qr_ps *ps);
+int qr__coord_add_waiter(ps_sync *s, ps_peer *p, token_waiter **out);
+void qr__coord_end_waiters(ps_sync *s, int status, const char *msg);
+/* coord_held.c: the other ps answer held push h now (RELEASE) when its
+ * step is not done everywhere; a HELD from ps `from` (links.c, through
+ * ps->sync.on_held); a step is over: the held pushes it decides judged;
+ * every held push ended with status and msg; p's connection lost: its
+ * held pushes lose their answers. */
+void qr__coord_release_others(qr_ps *ps, const held_pull *h);
+void qr__coord_on_held(qr_ps *ps, int from, const uint8_t *meta, uint32_t len);
+void qr__coord_judge_commits(qr_ps *ps);
+void qr__coord_end_commits(ps_sync *s, int status, const char *msg);
+void qr__coord_held_peer_lost(qr_ps *ps, ps_peer *p);
 
-/* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates,
- * ps k answers CKPT, a starting ps restores), ckpt_save.c serves SAVE,
+/* ---- checkpoints: ckpt_coord.c decides when and who (ps 0 coordinates),
+ * ckpt_write.c writes a ps's own shard(s) (ps k answers CKPT), ckpt_init.c
+ * reads the options and restores at start, ckpt_save.c serves SAVE,
  * ckpt_cut.c makes the async cut over several ps, and ckpt_shard.c is one
  * shard's format (its types and calls in ckpt_shard.h). */
 
-/* ckpt_coord.c */
+/* ckpt_init.c, ckpt_coord.c, ckpt_write.c */
 /* Read the options; restore the newest complete checkpoint, if any. */
 int qr__ckpt_init(qr_ps *ps);
 void qr__ckpt_free(qr_ps *ps);
@@ -1092,6 +1136,15 @@ void qr__ckpt_take(qr_ps *ps, int64_t step);
  * serves it, from its promoted copy). */
 bool qr__ckpt_writer(const qr_ps *ps, int k);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
+/* Between ckpt_write.c and ckpt_coord.c, ckpt_init.c: what ckpt_shard.c
+ * reads of this ps (its own shard, or copy: the copy of ps `primary`'s
+ * it holds, ps-replicas 2); ps 0: shard `index` written by ps `from` (or
+ * not: status, error), counted once and only from the ps asked for it;
+ * every shard ps `from` was to write, not written. */
+ckpt_shard_ctx qr__ckpt_ctx(qr_ps *ps, bool copy);
+void qr__ckpt_shard_written(qr_ps *ps, int from, int index, int status, const char *error,
+                            const qr_msg_shard *shard);
+void qr__ckpt_writer_failed(qr_ps *ps, int from, int status, const char *error);
 
 /* ckpt_save.c: SAVE, a worker asking ps 0 for a checkpoint now. */
 void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -1,10 +1,12 @@
 /*
  * replica.h - replicated shards (--ps-replicas 2, docs/REPLICATION.md):
- * the state a ps keeps for its copies and the calls of the three files
- * that make them: replica.c (the link to the backup, forwards, the
- * backup's store), failover.c (the view, a failed ps's shard served by
- * its backup) and rerep.c (a replacement copied its shards while
- * training goes on). Included by ps_internal.h, whose qr_ps embeds
+ * the state a ps keeps for its copies and the calls of the files that
+ * make them: replica.c (the primary's link to the backup, the
+ * lifecycle), replica_forward.c (the forwards made, the answers that
+ * wait for them, exactly once), replica_backup.c (the backup's store,
+ * REPLICATE applied, the digests), failover.c (the view, a failed ps's
+ * shard served by its backup) and rerep.c (a replacement copied its
+ * shards while training goes on). Included by ps_internal.h, whose qr_ps embeds
  * ps_replica; the ps's files include ps_internal.h.
  */
 #ifndef QR_PS_REPLICA_H
@@ -145,7 +147,8 @@ void qr__failover_welcomed(ps_peer *p, const qr_msg_hello *m);
 int qr__failover_view_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 
-/* replica.c: ps-replicas 2 (docs/REPLICATION.md). */
+/* replica.c, replica_forward.c, replica_backup.c: ps-replicas 2
+ * (docs/REPLICATION.md). */
 /* Read ps-replicas (checked against the cluster and the other options). */
 int qr__replica_init(qr_ps *ps);
 /* Once the loop runs: the primary opens its link to the backup. */
@@ -212,6 +215,45 @@ void qr__replica_link_flush(repl_link *L);
 /* A forward of p's shard: to the backup of this ps's own shard, or (a
  * promoted shard) to the replacement being copied it. */
 void qr__replica_send_for(ps_peer *p, repl_forward *fw);
+
+/* Between replica.c, replica_forward.c and replica_backup.c. A forward
+ * queued on a link until its copy has applied it, and an answer waiting
+ * for the forwards made before it. */
+struct repl_forward {
+    repl_forward *next;
+    uint8_t type;        /* QR_MSG_REPLICATE or QR_MSG_CREATE */
+    uint64_t fwd;
+    uint32_t request_id; /* of its last send */
+    int sending;         /* sends whose callback has not run */
+    bool acked;
+    qr_msg_repl_head head;
+    qr_wbuf items;       /* REPLICATE: the item records; CREATE: the meta */
+    qr_wbuf payload;
+    /* SNAPSHOT: the payload as buffers another owns (a snapshot's
+     * references, rerep.c), let go with release(owner) when freed */
+    qr_iov *iov;
+    int niov;
+    void (*release)(void *owner);
+    void *owner;
+};
+
+struct repl_wait {
+    repl_wait *next;
+    ps_peer *peer;       /* NULL once it is gone */
+    qr_frame req;
+    uint64_t fwd;        /* answered once this forward is applied */
+    qr_repl_answer_cb cb;
+    void *ctx;
+};
+/* replica.c: out of memory making a forward (the run aborts: the copies
+ * would differ); fw numbered and queued on L, sent when L is up (freed at
+ * once when L has no copy). */
+void qr__replica_fail_forward(qr_ps *ps);
+void qr__replica_link_send(repl_link *L, repl_forward *fw);
+/* replica_forward.c: (worker, seq), answered with `answer`, recorded in
+ * `last` (the exactly-once ring of each worker). */
+void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,
+                             int64_t answer);
 
 /* rerep.c: re-replication (docs/REPLICATION.md, "Re-replication"). */
 /* Source: take the snapshot of L's shard and stream it to L's target,

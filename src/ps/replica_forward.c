@@ -1,0 +1,153 @@
+/*
+ * replica_forward.c - what the primary of a shard forwards to its copy
+ * (--ps-replicas 2), and the answers that wait for it: each async push
+ * applied (qr__replica_begin, _add, _send: push.c, rows.c, lookup.c,
+ * sync.c), each CREATE; a push's answer held until the backup has applied
+ * every forward up to its own (qr__replica_wait). The forwards travel on
+ * replica.c's link, which answers the waits as the backup acknowledges;
+ * replica_backup.c applies them on the other side.
+ *
+ * Exactly once: per worker, the last QR_REPL_DUP_WINDOW pushes applied
+ * here and the step each was answered with; a push of one of those
+ * (worker, seq) is answered as applied and not applied again
+ * (duplicate_pushes). The record travels with each forward, so the
+ * backup holds it too, and answers a push resent to it after a failover.
+ */
+#include "ps/ps_internal.h"
+
+#include <stdlib.h>
+
+/* ---- forwarding (primary) ---------------------------------------------------- */
+
+repl_forward *qr__replica_begin(qr_ps *ps, const qr_msg_repl_head *head) {
+    repl_forward *fw = qr__calloc(1, sizeof *fw);
+    if (!fw) {
+        qr__replica_fail_forward(ps);
+        return NULL;
+    }
+    fw->type = QR_MSG_REPLICATE;
+    fw->head = *head;
+    fw->head.count = 0;
+    return fw;
+}
+
+void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, const void *data,
+                     uint64_t nbytes) {
+    if (!fw) return;
+    qr_msg_put_repl_item(&fw->items, &(qr_msg_repl_item){.id = id, .kind = kind,
+                                                          .nbytes = nbytes, .lr = lr});
+    if (nbytes) qr_wbuf_bytes(&fw->payload, data, (size_t)nbytes);
+    fw->head.count++;
+}
+
+void qr__replica_send(qr_ps *ps, repl_forward *fw) {
+    qr__replica_link_send(&ps->replica.link, fw);
+}
+
+void qr__replica_send_for(ps_peer *p, repl_forward *fw) {
+    ps_replica *r = &p->ps->replica;
+    qr__replica_link_send(p->promoted_shard ? &r->copy_link : &r->link, fw);
+}
+
+void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = p->ps;
+    repl_forward *fw = qr__calloc(1, sizeof *fw);
+    if (!fw) {
+        qr__replica_fail_forward(ps);
+        return;
+    }
+    fw->type = QR_MSG_CREATE;
+    qr_wbuf_bytes(&fw->items, meta, f->meta_len);
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t count = qr_msg_get_count(&r);
+    /* The records were checked when the CREATE came: each names a
+     * variable of the store now. */
+    for (uint32_t i = 0; i < count && !r.bad; i++) {
+        qr_msg_create_var m;
+        qr_msg_get_create_var(&r, &m);
+        const qr_var *v = qr_store_get(&ps->store, m.id);
+        if (v && v->value) qr_wbuf_bytes(&fw->payload, v->value->data, (size_t)v->n * 4);
+    }
+    qr__replica_send(ps, fw);
+    /* A CREATE's number only orders it; the backup knows no number for it. */
+}
+
+/* ---- exactly once ---------------------------------------------------------- */
+
+/* The record of p's shard: this ps's own, or its copy's. */
+static repl_last *record_of(ps_peer *p) {
+    ps_replica *r = &p->ps->replica;
+    return p->promoted_shard ? r->backup_last : r->last;
+}
+
+bool qr__replica_duplicate(ps_peer *p, uint32_t worker, uint32_t seq, int64_t *answer) {
+    qr_ps *ps = p->ps;
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps) || !qr__is_worker(worker, ps->cluster->nworkers)) return false;
+    const repl_last *l = &record_of(p)[worker];
+    for (int i = 0; i < l->n; i++) {
+        if (l->seq[i] != seq) continue;
+        *answer = l->answer[i];
+        r->duplicate_pushes++;
+        return true;
+    }
+    return false;
+}
+
+void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,
+                             int64_t answer) {
+    if (!qr__is_worker(worker, nworkers)) return;
+    repl_last *l = &last[worker];
+    l->seq[l->next] = seq;
+    l->answer[l->next] = answer;
+    l->next = (l->next + 1) % QR_REPL_DUP_WINDOW;
+    if (l->n < QR_REPL_DUP_WINDOW) l->n++;
+}
+
+void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answer) {
+    qr_ps *ps = p->ps;
+    if (!qr__replica_on(ps)) return;
+    qr__replica_record_last(record_of(p), ps->cluster->nworkers, worker, seq, answer);
+    if (p->promoted_shard) ps->replica.copy_pushes++;
+    else ps->replica.own_pushes++;
+}
+
+/* cb once every forward made so far on L is applied there: at once when
+ * all are, when there is no copy, or while a copy is still being made
+ * (the shard is on one copy until it has caught up, rerep.c). p and f
+ * (NULL for ps 0's own part of a sync step) go back to cb. */
+static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+    uint64_t fwd = L->next_fwd - 1; /* the last forward made */
+    if ((fwd <= L->acked && !L->wait_head) || L->gone || L->streaming) {
+        cb(p, f, ctx, QR_OK, NULL);
+        return;
+    }
+    repl_wait *w = qr__calloc(1, sizeof *w);
+    if (!w) {
+        cb(p, f, ctx, QR_ENOMEM, "out of memory keeping an answer for the backup");
+        return;
+    }
+    *w = (repl_wait){.peer = p, .fwd = fwd, .cb = cb, .ctx = ctx};
+    if (f) w->req = *f;
+    if (L->wait_tail) L->wait_tail->next = w;
+    else L->wait_head = w;
+    L->wait_tail = w;
+}
+
+void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+    qr_ps *ps = p->ps;
+    wait_on(p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link, p, f, cb, ctx);
+}
+
+void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
+    wait_on(&ps->replica.link, NULL, NULL, cb, ctx); /* this ps's own shard */
+}
+
+void qr__replica_peer_lost(ps_peer *p) {
+    ps_replica *r = &p->ps->replica;
+    for (repl_wait *w = r->link.wait_head; w; w = w->next)
+        if (w->peer == p) w->peer = NULL;
+    for (repl_wait *w = r->copy_link.wait_head; w; w = w->next)
+        if (w->peer == p) w->peer = NULL;
+}
