@@ -168,6 +168,10 @@ class Bench:
             wall = max(use["wall_s"], 1e-9)
             self.profile = {
                 "wait_share": wait_share(reports),
+                # every worker's compute quantiles, pooled: a sample of the
+                # step compute the run's workers drew (step_model.compare)
+                "compute_ms_sample": sorted(q for r in reports
+                                            for q in r.get("compute_ms_quantiles", [])),
                 "gather_share": gather,
                 "cores_busy": {role: sec / wall for role, sec in use["cpu_s"].items()},
                 "wall_s": wall}

@@ -277,21 +277,28 @@ def report_training(model: torch.nn.Module, opt: Any, rank: int, steps: int) -> 
     # for the step's quorum and the pull; for DDP (whose allreduce runs in
     # backward) a local SGD step.
     step_s = 0.0
-    wall0 = time.time()
+    compute_ms: List[float] = []  # each step's time outside step(): its spread is a sync
+    wall0 = time.time()           # step's straggler wait (step_model.expected_max)
     t0 = time.perf_counter()
     for k in range(steps):
+        ta = time.perf_counter()
         opt.zero_grad()
         x, y = data[k % len(data)]
         torch.nn.functional.cross_entropy(model(x), y).backward()
         t1 = time.perf_counter()
         opt.step()
         step_s += time.perf_counter() - t1
+        compute_ms.append((t1 - ta) * 1e3)
     dt = time.perf_counter() - t0
-    # One write: the workers share the launcher's stdout.
+    # One write: the workers share the launcher's stdout. The compute's
+    # quantiles (0, 5, ..., 100%) in a flat list: a report is one flat
+    # object (readers find it by its braces).
+    quantiles = [round(float(q), 4) for q in np.quantile(compute_ms, np.linspace(0, 1, 21))]
     sys.stdout.write(json.dumps({"rank": rank, "samples_per_s": steps * BATCH / dt,
                                  "step_ms": dt / steps * 1e3,
                                  "loop": [wall0, time.time()],
-                                 "opt_step_ms": step_s / steps * 1e3}) + "\n")
+                                 "opt_step_ms": step_s / steps * 1e3,
+                                 "compute_ms_quantiles": quantiles}) + "\n")
     sys.stdout.flush()
 
 

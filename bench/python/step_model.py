@@ -236,6 +236,32 @@ def compute_in_run(doc: Dict[str, Any], pt: Dict[str, Any]) -> Optional[float]:
     return float(pt["workers"] * batch / pt["examples_per_s"] * (1.0 - wait))
 
 
+def expected_max(sample: Sequence[float], n: int) -> float:
+    """E[max of n independent draws] from the empirical distribution of
+    `sample`: sum over the sorted values x_(i) of x_(i) ((i/m)^n -
+    ((i-1)/m)^n), each value's probability of being the largest of n. A sync
+    step starts its communication when the slowest of its n workers is
+    done: this, not the mean compute, is the compute term of a sync step
+    whose workers' compute varies from step to step."""
+    xs = sorted(sample)
+    m = len(xs)
+    if m == 0 or n < 1:
+        raise ValueError("expected_max: need a sample and n >= 1")
+    return sum(x * ((i / m) ** n - ((i - 1) / m) ** n) for i, x in enumerate(xs, 1))
+
+
+def straggler_compute(pt: Dict[str, Any]) -> Optional[float]:
+    """A sync point's compute term with its stragglers (seconds): the
+    expected slowest of its workers' compute, from the pooled quantiles of
+    the step compute they timed (bench_torch.py), median over the rounds."""
+    vals = sorted(expected_max(r["compute_ms_sample"], pt["workers"]) * 1e-3
+                  for r in pt.get("profile", []) if r.get("compute_ms_sample"))
+    if not vals:
+        return None
+    k = len(vals)
+    return vals[k // 2] if k % 2 else 0.5 * (vals[k // 2 - 1] + vals[k // 2])
+
+
 def compare(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Every measured point of a bench_scaling.py run beside the model's
     prediction (3 and 1 round trips for sync), and, where the run measured
@@ -259,23 +285,30 @@ def compare(doc: Dict[str, Any]) -> List[Dict[str, Any]]:
             pr = predict_point(doc, pt["mode"], pt["workers"], pt["ps"], 3, compute=c)
             row.update(compute_in_run_s=c, predicted_in_run=pr["examples_per_s"],
                        measured_over_in_run=pt["examples_per_s"] / pr["examples_per_s"])
+        slow = straggler_compute(pt) if sync else None
+        if slow is not None:
+            ps_ = predict_point(doc, pt["mode"], pt["workers"], pt["ps"], 3, compute=slow)
+            row.update(compute_slowest_s=slow, predicted_straggler=ps_["examples_per_s"],
+                       measured_over_straggler=pt["examples_per_s"] / ps_["examples_per_s"])
         rows.append(row)
     return rows
 
 
 def print_compare(rows: List[Dict[str, Any]], out: Any = sys.stdout) -> None:
     out.write("model vs measurement (examples/s; sync predicted with 3 round trips a step, "
-              "and 1; 'in run': with the compute the workers measured in the run, where "
-              "they did)\n")
-    out.write("  %-8s %7s %3s %10s %12s %12s %9s %9s %9s  %s\n" % (
+              "and 1; 'run': with the mean compute the workers timed in the run, where they "
+              "did; 'slow': sync, with the expected slowest of the workers' compute)\n")
+    out.write("  %-8s %7s %3s %10s %12s %12s %9s %9s %9s %9s %9s  %s\n" % (
         "mode", "workers", "ps", "measured", "model 3 RTT", "model 1 RTT", "meas/mod",
-        "comp ms", "meas/run", "bound"))
+        "comp ms", "meas/run", "slowest", "meas/slow", "bound"))
     for r in rows:
         run = ("%9.2f %8.2fx" % (r["compute_in_run_s"] * 1e3, r["measured_over_in_run"])
                if "compute_in_run_s" in r else "%9s %9s" % ("-", "-"))
-        out.write("  %-8s %7d %3d %10.0f %12.0f %12.0f %8.2fx %s  %s\n" % (
+        slow = ("%9.2f %8.2fx" % (r["compute_slowest_s"] * 1e3, r["measured_over_straggler"])
+                if "compute_slowest_s" in r else "%9s %9s" % ("-", "-"))
+        out.write("  %-8s %7d %3d %10.0f %12.0f %12.0f %8.2fx %s %s  %s\n" % (
             r["mode"], r["workers"], r["ps"], r["measured"], r["predicted_3rtt"],
-            r["predicted_1rtt"], r["measured_over_predicted"], run, r["bound"]))
+            r["predicted_1rtt"], r["measured_over_predicted"], run, slow, r["bound"]))
 
 
 # ---- 100 and 1,000 workers -------------------------------------------------------------

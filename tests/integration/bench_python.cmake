@@ -58,8 +58,10 @@ c = json.loads(subprocess.run([sys.executable, model, "compare", out_json, "--js
                               check=True, capture_output=True, text=True, timeout=60).stdout)
 assert len(c["rows"]) == 8 and all(r["predicted_3rtt"] > 0 for r in c["rows"]), c
 # the torch workers timed their step(): the model is also run on that compute
+# and a sync point also on the expected slowest of its workers' compute
 for r in c["rows"]:
     assert (r.get("predicted_in_run", 0) > 0) == r["mode"].startswith("qt_"), r
+    assert (r.get("predicted_straggler", 0) > 0) == (r["mode"] == "qt_sync"), r
 e = json.loads(subprocess.run([sys.executable, model, "extrapolate", out_json, "--json"],
                               check=True, capture_output=True, text=True, timeout=60).stdout)
 assert {(r["workers"], r["ps"]) for r in e["rows"]} == {(w, p) for w in (100, 1000)
