@@ -351,11 +351,7 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
  * failed over, as without --max-restarts). */
 static bool rejoin(child *kids, int i, const launch_plan *plan, int *used) {
     child *c = &kids[i];
-    if (*used >= plan->max_restarts || plan->sync) {
-        if (plan->sync && *used < plan->max_restarts)
-            fprintf(stderr, "quorum launch: %s (failed over) has exited; not replaced: "
-                    "re-replication is built for async mode only (docs/REPLICATION.md)\n",
-                    c->name);
+    if (*used >= plan->max_restarts) {
         c->reported = true;
         return false;
     }
@@ -406,8 +402,8 @@ static void read_notices(child *kids, const launch_plan *plan) {
              * moment ago for its failover: that one restores the
              * checkpoint as a restart would. */
             uint64_t age_ms = qr__now_ns() / 1000000 - c->started_ms;
-            /* Exited after its failover and left unreplaced (sync mode, or
-             * no restart left: rejoin), before this notice came: the
+            /* Exited after its failover and left unreplaced (no restart
+             * left: rejoin), before this notice came: the
              * rollback needs it all the same (the loop restarts it). */
             if (c->exited) c->reported = false;
             bool kill_it = !c->exited &&

@@ -119,10 +119,13 @@ static void shard_applied(qr_ps *ps, uint32_t shard) {
 }
 
 /* The shard ps k serves besides its own in the view: the failed primary's
- * whose copy it holds; -1 if none. */
+ * whose copy it holds (ps k serving, or a replacement that holds that
+ * copy); -1 if none. */
 static int promoted_shard_of(const qr_ps *ps, int k) {
     int nps = ps->cluster->nps, prev = (k + nps - 1) % nps;
-    return ps->replica.failed[prev] && !ps->replica.failed[k] ? prev : -1;
+    const uint8_t *failed = ps->replica.failed;
+    bool holds = failed[k] == QR_PS_ALIVE || failed[k] == QR_PS_BACKUP;
+    return failed[prev] != QR_PS_ALIVE && holds ? prev : -1;
 }
 
 /* An APPLY's answer from ps k (qr_link_apply_cb). With two copies it names
@@ -154,19 +157,50 @@ static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const ch
         qr__link_apply_again(ps, k, ps->global_step);
 }
 
+/* One of ps 0's parts of a step is on its other copy too (or the wait
+ * ended otherwise). */
+static void part_copied(qr_ps *ps, uint32_t shard, int status, const char *msg) {
+    if (status == QR_ESTOPPED) return; /* the run is ending: no step completes */
+    if (status) {
+        qr__coord_abort(ps, msg);
+        return;
+    }
+    shard_applied(ps, shard);
+}
+
+/* ps 0's promoted copy's part of a step is done once the failed ps's
+ * replacement, when one is being copied it or holds it, has the step too
+ * (at once without one). */
+static void own_copy_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                            const char *msg) {
+    (void)p;
+    (void)req;
+    qr_ps *ps = ctx;
+    part_copied(ps, (uint32_t)ps->replica.primary, status, msg);
+}
+
 /* ps 0 serving the last ps's shard from its copy (a failover): the step
- * applied to the copy too (no backup to wait for). */
+ * applied to the copy too. */
 static int apply_own_copy(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     if (!qr__replica_on(ps) || !ps->replica.promoted) return QR_OK;
     int rc = qr__sync_apply_copy(ps, ps->global_step, s->quorum, s->nquorum);
-    if (!rc) shard_applied(ps, (uint32_t)ps->replica.primary);
+    if (!rc) qr__replica_after_copy(ps, own_copy_copied, ps);
     return rc;
 }
 
-void qr__coord_failed_over(qr_ps *ps, int k) {
+void qr__coord_failed_over(qr_ps *ps, int k, int served) {
     ps_sync *s = &ps->sync;
-    if (!s->on || !s->applying || s->shard_applied[k]) return;
+    if (!s->on || !s->applying) return;
+    if (served > 0 && !s->shard_applied[served]) {
+        /* ps k served it from its promoted copy; the replacement that held
+         * its copy serves it now, and applies the step from the pushes and
+         * steps ps k forwarded (a repeat if it has the step). */
+        qr__log(QR_LOG_INFO, "step %lld: shard %d's part goes to ps %d, which held its copy",
+                (long long)ps->global_step, served, served);
+        qr__link_apply_again(ps, served, ps->global_step);
+    }
+    if (s->shard_applied[k]) return;
     int next = (k + 1) % ps->cluster->nps;
     qr__log(QR_LOG_INFO, "step %lld: shard %d's part goes to its copy on ps %d",
             (long long)ps->global_step, k, next);
@@ -183,13 +217,7 @@ static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int stat
                             const char *msg) {
     (void)p;
     (void)req;
-    qr_ps *ps = ctx;
-    if (status == QR_ESTOPPED) return; /* the run is ending: no step completes */
-    if (status) {
-        qr__coord_abort(ps, msg);
-        return;
-    }
-    shard_applied(ps, 0);
+    part_copied(ctx, 0, status, msg);
 }
 
 static void start_apply(qr_ps *ps) {

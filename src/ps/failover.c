@@ -25,7 +25,7 @@
  * promoted copy (qr__coord_failed_over); the copy holds every push of it
  * (sync.c; the last ps's copy is on ps 0, which applies it with its own
  * part). A failed ps's replacement joins as the backup of its shards
- * (rerep.c, async mode only: the view marks it JOINING, then BACKUP). A
+ * (rerep.c: the view marks it JOINING, then BACKUP). A
  * shard with no copy left (two neighbours failed, or a neighbour and a
  * replacement still being copied) is not failed over: ps 0 rolls the
  * cluster back to its newest checkpoint at once, or aborts without
@@ -68,6 +68,12 @@ void qr__failover_apply(qr_ps *ps) {
     if (self != QR_PS_ALIVE) qr__replica_link_gone(&r->link); /* ps (k+1) serves it */
     else if (back == QR_PS_FAILED) qr__replica_backup_gone(ps);
     else if (back == QR_PS_JOINING) qr__rerep_start(&r->link);
+    /* Both ALIVE with the link given up: this ps is a replacement that
+     * waited to be made a backup (its link refused by the ps then serving
+     * its shard) when the cluster rolled back to a checkpoint, which both
+     * restored (rollback.c): its shard is its own again, forwarded as at
+     * the start. */
+    else if (back == QR_PS_ALIVE && r->link.gone) qr__replica_link_again(&r->link);
 }
 
 static void put_view(const qr_ps *ps, qr_wbuf *b) {
@@ -110,6 +116,7 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
         return qr__rollback_both_lost(ps, k, k, next);
     }
     int was = r->failed[k];
+    int served = r->failed[prev] == QR_PS_BACKUP ? prev : -1; /* from k's promoted copy */
     r->failed[k] = QR_PS_FAILED;
     /* A replacement before it held shard prev's copy as its backup: prev
      * serves its own shard again (the state of the start). */
@@ -132,7 +139,7 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
     qr__failover_apply(ps);
     qr__links_view(ps);
     qr__failover_notify_workers(ps);
-    qr__coord_failed_over(ps, k);
+    qr__coord_failed_over(ps, k, served);
     return true;
 }
 

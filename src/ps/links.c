@@ -202,6 +202,9 @@ static void rejoin(coord_link *l, const qr_msg_welcome *m) {
         return;
     }
     l->dropped = l->closing = l->hung = false;
+    /* Sync: the APPLYs queued while the link was dropped are of steps the
+     * replacement takes no part in (it serves no shard). */
+    l->apply_step = -1;
     l->incarnation = m->incarnation;
     l->up = true;
     l->attempts = 0;

@@ -57,7 +57,7 @@
  *   failover.c    --ps-replicas 2: the view (where each shard is
  *             served), kept by ps 0; a dead or hung ps failed over to its
  *             backup in place; VIEW, and a worker's HELLO of a view
- *   rerep.c   --ps-replicas 2, async: a failed ps's replacement joins as
+ *   rerep.c   --ps-replicas 2: a failed ps's replacement joins as
  *             the backup of the shards it held copies of: a snapshot of
  *             each (the checkpoint's) streamed while training goes on,
  *             then the forwards since; ps 0 marks it in the view
@@ -865,16 +865,27 @@ int qr__sync_add_source(ps_sync *s, qr_var *v, int member, const push_item *it);
 int qr__sync_reduce_and_apply(qr_ps *ps, sync_source *sources, int nsources, int64_t step,
                               float divisor);
 /* ps 0, ps-replicas 2, sync: ps k failed over; a step being applied gets
- * shard k's part from its promoted copy (coord.c). */
-void qr__coord_failed_over(qr_ps *ps, int k);
+ * shard k's part from its promoted copy (coord.c); and shard `served`'s
+ * (-1: none), which ps k served from its promoted copy, from ps `served`,
+ * a replacement that held it and serves it now. */
+void qr__coord_failed_over(qr_ps *ps, int k, int served);
 /* The backup (replica.c): a sync step forwarded by the primary (its
  * members), reduced and applied to the copy from the pushes forwarded, as
  * the primary did. */
 int qr__sync_apply_copy(qr_ps *ps, int64_t step, const quorum_member *members, int n);
 /* The backup: a sync push the primary kept (h: worker, seq, t = its
- * local step), kept on the copy with a copy of its bytes (payload). */
-int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
-                       const void *payload, size_t len);
+ * local step), kept on the copy with a copy of its bytes (payload); own:
+ * on a replacement, a push of its own shard, forwarded by the ps that
+ * serves it (rerep.c). */
+int qr__sync_copy_keep(qr_ps *ps, bool own, const qr_msg_repl_head *h, const push_item *items,
+                       int nitems, const void *payload, size_t len);
+/* A re-replication's snapshot was queued on the link of the shard (copy:
+ * the promoted copy's): the pushes kept for the step in flight, which a
+ * snapshot does not hold, are forwarded behind it (rerep.c). */
+void qr__sync_forward_kept(qr_ps *ps, bool copy);
+/* The members of the last step applied to a shard (copy: the copy of ps
+ * `primary`'s), kept for a resent push (also from a snapshot, rerep.c). */
+int qr__sync_record_members(qr_ps *ps, bool copy, const quorum_member *members, int n);
 
 /* bound.c: bounded staleness on ps 0 (async) */
 int qr__bound_init(qr_ps *ps);

@@ -496,6 +496,15 @@ uint64_t qr__replica_link_gone(repl_link *L) {
     return dropped;
 }
 
+void qr__replica_link_again(repl_link *L) {
+    if (!L->gone) return;
+    L->gone = L->stale = false;
+    L->target_incarnation = 0;
+    L->closing = false;
+    L->attempts = 0;
+    if (!L->conn && !L->connecting) link_connect(L);
+}
+
 static void link_open(repl_link *L, repl_forward *snapshot) {
     L->gone = L->stale = false;
     L->target_incarnation = 0; /* the replacement's run, met at its answer */

@@ -196,6 +196,10 @@ void qr__replica_peer_lost(ps_peer *p);
 /* The same wait with no request (ps 0's own part of a sync step): cb runs
  * with p and req NULL. */
 void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx);
+/* The same two waits on the promoted copy's link (copy_link: to the
+ * failed primary's replacement; at once while there is none). */
+void qr__replica_wait_copy(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx);
+void qr__replica_after_copy(qr_ps *ps, qr_repl_answer_cb cb, void *ctx);
 /* REPLICATE, on the backup. */
 int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -250,6 +254,11 @@ struct repl_wait {
  * once when L has no copy). */
 void qr__replica_fail_forward(qr_ps *ps);
 void qr__replica_link_send(repl_link *L, repl_forward *fw);
+/* A link given up (gone) made again, with no snapshot: its target holds
+ * the same copy as this ps (failover.c: a replacement refused by its
+ * backup, then the cluster rolled back to a checkpoint, both copies
+ * restored from it). */
+void qr__replica_link_again(repl_link *L);
 /* replica_forward.c: (worker, seq), answered with `answer`, recorded in
  * `last` (the exactly-once ring of each worker). */
 void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,

@@ -245,7 +245,8 @@ static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
         rc = qr__fail(QR_EINVAL, "a sync %s, but this ps trains in async mode: give every task "
                       "the same --mode", h->flags & QR_REPL_SYNC_PUSH ? "push" : "step");
     } else if (h->flags & QR_REPL_SYNC_PUSH) {
-        rc = qr__sync_copy_keep(ps, h, p->items, p->nitems, p->recv, (size_t)f->payload_len);
+        rc = qr__sync_copy_keep(ps, p->copy_own, h, p->items, p->nitems, p->recv,
+                                (size_t)f->payload_len);
     } else {
         int n = (int)(f->payload_len / QR_MSG_MEMBER_LEN);
         quorum_member *members = qr__calloc((size_t)n, sizeof *members);
@@ -254,10 +255,13 @@ static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
         for (int i = 0; members && i < n; i++)
             qr_msg_get_member(&rb, &members[i].worker, &members[i].seq);
         if (!members) rc = qr__fail(QR_ENOMEM, "out of memory applying a step to the copy");
-        else if (h->t != r->copy_steps)
+        else if (h->t != (p->copy_own ? ps->sync.step : r->copy_steps))
             rc = qr__fail(QR_EINVAL, "sync step %lld of ps %d's shard, but this copy is at step "
-                          "%lld", (long long)h->t, r->primary, (long long)r->copy_steps);
-        else if ((rc = qr__sync_apply_copy(ps, h->t, members, n)))
+                          "%lld", (long long)h->t, p->copy_own ? ps->index : r->primary,
+                          (long long)(p->copy_own ? ps->sync.step : r->copy_steps));
+        /* (A replacement's own shard, forwarded by the ps serving it.) */
+        else if ((rc = p->copy_own ? qr__sync_apply_step(ps, h->t, members, n)
+                                   : qr__sync_apply_copy(ps, h->t, members, n)))
             applied_part = true;
         free(members);
     }
@@ -270,7 +274,7 @@ static void sync_message(ps_peer *p, const qr_frame *f, qr_wbuf *out) {
         qr_wbuf_free(out);
         return;
     }
-    r->applied_fwd = h->fwd;
+    *(p->copy_own ? &r->own_applied_fwd : &r->applied_fwd) = h->fwd;
     r->applied++;
     qr__peer_reply(p, f, QR_OK, out, NULL, 0, NULL, NULL);
     qr_wbuf_free(out);

@@ -144,6 +144,14 @@ void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
     wait_on(&ps->replica.link, NULL, NULL, cb, ctx); /* this ps's own shard */
 }
 
+void qr__replica_wait_copy(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+    wait_on(&p->ps->replica.copy_link, p, f, cb, ctx);
+}
+
+void qr__replica_after_copy(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
+    wait_on(&ps->replica.copy_link, NULL, NULL, cb, ctx);
+}
+
 void qr__replica_peer_lost(ps_peer *p) {
     ps_replica *r = &p->ps->replica;
     for (repl_wait *w = r->link.wait_head; w; w = w->next)

@@ -1,5 +1,5 @@
 /*
- * rerep.c - re-replication (--ps-replicas 2, async): a replacement for a
+ * rerep.c - re-replication (--ps-replicas 2): a replacement for a
  * failed ps K joins the running cluster as the backup of the two shards
  * that lost a copy when K failed, without a rollback or a pause.
  * docs/REPLICATION.md, "Re-replication".
@@ -30,6 +30,11 @@
  *   With both shards copied, ps 0 marks K BACKUP in the next view: both
  *   shards are on two copies again.
  *
+ * Sync mode: the snapshot holds the shard as its last step left it, with
+ * that step's members; the pushes kept for the step in flight follow it
+ * (qr__sync_forward_kept), then the pushes and steps as sync.c forwards
+ * them. docs/REPLICATION.md, "Re-replication in sync mode".
+ *
  * K stays a backup (QR_PS_BACKUP): shard K keeps its primary on ps K+1.
  * A later failure of K is the first one again (failover.c); one of K+1
  * makes K serve shard K from its copy (K ALIVE again, as at the start).
@@ -55,6 +60,14 @@ typedef struct rerep_snapshot {
     uint8_t *head;
 } rerep_snapshot;
 
+/* The steps the shard L copies has applied: the promoted copy's, or this
+ * ps's own (in sync mode its accumulator step, the step in flight). */
+static int64_t shard_steps(const repl_link *L) {
+    const qr_ps *ps = L->ps;
+    if (L->copy) return ps->replica.copy_steps;
+    return ps->sync.on ? ps->sync.step : ps->applied_steps;
+}
+
 /* What the snapshot's meta carries besides the shard. */
 static void put_snapshot_meta(qr_wbuf *b, const repl_link *L, uint64_t fwd) {
     const qr_ps *ps = L->ps;
@@ -62,10 +75,34 @@ static void put_snapshot_meta(qr_wbuf *b, const repl_link *L, uint64_t fwd) {
     int nw = QR_MAX(ps->cluster->nworkers, 1);
     qr_wbuf_u64(b, fwd);
     qr_wbuf_u32(b, (uint32_t)L->shard);
-    qr_wbuf_i64(b, L->copy ? r->copy_steps : ps->applied_steps);
+    qr_wbuf_i64(b, shard_steps(L));
     qr_wbuf_u64(b, L->copy ? r->copy_pushes : r->own_pushes);
     qr_wbuf_u32(b, (uint32_t)nw);
     qr_wbuf_bytes(b, L->copy ? r->backup_last : r->last, (size_t)nw * sizeof(repl_last));
+    /* Sync: the members of the shard's last step, so that a push of
+     * theirs resent to the replacement, once it serves the shard, is
+     * answered as applied (sync.c, resent) */
+    if (!ps->sync.on) return;
+    const ps_sync *sy = &ps->sync;
+    int n = L->copy ? sy->ncopy_members : sy->nown_members;
+    const quorum_member *m = L->copy ? sy->copy_members : sy->own_members;
+    qr_wbuf_u32(b, (uint32_t)n);
+    for (int i = 0; i < n; i++) qr_msg_put_member(b, m[i].worker, m[i].seq);
+}
+
+/* The members of the snapshot's last step (sync), after the records: into
+ * the shard's record of them. */
+static int take_members(qr_ps *ps, bool own, qr_rbuf *rb) {
+    if (!rb->left) return QR_OK; /* async */
+    uint32_t n = qr_rbuf_u32(rb);
+    if (rb->bad || n > QR_PROTO_MAX_ITEMS || rb->left != (size_t)n * QR_MSG_MEMBER_LEN)
+        return qr__fail(QR_EPROTO, "SNAPSHOT: the last step's members are malformed");
+    quorum_member *members = qr__calloc((size_t)n + 1, sizeof *members);
+    if (!members) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
+    for (uint32_t i = 0; i < n; i++) qr_msg_get_member(rb, &members[i].worker, &members[i].seq);
+    int rc = qr__sync_record_members(ps, !own, members, (int)n);
+    free(members);
+    return rc;
 }
 
 static ckpt_shard_ctx shard_ctx(qr_ps *ps, qr_store *store, int shard, int64_t steps) {
@@ -139,7 +176,7 @@ void qr__rerep_start(repl_link *L) {
                 "being written", L->shard, L->target);
         return;
     }
-    int64_t steps = L->copy ? r->copy_steps : ps->applied_steps;
+    int64_t steps = shard_steps(L);
     uint64_t t0 = qr__now_ns();
     rerep_snapshot *sn;
     qr_iov *iov;
@@ -162,6 +199,11 @@ void qr__rerep_start(repl_link *L) {
     qr__replica_snapshot_payload(fw, iov, niov, snapshot_free, sn);
     L->streaming = true;
     L->mark = 0;
+    /* Sync mode: the pushes kept for the step in flight are not in the
+     * snapshot (it holds the shard as the last step left it); they follow
+     * it, before any kept from now on and before the step's own forward,
+     * so the replacement holds every push the step may name. */
+    if (ps->sync.on) qr__sync_forward_kept(ps, L->copy);
     char digest[64];
     qr__log(QR_LOG_INFO, "re-replication of shard %d to ps %d: snapshot taken at forward %llu "
             "(%u variables, %.2f ms on the loop, %s); training goes on", L->shard, L->target,
@@ -220,13 +262,6 @@ bool qr__rerep_joined(qr_ps *ps, int k) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
     if (!qr__replica_on(ps) || ps->index != 0 || r->failed[k] != QR_PS_FAILED) return false;
-    if (ps->sync.on) {
-        /* The copies of a sync step in flight are not part of a snapshot
-         * yet: the shard stays on one copy. */
-        qr__log(QR_LOG_WARN, "ps %d (%s) is back, but re-replication is built for async mode "
-                "only: it is not made a backup", k, ps->cluster->ps[k]);
-        return false;
-    }
     int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
     if (r->failed[next] != QR_PS_ALIVE || r->failed[prev] == QR_PS_FAILED ||
         r->failed[prev] == QR_PS_JOINING) {
@@ -338,8 +373,16 @@ static int check_snapshot_meta(ps_peer *p, const qr_frame *f, const uint8_t *met
     uint32_t nw = qr_rbuf_u32(&rb);
     int want = p->copy_own ? ps->index : ps->replica.primary;
     size_t rec = (size_t)QR_MAX(ps->cluster->nworkers, 1) * sizeof(repl_last);
+    /* (after the records, in sync mode: u32 n, the last step's n members) */
+    size_t extra = rb.left >= rec ? rb.left - rec : 0;
+    qr_rbuf tail;
+    qr_rbuf_init(&tail, extra ? rb.p + rec : rb.p, extra);
+    uint32_t nmembers = extra >= 4 ? qr_rbuf_u32(&tail) : 0;
+    bool members_ok = extra == 0 || (ps->sync.on && extra >= 4 &&
+                                     nmembers <= QR_PROTO_MAX_ITEMS &&
+                                     extra == 4 + (size_t)nmembers * QR_MSG_MEMBER_LEN);
     if (rb.bad || *shard != want || nw != (uint32_t)QR_MAX(ps->cluster->nworkers, 1) ||
-        rb.left != rec)
+        rb.left < rec || !members_ok)
         return qr__fail(QR_EINVAL, "SNAPSHOT: of shard %d for %u workers, but this link copies "
                         "shard %d of a cluster of %d workers", *shard, nw, want,
                         ps->cluster->nworkers);
@@ -450,6 +493,9 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
     ckpt_shard_ctx sc = shard_ctx(ps, &rr->store, shard, 0);
     rr->open = false; /* finish frees the file and the records */
     int rc = qr__ckpt_shard_finish(&sc, &rr->file, rr->vars, counters);
+    qr_rbuf members;
+    qr_rbuf_init(&members, rb.p + rec, rb.left - rec); /* (the header checked rec's length) */
+    if (!rc) rc = take_members(ps, p->copy_own, &members);
     if (rc) {
         char msg[600];
         snprintf(msg, sizeof msg, "%s: SNAPSHOT of shard %d: %s", ps->name, shard,
@@ -467,6 +513,7 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
     memcpy(p->copy_own ? r->last : r->backup_last, rb.p, rec);
     if (p->copy_own) {
         ps->applied_steps = steps;
+        if (ps->sync.on) ps->sync.step = steps; /* the step in flight: its pushes follow */
         r->own_pushes = pushes;
         r->own_applied_fwd = fwd;
         if (counters[0] > ps->global_step) ps->global_step = counters[0];
@@ -547,7 +594,7 @@ void qr__rerep_stop(qr_ps *ps) {
 bool qr__rerep_hold_hello(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_replica *r = &ps->replica;
-    if (!qr__replica_on(ps) || ps->sync.on || ps->index == 0 || r->ever_up || r->view ||
+    if (!qr__replica_on(ps) || ps->index == 0 || r->ever_up || r->view ||
         ps->stopping || p->role || f->meta_len > sizeof p->held_meta)
         return false;
     qr_rbuf rb;

@@ -147,6 +147,18 @@ static int64_t *shard_step(qr_ps *ps, bool copy) {
     return copy ? &ps->replica.copy_steps : &ps->sync.step;
 }
 
+/* The link that carries a shard's pushes and steps to its other copy (ps-
+ * replicas 2): this ps's own shard's, to its backup, while this ps serves
+ * it (a replacement, JOINING or BACKUP, only holds it: its primary
+ * forwards); a promoted copy's, to the failed primary's replacement
+ * (copy_link: gone until one joins, rerep.c). NULL: nothing forwarded. */
+static repl_link *forward_link(qr_ps *ps, bool copy) {
+    ps_replica *r = &ps->replica;
+    if (!qr__replica_on(ps)) return NULL;
+    if (copy) return r->promoted ? &r->copy_link : NULL;
+    return r->failed && r->failed[ps->index] != QR_PS_ALIVE ? NULL : &r->link;
+}
+
 static void forward_push(qr_ps *ps, const sync_push *sp);
 static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
                         const char *msg);
@@ -201,7 +213,7 @@ int qr__sync_push_keep(ps_peer *p, const qr_frame *f, char *msg, size_t len) {
     }
     sp->next = s->pending;
     s->pending = sp;
-    if (qr__replica_on(ps) && !sp->copy) forward_push(ps, sp);
+    forward_push(ps, sp);
     return QR_OK;
 }
 
@@ -283,6 +295,7 @@ typedef struct held_tell {
     qr_ps *ps;
     uint32_t worker, seq;
     int64_t step;
+    bool copy; /* of the promoted copy's shard (its replacement has it) */
 } held_tell;
 
 static void held_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
@@ -292,9 +305,9 @@ static void held_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
     (void)msg;
     held_tell *t = ctx;
     if (!status) {
-        tell_coordinator(t->ps, t->worker, t->seq, t->step, QR_OK, NULL, false);
+        tell_coordinator(t->ps, t->worker, t->seq, t->step, QR_OK, NULL, t->copy);
         for (held_pull *h = t->ps->sync.held; h; h = h->next)
-            if (h->worker == t->worker && h->seq == t->seq && !h->copy) h->told = true;
+            if (h->worker == t->worker && h->seq == t->seq && h->copy == t->copy) h->told = true;
     }
     free(t);
 }
@@ -350,7 +363,10 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     } else {
         rc = qr__sync_push_keep(p, f, msg, sizeof msg);
     }
-    bool wait_backup = !rc && qr__replica_on(ps) && !copy && !ps->replica.link.gone;
+    /* (A promoted copy's link is gone until a replacement joins; while it
+     * is being copied, wait_on answers at once.) */
+    repl_link *L = forward_link(ps, copy);
+    bool wait_backup = !rc && L && !L->gone;
     if (!is_held(f)) {
         if (rc) qr__peer_reply_error(p, f, rc, msg);
         else if (wait_backup) qr__replica_wait(p, f, push_copied, ps); /* the worker commits next */
@@ -385,7 +401,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
     s->held = h;
     held_tell *t = wait_backup ? qr__calloc(1, sizeof *t) : NULL;
     if (t) {
-        *t = (held_tell){ps, worker, seq, step};
+        *t = (held_tell){ps, worker, seq, step, copy};
         qr__replica_wait(p, f, held_copied, t);
         return;
     }
@@ -490,6 +506,8 @@ void qr__sync_stop(qr_ps *ps, int status, const char *why) {
  * what a promoted copy needs to apply the step in flight. Skipped items
  * (non-finite, nonfinite=skip) are no source of the reduce: not sent. */
 static void forward_push(qr_ps *ps, const sync_push *sp) {
+    repl_link *L = forward_link(ps, sp->copy);
+    if (!L) return;
     repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_PUSH,
                                                                  .worker = sp->worker,
                                                                  .seq = sp->seq,
@@ -504,7 +522,12 @@ static void forward_push(qr_ps *ps, const sync_push *sp) {
         qr__replica_add(fw, v->id, it->nrows < 0 ? QR_REPL_DENSE : QR_REPL_SPARSE, it->lr,
                         it->data, nbytes);
     }
-    qr__replica_send(ps, fw);
+    qr__replica_link_send(L, fw);
+}
+
+void qr__sync_forward_kept(qr_ps *ps, bool copy) {
+    for (const sync_push *sp = ps->sync.pending; sp; sp = sp->next)
+        if (sp->copy == copy) forward_push(ps, sp);
 }
 
 /* Primary: the step applied, named by its members (in reduce order), after
@@ -513,7 +536,8 @@ static void forward_push(qr_ps *ps, const sync_push *sp) {
  * (Forwarding the reduced gradient instead would need an apply kernel that
  * gives the fused reduce+apply's bits, which none promises, and would
  * leave the copy without the step's pushes if the primary died mid-step.) */
-static void forward_step(qr_ps *ps, int64_t step, const quorum_member *members, int n) {
+static void forward_step(qr_ps *ps, repl_link *L, int64_t step, const quorum_member *members,
+                         int n) {
     repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_STEP,
                                                                  .t = step});
     qr_wbuf list = {0};
@@ -523,8 +547,7 @@ static void forward_step(qr_ps *ps, int64_t step, const quorum_member *members, 
         qr__ps_ask_abort(ps, QR_ENOMEM, "out of memory forwarding a step to the backup: the "
                          "copies would differ");
     qr_wbuf_free(&list);
-    qr__replica_send(ps, fw);
-    ps->replica.own_pushes += (uint64_t)n; /* the gradients applied (as the copy counts) */
+    qr__replica_link_send(L, fw);
 }
 
 /* ps k: the step is on the backup too (or the wait ended otherwise). The
@@ -533,6 +556,8 @@ static void forward_step(qr_ps *ps, int64_t step, const quorum_member *members, 
 typedef struct step_done {
     qr_ps *ps;
     int64_t step;
+    bool own;      /* this ps serves its own shard (not a replacement) */
+    bool copy_waited; /* the wait for the promoted copy's replacement is done */
 } step_done;
 
 static void step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
@@ -540,18 +565,29 @@ static void step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
     step_done *d = ctx;
     qr_ps *ps = d->ps;
     int64_t step = d->step;
+    bool own = d->own;
+    if (!status && !d->copy_waited) { /* the own shard's backup has it */
+        if (own) answer_held(ps, ps->sync.step - 1, false);
+        /* A promoted copy being copied to the failed primary's
+         * replacement: ps 0 hears "applied" once that has the step too. */
+        repl_link *L = forward_link(ps, true);
+        if (p && L && !L->gone) {
+            d->copy_waited = true;
+            qr__replica_wait_copy(p, req, step_copied, d);
+            return;
+        }
+    }
     free(d);
     if (status) {
         if (p) qr__peer_reply_error(p, req, status, msg);
         return; /* the held answers are the stop's (qr__sync_stop) */
     }
-    answer_held(ps, ps->sync.step - 1, false);
     if (!p) return;
     bool copy = ps->replica.promoted && ps->replica.copy_steps > step;
     qr_wbuf out = {0};
     qr_wbuf_i64(&out, step);
-    qr_wbuf_u32(&out, copy ? 2 : 1);
-    qr_wbuf_u32(&out, (uint32_t)ps->index);
+    qr_wbuf_u32(&out, (uint32_t)own + (uint32_t)copy);
+    if (own) qr_wbuf_u32(&out, (uint32_t)ps->index);
     if (copy) qr_wbuf_u32(&out, (uint32_t)ps->replica.primary);
     qr__peer_reply(p, req, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
@@ -563,26 +599,27 @@ static void push_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
     qr_ps *ps = ctx;
     if (!p) return;
     if (status) qr__peer_reply_error(p, req, status, msg);
-    else qr__peer_reply_step(p, req, ps->sync.step);
+    else qr__peer_reply_step(p, req, *shard_step(ps, p->promoted_shard));
 }
 
-int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *items, int nitems,
-                       const void *payload, size_t len) {
+int qr__sync_copy_keep(qr_ps *ps, bool own, const qr_msg_repl_head *h, const push_item *items,
+                       int nitems, const void *payload, size_t len) {
     ps_sync *s = &ps->sync;
+    bool copy = !own;
+    int64_t now = *shard_step(ps, copy);
     if (!qr__is_worker(h->worker, s->N))
         return qr__fail(QR_EINVAL, "REPLICATE: worker %u is not in the cluster (%d workers)",
                         h->worker, s->N);
     /* A push of a step the copy has applied, or one it holds: sent again
      * after the link was remade (the forward numbers catch most). */
-    if (h->t < ps->replica.copy_steps || find_pending(s, h->worker, h->seq, true)) return QR_OK;
-    if (h->t > ps->replica.copy_steps)
+    if (h->t < now || find_pending(s, h->worker, h->seq, copy)) return QR_OK;
+    if (h->t > now)
         return qr__fail(QR_EINVAL, "REPLICATE: worker %u's push %u for step %lld, but this copy "
-                        "is at step %lld", h->worker, h->seq, (long long)h->t,
-                        (long long)ps->replica.copy_steps);
+                        "is at step %lld", h->worker, h->seq, (long long)h->t, (long long)now);
     sync_push *sp = qr__calloc(1, sizeof *sp);
     if (!sp) return qr__fail(QR_ENOMEM, "out of memory keeping a sync push on the copy");
     *sp = (sync_push){.worker = h->worker, .seq = h->seq, .local_step = h->t, .nitems = nitems,
-                      .copy = true};
+                      .copy = copy};
     sp->items = qr__calloc((size_t)QR_MAX(nitems, 1), sizeof *sp->items);
     sp->data = qr__recv_pool_get(&ps->recv_pool, QR_MAX(len, 4), &sp->data_cap);
     if (!sp->items || !sp->data) {
@@ -599,6 +636,34 @@ int qr__sync_copy_keep(qr_ps *ps, const qr_msg_repl_head *h, const push_item *it
     sp->next = s->pending;
     s->pending = sp;
     return QR_OK;
+}
+
+int qr__sync_record_members(qr_ps *ps, bool copy, const quorum_member *members, int n) {
+    ps_sync *s = &ps->sync;
+    quorum_member **last = copy ? &s->copy_members : &s->own_members;
+    int *nlast = copy ? &s->ncopy_members : &s->nown_members;
+    int *cap = copy ? &s->copy_members_cap : &s->own_members_cap;
+    if (n > *cap) {
+        quorum_member *grown = realloc(*last, (size_t)n * sizeof *grown);
+        if (!grown) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
+        *last = grown;
+        *cap = n;
+    }
+    if (n) memcpy(*last, members, (size_t)n * sizeof *members);
+    *nlast = n;
+    return QR_OK;
+}
+
+/* A promoted copy's step is on the replacement too (or there is none): its
+ * held pushes are answered. */
+static void copy_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                             const char *msg) {
+    (void)p;
+    (void)req;
+    (void)msg;
+    step_done *d = ctx;
+    if (!status) answer_held(d->ps, d->step, true); /* else: the stop's (qr__sync_stop) */
+    free(d);
 }
 
 /* Reduce and apply step `step` of a shard (this ps's own, or its copy of
@@ -641,7 +706,8 @@ static int apply_shard(qr_ps *ps, bool copy, int64_t step, const quorum_member *
         ps->metrics.rows_pushed = pushed;
     }
     if (rc) return rc;
-    if (qr__replica_on(ps) && !copy) forward_step(ps, step, members, n);
+    repl_link *L = forward_link(ps, copy);
+    if (L) forward_step(ps, L, step, members, n);
     /* Everything of this step or older that is still here is stale. */
     sync_push **link = &s->pending;
     while (*link) {
@@ -654,22 +720,23 @@ static int apply_shard(qr_ps *ps, bool copy, int64_t step, const quorum_member *
         }
     }
     *now = step + 1;
-    quorum_member **last = copy ? &s->copy_members : &s->own_members;
-    int *nlast = copy ? &s->ncopy_members : &s->nown_members;
-    int *cap = copy ? &s->copy_members_cap : &s->own_members_cap;
-    if (n > *cap) {
-        quorum_member *grown = realloc(*last, (size_t)n * sizeof *grown);
-        if (!grown) return qr__fail(QR_ENOMEM, "out of memory recording a step's members");
-        *last = grown;
-        *cap = n;
-    }
-    memcpy(*last, members, (size_t)n * sizeof *members);
-    *nlast = n;
+    rc = qr__sync_record_members(ps, copy, members, n);
+    if (rc) return rc;
     if (copy) {
         ps->replica.copy_pushes += (uint64_t)n;
-        answer_held(ps, step, true); /* a promoted copy has no backup to wait for */
+        /* A promoted copy's held pushes wait for its replacement once that
+         * is copied (its link: at once while there is none, or while it is
+         * being copied). */
+        step_done *d = L ? qr__calloc(1, sizeof *d) : NULL;
+        if (!d) {
+            answer_held(ps, step, true);
+            return QR_OK;
+        }
+        *d = (step_done){ps, step, false, false};
+        qr__replica_after_copy(ps, copy_step_copied, d);
         return QR_OK;
     }
+    ps->replica.own_pushes += (uint64_t)n; /* the gradients applied (as the copy counts) */
     ps->applied_steps = step + 1;
     /* With two copies the held answers wait for the backup
      * (qr__sync_apply_message): an answer means both copies have the step. */
@@ -710,7 +777,12 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
         return;
     }
     for (uint32_t i = 0; i < count; i++) qr_msg_get_member(&r, &members[i].worker, &members[i].seq);
-    int rc = qr__sync_apply_step(p->ps, step, members, (int)count);
+    /* A replacement (JOINING, BACKUP) does not serve its own shard: its
+     * copy there applies each step as the ps serving it forwards it. (A
+     * BACKUP whose primary failed serves that one: the copy, below.) */
+    const ps_replica *rp = &p->ps->replica;
+    bool own = !qr__replica_on(p->ps) || !rp->failed || rp->failed[p->ps->index] == QR_PS_ALIVE;
+    int rc = own ? qr__sync_apply_step(p->ps, step, members, (int)count) : QR_OK;
     /* A promoted copy (a failover, ps-replicas 2) applies the step too, from
      * the pushes its old primary forwarded and those resent to it. */
     if (!rc && p->ps->replica.promoted) rc = qr__sync_apply_copy(p->ps, step, members, (int)count);
@@ -729,8 +801,9 @@ void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
             qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory");
             return;
         }
-        *d = (step_done){p->ps, step};
-        qr__replica_wait(p, f, step_copied, d);
+        *d = (step_done){p->ps, step, own, false};
+        if (own) qr__replica_wait(p, f, step_copied, d);
+        else step_copied(p, f, d, QR_OK, NULL); /* (the promoted copy's wait, if any) */
         return;
     }
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);

@@ -59,12 +59,17 @@ Case "rerep_second": then ps 2 killed too, after re-replication: shard 1
 is served by the replacement's copy, no rollback.
 Case "rerep_killed": the replacement killed while its shards are being
 copied to it; the next one is copied both, no rollback.
+Case "sync_rerep": sync (R = N, --init-tokens 0), ps 1 killed and replaced
+(re-replicated with the step in flight: the pushes kept for it forwarded
+behind the snapshot), then ps 2 killed once launch says the replacement
+holds its copies; SGD and Adam; and ps 2 then ps 1: no rollback, the
+params_digest of the same run unkilled, every surviving copy equal.
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|sync_rerep|rerep_rate"""
 
 import json
 import os
@@ -908,6 +913,76 @@ def rerep_killed_case():
           % loaded_before_kill)
 
 
+def sync_rerep_case():
+    """Sync, R = N, --init-tokens 0, 3 ps: ps 1 SIGKILLed mid-run; launch
+    starts a replacement, which is copied shard 1 (from ps 2's promoted
+    copy, with the pushes kept for the step in flight) and shard 0 (from
+    ps 0) while training goes on; once re-replication is complete (read
+    from the log, not timed), ps 2, which serves shards 1 and 2, is
+    SIGKILLed: shard 1 is served by the replacement, shard 2 by ps 0. The
+    run ends without a rollback, with the params_digest of the same run
+    unkilled (SGD and Adam)."""
+    base = ["--ps", "3", "--workers", "3", "--init-tokens", "0", "--data", "digits",
+            "--batch-size", "32", "--seed", "11", "--steps", "4000", "--ps-replicas", "2"]
+    whole = {}
+    # ps 1 then ps 2 (shard 1 then served by the replacement); ps 2 then
+    # ps 1 (ps 0 serves shard 2 and copies it to ps 2's replacement, which
+    # then serves shard 1 from its copy while it holds its own).
+    for what, extra, first_k, second_k in (
+            ("sgd", ["--lr", "0.1"], 1, 2),
+            ("adam", ["--optimizer", "adam", "--lr", "0.001"], 1, 2),
+            ("sgd", ["--lr", "0.1"], 2, 1)):
+        if what not in whole:
+            whole[what] = launch(base + extra, mode="sync")[0]["params_digest"]
+        log = tempfile.NamedTemporaryFile("w+", prefix="qr-sync-rerep-", suffix=".log")
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync", "--max-restarts",
+                  "1"] + base + extra, stderr=log)
+
+        def wait_log(pattern, timeout=120):
+            deadline = time.time() + timeout
+            while not re.search(pattern, open(log.name).read(), re.MULTILINE):
+                assert time.time() < deadline and p.alive(), "%s: no '%s'\n%s" % (
+                    what, pattern, open(log.name).read()[-4000:])
+                time.sleep(0.02)
+
+        try:
+            first = launch_child_pid(p, "ps", first_k)
+            for k in (1, 2):  # ps 0 met them: a failover, not a restart
+                wait_log(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k)
+            time.sleep(0.5)  # (a moment into training; any moment would do)
+            os.kill(first, signal.SIGKILL)
+            wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % first_k))
+            second = launch_child_pid(p, "ps", second_k)
+            os.kill(second, signal.SIGKILL)
+            rc, out, _ = p.wait(300)
+        finally:
+            p.kill()
+        err = open(log.name).read()
+        log.close()
+        run = "%s, ps %d then ps %d" % (what, first_k, second_k)
+        assert rc == 0, "%s: launch exited %d\n%s" % (run, rc, err[-4000:])
+        s = last_json(out)
+        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+        assert s["global_step"] == 4000, s
+        assert "quorum launch: ps %d (failed over) has exited; starting a replacement" % \
+            first_k in err, err[-3000:]
+        assert "re-replication complete: ps %d holds copies of shard %d (served by ps %d) and " \
+            "of shard %d: both on two copies again (view 3)" % (
+                first_k, first_k, (first_k + 1) % 3, first_k - 1) in err, err[-3000:]
+        assert "quorum launch: ps %d (pid %d) was failed over by ps 0 (view 4)" % (
+            second_k, second) in err, err[-3000:]
+        served = 1 if second_k == 2 else 2
+        assert "view 4: shard 1 is served by ps %d" % served in err, err[-3000:]
+        assert s["params_digest"] == whole[what], "%s: digest %s, unkilled %s\n%s" % (
+            run, s["params_digest"], whole[what], err[-4000:])
+        held = check_rereplicated(err, 3, {second_k}, run)
+        assert held == ({0: 2, 1: 1, 2: 1} if second_k == 2 else {0: 1, 1: 1, 2: 2}), held
+        print("ok: %s killed, the first replaced and re-replicated before the second: "
+              "params_digest %s as unkilled, no rollback" % (run, whole[what]))
+    print("PASS: sync_rerep: a sync run's replacement was copied its shards with the step in "
+          "flight; a second failure after it was survived; the digest of an unkilled run")
+
+
 TAKEN = re.compile(r"(\S+) \[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
                    r"snapshot taken")
 WRITTEN = re.compile(r"\[ps (\d+) pid \d+\] info: re-replication of shard (\d+) to ps \d+: "
@@ -977,6 +1052,7 @@ cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "sync_failover_loop": sync_failover_loop_case,
          "sync_worker_stop": sync_worker_stop_case, "rerep": rerep_case,
          "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,
+         "sync_rerep": sync_rerep_case,
          "rerep_rate": rerep_rate_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))

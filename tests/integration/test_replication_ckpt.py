@@ -258,10 +258,11 @@ BOTH_LOST = re.compile(r"\[ps 0 pid \d+\] warn: shard 1 has lost both its copies
                        r"covers: rolling back to (the checkpoint of step (\d+)|a fresh start)")
 
 
-def kill_both(args, ready, timeout=180, sig=signal.SIGKILL, gap=0.0):
-    """A launch run with ps 1 and ps 2 sent `sig` together (or `gap` s
-    apart) once ready() holds (polled up to 120 s): (exit status, summary
-    lines, stderr, the seconds from the kill to the end, their pids)."""
+def kill_both(args, ready, timeout=180, sig=signal.SIGKILL, replaced=False):
+    """A launch run with ps 1 and ps 2 sent `sig` together (or, replaced:
+    ps 2 as soon as launch has started ps 1's replacement) once ready()
+    holds (polled up to 120 s): (exit status, summary lines, stderr, the
+    seconds from the kill to the end, their pids)."""
     p = Proc([quorum, "launch", "--json", "--quiet"] + args)
     try:
         pids = [launch_child_pid(p, "ps", k) for k in (1, 2)]
@@ -270,9 +271,11 @@ def kill_both(args, ready, timeout=180, sig=signal.SIGKILL, gap=0.0):
             time.sleep(0.01)
         time.sleep(random.uniform(0, 0.05))
         assert p.alive(), "the run ended before ps 1 and ps 2 were killed"
-        for pid in pids:
-            os.kill(pid, sig)
-            time.sleep(gap)
+        os.kill(pids[0], sig)
+        while replaced and launch_child_pid(p, "ps", 1) == pids[0]:
+            assert p.alive() and time.time() < deadline + 60, "ps 1 was not replaced"
+            time.sleep(0.01)
+        os.kill(pids[1], sig)
         killed = time.time()
         rc, out, err = p.wait(timeout)
         return rc, out, err, time.time() - killed, pids
@@ -283,12 +286,17 @@ def kill_both(args, ready, timeout=180, sig=signal.SIGKILL, gap=0.0):
 def both_lost_case():
     # SIGSTOP: both hung, found so after heartbeat-timeout-ms; launch
     # kills them for the rollback (the run ps 0 lost, still there).
-    # Sync, 0.5 s apart: ps 1 failed over and, its exit seen, left
-    # unreplaced (no re-replication in sync mode) before ps 2's death
-    # loses shard 1; launch must restart it for the rollback all the same
-    # (it once did not, and the run waited for ps 1 for good).
-    for mode, sig, gap in (("async", signal.SIGKILL, 0.0), ("sync", signal.SIGKILL, 0.0),
-                           ("async", signal.SIGSTOP, 0.0), ("sync", signal.SIGKILL, 0.5)):
+    # Sync, ps 2 killed as soon as launch has started ps 1's replacement
+    # (ps 1 failed over, its exit seen): the replacement holds no copy yet
+    # (ps 0 reaches it at its next try, up to a second later), so ps 2's
+    # death loses shard 1, and the replacement takes part in the rollback.
+    # (Killed 0.5 s apart, ps 2's death once came while ps 1 was left
+    # unreplaced, before sync mode re-replicated: launch had to restart it
+    # for the rollback; now its replacement is often copied within 0.5 s,
+    # and the second death survived: test_replication.py sync_rerep.)
+    for mode, sig, after_replacement in (
+            ("async", signal.SIGKILL, False), ("sync", signal.SIGKILL, False),
+            ("async", signal.SIGSTOP, False), ("sync", signal.SIGKILL, True)):
         d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
         try:
             args = ["--mode", mode, "--ps", "3", "--workers", "2", "--data", "digits",
@@ -301,9 +309,9 @@ def both_lost_case():
                 args += ["--heartbeat-timeout-ms", "1500", "--heartbeat-ms", "200"]
             rc, out, err, _, pids = kill_both(
                 args, lambda: sum(n.startswith("ckpt-") for n in os.listdir(d)) >= 2, sig=sig,
-                gap=gap)
+                replaced=after_replacement)
             mode += "" if sig == signal.SIGKILL else " (SIGSTOP)"
-            mode += " 0.5 s apart, ps 1 first" if gap else ""
+            mode += ", ps 2 once ps 1 is replaced" if after_replacement else ""
             assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-5000:])
             s = last_json(out)
             assert s["rollbacks"] == 1 and s["global_step"] >= 6000, (mode, s)
