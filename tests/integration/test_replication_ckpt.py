@@ -51,6 +51,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from qrtest import PS_COPIES, Proc, ReplicaReport, last_json, launch_child_pid
@@ -264,6 +265,7 @@ def kill_both(args, ready, timeout=180, sig=signal.SIGKILL, replaced=False):
     holds (polled up to 120 s): (exit status, summary lines, stderr, the
     seconds from the kill to the end, their pids)."""
     p = Proc([quorum, "launch", "--json", "--quiet"] + args)
+    resume = None
     try:
         pids = [launch_child_pid(p, "ps", k) for k in (1, 2)]
         deadline = time.time() + 120
@@ -272,24 +274,45 @@ def kill_both(args, ready, timeout=180, sig=signal.SIGKILL, replaced=False):
         time.sleep(random.uniform(0, 0.05))
         assert p.alive(), "the run ended before ps 1 and ps 2 were killed"
         os.kill(pids[0], sig)
-        while replaced and launch_child_pid(p, "ps", 1) == pids[0]:
-            assert p.alive() and time.time() < deadline + 60, "ps 1 was not replaced"
-            time.sleep(0.01)
+        if replaced:
+            while launch_child_pid(p, "ps", 1) == pids[0]:
+                assert p.alive() and time.time() < deadline + 60, "ps 1 was not replaced"
+                time.sleep(0.01)
+            # The replacement is held stopped (for 2 s: ps 0 sees ps 2's
+            # death at once; past heartbeat-timeout-ms, 5 s, the stopped ps
+            # would fence itself) so that it holds no copy when ps 2 dies:
+            # copied, it would take ps 2's death as a failover
+            # (test_replication.py sync_rerep), and it was copied within
+            # the poll's few ms once. It takes part in the rollback when it
+            # goes on.
+            new = launch_child_pid(p, "ps", 1)
+            os.kill(new, signal.SIGSTOP)
+            resume = threading.Timer(2.0, cont, (new,))
+            resume.start()
         os.kill(pids[1], sig)
         killed = time.time()
         rc, out, err = p.wait(timeout)
         return rc, out, err, time.time() - killed, pids
     finally:
+        if resume is not None:
+            resume.cancel()
         p.kill()
+
+
+def cont(pid):
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:  # killed for the rollback meanwhile
+        pass
 
 
 def both_lost_case():
     # SIGSTOP: both hung, found so after heartbeat-timeout-ms; launch
     # kills them for the rollback (the run ps 0 lost, still there).
     # Sync, ps 2 killed as soon as launch has started ps 1's replacement
-    # (ps 1 failed over, its exit seen): the replacement holds no copy yet
-    # (ps 0 reaches it at its next try, up to a second later), so ps 2's
-    # death loses shard 1, and the replacement takes part in the rollback.
+    # (ps 1 failed over, its exit seen), the replacement held stopped: it
+    # holds no copy yet, so ps 2's death loses shard 1, and the replacement
+    # takes part in the rollback.
     # (Killed 0.5 s apart, ps 2's death once came while ps 1 was left
     # unreplaced, before sync mode re-replicated: launch had to restart it
     # for the rollback; now its replacement is often copied within 0.5 s,
