@@ -66,8 +66,9 @@
 
 /* Address space mapped for the file at first (sparse: only what is
  * written takes disk); doubled between transactions while the pages in
- * use and a transaction's worst (TXN_RECORDS records, a few pages each)
- * would take more than half of it. */
+ * use and TXN_HEADROOM would take more than half of it, so that at least
+ * twice TXN_HEADROOM stays free for a transaction's worst (TXN_RECORDS
+ * records, a few pages each). */
 #define MAP_BYTES ((size_t)1 << 30)
 #define TXN_HEADROOM ((size_t)512 << 20)
 /* Tables one ps may tier. */
@@ -136,11 +137,17 @@ typedef struct ps_tier {
 } ps_tier;
 
 /* Records one write transaction may write or delete, whatever the
- * requests they come from (each dirties a leaf or two: far below LMDB's
- * limit of 131,072 dirty pages a transaction). Bounded by records alone:
- * `bench tier` ran 2.6x faster than committing every 64 requests, and
- * slower again at 65,536 records. */
-#define TXN_RECORDS 16384
+ * requests they come from (each dirties a leaf or two; past LMDB's 131,072
+ * dirty pages a transaction it writes some out early, MDB_TXN_FULL does
+ * not happen). Bounded by records alone: `bench tier` ran 2.6x faster than
+ * committing every 64 requests. Since a row's record stays when it comes
+ * back (no deletes), 65,536 spent a fifth less CPU in the puts than
+ * 16,384 on the click model four times its cap (thread CPU time of the
+ * ps's tier, two alternated runs each; 4,096 no better than 16,384): a
+ * leaf is copied once a transaction, and a larger one puts more records
+ * on each copy. Its worst, 65,536 records of about 3 pages, is under the
+ * 1 GiB the map keeps free (TXN_HEADROOM, twice). */
+#define TXN_RECORDS 65536
 
 static int lmdb_fail(int rc, const char *what) {
     return qr__fail(rc == ENOMEM ? QR_ENOMEM : QR_EIO, "table disk tier: %s: %s", what,
