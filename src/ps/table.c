@@ -3,6 +3,7 @@
  * index over their ids (table.h).
  */
 #include "ps/table.h"
+#include "ps/tier.h"
 
 #include "common/common.h"
 
@@ -221,6 +222,7 @@ static void remove_row(qr_table *t, uint64_t r) {
 
 void qr_table_remove(qr_table *t, uint64_t r) {
     note_removed(t, t->keys[r]);
+    if (t->tier) qr__tier_forget(t, t->keys[r]); /* its stale record on disk */
     remove_row(t, r);
 }
 

@@ -37,6 +37,19 @@
  *
  * A record on disk: the row's value and slots (stride floats), then its
  * last update step when the table evicts by age (int64).
+ *
+ * A row that comes back keeps its record on disk, stale from then on:
+ * when the row goes out again its put overwrites the record in place
+ * (same key, same size), so a row that moves in and out costs a get and
+ * a put, not a get, a delete and a put, and the B+tree keeps its shape
+ * (no leaf split by a put, none merged by a delete). Profiled on `bench
+ * tier`, the delete was 14% of the time. The disk therefore holds a
+ * record for rows in memory too: whatever reads it as "the rows on disk"
+ * skips the ids found in memory (the checkpoint's copy, the sweep), and
+ * a row the table removes in memory takes its record with it
+ * (qr__tier_forget, from qr_table_remove), so that an id evicted by age
+ * does not come back from a stale copy. disk_rows counts the rows only
+ * on disk (what the statistics call rows_disk).
  */
 #include "ps/ps_internal.h"
 #include "ps/tier.h"
@@ -53,8 +66,9 @@
 
 /* Address space mapped for the file at first (sparse: only what is
  * written takes disk); doubled between transactions while the pages in
- * use and a transaction's worst (TXN_RECORDS records, a few pages each)
- * would take more than half of it. */
+ * use and TXN_HEADROOM would take more than half of it, so that at least
+ * twice TXN_HEADROOM stays free for a transaction's worst (TXN_RECORDS
+ * records, a few pages each). */
 #define MAP_BYTES ((size_t)1 << 30)
 #define TXN_HEADROOM ((size_t)512 << 20)
 /* Tables one ps may tier. */
@@ -123,11 +137,17 @@ typedef struct ps_tier {
 } ps_tier;
 
 /* Records one write transaction may write or delete, whatever the
- * requests they come from (each dirties a leaf or two: far below LMDB's
- * limit of 131,072 dirty pages a transaction). Bounded by records alone:
- * `bench tier` ran 2.6x faster than committing every 64 requests, and
- * slower again at 65,536 records. */
-#define TXN_RECORDS 16384
+ * requests they come from (each dirties a leaf or two; past LMDB's 131,072
+ * dirty pages a transaction it writes some out early, MDB_TXN_FULL does
+ * not happen). Bounded by records alone: `bench tier` ran 2.6x faster than
+ * committing every 64 requests. Since a row's record stays when it comes
+ * back (no deletes), 65,536 spent a fifth less CPU in the puts than
+ * 16,384 on the click model four times its cap (thread CPU time of the
+ * ps's tier, two alternated runs each; 4,096 no better than 16,384): a
+ * leaf is copied once a transaction, and a larger one puts more records
+ * on each copy. Its worst, 65,536 records of about 3 pages, is under the
+ * 1 GiB the map keeps free (TXN_HEADROOM, twice). */
+#define TXN_RECORDS 65536
 
 static int lmdb_fail(int rc, const char *what) {
     return qr__fail(rc == ENOMEM ? QR_ENOMEM : QR_EIO, "table disk tier: %s: %s", what,
@@ -419,9 +439,10 @@ static void keep_victims(ps_tier *tier) {
 }
 
 /* The missing ids that are on disk come back (appended to the table from
- * row `from` on, deleted from disk); *found counts them. One cursor, ids
- * in key order: each search starts near the last. QR_ENOMEM if the table
- * could not take a row (those back so far are then put back on disk). */
+ * row `from` on; their records stay, stale); *found counts them. One
+ * cursor, ids in key order: each search starts near the last. QR_ENOMEM
+ * if the table could not take a row (those back so far then leave memory
+ * again). */
 static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_t *found) {
     ps_tier *tier = tt->owner;
     qr_table *t = tt->var->table;
@@ -451,28 +472,16 @@ static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_
         memcpy(qr_table_row(t, (uint64_t)r), val.mv_data, (size_t)t->stride * 4);
         if (t->evict_after && t->updated)
             memcpy(&t->updated[r], (char *)val.mv_data + (size_t)t->stride * 4, 8);
-        lrc = mdb_cursor_del(cur, 0);
-        if (lrc) {
-            rc = tier_failed(tier, lrc, "deleting a row brought back");
-            break;
-        }
+        /* Its record stays (the put that takes it out again overwrites it). */
         (*found)++;
-        rc = txn_count(tier, tt->dbi, &cur);
     }
-    /* Out of memory: what came back goes back (the table as it was). */
-    while (rc == QR_ENOMEM && t->count > from && cur) {
-        uint64_t r = t->count - 1;
-        MDB_val key = {8, &t->keys[r]}, val = {bytes, NULL};
-        lrc = mdb_cursor_put(cur, &key, &val, MDB_RESERVE);
-        if (lrc) {
-            rc = tier_failed(tier, lrc, "putting rows back");
-            break;
-        }
-        fill_record(t, r, val.mv_data);
-        qr_table_move_out(t, r);
+    /* Out of memory: what came back goes back (the table as it was; the
+     * records are still on disk, unchanged). */
+    while (rc == QR_ENOMEM && t->count > from) {
+        qr_table_move_out(t, t->count - 1);
         (*found)--;
     }
-    if (cur && !tier->failure[0]) mdb_cursor_close(cur);
+    if (!tier->failure[0]) mdb_cursor_close(cur);
     return rc;
 }
 
@@ -482,10 +491,14 @@ static int fetch(tier_table *tt, const int64_t *missing, uint64_t nmiss, uint64_
 static int filter_refresh(tier_table *tt) {
     disk_filter *f = &tt->filter;
     if (f->ids * MIN_BITS <= f->nbits) return QR_OK;
+    /* Sized by the records, those of rows in memory included. */
+    MDB_stat st;
+    int lrc = mdb_stat(tt->owner->txn, tt->dbi, &st);
+    if (lrc) return tier_failed(tt->owner, lrc, "counting the records on disk");
     disk_filter fresh = {0};
-    if (filter_make(&fresh, tt->disk_rows * BUILD_BITS)) return QR_OK;
+    if (filter_make(&fresh, (uint64_t)st.ms_entries * BUILD_BITS)) return QR_OK;
     MDB_cursor *cur;
-    int lrc = mdb_cursor_open(tt->owner->txn, tt->dbi, &cur);
+    lrc = mdb_cursor_open(tt->owner->txn, tt->dbi, &cur);
     MDB_val key, val;
     for (lrc = lrc ? lrc : mdb_cursor_get(cur, &key, &val, MDB_FIRST); !lrc;
          lrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
@@ -573,11 +586,13 @@ static int sweep_disk(ps_tier *tier, tier_table *tt) {
     size_t at = (size_t)t->stride * 4;
     for (lrc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !lrc && !rc;
          lrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
-        int64_t step;
+        int64_t step, id;
         memcpy(&step, (char *)val.mv_data + at, 8);
         if (t->clock - step <= t->evict_after) continue;
+        memcpy(&id, key.mv_data, 8);
+        if (qr_table_find(t, id) >= 0) continue; /* a stale copy: judged in memory */
         rc = grow((void **)&tier->idle, &tier->idle_cap, nidle + 1, sizeof *tier->idle);
-        if (!rc) memcpy(&tier->idle[nidle++], key.mv_data, 8);
+        if (!rc) tier->idle[nidle++] = id;
     }
     if (rc) nidle = 0; /* out of memory: no sweep of the disk this time */
     else if (lrc != MDB_NOTFOUND) {
@@ -600,6 +615,10 @@ static int sweep_disk(ps_tier *tier, tier_table *tt) {
     if (cur) mdb_cursor_close(cur);
     return rc;
 }
+
+/* How far ahead the pass of qr__tier_fault_in works (as table.c's lookup). */
+#define PASS_AHEAD 8
+#define PASS_RING (4 * PASS_AHEAD) /* more than the 2 * PASS_AHEAD ids a home lives, a power of two */
 
 int qr__tier_fault_in(qr_ps *ps, qr_var *v, const int64_t *ids, int64_t n) {
     ps_tier *tier = ps->tier;
@@ -624,20 +643,49 @@ int qr__tier_fault_in(qr_ps *ps, qr_var *v, const int64_t *ids, int64_t n) {
                        sizeof *tier->missing);
     if (!rc) rc = grow((void **)&tier->rows, &tier->rows_cap, (uint64_t)n, sizeof *tier->rows);
     if (rc) return rc;
-    /* One pass over the index, its slots prefetched ahead (table.c's
-     * lookup does the same). */
-    uint64_t nmiss = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (i + 8 < n) __builtin_prefetch(t->index.slot + qr_idmap_home(&t->index, ids[i + 8]));
-        int64_t r = qr_table_find(t, ids[i]);
-        tier->rows[i] = r;
-        if (r < 0) tier->missing[nmiss++] = ids[i];
+    /* One pass over the index, as table.c's lookup makes it: id i's slot
+     * prefetched PASS_AHEAD ids before its key and mark are, and those
+     * PASS_AHEAD before its find, so that the find hits cache (profiled
+     * on the click model four times its cap: with only the slot
+     * prefetched this pass took as much CPU as the rest of the ps's
+     * work on the request). Nothing here changes the index, so a home
+     * taken ahead stays good. */
+    uint64_t nmiss = 0, home[PASS_RING];
+    for (int64_t i = 0; i < n + 2 * PASS_AHEAD; i++) {
+        if (i < n) {
+            home[i % PASS_RING] = qr_idmap_home(&t->index, ids[i]);
+            __builtin_prefetch(t->index.slot + home[i % PASS_RING], 0, 3);
+        }
+        int64_t k = i - PASS_AHEAD;
+        if (k >= 0 && k < n) {
+            uint32_t s = t->index.slot[home[k % PASS_RING]];
+            if (s) {
+                __builtin_prefetch(t->keys + s - 1, 0, 3);
+                __builtin_prefetch(tt->mark + s - 1, 1, 3);
+            }
+        }
+        k = i - 2 * PASS_AHEAD;
+        if (k < 0) continue;
+        int64_t r = qr_idmap_find_from(&t->index, t->keys, ids[k], home[k % PASS_RING]);
+        tier->rows[k] = r;
+        if (r < 0) tier->missing[nmiss++] = ids[k];
         else if (tt->mark[r] < MAX_USES) tt->mark[r]++;
     }
     tt->memory_hits += (uint64_t)n - nmiss;
     if (nmiss) rc = bring_back(tier, tt, n, nmiss);
     if (!rc) rc = sweep_disk(tier, tt);
     return rc;
+}
+
+void qr__tier_forget(qr_table *t, int64_t id) {
+    tier_table *tt = t->tier;
+    ps_tier *tier = tt->owner;
+    if (!filter_may_hold(&tt->filter, id) || txn_open(tier)) return; /* a failed tier says so */
+    MDB_val key = {8, &id};
+    int lrc = mdb_del(tier->txn, tt->dbi, &key, NULL);
+    if (lrc == MDB_NOTFOUND) return;
+    if (lrc) tier_failed(tier, lrc, "deleting the record of a row removed");
+    else txn_count(tier, tt->dbi, NULL);
 }
 
 uint64_t qr__tier_disk_rows(const qr_table *t) {
@@ -674,13 +722,16 @@ int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64
     uint64_t k = from, end = from + tt->disk_rows;
     size_t bytes = record_bytes(t);
     for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < end;
-         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT), k++) {
+         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
         if (key.mv_size != 8 || val.mv_size != bytes) {
             rc = MDB_CORRUPTED;
             break;
         }
-        if (ids) memcpy(&ids[k], key.mv_data, 8);
-        copy_record(t, &val, k, rows, steps);
+        int64_t id;
+        memcpy(&id, key.mv_data, 8);
+        if (qr_table_find(t, id) >= 0) continue; /* in memory: the copy there is the row */
+        if (ids) ids[k] = id;
+        copy_record(t, &val, k++, rows, steps);
     }
     mdb_cursor_close(cur);
     if (k != end || (rc && rc != MDB_NOTFOUND))

@@ -47,7 +47,13 @@ void qr__tier_free(struct qr_ps *ps);
  * without a tier. */
 int qr__tier_fault_in(struct qr_ps *ps, struct qr_var *v, const int64_t *ids, int64_t n);
 
-/* Rows of table t on disk (0 without a tier). */
+/* Table t (with a tier) removes id's row from memory (eviction by age, a
+ * restore's removal): its stale record on disk goes too, so that the id
+ * does not come back from it. An LMDB failure fails the tier (the next
+ * request says so). */
+void qr__tier_forget(qr_table *t, int64_t id);
+
+/* Rows of table t on disk only (0 without a tier). */
 uint64_t qr__tier_disk_rows(const qr_table *t);
 /* Rows of table t in both tiers. */
 static inline uint64_t qr__tier_rows(const qr_table *t) {
