@@ -310,7 +310,7 @@ void qr__create_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     p->created = NULL;
     p->ncreated = 0;
     /* With a backup, the chief hears once the backup has the variables
-     * too (replica.c); a replica link's CREATE is that backup's copy. */
+     * too (replica_forward.c); a replica link's CREATE is that backup's copy. */
     if (qr__replica_on(ps) && p->role != QR_ROLE_REPLICA && !(f->flags & QR_CREATE_CHECK_ONLY)) {
         qr__replica_forward_create(p, f, meta);
         qr__replica_wait(p, f, answer_created, NULL);

@@ -11,14 +11,15 @@
  * k, roll back or abort: it moves to the next view, in which ps k has
  * failed, and
  *   - tells every other ps (VIEW on its links): ps (k+1) promotes its
- *     copy of shard k (replica.c: served to the workers' connections that
- *     name shard k, forwards of the old primary refused with QR_EVIEW),
- *     and ps (k-1) stops forwarding to k (its shard goes on on one copy);
+ *     copy of shard k (replica_backup.c: served to the workers'
+ *     connections that name shard k, forwards of the old primary refused
+ *     with QR_EVIEW), and ps (k-1) stops forwarding to k (its shard goes
+ *     on on one copy);
  *   - applies it itself (ps 0 may be either);
  *   - tells every worker connected to it (a VIEW notice, unasked); a
  *     worker also asks (VIEW) when a ps refuses its HELLO as of an old
  *     view, and resends the pushes the lost ps did not answer, which the
- *     duplicate record answers if they were applied (replica.c);
+ *     duplicate record answers if they were applied (replica_forward.c);
  *   - tells the supervisor ("failover ps K VIEW"): `quorum launch` then
  *     neither kills nor restarts k, and does not count it a failure.
  * In sync mode ps 0 also hands shard k's part of a step in flight to the

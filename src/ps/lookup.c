@@ -119,7 +119,7 @@ void qr__lookup_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     qr_table_evict_idle(t);
-    /* The backup replays the sightings (replica.c); the answer does not
+    /* The backup replays the sightings (replica_backup.c); the answer does not
      * wait for it: a row's values come from (seed, id) alone. */
     if (qr__replica_on(ps) && !(f->flags & QR_LOOKUP_READ_ONLY)) {
         qr_msg_repl_head head = {.t = t->clock};

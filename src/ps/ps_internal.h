@@ -869,7 +869,7 @@ int qr__sync_reduce_and_apply(qr_ps *ps, sync_source *sources, int nsources, int
  * (-1: none), which ps k served from its promoted copy, from ps `served`,
  * a replacement that held it and serves it now. */
 void qr__coord_failed_over(qr_ps *ps, int k, int served);
-/* The backup (replica.c): a sync step forwarded by the primary (its
+/* The backup (replica_backup.c): a sync step forwarded by the primary (its
  * members), reduced and applied to the copy from the pushes forwarded, as
  * the primary did. */
 int qr__sync_apply_copy(qr_ps *ps, int64_t step, const quorum_member *members, int n);

@@ -19,7 +19,7 @@
  *   count    a step push advances the steps applied here, the moving
  *            averages, and on ps 0 the global step and the worker's clock
  *   forward  with --ps-replicas 2, the push as applied goes to the backup
- *            (replica.c), and the answer waits until the backup has
+ *            (replica_forward.c), and the answer waits until the backup has
  *            applied it: no early acknowledgement then, and no apply on
  *            arrival (fused_apply.c), since the backup must apply the
  *            gradient itself; a push of a (worker, seq) applied already
@@ -297,7 +297,7 @@ static int staleness_bucket(uint64_t s) {
  * apply, or the rows are added (delta). */
 static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
     qr_var *v = it->var;
-    /* as qr__rows_apply picks it, for the backup (replica.c) */
+    /* as qr__rows_apply picks it, for the backup (replica_backup.c) */
     it->applied_lr = it->lr >= 0 ? it->lr : qr__ps_lr(ps, v, qr__var_optim(ps, v), t - 1);
     return qr__rows_apply_push(ps, v, it->data, (const float *)(it->data + 8 * it->nrows),
                                it->nrows, delta, t, it->lr);

@@ -219,8 +219,13 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.kill()
             out, err = self.p.communicate()
+            # The start of a hung run says as much as its end (whose
+            # tail is often one task saying what it waits for, again).
+            err = err or ""
+            if len(err) > 16000:
+                err = err[:8000] + "\n[...]\n" + err[-8000:]
             raise AssertionError("timed out after %ss: %s\nstderr:\n%s"
-                                 % (timeout, " ".join(self.args), (err or "")[-4000:]))
+                                 % (timeout, " ".join(self.args), err))
         return self.p.returncode, out or "", err or ""
 
     def alive(self):
