@@ -3,8 +3,10 @@
  * of an epoch, before a risky change), and is answered once one that
  * started after its request is written, with that checkpoint's global
  * step. Requests that come while a checkpoint is under way wait for the
- * next one (the one under way may hold an older step); several requests
- * are served by one checkpoint. In sync mode it is taken between steps.
+ * next one (the one under way may hold an older step), or, if the global
+ * step has not moved once it is written, are answered with it: it holds
+ * that very step (ckpt_coord.c, finish_checkpoint). Several requests are
+ * served by one checkpoint. In sync mode it is taken between steps.
  */
 #include "ps/ps_internal.h"
 

@@ -14,7 +14,7 @@
  *
  * Then the unit pieces of the format: a shard's bytes corrupted, cut
  * short, or its manifest torn are refused by qr_ckpt_verify, naming the
- * file.
+ * file. And saves asked for while one is being written.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +26,7 @@
 
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NWORKERS 3
@@ -146,19 +147,25 @@ static void test_async_cut_is_consistent(void **state) {
     qr_ckpt_list_free(list, n);
 }
 
+/* Two ps tasks, SGD at lr 1, checkpoints in /tmp/qr-test-TAG-PID (where). */
+static void start_saving(cluster_fixture *f, int nworkers, char *where, size_t len,
+                         const char *tag) {
+    snprintf(where, len, "/tmp/qr-test-%s-%d", tag, (int)getpid());
+    fix_init(f, 2, nworkers);
+    qr_config_set(f->cfg, "lr", "1");
+    qr_config_set(f->cfg, "checkpoint-dir", where);
+    assert_int_equal(fix_start_ps(f, 0), QR_OK);
+    assert_int_equal(fix_start_ps(f, 1), QR_OK);
+}
+
 /* qr_worker_checkpoint: a checkpoint on demand, between the periodic
  * ones (none here), holding every push made before the call; asked again
  * with no push since, the same one; refused without --checkpoint-dir. */
 static void test_checkpoint_on_demand(void **state) {
     (void)state;
     char where[256];
-    snprintf(where, sizeof where, "/tmp/qr-test-save-%d", (int)getpid());
     cluster_fixture f;
-    fix_init(&f, 2, 1);
-    qr_config_set(f.cfg, "lr", "1");
-    qr_config_set(f.cfg, "checkpoint-dir", where);
-    assert_int_equal(fix_start_ps(&f, 0), QR_OK);
-    assert_int_equal(fix_start_ps(&f, 1), QR_OK);
+    start_saving(&f, 1, where, sizeof where, "save");
     qr_worker *w = fix_worker(&f, 0);
     int64_t shape[1] = {N};
     int ids[2];
@@ -234,11 +241,109 @@ static void test_verify_names_the_damage(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* ---- a save asked for while one is written ---------------------------------- */
+
+#define BIG (8 << 20) /* floats a variable: a write long enough to ask into */
+
+typedef struct save_arg {
+    qr_worker *w;
+    int64_t step;
+    int status;
+    double answered; /* when qr_worker_checkpoint returned */
+} save_arg;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void *save_main(void *arg) {
+    save_arg *a = arg;
+    a->status = qr_worker_checkpoint(a->w, &a->step);
+    a->answered = now_s();
+    return NULL;
+}
+
+/* Worker 1 asks for a save while the one worker 0 asked for is being
+ * written, the global step unchanged: both are answered with that one
+ * checkpoint, and no second one is started at the same step (it was,
+ * written into the first one's folder, over its own base). Each round
+ * pushes one step first; the round counts only when worker 1 asked
+ * before worker 0's answer came (a fast disk may write the checkpoint
+ * first). */
+static void test_saves_while_one_is_written(void **state) {
+    (void)state;
+    char where[256];
+    cluster_fixture f;
+    start_saving(&f, 2, where, sizeof where, "saves");
+    qr_worker *w[2] = {fix_worker(&f, 0), fix_worker(&f, 1)};
+    int64_t shape[1] = {BIG};
+    int ids[2];
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(qr_worker_declare(w[k], "a", 1, shape, "zeros", 1, -1, &ids[0]), QR_OK);
+        assert_int_equal(qr_worker_declare(w[k], "b", 1, shape, "zeros", 2, -1, &ids[1]), QR_OK);
+    }
+    assert_int_equal(qr_worker_initialize(w[0]), QR_OK);
+    assert_int_equal(qr_worker_initialize(w[1]), QR_OK);
+    float *g = malloc(BIG * sizeof *g);
+    for (int i = 0; i < BIG; i++) g[i] = -1.0f;
+    const float *grads[2] = {g, g};
+    int rounds = 0, inside = 0;
+    while (rounds < 6 && inside < 2) {
+        rounds++;
+        assert_int_equal(qr_worker_push(w[0], 2, ids, grads, QR_PUSH_STEP, NULL), QR_OK);
+        save_arg first = {.w = w[0]}, second = {.w = w[1]};
+        pthread_t t;
+        pthread_create(&t, NULL, save_main, &first);
+        usleep(30 * 1000); /* worker 0's SAVE has reached ps 0 */
+        double asked = now_s();
+        save_main(&second);
+        pthread_join(t, NULL);
+        assert_int_equal(first.status, QR_OK);
+        assert_int_equal(second.status, QR_OK);
+        assert_int_equal(first.step, rounds);
+        assert_int_equal(second.step, rounds);
+        inside += asked < first.answered;
+    }
+    printf("%d rounds, %d with worker 1's save asked while worker 0's was written\n", rounds,
+           inside);
+    assert_true(inside > 0);
+    /* One checkpoint a round: the first full, each next an increment of
+     * the one before, every chain whole. */
+    qr_ckpt_info *list;
+    int n;
+    assert_int_equal(qr_ckpt_list(where, &list, &n), QR_OK);
+    assert_int_equal(n, rounds);
+    for (int i = 0; i < n; i++) {
+        qr_ckpt_info *c = &list[n - 1 - i]; /* oldest first */
+        assert_true(c->complete);
+        assert_int_equal(c->step, i + 1);
+        assert_int_equal(c->incremental, i > 0);
+        if (i > 0) assert_int_equal(c->base_step, i);
+        qr_ckpt_info *chain;
+        int nchain;
+        assert_int_equal(qr_ckpt_chain(c, &chain, &nchain), QR_OK);
+        assert_int_equal(nchain, i + 1);
+        qr_ckpt_list_free(chain, nchain);
+    }
+    qr_ckpt_list_free(list, n);
+    free(g);
+    assert_int_equal(qr_worker_stop_cluster(w[0]), QR_OK);
+    qr_worker_free(w[0]);
+    qr_worker_free(w[1]);
+    fix_join(&f);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", where);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_async_cut_is_consistent),
         cmocka_unit_test(test_verify_names_the_damage),
         cmocka_unit_test(test_checkpoint_on_demand),
+        cmocka_unit_test(test_saves_while_one_is_written),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
