@@ -240,14 +240,13 @@ static void finish_checkpoint(qr_ps *ps) {
     c->writers = NULL;
     c->busy = false;
     bool written = c->last_step == c->step;
-    bool more_saves = qr__ckpt_save_done(ps, c->next_id, written);
     /* Saves asked for while this one was written, the global step still
-     * where this one took it (workers waiting on the saver, say): this one
-     * holds that very step, as a save asked for now is answered
-     * (ckpt_save.c). Another at the same step would be written into this
-     * one's folder, over it (its base). */
-    if (more_saves && written && ps->global_step == c->last_step)
-        more_saves = qr__ckpt_save_done(ps, UINT64_MAX, true);
+     * where this one took it (workers waiting on the saver, say), are
+     * served by it too: it holds that very step, as a save asked for now
+     * is answered (ckpt_save.c). Another at the same step would be
+     * written into this one's folder, over it (its base). */
+    uint64_t serves = written && ps->global_step == c->last_step ? UINT64_MAX : c->next_id;
+    bool more_saves = qr__ckpt_save_done(ps, serves, written);
     if (c->want_final && !c->final_started && ps->global_step != c->last_step &&
         !(ps->sync.on && ps->sync.applying)) {
         /* The one that just ended was a periodic one: now the final. */
