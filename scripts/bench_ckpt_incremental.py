@@ -5,7 +5,7 @@ goal of docs/CHECKPOINTS.md, "Incremental checkpoints": at 10 million rows,
 with an interval that touches under 10% of them, at least 10x fewer bytes).
 
     scripts/bench_ckpt_incremental.py [--rows 10000000] [--interval 200]
-        [--quorum build/tools/quorum] [--python .venv/bin/python]
+        [--quorum build/tools/quorum] [--table-memory-mb N] [--keep]
 
 1. `quorum gen-ctr` writes the click set; `quorum launch --model wide-deep`
    (1 ps, 2 workers, async) trains 20 steps and writes a full checkpoint.
@@ -16,9 +16,16 @@ with an interval that touches under 10% of them, at least 10x fewer bytes).
 3. The same launch resumes from it (the ps restores the whole table) and
    trains to the second multiple of --interval after it, with
    --checkpoint-steps --interval: the first checkpoint after a restart is
-   full, the next (one interval later) an increment.
+   full, the next (one interval later) an increment. With
+   --table-memory-mb N (default 0: no tier) the resumed launch passes it to
+   its ps: the restore reads the whole table, then the disk tier
+   (docs/EMBEDDINGS.md, "Tables larger than memory") writes out what exceeds
+   N MiB, so most of the table lives on disk while it trains and both
+   checkpoints read their rows from both tiers.
 4. Printed: both checkpoints' bytes, the rows the increment holds (the rows
-   the interval touched) against the table's, and the ratio.
+   the interval touched) against the table's, the ratio, and the resumed
+   ps's peak resident memory (VmHWM, and the largest RssAnon sampled: the
+   tier's LMDB map counts in VmHWM as file pages), read from /proc.
 
 A benchmark, not a test: figures vary with the machine; the ratio depends
 on the fraction of rows an interval touches, not on the machine.
@@ -32,9 +39,39 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def poll_ps_peak(launch_pid, stop, box):
+    """Reads launch_pid's ps child's /proc status every 0.1 s until stop: its
+    VmHWM (peak resident set, the disk tier's LMDB map's pages included: they
+    are file pages, the kernel's to drop) and the largest RssAnon sampled (its
+    own memory, to within the 0.1 s between samples)."""
+    while not stop.wait(0.1):
+        try:
+            pids = os.listdir("/proc")
+        except OSError:
+            return
+        for pid in pids:
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) != launch_pid:
+                        continue
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    if b"\0--job_name\0ps\0" not in f.read():
+                        continue
+                with open("/proc/%s/status" % pid) as f:
+                    for line in f:
+                        for key, field in (("VmHWM:", "hwm"), ("RssAnon:", "anon")):
+                            if line.startswith(key):
+                                box[field] = max(box[field], int(line.split()[1]) * 1024)
+            except (OSError, ValueError, IndexError):
+                continue
 
 
 def main():
@@ -42,10 +79,14 @@ def main():
     ap.add_argument("--rows", type=int, default=10_000_000, help="rows of the embedding table")
     ap.add_argument("--interval", type=int, default=200, help="global steps between checkpoints")
     ap.add_argument("--quorum", default=os.path.join(ROOT, "build", "tools", "quorum"))
+    ap.add_argument("--table-memory-mb", type=int, default=0,
+                    help="the resumed ps's --table-memory-mb (0: no disk tier)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     a = ap.parse_args()
     if a.rows < 1 or a.interval < 1:
         ap.error("--rows and --interval must be positive")
+    if a.table_memory_mb < 0:
+        ap.error("--table-memory-mb must be 0 or positive")
     import numpy as np
     spec = importlib.util.spec_from_file_location(
         "read_checkpoint", os.path.join(ROOT, "examples", "read_checkpoint.py"))
@@ -57,16 +98,27 @@ def main():
         data, ckpt = os.path.join(work, "ctr"), os.path.join(work, "ckpt")
         subprocess.run([a.quorum, "gen-ctr", "--out", data], check=True, capture_output=True)
 
-        def launch(steps):
+        def launch(steps, extra=()):
+            """Runs a launch; returns its seconds and its ps's peak memory in
+            bytes, {"hwm", "anon"} (poll_ps_peak: 0 where /proc could not be
+            read)."""
             t0 = time.time()
-            r = subprocess.run([a.quorum, "launch", "--ps", "1", "--workers", "2", "--data", data,
-                                "--model", "wide-deep", "--steps", str(steps),
-                                "--checkpoint-dir", ckpt, "--checkpoint-steps",
-                                str(a.interval), "--keep-checkpoints", "10", "--json",
-                                "--quiet"], capture_output=True, text=True)
-            if r.returncode:
-                sys.exit("launch failed:\n" + r.stderr[-4000:])
-            return time.time() - t0
+            p = subprocess.Popen([a.quorum, "launch", "--ps", "1", "--workers", "2", "--data",
+                                  data, "--model", "wide-deep", "--steps", str(steps),
+                                  "--checkpoint-dir", ckpt, "--checkpoint-steps",
+                                  str(a.interval), "--keep-checkpoints", "10", "--json",
+                                  "--quiet", *extra], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            box = {"hwm": 0, "anon": 0}
+            stop = threading.Event()
+            poller = threading.Thread(target=poll_ps_peak, args=(p.pid, stop, box))
+            poller.start()
+            _, err = p.communicate()
+            stop.set()
+            poller.join()
+            if p.returncode:
+                sys.exit("launch failed:\n" + err[-4000:])
+            return time.time() - t0, box
 
         launch(20)
         first = reader.newest_complete(ckpt)
@@ -97,7 +149,8 @@ def main():
         start = manifest["global_step"]
         # ends at a multiple of the interval: the increment after the full
         # checkpoint covers one whole interval
-        seconds = launch((start // a.interval + 2) * a.interval)
+        extra = ("--table-memory-mb", str(a.table_memory_mb)) if a.table_memory_mb else ()
+        seconds, peak = launch((start // a.interval + 2) * a.interval, extra)
         new = sorted(set(os.listdir(ckpt)) - before)
         found = []
         for f in new:
@@ -118,12 +171,16 @@ def main():
             touched = f.get_slice("embedding/ids").get_shape()[0]
         ratio = fulls[0][2] / inc[2]
         print("the increment holds %d of %d rows (%.2f%%): %.1fx fewer bytes than the full "
-              "checkpoint (resumed run %.1f s)" % (touched, max(n, a.rows),
-                                                  100.0 * touched / max(n, a.rows), ratio,
-                                                  seconds))
+              "checkpoint (resumed run %.1f s, %s; its ps's peak RSS %.0f MiB, of its own "
+              "memory %.0f MiB)"
+              % (touched, max(n, a.rows), 100.0 * touched / max(n, a.rows), ratio, seconds,
+                 "--table-memory-mb %d" % a.table_memory_mb if a.table_memory_mb
+                 else "no disk tier", peak["hwm"] / 2**20, peak["anon"] / 2**20))
         print(json.dumps({"rows": max(n, a.rows), "touched": int(touched),
                           "full_bytes": fulls[0][2], "incremental_bytes": inc[2],
-                          "ratio": ratio}))
+                          "ratio": ratio, "table_memory_mb": a.table_memory_mb,
+                          "resumed_seconds": round(seconds, 1), "ps_peak_rss_bytes": peak["hwm"],
+                          "ps_peak_anon_bytes": peak["anon"]}))
     finally:
         if a.keep:
             print("work folder kept:", work)
