@@ -161,6 +161,7 @@ typedef struct opts {
     bool variants[NVARIANTS]; /* the quorum sides measured: plain always */
     int connections;          /* per kind, for the handshake's cost */
     char secret_path[256];    /* the run's secret file, with --auth or --encrypt */
+    char repl_lag[24];        /* --replication-lag of the two-copy side ("0": none) */
 } opts;
 
 typedef struct meas {
@@ -574,6 +575,7 @@ static int q_start(qside *q, topo *t, int variant) {
                                                                      : "none");
     if (!rc) rc = qr_config_set(q->cfg, "encrypt", variant == V_ENCRYPT ? "true" : "false");
     if (!rc) rc = qr_config_set(q->cfg, "ps-replicas", variant == V_REPLICAS ? "2" : "1");
+    if (!rc && variant == V_REPLICAS) rc = qr_config_set(q->cfg, "replication-lag", t->o->repl_lag);
     for (int i = 0; !rc && i < t->nps; i++) {
         qr_cluster *spec = NULL;
         rc = qr_cluster_create(&spec, t->nps, ps_addrs, t->nworkers, worker_addrs, "ps", i);
@@ -1363,6 +1365,8 @@ static void usage(FILE *f) {
             "                     defaults to 2 then, and 1 is refused. Async push/pull\n"
             "                     only: this benchmark has no sync step (sync with two\n"
             "                     copies: bench/python/bench_replicas.py --mode sync)\n"
+            "  --replication-lag N  the two-copy side answers a push once the backup is at\n"
+            "                     most N forwards behind it (default 0: once applied there)\n"
             "  --help             this text\n"
             "\n"
             "The default grid (216 points) takes 2 to 3 minutes on 2 shared cores. --auth\n"
@@ -1491,6 +1495,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     o->seconds = 0.04;
     o->repeat = 5;
     o->variants[V_PLAIN] = true;
+    snprintf(o->repl_lag, sizeof o->repl_lag, "0");
     o->connections = CONNECTIONS;
     bool quick = false, ps_given = false;
     for (int i = 1; i < argc; i++) {
@@ -1533,7 +1538,8 @@ static int parse_args(int argc, char **argv, opts *o) {
             if (i + 1 < argc) value = argv[++i];
         }
         static const char *const valued[] = {"--sizes", "--transports", "--ps", "--workers",
-                                             "--ops", "--seconds", "--repeat", "--ps-replicas"};
+                                             "--ops", "--seconds", "--repeat", "--ps-replicas",
+                                             "--replication-lag"};
         bool known = false;
         for (size_t k = 0; k < QR_ARRAY_LEN(valued); k++) known |= !strcmp(flag, valued[k]);
         if (!known) {
@@ -1571,6 +1577,16 @@ static int parse_args(int argc, char **argv, opts *o) {
                 rc = -1;
             } else {
                 o->variants[V_REPLICAS] = v == 2;
+            }
+        }
+        else if (!strcmp(flag, "--replication-lag")) {
+            int64_t v;
+            if (qr__parse_int64(value, 0, 1 << 20, &v)) {
+                fprintf(stderr, "bench wire: --replication-lag: '%s' is not an integer in "
+                        "0..1048576\n", value);
+                rc = -1;
+            } else {
+                snprintf(o->repl_lag, sizeof o->repl_lag, "%lld", (long long)v);
             }
         }
         else if (!strcmp(flag, "--repeat")) {

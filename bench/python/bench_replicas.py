@@ -17,6 +17,7 @@ a combination has its rounds skipped with launch's message.
     python3 bench/python/bench_replicas.py [--quick] [--json PATH]
         [--rounds R] [--steps N] [--mode async|sync|both] [--ps P]
         [--workers W] [--model mlp] [--data digits] [--extra "--hidden 512"]
+        [--replication-lag N]
 
 No torch needed (plain python3). The quorum binary: --quorum, else
 $QUORUM_BINARY or $QUORUM, else `quorum` on PATH. Processes are run in a
@@ -113,7 +114,9 @@ def measure_mode(a: argparse.Namespace, mode: str) -> Dict[str, Any]:
     runs: Dict[int, List[Dict[str, Any]]] = {1: [], 2: []}
     for r in range(a.rounds):
         for copies in (1, 2):
-            s = one_run(a.quorum, base + ["--ps-replicas", str(copies)], a.timeout)
+            two = ["--replication-lag", str(a.replication_lag)] if copies == 2 and \
+                mode == "async" and a.replication_lag else []
+            s = one_run(a.quorum, base + ["--ps-replicas", str(copies)] + two, a.timeout)
             if "refused" in s:
                 print("  %s: --ps-replicas %d refused, skipped: %s" % (mode, copies, s["refused"]),
                       flush=True)
@@ -154,6 +157,8 @@ def main() -> int:
     ap.add_argument("--model", default="mlp")
     ap.add_argument("--data", default="digits")
     ap.add_argument("--extra", default="", help="more launch flags, one string")
+    ap.add_argument("--replication-lag", type=int, default=0, metavar="N",
+                    help="async runs with two copies: --replication-lag N (default 0: none)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a run may take")
     ap.add_argument("--quick", action="store_true", help="1 round of 200 steps (a smoke test)")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON there")

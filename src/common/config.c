@@ -123,6 +123,11 @@ static const key_spec keys[] = {
      "copies of every ps shard: 1 (no copy), or 2: ps k's shard also lives on ps (k+1) mod P, "
      "every update (async: a push; sync: a step) applied there before it is acknowledged (at "
      "most the number of ps tasks; docs/REPLICATION.md)"},
+    {"replication-lag", ASYNC, KEY_INT, "0", 0, 1 << 20, 0, NULL,
+     "async, ps-replicas 2: a push is acknowledged once its primary has applied it and the "
+     "backup is at most this many forwards behind it (0: once the backup has applied it). "
+     "Faster pushes, but a primary's death may lose up to this many acknowledged pushes of "
+     "its shard (docs/REPLICATION.md, \"Replication with a bounded lag\")"},
     {"replicas-to-aggregate", SYNC, KEY_INT, "0", 0, 1 << 20, 0, NULL,
      "sync: gradients that make a step (R); 0 = the number of workers"},
     {"reduction", SYNC, KEY_ENUM, "mean", 0, 0, 0, "mean|sum",
@@ -382,6 +387,10 @@ int qr_replicas_check_config(const qr_config *cfg, int nps, int *copies) {
     if (r > 1 && r > nps)
         return qr__fail(QR_EINVAL, "ps-replicas %d needs at least %d ps tasks (each copy of a "
                         "shard on a different ps), and there are %d", r, r, nps);
+    int64_t lag = qr__config_int(cfg, "replication-lag");
+    if (lag > 0 && r < 2)
+        return qr__fail(QR_EINVAL, "replication-lag %lld bounds how far a shard's second copy "
+                        "may lag behind: it needs --ps-replicas 2", (long long)lag);
     if (copies) *copies = r;
     return QR_OK;
 }

@@ -216,6 +216,9 @@ static void render_tables(const qr_ps *ps, FILE *f) {
     family(f, "quorum_replica_forwards_total", "counter",
            "Updates forwarded to this ps's backup (--ps-replicas 2).",
            (double)(ps->replica.link.forwards + ps->replica.copy_link.forwards));
+    family(f, "quorum_replica_answered_ahead_total", "counter",
+           "Pushes answered before the backup had applied them (--replication-lag).",
+           (double)ps->replica.answered_ahead);
 }
 
 /* Connections: open, refused, evicted, and the handshakes refused by reason. */

@@ -20,7 +20,8 @@
  *            averages, and on ps 0 the global step and the worker's clock
  *   forward  with --ps-replicas 2, the push as applied goes to the backup
  *            (replica_forward.c), and the answer waits until the backup has
- *            applied it: no early acknowledgement then, and no apply on
+ *            applied it (or, with --replication-lag N, all but the last N
+ *            forwards before it): no early acknowledgement then, and no apply on
  *            arrival (fused_apply.c), since the backup must apply the
  *            gradient itself; a push of a (worker, seq) applied already
  *            is answered as it was, not applied again
@@ -416,7 +417,7 @@ static void answer_push(ps_peer *p, const qr_frame *req, void *ctx, int status,
 }
 
 /* Answer f with `step` once the backup has applied everything forwarded
- * so far. */
+ * so far, but the last replication-lag forwards. */
 static void answer_after_backup(ps_peer *p, const qr_frame *f, int64_t step) {
     bool values = f->flags & QR_PUSH_REPLY_VALUES;
     int n = values ? p->nitems : 0;
@@ -430,7 +431,7 @@ static void answer_after_backup(ps_peer *p, const qr_frame *f, int64_t step) {
     a->nitems = 0;
     for (int i = 0; i < n; i++)
         if (!p->items[i].var->table && p->items[i].nrows < 0) a->items[a->nitems++] = p->items[i];
-    qr__replica_wait(p, f, answer_push, a);
+    qr__replica_wait_lagging(p, f, answer_push, a);
 }
 
 /* The applied push, as applied, to the backup. */

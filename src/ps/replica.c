@@ -68,6 +68,7 @@ int qr__replica_init(qr_ps *ps) {
     r->backup = r->primary = -1;
     int rc = qr_replicas_check_config(ps->cfg, nps, &r->copies);
     if (rc) return rc;
+    r->lag = (uint64_t)qr__config_int(ps->cfg, "replication-lag");
     if (!qr__replica_on(ps)) return QR_OK;
     r->backup = (ps->index + 1) % nps;
     r->primary = (ps->index + nps - 1) % nps;
@@ -183,12 +184,13 @@ static void on_link_lost(qr_conn *c, int status) {
     uv_timer_start(&L->retry, on_retry, qr__link_backoff_ms(&L->attempts), 0);
 }
 
-/* Answer the waits whose forwards are all applied now. */
+/* Answer the waits whose forwards are all applied now (but their lag). */
 static void answer_waits(repl_link *L, int status, const char *msg) {
-    while (L->wait_head && (status || L->wait_head->fwd <= L->acked)) {
+    while (L->wait_head && (status || L->wait_head->fwd <= L->acked + L->wait_head->lag)) {
         repl_wait *w = L->wait_head;
         L->wait_head = w->next;
         if (!L->wait_head) L->wait_tail = NULL;
+        if (!status) qr__replica_note_answer(L, w->fwd);
         w->cb(w->peer, &w->req, w->ctx, status, msg);
         free(w);
     }
@@ -404,6 +406,10 @@ static void log_digests(qr_ps *ps) {
             (unsigned long long)r->view,
             r->failed[ps->index] != QR_PS_ALIVE ? "; a replacement: its shard served by its backup"
             : r->link.gone ? "; its backup failed" : "");
+    if (r->lag)
+        qr__log(QR_LOG_INFO, "replication-lag %llu: %llu pushes answered before the backup had "
+                "applied them, at most %llu forwards behind", (unsigned long long)r->lag,
+                (unsigned long long)r->answered_ahead, (unsigned long long)r->lag_seen);
 }
 
 void qr__replica_close(qr_ps *ps) {

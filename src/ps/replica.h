@@ -83,6 +83,11 @@ typedef struct repl_link {
 } repl_link;
 typedef struct ps_replica {
     int copies;            /* ps-replicas: 1 (off) or 2 */
+    /* replication-lag (async): a push is answered once the backup is at
+     * most this many forwards behind it (0: once it has applied it);
+     * pushes so answered, and the most forwards the backup was behind one */
+    uint64_t lag;
+    uint64_t answered_ahead, lag_seen;
     int backup, primary;   /* (index + 1) mod P, (index - 1) mod P; -1 when off */
     repl_link link;        /* primary: the link to the backup (its shard's forwards) */
     repl_link copy_link;   /* a promoted copy's forwards to the failed ps's replacement */
@@ -192,6 +197,9 @@ void qr__replica_backup_gone(qr_ps *ps);
 typedef void (*qr_repl_answer_cb)(ps_peer *p, const qr_frame *req, void *ctx, int status,
                                   const char *msg);
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx);
+/* An async push's answer: the same wait, less replication-lag forwards
+ * (the backup may be that many behind it when it is answered). */
+void qr__replica_wait_lagging(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx);
 void qr__replica_peer_lost(ps_peer *p);
 /* The same wait with no request (ps 0's own part of a sync step): cb runs
  * with p and req NULL. */
@@ -245,7 +253,8 @@ struct repl_wait {
     repl_wait *next;
     ps_peer *peer;       /* NULL once it is gone */
     qr_frame req;
-    uint64_t fwd;        /* answered once this forward is applied */
+    uint64_t fwd;        /* answered once the backup has applied this forward, */
+    uint64_t lag;        /* less this many (replication-lag) */
     qr_repl_answer_cb cb;
     void *ctx;
 };
@@ -259,6 +268,9 @@ void qr__replica_link_send(repl_link *L, repl_forward *fw);
  * backup, then the cluster rolled back to a checkpoint, both copies
  * restored from it). */
 void qr__replica_link_again(repl_link *L);
+/* replica_forward.c: a wait for forward `fwd` of L answered: counted when
+ * the backup has not applied it yet (replication-lag). */
+void qr__replica_note_answer(repl_link *L, uint64_t fwd);
 /* replica_forward.c: (worker, seq), answered with `answer`, recorded in
  * `last` (the exactly-once ring of each worker). */
 void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,

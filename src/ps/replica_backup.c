@@ -357,6 +357,10 @@ void qr__replica_promote(qr_ps *ps) {
             "its failed primary's replacement is copied it (re-replication)", (unsigned long long)r->view, r->primary,
             r->store.count, qr__store_digest_note(&r->store, (size_t)r->store.bytes, note, sizeof note),
             (unsigned long long)r->copy_pushes, (long long)r->copy_steps);
+    if (r->lag)
+        qr__log(QR_LOG_WARN, "replication-lag %llu: ps %d may have acknowledged up to %llu "
+                "pushes this copy never received (lost; their workers do not send them again)",
+                (unsigned long long)r->lag, r->primary, (unsigned long long)r->lag);
 }
 
 /* ---- statistics ------------------------------------------------------------------ */
@@ -381,6 +385,11 @@ void qr__replica_stats_json(qr_ps *ps, cJSON *j) {
     if (!qr__replica_on(ps)) return;
     cJSON_AddNumberToObject(j, "forwards", (double)(r->link.forwards + r->copy_link.forwards));
     cJSON_AddNumberToObject(j, "forwards_applied_here", (double)r->applied);
+    cJSON_AddNumberToObject(j, "replication_lag", (double)r->lag);
+    /* pushes answered before the backup had applied them, and the most
+     * forwards it was behind one then (replication-lag) */
+    cJSON_AddNumberToObject(j, "answered_ahead", (double)r->answered_ahead);
+    cJSON_AddNumberToObject(j, "lag_seen", (double)r->lag_seen);
     cJSON *shards = cJSON_AddArrayToObject(j, "shards");
     int own = r->failed ? r->failed[ps->index] : QR_PS_ALIVE;
     add_shard(shards, ps->index, own == QR_PS_ALIVE ? "primary" : "backup", &ps->store,

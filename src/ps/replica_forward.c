@@ -113,13 +113,16 @@ void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answ
     else ps->replica.own_pushes++;
 }
 
-/* cb once every forward made so far on L is applied there: at once when
- * all are, when there is no copy, or while a copy is still being made
- * (the shard is on one copy until it has caught up, rerep.c). p and f
- * (NULL for ps 0's own part of a sync step) go back to cb. */
-static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+/* cb once every forward made so far on L but the last `lag` is applied
+ * there: at once when they are, when there is no copy, or while a copy is
+ * still being made (the shard is on one copy until it has caught up,
+ * rerep.c). Waits are answered in the order they came. p and f (NULL for
+ * ps 0's own part of a sync step) go back to cb. */
+static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, uint64_t lag,
+                    qr_repl_answer_cb cb, void *ctx) {
     uint64_t fwd = L->next_fwd - 1; /* the last forward made */
-    if ((fwd <= L->acked && !L->wait_head) || L->gone || L->streaming) {
+    if ((fwd <= L->acked + lag && !L->wait_head) || L->gone || L->streaming) {
+        qr__replica_note_answer(L, fwd);
         cb(p, f, ctx, QR_OK, NULL);
         return;
     }
@@ -128,7 +131,7 @@ static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, qr_repl_answer_
         cb(p, f, ctx, QR_ENOMEM, "out of memory keeping an answer for the backup");
         return;
     }
-    *w = (repl_wait){.peer = p, .fwd = fwd, .cb = cb, .ctx = ctx};
+    *w = (repl_wait){.peer = p, .fwd = fwd, .lag = lag, .cb = cb, .ctx = ctx};
     if (f) w->req = *f;
     if (L->wait_tail) L->wait_tail->next = w;
     else L->wait_head = w;
@@ -137,19 +140,31 @@ static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, qr_repl_answer_
 
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
     qr_ps *ps = p->ps;
-    wait_on(p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link, p, f, cb, ctx);
+    wait_on(p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link, p, f, 0, cb, ctx);
+}
+
+void qr__replica_wait_lagging(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
+    ps_replica *r = &p->ps->replica;
+    wait_on(p->promoted_shard ? &r->copy_link : &r->link, p, f, r->lag, cb, ctx);
+}
+
+void qr__replica_note_answer(repl_link *L, uint64_t fwd) {
+    if (fwd <= L->acked || L->gone || L->streaming) return;
+    ps_replica *r = &L->ps->replica;
+    r->answered_ahead++;
+    r->lag_seen = QR_MAX(r->lag_seen, fwd - L->acked);
 }
 
 void qr__replica_after(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
-    wait_on(&ps->replica.link, NULL, NULL, cb, ctx); /* this ps's own shard */
+    wait_on(&ps->replica.link, NULL, NULL, 0, cb, ctx); /* this ps's own shard */
 }
 
 void qr__replica_wait_copy(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
-    wait_on(&p->ps->replica.copy_link, p, f, cb, ctx);
+    wait_on(&p->ps->replica.copy_link, p, f, 0, cb, ctx);
 }
 
 void qr__replica_after_copy(qr_ps *ps, qr_repl_answer_cb cb, void *ctx) {
-    wait_on(&ps->replica.copy_link, NULL, NULL, cb, ctx);
+    wait_on(&ps->replica.copy_link, NULL, NULL, 0, cb, ctx);
 }
 
 void qr__replica_peer_lost(ps_peer *p) {

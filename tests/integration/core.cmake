@@ -80,13 +80,14 @@ qr_integration_test(integration_table_tier test_table_tier.py)
 # Two copies of every shard (--ps-replicas 2): the backup equals the
 # primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
 # place of a killed or stopped ps (views, resent pushes, the fence);
+# --replication-lag (answers ahead of the backup, at most that many lost);
 # re-replication to a replacement, a replacement killed while being copied
 # (rerep_killed), and a second failure after it, also in sync mode
 # (sync_rerep: the digest of an unkilled run). Sync
 # steps on two copies (sync_train), and a sync step in flight when ps 1 or
 # ps 2 is killed (sync_failover_loop); a sync push resent to a live ps 0
 # after it closed a worker declared hung (sync_worker_stop).
-foreach(case wire train sync_train failover_wire failover_kill failover_stop failover_loop
+foreach(case wire train sync_train failover_wire failover_kill failover_stop failover_loop lag
         sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()

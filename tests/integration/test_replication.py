@@ -524,10 +524,11 @@ DIGITS = ["--ps", "3", "--workers", "3", "--data", "digits", "--batch-size", "32
           "11", "--lr", "0.1"]
 
 
-def check_counts(err, nps, failed, what):
+def check_counts(err, nps, failed, what, lost_at_most=0):
     """For every shard, the pushes acknowledged to the workers equal
-    those applied on each surviving copy. Returns (resent, duplicates,
-    the longest stall)."""
+    those applied on each surviving copy (with --replication-lag, the
+    failed shard's copy may lack up to lost_at_most of them). Returns
+    (resent, duplicates, the longest stall)."""
     report = ReplicaReport(err, nps)
     assert report.workers == 3, "%s: %d workers reported\n%s" % (what, report.workers,
                                                                 err[-3000:])
@@ -544,9 +545,11 @@ def check_counts(err, nps, failed, what):
     acked = report.acked
     for k in range(nps):
         assert copies.get(k), "%s: no surviving copy of shard %d\n%s" % (what, k, err[-3000:])
+        lost = lost_at_most if k == failed else 0
         for ps, applied in copies[k]:
-            assert applied == acked[k], "%s: shard %d: %d pushes acknowledged, %d applied on " \
-                "ps %d" % (what, k, acked[k], applied, ps)
+            assert acked[k] - lost <= applied <= acked[k], "%s: shard %d: %d pushes " \
+                "acknowledged, %d applied on ps %d (at most %d lost)" % (
+                    what, k, acked[k], applied, ps, lost)
     duplicates = report.duplicates(skip)
     print("ok: %s: pushes acknowledged = applied on every surviving copy (%s); %d resent, %d "
           "answered as duplicates" % (what, ", ".join(
@@ -585,6 +588,19 @@ def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
     return last_json(out), err, pid, t
 
 
+def signal_once_met(args, victim, sig, after):
+    """launch_and_signal, with the moment drawn again (up to three times)
+    when the signal came before ps 0 had met the victim. `after`: seconds,
+    or a function that draws them. Returns its result and the moment."""
+    for _ in range(3):
+        t = after() if callable(after) else after
+        try:
+            return launch_and_signal(args, victim, sig, t) + (t,)
+        except KilledBeforeMet as e:
+            print("again: %s" % e)
+    raise AssertionError("three signals in a row came before ps 0 linked to ps %d" % victim)
+
+
 def failover_kill_case():
     steps = ["--steps", "6000"]
     whole, err = launch(DIGITS + steps + ["--ps-replicas", "2"])
@@ -599,6 +615,40 @@ def failover_kill_case():
           "the unkilled run)" % (stall, calm))
     print("PASS: failover_kill: ps 1 killed, no rollback, step %d, accuracy %.4f (unkilled "
           "%.4f)" % (s["global_step"], s["test_accuracy"], whole["test_accuracy"]))
+
+
+def lag_case():
+    """--replication-lag: a push is answered before its backup has it
+    (counted by each ps), the copies still end equal, and a primary
+    killed mid-run loses at most that many acknowledged pushes of its
+    shard: no rollback, training goes on."""
+    lag = 16
+    args = DIGITS + ["--steps", "6000", "--ps-replicas", "2", "--replication-lag", str(lag)]
+    whole, err = launch(args)
+    check_copies(err, 3, "lag %d, unkilled" % lag)
+    check_counts(err, 3, None, "lag %d, unkilled" % lag)
+    ahead = re.findall(r"\[ps \d+ pid \d+\] info: replication-lag %d: (\d+) pushes answered "
+                       r"before the backup had applied them, at most (\d+) forwards behind" % lag,
+                       err)
+    assert len(ahead) == 3, err[-3000:]
+    assert sum(int(n) for n, _ in ahead) > 0, "no push was answered ahead of its backup: %s" % (
+        ahead,)
+    assert all(int(behind) <= lag for _, behind in ahead), ahead
+    print("ok: lag %d, unkilled: %s pushes answered before the backup had them (at most %s "
+          "forwards behind)" % (lag, "+".join(n for n, _ in ahead),
+                                max(int(b) for _, b in ahead)))
+    s, err, _, _, _ = signal_once_met(args, 1, signal.SIGKILL, 1.0)
+    assert s["rollbacks"] == 0 and s["global_step"] >= 6000, s
+    assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
+    assert "replication-lag %d: ps 1 may have acknowledged up to %d pushes" % (lag, lag) in err, \
+        err[-3000:]
+    report = ReplicaReport(err, 3)
+    survivor = [c["applied"] for c in report.held(1, skip=(1,))]
+    check_counts(err, 3, 1, "lag %d, ps 1 killed" % lag, lost_at_most=lag)
+    print("PASS: lag: ps 1 killed, no rollback, step %d, accuracy %.4f (unkilled %.4f); shard 1: "
+          "%d pushes acknowledged, %s applied on its surviving copy" % (
+              s["global_step"], s["test_accuracy"], whole["test_accuracy"], report.acked[1],
+              survivor))
 
 
 def failover_stop_case():
@@ -636,16 +686,9 @@ def failover_loop_case(runs=5):
         # up to 1.5 s in lands while the workers still push; at 4000 a run
         # once ended first and nothing was failed over)
         victim = 1 + i % 2  # ps 2's copy is on ps 0
-        for _ in range(3):
-            after = rng.uniform(0.3, 1.5)
-            try:
-                s, err, _, _ = launch_and_signal(DIGITS + ["--steps", "12000", "--ps-replicas",
-                                                           "2"], victim, signal.SIGKILL, after)
-                break
-            except KilledBeforeMet as e:
-                print("again: %s" % e)
-        else:
-            raise AssertionError("three kills in a row came before ps 0 linked to the victim")
+        s, err, _, _, after = signal_once_met(
+            DIGITS + ["--steps", "12000", "--ps-replicas", "2"], victim, signal.SIGKILL,
+            lambda: rng.uniform(0.3, 1.5))
         assert s["rollbacks"] == 0 and s["global_step"] >= 12000, s
         r, d, stall = check_counts(err, 3, victim, "run %d, ps %d killed at %.2f s" % (
             i + 1, victim, after))
@@ -1049,6 +1092,7 @@ def rerep_rate_case():
 cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
          "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
+         "lag": lag_case,
          "sync_failover_loop": sync_failover_loop_case,
          "sync_worker_stop": sync_worker_stop_case, "rerep": rerep_case,
          "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,

@@ -115,6 +115,28 @@ static void test_mode_check(void **state) {
     qr_config_free(c);
 }
 
+/* replication-lag: async only, and only with a second copy to lag. */
+static void test_replication_lag(void **state) {
+    (void)state;
+    qr_config *c;
+    assert_int_equal(qr_config_new(&c), QR_OK);
+    int copies = 0;
+    assert_int_equal(qr_replicas_check_config(c, 3, &copies), QR_OK);
+    assert_int_equal(copies, 1);
+    expect_refused(c, "replication-lag", "-1", QR_EINVAL, "replication-lag");
+    assert_int_equal(qr_config_set(c, "replication-lag", "8"), QR_OK);
+    assert_int_equal(qr_replicas_check_config(c, 3, &copies), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "needs --ps-replicas 2"));
+    assert_int_equal(qr_config_set(c, "ps-replicas", "2"), QR_OK);
+    assert_int_equal(qr_replicas_check_config(c, 3, &copies), QR_OK);
+    assert_int_equal(copies, 2);
+    assert_int_equal(qr__config_check_mode(c), QR_OK);
+    assert_int_equal(qr_config_set(c, "mode", "sync"), QR_OK);
+    assert_int_equal(qr__config_check_mode(c), QR_EINVAL);
+    assert_non_null(strstr(qr_last_error(), "replication-lag applies to mode async only"));
+    qr_config_free(c);
+}
+
 /* The choices --help prints are those qr_config_set accepts. */
 static void test_choices(void **state) {
     (void)state;
@@ -143,6 +165,7 @@ int main(void) {
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_merge),
         cmocka_unit_test(test_mode_check),
+        cmocka_unit_test(test_replication_lag),
         cmocka_unit_test(test_choices),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
