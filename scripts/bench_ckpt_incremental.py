@@ -25,7 +25,10 @@ with an interval that touches under 10% of them, at least 10x fewer bytes).
 4. Printed: both checkpoints' bytes, the rows the increment holds (the rows
    the interval touched) against the table's, the ratio, and the resumed
    ps's peak resident memory (VmHWM, and the largest RssAnon sampled: the
-   tier's LMDB map counts in VmHWM as file pages), read from /proc.
+   tier's LMDB map counts in VmHWM as file pages), read from /proc, and its
+   own memory while it trains (the least RssAnon sample after the restore,
+   and the last: the restore's peak is brief, a full checkpoint's copy of
+   the table another).
 
 A benchmark, not a test: figures vary with the machine; the ratio depends
 on the fraction of rows an interval touches, not on the machine.
@@ -49,7 +52,9 @@ def poll_ps_peak(launch_pid, stop, box):
     """Reads launch_pid's ps child's /proc status every 0.1 s until stop: its
     VmHWM (peak resident set, the disk tier's LMDB map's pages included: they
     are file pages, the kernel's to drop) and the largest RssAnon sampled (its
-    own memory, to within the 0.1 s between samples)."""
+    own memory, to within the 0.1 s between samples), every RssAnon sample
+    kept in box["anon_samples"] (the restore's peak passes; what it keeps
+    while it trains is the least sample after it and the last)."""
     while not stop.wait(0.1):
         try:
             pids = os.listdir("/proc")
@@ -69,7 +74,10 @@ def poll_ps_peak(launch_pid, stop, box):
                     for line in f:
                         for key, field in (("VmHWM:", "hwm"), ("RssAnon:", "anon")):
                             if line.startswith(key):
-                                box[field] = max(box[field], int(line.split()[1]) * 1024)
+                                value = int(line.split()[1]) * 1024
+                                box[field] = max(box[field], value)
+                                if field == "anon":
+                                    box["anon_samples"].append(value)
             except (OSError, ValueError, IndexError):
                 continue
 
@@ -99,9 +107,9 @@ def main():
         subprocess.run([a.quorum, "gen-ctr", "--out", data], check=True, capture_output=True)
 
         def launch(steps, extra=()):
-            """Runs a launch; returns its seconds and its ps's peak memory in
-            bytes, {"hwm", "anon"} (poll_ps_peak: 0 where /proc could not be
-            read)."""
+            """Runs a launch; returns its seconds and its ps's memory in
+            bytes, {"hwm", "anon", "anon_samples"} (poll_ps_peak: 0 and none
+            where /proc could not be read)."""
             t0 = time.time()
             p = subprocess.Popen([a.quorum, "launch", "--ps", "1", "--workers", "2", "--data",
                                   data, "--model", "wide-deep", "--steps", str(steps),
@@ -109,7 +117,7 @@ def main():
                                   str(a.interval), "--keep-checkpoints", "10", "--json",
                                   "--quiet", *extra], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
-            box = {"hwm": 0, "anon": 0}
+            box = {"hwm": 0, "anon": 0, "anon_samples": []}
             stop = threading.Event()
             poller = threading.Thread(target=poll_ps_peak, args=(p.pid, stop, box))
             poller.start()
@@ -170,17 +178,32 @@ def main():
         with safe_open(path, "np") as f:
             touched = f.get_slice("embedding/ids").get_shape()[0]
         ratio = fulls[0][2] / inc[2]
+        # the restore ends where RssAnon first falls by a quarter from its
+        # peak so far (its buffers freed); the least sample after that is
+        # the ps training between the spill and a checkpoint's copy
+        samples = peak["anon_samples"]
+        end, top = len(samples), 0
+        for i, value in enumerate(samples):
+            if value < 0.75 * top:
+                end = i
+                break
+            top = max(top, value)
+        floor = min(samples[end:]) if samples[end:] else 0
+        last = samples[-1] if samples else 0
         print("the increment holds %d of %d rows (%.2f%%): %.1fx fewer bytes than the full "
               "checkpoint (resumed run %.1f s, %s; its ps's peak RSS %.0f MiB, of its own "
-              "memory %.0f MiB)"
+              "memory %.0f MiB at its peak, %.0f MiB the least after the restore, %.0f MiB the "
+              "last)"
               % (touched, max(n, a.rows), 100.0 * touched / max(n, a.rows), ratio, seconds,
                  "--table-memory-mb %d" % a.table_memory_mb if a.table_memory_mb
-                 else "no disk tier", peak["hwm"] / 2**20, peak["anon"] / 2**20))
+                 else "no disk tier", peak["hwm"] / 2**20, peak["anon"] / 2**20,
+                 floor / 2**20, last / 2**20))
         print(json.dumps({"rows": max(n, a.rows), "touched": int(touched),
                           "full_bytes": fulls[0][2], "incremental_bytes": inc[2],
                           "ratio": ratio, "table_memory_mb": a.table_memory_mb,
                           "resumed_seconds": round(seconds, 1), "ps_peak_rss_bytes": peak["hwm"],
-                          "ps_peak_anon_bytes": peak["anon"]}))
+                          "ps_peak_anon_bytes": peak["anon"], "ps_floor_anon_bytes": floor,
+                          "ps_last_anon_bytes": last}))
     finally:
         if a.keep:
             print("work folder kept:", work)

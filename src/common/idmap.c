@@ -51,20 +51,31 @@ int64_t qr_idmap_find(const qr_idmap *m, const int64_t *keys, int64_t id) {
     return qr_idmap_find_from(m, keys, id, home(m, id));
 }
 
-static int grow(qr_idmap *m, const int64_t *keys) {
-    qr_idmap bigger = *m;
-    if (alloc_slots(&bigger, m->cap ? m->cap * 2 : 16)) return QR_ENOMEM;
-    uint64_t mask = bigger.cap - 1;
+/* Every entry rehashed into cap slots (a power of two that holds them). */
+static int rehash(qr_idmap *m, const int64_t *keys, uint64_t cap) {
+    qr_idmap to = *m;
+    if (alloc_slots(&to, cap)) return QR_ENOMEM;
+    uint64_t mask = to.cap - 1;
     for (uint64_t j = 0; j < m->cap; j++) {
         uint32_t s = m->slot[j];
         if (!s) continue;
-        uint64_t i = home(&bigger, keys[s - 1]);
-        while (bigger.slot[i]) i = (i + 1) & mask;
-        bigger.slot[i] = s;
+        uint64_t i = home(&to, keys[s - 1]);
+        while (to.slot[i]) i = (i + 1) & mask;
+        to.slot[i] = s;
     }
     free(m->slot);
-    *m = bigger;
+    *m = to;
     return QR_OK;
+}
+
+static int grow(qr_idmap *m, const int64_t *keys) {
+    return rehash(m, keys, m->cap ? m->cap * 2 : 16);
+}
+
+int qr_idmap_resize(qr_idmap *m, const int64_t *keys, uint64_t expected) {
+    uint64_t cap = 16;
+    while (cap * 7 / 10 < QR_MAX(expected, m->count)) cap *= 2;
+    return cap == m->cap ? QR_OK : rehash(m, keys, cap);
 }
 
 int64_t qr_idmap_insert(qr_idmap *m, const int64_t *keys, int64_t id, uint32_t next,

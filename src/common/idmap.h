@@ -79,6 +79,12 @@ int64_t qr_idmap_insert(qr_idmap *m, const int64_t *keys, int64_t id, uint32_t n
 void qr_idmap_remove(qr_idmap *m, const int64_t *keys, int64_t id, int64_t pos,
                      int64_t moved_from);
 
+/* Rebuild the index with the capacity qr_idmap_init gives `expected` ids
+ * (never less than its count needs): a table that lost most of its rows
+ * gives the slots back (ps/table.c). Every id keeps its position; only the
+ * slots move. QR_ENOMEM: the index is as it was. */
+int qr_idmap_resize(qr_idmap *m, const int64_t *keys, uint64_t expected);
+
 /* Bytes the index holds. */
 uint64_t qr_idmap_bytes(const qr_idmap *m);
 

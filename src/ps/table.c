@@ -9,11 +9,32 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 /* A chunk holds about this many bytes of rows (at least 16 rows): big
  * enough that chunk pointers are few, small enough that a table of a few
  * rows costs little. */
 #define CHUNK_BYTES ((uint64_t)2 << 20)
+
+/* A chunk is mapped for itself rather than taken from malloc: freed
+ * (qr_table_trim) it goes back to the system at once. From malloc it would
+ * not, once glibc's mmap threshold rose to 2 MiB (it does at the first
+ * such block freed): chunks then come from the heap, and the space freed
+ * there is reused by the next large allocations (a checkpoint's copy of
+ * the table, hundreds of MiB), which stay resident after they are freed.
+ * Measured on the restore of a 10M-row table spilled to a 160 MiB cap: 400
+ * MiB more resident after the next full checkpoint that way. */
+static uint64_t chunk_bytes(const qr_table *t) {
+    return ((uint64_t)1 << t->chunk_shift) * (uint64_t)t->stride * sizeof(float);
+}
+
+static float *chunk_alloc(uint64_t bytes) {
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
 
 int qr_table_init(qr_table *t, int64_t dim, int nslots, const float *slot_init,
                   const char *init, uint64_t seed) {
@@ -37,7 +58,7 @@ int qr_table_init(qr_table *t, int64_t dim, int nslots, const float *slot_init,
 }
 
 void qr_table_free(qr_table *t) {
-    for (uint64_t i = 0; i < t->nchunks; i++) free(t->chunks[i]);
+    for (uint64_t i = 0; i < t->nchunks; i++) munmap(t->chunks[i], chunk_bytes(t));
     free(t->chunks);
     free(t->keys);
     free(t->updated);
@@ -98,8 +119,8 @@ static int reserve_row(qr_table *t) {
         t->chunks = chunks;
         t->chunks_cap = cap;
     }
-    uint64_t bytes = ((uint64_t)1 << t->chunk_shift) * (uint64_t)t->stride * sizeof(float);
-    float *chunk = qr__aligned_alloc_uninit(bytes);
+    uint64_t bytes = chunk_bytes(t);
+    float *chunk = chunk_alloc(bytes);
     if (!chunk) return qr__fail(QR_ENOMEM, "out of memory adding %llu bytes of table rows",
                                 (unsigned long long)bytes);
     t->chunks[t->nchunks++] = chunk;
@@ -229,6 +250,76 @@ void qr_table_remove(qr_table *t, uint64_t r) {
 void qr_table_move_out(qr_table *t, uint64_t r) {
     if (t->changed && t->changed[r]) disk_changed_add(t, t->keys[r]);
     remove_row(t, r);
+}
+
+/* ---- giving memory back ----------------------------------------------------- */
+
+/* When a table holds much more than its rows need (rows spilled to the
+ * disk tier, evicted, removed by a restore), qr_table_trim gives the rest
+ * back. The thresholds keep a count that moves up and down from freeing
+ * and allocating the same memory again and again:
+ *  - chunks: those past the last one in use go, but one spare stays, so a
+ *    count that crosses a chunk's boundary back and forth frees nothing
+ *    (a chunk is 2 MiB: at most that much kept for nothing per table);
+ *  - the ids, per-row flags and update steps (keys_cap entries) shrink
+ *    only when they hold at least 4x the rows (and more than TRIM_MIN
+ *    entries), to twice the rows: the count must then halve again before
+ *    the next shrink, or double before they grow (by half) again;
+ *  - the index, whose load is 0.35 to 0.7 as it grows, is rebuilt only
+ *    once its load falls to a quarter of its most (0.175), at a load of
+ *    0.35: again a halving or a doubling away from the next rebuild.
+ * A shrink of keys_cap entries reallocates (a copy of the ids, 8 bytes a
+ * row) and a rebuild rehashes the ids left: work proportional to the rows
+ * left, after the removal of at least as many again, so it costs at most
+ * what the removals did. */
+#define TRIM_MIN 1024
+/* glibc keeps freed memory in its heap (blocks under its mmap threshold,
+ * which rises up to 32 MiB as blocks that size are freed: the ids and
+ * index of a table of a few million rows) until it is at the top of it or
+ * malloc_trim hands the free pages back: called when a trim freed at least
+ * this much. The arrays shrink by 4x at least each time, so a table that
+ * keeps losing rows calls it a few times, not once a removal. */
+#define RETURN_BYTES ((uint64_t)1 << 20)
+
+static void return_memory(uint64_t freed) {
+#ifdef __GLIBC__
+    if (freed >= RETURN_BYTES) malloc_trim(0);
+#else
+    (void)freed;
+#endif
+}
+
+/* *p reallocated to n entries of size bytes, if it can be (a failure keeps
+ * the larger block, which still holds the entries). */
+static void shrink_array(void *p, uint64_t n, size_t size) {
+    void **at = p;
+    if (!*at) return;
+    void *q = realloc(*at, n * size);
+    if (q) *at = q;
+}
+
+void qr_table_trim(qr_table *t) {
+    uint64_t freed = 0; /* from malloc (chunks are unmapped at once) */
+    uint64_t used = (t->count + ((uint64_t)1 << t->chunk_shift) - 1) >> t->chunk_shift;
+    while (t->nchunks > used + 1) {
+        t->nchunks--;
+        munmap(t->chunks[t->nchunks], chunk_bytes(t));
+        t->chunks[t->nchunks] = NULL;
+    }
+    if (t->keys_cap > TRIM_MIN && t->keys_cap / 4 >= t->count) {
+        uint64_t cap = QR_MAX(2 * t->count, 64);
+        shrink_array(&t->keys, cap, sizeof *t->keys);
+        shrink_array(&t->updated, cap, sizeof *t->updated);
+        shrink_array(&t->changed, cap, sizeof *t->changed);
+        freed += (t->keys_cap - cap) * (sizeof *t->keys + (t->updated ? sizeof *t->updated : 0) +
+                                        (t->changed ? 1 : 0));
+        t->keys_cap = cap;
+    }
+    uint64_t slots = t->index.cap;
+    if (slots > TRIM_MIN && t->index.count * 40 <= slots * 7 &&
+        !qr_idmap_resize(&t->index, t->keys, 2 * t->index.count))
+        freed += (slots - t->index.cap) * sizeof *t->index.slot;
+    return_memory(freed);
 }
 
 /* ---- admission ------------------------------------------------------------ */
@@ -418,9 +509,33 @@ void qr_table_forget_id(qr_table *t, int64_t id) {
 
 /* ---- changes since the last checkpoint ------------------------------------- */
 
-int qr_table_changes_begin(qr_table *t) {
-    t->nremoved = t->ndisk_changed = 0;
+/* The lists of an interval emptied: sized by what the last interval
+ * used, when they hold 4x that (as qr_table_trim sizes the rows). */
+static void trim_change_lists(qr_table *t) {
+    uint64_t freed = 0;
+    if (t->removed_cap > TRIM_MIN && t->removed_cap / 4 >= t->nremoved) {
+        uint64_t cap = QR_MAX(2 * t->nremoved, 64);
+        shrink_array(&t->removed_ids, cap, sizeof *t->removed_ids);
+        freed += (t->removed_cap - cap) * sizeof *t->removed_ids;
+        t->removed_cap = cap;
+    }
+    if (t->disk_changed_cap > TRIM_MIN && t->disk_changed_cap / 4 >= t->ndisk_changed) {
+        uint64_t cap = QR_MAX(2 * t->ndisk_changed, 64);
+        shrink_array(&t->disk_changed_ids, cap, sizeof *t->disk_changed_ids);
+        freed += (t->disk_changed_cap - cap) * sizeof *t->disk_changed_ids;
+        t->disk_changed_cap = cap;
+    }
+    uint64_t slots = t->disk_changed_index.cap;
     qr_idmap_clear(&t->disk_changed_index);
+    if (slots > TRIM_MIN && t->ndisk_changed * 40 <= slots * 7 &&
+        !qr_idmap_resize(&t->disk_changed_index, t->disk_changed_ids, 2 * t->ndisk_changed))
+        freed += (slots - t->disk_changed_index.cap) * sizeof(uint32_t);
+    return_memory(freed);
+}
+
+int qr_table_changes_begin(qr_table *t) {
+    trim_change_lists(t);
+    t->nremoved = t->ndisk_changed = 0;
     if (!t->changed) t->changed = malloc(QR_MAX(t->keys_cap, 1));
     if (t->admit_after && !t->cand_changed) t->cand_changed = malloc(QR_MAX(t->cand_cap, 1));
     if (!t->changed || (t->admit_after && !t->cand_changed)) {
@@ -448,12 +563,12 @@ uint64_t qr_table_evict_idle(qr_table *t) {
         gone++;
     }
     t->evicted += gone;
+    if (gone) qr_table_trim(t);
     return gone;
 }
 
 uint64_t qr_table_bytes(const qr_table *t) {
-    uint64_t chunk = ((uint64_t)1 << t->chunk_shift) * (uint64_t)t->stride * sizeof(float);
-    uint64_t bytes = t->nchunks * chunk + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
+    uint64_t bytes = t->nchunks * chunk_bytes(t) + t->keys_cap * sizeof *t->keys + qr_idmap_bytes(&t->index);
     if (t->updated) bytes += t->keys_cap * sizeof *t->updated;
     if (t->changed) bytes += t->keys_cap + t->removed_cap * sizeof *t->removed_ids;
     bytes += t->disk_changed_cap * sizeof *t->disk_changed_ids +

@@ -157,7 +157,8 @@ int64_t qr_table_row_for_update(qr_table *t, int64_t id, bool *added);
 
 /* Under eviction: remove the rows idle for more than evict_after steps,
  * if a sweep is due (every evict_after / 4 steps of the clock); how many
- * went. Row pointers are stale after it. */
+ * went, and the memory they held given back (qr_table_trim). Row pointers
+ * are stale after it. */
 uint64_t qr_table_evict_idle(qr_table *t);
 
 /* Room for a new row of id, not initialized: the caller fills its value
@@ -191,6 +192,14 @@ int qr_table_changes_begin(qr_table *t);
 /* Forget id entirely: its row and its admission candidate, if any (an
  * incremental checkpoint's removed id, restored). */
 void qr_table_forget_id(qr_table *t, int64_t id);
+
+/* Give back what the table holds beyond what its rows need, when it holds
+ * much more (table.c says how much: chunks past the last in use but one,
+ * ids, flags and index when 4x oversized). Rows keep their numbers, ids,
+ * values and order; a pointer to a row stays good. Called after a batch of
+ * removals (qr_table_evict_idle calls it; the disk tier after rows went
+ * out), not per row. */
+void qr_table_trim(qr_table *t);
 
 /* Bytes held: the arena's chunks, the ids and the index, and
  * admission's candidates or filter. */

@@ -415,7 +415,37 @@ static int by_table_then_row_down(const void *a, const void *b) {
     return x->row < y->row ? 1 : x->row > y->row ? -1 : 0;
 }
 
-/* Once written: the victims leave memory. */
+/* A request's victims are few (its misses' worth); a restore over the cap
+ * chooses nearly the whole table at once (24 bytes a row): a list of more
+ * than this many bytes is freed once used, not kept for the next. */
+#define KEEP_VICTIMS_BYTES ((size_t)4 << 20)
+
+static void victims_done(ps_tier *tier) {
+    tier->nvictims = 0;
+    if (tier->victims_cap * sizeof *tier->victims <= KEEP_VICTIMS_BYTES) return;
+    free(tier->victims);
+    tier->victims = NULL;
+    tier->victims_cap = 0;
+}
+
+/* The memory a table's rows left behind given back (table.h,
+ * qr_table_trim), its marks too: as the table's ids, shrunk to twice the
+ * rows once they hold 4x. Row numbers do not change: the marks stay. */
+static void trim_table(tier_table *tt) {
+    const qr_table *t = tt->var->table;
+    qr_table_trim(tt->var->table);
+    if (tt->mark_cap > 1024 && tt->mark_cap / 4 >= t->count) {
+        uint64_t cap = QR_MAX(2 * t->count, 64);
+        uint8_t *m = realloc(tt->mark, cap);
+        if (m) {
+            tt->mark = m;
+            tt->mark_cap = cap;
+        }
+    }
+}
+
+/* Once written: the victims leave memory, and each table they left gives
+ * back what it no longer needs (once, after all its removals). */
 static void remove_victims(ps_tier *tier) {
     qsort(tier->victims, tier->nvictims, sizeof *tier->victims, by_table_then_row_down);
     for (uint64_t k = 0; k < tier->nvictims; k++) {
@@ -427,15 +457,16 @@ static void remove_victims(ps_tier *tier) {
         tt->nmark = t->count;
         tt->disk_rows++;
         tt->spilled++;
+        if (k + 1 == tier->nvictims || tier->victims[k + 1].tt != tt) trim_table(tt);
     }
-    tier->nvictims = 0;
+    victims_done(tier);
 }
 
 /* Not written (out of memory choosing them): the victims stay, unmarked. */
 static void keep_victims(ps_tier *tier) {
     for (uint64_t k = 0; k < tier->nvictims; k++)
         tier->victims[k].tt->mark[tier->victims[k].row] = 0;
-    tier->nvictims = 0;
+    victims_done(tier);
 }
 
 /* The missing ids that are on disk come back (appended to the table from
@@ -613,6 +644,11 @@ static int sweep_disk(ps_tier *tier, tier_table *tt) {
         rc = txn_count(tier, tt->dbi, &cur);
     }
     if (cur) mdb_cursor_close(cur);
+    if (tier->idle_cap * sizeof *tier->idle > KEEP_VICTIMS_BYTES) { /* as the victims' list */
+        free(tier->idle);
+        tier->idle = NULL;
+        tier->idle_cap = 0;
+    }
     return rc;
 }
 
