@@ -137,6 +137,28 @@ void qr__peer_release_recv(ps_peer *p) {
     p->recv_cap = 0;
 }
 
+typedef struct recv_lent {
+    recv_pool *pool;
+    float *data;
+    size_t cap;
+} recv_lent;
+
+void *qr__peer_lend_recv(ps_peer *p) {
+    if (!p->recv) return NULL;
+    recv_lent *l = malloc(sizeof *l);
+    if (!l) return NULL;
+    *l = (recv_lent){&p->ps->recv_pool, p->recv, p->recv_cap};
+    p->recv = NULL;
+    p->recv_cap = 0;
+    return l;
+}
+
+void qr__recv_lent_release(void *owner) {
+    recv_lent *l = owner;
+    qr__recv_pool_put(l->pool, l->data, l->cap);
+    free(l);
+}
+
 int qr__peer_take_recv(ps_peer *p, size_t bytes) {
     qr__peer_release_recv(p); /* a request takes one buffer; none is held between requests */
     p->recv = qr__recv_pool_get(&p->ps->recv_pool, bytes, &p->recv_cap);

@@ -744,6 +744,12 @@ int qr__peer_reserve_items(ps_peer *p, uint32_t n);
  * the next push, from any worker, lands in the same hot buffer. */
 int qr__peer_take_recv(ps_peer *p, size_t bytes);
 void qr__peer_release_recv(ps_peer *p);
+/* The request's receive buffer handed to another holder (a push's forward
+ * to the backup, sent from it): the request no longer has one, and
+ * qr__recv_lent_release(owner) gives it back to the pool. NULL when it has
+ * none, or out of memory (the request keeps it then). */
+void *qr__peer_lend_recv(ps_peer *p);
+void qr__recv_lent_release(void *owner);
 
 /* slots.c: SLOTS, a variable's optimizer state read and written. */
 int qr__slots_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -19,7 +19,9 @@
  *   count    a step push advances the steps applied here, the moving
  *            averages, and on ps 0 the global step and the worker's clock
  *   forward  with --ps-replicas 2, the push as applied goes to the backup
- *            (replica_forward.c), and the answer waits until the backup has
+ *            (replica_forward.c; a push of dense items only just before its
+ *            apply, so that both copies apply it at once, from the receive
+ *            buffer lent to the forward), and the answer waits until the backup has
  *            applied it (or, with --replication-lag N, all but the last N
  *            forwards before it): no early acknowledgement then, and no apply on
  *            arrival (fused_apply.c), since the backup must apply the
@@ -304,6 +306,19 @@ static int apply_sparse(qr_ps *ps, push_item *it, bool delta, int64_t t) {
                                it->nrows, delta, t, it->lr);
 }
 
+/* How many updates its variable took since the worker pulled the
+ * version its gradient was computed at. */
+static uint64_t staleness_of(const push_item *it) {
+    return it->var->version > it->version ? it->var->version - it->version : 0;
+}
+
+/* The learning rate a dense gradient is applied with at step t. */
+static float dense_lr(const qr_ps *ps, const push_item *it, uint64_t staleness, int64_t t) {
+    float lr = qr__item_lr(ps, it, qr__var_optim(ps, it->var), t - 1);
+    if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
+    return lr;
+}
+
 /* A dense gradient or delta (or a non-trainable variable's new value),
  * into the value or its spare (then swapped in); a gradient's learning
  * rate in *lr_used. */
@@ -319,8 +334,7 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
         memcpy(out, g, (size_t)v->n * sizeof *out);
     } else {
         const qr_optim *opt = qr__var_optim(ps, v);
-        float lr = qr__item_lr(ps, it, opt, t - 1);
-        if (ps->staleness_lr_scale && staleness) lr /= (float)(1 + staleness);
+        float lr = dense_lr(ps, it, staleness, t);
         *lr_used = lr;
         it->applied_lr = lr;
         rc = it->to_spare ? qr_optim_apply_dense_to(opt, out, v->value->data, g, v->n, lr)
@@ -334,10 +348,9 @@ static int apply_dense(qr_ps *ps, push_item *it, bool delta, uint64_t staleness,
  * and any fused push of the same variable made to follow. */
 static int apply_item(qr_ps *ps, push_item *it, push_apply *a) {
     qr_var *v = it->var;
-    /* Staleness: how many updates this variable took since the worker
-     * pulled the version its gradient was computed at (a value assigned
-     * to a non-trainable variable is no gradient: not counted). */
-    uint64_t staleness = v->version > it->version ? v->version - it->version : 0;
+    /* Staleness (a value assigned to a non-trainable variable is no
+     * gradient: not counted). */
+    uint64_t staleness = staleness_of(it);
     if (!v->non_trainable) {
         ps->staleness_hist[staleness_bucket(staleness)]++;
         a->stale |= staleness > 0;
@@ -434,13 +447,19 @@ static void answer_after_backup(ps_peer *p, const qr_frame *f, int64_t step) {
     qr__replica_wait_lagging(p, f, answer_push, a);
 }
 
-/* The applied push, as applied, to the backup. */
+/* The push, as applied (or as it is about to be: forward_before_apply), to the
+ * backup, with the step it is answered with. Its gradients go from the
+ * request's receive buffer, lent to the forward until the backup has
+ * them: no copy (widened bf16/fp16 gradients are copied). */
 static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t answer) {
     qr_ps *ps = p->ps;
     qr_msg_repl_head head = {.flags = f->flags & (QR_PUSH_STEP | QR_PUSH_DELTA),
                              .worker = p->push_worker, .seq = p->push_seq, .t = a->t,
                              .answer = answer};
     repl_forward *fw = qr__replica_begin(ps, &head);
+    qr_iov *iov = a->wide || !p->recv ? NULL : qr__calloc((size_t)p->nitems, sizeof *iov);
+    void *lent = iov ? qr__peer_lend_recv(p) : NULL;
+    int niov = 0;
     for (int i = 0; i < p->nitems; i++) {
         const push_item *it = &p->items[i];
         if (it->skip) continue;
@@ -449,10 +468,39 @@ static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t 
                              : (uint64_t)it->var->n * 4;
         float lr = a->delta || it->var->non_trainable ? 0 : it->applied_lr;
         qr__replica_add(fw, it->var->id, it->nrows >= 0 ? QR_REPL_SPARSE : QR_REPL_DENSE, lr,
-                        it->data, bytes);
+                        lent ? NULL : it->data, bytes);
+        if (!lent || !bytes) continue;
+        if (niov && (uint8_t *)iov[niov - 1].base + iov[niov - 1].len == it->data)
+            iov[niov - 1].len += bytes; /* next to the previous item */
+        else
+            iov[niov++] = (qr_iov){it->data, bytes};
     }
+    if (lent) qr__replica_lend(fw, iov, niov, qr__recv_lent_release, lent);
+    else free(iov);
     qr__replica_send_for(p, fw);
     qr__replica_applied(p, p->push_worker, p->push_seq, answer);
+}
+
+/* A push of dense items only goes to the backup before it is applied
+ * here, so that both copies apply it at once: once prepared a dense apply
+ * cannot fail, and nothing else runs between the forward and the apply
+ * (one loop thread), so it is what the apply will be, with the learning
+ * rates the apply will use. A sparse apply may still fail (rows made,
+ * memory): such a push is forwarded after. */
+static bool forward_before_apply(ps_peer *p, const push_apply *a) {
+    /* (A forward with no copy to go to is freed at once, and with it the
+     * receive buffer lent to it, which the apply still reads.) */
+    if (!qr__replica_keeps(p) || p->ps->average_decay > 0) return false;
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        if (it->nrows >= 0 || it->fused) return false;
+    }
+    for (int i = 0; i < p->nitems; i++) {
+        push_item *it = &p->items[i];
+        if (!it->skip && !a->delta && !it->var->non_trainable)
+            it->applied_lr = dense_lr(p->ps, it, staleness_of(it), a->t);
+    }
+    return true;
 }
 
 /* ---- the push ------------------------------------------------------------- */
@@ -479,6 +527,9 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     bool values = f->flags & QR_PUSH_REPLY_VALUES;
     a.ack_first = can_ack_first(p) && !values && !qr__replica_on(ps);
     if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
+    bool forwarded = forward_before_apply(p, &a);
+    if (forwarded) /* with the step count_step makes */
+        forward(p, f, &a, ps->global_step + (step && ps->index == 0 && !p->promoted_shard));
     int rc = QR_OK;
     for (int i = 0; i < p->nitems && !rc; i++)
         if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);
@@ -492,6 +543,14 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         qr__log(QR_LOG_ERROR, "acknowledged push not applied: %s", qr_last_error());
         return;
     }
+    if (rc && forwarded) { /* the backup applies what this copy did not */
+        char msg[512];
+        snprintf(msg, sizeof msg, "a push forwarded to the backup was not applied here, so the "
+                 "copies would differ: %s", qr_last_error());
+        qr__peer_reply_error(p, f, rc, msg);
+        qr__ps_ask_abort(ps, QR_EABORTED, msg);
+        return;
+    }
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", qr_last_error());
@@ -499,7 +558,7 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
         return;
     }
     if (qr__replica_on(ps)) { /* a promoted shard's: to its copy, if one is being made */
-        forward(p, f, &a, ps->global_step);
+        if (!forwarded) forward(p, f, &a, ps->global_step);
         answer_after_backup(p, f, ps->global_step);
     } else if (values) {
         qr__pull_reply_values(p, f, false, &ps->global_step);

@@ -171,13 +171,16 @@ int qr__replica_hello(ps_peer *p, const qr_msg_hello *m);
  * with. Any index off the wire. */
 bool qr__replica_duplicate(ps_peer *p, uint32_t worker, uint32_t seq, int64_t *answer);
 /* Forwarding, primary side, in apply order: begin, add each item (its
- * bytes copied), send. A LOOKUP's sightings: one item of kind
+ * bytes copied; data NULL: its bytes are lent, qr__replica_lend), send. A LOOKUP's sightings: one item of kind
  * QR_REPL_LOOKUP. An allocation failure aborts the run (the copies would
  * differ). */
 repl_forward *qr__replica_begin(qr_ps *ps, const qr_msg_repl_head *head);
 void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, const void *data,
                      uint64_t nbytes);
 void qr__replica_send(qr_ps *ps, repl_forward *fw);
+/* p's shard has a copy to forward to: a forward sent is kept until the
+ * copy has it (without one it is freed as it is sent). */
+bool qr__replica_keeps(ps_peer *p);
 /* A CREATE applied here: the same meta, payload = each dense variable's
  * values in record order, applied on the backup by create.c. */
 void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -268,6 +271,11 @@ void qr__replica_link_send(repl_link *L, repl_forward *fw);
  * backup, then the cluster rolled back to a checkpoint, both copies
  * restored from it). */
 void qr__replica_link_again(repl_link *L);
+/* replica_forward.c: the payload of fw (whose items were added with no
+ * data) is niov buffers owner holds, sent from where they are;
+ * release(owner) once the backup has them (at once if fw is NULL). */
+void qr__replica_lend(repl_forward *fw, qr_iov *iov, int niov, void (*release)(void *owner),
+                      void *owner);
 /* replica_forward.c: a wait for forward `fwd` of L answered: counted when
  * the backup has not applied it yet (replication-lag). */
 void qr__replica_note_answer(repl_link *L, uint64_t fwd);

@@ -36,8 +36,21 @@ void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, con
     if (!fw) return;
     qr_msg_put_repl_item(&fw->items, &(qr_msg_repl_item){.id = id, .kind = kind,
                                                           .nbytes = nbytes, .lr = lr});
-    if (nbytes) qr_wbuf_bytes(&fw->payload, data, (size_t)nbytes);
+    if (nbytes && data) qr_wbuf_bytes(&fw->payload, data, (size_t)nbytes);
     fw->head.count++;
+}
+
+void qr__replica_lend(repl_forward *fw, qr_iov *iov, int niov, void (*release)(void *owner),
+                      void *owner) {
+    if (!fw) {
+        free(iov);
+        release(owner);
+        return;
+    }
+    fw->iov = iov;
+    fw->niov = niov;
+    fw->release = release;
+    fw->owner = owner;
 }
 
 void qr__replica_send(qr_ps *ps, repl_forward *fw) {
@@ -47,6 +60,11 @@ void qr__replica_send(qr_ps *ps, repl_forward *fw) {
 void qr__replica_send_for(ps_peer *p, repl_forward *fw) {
     ps_replica *r = &p->ps->replica;
     qr__replica_link_send(p->promoted_shard ? &r->copy_link : &r->link, fw);
+}
+
+bool qr__replica_keeps(ps_peer *p) {
+    ps_replica *r = &p->ps->replica;
+    return qr__replica_on(p->ps) && !(p->promoted_shard ? &r->copy_link : &r->link)->gone;
 }
 
 void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
