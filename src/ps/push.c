@@ -457,7 +457,10 @@ static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t 
                              .worker = p->push_worker, .seq = p->push_seq, .t = a->t,
                              .answer = answer};
     repl_forward *fw = qr__replica_begin(ps, &head);
-    qr_iov *iov = a->wide || !p->recv ? NULL : qr__calloc((size_t)p->nitems, sizeof *iov);
+    /* A buffer much larger than the push (the pool hands out the hottest
+     * that fits) is not held for it while the backup catches up. */
+    bool lend = !a->wide && p->recv && p->recv_cap <= 2 * f->payload_len + ((size_t)64 << 10);
+    qr_iov *iov = lend ? qr__calloc((size_t)p->nitems, sizeof *iov) : NULL;
     void *lent = iov ? qr__peer_lend_recv(p) : NULL;
     int niov = 0;
     for (int i = 0; i < p->nitems; i++) {
