@@ -13,6 +13,8 @@
  *   - with admission (admit_after) and eviction by age (evict_after_steps)
  *     the same: rows, and what admission and eviction counted, equal to
  *     an all-in-memory run's (rows evicted from both tiers);
+ *   - a spill goes below the cap, to a low-water mark, so that the next
+ *     requests need none; the rows stay exact;
  *   - a request larger than the cap is refused with a message naming it;
  *     a cap out of range and a cap with --ps-replicas 2 are refused;
  *   - --table-dir: the files live in DIR/ps-0, a stale file there is
@@ -262,6 +264,73 @@ static void test_admission_eviction_across_tiers(void **state) {
     free(mem), free(tier), free(ids);
 }
 
+/* The rows pushed by spill_steps: 7,000 new ids in chunks of 1,000, then
+ * 200, 100 and 100 more, one request each. */
+#define SPILL_ROWS 7400
+static const int spill_steps[][2] = {{0, 1000}, {1000, 2000}, {2000, 3000}, {3000, 4000},
+                                     {4000, 5000}, {5000, 6000}, {6000, 7000}, {7000, 7200},
+                                     {7200, 7300}, {7300, 7400}};
+
+static void spill_push(qr_worker *w, int t, const int64_t *ids, int from, int to) {
+    float *g = malloc((size_t)(to - from) * DIM * sizeof *g);
+    assert_non_null(g);
+    grads(1, ids + from, to - from, g);
+    assert_int_equal(qr_worker_push_sparse(w, t, to - from, ids + from, g, QR_PUSH_STEP, NULL),
+                     QR_OK);
+    free(g);
+}
+
+/* A spill goes below the cap, to a low-water mark (tier.c,
+ * SPILL_BELOW_DIV: the cap less the larger of the room the request needs
+ * and 1/16 of the cap), so the next requests need none; the rows stay
+ * exact. 1 MiB holds 7,231 rows of 145 bytes: 7,200 rows fit; 100 more
+ * pass the cap, and the spill writes out enough for 1/16 of the cap
+ * (65,536 bytes) to be free, not just the 100 rows' 14,500; the 100 after
+ * that then fit. */
+static void test_spill_below_the_cap(void **state) {
+    (void)state;
+    int64_t *ids = all_ids();
+    size_t bytes = (size_t)SPILL_ROWS * DIM * sizeof(float);
+    float *out[2][2];
+    for (int capped = 0; capped < 2; capped++) {
+        world s;
+        start(&s, capped ? "1" : NULL, NULL);
+        int t = declare(&s);
+        for (size_t k = 0; k < sizeof spill_steps / sizeof *spill_steps; k++) {
+            spill_push(s.w[0], t, ids, spill_steps[k][0], spill_steps[k][1]);
+            if (!capped) continue;
+            double in_memory = table_stat(s.w[0], "rows_memory"),
+                   spilled = table_stat(s.w[0], "rows_spilled");
+            assert_true(in_memory * 145 <= 1 << 20);
+            if (spill_steps[k][1] <= 7200) {
+                assert_true(spilled == 0 && in_memory == spill_steps[k][1]);
+            } else {
+                /* 7,200 x 145 + 2^20 / 16 - 2^20 bytes: 421 rows. */
+                double want = ceil((7200.0 * 145 + (1 << 20) / 16 - (1 << 20)) / 145);
+                assert_true(spilled == want);
+                assert_true(table_stat(s.w[0], "rows_disk") == want);
+                assert_true(in_memory == spill_steps[k][1] - want);
+            }
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            out[capped][pass] = malloc(bytes);
+            assert_non_null(out[capped][pass]);
+            if (pass)
+                for (int at = 0; at < SPILL_ROWS; at += 1000)
+                    spill_push(s.w[0], t, ids, at, at + 1000 < SPILL_ROWS ? at + 1000 : SPILL_ROWS);
+            for (int at = 0; at < SPILL_ROWS; at += 1000)
+                assert_int_equal(qr_worker_pull_rows(s.w[0], t, SPILL_ROWS - at < 1000 ? SPILL_ROWS - at : 1000,
+                                                      ids + at, out[capped][pass] + (size_t)at * DIM,
+                                                      QR_ROWS_READ_ONLY), QR_OK);
+        }
+        world_finish(&s);
+    }
+    /* The values, and the accumulators through one more push. */
+    for (int pass = 0; pass < 2; pass++) assert_memory_equal(out[1][pass], out[0][pass], bytes);
+    for (int capped = 0; capped < 2; capped++) free(out[capped][0]), free(out[capped][1]);
+    free(ids);
+}
+
 /* A lookup of more rows than the cap holds is refused, naming the flag;
  * the ps goes on serving. */
 static void test_request_over_the_cap(void **state) {
@@ -334,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_four_times_the_cap_exact),
         cmocka_unit_test(test_checkpoint_both_tiers),
         cmocka_unit_test(test_admission_eviction_across_tiers),
+        cmocka_unit_test(test_spill_below_the_cap),
         cmocka_unit_test(test_request_over_the_cap),
         cmocka_unit_test(test_options),
         cmocka_unit_test(test_table_dir),
