@@ -554,8 +554,8 @@ void qr__replica_snapshot_meta(repl_forward *fw, const qr_wbuf *meta) {
     if (fw) qr_wbuf_bytes(&fw->items, meta->data, meta->len);
 }
 
-void qr__replica_snapshot_payload(repl_forward *fw, qr_iov *iov, int niov,
-                                  void (*release)(void *owner), void *owner) {
+void qr__replica_lend(repl_forward *fw, qr_iov *iov, int niov, void (*release)(void *owner),
+                      void *owner) {
     if (!fw) {
         release(owner);
         free(iov);

@@ -218,14 +218,11 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
  * failed: its forwards dropped, what waited answered; returns how many
  * were dropped); a link opened again with `snapshot` at the head of its
  * queue (numbered), to a replacement; the snapshot's forward made
- * (type SNAPSHOT) and the link opened; its meta, and its payload: niov
- * buffers (iov taken) that owner keeps, let go of by release(owner) when
- * the forward is freed. */
+ * (type SNAPSHOT) and the link opened; its meta, and its payload
+ * (qr__replica_lend). */
 uint64_t qr__replica_link_gone(repl_link *L);
 repl_forward *qr__replica_snapshot_forward(repl_link *L);
 void qr__replica_snapshot_meta(repl_forward *fw, const qr_wbuf *meta);
-void qr__replica_snapshot_payload(repl_forward *fw, qr_iov *iov, int niov,
-                                  void (*release)(void *owner), void *owner);
 void qr__replica_link_flush(repl_link *L);
 /* A forward of p's shard: to the backup of this ps's own shard, or (a
  * promoted shard) to the replacement being copied it. */
@@ -271,9 +268,10 @@ void qr__replica_link_send(repl_link *L, repl_forward *fw);
  * backup, then the cluster rolled back to a checkpoint, both copies
  * restored from it). */
 void qr__replica_link_again(repl_link *L);
-/* replica_forward.c: the payload of fw (whose items were added with no
- * data) is niov buffers owner holds, sent from where they are;
- * release(owner) once the backup has them (at once if fw is NULL). */
+/* replica.c: the payload of fw (a snapshot, or a forward whose items
+ * were added with no data) is niov buffers (iov taken) that owner holds,
+ * sent from where they are; release(owner) once fw is freed (at once if
+ * fw is NULL). */
 void qr__replica_lend(repl_forward *fw, qr_iov *iov, int niov, void (*release)(void *owner),
                       void *owner);
 /* replica_forward.c: a wait for forward `fwd` of L answered: counted when

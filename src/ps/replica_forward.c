@@ -40,31 +40,23 @@ void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, con
     fw->head.count++;
 }
 
-void qr__replica_lend(repl_forward *fw, qr_iov *iov, int niov, void (*release)(void *owner),
-                      void *owner) {
-    if (!fw) {
-        free(iov);
-        release(owner);
-        return;
-    }
-    fw->iov = iov;
-    fw->niov = niov;
-    fw->release = release;
-    fw->owner = owner;
-}
-
 void qr__replica_send(qr_ps *ps, repl_forward *fw) {
     qr__replica_link_send(&ps->replica.link, fw);
 }
 
-void qr__replica_send_for(ps_peer *p, repl_forward *fw) {
+/* The link that carries p's shard: this ps's own to its backup, or a
+ * promoted copy's to the replacement being made. */
+static repl_link *shard_link(ps_peer *p) {
     ps_replica *r = &p->ps->replica;
-    qr__replica_link_send(p->promoted_shard ? &r->copy_link : &r->link, fw);
+    return p->promoted_shard ? &r->copy_link : &r->link;
+}
+
+void qr__replica_send_for(ps_peer *p, repl_forward *fw) {
+    qr__replica_link_send(shard_link(p), fw);
 }
 
 bool qr__replica_keeps(ps_peer *p) {
-    ps_replica *r = &p->ps->replica;
-    return qr__replica_on(p->ps) && !(p->promoted_shard ? &r->copy_link : &r->link)->gone;
+    return qr__replica_on(p->ps) && !shard_link(p)->gone;
 }
 
 void qr__replica_forward_create(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -157,13 +149,11 @@ static void wait_on(repl_link *L, ps_peer *p, const qr_frame *f, uint64_t lag,
 }
 
 void qr__replica_wait(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
-    qr_ps *ps = p->ps;
-    wait_on(p->promoted_shard ? &ps->replica.copy_link : &ps->replica.link, p, f, 0, cb, ctx);
+    wait_on(shard_link(p), p, f, 0, cb, ctx);
 }
 
 void qr__replica_wait_lagging(ps_peer *p, const qr_frame *f, qr_repl_answer_cb cb, void *ctx) {
-    ps_replica *r = &p->ps->replica;
-    wait_on(p->promoted_shard ? &r->copy_link : &r->link, p, f, r->lag, cb, ctx);
+    wait_on(shard_link(p), p, f, p->ps->replica.lag, cb, ctx);
 }
 
 void qr__replica_note_answer(repl_link *L, uint64_t fwd) {

@@ -196,7 +196,7 @@ void qr__rerep_start(repl_link *L) {
     put_snapshot_meta(&meta, L, L->snapshot_fwd);
     qr__replica_snapshot_meta(fw, &meta);
     qr_wbuf_free(&meta);
-    qr__replica_snapshot_payload(fw, iov, niov, snapshot_free, sn);
+    qr__replica_lend(fw, iov, niov, snapshot_free, sn);
     L->streaming = true;
     L->mark = 0;
     /* Sync mode: the pushes kept for the step in flight are not in the
