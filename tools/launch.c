@@ -27,6 +27,10 @@
  *     counted): the new run rejoins as the backup of the shards it held
  *     copies of, without a rollback (src/ps/rerep.c; "rejoined ps K
  *     VIEW" once it holds them);
+ *     In async mode without --checkpoint-dir ps 0 itself fails over too:
+ *     ps 1, which holds the copy of its shard, takes its role ("failover
+ *     ps 0 VIEW" comes from ps 1), and the run's end is ps 1's from then
+ *     on (coordinator_ended_well);
  *   - with --ps-replicas 2, two neighbouring ps lost together (a shard's
  *     both copies) make ps 0 roll the cluster back to its newest
  *     checkpoint at once ("rollback ps K" for each, read_notices): each is
@@ -42,7 +46,7 @@
  *     (src/ps/rollback.c), so that every shard and the global step come
  *     from one moment (tensorflow#2461);
  *   - once ps 0 has ended well (the cluster stopped in order), training
- *     is over and nothing is restarted (ps0_ended_well); a ps failing then
+ *     is over and nothing is restarted (coordinator_ended_well); a ps failing then
  *     is reported among the tasks that did not end well;
  *   - once the chief and every ps have ended well, workers still running
  *     get GRACE_MS to end, and are then stopped and reported (as failed,
@@ -108,6 +112,9 @@ typedef struct child {
  * worker K"), on a datagram socket whose other end they inherit as
  * QUORUM_SUPERVISOR_FD. */
 static int notices[2] = {-1, -1};
+/* The ps that coordinates the run: ps 0, or its successor once ps 0 has
+ * been failed over ("failover ps 0 VIEW"). */
+static int coordinator;
 
 static volatile sig_atomic_t interrupted;
 
@@ -381,12 +388,13 @@ static void read_notices(child *kids, const launch_plan *plan) {
         }
         unsigned long long view;
         if (sscanf(line, "failover ps %d %llu", &index, &view) == 2) {
-            if (index <= 0 || index >= plan->nps || kids[index].failed_over) continue;
+            if (index < 0 || index >= plan->nps || kids[index].failed_over) continue;
             child *c = &kids[index];
             c->failed_over = true;
-            fprintf(stderr, "quorum launch: %s (pid %d) was failed over by ps 0 (view %llu): its "
+            if (index == coordinator) coordinator = (index + 1) % plan->nps; /* its successor said so */
+            fprintf(stderr, "quorum launch: %s (pid %d) was failed over by ps %d (view %llu): its "
                     "backup serves its shard, training goes on on one copy of it; not killed "
-                    "and not counted a failure%s\n", c->name, (int)c->pid, view,
+                    "and not counted a failure%s\n", c->name, (int)c->pid, coordinator, view,
                     plan->max_restarts ? "; once it has exited, a replacement (--max-restarts) "
                     "rejoins as a backup" : "");
             continue;
@@ -451,8 +459,8 @@ static void read_notices(child *kids, const launch_plan *plan) {
  * met), and the launcher with it. A ps that fails now (one stopped
  * through the end, that fences itself when continued) is reported with
  * the tasks that did not end well. */
-static bool ps0_ended_well(const child *kids) {
-    return kids[0].exited && !failed(&kids[0]);
+static bool coordinator_ended_well(const child *kids) {
+    return kids[coordinator].exited && !failed(&kids[coordinator]);
 }
 
 /* Supervise the children until all have exited; returns the exit status. */
@@ -487,15 +495,17 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             /* (reported: a ps that failed once training was over) */
             if (essential(c)) essentials_done &= c->exited && (!failed(c) || c->reported);
+            /* (Not ps 0: a new run of it would take itself for the
+             * coordinator; its successor goes on with its shard on one copy.) */
             if (c->exited && c->failed_over && !c->rollback && !c->reported && !run_ended_ms &&
-                rejoin(kids, i, plan, &restarts)) {
+                i != 0 && rejoin(kids, i, plan, &restarts)) {
                 essentials_done = false;
                 continue;
             }
             /* Lost with its neighbour: the cluster rolls back, and waits
              * for it (failed over just before, or not). */
             if (c->exited && c->rollback && !c->reported && !run_ended_ms &&
-                !ps0_ended_well(kids)) {
+                !coordinator_ended_well(kids)) {
                 if (restart(kids, n, i, plan, &restarts)) {
                     running++;
                     essentials_done = false;
@@ -508,9 +518,10 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
                 return LAUNCH_FAILED;
             }
             if (!c->exited || !failed(c) || c->reported) continue;
-            /* ps 0 may fail it over (--ps-replicas 2): it sees the death
-             * within a heartbeat-timeout-ms at most, and says so. */
-            if (plan->ps_copies > 1 && i > 0 && i < plan->nps) {
+            /* The coordinator may fail it over (--ps-replicas 2; ps 0
+             * itself, by its successor): it sees the death within a
+             * heartbeat-timeout-ms at most, and says so. */
+            if (plan->ps_copies > 1 && i < plan->nps) {
                 if (!c->failed_ms) c->failed_ms = now_ms;
                 if (now_ms - c->failed_ms < (uint64_t)plan->heartbeat_timeout_ms + 2000) {
                     essentials_done = false;
@@ -519,7 +530,7 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             }
             /* Not once training is over: a straggler stopped then is not
              * a failure to undo. */
-            bool over = run_ended_ms || ps0_ended_well(kids);
+            bool over = run_ended_ms || coordinator_ended_well(kids);
             if (!over && restart(kids, n, i, plan, &restarts)) {
                 running++; /* the new run of it: counted before the check below */
                 essentials_done = false;
@@ -532,9 +543,9 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             }
             char why[160];
             describe_exit(c, why, sizeof why);
-            if (i > 0 && i < plan->nps && ps0_ended_well(kids)) {
-                fprintf(stderr, "quorum launch: %s after ps 0 had stopped the cluster in order: "
-                        "training is over; not restarted\n", why);
+            if (i != coordinator && i < plan->nps && coordinator_ended_well(kids)) {
+                fprintf(stderr, "quorum launch: %s after ps %d had stopped the cluster in order: "
+                        "training is over; not restarted\n", why, coordinator);
                 continue;
             }
             fprintf(stderr, "quorum launch: %s: stopping the other tasks\n", why);

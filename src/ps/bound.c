@@ -126,7 +126,7 @@ void qr__bound_count_step(qr_ps *ps, uint32_t worker) {
 
 int qr__bound_clock_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const qr_ps *ps = p->ps;
-    if (ps->sync.on || ps->index != 0 || ps->bound.max_staleness < 0)
+    if (ps->sync.on || !qr__ps_coordinates(ps) || ps->bound.max_staleness < 0)
         return qr__fail(QR_EINVAL, "CLOCK goes to ps 0 of an async run with max-staleness");
     return qr__peer_check_small(f, QR_MSG_CLOCK_LEN);
 }

@@ -190,7 +190,7 @@ void qr__ckpt_take(qr_ps *ps, int64_t step) {
         qr_wbuf meta = {0};
         qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
                                               .step = step, .base = c->base_id});
-        for (int k = 1; k < nps; k++)
+        QR_EACH_OTHER_PS(ps, k)
             if (qr__ckpt_writer(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
         qr_wbuf_free(&meta);
     }
@@ -281,14 +281,14 @@ static bool due(const qr_ps *ps) {
 
 void qr__ckpt_step_done(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
-    if (!c->dir || ps->index != 0 || c->busy || ps->stopping || qr__now_ns() < c->retry_ns) return;
+    if (!c->dir || !qr__ps_coordinates(ps) || c->busy || ps->stopping || qr__now_ns() < c->retry_ns) return;
     if (c->want_final) c->final_started = true;
     if (c->want_final || c->saves || due(ps)) qr__ckpt_start(ps);
 }
 
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
     ps_ckpt *c = &ps->ckpt;
-    if (!c->dir || ps->index != 0 || c->want_final) return false;
+    if (!c->dir || !qr__ps_coordinates(ps) || c->want_final) return false;
     if (!c->busy && ps->global_step == c->last_step) return false; /* have it */
     c->want_final = true;
     c->stop_peer = p;

@@ -236,7 +236,7 @@ static void send_phase(qr_ps *ps, uint32_t phase, uint64_t id, int64_t step, con
     for (int w = 0; cut && w < nw; w++) qr_msg_put_cut(&meta, &cut[w]);
     /* the ps that serve shards (ps-replicas 2: not a failed ps, nor a
      * replacement, whose shards are served by the ps promoted for them) */
-    for (int k = 1; k < ps->cluster->nps; k++)
+    QR_EACH_OTHER_PS(ps, k)
         if (qr__ckpt_writer(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
     qr_wbuf_free(&meta);
 }
@@ -250,7 +250,7 @@ static void collect(qr_ps *ps, uint32_t phase) {
     }
     c->collecting = true;
     c->reports_pending = 0;
-    for (int k = 1; k < ps->cluster->nps; k++) c->reports_pending += qr__ckpt_writer(ps, k);
+    QR_EACH_OTHER_PS(ps, k) c->reports_pending += qr__ckpt_writer(ps, k);
     qr_wbuf_reset(&c->reports[0]);
     put_report(ps, &c->reports[0]);
     send_phase(ps, phase, c->next_id, c->step, NULL);
@@ -393,7 +393,7 @@ int qr__ckpt_cut_init(qr_ps *ps) {
         c->copy_marks = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *c->marks);
         if (!c->copy_marks) return QR_ENOMEM;
     }
-    if (ps->index != 0) return QR_OK;
+    if (!qr__ps_coordinates(ps)) return QR_OK;
     c->reports = qr__calloc((size_t)ps->cluster->nps, sizeof *c->reports);
     if (!c->reports) return QR_ENOMEM;
     uv_timer_init(&ps->loop, &c->poll);

@@ -57,6 +57,7 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n, bool copy)
         /* The copy starts equal to its primary, which restores the same
          * bytes: the shard's own steps (Adam's t) are the file's. */
         ps->replica.copy_steps = counters[1];
+        if (sc.index == ps->coord_index) ps->replica.coord_step = counters[0];
         qr__log(QR_LOG_INFO, "restored the copy of ps %d's shard: %u variable(s), %.1f MB, "
                 "from %s%s (global step %lld)", sc.index, sc.store->count,
                 (double)sc.store->bytes / 1e6, n > 1 ? chain[0].path : path, chained,
@@ -86,7 +87,7 @@ int qr__ckpt_init(qr_ps *ps) {
     c->chain_length = 0;
     /* ps 0 keeps each worker's data position, checkpoints or not: a worker
      * restarted into the live cluster reads its own back (control.c). */
-    if (ps->index == 0) {
+    if (qr__ps_coordinates(ps)) {
         c->data_pos = qr__calloc((size_t)ps->cluster->nworkers, sizeof *c->data_pos);
         if (!c->data_pos) return QR_ENOMEM;
     }

@@ -22,8 +22,8 @@ typedef struct save_waiter {
 void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_ckpt *c = &ps->ckpt;
-    if (ps->index != 0 || !c->dir) {
-        qr__peer_reply_error(p, f, QR_EINVAL, ps->index != 0
+    if (!qr__ps_coordinates(ps) || !c->dir) {
+        qr__peer_reply_error(p, f, QR_EINVAL, !qr__ps_coordinates(ps)
                              ? "SAVE goes to ps 0"
                              : "checkpoint: the ps tasks were started without --checkpoint-dir");
         return;

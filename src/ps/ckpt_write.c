@@ -22,7 +22,7 @@ ckpt_shard_ctx qr__ckpt_ctx(qr_ps *ps, bool copy) {
                          .applied_steps = ps->applied_steps,
                          .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos,
                          .incarnation = ps->incarnation,
-                         .coordinator = ps->index == 0 ? ps->incarnation : ps->coordinator};
+                         .coordinator = qr__ps_coordinates(ps) ? ps->incarnation : ps->coordinator};
     if (copy) {
         sc.store = &ps->replica.store;
         sc.index = ps->replica.primary;
@@ -51,7 +51,7 @@ static void shards_written(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     int copy = c->copy_shard;
     c->copy_shard = -1;
-    if (ps->index == 0) {
+    if (qr__ps_coordinates(ps)) {
         uint64_t id = c->next_id;
         qr__ckpt_shard_written(ps, 0, 0, c->results[0].status, c->results[0].error,
                                &c->results[0].shard);

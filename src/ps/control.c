@@ -46,11 +46,22 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         return;
     }
     if (m.role == QR_ROLE_COORDINATOR) {
-        if (ps->index == 0) {
+        if (qr__ps_coordinates(ps)) {
             qr__peer_reply_error(p, f, QR_EINVAL, "HELLO: ps 0 is the coordinator itself");
             return;
         }
-        if (qr__rollback_check_coordinator(ps, &m)) return; /* this run of the ps ends */
+        if (m.task_index != (uint32_t)ps->coord_index) {
+            /* Another ps than the coordinator: its successor, taking over? */
+            if (!qr__failover_successor_hello(ps, &m)) {
+                char msg[200];
+                snprintf(msg, sizeof msg, "HELLO: a coordinator's link from ps %u, but ps %d "
+                         "coordinates", m.task_index, ps->coord_index);
+                qr__peer_reply_error(p, f, QR_EINVAL, msg);
+                return;
+            }
+        } else if (qr__rollback_check_coordinator(ps, &m)) {
+            return; /* this run of the ps ends */
+        }
         ps->coordinator_lost_ns = 0;
         ps->coordinator_heard_ns = qr__now_ns(); /* its beats are due from now on */
     }
@@ -98,7 +109,7 @@ static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     if (m.set && !ps->ready && linked) {
         ps->ready = true;
         ps->step_limit = m.step;
-        if (ps->sync.on && ps->index == 0) qr__coord_ready(ps);
+        if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_ready(ps);
     }
     /* Not while a link is down: a ps may be coming back as a new run, and
      * a worker rejoining after a rollback would start training with this
@@ -151,8 +162,8 @@ static void stats_message(ps_peer *p, const qr_frame *f) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddNumberToObject(j, "ps", ps->index);
     qr__push_stats_json(ps, j);
-    if (ps->sync.on && ps->index == 0) qr__coord_stats_json(ps, j);
-    if (ps->index == 0) qr__ckpt_stats_json(ps, j);
+    if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_stats_json(ps, j);
+    if (qr__ps_coordinates(ps)) qr__ckpt_stats_json(ps, j);
     tables_stats_json(ps, j);
     qr__replica_stats_json(ps, j);
     char *text = cJSON_PrintUnformatted(j);

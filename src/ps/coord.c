@@ -258,7 +258,7 @@ static void stall_report(qr_ps *ps, char *buf, size_t len) {
     /* A ps that is gone stalls every step: the workers cannot push to it,
      * and no step can be applied without it. Say so before the workers
      * it holds up. */
-    for (int k = 1; k < ps->cluster->nps; k++) {
+    QR_EACH_OTHER_PS(ps, k) {
         uint64_t down_ns = qr__link_down_ns(ps, k);
         if (down_ns)
             ADD("; ps %d is unreachable (for %.1f s): no step can be applied without it", k,
@@ -397,7 +397,7 @@ int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     const qr_ps *ps = p->ps;
     if (!ps->sync.on)
         return qr__fail(QR_EINVAL, "%s: this ps trains in async mode", qr_msg_name(f->type));
-    if (ps->index != 0)
+    if (!qr__ps_coordinates(ps))
         return qr__fail(QR_EINVAL, "%s goes to ps 0, not ps %d", qr_msg_name(f->type), ps->index);
     return qr__peer_check_small(f, f->type == QR_MSG_COMMIT ? QR_MSG_COMMIT_LEN : QR_MSG_TOKEN_LEN);
 }

@@ -42,6 +42,7 @@
  * ps 0 accepts it and sends the view at once.
  */
 #include "ps/ps_internal.h"
+#include "wire/blocking.h"
 
 #include <string.h>
 
@@ -100,7 +101,7 @@ static void notify(ps_peer *p) {
 bool qr__failover_lost(qr_ps *ps, int k, int why) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || ps->index != 0 || k <= 0 || k >= nps) return false;
+    if (!qr__replica_on(ps) || !qr__ps_coordinates(ps) || k < 0 || k >= nps || k == ps->index) return false;
     if (r->failed[k] == QR_PS_FAILED) return true;
     const char *how = why == QR_LOST_HUNG ? "is hung (no answer to heartbeats for "
                                             "heartbeat-timeout-ms)"
@@ -155,7 +156,7 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
  * rollback). Each other ps, rolled back to view 0, is sent N + 1. */
 void qr__failover_rolled_back(qr_ps *ps, uint64_t view_before) {
     ps_replica *r = &ps->replica;
-    if (!qr__replica_on(ps) || ps->index != 0 || !view_before) return;
+    if (!qr__replica_on(ps) || !qr__ps_coordinates(ps) || !view_before) return;
     r->view = view_before + 1;
     qr__log(QR_LOG_INFO, "view %llu: every ps serves its own shard again, with its backup on "
             "the next ps (the placement of the start, after the rollback)",
@@ -178,7 +179,7 @@ void qr__failover_backup_silent(qr_ps *ps, int primary, uint64_t silent_ms) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
     int64_t timeout_ms = ps->liveness.timeout_ms;
-    if (!qr__replica_on(ps) || ps->index != 0 || ps->stopping || timeout_ms <= 0 ||
+    if (!qr__replica_on(ps) || !qr__ps_coordinates(ps) || ps->stopping || timeout_ms <= 0 ||
         silent_ms < (uint64_t)timeout_ms || primary < 0 || primary >= nps)
         return;
     int backup = (primary + 1) % nps;
@@ -186,9 +187,9 @@ void qr__failover_backup_silent(qr_ps *ps, int primary, uint64_t silent_ms) {
         (r->failed[backup] != QR_PS_ALIVE && r->failed[backup] != QR_PS_BACKUP))
         return;
     /* A backup ps 0 does not reach either is ps 0's to judge (dead or hung). */
-    if (backup != 0 && !qr__links_reaches(ps, backup)) return;
-    if (primary != 0 && !qr__links_reaches(ps, primary)) return;
-    int victim = backup != 0 ? backup : primary;
+    if (backup != ps->index && !qr__links_reaches(ps, backup)) return;
+    if (primary != ps->index && !qr__links_reaches(ps, primary)) return;
+    int victim = backup != ps->index ? backup : primary;
     qr__log(QR_LOG_ERROR, "ps %d (%s) has not reached its backup ps %d (%s) for %llu ms "
             "(heartbeat-timeout-ms %lld) while ps 0 reaches both: a partition between them; "
             "shard %d's pushes would wait for good, so ps %d is failed over (%s)", primary,
@@ -216,7 +217,7 @@ int qr__failover_hello(ps_peer *p, const qr_msg_hello *m) {
                         "copy: give every task the same --ps-replicas");
     /* ps 0 keeps the view: it tells an old one the view instead
      * (qr__failover_welcomed). */
-    if (ps->index != 0 && m->view != r->view)
+    if (!qr__ps_coordinates(ps) && m->view != r->view)
         return qr__fail(QR_EVIEW, "old view %llu, now %llu%s: ask ps 0 for the view",
                         (unsigned long long)m->view, (unsigned long long)r->view,
                         m->view > r->view ? " here (ps 0 has not told this ps yet)" : "");
@@ -230,7 +231,7 @@ int qr__failover_hello(ps_peer *p, const qr_msg_hello *m) {
 }
 
 void qr__failover_welcomed(ps_peer *p, const qr_msg_hello *m) {
-    if (m->with_view && p->ps->index == 0 && m->view < p->ps->replica.view) notify(p);
+    if (m->with_view && qr__ps_coordinates(p->ps) && m->view < p->ps->replica.view) notify(p);
 }
 
 int qr__failover_view_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
@@ -267,11 +268,97 @@ void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *met
     if (view > r->view) {
         r->view = view;
         memcpy(r->failed, failed, (size_t)nps);
-        qr__log(QR_LOG_INFO, "view %llu from ps 0", (unsigned long long)view);
+        qr__log(QR_LOG_INFO, "view %llu from ps %d", (unsigned long long)view, ps->coord_index);
         qr__failover_apply(ps);
         qr__rerep_release_hellos(ps); /* answered as of this view */
     }
     /* A copy this view started (rerep.c): answered once it is made. */
     if (qr__rerep_hold_view(p, f)) return;
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
+}
+
+/* ---- the coordinator's role moves (async, the coordinator dead) -------------- */
+
+/* Does ps k's address refuse a connection? The kernel answers at once for
+ * a process that is gone (no listener on its socket or port); a live ps,
+ * hung or not, accepts. */
+static bool refuses(qr_ps *ps, int k) {
+    qr_addr a;
+    if (qr_addr_parse(ps->cluster->ps[k], &a)) return false;
+    bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
+    int fd = qr_blocking_connect(&a, prefer_unix);
+    if (fd < 0) return true;
+    qr_blocking_close(fd);
+    return false;
+}
+
+/* The coordinator's successor takes its role: it holds the copy of the
+ * coordinator's shard, and with it the global step (coord_step). It
+ * opens the links to the other ps, watches the workers, and fails the
+ * old coordinator over as the coordinator fails over any ps: the next
+ * view, its copy promoted, VIEW to every ps and worker, the notice to
+ * the supervisor. */
+static void take_over(qr_ps *ps) {
+    ps_replica *r = &ps->replica;
+    int old = ps->coord_index;
+    uint64_t gone_ms = (qr__now_ns() - ps->coordinator_lost_ns) / 1000000;
+    ps->coord_index = ps->index;
+    ps->coordinator_lost_ns = 0;
+    ps->coordinator = ps->incarnation;
+    if (r->coord_step > ps->global_step) ps->global_step = r->coord_step;
+    /* The chief said READY to the old coordinator; its workers are past it. */
+    ps->ready = true;
+    qr__log(QR_LOG_WARN, "ps %d (%s), the coordinator, is gone (its links lost %llu ms ago, its "
+            "address refusing): this ps, which holds the copy of its shard, coordinates the "
+            "cluster from now on, at global step %lld", old, ps->cluster->ps[old],
+            (unsigned long long)gone_ms, (long long)ps->global_step);
+    int rc = qr__liveness_coordinate(ps);
+    if (!rc) rc = qr__bound_init(ps);
+    if (!rc && ps->cluster->nps > 1) rc = qr__links_init(ps, qr__rollback_check_link);
+    if (rc) {
+        char why[400];
+        snprintf(why, sizeof why, "taking over as the coordinator: %s", qr_last_error());
+        qr__ps_ask_abort(ps, rc, why);
+        return;
+    }
+    ps->sync.on_lost_ps = qr__failover_lost;
+    ps->sync.on_beat = qr__failover_beat_answer;
+    qr__links_drop(ps, old);
+    qr__failover_lost(ps, old, QR_LOST_DEAD);
+}
+
+bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
+    ps_replica *r = &ps->replica;
+    int c = ps->coord_index, nps = ps->cluster->nps;
+    /* Async and without checkpoints only, for now (REPLICATION.md): a sync
+     * step's coordinator state and a checkpoint's are not on the copy. */
+    if (!qr__replica_on(ps) || ps->sync.on || ps->ckpt.dir || ps->stopping || nps < 2 ||
+        qr__ps_coordinates(ps) || ps->index != (c + 1) % nps || r->primary != c || !r->failed ||
+        r->failed[ps->index] != QR_PS_ALIVE || r->failed[c] != QR_PS_ALIVE)
+        return false;
+    /* Lost, not back within two watch periods, and refusing: dead. */
+    if (!ps->coordinator || !ps->coordinator_lost_ns ||
+        now - ps->coordinator_lost_ns < 500000000ull || !refuses(ps, c))
+        return false;
+    take_over(ps);
+    return true;
+}
+
+bool qr__failover_successor_hello(qr_ps *ps, const qr_msg_hello *m) {
+    int c = ps->coord_index, nps = ps->cluster->nps;
+    if (!qr__replica_on(ps) || ps->sync.on || m->task_index != (uint32_t)((c + 1) % nps))
+        return false;
+    qr__log(QR_LOG_WARN, "ps %u (%s) coordinates the cluster from now on: ps %d (%s), the "
+            "coordinator, is gone and ps %u holds the copy of its shard", m->task_index,
+            ps->cluster->ps[m->task_index], c, ps->cluster->ps[c], m->task_index);
+    ps->coord_index = (int)m->task_index;
+    ps->coordinator = m->incarnation;
+    /* A link of the old coordinator still open (a stopped one): it is
+     * failed over; nothing it sends counts. */
+    for (ps_peer *p = ps->peers; p; p = p->next)
+        if (p->role == QR_ROLE_COORDINATOR) {
+            p->role = 0;
+            qr_conn_close(p->conn);
+        }
+    return true;
 }

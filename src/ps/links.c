@@ -72,7 +72,7 @@ static const qr_conn_events link_events;
 static void link_connect(coord_link *l);
 
 static coord_link *link_of(qr_ps *ps, int index) {
-    return &ps->sync.links[index - 1];
+    return &ps->sync.links[index];
 }
 
 static void link_send_status(coord_link *l, uint8_t type, int status, const qr_wbuf *meta) {
@@ -166,7 +166,8 @@ static void on_link_connected(qr_conn *c, int status) {
     qr_ps *ps = l->ps;
     l->heard_ns = qr__now_ns(); /* its HELLO's answer is due within heartbeat-timeout-ms */
     qr_wbuf meta = {0};
-    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR, .mode = ps->sync.on,
+    qr_msg_put_hello(&meta, &(qr_msg_hello){.role = QR_ROLE_COORDINATOR,
+                                            .task_index = (uint32_t)ps->index, .mode = ps->sync.on,
                                             .incarnation = ps->incarnation,
                                             .restored_step = ps->ckpt.restored_step,
                                             .cause = ps->cause});
@@ -361,18 +362,18 @@ static const qr_conn_events link_events = {.connected = on_link_connected,
 int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome) {
     ps_sync *s = &ps->sync;
     s->on_welcome = on_welcome;
-    int nlinks = ps->cluster->nps - 1;
-    s->links = qr__calloc((size_t)QR_MAX(nlinks, 1), sizeof *s->links);
+    /* one a ps, indexed by it; the coordinator's own is never made */
+    s->links = qr__calloc((size_t)ps->cluster->nps, sizeof *s->links);
     if (!s->links) return QR_ENOMEM;
-    for (int i = 0; i < nlinks; i++) {
+    QR_EACH_OTHER_PS(ps, i) {
         coord_link *l = &s->links[i];
         l->ps = ps;
-        l->index = i + 1;
+        l->index = i;
         l->apply_step = -1;
         uv_timer_init(&ps->loop, &l->retry);
         l->retry.data = l;
         uv_unref((uv_handle_t *)&l->retry); /* a retry never keeps the ps alive by itself */
-        int rc = qr_addr_parse(ps->cluster->ps[i + 1], &l->addr);
+        int rc = qr_addr_parse(ps->cluster->ps[i], &l->addr);
         if (rc) return rc;
         link_connect(l);
     }
@@ -380,13 +381,16 @@ int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome) {
 }
 
 bool qr__links_all_up(const qr_ps *ps) {
-    for (int i = 0; qr__ps_has_links(ps) && i < ps->cluster->nps - 1; i++)
-        if (!ps->sync.links[i].up && !ps->sync.links[i].dropped) return false;
+    if (!qr__ps_has_links(ps)) return true;
+    QR_EACH_OTHER_PS(ps, k) {
+        if (!ps->sync.links[k].up && !ps->sync.links[k].dropped) return false;
+    }
     return true;
 }
 
 void qr__links_view(qr_ps *ps) {
-    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+    if (!qr__ps_has_links(ps)) return;
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (l->dropped) continue;
         l->view_wanted = true;
@@ -395,24 +399,31 @@ void qr__links_view(qr_ps *ps) {
 }
 
 bool qr__links_reaches(qr_ps *ps, int k) {
-    if (!qr__ps_has_links(ps) || k <= 0 || k >= ps->cluster->nps) return false;
+    if (!qr__ps_has_links(ps) || k < 0 || k >= ps->cluster->nps || k == ps->coord_index)
+        return false;
     const coord_link *l = link_of(ps, k);
     uint64_t timeout_ns = (uint64_t)ps->liveness.timeout_ms * 1000000ull;
     return l->up && !l->hung && !l->dropped && !l->closing &&
            qr__now_ns() - l->heard_ns < timeout_ns;
 }
 
+void qr__links_drop(qr_ps *ps, int k) {
+    if (qr__ps_has_links(ps) && k >= 0 && k < ps->cluster->nps && k != ps->coord_index)
+        drop(link_of(ps, k));
+}
+
 bool qr__links_fail(qr_ps *ps, int k, int why) {
-    if (!qr__ps_has_links(ps) || k <= 0 || k >= ps->cluster->nps) return false;
+    if (!qr__ps_has_links(ps) || k < 0 || k >= ps->cluster->nps || k == ps->coord_index)
+        return false;
     return failed_over(link_of(ps, k), why);
 }
 
 uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
-    return ps->sync.links[index - 1].down_ns;
+    return ps->sync.links[index].down_ns;
 }
 
 void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb) {
-    for (int k = 1; k < ps->cluster->nps; k++) {
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         l->apply_step = step;
         l->apply_cb = cb;
@@ -430,9 +441,11 @@ void qr__link_apply_again(qr_ps *ps, int k, int64_t step) {
 }
 
 void qr__links_release(qr_ps *ps, uint32_t worker, uint32_t seq) {
+    if (!qr__ps_has_links(ps)) return;
     qr_wbuf meta = {0};
     qr_msg_put_member(&meta, worker, seq);
-    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+    if (!qr__ps_has_links(ps)) return;
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (l->dropped) continue;
         /* A link down loses it: that ps then answers after the step. */
@@ -451,7 +464,8 @@ void qr__link_ckpt(qr_ps *ps, int index, const qr_wbuf *meta, qr_link_ckpt_cb cb
 }
 
 void qr__links_stop_all(qr_ps *ps) {
-    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+    if (!qr__ps_has_links(ps)) return;
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (l->dropped) continue; /* failed over: nothing to tell */
         l->stop_wanted = true;
@@ -506,7 +520,7 @@ static void beat_or_declare_hung(coord_link *l, uint64_t now) {
 void qr__links_watch(qr_ps *ps) {
     if (!qr__ps_has_links(ps) || ps->stopping) return;
     uint64_t now = qr__now_ns();
-    for (int k = 1; k < ps->cluster->nps; k++) {
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (l->dropped) continue;
         beat_or_declare_hung(l, now);
@@ -541,7 +555,8 @@ void qr__links_stop_one(qr_ps *ps, int k) {
 }
 
 bool qr__links_busy(qr_ps *ps) {
-    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+    if (!qr__ps_has_links(ps)) return false;
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (l->stop_wanted && !l->closing) return true;
     }
@@ -550,7 +565,8 @@ bool qr__links_busy(qr_ps *ps) {
 
 /* The stop: links with no STOP to deliver close now. */
 void qr__links_stop(qr_ps *ps) {
-    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+    if (!qr__ps_has_links(ps)) return;
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (!l->stop_wanted) {
             l->closing = true;
@@ -565,7 +581,8 @@ static void on_closed(uv_handle_t *h) {
 }
 
 void qr__links_close(qr_ps *ps) {
-    for (int k = 1; qr__ps_has_links(ps) && k < ps->cluster->nps; k++) {
+    if (!qr__ps_has_links(ps)) return;
+    QR_EACH_OTHER_PS(ps, k) {
         coord_link *l = link_of(ps, k);
         if (!l->ps) continue; /* never made (links_init failed before it) */
         l->closing = true;

@@ -205,7 +205,8 @@ static void on_watch(uv_timer_t *t) {
     bool was_away = l->watch_ns && now - l->watch_ns >= 2ull * WATCH_PERIOD_MS * 1000000ull;
     l->watch_ns = now;
     if (was_away) return;
-    if (ps->index != 0) {
+    if (!qr__ps_coordinates(ps) && qr__failover_successor_watch(ps, now)) return;
+    if (!qr__ps_coordinates(ps)) {
         watch_coordinator(ps, now);
         return;
     }
@@ -229,18 +230,23 @@ static void on_watch(uv_timer_t *t) {
     }
 }
 
+int qr__liveness_coordinate(qr_ps *ps) {
+    ps_liveness *l = &ps->liveness;
+    if (l->beat_ns) return QR_OK;
+    int n = QR_MAX(ps->cluster->nworkers, 1);
+    l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
+    l->hung = qr__calloc((size_t)n, sizeof *l->hung);
+    l->finished = qr__calloc((size_t)n, sizeof *l->finished);
+    l->nfinished = 0;
+    if (!l->beat_ns || !l->hung || !l->finished) return QR_ENOMEM;
+    return QR_OK;
+}
+
 int qr__liveness_init(qr_ps *ps) {
     ps_liveness *l = &ps->liveness;
     l->timeout_ms = qr__config_int(ps->cfg, "heartbeat-timeout-ms");
     l->beat_ms = qr__config_int(ps->cfg, "heartbeat-ms");
-    if (ps->index == 0) {
-        int n = QR_MAX(ps->cluster->nworkers, 1);
-        l->beat_ns = qr__calloc((size_t)n, sizeof *l->beat_ns);
-        l->hung = qr__calloc((size_t)n, sizeof *l->hung);
-        l->finished = qr__calloc((size_t)n, sizeof *l->finished);
-        l->nfinished = 0;
-        if (!l->beat_ns || !l->hung || !l->finished) return QR_ENOMEM;
-    }
+    if (qr__ps_coordinates(ps) && qr__liveness_coordinate(ps)) return QR_ENOMEM;
     uv_timer_init(&ps->loop, &l->timer);
     l->timer.data = ps;
     l->timer_on = true;
@@ -321,7 +327,7 @@ void qr__liveness_end_if_finished(qr_ps *ps) {
 void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_liveness *l = &ps->liveness;
-    if (ps->index != 0 || p->role != QR_ROLE_WORKER || !l->finished) {
+    if (!qr__ps_coordinates(ps) || p->role != QR_ROLE_WORKER || !l->finished) {
         qr__peer_reply_error(p, f, QR_EINVAL, "LEAVE: a worker says it has finished to ps 0, "
                              "after its HELLO");
         return;
@@ -338,7 +344,7 @@ void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 }
 
 int qr__liveness_beat_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    if (p->ps->index != 0 && p->role != QR_ROLE_COORDINATOR)
+    if (!qr__ps_coordinates(p->ps) && p->role != QR_ROLE_COORDINATOR)
         return qr__fail(QR_EINVAL, "BEAT goes to ps 0 (a worker's), or from ps 0's link");
     return qr__peer_check_small(f, QR_MSG_BEAT_LEN);
 }

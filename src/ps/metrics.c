@@ -112,7 +112,7 @@ static void render_requests(const qr_ps *ps, FILE *f) {
                    "Time from a request's header arriving to its answer being queued.");
     qr_prom_histogram(f, "quorum_request_seconds", "op=\"push\"", &m->push_latency);
     qr_prom_histogram(f, "quorum_request_seconds", "op=\"pull\"", &m->pull_latency);
-    if (ps->sync.on && ps->index == 0)
+    if (ps->sync.on && qr__ps_coordinates(ps))
         family(f, "quorum_stale_gradients_dropped_total", "counter",
                "Synchronous gradients dropped as stale.", (double)ps->sync.stale_commits);
 }
@@ -244,12 +244,12 @@ static void render_connections(const qr_ps *ps, FILE *f) {
 /* The whole page, one metric family after another in a fixed order. */
 static void render(qr_ps *ps, FILE *f) {
     family(f, "quorum_ps_up", "gauge", "This quorum ps task is serving (always 1).", 1);
-    if (ps->index == 0)
+    if (qr__ps_coordinates(ps))
         family(f, "quorum_global_step", "gauge", "The global step (ps 0 holds it).",
                (double)ps->global_step);
     render_requests(ps, f);
     if (ps->metrics.worker_seen_ns) render_workers(ps, f);
-    if (ps->ckpt.dir && ps->index == 0) render_checkpoints(ps, f);
+    if (ps->ckpt.dir && qr__ps_coordinates(ps)) render_checkpoints(ps, f);
     family(f, "quorum_variables_bytes", "gauge", "Bytes of the variables held here.",
            (double)ps->store.bytes);
     render_tables(ps, f);
@@ -305,7 +305,7 @@ static void serve(FILE *f, void *ctx) {
 int qr__metrics_init(qr_ps *ps) {
     ps_metrics *m = &ps->metrics;
     int port = (int)qr__config_int(ps->cfg, "metrics-port");
-    if (ps->index == 0) {
+    if (qr__ps_coordinates(ps)) {
         m->worker_seen_ns = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *m->worker_seen_ns);
         m->worker_step = qr__calloc((size_t)QR_MAX(ps->cluster->nworkers, 1), sizeof *m->worker_step);
         if (!m->worker_seen_ns || !m->worker_step) return QR_ENOMEM;

@@ -574,6 +574,12 @@ struct qr_ps {
     /* Everything from here on is made anew by a rollback. */
     uv_timer_t linger_timer;
     int index;
+    /* The ps that coordinates the cluster (the global step, the view, the
+     * workers' liveness, the stop, sync steps and checkpoints): ps 0.
+     * Named apart from `index == 0` so that the role can move to the ps
+     * that serves shard 0 after ps 0 fails over (docs/REPLICATION.md,
+     * "ps 0's coordinator failover"); no code moves it yet. */
+    int coord_index;
     uint64_t incarnation;  /* this run of the ps: new at every start and rollback */
     uint64_t follows;      /* ps k: the coordinator incarnation whose rollback made this run (0: none) */
     uint64_t coordinator;  /* ps k: the coordinator incarnation it met (0: none yet) */
@@ -662,6 +668,16 @@ struct qr_ps {
     /* rerep.c: the VIEW from ps 0 that started a copy, answered once it is made */
     ps_rerep_report rerep;
 };
+
+/* Does this ps coordinate the cluster (qr_ps.coord_index)? */
+static inline bool qr__ps_coordinates(const qr_ps *ps) {
+    return ps->index == ps->coord_index;
+}
+/* For each ps k but the coordinator (the ps its links go to). */
+#define QR_EACH_OTHER_PS(ps, k)                                                                    \
+    for (int k = 0; k < (ps)->cluster->nps; k++)                                                   \
+        if (k == (ps)->coord_index) {                                                              \
+        } else
 
 /* ps-replicas 2: this ps forwards what it applies to its backup. */
 static inline bool qr__replica_on(const qr_ps *ps) {
@@ -997,8 +1013,11 @@ const char *qr__ps_stop_reason(const qr_ps *ps);
  * every HELLO's answer goes to on_welcome. */
 int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome);
 static inline bool qr__ps_has_links(const qr_ps *ps) {
-    return ps->index == 0 && ps->sync.links != NULL;
+    return qr__ps_coordinates(ps) && ps->sync.links != NULL;
 }
+/* The link to ps k is given up for good (a coordinator taking over from
+ * ps k): it only watches for a replacement, as a failed-over ps's. */
+void qr__links_drop(qr_ps *ps, int k);
 /* Every link is up: connected and its HELLO answered (but those failed over). */
 bool qr__links_all_up(const qr_ps *ps);
 /* STOP to ps k alone (its link stays until it is delivered): a
@@ -1207,6 +1226,9 @@ void qr__metrics_request(ps_peer *p, const qr_frame *f);
 
 /* liveness.c */
 int qr__liveness_init(qr_ps *ps);
+/* This ps coordinates (from its start, or since it took the role over):
+ * what it keeps of each worker's heartbeats and LEAVE. */
+int qr__liveness_coordinate(qr_ps *ps);
 void qr__liveness_close(qr_ps *ps);
 void qr__liveness_free(qr_ps *ps);
 int qr__liveness_beat_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -381,6 +381,15 @@ static int apply_item(qr_ps *ps, push_item *it, push_apply *a) {
 
 /* ---- count ---------------------------------------------------------------- */
 
+/* p's step pushes count the global step: it is the coordinator's link
+ * for shard 0 (the shard workers send their step pushes to), served by
+ * ps 0 or, since ps 0 failed over, by its successor's promoted copy. */
+static bool counts_global_step(const ps_peer *p) {
+    const qr_ps *ps = p->ps;
+    if (!qr__ps_coordinates(ps)) return false;
+    return p->promoted_shard ? ps->replica.primary == 0 : ps->index == 0;
+}
+
 /* A step push was applied: the steps applied here (Adam's t, the lr
  * schedule), the moving averages, and on ps 0 the global step. */
 static int count_step(ps_peer *p) {
@@ -393,7 +402,7 @@ static int count_step(ps_peer *p) {
         if (!p->items[i].var->table && !p->items[i].var->non_trainable &&
             qr_var_update_average(p->items[i].var, ps->average_decay, *steps))
             return qr__fail(QR_ENOMEM, "out of memory updating an average");
-    if (ps->index == 0 && !p->promoted_shard) {
+    if (counts_global_step(p)) {
         ps->global_step++;
         qr__bound_count_step(ps, p->push_worker);
         qr__ckpt_step_done(ps);
@@ -529,10 +538,10 @@ void qr__push_message(ps_peer *p, const qr_frame *f) {
     }
     bool values = f->flags & QR_PUSH_REPLY_VALUES;
     a.ack_first = can_ack_first(p) && !values && !qr__replica_on(ps);
-    if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && ps->index == 0));
+    if (a.ack_first) qr__peer_reply_step(p, f, ps->global_step + (step && counts_global_step(p)));
     bool forwarded = forward_before_apply(p, &a);
     if (forwarded) /* with the step count_step makes */
-        forward(p, f, &a, ps->global_step + (step && ps->index == 0 && !p->promoted_shard));
+        forward(p, f, &a, ps->global_step + (step && counts_global_step(p)));
     int rc = QR_OK;
     for (int i = 0; i < p->nitems && !rc; i++)
         if (!p->items[i].skip) rc = apply_item(ps, &p->items[i], &a);

@@ -255,7 +255,7 @@ static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
  * test_replication_ckpt.py both_lost, about one run in 40 under ASan.) */
 static bool rolled_back_alike(const repl_link *L, const qr_msg_welcome *w) {
     const qr_ps *ps = L->ps;
-    uint64_t leader = ps->index == 0 ? ps->incarnation : ps->coordinator;
+    uint64_t leader = qr__ps_coordinates(ps) ? ps->incarnation : ps->coordinator;
     return !L->copy && L->acked == 0 && L->snapshot_fwd == 0 && w->follows != 0 &&
            w->follows == leader && w->restored_step == ps->ckpt.restored_step;
 }
@@ -406,6 +406,11 @@ static void log_digests(qr_ps *ps) {
             (unsigned long long)r->view,
             r->failed[ps->index] != QR_PS_ALIVE ? "; a replacement: its shard served by its backup"
             : r->link.gone ? "; its backup failed" : "");
+    if (qr__ps_coordinates(ps) && !ps->sync.on)
+        qr__log(QR_LOG_INFO, "the coordinator's global step: %lld", (long long)ps->global_step);
+    if (r->primary == ps->coord_index && !ps->sync.on)
+        qr__log(QR_LOG_INFO, "the coordinator's global step, as its shard's forwards tell "
+                "this copy: %lld", (long long)r->coord_step);
     if (r->lag)
         qr__log(QR_LOG_INFO, "replication-lag %llu: %llu pushes answered before the backup had "
                 "applied them, at most %llu forwards behind", (unsigned long long)r->lag,

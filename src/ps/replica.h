@@ -101,6 +101,11 @@ typedef struct ps_replica {
     uint64_t applied;      /* forwards applied */
     repl_last *backup_last; /* [workers]: the primary's record, as forwarded */
     int64_t copy_steps;    /* the primary's steps applied (Adam's t), as forwarded */
+    /* the copy of the coordinator's shard (async): the global step the
+     * coordinator answered its last step push with, as forwarded; what
+     * a successor coordinator goes on from (REPLICATION.md, "ps 0's
+     * coordinator failover") */
+    int64_t coord_step;
     /* a replacement (rerep.c): its own shard's copy, fed by the ps that
      * serves it (ps `backup`, promoted), on a link of its own */
     uint64_t own_incarnation, own_applied_fwd;
@@ -140,6 +145,14 @@ typedef struct ps_rerep_report {
 /* ps 0: ps k is dead or hung: true if it is failed over (the view moves;
  * qr_link_lost_cb). */
 bool qr__failover_lost(qr_ps *ps, int k, int why);
+/* The coordinator's successor (the ps after it, which holds the copy of
+ * its shard), from its watch: the coordinator lost and dead (its address
+ * refusing)? Then it takes the coordinator's role and fails it over
+ * (async, without --checkpoint-dir). True if it did. */
+bool qr__failover_successor_watch(qr_ps *ps, uint64_t now);
+/* ps k: a coordinator's HELLO from another ps than the coordinator: its
+ * successor, taking over? (true: followed from now on) */
+bool qr__failover_successor_hello(qr_ps *ps, const qr_msg_hello *m);
 /* ps 0's run after a rollback: the view of the start, numbered after
  * view_before (the run before's last). */
 void qr__failover_rolled_back(qr_ps *ps, uint64_t view_before);

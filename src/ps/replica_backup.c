@@ -335,6 +335,8 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         } else {
             r->copy_steps = steps;
             r->copy_pushes++;
+            if ((h->flags & QR_PUSH_STEP) && r->primary == ps->coord_index)
+                r->coord_step = QR_MAX(r->coord_step, h->answer);
         }
     }
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);

@@ -111,7 +111,7 @@ static ckpt_shard_ctx shard_ctx(qr_ps *ps, qr_store *store, int shard, int64_t s
                             .nworkers = ps->cluster->nworkers, .sync = false,
                             .applied_steps = steps, .average_decay = ps->average_decay,
                             .incarnation = ps->incarnation,
-                            .coordinator = ps->index == 0 ? ps->incarnation : ps->coordinator};
+                            .coordinator = qr__ps_coordinates(ps) ? ps->incarnation : ps->coordinator};
 }
 
 static void snapshot_free(void *owner) {
@@ -234,7 +234,7 @@ void qr__rerep_acked(repl_link *L) {
             L->target);
     int bit = L->copy ? 1 : 2; /* its own shard, or its neighbour's */
     ps_rerep_report *rep = &ps->rerep;
-    if (ps->index == 0) {
+    if (qr__ps_coordinates(ps)) {
         copied(ps, L->target, bit);
     } else if (rep->peer) {
         qr_wbuf out = {0};
@@ -261,7 +261,7 @@ static void advance(qr_ps *ps) {
 bool qr__rerep_joined(qr_ps *ps, int k) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || ps->index != 0 || r->failed[k] != QR_PS_FAILED) return false;
+    if (!qr__replica_on(ps) || !qr__ps_coordinates(ps) || r->failed[k] != QR_PS_FAILED) return false;
     int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
     if (r->failed[next] != QR_PS_ALIVE || r->failed[prev] == QR_PS_FAILED ||
         r->failed[prev] == QR_PS_JOINING) {
@@ -521,6 +521,7 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
         r->copy_steps = steps;
         r->copy_pushes = pushes;
         r->applied_fwd = fwd;
+        if (r->primary == ps->coord_index) r->coord_step = QR_MAX(r->coord_step, counters[0]);
     }
     double load_ms = (double)(qr__now_ns() - t0) / 1e6;
     char digest[64];
@@ -583,8 +584,8 @@ void qr__rerep_close(qr_ps *ps) {
 
 void qr__rerep_stop(qr_ps *ps) {
     ps_replica *r = &ps->replica;
-    if (!qr__replica_on(ps) || ps->index != 0 || !r->failed) return;
-    for (int k = 1; k < ps->cluster->nps; k++)
+    if (!qr__replica_on(ps) || !qr__ps_coordinates(ps) || !r->failed) return;
+    QR_EACH_OTHER_PS(ps, k)
         if (r->failed[k] == QR_PS_JOINING || r->failed[k] == QR_PS_BACKUP)
             qr__links_stop_one(ps, k);
 }
@@ -594,7 +595,7 @@ void qr__rerep_stop(qr_ps *ps) {
 bool qr__rerep_hold_hello(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_ps *ps = p->ps;
     ps_replica *r = &ps->replica;
-    if (!qr__replica_on(ps) || ps->index == 0 || r->ever_up || r->view ||
+    if (!qr__replica_on(ps) || qr__ps_coordinates(ps) || r->ever_up || r->view ||
         ps->stopping || p->role || f->meta_len > sizeof p->held_meta)
         return false;
     qr_rbuf rb;

@@ -78,7 +78,7 @@ static void push_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     /* ps 0's own part goes to its coordinator; the part of a shard it
      * serves from its copy since a failover (--ps-replicas 2) is held as
      * any ps k holds one. */
-    if (held && p->ps->index == 0 && !p->promoted_shard) qr__coord_held_push(p, f);
+    if (held && qr__ps_coordinates(p->ps) && !p->promoted_shard) qr__coord_held_push(p, f);
     else if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
     else qr__push_message(p, f);
 }
@@ -330,9 +330,9 @@ static void on_lost(qr_conn *c, int status) {
         qr__liveness_worker_gone(ps, p->worker_index);
     }
     if (p->role == QR_ROLE_COORDINATOR) qr__liveness_coordinator_lost(ps);
-    if (ps->sync.on && ps->index == 0) qr__coord_peer_lost(p);
+    if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_peer_lost(p);
     if (ps->sync.on) qr__sync_peer_lost(p);
-    if (!ps->sync.on && ps->index == 0) qr__bound_peer_lost(p);
+    if (!ps->sync.on && qr__ps_coordinates(ps)) qr__bound_peer_lost(p);
     qr__replica_peer_lost(p);
     qr__rerep_peer_lost(p);
     if (p->prev) p->prev->next = p->next;
@@ -362,7 +362,7 @@ static void close_run_handles(qr_ps *ps) {
     qr__metrics_close(ps);
     qr__links_close(ps);
     qr__replica_close(ps);
-    if (ps->sync.on && ps->index == 0) qr__coord_close(ps);
+    if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_close(ps);
     qr__bound_close(ps);
     if (!uv_is_closing((uv_handle_t *)&ps->linger_timer))
         uv_close((uv_handle_t *)&ps->linger_timer, on_handle_closed);
@@ -401,10 +401,10 @@ static void begin_stop(qr_ps *ps) {
     qr__rerep_stop(ps);
     qr__links_stop(ps);
     qr__replica_stop(ps);
-    if (ps->sync.on && ps->index == 0) qr__coord_stop(ps);
+    if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_stop(ps);
     if (ps->sync.on)
         qr__sync_stop(ps, ps->exit_status ? ps->exit_status : QR_ESTOPPED, qr__ps_stop_reason(ps));
-    if (!ps->sync.on && ps->index == 0) qr__bound_stop(ps);
+    if (!ps->sync.on && qr__ps_coordinates(ps)) qr__bound_stop(ps);
     qr_listener_close(ps->listener);
     ps->listener = NULL;
     /* Workers hear it now, not at their next request: one waiting for
@@ -568,7 +568,7 @@ static uint64_t new_incarnation(void) {
 /* Free what one run of the ps holds, once its loop has run out; the
  * loop, the stop async, the cluster and the options stay. */
 static void free_run(qr_ps *ps) {
-    if (ps->sync.on && ps->index == 0) qr__coord_free(ps);
+    if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_free(ps);
     qr__sync_free(ps);
     qr__bound_free(ps);
     qr__links_free(ps);
@@ -595,6 +595,7 @@ static void free_run(qr_ps *ps) {
  * caller closes what was made (qr_ps_free). */
 static int start_run(qr_ps *ps) {
     ps->index = ps->cluster->task_index;
+    ps->coord_index = 0;
     ps->incarnation = new_incarnation();
     snprintf(ps->name, sizeof ps->name, "ps %d", ps->index);
     qr_store_init(&ps->store);
@@ -610,11 +611,11 @@ static int start_run(qr_ps *ps) {
     if (!rc) rc = qr__replica_init(ps);
     if (!rc) rc = qr__ckpt_init(ps);
     if (!rc) rc = qr__tier_init(ps); /* after a restore: spills what exceeds the cap */
-    if (!rc && ps->sync.on && ps->index == 0) rc = qr__coord_init(ps);
-    if (!rc && !ps->sync.on && ps->index == 0) rc = qr__bound_init(ps);
-    if (!rc && ps->index == 0 && ps->cluster->nps > 1)
+    if (!rc && ps->sync.on && qr__ps_coordinates(ps)) rc = qr__coord_init(ps);
+    if (!rc && !ps->sync.on && qr__ps_coordinates(ps)) rc = qr__bound_init(ps);
+    if (!rc && qr__ps_coordinates(ps) && ps->cluster->nps > 1)
         rc = qr__links_init(ps, qr__rollback_check_link);
-    if (!rc && ps->index == 0 && ps->cluster->nps > 1 && qr__replica_on(ps)) {
+    if (!rc && qr__ps_coordinates(ps) && ps->cluster->nps > 1 && qr__replica_on(ps)) {
         ps->sync.on_lost_ps = qr__failover_lost;
         ps->sync.on_beat = qr__failover_beat_answer;
     }

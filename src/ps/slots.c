@@ -62,7 +62,7 @@ static int check_step(const qr_ps *ps, const ps_peer *p, int64_t step) {
         return qr__fail(QR_EINVAL, "SLOTS: the step is set by the chief (worker 0), not %s",
                         p->role == QR_ROLE_WORKER ? "another worker" : "this peer");
     if (step < 0) return qr__fail(QR_EINVAL, "SLOTS: step %lld is negative", (long long)step);
-    bool at_it = ps->applied_steps == step && (ps->index != 0 || ps->global_step == step);
+    bool at_it = ps->applied_steps == step && (!qr__ps_coordinates(ps) || ps->global_step == step);
     if (at_it) return QR_OK;
     bool fresh = ps->applied_steps == 0 && ps->global_step == 0 && s->step == 0 &&
                  !s->pending && !s->nquorum && !s->applying && !s->waiters && !ps->fused;
@@ -70,7 +70,7 @@ static int check_step(const qr_ps *ps, const ps_peer *p, int64_t step) {
         return qr__fail(QR_EINVAL, "SLOTS: the step can be set only before the first push of a "
                         "new cluster: %s is at step %lld (%lld applied here); load the state "
                         "before training, or restore the cluster's own checkpoint", ps->name,
-                        (long long)(ps->index == 0 ? ps->global_step : ps->applied_steps),
+                        (long long)(qr__ps_coordinates(ps) ? ps->global_step : ps->applied_steps),
                         (long long)ps->applied_steps);
     return QR_OK;
 }
@@ -184,7 +184,7 @@ static void write_message(ps_peer *p, const qr_frame *f, qr_var *v, const char *
         return;
     }
     if (check_only) {
-        qr__peer_reply_step(p, f, ps->index == 0 ? ps->global_step : ps->applied_steps);
+        qr__peer_reply_step(p, f, qr__ps_coordinates(ps) ? ps->global_step : ps->applied_steps);
         return;
     }
     /* A checkpoint still reading the old state keeps it; a reply still
@@ -200,7 +200,7 @@ static void write_message(ps_peer *p, const qr_frame *f, qr_var *v, const char *
     }
     memcpy(data, src, (size_t)n * sizeof *data);
     if (!len) v->version++; /* a gradient of the old value is now stale */
-    qr__peer_reply_step(p, f, ps->index == 0 ? ps->global_step : ps->applied_steps);
+    qr__peer_reply_step(p, f, qr__ps_coordinates(ps) ? ps->global_step : ps->applied_steps);
 }
 
 static void step_message(ps_peer *p, const qr_frame *f, int64_t step) {
@@ -214,7 +214,7 @@ static void step_message(ps_peer *p, const qr_frame *f, int64_t step) {
     if (!(f->flags & QR_SLOTS_CHECK_ONLY) && ps->applied_steps != step) {
         ps->applied_steps = step;
         ps->sync.step = step;
-        if (ps->index == 0) {
+        if (qr__ps_coordinates(ps)) {
             ps->global_step = step;
             ps->ckpt.started_step = step; /* checkpoint-steps count on from it */
             if (ps->sync.on) qr__coord_set_step(ps, step);
@@ -222,7 +222,7 @@ static void step_message(ps_peer *p, const qr_frame *f, int64_t step) {
         qr__log(QR_LOG_INFO, "the step is set to %lld by the chief (a loaded optimizer state)",
                 (long long)step);
     }
-    qr__peer_reply_step(p, f, ps->index == 0 ? ps->global_step : ps->applied_steps);
+    qr__peer_reply_step(p, f, qr__ps_coordinates(ps) ? ps->global_step : ps->applied_steps);
 }
 
 void qr__slots_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {

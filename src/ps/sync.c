@@ -254,12 +254,12 @@ static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t s
                              int status, const char *why, bool copy) {
     ps_peer *c = ps->peers;
     while (c && c->role != QR_ROLE_COORDINATOR) c = c->next;
-    if (!c && ps->index != 0) return;
+    if (!c && !qr__ps_coordinates(ps)) return;
     qr_wbuf meta = {0};
     qr_msg_put_held(&meta, &(qr_msg_held){.worker = worker, .seq = seq, .local_step = step,
                                           .status = status});
     if (status && status != QR_ESTALE && why) qr_wbuf_bytes(&meta, why, strlen(why));
-    if (ps->index == 0) {
+    if (qr__ps_coordinates(ps)) {
         /* ps 0 serving the copy of the last ps's shard (a failover): its
          * coordinator hears it as that shard's HELD. */
         if (copy && !meta.oom && ps->sync.on_held)
@@ -412,7 +412,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
 
 void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg) {
     if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on ||
-        (p->ps->index == 0 && !p->promoted_shard))
+        (qr__ps_coordinates(p->ps) && !p->promoted_shard))
         return;
     tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg, p->promoted_shard);
 }

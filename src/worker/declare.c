@@ -403,8 +403,9 @@ int qr_worker_initialize(qr_worker *w) {
     else w->initialized = true;
     int64_t beat_ms = qr__config_int(w->cfg, "heartbeat-ms");
     if (!rc && beat_ms > 0 && !w->heartbeat)
-        rc = qr_heartbeat_start(&w->heartbeat, w->cluster->ps[0], w->prefer_unix, w->index,
-                                (int)beat_ms, w->auth, w->conn_opt.handshake_timeout_ms);
+        rc = qr_heartbeat_start(&w->heartbeat, w->cluster->ps[w->links[0].target], /* the coordinator */
+                                w->prefer_unix, w->index, (int)beat_ms, w->auth,
+                                w->conn_opt.handshake_timeout_ms);
     return rc;
 }
 

@@ -1,6 +1,8 @@
 /*
- * heartbeat.c - a worker's heartbeat to ps 0: BEAT(worker) every
- * heartbeat-ms, from a thread of its own, on a connection of its own.
+ * heartbeat.c - a worker's heartbeat to the coordinator (ps 0, or its
+ * successor once ps 0 failed over: qr_heartbeat_move): BEAT(worker)
+ * every heartbeat-ms, from a thread of its own, on a connection of its
+ * own.
  *
  * Why a thread: the worker library has no I/O thread (its loop runs only
  * inside the caller's calls), and a worker computing a long batch sends
@@ -32,6 +34,8 @@ struct qr_heartbeat {
     pthread_cond_t cond;
     bool stop;
     qr_addr addr;
+    qr_addr moved_to;     /* the coordinator's address since it moved (under mu) */
+    bool moved;
     bool prefer_unix;
     uint32_t worker;
     int period_ms;
@@ -81,6 +85,12 @@ static void *hb_main(void *arg) {
     qr_heartbeat *h = arg;
     pthread_mutex_lock(&h->mu);
     while (!h->stop) {
+        if (h->moved) { /* beats go to the new coordinator from now on */
+            h->moved = false;
+            h->addr = h->moved_to;
+            if (h->fd >= 0) qr_blocking_close(h->fd);
+            h->fd = -1;
+        }
         pthread_mutex_unlock(&h->mu);
         if (h->fd < 0) h->fd = hb_open(h);
         if (h->fd >= 0 && !send_beat(h, h->fd, h->worker)) {
@@ -128,6 +138,18 @@ int qr_heartbeat_start(qr_heartbeat **out, const char *ps0, bool prefer_unix, in
         return qr__fail(QR_EINTERNAL, "cannot start the heartbeat thread");
     }
     *out = h;
+    return QR_OK;
+}
+
+int qr_heartbeat_move(qr_heartbeat *h, const char *coordinator) {
+    qr_addr a;
+    int rc = qr_addr_parse(coordinator, &a);
+    if (rc || !h) return rc;
+    pthread_mutex_lock(&h->mu);
+    h->moved_to = a;
+    h->moved = true;
+    pthread_cond_signal(&h->cond); /* beat there now */
+    pthread_mutex_unlock(&h->mu);
     return QR_OK;
 }
 

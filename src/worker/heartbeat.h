@@ -14,6 +14,9 @@ typedef struct qr_heartbeat qr_heartbeat;
  * authenticated connection. */
 int qr_heartbeat_start(qr_heartbeat **out, const char *ps0, bool prefer_unix, int worker,
                        int period_ms, const qr_auth *auth, int handshake_timeout_ms);
+/* The coordinator moved (ps 0 failed over): beat to this address from
+ * the next beat on. */
+int qr_heartbeat_move(qr_heartbeat *h, const char *coordinator);
 void qr_heartbeat_stop(qr_heartbeat *h);
 
 #endif

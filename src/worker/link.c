@@ -133,12 +133,16 @@ static void hello_answered(ps_link *l, const uint8_t *meta, uint32_t len) {
         qr__log(QR_LOG_WARN, "%s", w->rollback_msg);
         return; /* the link stays in LINK_HELLO: nothing more is sent on it */
     }
-    if (l->lost_ns)
+    if (l->lost_ns && l->target != l->index)
+        qr__log(QR_LOG_INFO, "shard %d is served again after %.1f s, by ps %d (%s) since the "
+                "failover", l->index, (double)(qr__now_ns() - l->lost_ns) / 1e9, l->target,
+                w->cluster->ps[l->target]);
+    else if (l->lost_ns)
         qr__log(QR_LOG_INFO, "ps %d (%s) is back after %.1f s", l->index,
                 w->cluster->ps[l->index], (double)(qr__now_ns() - l->lost_ns) / 1e9);
     else if (!l->incarnation)
-        qr__log(QR_LOG_INFO, "connected to ps %d (%s) over %s", l->index,
-                w->cluster->ps[l->index], l->conn ? qr_conn_kind(l->conn) : "?");
+        qr__log(QR_LOG_INFO, "connected to ps %d (%s) over %s", l->target,
+                w->cluster->ps[l->target], l->conn ? qr_conn_kind(l->conn) : "?");
     /* Tell `quorum launch` this worker has joined the run: one that has
      * not when the run ends only arrived late, and is not a failure. */
     if (l->index == 0 && !l->incarnation) qr__tell_supervisor("joined worker %d", w->index);
@@ -281,10 +285,17 @@ static void apply_view(qr_worker *w, const uint8_t *meta, uint32_t len) {
     if (view <= w->view) return;
     w->view = view;
     memcpy(w->failed, failed, (size_t)w->nps);
+    int coordinator = w->links[0].target;
     for (int k = 0; k < w->nps; k++) {
         int target = failed[k] ? (k + 1) % w->nps : k;
         if (target != w->links[k].target) retarget(&w->links[k], target);
     }
+    /* The coordinator serves shard 0: its successor since ps 0 failed
+     * over. TOKEN, CLOCK, SAVE, LEAVE and READY follow link 0; the
+     * heartbeat thread is told. */
+    if (w->links[0].target != coordinator && w->heartbeat &&
+        qr_heartbeat_move(w->heartbeat, w->cluster->ps[w->links[0].target]))
+        qr__log(QR_LOG_ERROR, "heartbeat: %s", qr_last_error());
 }
 
 static void link_connect(ps_link *l);
@@ -477,7 +488,10 @@ static void reply_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
         return;
     }
     if (is_view_notice(f)) {
-        if (l->target == 0 && f->status == QR_OK) apply_view(l->w, meta, f->meta_len);
+        /* Only the coordinator sends them (ps 0, or its successor once ps
+         * 0 failed over, on whichever link it serves); a view is taken
+         * only if it is newer than the one known. */
+        if (f->status == QR_OK) apply_view(l->w, meta, f->meta_len);
         return;
     }
     wk_request *r = l->replying;

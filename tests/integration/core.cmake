@@ -87,7 +87,8 @@ qr_integration_test(integration_table_tier test_table_tier.py)
 # steps on two copies (sync_train), and a sync step in flight when ps 1 or
 # ps 2 is killed (sync_failover_loop); a sync push resent to a live ps 0
 # after it closed a worker declared hung (sync_worker_stop).
-foreach(case wire train sync_train failover_wire failover_kill failover_stop failover_loop lag
+foreach(case wire train sync_train failover_wire failover_kill coordinator_kill failover_stop
+        failover_loop lag
         sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()

@@ -316,6 +316,19 @@ def check_copies(err, nps, what):
         what, ", ".join("%d:%s" % (k, primary[k]) for k in range(nps))))
 
 
+def check_coordinator_copy(err, what):
+    """Async: the global step ps 1 holds in its copy of shard 0 (from
+    the step pushes forwarded to it) is ps 0's: what a successor
+    coordinator would go on from."""
+    own = re.findall(r"\[ps 0 pid \d+\] info: the coordinator's global step: (\d+)$", err,
+                     re.MULTILINE)
+    copy = re.findall(r"\[ps 1 pid \d+\] info: the coordinator's global step, as its shard's "
+                      r"forwards tell this copy: (\d+)$", err, re.MULTILINE)
+    assert len(own) == 1 and len(copy) == 1, (what, own, copy, err[-3000:])
+    assert own == copy and int(own[0]) > 0, (what, own, copy)
+    print("ok: %s: ps 1's copy of shard 0 holds ps 0's global step (%s)" % (what, own[0]))
+
+
 def train_case():
     # The rate decays to 0.3 of itself over the run (about 450 steps), as
     # in test_train.py: at a constant rate an async run ends where its
@@ -333,6 +346,7 @@ def train_case():
         one, _ = launch(digits + args)
         two, err = launch(digits + args + ["--ps-replicas", "2"])
         check_copies(err, nps, what)
+        check_coordinator_copy(err, what)
         # Async runs at a constant rate end where their last pushes left
         # them (0.919 to 0.970 over runs of the same one-copy job): two
         # copies train as well as one, within that spread.
@@ -616,6 +630,51 @@ def failover_kill_case():
           "the unkilled run)" % (stall, calm))
     print("PASS: failover_kill: ps 1 killed, no rollback, step %d, accuracy %.4f (unkilled "
           "%.4f)" % (s["global_step"], s["test_accuracy"], whole["test_accuracy"]))
+
+
+def coordinator_kill_case():
+    """ps 0, the coordinator, SIGKILLed mid-run (async, no
+    --checkpoint-dir): ps 1, which holds the copy of its shard and with it
+    the global step, takes the coordinator's role (links to the other ps,
+    the view, the workers' heartbeats, the stop): no rollback, no restart,
+    the run ends in order, every acknowledged push is on every surviving
+    copy, and the accuracy is an unkilled run's."""
+    steps = ["--steps", "6000"]
+    args = DIGITS + steps + ["--ps-replicas", "2"]
+    whole, err = launch(args)
+    _, _, calm = check_counts(err, 3, None, "unkilled")
+    for after in (1.0, 2.0, 3.0):
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
+        pid = launch_child_pid(p, "ps", 0)
+        time.sleep(after)
+        assert p.alive(), "the run ended before the signal"
+        os.kill(pid, signal.SIGKILL)
+        rc, out, err = p.wait(300)
+        # A ps 0 killed before its links met every ps is waited for as a
+        # ps still starting (nothing was trained): drawn again, later.
+        met = all(re.search(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k, err,
+                            re.MULTILINE) for k in (1, 2))
+        if rc == 0 or met:
+            break
+        print("again: ps 0 killed at %.1f s, before it had linked to every ps" % after)
+    assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
+    s = last_json(out)
+    assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % pid in err, \
+        err[-3000:]
+    took = re.findall(r"\[ps 1 pid \d+\] warn: ps 0 \([^)]*\), the coordinator, is gone .*"
+                      r"coordinates the cluster from now on, at global step (\d+)$", err,
+                      re.MULTILINE)
+    assert len(took) == 1 and int(took[0]) > 0, err[-3000:]
+    assert "ps 1 (" in err and "coordinates the cluster from now on: ps 0" in err, err[-3000:]
+    assert "rolling back" not in err and "restarting it" not in err, err[-3000:]
+    assert s["rollbacks"] == 0 and s["global_step"] >= 6000, s
+    assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
+    _, _, stall = check_counts(err, 3, 0, "ps 0 killed")
+    print("STALL: ps 0 SIGKILLed: the longest push a worker waited for was %.3f s (%.3f s in "
+          "the unkilled run)" % (stall, calm))
+    print("PASS: coordinator_kill: ps 0 killed at global step %s, ps 1 coordinated the rest: "
+          "no rollback, step %d, accuracy %.4f (unkilled %.4f)" % (
+              took[0], s["global_step"], s["test_accuracy"], whole["test_accuracy"]))
 
 
 def lag_case():
@@ -1122,6 +1181,7 @@ def rerep_rate_case():
 
 cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
+         "coordinator_kill": coordinator_kill_case,
          "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
          "lag": lag_case,
          "sync_failover_loop": sync_failover_loop_case,
