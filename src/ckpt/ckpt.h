@@ -58,6 +58,12 @@ typedef struct qr_st_tensor {
     const void *data; /* writer: the bytes, little-endian; reader: where they
                        * landed (qr_st_open_head), else NULL */
     uint64_t begin, end; /* reader: the bytes' offsets in the data section */
+    /* writer, in place of data: the bytes are at offset src_off of the
+     * open file src_fd (a spool: a tiered table's rows, streamed out of
+     * the ps at the snapshot, ckpt_shard.c), copied a chunk at a time */
+    bool from_fd;
+    int src_fd;
+    uint64_t src_off;
 } qr_st_tensor;
 
 /* Bytes of one element, and of the whole tensor. */
@@ -120,6 +126,9 @@ const qr_st_tensor *qr_st_find(const qr_st_file *f, const char *name);
 /* Read tensor t's bytes into dst (qr_st_bytes(t) of them); see above for
  * a file opened with qr_st_open_head. */
 int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst);
+/* Bytes [off, off + len) of tensor t into dst (a restore read in batches). */
+int qr_st_read_range(const qr_st_file *f, const qr_st_tensor *t, uint64_t off, size_t len,
+                     void *dst);
 /* A metadata string, or NULL. */
 const char *qr_st_meta(const qr_st_file *f, const char *key);
 void qr_st_close(qr_st_file *f);

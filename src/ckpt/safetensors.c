@@ -89,6 +89,8 @@ int qr_st_write_file(const char *path, const qr_st_tensor *t, int n, const cJSON
     return qr_st_write_file_progress(path, t, n, metadata, NULL, NULL, crc, bytes);
 }
 
+static int read_at(int fd, void *buf, size_t len, uint64_t off, const char *path);
+
 static int check_names(const char *path, const qr_st_tensor *t, int n) {
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
@@ -136,17 +138,26 @@ int qr_st_write_file_progress(const char *path, const qr_st_tensor *t, int n,
     rc = qr_durable_write(&d, len_le, sizeof len_le);
     if (!rc) rc = qr_durable_write(&d, header, hlen);
     free(header);
+    uint8_t *chunk = NULL; /* a spooled tensor's bytes pass through it */
     for (int i = 0; i < n && !rc; i++) {
         const uint8_t *p = t[i].data;
-        uint64_t left = qr_st_bytes(&t[i]);
+        uint64_t left = qr_st_bytes(&t[i]), at = t[i].src_off;
+        if (t[i].from_fd && !chunk && left && !(chunk = malloc(ST_WRITE_CHUNK)))
+            rc = qr__fail(QR_ENOMEM, "out of memory writing '%s'", path);
         while (left && !rc) {
             size_t piece = (size_t)QR_MIN(left, (uint64_t)ST_WRITE_CHUNK);
-            rc = qr_durable_write(&d, p, piece);
+            if (t[i].from_fd) {
+                rc = read_at(t[i].src_fd, chunk, piece, at, "a checkpoint's spool");
+                at += piece;
+                p = chunk;
+            }
+            if (!rc) rc = qr_durable_write(&d, p, piece);
             p += piece;
             left -= piece;
         }
         if (!rc && written) written(ctx, i);
     }
+    free(chunk);
     uint32_t sum = d.crc;
     uint64_t total = d.bytes;
     if (rc) {
@@ -386,6 +397,21 @@ int qr_st_read(const qr_st_file *f, const qr_st_tensor *t, void *dst) {
     if (f->fd < 0)
         return qr__fail(QR_EINTERNAL, "'%s': tensor '%s' was given no place", f->path, t->name);
     return read_at(f->fd, dst, len, f->data_start + t->begin, f->path);
+}
+
+int qr_st_read_range(const qr_st_file *f, const qr_st_tensor *t, uint64_t off, size_t len,
+                     void *dst) {
+    if (off > t->end - t->begin || len > t->end - t->begin - off)
+        return qr__fail(QR_EINTERNAL, "'%s': bytes %llu to %llu of tensor '%s' (%llu bytes)",
+                        f->path, (unsigned long long)off, (unsigned long long)(off + len),
+                        t->name, (unsigned long long)(t->end - t->begin));
+    if (t->data) {
+        memcpy(dst, (const uint8_t *)t->data + off, len);
+        return QR_OK;
+    }
+    if (f->placing || f->fd < 0)
+        return qr__fail(QR_EINTERNAL, "'%s': tensor '%s' was given no place", f->path, t->name);
+    return read_at(f->fd, dst, len, f->data_start + t->begin + off, f->path);
 }
 
 const char *qr_st_meta(const qr_st_file *f, const char *key) {

@@ -22,6 +22,7 @@
 
 #include "ckpt/ckpt.h"
 #include "cluster/placement.h"
+#include "ps/tier.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -63,7 +64,8 @@ static int restore_filter(const qr_st_file *f, qr_table *t, const char *name) {
 
 /* Put back what snapshot_table_policy wrote (either may be absent: the
  * checkpoint was written with admission or eviction off). */
-static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *name) {
+static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *name,
+                                bool with_steps) {
     char key[QR_PROTO_MAX_NAME + 24];
     snprintf(key, sizeof key, "%s/admission_ids", name);
     const qr_st_tensor *ids = qr_st_find(f, key);
@@ -91,7 +93,7 @@ static int restore_table_policy(const qr_st_file *f, qr_table *t, const char *na
         free(idv);
         free(seen);
     }
-    if (!rc && steps && t->updated) {
+    if (!rc && steps && t->updated && with_steps) {
         if (steps->dtype != QR_DT_I64 || steps->ndim != 1 || (uint64_t)steps->shape[0] != t->count)
             return qr__fail(QR_EIO, "'%s': table '%s': its update steps are malformed", f->path,
                             name);
@@ -127,8 +129,78 @@ static int restore_slots(const ckpt_shard_ctx *c, const qr_st_file *f, qr_var *v
     return QR_OK;
 }
 
-/* A table's record: its rows, ids and per-row slots, read whole and put
- * back row by row; the per-variable scalar slots as for a dense one. */
+/* A table's rows, ids and per-row slots (the tensors t, ids and those the
+ * record's slots name), read in batches of at most 64Ki rows and put back
+ * row by row. With a disk tier (c->tier_ps) a batch holds at most a
+ * quarter of the cap, each row's update step is put back with it, and
+ * what exceeds the cap is written out to disk after each batch: the rows
+ * never hold much more than the cap, however large the table (a restore
+ * read the whole table first before, then the tier spilled it). */
+static int restore_rows(const ckpt_shard_ctx *c, const qr_st_file *f, qr_var *v,
+                        const qr_st_tensor *t, const qr_st_tensor *ids, const cJSON *slots,
+                        const char *name) {
+    qr_table *tab = v->table;
+    uint64_t n = (uint64_t)t->shape[0];
+    int64_t d = tab->dim;
+    int nslots = tab->nslots;
+    size_t rb = (size_t)d * 4;
+    const qr_st_tensor *src[1 + QR_TABLE_MAX_SLOTS] = {t};
+    /* Per-row slot tensors are named in the record's slots, in order. */
+    const cJSON *e = slots ? slots->child : NULL;
+    for (int s = 1; s <= nslots; s++, e = e ? e->next : NULL) {
+        src[s] = e ? qr_st_find(f, e->string) : NULL;
+        if (!src[s] || src[s]->dtype != QR_DT_F32 || src[s]->end - src[s]->begin != n * rb)
+            return qr__fail(QR_EIO, "'%s': table '%s': slot %d is missing or has the wrong size",
+                            f->path, name, s - 1);
+    }
+    const qr_st_tensor *steps = NULL;
+    if (c->tier_ps && tab->updated) {
+        char key[QR_PROTO_MAX_NAME + 24];
+        snprintf(key, sizeof key, "%s/update_steps", name);
+        steps = qr_st_find(f, key);
+        if (steps && (steps->dtype != QR_DT_I64 || steps->ndim != 1 ||
+                      (uint64_t)steps->shape[0] != n))
+            return qr__fail(QR_EIO, "'%s': table '%s': its update steps are malformed",
+                            f->path, name);
+    }
+    uint64_t batch = QR_MIN(c->tier_ps ? qr__tier_batch_rows(c->tier_ps, tab) : (uint64_t)1 << 16,
+                            QR_MAX(n, 1));
+    int64_t *idv = malloc(batch * 8), *stepv = steps ? malloc(batch * 8) : NULL;
+    float *rows[1 + QR_TABLE_MAX_SLOTS] = {0};
+    int rc = idv && (!steps || stepv) ? QR_OK : QR_ENOMEM;
+    for (int s = 0; s <= nslots && !rc; s++)
+        if (!(rows[s] = malloc(batch * rb))) rc = QR_ENOMEM;
+    for (uint64_t k0 = 0; k0 < n && !rc; k0 += batch) {
+        uint64_t nb = QR_MIN(batch, n - k0);
+        rc = qr_st_read_range(f, ids, k0 * 8, nb * 8, idv);
+        for (int s = 0; s <= nslots && !rc; s++)
+            rc = qr_st_read_range(f, src[s], k0 * rb, nb * rb, rows[s]);
+        if (!rc && steps) rc = qr_st_read_range(f, steps, k0 * 8, nb * 8, stepv);
+        for (uint64_t r = 0; r < nb && !rc; r++) {
+            bool added;
+            int64_t at = qr_table_get_or_add(tab, idv[r], &added);
+            if (at < 0) rc = QR_ENOMEM;
+            else if (!added) rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld appears twice",
+                                           f->path, name, (long long)idv[r]);
+            else if (qr_place_row(idv[r], c->nps) != c->index)
+                rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld does not belong on ps %d",
+                              f->path, name, (long long)idv[r], c->index);
+            float *row = rc ? NULL : qr_table_row(tab, (uint64_t)at);
+            for (int s = 0; s <= nslots && !rc; s++) memcpy(row + s * d, rows[s] + r * d, rb);
+            if (!rc && steps) tab->updated[at] = stepv[r];
+        }
+        if (!rc && c->tier_ps) rc = qr__tier_restore_spill(c->tier_ps, v);
+    }
+    if (rc == QR_ENOMEM) rc = qr__fail(QR_ENOMEM, "out of memory restoring table '%s'", name);
+    free(idv);
+    free(stepv);
+    for (int s = 0; s <= nslots; s++) free(rows[s]);
+    return rc;
+}
+
+/* A table's record: its rows, ids and per-row slots, read in batches and
+ * put back row by row (restore_rows); the per-variable scalar slots as
+ * for a dense one. */
 static int restore_table(const ckpt_shard_ctx *c, const qr_st_file *f, const cJSON *rec,
                          const cJSON *tab,
                          const qr_st_tensor *t) {
@@ -171,51 +243,17 @@ static int restore_table(const ckpt_shard_ctx *c, const qr_st_file *f, const cJS
     if (!rc) rc = qr_optim_slots_create(ckpt_shard_optim(c, v), 0, m.shape[0], &v->slots);
     if (!rc) rc = qr__create_table(ckpt_shard_optim(c, v), v, &m);
     if (!rc) rc = restore_slots(c, f, v, slots);
-    uint64_t n = (uint64_t)t->shape[0];
-    int64_t d = m.shape[0];
-    int nslots = v->table ? v->table->nslots : 0;
-    int64_t *idv = NULL;
-    float *rows[1 + QR_TABLE_MAX_SLOTS] = {0};
-    if (!rc) {
-        idv = malloc(QR_MAX(n, 1) * 8);
-        rc = idv ? qr_st_read(f, ids, idv) : QR_ENOMEM;
-    }
-    for (int s = 0; s <= nslots && !rc; s++) {
-        rows[s] = malloc(QR_MAX(n, 1) * (uint64_t)d * 4);
-        if (!rows[s]) rc = QR_ENOMEM;
-        else if (s == 0) rc = qr_st_read(f, t, rows[0]);
-    }
-    /* Per-row slot tensors are named in the record's slots, in order. */
-    const cJSON *e = slots ? slots->child : NULL;
-    for (int s = 1; s <= nslots && !rc; s++, e = e ? e->next : NULL) {
-        const qr_st_tensor *st = e ? qr_st_find(f, e->string) : NULL;
-        if (!st || st->dtype != QR_DT_F32 || st->end - st->begin != n * (uint64_t)d * 4)
-            rc = qr__fail(QR_EIO, "'%s': table '%s': slot %d is missing or has the wrong size",
-                          f->path, name, s - 1);
-        else rc = qr_st_read(f, st, rows[s]);
-    }
-    for (uint64_t r = 0; r < n && !rc; r++) {
-        bool added;
-        int64_t at = qr_table_get_or_add(v->table, idv[r], &added);
-        if (at < 0) rc = QR_ENOMEM;
-        else if (!added) rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld appears twice",
-                                       f->path, name, (long long)idv[r]);
-        else if (qr_place_row(idv[r], c->nps) != c->index)
-            rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld does not belong on ps %d", f->path,
-                          name, (long long)idv[r], c->index);
-        float *row = rc ? NULL : qr_table_row(v->table, (uint64_t)at);
-        for (int s = 0; s <= nslots && !rc; s++)
-            memcpy(row + s * d, rows[s] + r * (uint64_t)d, (size_t)d * 4);
-    }
-    free(idv);
-    for (int s = 0; s <= nslots; s++) free(rows[s]);
-    /* Rows were added in the checkpoint's order, so update_steps lines up. */
-    if (!rc) rc = restore_table_policy(f, v->table, name);
     if (!rc && (qr_store_get(c->store, v->id) || qr_store_find_name(c->store, v->name)))
         rc = qr__fail(QR_EIO, "'%s': variable '%s' (id %u) appears twice", f->path, v->name, v->id);
+    if (!rc && c->tier_ps) rc = qr__tier_restore_attach(c->tier_ps, v);
+    if (!rc) rc = restore_rows(c, f, v, t, ids, slots, name);
+    /* Rows were added in the checkpoint's order, so update_steps lines up
+     * (with a tier they were put back with each batch). */
+    if (!rc) rc = restore_table_policy(f, v->table, name, !c->tier_ps);
     if (!rc) rc = qr_store_add(c->store, v);
     if (rc) {
         qr__error_prefix("restoring table '%s': ", name);
+        if (c->tier_ps) qr__tier_detach(c->tier_ps, v);
         qr_var_free(v);
     }
     return rc;
@@ -456,8 +494,20 @@ static int apply_table_delta(const ckpt_shard_ctx *c, const qr_st_file *f, const
     for (int s = 1; s <= tab->nslots && !rc; s++, e = e ? e->next : NULL)
         rc = e ? read_floats(f, e->string, rows[s], (int64_t)n * d)
                : qr__fail(QR_EIO, "'%s': table '%s': slot %d is missing", f->path, name, s - 1);
-    for (uint64_t i = 0; i < nremoved && !rc; i++) qr_table_forget_id(tab, removed[i]);
+    /* With a disk tier, each batch of ids comes back in memory first (its
+     * rows on disk, to be removed or written over), as a request's do. */
+    uint64_t batch = c->tier_ps ? qr__tier_batch_rows(c->tier_ps, tab) : UINT64_MAX;
+    for (uint64_t i = 0; i < nremoved && !rc; i++) {
+        if (c->tier_ps && i % batch == 0)
+            rc = qr__tier_fault_in(c->tier_ps, v, removed + i,
+                                   (int64_t)QR_MIN(batch, nremoved - i));
+        if (!rc) qr_table_forget_id(tab, removed[i]);
+    }
     for (uint64_t r = 0; r < n && !rc; r++) {
+        if (c->tier_ps && r % batch == 0) {
+            rc = qr__tier_fault_in(c->tier_ps, v, idv + r, (int64_t)QR_MIN(batch, n - r));
+            if (rc) break;
+        }
         if (qr_place_row(idv[r], c->nps) != c->index) {
             rc = qr__fail(QR_EIO, "'%s': table '%s': id %lld does not belong on ps %d", f->path,
                           name, (long long)idv[r], c->index);
@@ -536,6 +586,7 @@ int qr__ckpt_shard_apply_increment(const ckpt_shard_ctx *c, const char *path,
             continue;
         }
         /* Written whole: it replaces the base's (or is new since). */
+        if (v && c->tier_ps) qr__tier_detach(c->tier_ps, v);
         if (v) store_drop(c->store, v);
         rc = restore_var(c, &f, rec, RESTORE_ALL);
     }

@@ -42,6 +42,7 @@
 #include "cluster/placement.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,11 @@ typedef struct ckpt_entry {
     int64_t *table_policy[4];
     uint8_t *table_filter;  /* or, under admit_filter=bloom, its counters */
     uint64_t table_n;       /* the rows copied */
+    /* A full checkpoint of a tiered table: its rows streamed at the cut
+     * into an unnamed spool file (not copied in memory), at these offsets */
+    bool spooled;
+    int spool_fd;
+    uint64_t spool_ids, spool_rows[1 + QR_TABLE_MAX_SLOTS], spool_steps;
     int first, ntensors;    /* its tensors in the job's list */
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
@@ -84,6 +90,8 @@ static void entry_release(ckpt_entry *e) {
     memset(e->table_policy, 0, sizeof e->table_policy);
     free(e->table_filter);
     e->table_filter = NULL;
+    if (e->spooled) close(e->spool_fd);
+    e->spooled = false;
     e->table_ids = NULL;
     e->value = e->average = NULL;
     e->slots = NULL;
@@ -146,6 +154,17 @@ static void add_tensor(ckpt_job *j, const char *name, qr_dtype dt, int ndim, con
     if (ndim) memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
 }
 
+/* A tensor of a table's: from the spool when the rows were spooled. */
+static void add_table_tensor(ckpt_job *j, const ckpt_entry *e, const char *name, qr_dtype dt,
+                             int ndim, const int64_t *shape, const void *data, uint64_t off) {
+    add_tensor(j, name, dt, ndim, shape, e->spooled ? NULL : data);
+    if (!e->spooled) return;
+    qr_st_tensor *t = &j->tensors[j->ntensors - 1];
+    t->from_fd = true;
+    t->src_fd = e->spool_fd;
+    t->src_off = off;
+}
+
 /* Admission and eviction state, copied with the rows: NAME/admission_ids
  * and NAME/admission_counts [candidates] (ids seen, not admitted yet, and
  * their sightings), NAME/update_steps [rows] (the step of each row's last
@@ -184,7 +203,12 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const ui
         add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_policy[0]);
         add_tensor(j, counts, QR_DT_I64, 1, shape, e->table_policy[1]);
     }
-    if (t->updated) {
+    if (t->updated && e->spooled) { /* streamed with the rows */
+        const char *name = job_name(j, "%s/%s", v->name, "update_steps");
+        if (!name) return QR_ENOMEM;
+        int64_t shape[1] = {(int64_t)e->table_n};
+        add_table_tensor(j, e, name, QR_DT_I64, 1, shape, NULL, e->spool_steps);
+    } else if (t->updated) {
         uint64_t n = e->table_n;
         e->table_policy[2] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         const char *name = job_name(j, "%s/%s", v->name, "update_steps");
@@ -230,8 +254,136 @@ static int changed_rows(const qr_table *t, uint64_t **sel, uint64_t *n) {
  * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. In an
  * increment (delta) only the rows made or updated since the last
  * checkpoint, and NAME/removed_ids. */
+/* A table's part of its variable's record. */
+static int table_record(cJSON *rec, const qr_table *t, uint64_t n, bool delta) {
+    cJSON *tab = cJSON_AddObjectToObject(rec, "table");
+    cJSON_AddNumberToObject(tab, "dim", (double)t->dim);
+    cJSON_AddStringToObject(tab, "init", t->init_text);
+    char seed[32];
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
+    cJSON_AddStringToObject(tab, "seed", seed);
+    cJSON_AddNumberToObject(tab, "rows", (double)n);
+    if (delta) cJSON_AddBoolToObject(tab, "delta", true);
+    return QR_OK;
+}
+
+/* ---- a full checkpoint of a tiered table, streamed ------------------------------
+ *
+ * Copying a tiered table's rows (both tiers) into memory for the writer
+ * would take the whole table's size in memory, not the cap's. Instead the
+ * snapshot streams them, at the cut, into an unnamed spool file in the
+ * tier's directory, a batch at a time (SPOOL_BATCH_BYTES of buffers):
+ * the rows in memory, then those on disk through one LMDB cursor. The
+ * spool holds the tensors' bytes as the shard lays them out (ids, value,
+ * each slot, update steps), and the writer copies them from it into the
+ * shard a chunk at a time (qr_st_tensor.from_fd). Why a spool, and on the
+ * loop thread: the cut must be the table as it is now, while training
+ * goes on as soon as the snapshot returns. The disk tier's environment is
+ * MDB_NOLOCK (no reader table): a read transaction kept open beside the
+ * loop's write transactions would not keep the pages it reads from being
+ * reused by them, so the writer thread cannot read LMDB itself; and rows
+ * in memory change in place. Reading both on the loop at the cut, as the
+ * copy into memory did, keeps the snapshot exactly what it was; the spool
+ * turns the copy's memory into page cache (written back and dropped by
+ * the kernel, never the ps's anonymous memory) and the file's disk space,
+ * at the price of writing the table's bytes twice. The loop pauses for
+ * the stream as it paused for the copy (writes into the page cache, no
+ * fsync). */
+#define SPOOL_BATCH_BYTES ((size_t)8 << 20)
+
+typedef struct spool {
+    ckpt_entry *e;
+    const qr_table *t;
+    uint64_t batch, k0, nb;  /* rows a batch; the first row of this batch; rows in it */
+    int64_t *ids, *steps;
+    float *rows[1 + QR_TABLE_MAX_SLOTS];
+} spool;
+
+static int spool_write(int fd, const void *p, size_t len, uint64_t off) {
+    const uint8_t *b = p;
+    while (len) {
+        ssize_t n = pwrite(fd, b, len, (off_t)off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) return qr__fail(QR_EIO, "writing a checkpoint's spool: %s", strerror(errno));
+        b += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return QR_OK;
+}
+
+static int spool_flush(spool *sp) {
+    ckpt_entry *e = sp->e;
+    const qr_table *t = sp->t;
+    size_t rb = (size_t)t->dim * 4;
+    int rc = spool_write(e->spool_fd, sp->ids, sp->nb * 8, e->spool_ids + sp->k0 * 8);
+    for (int s = 0; s <= t->nslots && !rc; s++)
+        rc = spool_write(e->spool_fd, sp->rows[s], sp->nb * rb, e->spool_rows[s] + sp->k0 * rb);
+    if (!rc && t->updated)
+        rc = spool_write(e->spool_fd, sp->steps, sp->nb * 8, e->spool_steps + sp->k0 * 8);
+    sp->k0 += sp->nb;
+    sp->nb = 0;
+    return rc;
+}
+
+static int spool_row(void *ctx, int64_t id, const void *row, int64_t step) {
+    spool *sp = ctx;
+    const qr_table *t = sp->t;
+    size_t rb = (size_t)t->dim * 4;
+    if (sp->k0 + sp->nb >= sp->e->table_n)
+        return qr__fail(QR_EINTERNAL, "table '%s': more rows than the %llu counted",
+                        sp->e->var->name, (unsigned long long)sp->e->table_n);
+    sp->ids[sp->nb] = id;
+    sp->steps[sp->nb] = step;
+    for (int s = 0; s <= t->nslots; s++)
+        memcpy(sp->rows[s] + sp->nb * (uint64_t)t->dim, (const char *)row + s * rb, rb);
+    return ++sp->nb == sp->batch ? spool_flush(sp) : QR_OK;
+}
+
+static int spool_table(ckpt_entry *e, const qr_table *t, const char *name) {
+    uint64_t n = e->table_n, rb = (uint64_t)t->dim * 4;
+    int fd = qr__tier_spool(t);
+    if (fd < 0) return -fd;
+    e->spooled = true;
+    e->spool_fd = fd;
+    e->spool_ids = 0;
+    for (int s = 0; s <= t->nslots; s++) e->spool_rows[s] = n * 8 + (uint64_t)s * n * rb;
+    e->spool_steps = n * 8 + (uint64_t)(t->nslots + 1) * n * rb;
+    spool sp = {.e = e, .t = t};
+    sp.batch = QR_MAX(SPOOL_BATCH_BYTES / (16 + (t->nslots + 1) * rb), 64);
+    sp.ids = malloc(sp.batch * 8);
+    sp.steps = malloc(sp.batch * 8);
+    int rc = sp.ids && sp.steps ? QR_OK : QR_ENOMEM;
+    for (int s = 0; s <= t->nslots && !rc; s++)
+        if (!(sp.rows[s] = malloc(sp.batch * rb))) rc = QR_ENOMEM;
+    if (rc) rc = qr__fail(QR_ENOMEM, "out of memory streaming table '%s' for a checkpoint", name);
+    for (uint64_t r = 0; r < t->count && !rc; r++)
+        rc = spool_row(&sp, t->keys[r], qr_table_row(t, r), t->updated ? t->updated[r] : 0);
+    if (!rc) rc = qr__tier_each_disk_row(t, spool_row, &sp);
+    if (!rc && sp.nb) rc = spool_flush(&sp);
+    if (!rc && sp.k0 != n)
+        rc = qr__fail(QR_EINTERNAL, "table '%s': %llu rows streamed, %llu counted", name,
+                      (unsigned long long)sp.k0, (unsigned long long)n);
+    free(sp.ids);
+    free(sp.steps);
+    for (int s = 0; s <= t->nslots; s++) free(sp.rows[s]);
+    return rc;
+}
+
 static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, bool delta) {
     const qr_table *t = v->table;
+    if (!delta && t->tier) { /* streamed into a spool, above */
+        e->table_n = qr__tier_rows(t);
+        int rc = spool_table(e, t, v->name);
+        if (rc) return rc;
+        int64_t shape[2] = {(int64_t)e->table_n, t->dim};
+        add_table_tensor(j, e, v->name, QR_DT_F32, 2, shape, NULL, e->spool_rows[0]);
+        const char *ids = job_name(j, "%s/%s", v->name, "ids");
+        if (ids) add_table_tensor(j, e, ids, QR_DT_I64, 1, shape, NULL, e->spool_ids);
+        rc = ids ? snapshot_table_policy(j, e, v, NULL, 0) : QR_ENOMEM;
+        if (rc) return rc;
+        return table_record(rec, t, e->table_n, false);
+    }
     /* Full: the rows in memory, then those on the disk tier (tier.c). An
      * increment: the changed rows in memory, then the changed rows on disk
      * (moves between the tiers are no changes: table.h). */
@@ -280,15 +432,7 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
     rc = ids ? snapshot_table_policy(j, e, v, sel, nsel) : QR_ENOMEM;
     free(sel);
     if (rc) return rc;
-    cJSON *tab = cJSON_AddObjectToObject(rec, "table");
-    cJSON_AddNumberToObject(tab, "dim", (double)dim);
-    cJSON_AddStringToObject(tab, "init", t->init_text);
-    char seed[32];
-    snprintf(seed, sizeof seed, "%llu", (unsigned long long)t->seed);
-    cJSON_AddStringToObject(tab, "seed", seed);
-    cJSON_AddNumberToObject(tab, "rows", (double)n);
-    if (delta) cJSON_AddBoolToObject(tab, "delta", true);
-    return QR_OK;
+    return table_record(rec, t, n, delta);
 }
 
 /* In an increment: did v change since the base, the last checkpoint this
@@ -346,7 +490,8 @@ static int snapshot_var(ckpt_job *j, const ckpt_shard_ctx *c, qr_var *v, cJSON *
         /* Per-element slots have the variable's shape; scalar ones none. */
         if (v->table && s < v->table->nslots) {
             int64_t shape[2] = {(int64_t)e->table_n, v->table->dim};
-            add_tensor(j, name, QR_DT_F32, 2, shape, e->table_rows[1 + s]);
+            add_table_tensor(j, e, name, QR_DT_F32, 2, shape, e->table_rows[1 + s],
+                             e->spool_rows[1 + s]);
         } else if (n == v->n) add_tensor(j, name, QR_DT_F32, v->ndim, v->shape, data);
         else add_tensor(j, name, QR_DT_F32, 0, NULL, data);
         cJSON_AddStringToObject(slots, name, slot);

@@ -36,6 +36,9 @@ typedef struct ckpt_shard_ctx {
     /* snapshot: the checkpoint this one is an increment of (its id, the
      * last this ps took a shard for), or 0 for a full one */
     uint64_t base;
+    /* restore: the ps whose disk tier (opened before the restore) takes
+     * the tables' rows as they come, batch by batch; NULL: none */
+    struct qr_ps *tier_ps;
 } ckpt_shard_ctx;
 
 /* The optimizer that applies to v: its own, else the ps's. */

@@ -22,8 +22,10 @@ ckpt_shard_ctx qr__ckpt_ctx(qr_ps *ps, bool copy) {
                          .applied_steps = ps->applied_steps,
                          .average_decay = ps->average_decay, .data_pos = ps->ckpt.data_pos,
                          .incarnation = ps->incarnation,
-                         .coordinator = qr__ps_coordinates(ps) ? ps->incarnation : ps->coordinator};
+                         .coordinator = qr__ps_coordinates(ps) ? ps->incarnation : ps->coordinator,
+                         .tier_ps = ps->tier ? ps : NULL};
     if (copy) {
+        sc.tier_ps = NULL;
         sc.store = &ps->replica.store;
         sc.index = ps->replica.primary;
         sc.applied_steps = ps->replica.copy_steps;

@@ -609,8 +609,10 @@ static int start_run(qr_ps *ps) {
     if (!rc) rc = qr__sync_init(ps);
     if (!rc) rc = read_options(ps);
     if (!rc) rc = qr__replica_init(ps);
+    /* The disk tier before the restore: a restored table's rows go to it
+     * as they are read, batch by batch, within the cap. */
+    if (!rc) rc = qr__tier_init(ps);
     if (!rc) rc = qr__ckpt_init(ps);
-    if (!rc) rc = qr__tier_init(ps); /* after a restore: spills what exceeds the cap */
     if (!rc && ps->sync.on && qr__ps_coordinates(ps)) rc = qr__coord_init(ps);
     if (!rc && !ps->sync.on && qr__ps_coordinates(ps)) rc = qr__bound_init(ps);
     if (!rc && qr__ps_coordinates(ps) && ps->cluster->nps > 1)

@@ -57,6 +57,7 @@
 #include "ckpt/ckpt.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
 #include <limits.h>
 #include <stdio.h>
@@ -913,8 +914,9 @@ int qr__tier_init(qr_ps *ps) {
     }
     qr__log(QR_LOG_INFO, "tables: at most %lld MiB of rows in memory, colder rows on disk in %s "
             "(LMDB%s)", (long long)mb, tier->dir, tier->private_dir ? ", removed at the end" : "");
-    /* Tables restored from a checkpoint came back whole: what exceeds the
-     * cap goes to disk now. */
+    /* Opened before the restore (server.c), which attaches its tables and
+     * spills batch by batch; tables already in the store (none at start)
+     * are attached, what exceeds the cap goes to disk. */
     for (uint32_t i = 0; !rc && i < ps->store.cap; i++) {
         qr_var *v = ps->store.by_id[i];
         if (v && v->table) rc = attach(tier, v);
@@ -947,3 +949,103 @@ void qr__tier_free(qr_ps *ps) {
     ps->tier = NULL;
 }
 
+
+/* ---- checkpoints and restores in bounded batches ---------------------------------- */
+
+int qr__tier_each_disk_row(const qr_table *t,
+                           int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
+                           void *ctx) {
+    tier_table *tt = t->tier;
+    if (!tt || !tt->disk_rows) return QR_OK;
+    ps_tier *tier = tt->owner;
+    /* Through the open transaction, on the loop thread, with nothing else
+     * running: the loop serves no request while the snapshot is taken, so
+     * what the cursor reads is the cut (docs/EMBEDDINGS.md says why not a
+     * read transaction of its own: MDB_NOLOCK). */
+    int rc = txn_open(tier);
+    if (rc) return rc;
+    MDB_cursor *cur;
+    rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
+    if (rc) return tier_failed(tier, rc, "opening a cursor");
+    MDB_val key, val;
+    uint64_t k = 0;
+    size_t bytes = record_bytes(t);
+    int frc = QR_OK;
+    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < tt->disk_rows;
+         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+        if (key.mv_size != 8 || val.mv_size != bytes) {
+            rc = MDB_CORRUPTED;
+            break;
+        }
+        int64_t id, step = t->clock;
+        memcpy(&id, key.mv_data, 8);
+        if (qr_table_find(t, id) >= 0) continue; /* in memory: the copy there is the row */
+        if (t->evict_after) memcpy(&step, (const char *)val.mv_data + t->stride * 4, 8);
+        k++;
+        frc = fn(ctx, id, val.mv_data, step);
+        if (frc) break;
+    }
+    mdb_cursor_close(cur);
+    if (frc) return frc;
+    if (k != tt->disk_rows || (rc && rc != MDB_NOTFOUND))
+        return qr__fail(QR_EIO, "table disk tier: '%s' holds %llu rows on disk, %llu read back "
+                        "(%s)", tt->var->name, (unsigned long long)tt->disk_rows,
+                        (unsigned long long)k, rc ? mdb_strerror(rc) : "too few");
+    return QR_OK;
+}
+
+int qr__tier_spool(const qr_table *t) {
+    const char *dir = "/tmp";
+    if (t->tier) dir = t->tier->owner->dir;
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/spool-XXXXXX", dir);
+        fd = mkostemp(path, O_CLOEXEC);
+        if (fd >= 0) unlink(path);
+    }
+    if (fd < 0) return -qr__fail(QR_EIO, "a checkpoint's spool in %s: %s", dir, strerror(errno));
+    return fd;
+}
+
+int qr__tier_restore_attach(qr_ps *ps, qr_var *v) {
+    ps_tier *tier = ps->tier;
+    if (!tier || !v->table || v->table->tier) return QR_OK;
+    return attach(tier, v);
+}
+
+int qr__tier_restore_spill(qr_ps *ps, qr_var *v) {
+    ps_tier *tier = ps->tier;
+    if (!tier || !v->table || !v->table->tier) return QR_OK;
+    tier_table *tt = v->table->tier;
+    int rc = QR_OK;
+    for (int i = 0; i < tier->ntables && !rc; i++) rc = sync_marks(tier->tables[i]);
+    return rc ? rc : enforce_cap(tier, tt);
+}
+
+void qr__tier_detach(qr_ps *ps, qr_var *v) {
+    ps_tier *tier = ps->tier;
+    if (!tier || !v->table || !v->table->tier) return;
+    tier_table *tt = v->table->tier;
+    for (int i = 0; i < tier->ntables; i++)
+        if (tier->tables[i] == tt) {
+            tier->tables[i] = tier->tables[--tier->ntables];
+            break;
+        }
+    /* Its records go with it (a table replaced whole, a failed restore). */
+    if (!txn_open(tier)) {
+        int lrc = mdb_drop(tier->txn, tt->dbi, 0);
+        if (lrc) tier_failed(tier, lrc, "dropping a table's records");
+        else txn_commit(tier);
+    }
+    v->table->tier = NULL;
+    free(tt->mark);
+    free(tt->filter.words);
+    free(tt);
+}
+
+uint64_t qr__tier_batch_rows(const qr_ps *ps, const qr_table *t) {
+    uint64_t rows = (uint64_t)1 << 16;
+    if (ps && ps->tier) rows = QR_MIN(rows, ps->tier->cap / 4 / row_cost(t));
+    return QR_MAX(rows, 1);
+}

@@ -34,7 +34,7 @@ typedef struct qr_tier_stats {
 } qr_tier_stats;
 
 /* Open the ps's disk tier if --table-memory-mb asks for one (at the start
- * of a run, after a restore: restored tables over the cap are spilled). */
+ * of a run, before a restore, which puts rows back through it). */
 int qr__tier_init(struct qr_ps *ps);
 /* Close it; a private directory is removed. */
 void qr__tier_free(struct qr_ps *ps);
@@ -73,5 +73,29 @@ int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float *
                             int64_t *steps, uint64_t from);
 
 void qr__tier_stats(const qr_table *t, qr_tier_stats *out);
+
+/* A full checkpoint's rows on disk, one at a time and in key order, each
+ * as fn(ctx, id, row, step): row points at its value and slots (stride
+ * floats, not aligned) in LMDB's map, good until fn returns; step is its
+ * update step (the table's clock without eviction by age). fn must not
+ * touch the table or its tier; an error of fn stops the walk. */
+int qr__tier_each_disk_row(const qr_table *t,
+                           int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
+                           void *ctx);
+/* An unnamed file (O_TMPFILE, or made and unlinked) in the tier's
+ * directory, for a checkpoint's spool: its fd, or minus an error. */
+int qr__tier_spool(const qr_table *t);
+
+/* A restore in bounded batches (ckpt_restore.c), with the tier opened
+ * before it: attach v's table (made by the restore, not yet in the
+ * store) to the tier; after each batch of rows added, spill what exceeds
+ * the cap; detach a table that goes (replaced whole by an increment, or
+ * a failed restore), its records dropped. */
+int qr__tier_restore_attach(struct qr_ps *ps, struct qr_var *v);
+int qr__tier_restore_spill(struct qr_ps *ps, struct qr_var *v);
+void qr__tier_detach(struct qr_ps *ps, struct qr_var *v);
+/* Rows of t a restore's batch may hold: at most 64Ki, and a quarter of
+ * the cap (a request of that many ids fits it). */
+uint64_t qr__tier_batch_rows(const struct qr_ps *ps, const qr_table *t);
 
 #endif /* QR_PS_TIER_H */

@@ -77,6 +77,11 @@ endforeach()
 # plus a fixed overhead, the AUC of the all-in-memory run (test_table_tier
 # checks the rows bit for bit).
 qr_integration_test(integration_table_tier test_table_tier.py)
+# A full checkpoint and a restore of a table several times the cap,
+# streamed: the ps's RssAnon within the cap plus a fixed overhead
+# throughout, the checkpoint equal row for row to the all-in-memory run's.
+qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VENV_PYTHON}
+                    ${PROJECT_SOURCE_DIR}/examples/read_checkpoint.py)
 # Two copies of every shard (--ps-replicas 2): the backup equals the
 # primary bit for bit, duplicate pushes, REPLICATE's checks; failover in
 # place of a killed or stopped ps (views, resent pushes, the fence);
