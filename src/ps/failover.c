@@ -1,7 +1,8 @@
 /*
  * failover.c - failover in place (--ps-replicas 2): the view of
- * where each shard is served, kept by ps 0, and what every ps makes of
- * it. docs/REPLICATION.md, "Failover".
+ * where each shard is served, kept by the coordinator (ps 0, or ps 1
+ * once ps 0 has failed over), and what every ps makes of it.
+ * docs/REPLICATION.md, "Failover".
  *
  * View 0 is the placement of the start: shard k served by ps k, its copy
  * on ps (k+1) mod P. When ps 0 finds ps k (k > 0) dead (its link lost and
@@ -32,9 +33,15 @@
  * cluster back to its newest checkpoint at once, or aborts without
  * --checkpoint-dir (rollback.c, qr__rollback_both_lost); the view starts
  * again with every ps ALIVE, under the next number
- * (qr__failover_rolled_back). ps 0 itself is not failed over: links.c
- * goes on as with one copy (restart-wait-ms, then the run aborts naming
- * the ps).
+ * (qr__failover_rolled_back).
+ *
+ * ps 0 itself, the coordinator, is failed over by its successor ps 1
+ * (async, without --checkpoint-dir, ps 0 dead: its address refusing):
+ * ps 1 holds the copy of shard 0 and with it the global step; it takes
+ * the role (take_over, below: coord_index, links, liveness) and fails
+ * ps 0 over as the coordinator fails over any ps. Otherwise (sync,
+ * checkpoints, a hung ps 0 still accepting) ps 0 is waited for as with
+ * one copy (restart-wait-ms, then the run aborts or rolls back).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -281,15 +288,17 @@ void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *met
 
 /* Does ps k's address refuse a connection? The kernel answers at once for
  * a process that is gone (no listener on its socket or port); a live ps,
- * hung or not, accepts. */
-static bool refuses(qr_ps *ps, int k) {
+ * hung or not, accepts. Asked at most once a second (each asking leaves
+ * a connection in a stopped ps's backlog), and bounded by PROBE_MS: it
+ * runs on the loop. */
+#define PROBE_MS 200
+static bool refuses(qr_ps *ps, int k, uint64_t now) {
+    if (now - ps->replica.probe_ns < 1000000000ull) return false;
+    ps->replica.probe_ns = now;
     qr_addr a;
     if (qr_addr_parse(ps->cluster->ps[k], &a)) return false;
     bool prefer_unix = strcmp(qr__config_str(ps->cfg, "transport"), "tcp") != 0;
-    int fd = qr_blocking_connect(&a, prefer_unix);
-    if (fd < 0) return true;
-    qr_blocking_close(fd);
-    return false;
+    return qr_blocking_refused(&a, prefer_unix, PROBE_MS);
 }
 
 /* The coordinator's successor takes its role: it holds the copy of the
@@ -338,7 +347,7 @@ bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
         return false;
     /* Lost, not back within two watch periods, and refusing: dead. */
     if (!ps->coordinator || !ps->coordinator_lost_ns ||
-        now - ps->coordinator_lost_ns < 500000000ull || !refuses(ps, c))
+        now - ps->coordinator_lost_ns < 500000000ull || !refuses(ps, c, now))
         return false;
     take_over(ps);
     return true;

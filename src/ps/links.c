@@ -1,5 +1,6 @@
 /*
- * links.c - ps 0's connections to the other ps tasks: what travels on
+ * links.c - the coordinator's connections to the other ps tasks (ps
+ * 0's; ps 1's once it has taken the role over, failover.c): what travels on
  * them (the APPLY of a sync step, the HELD and RELEASE of its held
  * pushes, the CKPT requests of a checkpoint, STOP)
  * and what they tell about those tasks: whether each one is up, and which

@@ -19,7 +19,9 @@
  *         a report that says more applies: every worker gone (above), or
  *         in sync mode a step the survivors cannot make (coord.c).
  *   ps k: ps 0 gone for restart-wait-ms (its link closed and not made
- *         again): this ps stops with an error. ps 0 beats on its link
+ *         again): this ps stops with an error. (With --ps-replicas 2 in
+ *         async mode ps 1 takes the role over first when ps 0 is dead,
+ *         failover.c, and the others follow it.) ps 0 beats on its link
  *         (links.c) every heartbeat-ms; a link silent for
  *         heartbeat-timeout-ms is a hung ps 0 (stopped, wedged): named,
  *         told to the supervisor, closed, and then waited for as a dead one.

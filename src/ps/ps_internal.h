@@ -575,10 +575,10 @@ struct qr_ps {
     uv_timer_t linger_timer;
     int index;
     /* The ps that coordinates the cluster (the global step, the view, the
-     * workers' liveness, the stop, sync steps and checkpoints): ps 0.
-     * Named apart from `index == 0` so that the role can move to the ps
-     * that serves shard 0 after ps 0 fails over (docs/REPLICATION.md,
-     * "ps 0's coordinator failover"); no code moves it yet. */
+     * workers' liveness, the stop, sync steps and checkpoints): ps 0, or
+     * ps 1, which serves shard 0 from its copy, once ps 0 has failed over
+     * (failover.c, take_over; docs/REPLICATION.md, "ps 0's coordinator
+     * failover"). */
     int coord_index;
     uint64_t incarnation;  /* this run of the ps: new at every start and rollback */
     uint64_t follows;      /* ps k: the coordinator incarnation whose rollback made this run (0: none) */

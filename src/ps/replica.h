@@ -106,6 +106,7 @@ typedef struct ps_replica {
      * a successor coordinator goes on from (REPLICATION.md, "ps 0's
      * coordinator failover") */
     int64_t coord_step;
+    uint64_t probe_ns;     /* the successor's last look at a lost coordinator's address */
     /* a replacement (rerep.c): its own shard's copy, fed by the ps that
      * serves it (ps `backup`, promoted), on a link of its own */
     uint64_t own_incarnation, own_applied_fwd;

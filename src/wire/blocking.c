@@ -19,46 +19,83 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-static int connect_unix(const char *path) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof sa.sun_path) return -1;
-    strcpy(sa.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa)) {
-        close(fd);
-        fd = -1;
+/* connect(2), bounded by timeout_ms when it is positive (SO_SNDTIMEO,
+ * which a blocking connect honours on Unix and TCP sockets); the
+ * connected descriptor, or -1 with *err the reason. */
+static int connect_within(int fd, const struct sockaddr *sa, socklen_t len, int timeout_ms,
+                          int *err) {
+    if (fd < 0) {
+        *err = errno;
+        return -1;
     }
+    if (timeout_ms > 0) {
+        struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    if (connect(fd, sa, len)) {
+        *err = errno;
+        close(fd);
+        return -1;
+    }
+    if (timeout_ms > 0) /* the bound was for the connect only */
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){0}, sizeof(struct timeval));
     return fd;
 }
 
-static int connect_tcp(const qr_addr *a) {
+static int connect_unix(const char *path, int timeout_ms, int *err) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof sa.sun_path) {
+        *err = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    return connect_within(fd, (struct sockaddr *)&sa, sizeof sa, timeout_ms, err);
+}
+
+static int connect_tcp(const qr_addr *a, int timeout_ms, int *err) {
     char port[16];
     snprintf(port, sizeof port, "%d", a->port);
     struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
-    if (getaddrinfo(a->host, port, &hints, &res)) return -1;
-    int fd = -1;
-    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen)) {
-            close(fd);
-            fd = -1;
-        }
+    if (getaddrinfo(a->host, port, &hints, &res)) {
+        *err = EHOSTUNREACH;
+        return -1;
     }
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next)
+        fd = connect_within(socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol),
+                            ai->ai_addr, ai->ai_addrlen, timeout_ms, err);
     freeaddrinfo(res);
     if (fd >= 0) setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
     return fd;
 }
 
+static int connect_addr(const qr_addr *addr, bool prefer_unix, int timeout_ms, int *err) {
+    if (addr->kind == QR_ADDR_UNIX) return connect_unix(addr->path, timeout_ms, err);
+    char path[108];
+    if (prefer_unix && addr->loopback && !qr_addr_local_unix_path(addr, path, sizeof path)) {
+        int fd = connect_unix(path, timeout_ms, err);
+        if (fd >= 0) return fd;
+    }
+    return connect_tcp(addr, timeout_ms, err);
+}
+
+bool qr_blocking_refused(const qr_addr *addr, bool prefer_unix, int timeout_ms) {
+    int err = 0;
+    int fd = connect_addr(addr, prefer_unix, timeout_ms, &err);
+    if (fd >= 0) {
+        close(fd);
+        return false;
+    }
+    /* a Unix socket's file left by a process gone, or none: nobody listens */
+    return err == ECONNREFUSED || err == ENOENT;
+}
+
 /* The same way a conn.h connection goes: a Unix socket for a peer on
  * this machine, when the transport allows it. */
 int qr_blocking_connect(const qr_addr *addr, bool prefer_unix) {
-    if (addr->kind == QR_ADDR_UNIX) return connect_unix(addr->path);
-    char path[108];
-    if (prefer_unix && addr->loopback && !qr_addr_local_unix_path(addr, path, sizeof path)) {
-        int fd = connect_unix(path);
-        if (fd >= 0) return fd;
-    }
-    return connect_tcp(addr);
+    int err;
+    return connect_addr(addr, prefer_unix, 0, &err);
 }
 
 bool qr_blocking_send_all(int fd, const void *buf, size_t len) {

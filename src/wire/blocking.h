@@ -17,6 +17,12 @@
  * socket's descriptor, or -1. */
 int qr_blocking_connect(const qr_addr *addr, bool prefer_unix);
 
+/* Does nothing listen at addr? A connect (bounded by timeout_ms) that the
+ * other machine's kernel refuses: true for a process that is gone, false
+ * for one that accepts (even one stopped: its backlog takes it), for a
+ * backlog full, a timeout or an unreachable host (nothing known). */
+bool qr_blocking_refused(const qr_addr *addr, bool prefer_unix, int timeout_ms);
+
 /* Send or receive exactly len bytes (retried across signals); false if
  * the peer closed, the socket failed or a timeout set on it passed. */
 bool qr_blocking_send_all(int fd, const void *buf, size_t len);

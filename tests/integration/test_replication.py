@@ -581,7 +581,7 @@ class KilledBeforeMet(Exception):
     moment at random draws again."""
 
 
-def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
+def launch_and_signal(args, victim, sig, after, then=None, mode="async", failed_over_by=0):
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     pid = launch_child_pid(p, "ps", victim)
     time.sleep(after)
@@ -591,14 +591,14 @@ def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
     if then:
         then(pid)
     rc, out, err = p.wait(300)
-    met = re.search(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % victim, err,
-                    re.MULTILINE)
+    met = re.search(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % (victim or 1),
+                    err, re.MULTILINE)
     if rc != 0 and not met:
         raise KilledBeforeMet("ps %d signalled at %.2f s, before ps 0 linked to it" %
                               (victim, after))
     assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
-    assert "quorum launch: ps %d (pid %d) was failed over by ps 0 (view 1)" % (victim, pid) \
-        in err, err[-3000:]
+    assert "quorum launch: ps %d (pid %d) was failed over by ps %d (view 1)" % (
+        victim, pid, failed_over_by) in err, err[-3000:]
     assert "rolling back" not in err and "restarting it" not in err, err[-3000:]
     return last_json(out), err, pid, t
 
@@ -672,9 +672,23 @@ def coordinator_kill_case():
     _, _, stall = check_counts(err, 3, 0, "ps 0 killed")
     print("STALL: ps 0 SIGKILLed: the longest push a worker waited for was %.3f s (%.3f s in "
           "the unkilled run)" % (stall, calm))
-    print("PASS: coordinator_kill: ps 0 killed at global step %s, ps 1 coordinated the rest: "
-          "no rollback, step %d, accuracy %.4f (unkilled %.4f)" % (
-              took[0], s["global_step"], s["test_accuracy"], whole["test_accuracy"]))
+    print("ok: ps 0 killed at global step %s, ps 1 coordinated the rest: no rollback, step %d, "
+          "accuracy %.4f (unkilled %.4f)" % (took[0], s["global_step"], s["test_accuracy"],
+                                             whole["test_accuracy"]))
+    # A stopped ps 0 still accepts connections, so ps 1 does not take it
+    # for dead; the other ps report it hung, `quorum launch` kills it, and
+    # the takeover follows.
+    timeout = 1500
+    s, err, pid, _ = launch_and_signal(args + ["--heartbeat-timeout-ms", str(timeout)], 0,
+                                       signal.SIGSTOP, 1.0, failed_over_by=1)
+    assert "quorum launch: ps 0 (pid %d) is hung" % pid in err, err[-3000:]
+    assert s["rollbacks"] == 0 and s["global_step"] >= 6000, s
+    assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
+    _, _, stopped = check_counts(err, 3, 0, "ps 0 stopped")
+    print("STALL: ps 0 SIGSTOPped (heartbeat-timeout-ms %d): the longest push a worker waited "
+          "for was %.3f s" % (timeout, stopped))
+    print("PASS: coordinator_kill: ps 0 killed, then stopped: ps 1 took over both times, no "
+          "rollback")
 
 
 def lag_case():
