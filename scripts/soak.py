@@ -40,13 +40,17 @@ digits (--steps, --heartbeat-ms 200 --heartbeat-timeout-ms 1000 by
 default) and, at a random
 moment 0.3 s to --kill-window s in (at most 0.7 of the reference run's
 training time, so that the fault comes while training goes on), one
-fault on a random ps OTHER THAN
-PS 0 (ps 0's coordinator failover is not built yet: killing it ends the run
-as with one copy, so it is never the victim), drawn from:
-  SIGKILL        the ps dies: ps 0 fails it over (its backup serves its shard)
+fault on a random ps (in sync mode one OTHER THAN PS 0: ps 0's
+coordinator failover is built for async mode only, and killing it there
+ends the run as with one copy), drawn from:
+  SIGKILL        the ps dies: ps 0 fails it over (its backup serves its
+                 shard); ps 0 itself is failed over by ps 1, which takes
+                 the coordinator's role
   SIGSTOP+CONT   the ps hangs 0.3 to 3 s: past heartbeat-timeout-ms it is
-                 failed over and, once continued, fences itself and exits;
-                 continued sooner, it goes on and nothing fails over
+                 failed over and, once continued, fences itself and exits
+                 (ps 0: reported hung, killed by launch, then failed over
+                 by ps 1); continued sooner, it goes on and nothing fails
+                 over
 (--faults kill or stop keeps one of them). A first run without a fault is
 the reference. Every run must:
   end        within --timeout, with exit status 0
@@ -287,7 +291,7 @@ def replication_problems(err, nps, failed):
 def stop_requested_at(err):
     """When ps 0 logged that a worker asked it to stop the cluster (the end
     of training), in seconds since the epoch; None if it did not."""
-    m = re.search(r"^(\S+) \[ps 0 pid \d+\] info: stop requested", err, re.M)
+    m = re.search(r"^(\S+) \[ps \d+ pid \d+\] info: stop requested", err, re.M)
     if not m:
         return None
     try:
@@ -311,7 +315,9 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
                          start_new_session=True)
     deadline = time.time() + timeout
     fault = rng.choice(faults) if faults else None
-    victim = rng.randrange(1, REPLICATION_PS)  # never ps 0: its failover is not built
+    # ps 0 too in async mode (ps 1 takes its role over); in sync mode its
+    # failover is not built
+    victim = rng.randrange(0 if mode == "async" else 1, REPLICATION_PS)
     after = rng.uniform(0.3, window)
     hold = rng.uniform(0.3, 3.0) if fault == "SIGSTOP+CONT" else 0.0
     pid, sent, sent_at = None, False, 0.0
@@ -340,8 +346,8 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
     # served to the end; nothing is lost, and its last words are no copy.
     through_end = (fault == "SIGSTOP+CONT" and sent and p.returncode == 3 and
                    last.endswith("did not end well: ps %d" % victim) and
-                   "ps %d (pid %d) exited with status 1 after ps 0 had stopped the cluster in "
-                   "order" % (victim, pid) in err)
+                   re.search(r"ps %d \(pid %d\) exited with status 1 after ps \d had stopped the "
+                             r"cluster in order" % (victim, pid), err) is not None)
     # Killed as training ended (a run faster than the reference): ps 0
     # may have begun its orderly stop, which fails nothing over, and
     # launch ends with 3 naming the killed ps. Nothing was lost, and the
@@ -371,8 +377,8 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
     except (ValueError, IndexError, KeyError):
         if "hung" not in problems:
             problems.append("lost data (no summary)")
-    failed_over = sent and "quorum launch: ps %d (pid %d) was failed over by ps 0" % (
-        victim, pid) in err
+    failed_over = sent and "quorum launch: ps %d (pid %d) was failed over by ps %d" % (
+        victim, pid, 1 if victim == 0 else 0) in err
     if sent and fault == "SIGKILL" and not failed_over and not late:
         problems.append("failover: no failover of the killed ps %d" % victim)
     found, resent, duplicates, stall, views = replication_problems(
@@ -410,10 +416,11 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
 def replication_soak(a, rng):
     faults = REPLICATION_FAULTS[a.faults]
     print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
-          "%s%s --ps-replicas 2, --steps %d, faults %s on ps 1..%d (never ps 0: its failover "
-          "is not built)" % (a.runs, REPLICATION_PS, a.mode,
-                              " --init-tokens 0" if a.mode == "sync" else "", a.steps,
-                              "/".join(faults), REPLICATION_PS - 1), flush=True)
+          "%s%s --ps-replicas 2, --steps %d, faults %s on ps %s..%d%s" % (
+              a.runs, REPLICATION_PS, a.mode, " --init-tokens 0" if a.mode == "sync" else "",
+              a.steps, "/".join(faults), 0 if a.mode == "async" else 1, REPLICATION_PS - 1,
+              " (never ps 0: its failover is built for async mode only)" if a.mode == "sync"
+              else " (ps 0: ps 1 takes over as the coordinator)"), flush=True)
     problems, _, reference = replication_run(a.quorum, 0, a.timeout, rng, a.steps, None,
                                              a.kill_window, None, a.heartbeat_timeout_ms,
                                              a.mode)
