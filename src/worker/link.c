@@ -234,6 +234,13 @@ static void on_lost(qr_conn *c, int status) {
     } else if (!l->incarnation && !l->unreached_ns) {
         l->unreached_ns = now;
     }
+    /* With two copies, a ps reached before that refuses now may have been
+     * failed over (ps 0 too: then nobody may send this worker the view
+     * unasked, if it has no connection to ps 1): ask any ps that answers
+     * for the view, again at each refused attempt (ask_view). */
+    if (l->state != LINK_UP && l->state != LINK_HELLO && l->lost_ns && w->replicas > 1 &&
+        !w->stopping)
+        w->view_wanted = true;
     l->conn = NULL;
     l->state = LINK_DOWN;
     uint64_t backoff_ms = QR_MIN(1000ull, 10ull << QR_MIN(l->attempts, 7));
@@ -300,22 +307,29 @@ static void apply_view(qr_worker *w, const uint8_t *meta, uint32_t len) {
 
 static void link_connect(ps_link *l);
 
-/* A ps refused a HELLO as of an old view: ask ps 0 for the view, once at
- * a time, when its link is up. A link to ps 0 that is down is made again
- * for it: nothing else may need ps 0 while the call waits (a push to the
- * refusing ps alone), and ps 0 may be a new run, rolled back (its views
- * number on, so every ps refuses this worker's old view): its HELLO's
- * answer is how this worker learns of the rollback. */
+/* A ps refused a HELLO as of an old view, or a ps reached before refuses
+ * to connect: ask for the view, once at a time, on link 0 (the
+ * coordinator's) when it is up, else on any link that is. A link 0 that
+ * is down is made again for it: nothing else may need the coordinator
+ * while the call waits (a push to the refusing ps alone), and ps 0 may
+ * be a new run, rolled back (its views number on, so every ps refuses
+ * this worker's old view): its HELLO's answer is how this worker learns
+ * of the rollback. Another ps answers with the view it has been told,
+ * which may not be the newest yet: a refusal asks again. */
 static void ask_view(qr_worker *w) {
     ps_link *l0 = &w->links[0];
     if (w->view_wanted && l0->state == LINK_DOWN && qr__now_ns() >= l0->retry_at_ns)
         link_connect(l0);
-    if (!w->view_wanted || w->view_req || l0->state != LINK_UP) return;
-    wk_request *r = wk_request_new(w, 0, QR_MSG_VIEW);
+    if (!w->view_wanted || w->view_req) return;
+    ps_link *l = l0->state == LINK_UP ? l0 : NULL;
+    for (int k = 1; !l && k < w->nps; k++)
+        if (w->links[k].state == LINK_UP) l = &w->links[k];
+    if (!l) return;
+    wk_request *r = wk_request_new(w, l->index, QR_MSG_VIEW);
     if (!r) return;
     r->internal = true;
     r->want_meta = true;
-    if (link_send(l0, r)) {
+    if (link_send(l, r)) {
         wk_request_free(r);
         return;
     }

@@ -1,7 +1,8 @@
 # scripts/soak.py --replication --faults kill, bounded (issue 29, item 6): a reference
 # run and 2 runs of `launch --ps 3 --workers 3 --mode async --ps-replicas 2`,
-# each with a SIGKILL of a random ps other than ps 0 at a
-# random moment (seeded): exit 0, no rollback, every shard with two copies
+# each with a SIGKILL of a random ps (ps 0 included: ps 1 then takes over
+# as the coordinator) at a random moment (seeded): exit 0, no rollback,
+# every shard with two copies
 # equal, pushes acknowledged = pushes applied on every surviving copy, the
 # accuracy of the reference. The soak exits 1 on any problem; its lines and
 # counts are checked for their shape. SIGKILLs only: a SIGSTOP+CONT run
@@ -18,7 +19,7 @@ runs = re.findall(r"^run +(\d+): (.*) -> (.*)$", p.stdout, re.M)
 assert [r[0] for r in runs] == ["0", "1", "2"], p.stdout
 assert runs[0][1].startswith("no fault") and runs[0][2] == "ok", runs[0]
 for r in runs[1:]:
-    assert re.match(r"SIGKILL ps [12] at ", r[1]) or "run had ended" in r[1], r
+    assert re.match(r"SIGKILL ps [012] at ", r[1]) or "run had ended" in r[1], r
     assert r[2].startswith("ok"), r
 counts = re.search(r"^soak --replication: 2 runs, (\d+) kills, (\d+) stops, (\d+) failovers, "
                    r"(\d+) pushes resent, (\d+) answered as duplicates, longest push over the "
