@@ -249,11 +249,6 @@ static int changed_rows(const qr_table *t, uint64_t **sel, uint64_t *n) {
     return QR_OK;
 }
 
-/* A table's rows, copied now: unlike a dense tensor they are updated in
- * place, so the snapshot cannot hold a reference. The tensors: NAME
- * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. In an
- * increment (delta) only the rows made or updated since the last
- * checkpoint, and NAME/removed_ids. */
 /* A table's part of its variable's record. */
 static int table_record(cJSON *rec, const qr_table *t, uint64_t n, bool delta) {
     cJSON *tab = cJSON_AddObjectToObject(rec, "table");
@@ -370,6 +365,12 @@ static int spool_table(ckpt_entry *e, const qr_table *t, const char *name) {
     return rc;
 }
 
+/* A table's rows, copied now (a full checkpoint of a tiered one: streamed,
+ * above): unlike a dense tensor they are updated in
+ * place, so the snapshot cannot hold a reference. The tensors: NAME
+ * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. In an
+ * increment (delta) only the rows made or updated since the last
+ * checkpoint, and NAME/removed_ids. */
 static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, bool delta) {
     const qr_table *t = v->table;
     if (!delta && t->tier) { /* streamed into a spool, above */

@@ -748,51 +748,38 @@ uint64_t qr__tier_disk_rows(const qr_table *t) {
 
 /* A checkpoint's copy of one record as row k: its value and slots into
  * rows[s] + k * dim, its update step into steps[k] (either may be NULL). */
-static void copy_record(const qr_table *t, const MDB_val *val, uint64_t k, float **rows,
+static void copy_record(const qr_table *t, const void *record, uint64_t k, float **rows,
                         int64_t *steps) {
     size_t row_bytes = (size_t)t->dim * 4;
     for (int s = 0; rows && s <= t->nslots; s++)
-        memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)val->mv_data + s * row_bytes,
-               row_bytes);
+        memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)record + s * row_bytes, row_bytes);
     if (steps) {
-        if (t->evict_after) memcpy(&steps[k], (const char *)val->mv_data + t->stride * 4, 8);
+        if (t->evict_after) memcpy(&steps[k], (const char *)record + t->stride * 4, 8);
         else steps[k] = t->clock;
     }
 }
 
+/* qr__tier_copy_disk_rows's row: record k of the copy. */
+typedef struct copy_ctx {
+    const qr_table *t;
+    int64_t *ids;
+    float **rows;
+    int64_t *steps;
+    uint64_t k;
+} copy_ctx;
+
+static int copy_row(void *ctx, int64_t id, const void *record, int64_t step) {
+    (void)step; /* copy_record reads it as each_disk_row does */
+    copy_ctx *c = ctx;
+    if (c->ids) c->ids[c->k] = id;
+    copy_record(c->t, record, c->k++, c->rows, c->steps);
+    return QR_OK;
+}
+
 int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
                             uint64_t from) {
-    tier_table *tt = t->tier;
-    if (!tt || !tt->disk_rows) return QR_OK;
-    ps_tier *tier = tt->owner;
-    /* Through the open transaction: it sees the rows written since the
-     * last commit. */
-    int rc = txn_open(tier);
-    if (rc) return rc;
-    MDB_cursor *cur;
-    rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
-    if (rc) return tier_failed(tier, rc, "opening a cursor");
-    MDB_val key, val;
-    uint64_t k = from, end = from + tt->disk_rows;
-    size_t bytes = record_bytes(t);
-    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < end;
-         rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
-        if (key.mv_size != 8 || val.mv_size != bytes) {
-            rc = MDB_CORRUPTED;
-            break;
-        }
-        int64_t id;
-        memcpy(&id, key.mv_data, 8);
-        if (qr_table_find(t, id) >= 0) continue; /* in memory: the copy there is the row */
-        if (ids) ids[k] = id;
-        copy_record(t, &val, k++, rows, steps);
-    }
-    mdb_cursor_close(cur);
-    if (k != end || (rc && rc != MDB_NOTFOUND))
-        return qr__fail(QR_EIO, "table disk tier: '%s' holds %llu rows on disk, %llu read back "
-                        "(%s)", tt->var->name, (unsigned long long)tt->disk_rows,
-                        (unsigned long long)(k - from), rc ? mdb_strerror(rc) : "too few");
-    return QR_OK;
+    copy_ctx c = {.t = t, .ids = ids, .rows = rows, .steps = steps, .k = from};
+    return qr__tier_each_disk_row(t, copy_row, &c);
 }
 
 int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
@@ -819,7 +806,7 @@ int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float *
             return qr__fail(QR_EIO, "table disk tier: '%s': the changed row of id %lld is not "
                             "on disk (%s)", tt->var->name, (long long)ids[k], mdb_strerror(rc));
         }
-        copy_record(t, &val, k, rows, steps);
+        copy_record(t, val.mv_data, k, rows, steps);
     }
     mdb_cursor_close(cur);
     return QR_OK;

@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 MAGIC = 0x4D525551
@@ -236,6 +237,62 @@ class Proc:
             os.killpg(self.p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def children(pid):
+    """Every descendant of pid."""
+    out = []
+    try:
+        for task in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                for c in f.read().split():
+                    out += [int(c)] + children(int(c))
+    except OSError:
+        pass
+    return out
+
+
+def rss_anon_kb(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def is_ps(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")[1:2] == [b"ps"]
+    except OSError:
+        return False
+
+
+def wait_sampling_ps_rss(proc, timeout, period):
+    """proc.wait(timeout) while the RssAnon of every ps task among proc's
+    descendants is sampled every `period` s: (rc, out, err, the highest
+    sample in MiB)."""
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            for c in children(proc.p.pid):
+                if is_ps(c):
+                    peak[0] = max(peak[0], rss_anon_kb(c))
+            time.sleep(period)
+
+    t = threading.Thread(target=sample)
+    t.start()
+    try:
+        rc, out, err = proc.wait(timeout=timeout)
+    finally:
+        done.set()
+        t.join()
+    return rc, out, err, peak[0] / 1024.0
 
 
 def last_json(stdout):

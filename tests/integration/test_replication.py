@@ -581,7 +581,7 @@ class KilledBeforeMet(Exception):
     moment at random draws again."""
 
 
-def launch_and_signal(args, victim, sig, after, then=None, mode="async", failed_over_by=0):
+def launch_and_signal(args, victim, sig, after, then=None, mode="async"):
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode] + args)
     pid = launch_child_pid(p, "ps", victim)
     time.sleep(after)
@@ -597,8 +597,9 @@ def launch_and_signal(args, victim, sig, after, then=None, mode="async", failed_
         raise KilledBeforeMet("ps %d signalled at %.2f s, before ps 0 linked to it" %
                               (victim, after))
     assert rc == 0, "launch %s exited %d\n%s" % (args, rc, err[-4000:])
+    # ps 0 fails the others over; ps 0 itself, ps 1 (taking its role)
     assert "quorum launch: ps %d (pid %d) was failed over by ps %d (view 1)" % (
-        victim, pid, failed_over_by) in err, err[-3000:]
+        victim, pid, 1 if victim == 0 else 0) in err, err[-3000:]
     assert "rolling back" not in err and "restarting it" not in err, err[-3000:]
     return last_json(out), err, pid, t
 
@@ -643,24 +644,8 @@ def coordinator_kill_case():
     args = DIGITS + steps + ["--ps-replicas", "2"]
     whole, err = launch(args)
     _, _, calm = check_counts(err, 3, None, "unkilled")
-    for after in (1.0, 2.0, 3.0):
-        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async"] + args)
-        pid = launch_child_pid(p, "ps", 0)
-        time.sleep(after)
-        assert p.alive(), "the run ended before the signal"
-        os.kill(pid, signal.SIGKILL)
-        rc, out, err = p.wait(300)
-        # A ps 0 killed before its links met every ps is waited for as a
-        # ps still starting (nothing was trained): drawn again, later.
-        met = all(re.search(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k, err,
-                            re.MULTILINE) for k in (1, 2))
-        if rc == 0 or met:
-            break
-        print("again: ps 0 killed at %.1f s, before it had linked to every ps" % after)
-    assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
-    s = last_json(out)
-    assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % pid in err, \
-        err[-3000:]
+    moments = iter((1.0, 2.0, 3.0))  # later each time ps 0 dies before it met every ps
+    s, err, pid, _, _ = signal_once_met(args, 0, signal.SIGKILL, lambda: next(moments))
     took = re.findall(r"\[ps 1 pid \d+\] warn: ps 0 \([^)]*\), the coordinator, is gone .*"
                       r"coordinates the cluster from now on, at global step (\d+)$", err,
                       re.MULTILINE)
@@ -680,7 +665,7 @@ def coordinator_kill_case():
     # the takeover follows.
     timeout = 1500
     s, err, pid, _ = launch_and_signal(args + ["--heartbeat-timeout-ms", str(timeout)], 0,
-                                       signal.SIGSTOP, 1.0, failed_over_by=1)
+                                       signal.SIGSTOP, 1.0)
     assert "quorum launch: ps 0 (pid %d) is hung" % pid in err, err[-3000:]
     assert s["rollbacks"] == 0 and s["global_step"] >= 6000, s
     assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)

@@ -19,10 +19,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
-from qrtest import Proc, last_json, sanitized
+from qrtest import Proc, last_json, sanitized, wait_sampling_ps_rss
 
 OVERHEAD_MB = 24
 CAP_MB = 24
@@ -31,62 +29,14 @@ quorum = sys.argv[1]
 work = tempfile.mkdtemp(prefix="qr-tier-")
 
 
-def children(pid):
-    """Every descendant of pid."""
-    out = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                for c in f.read().split():
-                    out += [int(c)] + children(int(c))
-    except OSError:
-        pass
-    return out
-
-
-def rss_anon_kb(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def is_ps(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().split(b"\0")[1:2] == [b"ps"]
-    except OSError:
-        return False
-
-
 def run(extra, nps=1):
     """A launch with nps ps, 2 workers; its JSON and the peak RssAnon (MiB)
     of a ps."""
     proc = Proc([quorum, "launch", "--ps", str(nps), "--workers", "2", "--model", "wide-deep",
                  "--embedding-dim", "64", "--data", data, "--json", "--quiet"] + extra)
-    peak = [0]
-    done = threading.Event()
-
-    def sample():
-        while not done.is_set():
-            for c in children(proc.p.pid):
-                if is_ps(c):
-                    peak[0] = max(peak[0], rss_anon_kb(c))
-            time.sleep(0.05)
-
-    t = threading.Thread(target=sample)
-    t.start()
-    try:
-        rc, out, err = proc.wait(timeout=900)
-    finally:
-        done.set()
-        t.join()
+    rc, out, err, peak_mb = wait_sampling_ps_rss(proc, 900, 0.05)
     assert rc == 0, "launch %s exited %d\n%s" % (extra, rc, err[-4000:])
-    return last_json(out), peak[0] / 1024.0
+    return last_json(out), peak_mb
 
 
 try:

@@ -26,10 +26,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
-from qrtest import Proc, last_json, sanitized
+from qrtest import Proc, last_json, sanitized, wait_sampling_ps_rss
 
 ROWS = int(os.environ.get("QR_TIER_CKPT_ROWS", "1000000"))
 CAP_MB = 16
@@ -37,37 +35,6 @@ OVERHEAD_MB = 32
 
 quorum, venv_python, reader = sys.argv[1], sys.argv[2], sys.argv[3]
 work = tempfile.mkdtemp(prefix="qr-tier-ckpt-")
-
-
-def children(pid):
-    out = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                for c in f.read().split():
-                    out += [int(c)] + children(int(c))
-    except OSError:
-        pass
-    return out
-
-
-def rss_anon_kb(pid):
-    try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def is_ps(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().split(b"\0")[1:2] == [b"ps"]
-    except OSError:
-        return False
 
 
 def launch(ckpt, steps, extra=()):
@@ -78,25 +45,9 @@ def launch(ckpt, steps, extra=()):
                  "--batch-size", "256", "--seed", "5", "--steps", str(steps),
                  "--checkpoint-dir", ckpt, "--checkpoint-steps", "2", "--keep-checkpoints", "10",
                  "--json", "--quiet"] + list(extra))
-    peak = [0]
-    done = threading.Event()
-
-    def sample():
-        while not done.is_set():
-            for c in children(proc.p.pid):
-                if is_ps(c):
-                    peak[0] = max(peak[0], rss_anon_kb(c))
-            time.sleep(0.02)
-
-    t = threading.Thread(target=sample)
-    t.start()
-    try:
-        rc, out, err = proc.wait(timeout=600)
-    finally:
-        done.set()
-        t.join()
+    rc, out, err, peak_mb = wait_sampling_ps_rss(proc, 600, 0.02)
     assert rc == 0, "launch %s exited %d\n%s" % (extra, rc, err[-4000:])
-    return last_json(out), peak[0] / 1024.0
+    return last_json(out), peak_mb
 
 
 def newest(ckpt):
