@@ -40,9 +40,7 @@ digits (--steps, --heartbeat-ms 200 --heartbeat-timeout-ms 1000 by
 default) and, at a random
 moment 0.3 s to --kill-window s in (at most 0.7 of the reference run's
 training time, so that the fault comes while training goes on), one
-fault on a random ps (in sync mode one OTHER THAN PS 0: ps 0's
-coordinator failover is built for async mode only, and killing it there
-ends the run as with one copy), drawn from:
+fault on a random ps, ps 0 included in both modes, drawn from:
   SIGKILL        the ps dies: ps 0 fails it over (its backup serves its
                  shard); ps 0 itself is failed over by ps 1, which takes
                  the coordinator's role
@@ -315,9 +313,8 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
                          start_new_session=True)
     deadline = time.time() + timeout
     fault = rng.choice(faults) if faults else None
-    # ps 0 too in async mode (ps 1 takes its role over); in sync mode its
-    # failover is not built
-    victim = rng.randrange(0 if mode == "async" else 1, REPLICATION_PS)
+    # ps 0 too (ps 1 takes its role over), in both modes
+    victim = rng.randrange(0, REPLICATION_PS)
     after = rng.uniform(0.3, window)
     hold = rng.uniform(0.3, 3.0) if fault == "SIGSTOP+CONT" else 0.0
     pid, sent, sent_at = None, False, 0.0
@@ -418,9 +415,8 @@ def replication_soak(a, rng):
     print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
           "%s%s --ps-replicas 2, --steps %d, faults %s on ps %s..%d%s" % (
               a.runs, REPLICATION_PS, a.mode, " --init-tokens 0" if a.mode == "sync" else "",
-              a.steps, "/".join(faults), 0 if a.mode == "async" else 1, REPLICATION_PS - 1,
-              " (never ps 0: its failover is built for async mode only)" if a.mode == "sync"
-              else " (ps 0: ps 1 takes over as the coordinator)"), flush=True)
+              a.steps, "/".join(faults), 0, REPLICATION_PS - 1,
+              " (ps 0: ps 1 takes over as the coordinator)"), flush=True)
     problems, _, reference = replication_run(a.quorum, 0, a.timeout, rng, a.steps, None,
                                              a.kill_window, None, a.heartbeat_timeout_ms,
                                              a.mode)
@@ -476,8 +472,8 @@ def main():
                     "async, 2000 sync)")
     ap.add_argument("--replication", action="store_true",
                     help="two copies of every shard (--ps-replicas 2; --mode async by "
-                    "default, or sync): kill or stop a random ps other than ps 0 (ps 0's "
-                    "failover is not built) and check that nothing is lost (see the top of "
+                    "default, or sync): kill or stop a random ps, ps 0 included (ps 1 "
+                    "takes its role over), and check that nothing is lost (see the top of "
                     "this file)")
     ap.add_argument("--faults", choices=sorted(REPLICATION_FAULTS), default="both",
                     help="--replication: SIGKILLs, SIGSTOP+CONTs or both (default)")

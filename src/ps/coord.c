@@ -204,20 +204,24 @@ void qr__coord_failed_over(qr_ps *ps, int k, int served) {
     int next = (k + 1) % ps->cluster->nps;
     qr__log(QR_LOG_INFO, "step %lld: shard %d's part goes to its copy on ps %d",
             (long long)ps->global_step, k, next);
-    if (next != 0) {
+    if (next != ps->index) {
         qr__link_apply_again(ps, next, ps->global_step);
         return;
     }
     if (apply_own_copy(ps)) qr__coord_abort(ps, qr_last_error());
 }
 
-/* ps 0's own part of a step with two copies: done once its backup has
- * applied the step too (sync.c forwarded it), as ps k answers APPLY. */
+/* The coordinator's own shard's part of a step with two copies: done once
+ * its backup has applied the step too (sync.c forwarded it), as ps k
+ * answers APPLY. (On ps 0 its held pushes are the coordinator's; on a
+ * successor, its own shard's wait in sync.c as on any ps k.) */
 static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
                             const char *msg) {
     (void)p;
     (void)req;
-    part_copied(ctx, 0, status, msg);
+    qr_ps *ps = ctx;
+    if (!status && ps->index != 0) qr__sync_answer_own(ps);
+    part_copied(ps, (uint32_t)ps->index, status, msg);
 }
 
 static void start_apply(qr_ps *ps) {
@@ -234,6 +238,52 @@ static void start_apply(qr_ps *ps) {
     }
     if (qr__replica_on(ps)) qr__replica_after(ps, own_step_copied, ps);
     else complete_apply_part(ps);
+}
+
+/* The coordinator's successor, in sync mode (failover.c, take_over): it
+ * holds shard 0's copy and its own shard, each at the step it applied
+ * last, and the members of that step. ps 0 completed every step before
+ * the older of the two (each needs both copies of shard 0 and ps 1's
+ * answer), and sent its APPLYs before forwarding its own part, so:
+ *  - both at step s: step s-1 is done everywhere; the cluster is
+ *    gathering step s (its pushes held on the shards, their HELD said
+ *    again on the new links, shard 0's parts resent by the workers);
+ *  - one at s + 1: step s is being applied; it is applied again here and
+ *    on every other ps (a repeat where it was: nothing), with the members
+ *    recorded, and completes once.
+ * Tokens: a completed step's were granted by ps 0, or are implied by the
+ * answers of the pushes resent (a member of the last step is answered
+ * with the global step); a worker whose TOKEN request was lost asks
+ * again, so max(N, R) tokens of the step are queued. In lockstep (R = N,
+ * no initial tokens) the ones nobody asks for are dropped as the step's
+ * gradients come (coord_token.c); otherwise they let up to that many
+ * gradients more into the step's race (REPLICATION.md). */
+void qr__coord_take_over(qr_ps *ps) {
+    ps_sync *s = &ps->sync;
+    int64_t own = s->step, copy = ps->replica.copy_steps;
+    int64_t step = QR_MIN(own, copy);
+    const quorum_member *members = own > copy ? s->own_members : s->copy_members;
+    int n = own > copy ? s->nown_members : s->ncopy_members;
+    s->tokens_seeded = true;
+    s->step_started_ns = s->last_grad_ns = qr__now_ns();
+    ps->global_step = step;
+    if (own != copy && n > 0 && n <= s->R) {
+        qr__log(QR_LOG_INFO, "step %lld was being applied (%s): applying it again everywhere, "
+                "with its %d members", (long long)step,
+                own > copy ? "this ps's own shard has it, shard 0's copy not"
+                           : "shard 0's copy has it, this ps's own shard not", n);
+        memcpy(s->quorum, members, (size_t)n * sizeof *members);
+        s->nquorum = n;
+        start_apply(ps);
+        return;
+    }
+    int release = QR_MAX(s->N, s->R);
+    for (int i = 0; step > 0 && i < release; i++)
+        if (qr__coord_push_token(s, step)) {
+            qr__coord_abort(ps, qr_last_error());
+            return;
+        }
+    qr__log(QR_LOG_INFO, "gathering step %lld (both shards here are at it)", (long long)step);
 }
 
 /* ---- stall reports ------------------------------------------------------------ */

@@ -65,7 +65,12 @@ void qr__coord_free(qr_ps *ps) {
 /* The other ps tasks answer the held push now (RELEASE) when its step is
  * not done everywhere: the answer of ps 0 is going ahead of it. */
 void qr__coord_release_others(qr_ps *ps, const held_pull *h) {
-    if (h->step >= ps->global_step) qr__links_release(ps, h->worker, h->seq);
+    if (h->step < ps->global_step) return;
+    qr__links_release(ps, h->worker, h->seq);
+    /* Its parts of the shards this ps holds besides the coordinator's own:
+     * a copy it serves since a failover, or, on the coordinator's
+     * successor, its own shard. */
+    qr__sync_release(ps, h->worker, h->seq);
 }
 
 /* Commit c if every ps has said what it did with it (or its step is over:
@@ -89,6 +94,46 @@ static void try_commit(qr_ps *ps, held_commit *c) {
         return;
     }
     qr__coord_count(ps, h->peer, &h->req, &m, h);
+}
+
+/* The coordinator's own part of a held push (shard 0's), kept here and,
+ * with two copies, waiting for the backup to hold it too. */
+typedef struct own_part {
+    qr_ps *ps;
+    held_pull *h;
+    uint32_t worker, seq;
+    int64_t local_step;
+    uint64_t data_pos;
+    int nparts;
+} own_part;
+
+static void own_part_copied(ps_peer *p, const qr_frame *req, void *ctx, int status,
+                            const char *msg) {
+    (void)req;
+    own_part *o = ctx;
+    qr_ps *ps = o->ps;
+    held_pull *h = o->h;
+    held_commit *c = p && !status ? find_commit(ps, o->worker, o->seq, true) : NULL;
+    if (!p) { /* its connection is lost, and the answer with it */
+        free(h);
+    } else if (status) {
+        qr__coord_release_others(ps, h);
+        qr__held_fail(h, status, msg);
+    } else if (!c) {
+        qr__coord_release_others(ps, h);
+        qr__held_fail(h, QR_ENOMEM, "out of memory holding a push-and-pull");
+    } else if (c->own) {
+        qr__held_fail(h, QR_EINVAL, "PUSH: this push is held already");
+    } else {
+        c->own = h;
+        c->local_step = o->local_step;
+        c->data_pos = o->data_pos;
+        c->nparts = o->nparts;
+        free(o);
+        try_commit(ps, c);
+        return;
+    }
+    free(o);
 }
 
 void qr__coord_held_push(ps_peer *p, const qr_frame *f) {
@@ -158,11 +203,24 @@ void qr__coord_held_push(ps_peer *p, const qr_frame *f) {
         qr__peer_reply_error(p, f, QR_EINVAL, "PUSH: this push is held already");
         return;
     }
-    c->own = h;
-    c->local_step = local_step;
-    c->data_pos = p->push_data_pos;
-    c->nparts = (int)QR_MIN(QR_MAX(p->push_nparts, 1u), (uint32_t)ps->cluster->nps);
-    try_commit(ps, c);
+    c->local_step = local_step; /* (kept until its step is over: judge_commits) */
+    own_part *o = qr__calloc(1, sizeof *o);
+    if (!o) {
+        drop_commit(s, c);
+        free(h);
+        qr__links_release(ps, worker, seq);
+        qr__peer_reply_error(p, f, QR_ENOMEM, "out of memory holding a push-and-pull");
+        return;
+    }
+    *o = (own_part){.ps = ps, .h = h, .worker = worker, .seq = seq, .local_step = local_step,
+                    .data_pos = p->push_data_pos,
+                    .nparts = (int)QR_MIN(QR_MAX(p->push_nparts, 1u), (uint32_t)ps->cluster->nps)};
+    /* With two copies it counts once the backup holds it too, as the other
+     * shards' HELD comes once theirs do: a step's members are then on
+     * shard 0's copy, which a successor applies the step in flight from
+     * (failover.c). A stale one kept nothing: at once. */
+    if (!rc && qr__replica_on(ps)) qr__replica_wait(p, f, own_part_copied, o);
+    else own_part_copied(p, f, o, QR_OK, NULL);
 }
 
 /* A HELD from ps `from` (links.c). */

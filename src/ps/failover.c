@@ -36,12 +36,14 @@
  * (qr__failover_rolled_back).
  *
  * ps 0 itself, the coordinator, is failed over by its successor ps 1
- * (async, without --checkpoint-dir, ps 0 dead: its address refusing):
- * ps 1 holds the copy of shard 0 and with it the global step; it takes
- * the role (take_over, below: coord_index, links, liveness) and fails
- * ps 0 over as the coordinator fails over any ps. Otherwise (sync,
- * checkpoints, a hung ps 0 still accepting) ps 0 is waited for as with
- * one copy (restart-wait-ms, then the run aborts or rolls back).
+ * (without --checkpoint-dir, ps 0 dead: its address refusing): ps 1
+ * holds the copy of shard 0 and with it the global step (async) or the
+ * step in flight's pushes and members (sync, qr__coord_take_over); it
+ * takes the role (take_over, below: coord_index, links, liveness, the
+ * sync coordinator) and fails ps 0 over as the coordinator fails over
+ * any ps. Otherwise (checkpoints, a hung ps 0 still accepting) ps 0 is
+ * waited for as with one copy (restart-wait-ms, then the run aborts or
+ * rolls back).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -284,7 +286,7 @@ void qr__failover_view_message(ps_peer *p, const qr_frame *f, const uint8_t *met
     qr__peer_reply(p, f, QR_OK, NULL, NULL, 0, NULL, NULL);
 }
 
-/* ---- the coordinator's role moves (async, the coordinator dead) -------------- */
+/* ---- the coordinator's role moves (the coordinator dead) ---------------------- */
 
 /* Does ps k's address refuse a connection? The kernel answers at once for
  * a process that is gone (no listener on its socket or port); a live ps,
@@ -315,6 +317,8 @@ static void take_over(qr_ps *ps) {
     ps->coordinator_lost_ns = 0;
     ps->coordinator = ps->incarnation;
     if (r->coord_step > ps->global_step) ps->global_step = r->coord_step;
+    /* Sync: the step both shards held here have reached (coord.c). */
+    if (ps->sync.on) ps->global_step = QR_MIN(ps->sync.step, r->copy_steps);
     /* The chief said READY to the old coordinator; its workers are past it. */
     ps->ready = true;
     qr__log(QR_LOG_WARN, "ps %d (%s), the coordinator, is gone (its links lost %llu ms ago, its "
@@ -322,7 +326,7 @@ static void take_over(qr_ps *ps) {
             "cluster from now on, at global step %lld", old, ps->cluster->ps[old],
             (unsigned long long)gone_ms, (long long)ps->global_step);
     int rc = qr__liveness_coordinate(ps);
-    if (!rc) rc = qr__bound_init(ps);
+    if (!rc) rc = ps->sync.on ? qr__coord_init(ps) : qr__bound_init(ps);
     if (!rc && ps->cluster->nps > 1) rc = qr__links_init(ps, qr__rollback_check_link);
     if (rc) {
         char why[400];
@@ -334,14 +338,19 @@ static void take_over(qr_ps *ps) {
     ps->sync.on_beat = qr__failover_beat_answer;
     qr__links_drop(ps, old);
     qr__failover_lost(ps, old, QR_LOST_DEAD);
+    if (!ps->sync.on) return;
+    /* The step in flight, from the two shards held here; then this ps's
+     * own held pushes, told to ps 0 before, are told to itself. */
+    qr__coord_take_over(ps);
+    qr__sync_coordinator_linked(ps);
 }
 
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
     ps_replica *r = &ps->replica;
     int c = ps->coord_index, nps = ps->cluster->nps;
-    /* Async and without checkpoints only, for now (REPLICATION.md): a sync
-     * step's coordinator state and a checkpoint's are not on the copy. */
-    if (!qr__replica_on(ps) || ps->sync.on || ps->ckpt.dir || ps->stopping || nps < 2 ||
+    /* Without checkpoints only, for now (REPLICATION.md): a checkpoint's
+     * coordinator state is not on the copy. */
+    if (!qr__replica_on(ps) || ps->ckpt.dir || ps->stopping || nps < 2 ||
         qr__ps_coordinates(ps) || ps->index != (c + 1) % nps || r->primary != c || !r->failed ||
         r->failed[ps->index] != QR_PS_ALIVE || r->failed[c] != QR_PS_ALIVE)
         return false;
@@ -355,8 +364,7 @@ bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
 
 bool qr__failover_successor_hello(qr_ps *ps, const qr_msg_hello *m) {
     int c = ps->coord_index, nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || ps->sync.on || m->task_index != (uint32_t)((c + 1) % nps))
-        return false;
+    if (!qr__replica_on(ps) || m->task_index != (uint32_t)((c + 1) % nps)) return false;
     qr__log(QR_LOG_WARN, "ps %u (%s) coordinates the cluster from now on: ps %d (%s), the "
             "coordinator, is gone and ps %u holds the copy of its shard", m->task_index,
             ps->cluster->ps[m->task_index], c, ps->cluster->ps[c], m->task_index);

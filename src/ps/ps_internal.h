@@ -833,6 +833,12 @@ static inline qr_store *qr__peer_store(ps_peer *p) {
 static inline int qr__peer_shard(const ps_peer *p) {
     return p->promoted_shard ? p->ps->replica.primary : p->ps->index;
 }
+/* Does this connection bring the coordinator its own part of held pushes?
+ * Workers send that part to shard 0 always: ps 0's own shard, or its copy
+ * on the ps that took the coordinator's role over (failover.c). */
+static inline bool qr__peer_coordinator_part(const ps_peer *p) {
+    return qr__ps_coordinates(p->ps) && qr__peer_shard(p) == 0;
+}
 /* control.c: HELLO, READY, STEP, STATS. */
 int qr__control_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__control_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -874,6 +880,13 @@ void qr__sync_stop(qr_ps *ps, int status, const char *why);
 /* RELEASE comes from ps 0's coordinator link: answer a held push now. */
 int qr__sync_release_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
+/* Answer the held push (worker, seq) here now (RELEASE, or the
+ * coordinator's successor releasing its own shard's part). */
+void qr__sync_release(qr_ps *ps, uint32_t worker, uint32_t seq);
+/* The coordinator's successor: its own shard's step is on its backup, so
+ * its held pushes of that step are answered (as APPLY's answer does on
+ * ps k). */
+void qr__sync_answer_own(qr_ps *ps);
 /* APPLY comes from ps 0's coordinator link, in sync mode. */
 int qr__sync_apply_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__sync_apply_message(ps_peer *p, const qr_frame *f, const uint8_t *meta);
@@ -1080,6 +1093,9 @@ void qr__coord_ready(qr_ps *ps);
 /* Before the first step (slots.c): the run goes on from `step`, the
  * tokens queued already being of it. */
 void qr__coord_set_step(qr_ps *ps, int64_t step);
+/* The coordinator's successor (failover.c) takes the sync step over from
+ * the shards it holds: the step in flight applied again, or gathered. */
+void qr__coord_take_over(qr_ps *ps);
 /* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
 int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);

@@ -75,10 +75,11 @@ static void stop_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
 /* A push is held for its step's quorum (sync.c) or applied now (push.c). */
 static void push_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     bool held = (f->flags & QR_PUSH_SYNC) && (f->flags & QR_PUSH_REPLY_VALUES);
-    /* ps 0's own part goes to its coordinator; the part of a shard it
-     * serves from its copy since a failover (--ps-replicas 2) is held as
-     * any ps k holds one. */
-    if (held && qr__ps_coordinates(p->ps) && !p->promoted_shard) qr__coord_held_push(p, f);
+    /* Shard 0's part goes to the coordinator (ps 0, or its successor
+     * serving shard 0's copy); any other shard's, ps 0's own or a copy it
+     * serves since a failover (--ps-replicas 2), is held as any ps k
+     * holds one. */
+    if (held && qr__peer_coordinator_part(p)) qr__coord_held_push(p, f);
     else if (f->flags & QR_PUSH_SYNC) qr__sync_push_message(p, f);
     else qr__push_message(p, f);
 }

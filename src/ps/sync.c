@@ -260,10 +260,13 @@ static void tell_coordinator(qr_ps *ps, uint32_t worker, uint32_t seq, int64_t s
                                           .status = status});
     if (status && status != QR_ESTALE && why) qr_wbuf_bytes(&meta, why, strlen(why));
     if (qr__ps_coordinates(ps)) {
-        /* ps 0 serving the copy of the last ps's shard (a failover): its
-         * coordinator hears it as that shard's HELD. */
-        if (copy && !meta.oom && ps->sync.on_held)
-            ps->sync.on_held(ps, ps->replica.primary, meta.data, (uint32_t)meta.len);
+        /* The coordinator hears its other shards' parts as those shards'
+         * HELD: ps 0 serving the copy of the last ps's shard (a failover),
+         * or its successor its own shard (shard 0's part, the
+         * coordinator's own, never comes here). */
+        int shard = copy ? ps->replica.primary : ps->index;
+        if (shard != 0 && !meta.oom && ps->sync.on_held)
+            ps->sync.on_held(ps, shard, meta.data, (uint32_t)meta.len);
         qr_wbuf_free(&meta);
         return;
     }
@@ -411,8 +414,7 @@ void qr__sync_push_message(ps_peer *p, const qr_frame *f) {
 }
 
 void qr__sync_push_refused(ps_peer *p, const qr_frame *f, int status, const char *msg) {
-    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on ||
-        (qr__ps_coordinates(p->ps) && !p->promoted_shard))
+    if (f->type != QR_MSG_PUSH || !is_held(f) || !p->ps->sync.on || qr__peer_coordinator_part(p))
         return;
     tell_coordinator(p->ps, p->push_worker, p->push_seq, -1, status, msg, p->promoted_shard);
 }
@@ -458,12 +460,8 @@ int qr__sync_release_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) 
     return qr__peer_check_small(f, QR_MSG_MEMBER_LEN);
 }
 
-void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
-    qr_rbuf r;
-    qr_rbuf_init(&r, meta, f->meta_len);
-    uint32_t worker, seq;
-    qr_msg_get_member(&r, &worker, &seq);
-    ps_sync *s = &p->ps->sync;
+void qr__sync_release(qr_ps *ps, uint32_t worker, uint32_t seq) {
+    ps_sync *s = &ps->sync;
     /* Both its parts, when this ps serves two shards (a promoted copy). */
     for (held_pull **link = &s->held; *link;) {
         held_pull *h = *link;
@@ -472,8 +470,20 @@ void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta
             continue;
         }
         *link = h->next;
-        qr__held_answer(h, *shard_step(p->ps, h->copy));
+        qr__held_answer(h, *shard_step(ps, h->copy));
     }
+}
+
+void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
+    qr_rbuf r;
+    qr_rbuf_init(&r, meta, f->meta_len);
+    uint32_t worker, seq;
+    qr_msg_get_member(&r, &worker, &seq);
+    qr__sync_release(p->ps, worker, seq);
+}
+
+void qr__sync_answer_own(qr_ps *ps) {
+    answer_held(ps, ps->sync.step - 1, false);
 }
 
 void qr__sync_peer_lost(ps_peer *p) {

@@ -424,13 +424,21 @@ static int push(qr_worker *w, int n, const int *ids, const float *const *grads,
     if (!w->sync || held || (rc && rc != QR_ESTALE)) return rc;
 
     /* Every ps holds this push's gradients: now ps 0 may count it. */
+    w->last_commit = (qr_msg_commit){.worker = (uint32_t)w->index, .seq = seq,
+                                     .local_step = w->local_step, .data_pos = w->data_pos};
+    int64_t step = 0;
+    rc = wk_commit(w, &step);
+    if (!rc && global_step) *global_step = step;
+    return rc;
+}
+
+int wk_commit(qr_worker *w, int64_t *step) {
     wk_request *c = wk_request_new(w, 0, QR_MSG_COMMIT);
     if (!c) return QR_ENOMEM;
-    qr_msg_put_commit(&c->meta, &(qr_msg_commit){.worker = (uint32_t)w->index, .seq = seq,
-                                                 .local_step = w->local_step,
-                                                 .data_pos = w->data_pos});
-    rc = wk_run_requests(w, &c, 1, w->timeout_ms);
-    if (!rc && global_step) *global_step = c->step;
+    qr_msg_put_commit(&c->meta, &w->last_commit);
+    int rc = wk_run_requests(w, &c, 1, w->timeout_ms);
+    if (!rc && step) *step = c->step;
+    w->commit_unserved = !rc || rc == QR_ESTALE; /* a place in the token queue either way */
     wk_request_free(c);
     return rc;
 }

@@ -20,17 +20,34 @@ int qr_worker_take_token(qr_worker *w, int64_t *step) {
     if (!w) return qr__fail(QR_EINVAL, "qr_worker_take_token: worker is NULL");
     if (!w->sync) return qr__fail(QR_EINVAL, "take_token: this worker trains in async mode");
     if (!w->initialized) return qr__fail(QR_ENOTREADY, "take_token: call qr_worker_initialize first");
-    wk_request *r = wk_request_new(w, 0, QR_MSG_TOKEN);
-    if (!r) return QR_ENOMEM;
-    qr_msg_put_worker(&r->meta, (uint32_t)w->index);
-    /* ps 0 ends a stalled wait after sync-timeout-ms with its report; this
-     * deadline is only the safety net for a ps 0 that cannot answer. */
-    int rc = wk_run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
-    if (!rc) {
-        w->local_step = r->step;
-        if (step) *step = r->step;
+    int rc;
+    for (int tries = 0;; tries++) {
+        wk_request *r = wk_request_new(w, 0, QR_MSG_TOKEN);
+        if (!r) return QR_ENOMEM;
+        qr_msg_put_worker(&r->meta, (uint32_t)w->index);
+        /* A lost connection loses the place its COMMIT took in the token
+         * queue, and a coordinator that failed over (docs/REPLICATION.md)
+         * takes the role without it: the commit goes again first. One
+         * counted already is answered as the original (coord.c). */
+        r->once = w->commit_unserved && tries < 8;
+        /* ps 0 ends a stalled wait after sync-timeout-ms with its report;
+         * this deadline is only the safety net for a ps 0 that cannot
+         * answer. */
+        rc = wk_run_requests(w, &r, 1, 2 * w->sync_timeout_ms + 5000);
+        if (!rc) {
+            w->local_step = r->step;
+            w->commit_unserved = false;
+            if (step) *step = r->step;
+        }
+        bool lost = r->once && rc == QR_EPEERLOST;
+        wk_request_free(r);
+        if (!lost) break;
+        qr__log(QR_LOG_INFO, "the connection to the coordinator was lost while this worker "
+                "waited for a token: its commit of step %lld goes again",
+                (long long)w->last_commit.local_step);
+        rc = wk_commit(w, NULL);
+        if (rc && rc != QR_ESTALE) break;
     }
-    wk_request_free(r);
     return rc;
 }
 

@@ -688,8 +688,8 @@ int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms) {
              * step) and answers it as the original (sync.c resent()); a
              * paused worker whose connections ps 0 closed would otherwise
              * leave its step without its gradient until sync-timeout-ms. */
-            bool again = r->type != QR_MSG_PUSH || w->replicas > 1 ||
-                         (r->flags & QR_PUSH_SYNC);
+            bool again = !r->once && (r->type != QR_MSG_PUSH || w->replicas > 1 ||
+                                      (r->flags & QR_PUSH_SYNC));
             if (r->done && r->status == QR_EPEERLOST && again &&
                 r->retries < (w->replicas > 1 ? 8 : 3) && now < dl) {
                 if (r->type == QR_MSG_PUSH) w->pushes_resent++;

@@ -160,6 +160,7 @@ typedef struct wk_request {
     uint8_t *in_stage;
     uint32_t pad;
     bool sent, done, internal;
+    bool once;           /* not sent again after a lost connection (its caller does) */
     uint64_t created_ns; /* a push's stall: made to answered, resends included */
     int retries;
     int status;
@@ -219,6 +220,10 @@ struct qr_worker {
     int sync_timeout_ms;
     bool sync;           /* mode=sync: synchronous replicas */
     int64_t local_step;  /* sync: the step this worker computes for */
+    /* sync: the last COMMIT answered, until a token follows it: sent again
+     * when the TOKEN's connection is lost (take_token) */
+    qr_msg_commit last_commit;
+    bool commit_unserved;
     uint32_t push_seq;   /* numbers this worker's pushes */
     int64_t step_limit;  /* the chief tells ps 0 at initialize */
     int64_t steps_pushed; /* async: successful step pushes (the clock) */
@@ -251,6 +256,9 @@ wk_request *wk_request_new(qr_worker *w, int ps, uint8_t type);
 void wk_request_free(wk_request *r);
 void wk_free_requests(wk_request **reqs, int n);
 int wk_run_requests(qr_worker *w, wk_request **reqs, int n, int timeout_ms);
+/* client.c: COMMIT w->last_commit to the coordinator (sync, the three-
+ * round-trip step); *step: its answer (NULL: not wanted). */
+int wk_commit(qr_worker *w, int64_t *step);
 /* Send what of reqs can go now, without waiting for anything (a request
  * whose ps is not connected yet goes in wk_run_requests). */
 void wk_send_requests(qr_worker *w, wk_request **reqs, int n);

@@ -89,8 +89,9 @@ qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VEN
 # re-replication to a replacement, a replacement killed while being copied
 # (rerep_killed), and a second failure after it, also in sync mode
 # (sync_rerep: the digest of an unkilled run). Sync
-# steps on two copies (sync_train), and a sync step in flight when ps 1 or
-# ps 2 is killed (sync_failover_loop); a sync push resent to a live ps 0
+# steps on two copies (sync_train), and a sync step in flight when ps 0,
+# 1 or 2 is killed (sync_failover_loop; ps 1 takes ps 0's role over); a
+# sync push resent to a live ps 0
 # after it closed a worker declared hung (sync_worker_stop).
 foreach(case wire train sync_train failover_wire failover_kill coordinator_kill failover_stop
         failover_loop lag

@@ -42,10 +42,11 @@ without serving.
 Case "failover_loop": five runs, ps 1 and ps 2 in turn SIGKILLed at a
 random moment of each (ps 2's shard then served by ps 0): the counts equal in every run (resent pushes answered by
 the duplicate record or applied once).
-Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 1 or ps 2 (whose
-copy is on ps 0) SIGKILLed at a random moment of six runs (3 ps: SGD,
-Adam, three round trips; 2 ps: Adam): exit 0, no rollback, the
-params_digest of the same run unkilled; ps 1 SIGSTOPped (hung) the same.
+Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 0, 1 or 2
+SIGKILLed at a random moment of eight runs (3 ps: SGD, Adam, three round
+trips; 2 ps: Adam; ps 0 in four of them, its role then taken over by ps
+1): exit 0, no rollback, the params_digest of the same run unkilled; ps
+1 SIGSTOPped (hung) the same, and ps 0.
 Case "sync_worker_stop": sync, R = N, --init-tokens 0: workers 2 then 1
 SIGSTOPped past heartbeat-timeout-ms while worker 1's push-and-pull waits on
 ps 0 (2 ps, 3 ps, and three round trips): ps 0 closes their connections,
@@ -790,11 +791,11 @@ def failover_loop_case(runs=5):
           "as duplicates" % (runs, resent, duplicates))
 
 
-def sync_failover_loop_case(runs=6):
-    """Sync, R = N, --init-tokens 0: ps 1 or ps 2 (whose copy is on ps 0)
-    SIGKILLed at a random moment of each run; its copy takes over the step
-    in flight: exit 0, no rollback, and the params_digest of the same run
-    unkilled."""
+def sync_failover_loop_case():
+    """Sync, R = N, --init-tokens 0: ps 0, 1 or 2 SIGKILLed at a random
+    moment of each run; its copy takes over the step in flight (ps 1 the
+    coordinator's role too, for ps 0): exit 0, no rollback, and the
+    params_digest of the same run unkilled."""
     rng = random.Random(int(os.environ.get("QR_SEED", time.time())))
     base = ["--workers", "3", "--init-tokens", "0", "--data", "digits", "--batch-size", "32",
             "--seed", "11", "--steps", "3000", "--ps-replicas", "2"]
@@ -811,10 +812,13 @@ def sync_failover_loop_case(runs=6):
         runs_whole = [launch(base + extra, mode="sync")[0]["params_digest"] for _ in range(2)]
         assert runs_whole[0] == runs_whole[1], (what, runs_whole)
         whole[what] = runs_whole[0]
-    for i in range(runs):
-        what, extra = kinds[i % len(kinds)]
-        nps = int(extra[1])
-        victim = 1 + i % (nps - 1)  # ps 2's copy, and ps 1's of 2, are on ps 0
+    # ps 2's copy, and ps 1's of 2, are on ps 0; ps 0's is on ps 1, which
+    # then coordinates (both the one-trip push and the three round trips,
+    # whose worker commits again when its TOKEN's connection is lost)
+    plan = [(0, 1), (1, 2), (2, 0), (3, 0), (0, 0), (1, 0), (2, 1), (3, 1)]
+    runs = len(plan)
+    for i, (kind, victim) in enumerate(plan):
+        what, extra = kinds[kind]
         for _ in range(3):
             after = rng.uniform(0.1, 2.5)
             try:
@@ -830,6 +834,9 @@ def sync_failover_loop_case(runs=6):
             "digest %s, unkilled %s\n%s" % (i + 1, what, victim, after, s["params_digest"],
                                             whole[what], err[-3000:])
         assert "this ps serves ps %d's shard now" % victim in err, err[-3000:]
+        if victim == 0:
+            assert re.search(r"\[ps 1 pid \d+\] warn: ps 0 \([^)]*\), the coordinator, is "
+                             r"gone .* coordinates the cluster from now on", err), err[-3000:]
         print("ok: run %d (%s): ps %d killed at %.2f s: params_digest %s as unkilled, no "
               "rollback" % (i + 1, what, victim, after, s["params_digest"]))
     # Hung, not dead: ps 1 SIGSTOPped is failed over at heartbeat-timeout-ms,
@@ -848,8 +855,18 @@ def sync_failover_loop_case(runs=6):
     assert "is hung (no answer to heartbeats" in err, err[-3000:]
     print("ok: ps 1 SIGSTOPped: failed over when hung, params_digest %s as unkilled" %
           s["params_digest"])
-    print("PASS: sync_failover_loop: %d kills at random moments and a stop, the digest of an "
-          "unkilled run in each" % runs)
+    # ps 0 hung: the other ps report it, `quorum launch` kills it, and ps 1
+    # takes its role over with the step in flight.
+    s, err, pid, _ = launch_and_signal(base + extra + ["--heartbeat-ms", "200",
+                                                       "--heartbeat-timeout-ms", "1000"],
+                                       0, signal.SIGSTOP, 0.8, mode="sync")
+    assert "quorum launch: ps 0 (pid %d) is hung" % pid in err, err[-3000:]
+    assert s["rollbacks"] == 0 and s["params_digest"] == whole[what], (s, whole[what],
+                                                                      err[-3000:])
+    print("ok: ps 0 SIGSTOPped: killed by launch when hung, ps 1 took its role over, "
+          "params_digest %s as unkilled" % s["params_digest"])
+    print("PASS: sync_failover_loop: %d kills at random moments (ps 0 in four) and two stops, "
+          "the digest of an unkilled run in each" % runs)
 
 
 def sync_worker_stop_case():
