@@ -92,6 +92,7 @@ static void hello_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
     qr_wbuf out = {0};
     qr_msg_welcome welcome = qr__rollback_welcome(ps);
     qr_msg_put_welcome(&out, &welcome);
+    if (m.role == QR_ROLE_COORDINATOR) qr__sync_put_shard_step(ps, &out);
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);
     qr__failover_welcomed(p, &m);

@@ -286,6 +286,31 @@ void qr__coord_take_over(qr_ps *ps) {
     qr__log(QR_LOG_INFO, "gathering step %lld (both shards here are at it)", (long long)step);
 }
 
+/* A step ps k applied that neither shard the successor holds had (ps 0's
+ * APPLY to ps 1 still in its write queue when the one to ps k went out):
+ * ps k's answer to the new link names it, with its members, and it is
+ * applied everywhere as one found on the successor's own shards. Before,
+ * that step would wait for HELDs ps k no longer owes (it answered those
+ * pushes) until sync-timeout-ms. */
+void qr__coord_shard_at(qr_ps *ps, int k, qr_rbuf *r) {
+    ps_sync *s = &ps->sync;
+    if (r->left < 12) return; /* (a ps of a build before this answer) */
+    int64_t at = qr_rbuf_i64(r);
+    uint32_t n = qr_rbuf_u32(r);
+    if (r->bad || s->applying || s->aborted || at != ps->global_step + 1 || n == 0 ||
+        n > (uint32_t)s->R || r->left != (size_t)n * QR_MSG_MEMBER_LEN)
+        return;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t worker, seq;
+        qr_msg_get_member(r, &worker, &seq);
+        s->quorum[i] = (quorum_member){worker, seq, 0};
+    }
+    s->nquorum = (int)n;
+    qr__log(QR_LOG_WARN, "ps %d has applied step %lld, which the shards here had not: applying "
+            "it everywhere, with its %u members", k, (long long)ps->global_step, n);
+    start_apply(ps);
+}
+
 /* ---- stall reports ------------------------------------------------------------ */
 
 static void stall_report(qr_ps *ps, char *buf, size_t len) {

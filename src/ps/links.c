@@ -303,6 +303,7 @@ static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *met
     l->hung = false;
     l->attempts = 0;
     l->down_ns = 0;
+    if (ps->sync.on && qr__replica_on(ps)) qr__coord_shard_at(ps, l->index, &rb);
     link_flush(l);
 }
 

@@ -883,6 +883,10 @@ void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta
 /* Answer the held push (worker, seq) here now (RELEASE, or the
  * coordinator's successor releasing its own shard's part). */
 void qr__sync_release(qr_ps *ps, uint32_t worker, uint32_t seq);
+/* The answer to a coordinator's link (control.c), sync mode, two copies:
+ * the step this ps's own shard is at and the members of the step before
+ * (qr__coord_shard_at reads them). */
+void qr__sync_put_shard_step(const qr_ps *ps, qr_wbuf *out);
 /* The coordinator's successor: its own shard's step is on its backup, so
  * its held pushes of that step are answered (as APPLY's answer does on
  * ps k). */
@@ -1096,6 +1100,10 @@ void qr__coord_set_step(qr_ps *ps, int64_t step);
 /* The coordinator's successor (failover.c) takes the sync step over from
  * the shards it holds: the step in flight applied again, or gathered. */
 void qr__coord_take_over(qr_ps *ps);
+/* ps k's answer to the coordinator's link says its shard is at a step,
+ * the members of the step before follow in r (qr__sync_put_shard_step):
+ * a successor gathering that step applies it everywhere instead. */
+void qr__coord_shard_at(qr_ps *ps, int k, qr_rbuf *r);
 /* COMMIT and TOKEN go to ps 0 of a sync run: the check of their header. */
 int qr__coord_header(ps_peer *p, const qr_frame *f, const uint8_t *meta);
 void qr__coord_commit(ps_peer *p, const qr_frame *f, const uint8_t *meta);

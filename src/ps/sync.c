@@ -482,6 +482,15 @@ void qr__sync_release_message(ps_peer *p, const qr_frame *f, const uint8_t *meta
     qr__sync_release(p->ps, worker, seq);
 }
 
+void qr__sync_put_shard_step(const qr_ps *ps, qr_wbuf *out) {
+    const ps_sync *s = &ps->sync;
+    if (!s->on || !qr__replica_on(ps)) return;
+    qr_wbuf_i64(out, s->step);
+    qr_wbuf_u32(out, (uint32_t)s->nown_members);
+    for (int i = 0; i < s->nown_members; i++)
+        qr_msg_put_member(out, s->own_members[i].worker, s->own_members[i].seq);
+}
+
 void qr__sync_answer_own(qr_ps *ps) {
     answer_held(ps, ps->sync.step - 1, false);
 }

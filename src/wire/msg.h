@@ -24,7 +24,11 @@
  *                   and every rollback of the ps), i64 restored_step (-1:
  *                   none), u64 follows (the coordinator incarnation whose
  *                   rollback made this one; 0: none), u32 flags (1: it
- *                   writes checkpoints, so a restart can be rolled back to)
+ *                   writes checkpoints, so a restart can be rolled back to);
+ *                   to a coordinator's link in sync mode with --ps-replicas
+ *                   2, then i64 the step its own shard is at, u32 count
+ *                   and that many members (u32 worker, u32 seq) of the
+ *                   step before (what a coordinator's successor may lack)
  *   CREATE     req: u32 count, then per variable (qr_msg_create_var):
  *                   u32 var_id, u32 ndim, i64 shape[ndim], f32 lr,
  *                   u32 name_len, name bytes, u32 options_len, options
