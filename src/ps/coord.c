@@ -47,6 +47,7 @@
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 /* ---- steps ------------------------------------------------------------------ */
 
 static int cmp_member(const void *a, const void *b) {
@@ -231,7 +232,16 @@ static void start_apply(qr_ps *ps) {
     s->applies_pending = ps->cluster->nps; /* ps tasks; with two copies, shards */
     if (s->shard_applied) memset(s->shard_applied, 0, (size_t)ps->cluster->nps);
     int64_t step = ps->global_step;
-    qr__links_apply(ps, step, on_apply_answer);
+    if (step == s->fault_die_at && ps->index == 0 && ps->cluster->nps > 2) {
+        /* The test's fault: the APPLY to ps 1 as if still in this ps's
+         * write queue when it died (sends are written at once while the
+         * socket has room, conn_write.c). */
+        qr__links_apply(ps, step, on_apply_answer, 1);
+        qr__log(QR_LOG_WARN, "QUORUM_TEST_COORDINATOR_DIES_AT_STEP: step %lld's APPLY sent to "
+                "every ps but ps 1; this ps dies now", (long long)step);
+        _exit(9);
+    }
+    qr__links_apply(ps, step, on_apply_answer, -1);
     if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum) || apply_own_copy(ps)) {
         qr__coord_abort(ps, qr_last_error());
         return;
@@ -448,6 +458,11 @@ int qr__coord_init(qr_ps *ps) {
             return qr__fail(QR_EIO, "sync-stats-file %s: cannot open for writing", path);
     }
     s->on_held = qr__coord_on_held;
+    /* A fault for test_replication.py sync_apply_race: at this step ps 0
+     * sends its APPLYs to every ps but ps 1 and dies, as if the one to
+     * ps 1 had been left in its write queue (qr__coord_shard_at). */
+    const char *die_at = getenv("QUORUM_TEST_COORDINATOR_DIES_AT_STEP");
+    s->fault_die_at = die_at && die_at[0] ? strtoll(die_at, NULL, 10) : -1;
     uv_timer_init(&ps->loop, &s->timer);
     s->timer.data = ps;
     s->timer_on = true;

@@ -424,8 +424,9 @@ uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
     return ps->sync.links[index].down_ns;
 }
 
-void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb) {
+void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb, int skip) {
     QR_EACH_OTHER_PS(ps, k) {
+        if (k == skip) continue;
         coord_link *l = link_of(ps, k);
         l->apply_step = step;
         l->apply_cb = cb;

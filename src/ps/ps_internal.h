@@ -390,6 +390,8 @@ typedef struct ps_sync {
     int applies_pending;
     uint8_t *shard_applied; /* ps-replicas 2: [nps] the step's shards applied (either copy) */
     bool tokens_seeded;
+    /* A test's fault (QUORUM_TEST_COORDINATOR_DIES_AT_STEP, coord.c); -1: none */
+    int64_t fault_die_at;
     int64_t *tokens; /* FIFO of token steps */
     int ntokens, tokens_cap, tokens_head;
     token_waiter *waiters, *waiters_tail;
@@ -1051,7 +1053,7 @@ bool qr__links_fail(qr_ps *ps, int k, int why);
 /* When the link to ps `index` went down (0: up). */
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
 /* Queue the APPLY of a sync step on every link; cb gets each answer. */
-void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb);
+void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb, int skip);
 /* APPLY(step) to ps k (again): ps-replicas 2, a shard it serves since a
  * failover is not applied yet (coord.c). */
 void qr__link_apply_again(qr_ps *ps, int k, int64_t step);

@@ -46,7 +46,9 @@ Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 0, 1 or 2
 SIGKILLed at a random moment of eight runs (3 ps: SGD, Adam, three round
 trips; 2 ps: Adam; ps 0 in four of them, its role then taken over by ps
 1): exit 0, no rollback, the params_digest of the same run unkilled; ps
-1 SIGSTOPped (hung) the same, and ps 0.
+1 SIGSTOPped (hung) the same, and ps 0; and with 4 ps, ps 0 dying with
+a step's APPLY sent to ps 2 and ps 3 only (QUORUM_TEST_COORDINATOR_DIES_
+AT_STEP): ps 1 learns the step from their answers to its links.
 Case "sync_worker_stop": sync, R = N, --init-tokens 0: workers 2 then 1
 SIGSTOPped past heartbeat-timeout-ms while worker 1's push-and-pull waits on
 ps 0 (2 ps, 3 ps, and three round trips): ps 0 closes their connections,
@@ -865,8 +867,27 @@ def sync_failover_loop_case():
                                                                       err[-3000:])
     print("ok: ps 0 SIGSTOPped: killed by launch when hung, ps 1 took its role over, "
           "params_digest %s as unkilled" % s["params_digest"])
-    print("PASS: sync_failover_loop: %d kills at random moments (ps 0 in four) and two stops, "
-          "the digest of an unkilled run in each" % runs)
+    # The race a random kill rarely hits: ps 0 sends a step's APPLY to ps 2
+    # and ps 3 but not yet to ps 1, its successor, and dies (a fault the
+    # ps takes from the environment). ps 2 applies the step and answers
+    # its pushes (its backup, ps 3, has it), so no HELD of them comes
+    # again; its answer to ps 1's link names the step and its members,
+    # and ps 1 applies it everywhere rather than wait for them.
+    four = base + ["--ps", "4", "--lr", "0.1"]
+    unkilled = launch(four, mode="sync")[0]["params_digest"]
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync", "--sync-timeout-ms",
+              "60000"] + four, env=dict(os.environ, QUORUM_TEST_COORDINATOR_DIES_AT_STEP="500"))
+    rc, out, err = p.wait(300)
+    assert rc == 0, err[-4000:]
+    assert "step 500's APPLY sent to every ps but ps 1; this ps dies now" in err, err[-3000:]
+    assert re.search(r"\[ps 1 pid \d+\] warn: ps [23] has applied step 500, which the shards "
+                     r"here had not: applying it everywhere", err), err[-3000:]
+    s = last_json(out)
+    assert s["rollbacks"] == 0 and s["params_digest"] == unkilled, (s, unkilled)
+    print("ok: ps 0 died with step 500's APPLY sent to ps 2 and 3 only: ps 1 learnt the step "
+          "from them, params_digest %s as unkilled" % unkilled)
+    print("PASS: sync_failover_loop: %d kills at random moments (ps 0 in four), two stops and "
+          "the APPLY race, the digest of an unkilled run in each" % runs)
 
 
 def sync_worker_stop_case():
