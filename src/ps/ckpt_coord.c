@@ -197,7 +197,7 @@ void qr__ckpt_take(qr_ps *ps, int64_t step) {
     if (qr__ckpt_start_shard(ps, c->next_id, step, c->base_id)) {
         char error[512];
         snprintf(error, sizeof error, "%s", qr_last_error());
-        qr__ckpt_writer_failed(ps, 0, QR_EINTERNAL, error);
+        qr__ckpt_writer_failed(ps, ps->index, QR_EINTERNAL, error);
     }
 }
 
@@ -266,9 +266,23 @@ static void finish_checkpoint(qr_ps *ps) {
     if (more_saves && !ps->stopping && !(ps->sync.on && ps->sync.applying)) qr__ckpt_start(ps);
 }
 
-static bool due(const qr_ps *ps) {
+/* Does the coordinator know where every worker's data is? Always, but on
+ * a successor (qr__ckpt_take_over) until each worker still training has
+ * pushed to it: a checkpoint taken before would hold positions as old as
+ * the takeover's first push of theirs. */
+static bool positions_known(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    if (!c->pos_fresh) return true;
+    for (int w = 0; w < ps->cluster->nworkers; w++)
+        if (!c->pos_fresh[w] && !qr__liveness_finished(ps, w)) return false;
+    free(c->pos_fresh);
+    c->pos_fresh = NULL;
+    return true;
+}
+
+static bool due(qr_ps *ps) {
     const ps_ckpt *c = &ps->ckpt;
-    if (ps->global_step == c->last_step) return false;
+    if (ps->global_step == c->last_step || !positions_known(ps)) return false;
     /* The next multiple of checkpoint-steps after the last one started: a
      * multiple reached while one was still being written is taken as soon
      * as that one is done, not skipped. */
@@ -283,7 +297,37 @@ void qr__ckpt_step_done(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     if (!c->dir || !qr__ps_coordinates(ps) || c->busy || ps->stopping || qr__now_ns() < c->retry_ns) return;
     if (c->want_final) c->final_started = true;
-    if (c->want_final || c->saves || due(ps)) qr__ckpt_start(ps);
+    if (c->want_final || (c->saves && positions_known(ps)) || due(ps)) qr__ckpt_start(ps);
+}
+
+int qr__ckpt_take_over(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    int nw = ps->cluster->nworkers;
+    if (!c->data_pos && !(c->data_pos = qr__calloc((size_t)nw, sizeof *c->data_pos)))
+        return QR_ENOMEM;
+    if (!c->dir) return QR_OK;
+    /* Where each worker's data is: in sync mode it comes with its next
+     * commit (a held push's own part); an async cut reads it from every
+     * ps's marks. */
+    if (ps->sync.on && !(c->pos_fresh = qr__calloc((size_t)QR_MAX(nw, 1), 1))) return QR_ENOMEM;
+    /* ps 0's checkpoint under way, if any, is given up: its manifest is
+     * never written, and its shards' folder is a dead writer's. The
+     * newest complete one on disk is what a rollback goes back to; the
+     * first of this ps's own is full (a chain never spans coordinators:
+     * an increment's base must be the last shard every ps took, of this
+     * coordinator's). A multiple of checkpoint-steps passed since is due. */
+    qr_ckpt_info *chain = NULL;
+    int nchain = 0;
+    if (!qr_ckpt_latest_chain(c->dir, &chain, &nchain)) {
+        c->last_step = c->started_step = chain[nchain - 1].step;
+        qr_ckpt_list_free(chain, nchain);
+    }
+    c->last_id = c->base_id = 0;
+    c->chain_length = 0;
+    c->busy = false;
+    c->last_ns = qr__now_ns();
+    if (!ps->sync.on && ps->cluster->nps > 1) return qr__ckpt_cut_coordinate(ps);
+    return QR_OK;
 }
 
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f) {
@@ -357,8 +401,9 @@ void qr__ckpt_link_answer(qr_ps *ps, int index, int status, const qr_frame *f,
 /* ---- data positions ------------------------------------------------------------- */
 
 void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos) {
-    if (ps->ckpt.data_pos && qr__is_worker(worker, ps->cluster->nworkers))
-        ps->ckpt.data_pos[worker] = pos;
+    if (!ps->ckpt.data_pos || !qr__is_worker(worker, ps->cluster->nworkers)) return;
+    ps->ckpt.data_pos[worker] = pos;
+    if (ps->ckpt.pos_fresh) ps->ckpt.pos_fresh[worker] = 1;
 }
 
 uint64_t qr__ckpt_worker_pos(const qr_ps *ps, int worker) {

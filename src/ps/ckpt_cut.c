@@ -44,6 +44,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Past this, a cut waiting for the rest of a push call is given up. */
 #define CUT_GIVE_UP_MS 2000
@@ -127,6 +128,7 @@ void qr__ckpt_applied(qr_ps *ps, const ps_peer *p) {
     if (marks && (marks[w].flags & QR_MARK_APPLIED) && seq_after(marks[w].seq, p->push_seq))
         return;
     if (c->data_pos) c->data_pos[w] = p->push_data_pos;
+    if (c->pos_fresh) c->pos_fresh[w] = 1;
     if (marks)
         marks[w] = (qr_msg_mark){.worker = w, .flags = QR_MARK_APPLIED, .seq = p->push_seq,
                                     .nparts = p->push_nparts, .data_pos = p->push_data_pos};
@@ -251,8 +253,8 @@ static void collect(qr_ps *ps, uint32_t phase) {
     c->collecting = true;
     c->reports_pending = 0;
     QR_EACH_OTHER_PS(ps, k) c->reports_pending += qr__ckpt_writer(ps, k);
-    qr_wbuf_reset(&c->reports[0]);
-    put_report(ps, &c->reports[0]);
+    qr_wbuf_reset(&c->reports[ps->index]); /* the coordinator's own: ps 0's, or a successor's */
+    put_report(ps, &c->reports[ps->index]);
     send_phase(ps, phase, c->next_id, c->step, NULL);
 }
 
@@ -360,6 +362,11 @@ static void decide(qr_ps *ps) {
 void qr__ckpt_cut_begin(qr_ps *ps) {
     ps->ckpt.hold_ns = qr__now_ns();
     collect(ps, QR_CKPT_HOLD);
+    if (ps->test_die_at_step >= 0 && ps->global_step >= ps->test_die_at_step && ps->index == 0) {
+        qr__log(QR_LOG_WARN, "QUORUM_TEST_COORDINATOR_DIES_AT_STEP: every ps asked to hold "
+                "for the cut at step %lld; this ps dies now", (long long)ps->global_step);
+        _exit(9);
+    }
 }
 
 bool qr__ckpt_cut_report(qr_ps *ps, int index, const qr_frame *f, const uint8_t *meta) {
@@ -394,12 +401,26 @@ int qr__ckpt_cut_init(qr_ps *ps) {
         if (!c->copy_marks) return QR_ENOMEM;
     }
     if (!qr__ps_coordinates(ps)) return QR_OK;
+    return qr__ckpt_cut_coordinate(ps);
+}
+
+int qr__ckpt_cut_coordinate(qr_ps *ps) {
+    ps_ckpt *c = &ps->ckpt;
+    if (c->poll_init) return QR_OK;
     c->reports = qr__calloc((size_t)ps->cluster->nps, sizeof *c->reports);
     if (!c->reports) return QR_ENOMEM;
     uv_timer_init(&ps->loop, &c->poll);
     c->poll.data = ps;
     c->poll_init = true;
     return QR_OK;
+}
+
+void qr__ckpt_cut_coordinator_gone(qr_ps *ps) {
+    if (ps->ckpt.holding) {
+        qr__log(QR_LOG_INFO, "the coordinator that held pushes for a checkpoint's cut is gone: "
+                "they are applied now");
+        apply_parked(ps, NULL);
+    }
 }
 
 void qr__ckpt_cut_close(qr_ps *ps) {

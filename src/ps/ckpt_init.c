@@ -168,6 +168,8 @@ void qr__ckpt_free(qr_ps *ps) {
     free(c->shards);
     free(c->writers);
     free(c->data_pos);
+    free(c->pos_fresh);
+    c->pos_fresh = NULL;
     c->dir = NULL;
     c->shards = NULL;
     c->writers = NULL;

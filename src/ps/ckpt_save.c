@@ -41,7 +41,10 @@ void qr__ckpt_save_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     c->saves = w;
     qr__log(QR_LOG_INFO, "checkpoint requested by worker %d at global step %lld",
             p->worker_index, (long long)ps->global_step);
-    if (!c->busy && !(ps->sync.on && ps->sync.applying) && !ps->stopping) qr__ckpt_start(ps);
+    /* (A coordinator's successor that has not heard every worker's data
+     * position yet takes it at a later step: qr__ckpt_step_done.) */
+    if (!c->busy && !(ps->sync.on && ps->sync.applying) && !ps->stopping && !c->pos_fresh)
+        qr__ckpt_start(ps);
 }
 
 bool qr__ckpt_save_done(qr_ps *ps, uint64_t id, bool ok) {

@@ -29,7 +29,9 @@ ckpt_shard_ctx qr__ckpt_ctx(qr_ps *ps, bool copy) {
         sc.store = &ps->replica.store;
         sc.index = ps->replica.primary;
         sc.applied_steps = ps->replica.copy_steps;
-        sc.data_pos = NULL; /* ps 0's own shard only; ps 0 is never a promoted copy */
+        /* The workers' data positions go with shard 0: ps 0's own, or
+         * its copy on the coordinator's successor (failover.c). */
+        sc.data_pos = sc.index == 0 ? ps->ckpt.data_pos : NULL;
     }
     return sc;
 }
@@ -53,15 +55,17 @@ static void shards_written(qr_ps *ps) {
     ps_ckpt *c = &ps->ckpt;
     int copy = c->copy_shard;
     c->copy_shard = -1;
-    if (qr__ps_coordinates(ps)) {
+    if (qr__ps_coordinates(ps)) { /* ps 0, or its successor (failover.c) */
         uint64_t id = c->next_id;
-        qr__ckpt_shard_written(ps, 0, 0, c->results[0].status, c->results[0].error,
+        int me = ps->index;
+        qr__ckpt_shard_written(ps, me, me, c->results[0].status, c->results[0].error,
                                &c->results[0].shard);
         if (copy >= 0 && c->next_id == id)
-            qr__ckpt_shard_written(ps, 0, copy, c->results[1].status, c->results[1].error,
+            qr__ckpt_shard_written(ps, me, copy, c->results[1].status, c->results[1].error,
                                    &c->results[1].shard);
         if (c->next_id == id)
-            qr__ckpt_writer_failed(ps, 0, QR_EINTERNAL, "ps 0 did not write it (the view moved)");
+            qr__ckpt_writer_failed(ps, me, QR_EINTERNAL, "the coordinator did not write it (the "
+                                   "view moved)");
         return;
     }
     ps_peer *p = c->reply_peer;

@@ -232,7 +232,7 @@ static void start_apply(qr_ps *ps) {
     s->applies_pending = ps->cluster->nps; /* ps tasks; with two copies, shards */
     if (s->shard_applied) memset(s->shard_applied, 0, (size_t)ps->cluster->nps);
     int64_t step = ps->global_step;
-    if (step == s->fault_die_at && ps->index == 0 && ps->cluster->nps > 2) {
+    if (step == ps->test_die_at_step && ps->index == 0 && ps->cluster->nps > 2) {
         /* The test's fault: the APPLY to ps 1 as if still in this ps's
          * write queue when it died (sends are written at once while the
          * socket has room, conn_write.c). */
@@ -458,11 +458,6 @@ int qr__coord_init(qr_ps *ps) {
             return qr__fail(QR_EIO, "sync-stats-file %s: cannot open for writing", path);
     }
     s->on_held = qr__coord_on_held;
-    /* A fault for test_replication.py sync_apply_race: at this step ps 0
-     * sends its APPLYs to every ps but ps 1 and dies, as if the one to
-     * ps 1 had been left in its write queue (qr__coord_shard_at). */
-    const char *die_at = getenv("QUORUM_TEST_COORDINATOR_DIES_AT_STEP");
-    s->fault_die_at = die_at && die_at[0] ? strtoll(die_at, NULL, 10) : -1;
     uv_timer_init(&ps->loop, &s->timer);
     s->timer.data = ps;
     s->timer_on = true;

@@ -327,6 +327,7 @@ static void take_over(qr_ps *ps) {
             (unsigned long long)gone_ms, (long long)ps->global_step);
     int rc = qr__liveness_coordinate(ps);
     if (!rc) rc = ps->sync.on ? qr__coord_init(ps) : qr__bound_init(ps);
+    if (!rc) rc = qr__ckpt_take_over(ps);
     if (!rc && ps->cluster->nps > 1) rc = qr__links_init(ps, qr__rollback_check_link);
     if (rc) {
         char why[400];
@@ -336,6 +337,7 @@ static void take_over(qr_ps *ps) {
     }
     ps->sync.on_lost_ps = qr__failover_lost;
     ps->sync.on_beat = qr__failover_beat_answer;
+    qr__ckpt_cut_coordinator_gone(ps); /* pushes held for the old one's cut */
     qr__links_drop(ps, old);
     qr__failover_lost(ps, old, QR_LOST_DEAD);
     if (!ps->sync.on) return;
@@ -348,9 +350,7 @@ static void take_over(qr_ps *ps) {
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
     ps_replica *r = &ps->replica;
     int c = ps->coord_index, nps = ps->cluster->nps;
-    /* Without checkpoints only, for now (REPLICATION.md): a checkpoint's
-     * coordinator state is not on the copy. */
-    if (!qr__replica_on(ps) || ps->ckpt.dir || ps->stopping || nps < 2 ||
+    if (!qr__replica_on(ps) || ps->stopping || nps < 2 ||
         qr__ps_coordinates(ps) || ps->index != (c + 1) % nps || r->primary != c || !r->failed ||
         r->failed[ps->index] != QR_PS_ALIVE || r->failed[c] != QR_PS_ALIVE)
         return false;
@@ -370,6 +370,7 @@ bool qr__failover_successor_hello(qr_ps *ps, const qr_msg_hello *m) {
             ps->cluster->ps[m->task_index], c, ps->cluster->ps[c], m->task_index);
     ps->coord_index = (int)m->task_index;
     ps->coordinator = m->incarnation;
+    qr__ckpt_cut_coordinator_gone(ps); /* pushes held for the old one's cut */
     /* A link of the old coordinator still open (a stopped one): it is
      * failed over; nothing it sends counts. */
     for (ps_peer *p = ps->peers; p; p = p->next)

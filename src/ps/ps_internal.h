@@ -390,8 +390,6 @@ typedef struct ps_sync {
     int applies_pending;
     uint8_t *shard_applied; /* ps-replicas 2: [nps] the step's shards applied (either copy) */
     bool tokens_seeded;
-    /* A test's fault (QUORUM_TEST_COORDINATOR_DIES_AT_STEP, coord.c); -1: none */
-    int64_t fault_die_at;
     int64_t *tokens; /* FIFO of token steps */
     int ntokens, tokens_cap, tokens_head;
     token_waiter *waiters, *waiters_tail;
@@ -505,6 +503,9 @@ typedef struct ps_ckpt {
     /* the workers' data positions (ps 0): after their last push that a
      * checkpoint taken now holds; restored ones until they push */
     uint64_t *data_pos;
+    /* the coordinator's successor (qr__ckpt_take_over): per worker, a data
+     * position heard since the takeover; NULL once each worker has one */
+    uint8_t *pos_fresh;
     int64_t restored_step; /* -1: started fresh */
     /* async with several ps: the cut (ckpt_cut.c) */
     qr_msg_mark *marks;     /* [workers]: each one's last push applied here */
@@ -667,6 +668,13 @@ struct qr_ps {
     ps_metrics metrics;
     ps_replica replica;
     struct ps_tier *tier; /* --table-memory-mb: the tables' disk tier (tier.c), or NULL */
+    /* A fault for the tests, from QUORUM_TEST_COORDINATOR_DIES_AT_STEP (-1:
+     * none): at that global step ps 0 dies halfway through telling the
+     * others, as a SIGKILL at a random moment rarely does: in sync mode
+     * with a step's APPLY sent to every ps but ps 1 (coord.c), in async
+     * mode at the first checkpoint's cut from then on, once it has asked
+     * every ps to hold (ckpt_cut.c). */
+    int64_t test_die_at_step;
     /* rerep.c: the VIEW from ps 0 that started a copy, answered once it is made */
     ps_rerep_report rerep;
 };
@@ -1171,6 +1179,10 @@ void qr__ckpt_step_done(qr_ps *ps);
 bool qr__ckpt_final(qr_ps *ps, ps_peer *p, const qr_frame *f);
 /* Start a checkpoint now (not busy; in sync mode between steps). */
 void qr__ckpt_start(qr_ps *ps);
+/* The coordinator's successor (failover.c) takes the checkpoints over:
+ * the workers' data positions, the newest checkpoint on disk, a fresh
+ * chain, the cut's side of the coordinator (async). */
+int qr__ckpt_take_over(qr_ps *ps);
 /* A worker's push or commit carried its data position. */
 void qr__ckpt_data_pos(qr_ps *ps, uint32_t worker, uint64_t pos);
 /* ps 0: where the worker's data stream is, as a checkpoint taken now
@@ -1218,6 +1230,11 @@ void qr__ckpt_save_free(qr_ps *ps);
 
 /* ckpt_cut.c: the consistent cut of async checkpoints over several ps. */
 int qr__ckpt_cut_init(qr_ps *ps);
+/* The coordinator's part of the cut (ps 0 at init, its successor at a
+ * takeover); the coordinator that held this ps's pushes for a cut is
+ * gone: apply them (ps k, a successor's HELLO). */
+int qr__ckpt_cut_coordinate(qr_ps *ps);
+void qr__ckpt_cut_coordinator_gone(qr_ps *ps);
 void qr__ckpt_cut_close(qr_ps *ps);
 void qr__ckpt_cut_free(qr_ps *ps);
 void qr__ckpt_cut_begin(qr_ps *ps);

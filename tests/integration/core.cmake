@@ -102,8 +102,9 @@ endforeach()
 # it (after a failover, the promoted copy), a restart restoring both
 # copies, a ps killed while a checkpoint is being written, and a sync run
 # resumed to the digest of one never stopped; both copies of a shard lost
-# together: the rollback to the last checkpoint, or the abort without one.
-foreach(case failover kill_during resume both_lost both_lost_abort)
+# together: the rollback to the last checkpoint, or the abort without one;
+# ps 0 killed (coordinator): ps 1 writes the checkpoints from then on.
+foreach(case failover kill_during resume coordinator both_lost both_lost_abort)
   qr_integration_test(integration_replication_ckpt_${case} test_replication_ckpt.py ${case})
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.
