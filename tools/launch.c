@@ -27,7 +27,7 @@
  *     counted): the new run rejoins as the backup of the shards it held
  *     copies of, without a rollback (src/ps/rerep.c; "rejoined ps K
  *     VIEW" once it holds them);
- *     Without --checkpoint-dir ps 0 itself fails over too (async or sync):
+ *     ps 0 itself fails over too (async or sync, with checkpoints or not):
  *     ps 1, which holds the copy of its shard, takes its role ("failover
  *     ps 0 VIEW" comes from ps 1), and the run's end is ps 1's from then
  *     on (coordinator_ended_well);

@@ -36,14 +36,13 @@
  * (qr__failover_rolled_back).
  *
  * ps 0 itself, the coordinator, is failed over by its successor ps 1
- * (without --checkpoint-dir, ps 0 dead: its address refusing): ps 1
- * holds the copy of shard 0 and with it the global step (async) or the
- * step in flight's pushes and members (sync, qr__coord_take_over); it
- * takes the role (take_over, below: coord_index, links, liveness, the
- * sync coordinator) and fails ps 0 over as the coordinator fails over
- * any ps. Otherwise (checkpoints, a hung ps 0 still accepting) ps 0 is
- * waited for as with one copy (restart-wait-ms, then the run aborts or
- * rolls back).
+ * (ps 0 dead: its address refusing): ps 1 holds the copy of shard 0 and
+ * with it the global step (async) or the step in flight's pushes and
+ * members (sync, qr__coord_take_over); it takes the role (take_over,
+ * below: coord_index, links, liveness, the sync coordinator, the
+ * checkpoints) and fails ps 0 over as the coordinator fails over any
+ * ps. A hung ps 0 still accepting is waited for as with one copy
+ * (restart-wait-ms, then the run aborts or rolls back).
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
