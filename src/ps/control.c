@@ -112,6 +112,12 @@ static void ready_message(ps_peer *p, const qr_frame *f, qr_rbuf *r) {
         ps->step_limit = m.step;
         if (ps->sync.on && qr__ps_coordinates(ps)) qr__coord_ready(ps);
     }
+    /* The chief again, to the coordinator's successor (failover.c), which
+     * the chief's READY to ps 0 never reached: the run's last step. */
+    if (!m.set && m.step > 0 && ps->ready && !ps->step_limit && qr__ps_coordinates(ps)) {
+        ps->step_limit = m.step;
+        qr__log(QR_LOG_INFO, "the chief says the run ends at global step %lld", (long long)m.step);
+    }
     /* Not while a link is down: a ps may be coming back as a new run, and
      * a worker rejoining after a rollback would start training with this
      * run only to meet the next one (rollback.c): one rollback, seen twice. */

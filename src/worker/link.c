@@ -303,6 +303,10 @@ static void apply_view(qr_worker *w, const uint8_t *meta, uint32_t len) {
     if (w->links[0].target != coordinator && w->heartbeat &&
         qr_heartbeat_move(w->heartbeat, w->cluster->ps[w->links[0].target]))
         qr__log(QR_LOG_ERROR, "heartbeat: %s", qr_last_error());
+    /* The chief told ps 0 the run's last step (READY); its successor
+     * learns it from the chief too, so that it ends a run whose workers
+     * have all left past it, as ps 0 would have. */
+    if (w->links[0].target != coordinator && w->step_limit > 0) w->limit_wanted = true;
 }
 
 static void link_connect(ps_link *l);
@@ -318,6 +322,15 @@ static void link_connect(ps_link *l);
  * which may not be the newest yet: a refusal asks again. */
 static void ask_view(qr_worker *w) {
     ps_link *l0 = &w->links[0];
+    if (w->limit_wanted && l0->state == LINK_UP) {
+        wk_request *r = wk_request_new(w, 0, QR_MSG_READY);
+        if (r) {
+            r->internal = true;
+            qr_msg_put_ready(&r->meta, &(qr_msg_ready){.set = 0, .step = w->step_limit});
+            if (link_send(l0, r)) wk_request_free(r);
+            else w->limit_wanted = false;
+        }
+    }
     if (w->view_wanted && l0->state == LINK_DOWN && qr__now_ns() >= l0->retry_at_ns)
         link_connect(l0);
     if (!w->view_wanted || w->view_req) return;

@@ -244,6 +244,7 @@ struct qr_worker {
     uint64_t view;
     uint8_t *failed;     /* [nps] */
     bool view_wanted;    /* a ps refused a HELLO of an old view: ask ps 0 */
+    bool limit_wanted;   /* the coordinator moved: tell the new one the step limit */
     wk_request *view_req; /* that VIEW request, in flight */
     uint64_t pushes_resent, max_push_ns;
     qr_worker_calls calls; /* for a metrics page (worker.h) */

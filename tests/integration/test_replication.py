@@ -654,6 +654,9 @@ def coordinator_kill_case():
                       re.MULTILINE)
     assert len(took) == 1 and int(took[0]) > 0, err[-3000:]
     assert "ps 1 (" in err and "coordinates the cluster from now on: ps 0" in err, err[-3000:]
+    # The chief tells the new coordinator the run's last step (READY again).
+    assert re.search(r"\[ps 1 pid \d+\] info: the chief says the run ends at global step "
+                     r"6000$", err, re.MULTILINE), err[-3000:]
     assert "rolling back" not in err and "restarting it" not in err, err[-3000:]
     assert s["rollbacks"] == 0 and s["global_step"] >= 6000, s
     assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
