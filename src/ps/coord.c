@@ -76,7 +76,8 @@ static void complete_step(qr_ps *ps) {
     s->wait_ns_max = QR_MAX(s->wait_ns_max, wait_ns);
     for (int i = 0; i < s->nquorum; i++) {
         s->in_quorum[s->quorum[i].worker]++;
-        qr__ckpt_data_pos(ps, s->quorum[i].worker, s->quorum[i].data_pos);
+        if (s->quorum[i].data_pos != QR_POS_UNKNOWN)
+            qr__ckpt_data_pos(ps, s->quorum[i].worker, s->quorum[i].data_pos);
     }
     write_step_stats(ps, step, wait_ns, s->stale_commits - s->stale_at_step_start);
     if (qr__log_enabled(QR_LOG_DEBUG)) {
@@ -282,7 +283,8 @@ void qr__coord_take_over(qr_ps *ps) {
                 "with its %d members", (long long)step,
                 own > copy ? "this ps's own shard has it, shard 0's copy not"
                            : "shard 0's copy has it, this ps's own shard not", n);
-        memcpy(s->quorum, members, (size_t)n * sizeof *members);
+        for (int i = 0; i < n; i++)
+            s->quorum[i] = (quorum_member){members[i].worker, members[i].seq, QR_POS_UNKNOWN};
         s->nquorum = n;
         start_apply(ps);
         return;
@@ -313,7 +315,7 @@ void qr__coord_shard_at(qr_ps *ps, int k, qr_rbuf *r) {
     for (uint32_t i = 0; i < n; i++) {
         uint32_t worker, seq;
         qr_msg_get_member(r, &worker, &seq);
-        s->quorum[i] = (quorum_member){worker, seq, 0};
+        s->quorum[i] = (quorum_member){worker, seq, QR_POS_UNKNOWN};
     }
     s->nquorum = (int)n;
     qr__log(QR_LOG_WARN, "ps %d has applied step %lld, which the shards here had not: applying "

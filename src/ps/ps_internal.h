@@ -281,6 +281,9 @@ typedef struct quorum_member {
     uint32_t worker, seq;
     uint64_t data_pos; /* the worker's data position after that push */
 } quorum_member;
+/* A member's data position not known here: a step's members as an APPLY
+ * named them (worker, seq), taken over by the coordinator's successor. */
+#define QR_POS_UNKNOWN UINT64_MAX
 
 /* A held push's answer (a sync push-and-pull in one round trip,
  * docs/SYNC.md): the request to answer and the dense variables whose
