@@ -27,7 +27,7 @@ typedef struct launch_plan {
     bool tcp;
     bool sync;
     int replicas;            /* sync: R */
-    int ps_copies;           /* --ps-replicas: 2 = a ps other than ps 0 may be failed over (async) */
+    int ps_copies;           /* --ps-replicas: 2 = a ps may be failed over (ps 0 by ps 1) */
     int64_t heartbeat_timeout_ms;
     int64_t restart_wait_ms;
     int max_restarts;        /* --max-restarts */

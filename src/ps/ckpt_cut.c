@@ -127,8 +127,7 @@ void qr__ckpt_applied(qr_ps *ps, const ps_peer *p) {
     /* a duplicate resent after a failover may be older than the last */
     if (marks && (marks[w].flags & QR_MARK_APPLIED) && seq_after(marks[w].seq, p->push_seq))
         return;
-    if (c->data_pos) c->data_pos[w] = p->push_data_pos;
-    if (c->pos_fresh) c->pos_fresh[w] = 1;
+    qr__ckpt_data_pos(ps, w, p->push_data_pos);
     if (marks)
         marks[w] = (qr_msg_mark){.worker = w, .flags = QR_MARK_APPLIED, .seq = p->push_seq,
                                     .nparts = p->push_nparts, .data_pos = p->push_data_pos};

@@ -222,7 +222,7 @@ static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int stat
     (void)p;
     (void)req;
     qr_ps *ps = ctx;
-    if (!status && ps->index != 0) qr__sync_answer_own(ps);
+    if (!status) qr__sync_answer_own(ps); /* (none on ps 0: its own are the coordinator's) */
     part_copied(ps, (uint32_t)ps->index, status, msg);
 }
 
@@ -272,12 +272,11 @@ static void start_apply(qr_ps *ps) {
 void qr__coord_take_over(qr_ps *ps) {
     ps_sync *s = &ps->sync;
     int64_t own = s->step, copy = ps->replica.copy_steps;
-    int64_t step = QR_MIN(own, copy);
+    int64_t step = ps->global_step; /* the older of the two (take_over) */
     const quorum_member *members = own > copy ? s->own_members : s->copy_members;
     int n = own > copy ? s->nown_members : s->ncopy_members;
     s->tokens_seeded = true;
     s->step_started_ns = s->last_grad_ns = qr__now_ns();
-    ps->global_step = step;
     if (own != copy && n > 0 && n <= s->R) {
         qr__log(QR_LOG_INFO, "step %lld was being applied (%s): applying it again everywhere, "
                 "with its %d members", (long long)step,

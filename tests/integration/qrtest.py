@@ -253,14 +253,11 @@ def children(pid):
 
 
 def rss_anon_kb(pid):
+    """A process's anonymous resident memory, in KiB; 0 once it is gone."""
     try:
-        with open("/proc/%d/status" % pid) as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return status_kb(pid, "RssAnon")
+    except (OSError, AssertionError):
+        return 0
 
 
 def is_ps(pid):
