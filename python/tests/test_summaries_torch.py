@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import socket
@@ -36,14 +37,18 @@ print(json.dumps({t: [[e.step, e.value] for e in a.Scalars(t)] for t in a.Tags()
 
 
 def free_base(n: int) -> int:
-    """A port p with p .. p+n-1 free on 127.0.0.1."""
-    for _ in range(100):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
-        s.close()
-        if base + n > 65000:
-            continue
+    """A port p with p .. p+n-1 free on 127.0.0.1, drawn below the kernel's
+    ephemeral range: a port from bind(0) is one the cluster's own outgoing
+    connections (or the launcher's bind(0) for a ps) may take before the
+    task that was told to listen on it binds it."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(200):
+        base = random.randrange(10000, max(10001, low - n))
         ok = True
         for p in range(base, base + n):
             t = socket.socket()
