@@ -30,7 +30,9 @@
  *     ps 0 itself fails over too (async or sync, with checkpoints or not):
  *     ps 1, which holds the copy of its shard, takes its role ("failover
  *     ps 0 VIEW" comes from ps 1), and the run's end is ps 1's from then
- *     on (coordinator_ended_well);
+ *     on (coordinator_ended_well); every task started from then on (ps
+ *     0's replacement, which rejoins as a backup, a restarted worker) is
+ *     told so (--coordinator, spawn);
  *   - with --ps-replicas 2, two neighbouring ps lost together (a shard's
  *     both copies) make ps 0 roll the cluster back to its newest
  *     checkpoint at once ("rollback ps K" for each, read_notices): each is
@@ -133,7 +135,8 @@ static void pass_notices(void) {
 }
 
 static pid_t spawn(const char *self, const char *job, int index, const char *ps_hosts,
-                   const char *worker_hosts, int argc, char **argv, int metrics_port) {
+                   const char *worker_hosts, int argc, char **argv, int metrics_port,
+                   int coordinator_now) {
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) return pid;
@@ -160,6 +163,15 @@ static pid_t spawn(const char *self, const char *job, int index, const char *ps_
         snprintf(port, sizeof port, "%d", metrics_port);
         args[n++] = "--metrics-port";
         args[n++] = port;
+    }
+    /* Started after ps 0's failover: who coordinates now (a replacement
+     * of ps 0 would take itself for the coordinator, any other task would
+     * wait for ps 0). */
+    char coord[16];
+    if (coordinator_now) {
+        snprintf(coord, sizeof coord, "%d", coordinator_now);
+        args[n++] = "--coordinator";
+        args[n++] = coord;
     }
     args[n] = NULL;
     signal(SIGINT, SIG_IGN); /* the launcher decides how children stop */
@@ -319,7 +331,7 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     else
         c->pid = spawn(plan->self, is_ps ? "ps" : "worker", index, plan->ps_hosts,
                        plan->worker_hosts, plan->npass, plan->pass,
-                       plan->metrics_base ? plan->metrics_base + i : 0);
+                       plan->metrics_base ? plan->metrics_base + i : 0, coordinator);
     if (c->pid < 0) {
         fprintf(stderr, "quorum launch: fork failed: %s\n", strerror(errno));
         c->exited = true;
@@ -427,7 +439,7 @@ static void read_notices(child *kids, const launch_plan *plan) {
             continue;
         }
         if (sscanf(line, "rejoined ps %d %llu", &index, &view) == 2) {
-            if (index > 0 && index < plan->nps)
+            if (index >= 0 && index < plan->nps)
                 fprintf(stderr, "quorum launch: ps %d holds copies of its shards again (view "
                         "%llu): re-replicated\n", index, view);
             continue;
@@ -495,10 +507,10 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
             child *c = &kids[i];
             /* (reported: a ps that failed once training was over) */
             if (essential(c)) essentials_done &= c->exited && (!failed(c) || c->reported);
-            /* (Not ps 0: a new run of it would take itself for the
-             * coordinator; its successor goes on with its shard on one copy.) */
+            /* (ps 0 too: started with --coordinator, it rejoins as the
+             * backup of the shards it held, as any ps does.) */
             if (c->exited && c->failed_over && !c->rollback && !c->reported && !run_ended_ms &&
-                i != 0 && rejoin(kids, i, plan, &restarts)) {
+                rejoin(kids, i, plan, &restarts)) {
                 essentials_done = false;
                 continue;
             }
@@ -639,7 +651,9 @@ int cmd_launch(int argc, char **argv) {
                    "back to its newest checkpoint, both restarted (2 restarts), or abort the\n"
                    "run without --checkpoint-dir. ps 0 that dies (or hangs, and is killed)\n"
                    "is failed over by ps 1, which takes the coordinator's role, the step in\n"
-                   "flight and the checkpoints; it is not restarted.\n"
+                   "flight and the checkpoints; under --max-restarts its replacement,\n"
+                   "started with --coordinator 1 (as is every task started from then on),\n"
+                   "rejoins as the backup of shard 0 and of ps P-1's shard.\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

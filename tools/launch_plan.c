@@ -160,6 +160,11 @@ static int read_options(int argc, char **argv, launch_plan *plan) {
         plan->secret_given = qr__config_is_set(a.cfg, "secret-file");
         plan->options_json = options_json(a.cfg);
         plan->heartbeat_timeout_ms = qr__config_int(a.cfg, "heartbeat-timeout-ms");
+        if (qr__config_is_set(a.cfg, "coordinator")) {
+            fprintf(stderr, "quorum launch: --coordinator is launch's own: it gives it to the "
+                    "tasks it starts after ps 0's failover (a run starts coordinated by ps 0)\n");
+            rc = 2;
+        }
         if (qr_replicas_check_config(a.cfg, plan->nps, &plan->ps_copies)) {
             fprintf(stderr, "quorum launch: %s\n", qr_last_error());
             rc = 2;

@@ -123,6 +123,10 @@ static const key_spec keys[] = {
      "copies of every ps shard: 1 (no copy), or 2: ps k's shard also lives on ps (k+1) mod P, "
      "every update (async: a push; sync: a step) applied there before it is acknowledged (at "
      "most the number of ps tasks; docs/REPLICATION.md)"},
+    {"coordinator", ANY, KEY_INT, "0", 0, 65535, 0, NULL,
+     "the ps that coordinates the cluster: 0, or, for a task started after ps 0 was failed "
+     "over (ps-replicas 2), its successor ps 1, which serves shard 0 from then on (quorum "
+     "launch passes it to the tasks it starts then; docs/REPLICATION.md)"},
     {"replication-lag", ASYNC, KEY_INT, "0", 0, 1 << 20, 0, NULL,
      "async, ps-replicas 2: a push is acknowledged once its primary has applied it and the "
      "backup is at most this many forwards behind it (0: once the backup has applied it). "
@@ -391,6 +395,11 @@ int qr_replicas_check_config(const qr_config *cfg, int nps, int *copies) {
     if (lag > 0 && r < 2)
         return qr__fail(QR_EINVAL, "replication-lag %lld bounds how far a shard's second copy "
                         "may lag behind: it needs --ps-replicas 2", (long long)lag);
+    int64_t coordinator = qr__config_int(cfg, "coordinator");
+    if (coordinator != 0 && (r < 2 || coordinator != 1 || nps < 2))
+        return qr__fail(QR_EINVAL, "coordinator %lld: a cluster is coordinated by ps 0, or by "
+                        "ps 1 once ps 0 has been failed over, which needs --ps-replicas 2",
+                        (long long)coordinator);
     if (copies) *copies = r;
     return QR_OK;
 }

@@ -65,6 +65,8 @@ void qr__error_prefix(const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
+    /* Two layers that name the same task ("worker 0: worker 0: ..."): once. */
+    if (!strncmp(last_error, prefix, strlen(prefix))) return;
     memcpy(old, last_error, sizeof old);
     snprintf(last_error, sizeof last_error, "%s%s", prefix, old);
 }

@@ -311,6 +311,7 @@ static bool refuses(qr_ps *ps, int k, uint64_t now) {
 static void take_over(qr_ps *ps) {
     ps_replica *r = &ps->replica;
     int old = ps->coord_index;
+    uint64_t old_run = ps->coordinator;
     uint64_t gone_ms = (qr__now_ns() - ps->coordinator_lost_ns) / 1000000;
     ps->coord_index = ps->index;
     ps->coordinator_lost_ns = 0;
@@ -337,7 +338,7 @@ static void take_over(qr_ps *ps) {
     ps->sync.on_lost_ps = qr__failover_lost;
     ps->sync.on_beat = qr__failover_beat_answer;
     qr__ckpt_cut_coordinator_gone(ps); /* pushes held for the old one's cut */
-    qr__links_drop(ps, old);
+    qr__links_drop(ps, old, old_run);
     qr__failover_lost(ps, old, QR_LOST_DEAD);
     if (!ps->sync.on) return;
     /* The step in flight, from the two shards held here; then this ps's
@@ -349,7 +350,10 @@ static void take_over(qr_ps *ps) {
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
     ps_replica *r = &ps->replica;
     int c = ps->coord_index, nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || ps->stopping || nps < 2 ||
+    /* Once only: ps 1, the backup of shard 0, succeeds ps 0. After that
+     * shard 0's copy is on a replacement ps 0, if any, and the successor
+     * rule would have to follow it (docs/REPLICATION.md, "Limits"). */
+    if (!qr__replica_on(ps) || ps->stopping || nps < 2 || c != 0 ||
         qr__ps_coordinates(ps) || ps->index != (c + 1) % nps || r->primary != c || !r->failed ||
         r->failed[ps->index] != QR_PS_ALIVE || r->failed[c] != QR_PS_ALIVE)
         return false;
@@ -363,7 +367,8 @@ bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
 
 bool qr__failover_successor_hello(qr_ps *ps, const qr_msg_hello *m) {
     int c = ps->coord_index, nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || m->task_index != (uint32_t)((c + 1) % nps)) return false;
+    if (!qr__replica_on(ps) || c != 0 || m->task_index != (uint32_t)((c + 1) % nps))
+        return false;
     qr__log(QR_LOG_WARN, "ps %u (%s) coordinates the cluster from now on: ps %d (%s), the "
             "coordinator, is gone and ps %u holds the copy of its shard", m->task_index,
             ps->cluster->ps[m->task_index], c, ps->cluster->ps[c], m->task_index);

@@ -409,9 +409,11 @@ bool qr__links_reaches(qr_ps *ps, int k) {
            qr__now_ns() - l->heard_ns < timeout_ns;
 }
 
-void qr__links_drop(qr_ps *ps, int k) {
-    if (qr__ps_has_links(ps) && k >= 0 && k < ps->cluster->nps && k != ps->coord_index)
-        drop(link_of(ps, k));
+void qr__links_drop(qr_ps *ps, int k, uint64_t incarnation) {
+    if (!qr__ps_has_links(ps) || k < 0 || k >= ps->cluster->nps || k == ps->coord_index) return;
+    coord_link *l = link_of(ps, k);
+    if (!l->incarnation) l->incarnation = incarnation;
+    drop(l);
 }
 
 bool qr__links_fail(qr_ps *ps, int k, int why) {

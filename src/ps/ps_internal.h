@@ -1046,8 +1046,9 @@ static inline bool qr__ps_has_links(const qr_ps *ps) {
     return qr__ps_coordinates(ps) && ps->sync.links != NULL;
 }
 /* The link to ps k is given up for good (a coordinator taking over from
- * ps k): it only watches for a replacement, as a failed-over ps's. */
-void qr__links_drop(qr_ps *ps, int k);
+ * ps k, whose run was `incarnation`): it only watches for a replacement,
+ * as a failed-over ps's; that run itself, resumed, is not one. */
+void qr__links_drop(qr_ps *ps, int k, uint64_t incarnation);
 /* Every link is up: connected and its HELLO answered (but those failed over). */
 bool qr__links_all_up(const qr_ps *ps);
 /* STOP to ps k alone (its link stays until it is delivered): a

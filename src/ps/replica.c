@@ -269,9 +269,10 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
     if (type == QR_MSG_HELLO) {
         if (f->status == QR_EVIEW && !L->copy && !ps->replica.ever_up) {
             /* A replacement started after its shard moved: it serves
-             * nothing until ps 0 makes it a backup (rerep.c). */
+             * nothing until the coordinator makes it a backup (rerep.c). */
             qr__log(QR_LOG_INFO, "ps %d serves this ps's shard in a later view: this ps waits "
-                    "for ps 0 to make it a backup (re-replication)", L->target);
+                    "for ps %d, the coordinator, to make it a backup (re-replication)",
+                    L->target, ps->coord_index);
             L->gone = true;
             qr_conn_close(c);
             return;

@@ -281,7 +281,7 @@ bool qr__rerep_joined(qr_ps *ps, int k) {
 static void copied(qr_ps *ps, int joiner, int bit) {
     ps_replica *r = &ps->replica;
     int nps = ps->cluster->nps;
-    if (joiner <= 0 || joiner >= nps || r->failed[joiner] != QR_PS_JOINING) return;
+    if (joiner < 0 || joiner >= nps || r->failed[joiner] != QR_PS_JOINING) return;
     r->rejoin_done[joiner] |= (uint8_t)bit;
     if (r->rejoin_done[joiner] != 3) return;
     r->failed[joiner] = QR_PS_BACKUP;

@@ -596,7 +596,6 @@ static void free_run(qr_ps *ps) {
  * caller closes what was made (qr_ps_free). */
 static int start_run(qr_ps *ps) {
     ps->index = ps->cluster->task_index;
-    ps->coord_index = 0;
     ps->incarnation = new_incarnation();
     snprintf(ps->name, sizeof ps->name, "ps %d", ps->index);
     qr_store_init(&ps->store);
@@ -641,11 +640,13 @@ static int reopen(qr_ps *ps) {
     uint64_t cause = ps->rollback.cause;
     bool stop_asked = ps->stop_asked;
     uint64_t view = ps->replica.view; /* ps 0's view numbers never go back */
+    int coordinator = ps->coord_index; /* ps 0's successor, once it took over, rolls back too */
     qr_auth *auth = ps->auth; /* the task's, not the run's */
     free_run(ps);
     size_t keep = offsetof(qr_ps, linger_timer);
     memset((char *)ps + keep, 0, sizeof *ps - keep);
     ps->auth = auth;
+    ps->coord_index = coordinator;
     ps->restore_step = step >= 0 ? step : QR_RESTORE_NONE;
     ps->follows = ps->coordinator = follows;
     ps->cause = cause;
@@ -674,6 +675,11 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     if (!rc) rc = qr__config_check_mode(ps->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &ps->cluster);
     if (!rc) rc = qr__auth_from_config(ps->cfg, ps->cluster, &ps->auth);
+    if (!rc && qr__config_int(ps->cfg, "coordinator") == cluster->task_index &&
+        cluster->task_index != 0)
+        rc = qr__fail(QR_EINVAL, "--coordinator %d names this ps: a cluster starts coordinated "
+                      "by ps 0; the option names ps 0's successor to the tasks started after it "
+                      "took the role over", cluster->task_index);
     if (rc) {
         qr__error_prefix("ps %d: ", cluster->task_index);
         qr_config_free(ps->cfg);
@@ -690,6 +696,11 @@ int qr_ps_create(qr_ps **out, const qr_cluster *cluster, const qr_config *cfg) {
     uv_prepare_start(&ps->lifecycle, on_lifecycle);
     uv_unref((uv_handle_t *)&ps->lifecycle);
     ps->restore_step = QR_RESTORE_NEWEST;
+    /* A run started after ps 0's failover (a replacement for any ps, ps 0
+     * included) is told who took the role over: it waits for that ps's
+     * links, as any ps waits for the coordinator's (checked with the
+     * other replica options in qr__replica_init). */
+    ps->coord_index = (int)qr__config_int(ps->cfg, "coordinator");
     rc = start_run(ps);
     if (rc) {
         qr__error_prefix("ps %d: ", ps->index);

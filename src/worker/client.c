@@ -45,6 +45,7 @@ int qr_worker_create(qr_worker **out, const qr_cluster *cluster, int task_index,
     if (!rc) rc = qr__config_check_mode(w->cfg);
     if (!rc) rc = qr_cluster_clone(cluster, &w->cluster);
     if (!rc) rc = qr__auth_from_config(w->cfg, w->cluster, &w->auth);
+    if (!rc) rc = qr_replicas_check_config(w->cfg, w->cluster->nps, NULL);
     if (!rc) {
         w->nps = w->cluster->nps;
         w->links = qr__calloc((size_t)w->nps, sizeof *w->links);

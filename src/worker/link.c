@@ -775,6 +775,16 @@ void wk_free_requests(wk_request **reqs, int n) {
  * (qr_worker_create). */
 void wk_links_init(qr_worker *w) {
     for (int k = 0; k < w->nps; k++) w->links[k].target = k;
+    /* Started after ps 0's failover (--coordinator 1): shard 0, and with
+     * it the coordinator's requests and the heartbeat, are its
+     * successor's. The coordinator's view, at the first HELLO it answers
+     * or refuses, says the rest. */
+    int coordinator = (int)qr__config_int(w->cfg, "coordinator");
+    if (coordinator && w->failed) {
+        w->failed[0] = 1;
+        w->links[0].target = coordinator;
+        w->links[0].addr = w->links[coordinator].addr; /* (parsed by qr_worker_create) */
+    }
     w->events = (qr_conn_events){.connected = on_connected, .header = reply_header,
                                  .message = reply_message, .lost = on_lost};
     uv_loop_init(&w->loop);

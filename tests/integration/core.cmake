@@ -92,8 +92,12 @@ qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VEN
 # steps on two copies (sync_train), and a sync step in flight when ps 0,
 # 1 or 2 is killed (sync_failover_loop; ps 1 takes ps 0's role over); a
 # sync push resent to a live ps 0
-# after it closed a worker declared hung (sync_worker_stop).
-foreach(case wire train sync_train failover_wire failover_kill coordinator_kill failover_stop
+# after it closed a worker declared hung (sync_worker_stop). ps 0 killed,
+# its replacement (told --coordinator 1) re-replicated, killed and
+# replaced again, then a worker restarted (coordinator_rerep, sync and
+# async).
+foreach(case wire train sync_train failover_wire failover_kill coordinator_kill coordinator_rerep
+        failover_stop
         failover_loop lag
         sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})

@@ -123,4 +123,26 @@ for args, phrase in typos:
     assert rc == 2 and phrase in err, (args, rc, err)
 rc, out, err = run(["launch", "--zqxjkv", "1"])
 assert rc == 2 and "unknown option --zqxjkv" in err and "did you mean" not in err, err
+
+# --coordinator names ps 0's successor to the tasks started after its
+# failover (quorum launch gives it): ps 1 alone, with two copies; never
+# the ps itself, nor given to launch.
+two = ["--ps_hosts", "127.0.0.1:%d,127.0.0.1:%d" % (ps, free_port()), "--worker_hosts",
+       "127.0.0.1:%d" % w0]
+coordinator_refused = [
+    (["ps"] + two + ["--job_name", "ps", "--task_index", "0", "--coordinator", "1"], 1,
+     "ps 0: coordinator 1: a cluster is coordinated by ps 0, or by ps 1 once ps 0 has been "
+     "failed over, which needs --ps-replicas 2"),
+    (["ps"] + two + ["--job_name", "ps", "--task_index", "1", "--coordinator", "1",
+                     "--ps-replicas", "2"], 1, "ps 1: --coordinator 1 names this ps"),
+    (["worker"] + two + ["--job_name", "worker", "--task_index", "0", "--coordinator", "2",
+                         "--ps-replicas", "2"], 1, "worker 0: coordinator 2: a cluster is "
+     "coordinated by ps 0, or by ps 1"),
+    (["launch", "--ps", "2", "--ps-replicas", "2", "--coordinator", "1"], 2,
+     "--coordinator is launch's own"),
+]
+for args, want_rc, phrase in coordinator_refused:
+    rc, out, err = run(args)
+    assert rc == want_rc and phrase in err and err.count("worker 0: ") <= 1, (args, rc, err)
+print("ok: --coordinator is checked")
 print("PASS: command line")

@@ -67,12 +67,18 @@ Case "sync_rerep": sync (R = N, --init-tokens 0), ps 1 killed and replaced
 behind the snapshot), then ps 2 killed once launch says the replacement
 holds its copies; SGD and Adam; and ps 2 then ps 1: no rollback, the
 params_digest of the same run unkilled, every surviving copy equal.
+Case "coordinator_rerep": ps 0 killed under `launch --max-restarts 3`: ps 1
+takes its role over and ps 0's replacement, started with --coordinator 1,
+rejoins as the backup of shards 0 and 2; it is killed and replaced again,
+then worker 1 is killed and restarted (it goes to ps 1 for shard 0). Sync
+(the params_digest of the run unkilled) and async; every shard on two
+equal copies at the end.
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|sync_rerep|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|sync_rerep|rerep_rate"""
 
 import json
 import os
@@ -960,10 +966,12 @@ def sync_worker_stop_case():
     print("PASS: sync_worker_stop")
 
 
-def check_rereplicated(err, nps, gone, what):
+def check_rereplicated(err, nps, gone, what, worker_killed=False):
     """Every shard has two copies on the ps still running (none on the
     `gone` ps), their digests equal, and each copy applied the pushes
-    the workers were acknowledged for that shard."""
+    the workers were acknowledged for that shard (worker_killed: at
+    least those the workers that ended reported, and the same number on
+    both copies: a killed worker's acknowledged pushes die with it)."""
     report = ReplicaReport(err, nps)
     acked = report.acked
     copies = {k: [(c["ps"], c["role"], c["digest"], c["applied"]) for c in report.held(k, gone)]
@@ -974,9 +982,12 @@ def check_rereplicated(err, nps, gone, what):
         assert len(serving) == 1, "%s: shard %d served by %s\n%s" % (what, k, held, err[-3000:])
         assert len({c[2] for c in held}) == 1, "%s: shard %d: digests differ: %s" % (
             what, k, held)
+        assert len({c[3] for c in held}) == 1, "%s: shard %d: applied counts differ: %s" % (
+            what, k, held)
         for ps, role, digest, applied in held:
-            assert applied == acked[k], "%s: shard %d: %d pushes acknowledged, %d applied on " \
-                "ps %d (%s)" % (what, k, acked[k], applied, ps, role)
+            assert applied == acked[k] or (worker_killed and applied > acked[k]), \
+                "%s: shard %d: %d pushes acknowledged, %d applied on ps %d (%s)" % (
+                    what, k, acked[k], applied, ps, role)
     print("ok: %s: %s" % (what, "; ".join(
         "shard %d: %s, digest %s, %d pushes" % (
             k, " + ".join("ps %d %s" % (c[0], c[1]) for c in copies[k]), copies[k][0][2],
@@ -1086,6 +1097,18 @@ def rerep_killed_case():
           % loaded_before_kill)
 
 
+def log_waiter(p, path, what):
+    """wait_log(pattern, n=1): wait until launch's log at `path` has n lines
+    matching `pattern` (p, its Proc, still running)."""
+    def wait_log(pattern, n=1, timeout=120):
+        deadline = time.time() + timeout
+        while len(re.findall(pattern, open(path).read(), re.MULTILINE)) < n:
+            assert time.time() < deadline and p.alive(), "%s: no '%s'\n%s" % (
+                what, pattern, open(path).read()[-4000:])
+            time.sleep(0.02)
+    return wait_log
+
+
 def sync_rerep_case():
     """Sync, R = N, --init-tokens 0, 3 ps: ps 1 SIGKILLed mid-run; launch
     starts a replacement, which is copied shard 1 (from ps 2's promoted
@@ -1110,13 +1133,7 @@ def sync_rerep_case():
         log = tempfile.NamedTemporaryFile("w+", prefix="qr-sync-rerep-", suffix=".log")
         p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync", "--max-restarts",
                   "1"] + base + extra, stderr=log)
-
-        def wait_log(pattern, timeout=120):
-            deadline = time.time() + timeout
-            while not re.search(pattern, open(log.name).read(), re.MULTILINE):
-                assert time.time() < deadline and p.alive(), "%s: no '%s'\n%s" % (
-                    what, pattern, open(log.name).read()[-4000:])
-                time.sleep(0.02)
+        wait_log = log_waiter(p, log.name, what)
 
         try:
             first = launch_child_pid(p, "ps", first_k)
@@ -1191,6 +1208,79 @@ def socket_rate(nbytes):
     return nbytes / (time.time() - start)
 
 
+def coordinator_rerep_case():
+    """ps 0, the coordinator, SIGKILLed mid-run under `launch --max-restarts
+    3`: ps 1 takes its role over, and launch starts a replacement of ps 0
+    told so (--coordinator 1), which rejoins as the backup of shards 0 and
+    2 (copied from ps 1 and ps 2 while training goes on). That replacement
+    is SIGKILLed in turn and replaced again; then worker 1 is SIGKILLed and
+    restarted, and goes to ps 1 for shard 0 and the coordinator's calls.
+    Sync (R = N, --init-tokens 0): the params_digest of the same run
+    unkilled; async: an unkilled run's accuracy. Both: no rollback, every
+    shard on two equal copies at the end, each having applied the pushes
+    acknowledged for it, and the restarted worker trained."""
+    base = DIGITS + ["--ps-replicas", "2"]
+    for mode, extra in (("sync", ["--init-tokens", "0", "--steps", "3000"]),
+                        ("async", ["--steps", "20000"])):
+        whole, _ = launch(base + extra, mode=mode)
+        log = tempfile.NamedTemporaryFile("w+", prefix="qr-coord-rerep-", suffix=".log")
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
+                 base + extra, stderr=log)
+        wait_log = log_waiter(p, log.name, mode)
+
+        rejoined = re.escape("quorum launch: ps 0 holds copies of its shards again")
+        try:
+            first = launch_child_pid(p, "ps", 0)
+            for k in (1, 2):  # ps 0 met them: ps 1 takes over rather than waits
+                wait_log(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k)
+            time.sleep(0.5)
+            os.kill(first, signal.SIGKILL)
+            wait_log(rejoined)
+            second = launch_child_pid(p, "ps", 0)
+            cmdline = open("/proc/%d/cmdline" % second).read().split("\0")
+            assert second != first and cmdline[-3:-1] == ["--coordinator", "1"], cmdline
+            os.kill(second, signal.SIGKILL)  # a backup now: ps 1 fails it over
+            wait_log(rejoined, 2)
+            worker = launch_child_pid(p, "worker", 1)
+            os.kill(worker, signal.SIGKILL)
+            rc, out, _ = p.wait(300)
+        finally:
+            p.kill()
+        err = open(log.name).read()
+        log.close()
+        assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
+        s = last_json(out)
+        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+        assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % first in err
+        assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 4)" % second in err, \
+            err[-3000:]
+        for view in (3, 6):
+            assert re.search(r"\[ps 1 pid \d+\] warn: re-replication complete: ps 0 holds "
+                             r"copies of shard 0 \(served by ps 1\) and of shard 2: both on two "
+                             r"copies again \(view %d\)$" % view, err, re.MULTILINE), err[-3000:]
+        # The restarted worker, told --coordinator 1, trained: without it,
+        # it waits for ps 0 (a backup, serving no worker) to the run's end.
+        restarted = re.findall(r"\[worker 1 pid (\d+)\] info: worker 1: pushes acknowledged "
+                               r"per shard: 0:(\d+) .*view 6$", err, re.MULTILINE)
+        assert len(restarted) == 1 and int(restarted[0][0]) != worker and \
+            int(restarted[0][1]) > 0, (restarted, err[-3000:])
+        assert "had not joined the run" not in err, err[-3000:]
+        held = check_rereplicated(err, 3, set(), "%s: ps 0 killed and replaced twice" % mode,
+                                  worker_killed=True)
+        assert held == {0: 2, 1: 2, 2: 2}, held
+        if mode == "sync":
+            assert s["params_digest"] == whole["params_digest"] and s["global_step"] == 3000, \
+                (s, whole["params_digest"])
+        else:
+            assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
+        print("ok: %s: ps 0 killed (ps 1 took over), its replacement re-replicated, killed and "
+              "replaced again, worker 1 restarted (%s pushes to shard 0): no rollback, %s" % (
+                  mode, restarted[0][1], "params_digest %s as unkilled" % s["params_digest"]
+                  if mode == "sync" else "accuracy %.4f (unkilled %.4f)" % (
+                      s["test_accuracy"], whole["test_accuracy"])))
+    print("PASS: coordinator_rerep")
+
+
 def rerep_rate_case():
     """Not a test (no figure is asserted): the re-replication rate of a
     shard with one 256 MiB dense variable (MLP hidden 8192,8192: the
@@ -1222,6 +1312,7 @@ def rerep_rate_case():
 cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
          "coordinator_kill": coordinator_kill_case,
+         "coordinator_rerep": coordinator_rerep_case,
          "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
          "lag": lag_case,
          "sync_failover_loop": sync_failover_loop_case,
