@@ -49,7 +49,11 @@ fault on a random ps, ps 0 included in both modes, drawn from:
                  (ps 0: reported hung, killed by launch, then failed over
                  by ps 1); continued sooner, it goes on and nothing fails
                  over
-(--faults kill or stop keeps one of them). A first run without a fault is
+(--faults kill or stop keeps one of them). --rejoin adds --max-restarts 1
+and SIGKILLs only: the killed ps's replacement (ps 0's, started with
+--coordinator 1, too) must rejoin as a backup, every shard on two equal
+copies at the end and the workers in view 3, unless the run ended while
+it was being copied. A first run without a fault is
 the reference. Every run must:
   end        within --timeout, with exit status 0
   no rollback  JSON rollbacks 0, the global step reached
@@ -279,7 +283,8 @@ def replication_problems(err, nps, failed):
             if c["applied"] != report.acked[k]:
                 problems.append("counts: shard %d: %d pushes acknowledged, %d applied on ps %d"
                                 % (k, report.acked[k], c["applied"], c["ps"]))
-        digests = [c["digest"] for c in held if c["own"] or c["role"] == "backup"]
+        digests = [c["digest"] for c in held
+                   if c["own"] or c["role"] in ("backup", "promoted")]
         two = failed is None or (k != failed and (k + 1) % nps != failed)
         if two and (len(digests) != 2 or len(set(digests)) != 1):
             problems.append("copies: shard %d: primary and backup digests %s" % (k, digests))
@@ -300,15 +305,18 @@ def stop_requested_at(err):
 
 
 def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms,
-                    mode="async"):
+                    mode="async", rejoin=False):
     """One run of --replication (fault None: the reference). Returns
-    (problems, counts, summary)."""
+    (problems, counts, summary). rejoin: --max-restarts 1, and the killed
+    ps's replacement must rejoin unless the run ended first."""
     args = [quorum, "launch", "--ps", str(REPLICATION_PS), "--workers", "3", "--mode", mode,
             "--ps-replicas", "2", "--data", "digits", "--batch-size", "32", "--seed", "11",
             "--lr", "0.1", "--steps", str(steps), "--heartbeat-ms", "200",
             "--heartbeat-timeout-ms", str(hb_timeout_ms), "--json", "--quiet"]
     if mode == "sync":  # R = N, every step's tokens from its own quorum: a deterministic run
         args += ["--init-tokens", "0"]
+    if rejoin:
+        args += ["--max-restarts", "1"]
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.time() + timeout
@@ -378,10 +386,18 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
         victim, pid, 1 if victim == 0 else 0) in err
     if sent and fault == "SIGKILL" and not failed_over and not late:
         problems.append("failover: no failover of the killed ps %d" % victim)
+    # --rejoin: the killed ps's replacement (ps 0's told --coordinator 1)
+    # was copied its shards (view 3: every shard on two copies again), or
+    # the run ended while it was being started or copied (views 1, 2).
+    rejoined = failed_over and rejoin and \
+        "quorum launch: ps %d holds copies of its shards again (view 3)" % victim in err
     found, resent, duplicates, stall, views = replication_problems(
-        err, REPLICATION_PS, victim if failed_over or through_end else None)
+        err, REPLICATION_PS, victim if (failed_over or through_end) and not rejoined else None)
     problems += found
-    if views and views != {1 if failed_over else 0}:
+    if rejoined and views != {3}:
+        problems.append("rejoin: the workers ended in views %s, not 3" % sorted(views))
+    elif not rejoined and views and not views <= ({1, 2} if failed_over and rejoin else
+                                                  {1 if failed_over else 0}):
         problems.append("failover: the workers ended in views %s" % sorted(views))
     if "rolling back" in err or "restarting it" in err:
         problems.append("rollback (launch restarted a task)")
@@ -395,8 +411,8 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
                                     else ", through the end" if through_end else "")
         if sent else "%s: the run had ended" % fault)
     print("run %3d: %-36s -> %s%s" % (i, what, "; ".join(problems) or "ok",
-                                      "" if problems else ", failed over" if failed_over else ""),
-          flush=True)
+                                      "" if problems else ", failed over and rejoined" if rejoined
+                                      else ", failed over" if failed_over else ""), flush=True)
     if problems:  # launch's output kept for the post-mortem, its path printed
         fd, path = tempfile.mkstemp(prefix="qr-soak-run%d-" % i, suffix=".log")
         with os.fdopen(fd, "w") as f:
@@ -405,16 +421,17 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
         print("         launch's output: %s" % path, flush=True)
     counts = {"kills": int(sent and fault == "SIGKILL" and (failed_over or not late)),
               "stops": int(sent and fault == "SIGSTOP+CONT"),
-              "failovers": int(bool(failed_over)), "resent": resent, "duplicates": duplicates,
-              "stall": stall}
+              "failovers": int(bool(failed_over)), "rejoins": int(bool(rejoined)),
+              "resent": resent, "duplicates": duplicates, "stall": stall}
     return problems, counts, final
 
 
 def replication_soak(a, rng):
-    faults = REPLICATION_FAULTS[a.faults]
+    faults = REPLICATION_FAULTS["kill" if a.rejoin else a.faults]
     print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
-          "%s%s --ps-replicas 2, --steps %d, faults %s on ps %s..%d%s" % (
+          "%s%s --ps-replicas 2%s, --steps %d, faults %s on ps %s..%d%s" % (
               a.runs, REPLICATION_PS, a.mode, " --init-tokens 0" if a.mode == "sync" else "",
+              " --max-restarts 1 (the killed ps's replacement rejoins)" if a.rejoin else "",
               a.steps, "/".join(faults), 0, REPLICATION_PS - 1,
               " (ps 0: ps 1 takes over as the coordinator)"), flush=True)
     problems, _, reference = replication_run(a.quorum, 0, a.timeout, rng, a.steps, None,
@@ -427,12 +444,13 @@ def replication_soak(a, rng):
     # the reference's time (on a fast machine, 4000 steps took 1.15 s, and
     # a kill at 1.17 s came as the cluster was being stopped).
     window = min(a.kill_window, max(0.35, 0.7 * reference["wall_seconds"]))
-    totals = {"kills": 0, "stops": 0, "failovers": 0, "resent": 0, "duplicates": 0}
+    totals = {"kills": 0, "stops": 0, "failovers": 0, "rejoins": 0, "resent": 0,
+              "duplicates": 0}
     stalls, bad = [], {}
     for i in range(1, a.runs + 1):
         found, counts, _ = replication_run(a.quorum, i, a.timeout, rng, a.steps, faults,
                                            window, reference, a.heartbeat_timeout_ms,
-                                           a.mode)
+                                           a.mode, a.rejoin)
         for k in totals:
             totals[k] += counts[k]
         if counts["failovers"]:
@@ -441,10 +459,11 @@ def replication_soak(a, rng):
             kind = problem.split(" (")[0].split(":")[0]
             bad[kind] = bad.get(kind, 0) + 1
     stalls.sort()
-    print("soak --replication: %d runs, %d kills, %d stops, %d failovers, %d pushes resent, %d "
-          "answered as duplicates; longest push over the failovers: max %.3f s, median %.3f s; "
-          "reference accuracy %.4f%s" % (
-              a.runs, totals["kills"], totals["stops"], totals["failovers"], totals["resent"],
+    print("soak --replication: %d runs, %d kills, %d stops, %d failovers, %d rejoins, %d pushes "
+          "resent, %d answered as duplicates; longest push over the failovers: max %.3f s, "
+          "median %.3f s; reference accuracy %.4f%s" % (
+              a.runs, totals["kills"], totals["stops"], totals["failovers"], totals["rejoins"],
+              totals["resent"],
               totals["duplicates"], stalls[-1] if stalls else 0.0,
               stalls[len(stalls) // 2] if stalls else 0.0, reference["test_accuracy"],
               ", digest %s" % reference["params_digest"] if a.mode == "sync" else ""))
@@ -477,6 +496,10 @@ def main():
                     "this file)")
     ap.add_argument("--faults", choices=sorted(REPLICATION_FAULTS), default="both",
                     help="--replication: SIGKILLs, SIGSTOP+CONTs or both (default)")
+    ap.add_argument("--rejoin", action="store_true",
+                    help="--replication: SIGKILLs only, under launch --max-restarts 1: the "
+                    "killed ps's replacement (ps 0's too) must rejoin as a backup, every shard "
+                    "on two equal copies at the end")
     ap.add_argument("--kill-window", type=float, default=2.0,
                     help="--replication: the fault comes 0.3 to this many s into a run")
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000,
