@@ -281,19 +281,25 @@ static void program_summaries_env(const launch_plan *plan, int index) {
 }
 
 /* Worker `index` as the user's program: COMMAND with its environment. */
-static pid_t spawn_command(const launch_plan *plan, int index) {
+static pid_t spawn_command(const launch_plan *plan, int index, int coordinator_now) {
     char *config = launch_tf_config(plan, "worker", index);
     if (!config) return -1;
+    char *options = launch_options_json(plan, coordinator_now); /* (as spawn's --coordinator) */
+    if (!options) {
+        free(config);
+        return -1;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0) {
         free(config);
+        free(options);
         return pid;
     }
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
     setenv("TF_CONFIG", config, 1);
-    setenv("QUORUM_OPTIONS", plan->options_json ? plan->options_json : "{}", 1);
+    setenv("QUORUM_OPTIONS", options, 1);
     /* torchrun's variables, so that torch's own DistributedSampler and the
      * like read this worker's place: every worker runs on this machine, so
      * its local rank is its rank. No MASTER_ADDR/MASTER_PORT: nothing
@@ -327,7 +333,7 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     c->failed_ms = 0;
     c->started_ms = qr__now_ns() / 1000000;
     if (!is_ps && plan->command)
-        c->pid = spawn_command(plan, index);
+        c->pid = spawn_command(plan, index, coordinator);
     else
         c->pid = spawn(plan->self, is_ps ? "ps" : "worker", index, plan->ps_hosts,
                        plan->worker_hosts, plan->npass, plan->pass,

@@ -61,5 +61,9 @@ void launch_plan_free(launch_plan *plan);
 void launch_announce_metrics(const launch_plan *plan);
 /* TF_CONFIG for task (job, index): the cluster as JSON lists (free it). */
 char *launch_tf_config(const launch_plan *plan, const char *job, int index);
+/* The program's QUORUM_OPTIONS (plan->options_json), with "coordinator"
+ * added when it is not ps 0 (a worker started after ps 0's failover).
+ * malloc'd; NULL when out of memory. */
+char *launch_options_json(const launch_plan *plan, int coordinator);
 
 #endif

@@ -308,6 +308,21 @@ void launch_announce_metrics(const launch_plan *plan) {
 }
 
 /* TF_CONFIG for task (job, index): the cluster as JSON lists. */
+char *launch_options_json(const launch_plan *plan, int coordinator) {
+    const char *given = plan->options_json ? plan->options_json : "{}";
+    if (!coordinator) return strdup(given);
+    cJSON *o = cJSON_Parse(given);
+    char value[16];
+    snprintf(value, sizeof value, "%d", coordinator);
+    if (!o || !cJSON_AddStringToObject(o, "coordinator", value)) {
+        cJSON_Delete(o);
+        return NULL;
+    }
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return text;
+}
+
 char *launch_tf_config(const launch_plan *plan, const char *job, int index) {
     cJSON *root = cJSON_CreateObject(), *cluster = cJSON_AddObjectToObject(root, "cluster");
     const char *lists[2][2] = {{"ps", plan->ps_hosts}, {"worker", plan->worker_hosts}};

@@ -19,8 +19,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -129,3 +131,65 @@ def test_restarted_worker_resumes_its_data(tmp_path, mode):  # type: ignore[no-u
     planned = 3 * 6 * (2 if mode == "async" else 1)
     final = max(r["global_step"] for r in found.values())
     assert abs(final - planned) <= 1, (final, planned, found)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_restarted_worker_after_coordinator_failover(tmp_path, mode):  # type: ignore[no-untyped-def]
+    """--ps-replicas 2: ps 0 is SIGKILLed while worker 1 waits at its 8th
+    step; ps 1 takes the coordinator's role over. Then worker 1 kills
+    itself and launch restarts it after the failover: its QUORUM_OPTIONS
+    name ps 1 the coordinator ("coordinator": "1"), so it goes to ps 1 for
+    shard 0, resumes its data and ends the run as planned. (Without it,
+    the restarted worker waits for ps 0 to the end.)"""
+    go = str(tmp_path / "go")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = open(tmp_path / "launch.err", "w+")
+    p = subprocess.Popen([QUORUM, "launch", "--ps", "2", "--workers", "2", "--mode", mode,
+                          "--lr", "0.05", "--ps-replicas", "2", "--max-restarts", "2", "--",
+                          sys.executable, os.path.join(PROGRAMS, "restart_torch.py"),
+                          str(tmp_path / "marker"), go],
+                         stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(go + ".ready"):
+            assert p.poll() is None and time.time() < deadline, open(tmp_path / "launch.err").read()
+            time.sleep(0.05)
+        ps0 = [c for c in children(p.pid) if "--task_index\x000\x00" in cmdline(c) and
+               cmdline(c).split("\x00")[1] == "ps"]
+        assert len(ps0) == 1, ps0
+        os.kill(ps0[0], signal.SIGKILL)
+        while "was failed over by ps 1" not in open(tmp_path / "launch.err").read():
+            assert p.poll() is None and time.time() < deadline, open(tmp_path / "launch.err").read()
+            time.sleep(0.05)
+        open(go, "w").close()
+        out, _ = p.communicate(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    err = open(tmp_path / "launch.err").read()
+    assert p.returncode == 0, err[-4000:]
+    assert "quorum launch: ps 0 (pid %d) was failed over by ps 1" % ps0[0] in err, err[-3000:]
+    assert "worker 1 (pid" in err and "restarting it" in err, err[-3000:]
+    found: Dict[int, Any] = {}
+    for text in re.findall(r"\{[^{}]*\}", out):
+        r = json.loads(text)
+        found[r["task"]] = r
+    assert sorted(found) == [0, 1], out + err[-3000:]
+    assert found[1]["restored"] == 8 * 8 and found[1]["calls"] == 18 - 8, found
+    planned = 3 * 6 * (2 if mode == "async" else 1)
+    final = max(r["global_step"] for r in found.values())
+    assert abs(final - planned) <= 1, (final, planned, found)
+
+
+def children(pid: int) -> List[int]:
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+        return [int(c) for c in f.read().split()]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open("/proc/%d/cmdline" % pid) as f:
+            return f.read()
+    except OSError:
+        return ""

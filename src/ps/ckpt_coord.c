@@ -305,6 +305,11 @@ int qr__ckpt_take_over(qr_ps *ps) {
     int nw = ps->cluster->nworkers;
     if (!c->data_pos && !(c->data_pos = qr__calloc((size_t)nw, sizeof *c->data_pos)))
         return QR_ENOMEM;
+    /* Each worker's data position, as the copy of ps 0's shard has it from
+     * the pushes forwarded to it: a worker restarted from now on reads its
+     * own back from this ps (control.c), as it did from ps 0. */
+    for (int w = 0; ps->replica.backup_last && w < nw; w++)
+        c->data_pos[w] = ps->replica.backup_last[w].data_pos;
     if (!c->dir) return QR_OK;
     /* Where each worker's data is: in sync mode it comes with its next
      * commit (a held push's own part); an async cut reads it from every

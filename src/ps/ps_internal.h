@@ -228,6 +228,7 @@ typedef struct sync_push {
     struct sync_push *next;
     uint32_t worker, seq;
     int64_t local_step;
+    uint64_t data_pos; /* the worker's data position the push carried */
     int nitems;
     push_item *items;
     float *data; /* the payload, received here in place (from ps->recv_pool) */

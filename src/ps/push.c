@@ -464,7 +464,7 @@ static void forward(ps_peer *p, const qr_frame *f, const push_apply *a, int64_t 
     qr_ps *ps = p->ps;
     qr_msg_repl_head head = {.flags = f->flags & (QR_PUSH_STEP | QR_PUSH_DELTA),
                              .worker = p->push_worker, .seq = p->push_seq, .t = a->t,
-                             .answer = answer};
+                             .answer = answer, .data_pos = p->push_data_pos};
     repl_forward *fw = qr__replica_begin(ps, &head);
     /* A buffer much larger than the push (the pool hands out the hottest
      * that fits) is not held for it while the backup catches up. */

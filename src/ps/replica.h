@@ -38,6 +38,10 @@ typedef struct repl_last {
     uint32_t seq[QR_REPL_DUP_WINDOW];   /* the worker's pushes applied here */
     int64_t answer[QR_REPL_DUP_WINDOW]; /* the step each was answered with */
     int n, next;
+    /* The data position the worker's latest push here carried: what a
+     * successor of ps 0 answers a restarted worker with (its READY),
+     * as ps 0 did from its own record (qr__ckpt_worker_pos). */
+    uint64_t data_pos;
 } repl_last;
 /* A primary's link to the ps that holds a copy of one of its shards, and
  * the forwards that copy has not applied yet: ps->replica.link carries
@@ -292,9 +296,10 @@ void qr__replica_lend(repl_forward *fw, qr_iov *iov, int niov, void (*release)(v
  * the backup has not applied it yet (replication-lag). */
 void qr__replica_note_answer(repl_link *L, uint64_t fwd);
 /* replica_forward.c: (worker, seq), answered with `answer`, recorded in
- * `last` (the exactly-once ring of each worker). */
+ * `last` (the exactly-once ring of each worker), with the data position
+ * the push carried. */
 void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,
-                             int64_t answer);
+                             int64_t answer, uint64_t data_pos);
 
 /* rerep.c: re-replication (docs/REPLICATION.md, "Re-replication"). */
 /* Source: take the snapshot of L's shard and stream it to L's target,

@@ -326,7 +326,7 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     bool sightings = h->count && p->items[0].dtype == QR_REPL_LOOKUP;
     if (!sightings) { /* a push: what a promotion goes on from */
         qr__replica_record_last(p->copy_own ? r->last : r->backup_last, ps->cluster->nworkers,
-                                h->worker, h->seq, h->answer);
+                                h->worker, h->seq, h->answer, h->data_pos);
         qr__ckpt_forwarded(ps, p->copy_own, h->worker, h->seq);
         int64_t steps = (h->flags & QR_PUSH_STEP) ? h->t : h->t - 1;
         if (p->copy_own) {

@@ -106,9 +106,10 @@ bool qr__replica_duplicate(ps_peer *p, uint32_t worker, uint32_t seq, int64_t *a
 }
 
 void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uint32_t seq,
-                             int64_t answer) {
+                             int64_t answer, uint64_t data_pos) {
     if (!qr__is_worker(worker, nworkers)) return;
     repl_last *l = &last[worker];
+    l->data_pos = data_pos;
     l->seq[l->next] = seq;
     l->answer[l->next] = answer;
     l->next = (l->next + 1) % QR_REPL_DUP_WINDOW;
@@ -118,7 +119,8 @@ void qr__replica_record_last(repl_last *last, int nworkers, uint32_t worker, uin
 void qr__replica_applied(ps_peer *p, uint32_t worker, uint32_t seq, int64_t answer) {
     qr_ps *ps = p->ps;
     if (!qr__replica_on(ps)) return;
-    qr__replica_record_last(record_of(p), ps->cluster->nworkers, worker, seq, answer);
+    qr__replica_record_last(record_of(p), ps->cluster->nworkers, worker, seq, answer,
+                            p->push_data_pos);
     if (p->promoted_shard) ps->replica.copy_pushes++;
     else ps->replica.own_pushes++;
 }

@@ -115,6 +115,7 @@ int qr__sync_push_header(ps_peer *p, const qr_frame *f, uint32_t worker, uint32_
     sp->worker = worker;
     sp->seq = seq;
     sp->local_step = local_step;
+    sp->data_pos = p->push_data_pos;
     sp->nitems = p->nitems;
     sp->items = qr__calloc((size_t)QR_MAX(p->nitems, 1), sizeof *sp->items);
     sp->data = qr__recv_pool_get(&p->ps->recv_pool, f->payload_len, &sp->data_cap);
@@ -530,7 +531,8 @@ static void forward_push(qr_ps *ps, const sync_push *sp) {
     repl_forward *fw = qr__replica_begin(ps, &(qr_msg_repl_head){.flags = QR_REPL_SYNC_PUSH,
                                                                  .worker = sp->worker,
                                                                  .seq = sp->seq,
-                                                                 .t = sp->local_step});
+                                                                 .t = sp->local_step,
+                                                                 .data_pos = sp->data_pos});
     for (int i = 0; i < sp->nitems; i++) {
         const push_item *it = &sp->items[i];
         if (it->skip) continue;
@@ -638,7 +640,10 @@ int qr__sync_copy_keep(qr_ps *ps, bool own, const qr_msg_repl_head *h, const pus
     sync_push *sp = qr__calloc(1, sizeof *sp);
     if (!sp) return qr__fail(QR_ENOMEM, "out of memory keeping a sync push on the copy");
     *sp = (sync_push){.worker = h->worker, .seq = h->seq, .local_step = h->t, .nitems = nitems,
-                      .copy = copy};
+                      .copy = copy, .data_pos = h->data_pos};
+    /* Its batch is read (as ps 0 counts it, member or stale): where the
+     * worker's data goes on from, should this copy's ps succeed ps 0. */
+    (own ? ps->replica.last : ps->replica.backup_last)[h->worker].data_pos = h->data_pos;
     sp->items = qr__calloc((size_t)QR_MAX(nitems, 1), sizeof *sp->items);
     sp->data = qr__recv_pool_get(&ps->recv_pool, QR_MAX(len, 4), &sp->data_cap);
     if (!sp->items || !sp->data) {

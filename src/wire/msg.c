@@ -99,6 +99,7 @@ void qr_msg_put_repl_head(qr_wbuf *b, const qr_msg_repl_head *m) {
     qr_wbuf_i64(b, m->t);
     qr_wbuf_i64(b, m->answer);
     qr_wbuf_u64(b, m->fwd);
+    qr_wbuf_u64(b, m->data_pos);
 }
 
 void qr_msg_get_repl_head(qr_rbuf *r, qr_msg_repl_head *m) {
@@ -109,6 +110,7 @@ void qr_msg_get_repl_head(qr_rbuf *r, qr_msg_repl_head *m) {
     m->t = qr_rbuf_i64(r);
     m->answer = qr_rbuf_i64(r);
     m->fwd = qr_rbuf_u64(r);
+    m->data_pos = qr_rbuf_u64(r);
 }
 
 void qr_msg_put_repl_item(qr_wbuf *b, const qr_msg_repl_item *m) {

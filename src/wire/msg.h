@@ -281,6 +281,7 @@ typedef struct qr_msg_repl_head {
     uint32_t flags, worker, seq, count;
     int64_t t, answer;
     uint64_t fwd;
+    uint64_t data_pos; /* the worker's data position its push carried (0: none) */
 } qr_msg_repl_head;
 typedef struct qr_msg_repl_item {
     uint32_t id, kind;

@@ -142,13 +142,13 @@ def hello(kind, index, incarnation=7, view=0, shard=0):
 
 def repl_meta(items, fwd, flags=PUSH_STEP, worker=0, seq=1, t=1):
     """items: (var_id, kind, nbytes, lr) records of a REPLICATE."""
-    meta = struct.pack("<IIIIqqQ", flags, worker, seq, len(items), t, 0, fwd)
+    meta = struct.pack("<IIIIqqQQ", flags, worker, seq, len(items), t, 0, fwd, 0)
     for var_id, kind, nbytes, lr in items:
         meta += struct.pack("<IIQf", var_id, kind, nbytes, lr)
     return meta
 
 
-REPL_LAST_BYTES = 64 * 4 + 64 * 8 + 8  # repl_last (src/ps/replica.h): one per worker
+REPL_LAST_BYTES = 64 * 4 + 64 * 8 + 8 + 8  # repl_last (src/ps/replica.h): one per worker
 
 
 def snapshot_meta(shard, workers=1):

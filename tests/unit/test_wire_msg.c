@@ -458,10 +458,10 @@ static void test_replicate_and_view_layout(void **state) {
     qr_wbuf b = {0};
     qr_msg_put_repl_head(&b, &(qr_msg_repl_head){.flags = 3, .worker = 2, .seq = 0x0a0b0c0d,
                                                  .count = 1, .t = -5, .answer = 1ll << 40,
-                                                 .fwd = 77});
+                                                 .fwd = 77, .data_pos = 0x123456789ull});
     qr_msg_put_repl_item(&b, &(qr_msg_repl_item){.id = 9, .kind = QR_REPL_SPARSE,
                                                  .nbytes = 1ull << 33, .lr = 0.5f});
-    uint8_t want[64];
+    uint8_t want[72];
     size_t n = 0;
     le(want, &n, 3, 4);
     le(want, &n, 2, 4);
@@ -470,6 +470,7 @@ static void test_replicate_and_view_layout(void **state) {
     le(want, &n, (uint64_t)-5, 8);
     le(want, &n, 1ull << 40, 8);
     le(want, &n, 77, 8);
+    le(want, &n, 0x123456789ull, 8);
     le(want, &n, 9, 4);
     le(want, &n, QR_REPL_SPARSE, 4);
     le(want, &n, 1ull << 33, 8);
@@ -488,7 +489,7 @@ static void test_replicate_and_view_layout(void **state) {
     assert_int_equal(h.worker, 2);
     assert_int_equal(h.seq, 0x0a0b0c0d);
     assert_int_equal(h.count, 1);
-    assert_true(h.t == -5 && h.answer == 1ll << 40 && h.fwd == 77);
+    assert_true(h.t == -5 && h.answer == 1ll << 40 && h.fwd == 77 && h.data_pos == 0x123456789ull);
     assert_int_equal(it.id, 9);
     assert_int_equal(it.kind, QR_REPL_SPARSE);
     assert_true(it.nbytes == 1ull << 33 && it.lr == 0.5f);
