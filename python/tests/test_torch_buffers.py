@@ -154,6 +154,12 @@ def test_restarted_worker_after_coordinator_failover(tmp_path, mode):  # type: i
         while not os.path.exists(go + ".ready"):
             assert p.poll() is None and time.time() < deadline, open(tmp_path / "launch.err").read()
             time.sleep(0.05)
+        # async: worker 0 finishes its 18 steps meanwhile, and tells ps 0
+        # (LEAVE), which its backup is told too (sync: it waits for worker 1)
+        while mode == "async" and "info: worker 0 has finished" not in \
+                open(tmp_path / "launch.err").read():
+            assert p.poll() is None and time.time() < deadline, open(tmp_path / "launch.err").read()
+            time.sleep(0.05)
         ps0 = [c for c in children(p.pid) if "--task_index\x000\x00" in cmdline(c) and
                cmdline(c).split("\x00")[1] == "ps"]
         assert len(ps0) == 1, ps0
@@ -180,6 +186,12 @@ def test_restarted_worker_after_coordinator_failover(tmp_path, mode):  # type: i
     planned = 3 * 6 * (2 if mode == "async" else 1)
     final = max(r["global_step"] for r in found.values())
     assert abs(final - planned) <= 1, (final, planned, found)
+    # ps 1 knew worker 0 had finished (from ps 0's forward): it waited for
+    # no new run of the chief, and ended the run when worker 1 finished.
+    assert "the chief (worker 0) was lost" not in err, err[-3000:]
+    if mode == "async":
+        assert re.search(r"\[ps 1 pid \d+\] info: worker 1 has finished at global step \d+ "
+                         r"\(2 of 2 workers have\)", err), err[-3000:]
 
 
 def children(pid: int) -> List[int]:

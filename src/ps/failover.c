@@ -340,11 +340,13 @@ static void take_over(qr_ps *ps) {
     qr__ckpt_cut_coordinator_gone(ps); /* pushes held for the old one's cut */
     qr__links_drop(ps, old, old_run);
     qr__failover_lost(ps, old, QR_LOST_DEAD);
-    if (!ps->sync.on) return;
-    /* The step in flight, from the two shards held here; then this ps's
-     * own held pushes, told to ps 0 before, are told to itself. */
-    qr__coord_take_over(ps);
-    qr__sync_coordinator_linked(ps);
+    if (ps->sync.on) {
+        /* The step in flight, from the two shards held here; then this
+         * ps's own held pushes, told to ps 0 before, are told to itself. */
+        qr__coord_take_over(ps);
+        qr__sync_coordinator_linked(ps);
+    }
+    qr__liveness_end_if_finished(ps); /* the workers that told ps 0 they had finished */
 }
 
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {

@@ -241,6 +241,14 @@ int qr__liveness_coordinate(qr_ps *ps) {
     l->finished = qr__calloc((size_t)n, sizeof *l->finished);
     l->nfinished = 0;
     if (!l->beat_ns || !l->hung || !l->finished) return QR_ENOMEM;
+    /* A successor of ps 0: the workers that told ps 0 they had finished,
+     * as the copy of its shard has it (QR_REPL_LEAVE). */
+    const repl_last *told = ps->replica.backup_last;
+    for (int w = 0; told && w < ps->cluster->nworkers; w++)
+        if (told[w].finished) {
+            l->finished[w] = true;
+            l->nfinished++;
+        }
     return QR_OK;
 }
 
@@ -338,6 +346,12 @@ void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     if (!l->finished[w]) {
         l->finished[w] = true;
         l->nfinished++;
+        /* The copy of this ps's shard keeps it, in order with the pushes:
+         * its ps, should it succeed this one, ends the run as it would. */
+        if (qr__replica_on(ps))
+            qr__replica_send(ps, qr__replica_begin(ps, &(qr_msg_repl_head){
+                                                           .flags = QR_REPL_LEAVE,
+                                                           .worker = (uint32_t)w}));
         qr__log(QR_LOG_INFO, "worker %d has finished at global step %lld (%d of %d workers have)",
                 w, (long long)ps->global_step, l->nfinished, ps->cluster->nworkers);
     }

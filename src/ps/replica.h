@@ -38,6 +38,9 @@ typedef struct repl_last {
     uint32_t seq[QR_REPL_DUP_WINDOW];   /* the worker's pushes applied here */
     int64_t answer[QR_REPL_DUP_WINDOW]; /* the step each was answered with */
     int n, next;
+    /* The coordinator's shard: the worker said it has finished (LEAVE),
+     * which a successor of ps 0 must know to end the run as ps 0 would. */
+    int finished;
     /* The data position the worker's latest push here carried: what a
      * successor of ps 0 answers a restarted worker with (its READY),
      * as ps 0 did from its own record (qr__ckpt_worker_pos). */

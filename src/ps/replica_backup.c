@@ -112,10 +112,16 @@ int qr__replica_header(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_msg_get_repl_head(&r, &p->repl);
     if (r.bad) return qr__fail(QR_EPROTO, "REPLICATE meta is truncated");
     uint32_t flags = p->repl.flags;
-    if (flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA | QR_REPL_SYNC_PUSH | QR_REPL_SYNC_STEP) ||
+    if (flags & ~(QR_PUSH_STEP | QR_PUSH_DELTA | QR_REPL_SYNC_PUSH | QR_REPL_SYNC_STEP |
+                  QR_REPL_LEAVE) ||
         ((flags & QR_REPL_SYNC_PUSH) && (flags & ~QR_REPL_SYNC_PUSH)) ||
-        ((flags & QR_REPL_SYNC_STEP) && (flags & ~QR_REPL_SYNC_STEP)))
+        ((flags & QR_REPL_SYNC_STEP) && (flags & ~QR_REPL_SYNC_STEP)) ||
+        ((flags & QR_REPL_LEAVE) && (flags & ~QR_REPL_LEAVE)))
         return qr__fail(QR_EINVAL, "REPLICATE: unknown flags 0x%x", flags);
+    if ((flags & QR_REPL_LEAVE) &&
+        (p->repl.count || !qr__is_worker(p->repl.worker, p->ps->cluster->nworkers)))
+        return qr__fail(QR_EINVAL, "REPLICATE: a worker's LEAVE names worker %u of %d, with %u "
+                        "items", p->repl.worker, p->ps->cluster->nworkers, p->repl.count);
     if (flags & QR_REPL_SYNC_STEP) return members_header(p, f, &r);
     int rc = p->repl.count ? qr__peer_check_count("REPLICATE", p->repl.count) : QR_OK;
     if (!rc) rc = qr__peer_reserve_items(p, p->repl.count);
@@ -289,6 +295,14 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
     qr_wbuf_u64(&out, h->fwd);
     uint64_t *applied_fwd = p->copy_own ? &r->own_applied_fwd : &r->applied_fwd;
     if (h->fwd && h->fwd <= *applied_fwd) { /* sent again after the link came back */
+        qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
+        qr_wbuf_free(&out);
+        return;
+    }
+    if (h->flags & QR_REPL_LEAVE) { /* (the worker checked at the header) */
+        (p->copy_own ? r->last : r->backup_last)[h->worker].finished = 1;
+        *applied_fwd = h->fwd;
+        r->applied++;
         qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
         qr_wbuf_free(&out);
         return;

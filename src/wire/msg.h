@@ -137,7 +137,8 @@
  *              Adam's t, the sparse lr schedule's), i64 answer (the step
  *              the primary answers the push with), u64 fwd (this
  *              forward's number on the link, from 1: a resent one is
- *              applied once); then count items (qr_msg_repl_item): u32
+ *              applied once), u64 data_pos (the worker's data position
+ *              the push carried); then count items (qr_msg_repl_item): u32
  *              var_id (of the backed-up shard), u32 kind (0 dense
  *              float32 gradient, delta or value; 1 sparse rows as a
  *              PUSH's; 2 ids a LOOKUP sighted, count 1, t 0), u64
@@ -149,7 +150,10 @@
  *              above, lr the push's own or QR_MSG_PUSH_LR_NONE), and a
  *              step applied (QR_REPL_SYNC_STEP; t the step; one item of
  *              kind 3, var_id 0, lr 0, whose bytes are the members: u32
- *              worker, u32 seq each, in reduce order)
+ *              worker, u32 seq each, in reduce order); and the
+ *              coordinator's word that a worker has finished (LEAVE:
+ *              QR_REPL_LEAVE, the worker, no item), kept with the copy
+ *              for a successor of ps 0
  *              reply: u64 fwd, once the backup has applied it
  *   CKPT       (ps 0 to ps k, checkpoints; src/ps/ckpt_coord.c) req: u32 phase,
  *              u64 id, i64 global_step, u32 count, u64 base (the id of the
@@ -277,6 +281,7 @@ void qr_msg_get_view(qr_rbuf *r, int nps, uint64_t *view, uint8_t *failed);
  * push the primary kept, and a sync step it applied (its members). */
 #define QR_REPL_SYNC_PUSH 0x10000u
 #define QR_REPL_SYNC_STEP 0x20000u
+#define QR_REPL_LEAVE 0x40000u
 typedef struct qr_msg_repl_head {
     uint32_t flags, worker, seq, count;
     int64_t t, answer;

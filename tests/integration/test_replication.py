@@ -148,7 +148,7 @@ def repl_meta(items, fwd, flags=PUSH_STEP, worker=0, seq=1, t=1):
     return meta
 
 
-REPL_LAST_BYTES = 64 * 4 + 64 * 8 + 8 + 8  # repl_last (src/ps/replica.h): one per worker
+REPL_LAST_BYTES = 64 * 4 + 64 * 8 + 16 + 8  # repl_last (src/ps/replica.h): one per worker
 
 
 def snapshot_meta(shard, workers=1):
