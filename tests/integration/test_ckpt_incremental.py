@@ -255,10 +255,10 @@ try:
     elif case == "tiered":
         tier_emb = "embedding:optimizer=adagrad,lr=0.05,admit_after=2,evict_after_steps=40"
         tiered = ["--embedding-dim", "32", "--table-memory-mb", "1", "--keep-checkpoints", "100"]
-        # Worker 0 sleeps 10 ms a step (the same results, slower steps): a
+        # Worker 0 sleeps 30 ms a step (the same results, slower steps): a
         # checkpoint every 2 steps is then not held back by its
         # predecessor's write on a loaded machine.
-        first_a, _ = launch(a, 110, 100, 2, tier_emb, tiered + ["--slow-worker", "0:10"])
+        first_a, _ = launch(a, 110, 100, 2, tier_emb, tiered + ["--slow-worker", "0:30"])
         emb = first_a["sync"]["tables"]["embedding"]
         # the table several times what memory holds, rows moving all along
         assert emb["rows_disk"] > 2 * emb["rows_memory"] and emb["rows_spilled"] > emb["rows"] \
