@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,12 @@ import urllib.request
 from typing import Any, Dict, List
 
 import pytest
+
+# free_base, shared with the integration tests (as scripts/soak.py shares
+# their parser): tests/integration/qrtest.py.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests",
+                                "integration"))
+from qrtest import free_base  # type: ignore[import-not-found]  # noqa: E402
 
 PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "summaries_torch.py")
 QUORUM = shutil.which("quorum") or shutil.which("quorum", path=os.path.dirname(sys.executable)) \
@@ -34,32 +38,6 @@ a = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0})
 a.Reload()
 print(json.dumps({t: [[e.step, e.value] for e in a.Scalars(t)] for t in a.Tags()["scalars"]}))
 """
-
-
-def free_base(n: int) -> int:
-    """A port p with p .. p+n-1 free on 127.0.0.1, drawn below the kernel's
-    ephemeral range: a port from bind(0) is one the cluster's own outgoing
-    connections (or the launcher's bind(0) for a ps) may take before the
-    task that was told to listen on it binds it."""
-    low = 32768
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    for _ in range(200):
-        base = random.randrange(10000, max(10001, low - n))
-        ok = True
-        for p in range(base, base + n):
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", p))
-            except OSError:
-                ok = False
-            t.close()
-        if ok:
-            return base
-    raise AssertionError("no free ports")
 
 
 def tensorboard(logdir: str) -> Dict[str, List[List[float]]]:

@@ -8,6 +8,7 @@ import atexit
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -132,6 +133,32 @@ def free_ports(n):
         if p not in got:
             got.append(p)
     return got
+
+
+def free_base(n):
+    """A port p with p .. p+n-1 free on 127.0.0.1, drawn below the kernel's
+    ephemeral range: a port from bind(0) is one the cluster's own outgoing
+    connections (or the launcher's bind(0) for a ps) may take before the
+    task that was told to listen on it binds it."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    for _ in range(200):
+        base = random.randrange(10000, max(10001, low - n))
+        ok = True
+        for p in range(base, base + n):
+            t = socket.socket()
+            try:
+                t.bind(("127.0.0.1", p))
+            except OSError:
+                ok = False
+            t.close()
+        if ok:
+            return base
+    raise AssertionError("no free ports")
 
 
 def closed_by_peer(s, timeout=5.0):

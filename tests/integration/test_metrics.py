@@ -6,9 +6,7 @@ Usage: test_metrics.py QUORUM_BINARY"""
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,36 +14,10 @@ import time
 import urllib.error
 import urllib.request
 
-from qrtest import Proc
+from qrtest import Proc, free_base
 
 quorum = sys.argv[1]
 work = tempfile.mkdtemp(prefix="qr-metrics-")
-
-
-def free_base(n):
-    """A port p with p .. p+n-1 free on 127.0.0.1, drawn below the kernel's
-    ephemeral range: a port from bind(0) is one the cluster's own outgoing
-    connections (or the launcher's bind(0) for a ps) may take before the
-    task that was told to listen on it binds it."""
-    low = 32768
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        pass
-    for _ in range(200):
-        base = random.randrange(10000, max(10001, low - n))
-        ok = True
-        for p in range(base, base + n):
-            t = socket.socket()
-            try:
-                t.bind(("127.0.0.1", p))
-            except OSError:
-                ok = False
-            t.close()
-        if ok:
-            return base
-    raise AssertionError("no free ports")
 
 
 def scrape(port):
