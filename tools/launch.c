@@ -115,7 +115,9 @@ typedef struct child {
  * QUORUM_SUPERVISOR_FD. */
 static int notices[2] = {-1, -1};
 /* The ps that coordinates the run: ps 0, or its successor once ps 0 has
- * been failed over ("failover ps 0 VIEW"). */
+ * been failed over ("failover ps 0 VIEW by 1"), and ps 0's replacement
+ * once that successor has been failed over in turn ("failover ps 1 VIEW
+ * by 0"). */
 static int coordinator;
 
 static volatile sig_atomic_t interrupted;
@@ -405,11 +407,17 @@ static void read_notices(child *kids, const launch_plan *plan) {
             continue;
         }
         unsigned long long view;
-        if (sscanf(line, "failover ps %d %llu", &index, &view) == 2) {
+        int by = -1;
+        if (sscanf(line, "failover ps %d %llu by %d", &index, &view, &by) >= 2) {
             if (index < 0 || index >= plan->nps || kids[index].failed_over) continue;
             child *c = &kids[index];
             c->failed_over = true;
-            if (index == coordinator) coordinator = (index + 1) % plan->nps; /* its successor said so */
+            /* The notice comes from the coordinator of the new view: when
+             * the old one was failed over, its successor, which says so
+             * (ps 1 for ps 0; ps 0's replacement for ps 1 after that). */
+            if (index == coordinator)
+                coordinator = by >= 0 && by < plan->nps && by != index ? by
+                                                                        : (index + 1) % plan->nps;
             fprintf(stderr, "quorum launch: %s (pid %d) was failed over by ps %d (view %llu): its "
                     "backup serves its shard, training goes on on one copy of it; not killed "
                     "and not counted a failure%s\n", c->name, (int)c->pid, coordinator, view,

@@ -308,8 +308,8 @@ int qr__ckpt_take_over(qr_ps *ps) {
     /* Each worker's data position, as the copy of ps 0's shard has it from
      * the pushes forwarded to it: a worker restarted from now on reads its
      * own back from this ps (control.c), as it did from ps 0. */
-    for (int w = 0; ps->replica.backup_last && w < nw; w++)
-        c->data_pos[w] = ps->replica.backup_last[w].data_pos;
+    const repl_last *pos = qr__replica_on(ps) ? qr__replica_shard0_record(ps) : NULL;
+    for (int w = 0; pos && w < nw; w++) c->data_pos[w] = pos[w].data_pos;
     if (!c->dir) return QR_OK;
     /* Where each worker's data is: in sync mode it comes with its next
      * commit (a held push's own part); an async cut reads it from every

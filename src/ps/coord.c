@@ -252,10 +252,12 @@ static void start_apply(qr_ps *ps) {
 }
 
 /* The coordinator's successor, in sync mode (failover.c, take_over): it
- * holds shard 0's copy and its own shard, each at the step it applied
- * last, and the members of that step. ps 0 completed every step before
- * the older of the two (each needs both copies of shard 0 and ps 1's
- * answer), and sent its APPLYs before forwarding its own part, so:
+ * holds two shards, each at the step it applied last, and the members of
+ * that step: ps 1 holds shard 0's copy and its own shard; ps 0's
+ * replacement, succeeding ps 1 in turn, holds shard 0 (its own, copied
+ * from ps 1) and ps P-1's copy. The coordinator completed every step
+ * before the older of the two (each needs both copies of every shard),
+ * and sent its APPLYs before forwarding its own part, so:
  *  - both at step s: step s-1 is done everywhere; the cluster is
  *    gathering step s (its pushes held on the shards, their HELD said
  *    again on the new links, shard 0's parts resent by the workers);
@@ -278,10 +280,12 @@ void qr__coord_take_over(qr_ps *ps) {
     s->tokens_seeded = true;
     s->step_started_ns = s->last_grad_ns = qr__now_ns();
     if (own != copy && n > 0 && n <= s->R) {
-        qr__log(QR_LOG_INFO, "step %lld was being applied (%s): applying it again everywhere, "
-                "with its %d members", (long long)step,
-                own > copy ? "this ps's own shard has it, shard 0's copy not"
-                           : "shard 0's copy has it, this ps's own shard not", n);
+        /* (ps 1: its own shard and shard 0's copy; ps 0's replacement,
+         * succeeding ps 1: shard 0, its own, and ps P-1's copy) */
+        int own_shard = ps->index, copy_shard = ps->replica.primary;
+        qr__log(QR_LOG_INFO, "step %lld was being applied (shard %d here has it, shard %d here "
+                "not): applying it again everywhere, with its %d members", (long long)step,
+                own > copy ? own_shard : copy_shard, own > copy ? copy_shard : own_shard, n);
         for (int i = 0; i < n; i++)
             s->quorum[i] = (quorum_member){members[i].worker, members[i].seq, QR_POS_UNKNOWN};
         s->nquorum = n;

@@ -21,7 +21,7 @@
  *     worker also asks (VIEW) when a ps refuses its HELLO as of an old
  *     view, and resends the pushes the lost ps did not answer, which the
  *     duplicate record answers if they were applied (replica_forward.c);
- *   - tells the supervisor ("failover ps K VIEW"): `quorum launch` then
+ *   - tells the supervisor ("failover ps K VIEW by C", C the coordinator): `quorum launch` then
  *     neither kills nor restarts k, and does not count it a failure.
  * In sync mode ps 0 also hands shard k's part of a step in flight to the
  * promoted copy (qr__coord_failed_over); the copy holds every push of it
@@ -41,8 +41,12 @@
  * members (sync, qr__coord_take_over); it takes the role (take_over,
  * below: coord_index, links, liveness, the sync coordinator, the
  * checkpoints) and fails ps 0 over as the coordinator fails over any
- * ps. A hung ps 0 still accepting is waited for as with one copy
- * (restart-wait-ms, then the run aborts or rolls back).
+ * ps. Once a replacement of ps 0 has been copied shard 0 again (it is
+ * then ps 1's backup of it), it is ps 1's successor in turn, by the same
+ * steps (qr__failover_successor): it serves shard 0 as its own again.
+ * A hung coordinator still accepting is waited for as with one copy
+ * (restart-wait-ms, then the run aborts or rolls back); under `quorum
+ * launch` it is reported hung and killed, and its successor follows.
  *
  * A worker's connection names the view it knows and its shard (HELLO,
  * role QR_ROLE_WORKER_VIEW): a ps other than ps 0 refuses another view
@@ -143,7 +147,7 @@ bool qr__failover_lost(qr_ps *ps, int k, int why) {
                 "ps %d) and %d go on on one copy; nothing rolls back", k, ps->cluster->ps[k],
                 was == QR_PS_JOINING ? "being copied its shards" : "holding copies", how,
                 (unsigned long long)r->view, k, next, prev);
-    qr__tell_supervisor("failover ps %d %llu", k, (unsigned long long)r->view);
+    qr__tell_supervisor("failover ps %d %llu by %d", k, (unsigned long long)r->view, ps->index);
     qr_wbuf_reset(&ps->sync.view_meta);
     put_view(ps, &ps->sync.view_meta);
     qr__failover_apply(ps);
@@ -349,15 +353,23 @@ static void take_over(qr_ps *ps) {
     qr__liveness_end_if_finished(ps); /* the workers that told ps 0 they had finished */
 }
 
-bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
-    ps_replica *r = &ps->replica;
+int qr__failover_successor(const qr_ps *ps) {
+    const ps_replica *r = &ps->replica;
     int c = ps->coord_index, nps = ps->cluster->nps;
-    /* Once only: ps 1, the backup of shard 0, succeeds ps 0. After that
-     * shard 0's copy is on a replacement ps 0, if any, and the successor
-     * rule would have to follow it (docs/REPLICATION.md, "Limits"). */
-    if (!qr__replica_on(ps) || ps->stopping || nps < 2 || c != 0 ||
-        qr__ps_coordinates(ps) || ps->index != (c + 1) % nps || r->primary != c || !r->failed ||
-        r->failed[ps->index] != QR_PS_ALIVE || r->failed[c] != QR_PS_ALIVE)
+    if (!qr__replica_on(ps) || nps < 2 || !r->failed || r->failed[c] != QR_PS_ALIVE) return -1;
+    /* ps 0 serves shard 0; its copy is on ps 1 while ps 1 serves its own. */
+    if (c == 0) return r->failed[1] == QR_PS_ALIVE ? 1 : -1;
+    /* ps 1 serves shard 0 from its promoted copy since ps 0 failed over;
+     * a replacement of ps 0 that has been copied it holds shard 0 again,
+     * as the backup of ps 1 (rerep.c): it serves it again as its own. */
+    if (c == 1 && r->failed[0] == QR_PS_BACKUP) return 0;
+    return -1;
+}
+
+bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
+    int c = ps->coord_index;
+    if (!qr__replica_on(ps) || ps->stopping || qr__ps_coordinates(ps) ||
+        qr__failover_successor(ps) != ps->index)
         return false;
     /* Lost, not back within two watch periods, and refusing: dead. */
     if (!ps->coordinator || !ps->coordinator_lost_ns ||
@@ -368,9 +380,8 @@ bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
 }
 
 bool qr__failover_successor_hello(qr_ps *ps, const qr_msg_hello *m) {
-    int c = ps->coord_index, nps = ps->cluster->nps;
-    if (!qr__replica_on(ps) || c != 0 || m->task_index != (uint32_t)((c + 1) % nps))
-        return false;
+    int c = ps->coord_index, s = qr__failover_successor(ps);
+    if (s < 0 || m->task_index != (uint32_t)s) return false;
     qr__log(QR_LOG_WARN, "ps %u (%s) coordinates the cluster from now on: ps %d (%s), the "
             "coordinator, is gone and ps %u holds the copy of its shard", m->task_index,
             ps->cluster->ps[m->task_index], c, ps->cluster->ps[c], m->task_index);

@@ -164,11 +164,15 @@ static void watch_coordinator_beats(qr_ps *ps, uint64_t now) {
     bool linked = false;
     for (ps_peer *p = ps->peers; p; p = p->next) linked |= p->role == QR_ROLE_COORDINATOR;
     if (!linked) return;
-    qr__log(QR_LOG_ERROR, "ps 0 (%s) sent nothing for %llu ms (heartbeat-timeout-ms %lld; it "
-            "beats every heartbeat-ms): hung or stopped; treated as lost: waiting up to %.0f s "
-            "(restart-wait-ms) for a new run of it", ps->cluster->ps[0],
-            (unsigned long long)silent_ms, (long long)l->timeout_ms, ps->restart_wait_ms / 1e3);
-    qr__tell_supervisor("hung ps 0 %llu", (unsigned long long)silent_ms);
+    /* The coordinator: ps 0, or its successor since ps 0 failed over (the
+     * supervisor must kill that one, not a replacement of ps 0). */
+    int c = ps->coord_index;
+    qr__log(QR_LOG_ERROR, "ps %d (%s), the coordinator, sent nothing for %llu ms "
+            "(heartbeat-timeout-ms %lld; it beats every heartbeat-ms): hung or stopped; treated "
+            "as lost: waiting up to %.0f s (restart-wait-ms) for a new run of it", c,
+            ps->cluster->ps[c], (unsigned long long)silent_ms, (long long)l->timeout_ms,
+            ps->restart_wait_ms / 1e3);
+    qr__tell_supervisor("hung ps %d %llu", c, (unsigned long long)silent_ms);
     l->hung_ps_total++;
     ps->coordinator_heard_ns = 0;
     for (ps_peer *p = ps->peers; p; p = p->next)
@@ -182,9 +186,9 @@ static void watch_coordinator(qr_ps *ps, uint64_t now) {
     uint64_t gone_ms = (now - ps->coordinator_lost_ns) / 1000000;
     if (gone_ms < (uint64_t)ps->restart_wait_ms) return;
     char why[512];
-    snprintf(why, sizeof why, "ps 0 (%s) has been gone for %.1f s and did not come back within "
-             "restart-wait-ms: the job has ended; stopping", ps->cluster->ps[0],
-             (double)gone_ms / 1e3);
+    snprintf(why, sizeof why, "ps %d (%s), the coordinator, has been gone for %.1f s and did "
+             "not come back within restart-wait-ms: the job has ended; stopping",
+             ps->coord_index, ps->cluster->ps[ps->coord_index], (double)gone_ms / 1e3);
     ps->coordinator_lost_ns = 0;
     qr__ps_ask_abort(ps, QR_EABORTED, why);
 }
@@ -241,9 +245,9 @@ int qr__liveness_coordinate(qr_ps *ps) {
     l->finished = qr__calloc((size_t)n, sizeof *l->finished);
     l->nfinished = 0;
     if (!l->beat_ns || !l->hung || !l->finished) return QR_ENOMEM;
-    /* A successor of ps 0: the workers that told ps 0 they had finished,
-     * as the copy of its shard has it (QR_REPL_LEAVE). */
-    const repl_last *told = ps->replica.backup_last;
+    /* A successor of the coordinator: the workers that told it they had
+     * finished, as the copy of its shard has it (QR_REPL_LEAVE). */
+    const repl_last *told = qr__replica_on(ps) ? qr__replica_shard0_record(ps) : NULL;
     for (int w = 0; told && w < ps->cluster->nworkers; w++)
         if (told[w].finished) {
             l->finished[w] = true;
@@ -349,7 +353,7 @@ void qr__liveness_leave(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         /* The copy of this ps's shard keeps it, in order with the pushes:
          * its ps, should it succeed this one, ends the run as it would. */
         if (qr__replica_on(ps))
-            qr__replica_send(ps, qr__replica_begin(ps, &(qr_msg_repl_head){
+            qr__replica_send_shard0(ps, qr__replica_begin(ps, &(qr_msg_repl_head){
                                                            .flags = QR_REPL_LEAVE,
                                                            .worker = (uint32_t)w}));
         qr__log(QR_LOG_INFO, "worker %d has finished at global step %lld (%d of %d workers have)",

@@ -153,8 +153,12 @@ typedef struct ps_rerep_report {
 /* ps 0: ps k is dead or hung: true if it is failed over (the view moves;
  * qr_link_lost_cb). */
 bool qr__failover_lost(qr_ps *ps, int k, int why);
-/* The coordinator's successor (the ps after it, which holds the copy of
- * its shard), from its watch: the coordinator lost and dead (its address
+/* The ps that holds the copy of the coordinator's shard (shard 0) in this
+ * ps's view, which succeeds the coordinator should it die: ps 1 while ps 0
+ * coordinates; ps 0's replacement, once it holds shard 0's copy again,
+ * while ps 1 does. -1: none (shard 0 on one copy). */
+int qr__failover_successor(const qr_ps *ps);
+/* The coordinator's successor, from its watch: the coordinator lost and dead (its address
  * refusing)? Then it takes the coordinator's role and fails it over
  * (async, without --checkpoint-dir). True if it did. */
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now);
@@ -199,6 +203,13 @@ repl_forward *qr__replica_begin(qr_ps *ps, const qr_msg_repl_head *head);
 void qr__replica_add(repl_forward *fw, uint32_t id, uint32_t kind, float lr, const void *data,
                      uint64_t nbytes);
 void qr__replica_send(qr_ps *ps, repl_forward *fw);
+/* The coordinator's forward of what is not a push (a worker's LEAVE) to
+ * the copy of shard 0, which its successor holds. */
+void qr__replica_send_shard0(qr_ps *ps, repl_forward *fw);
+/* The per-worker record of shard 0 held here (this ps's own on ps 0, the
+ * copy's on ps 1): what a successor of the coordinator goes on from (the
+ * workers that had finished, their data positions). */
+repl_last *qr__replica_shard0_record(qr_ps *ps);
 /* p's shard has a copy to forward to: a forward sent is kept until the
  * copy has it (without one it is freed as it is sent). */
 bool qr__replica_keeps(ps_peer *p);

@@ -349,9 +349,11 @@ void qr__replica_message(ps_peer *p, const qr_frame *f, const uint8_t *meta) {
         } else {
             r->copy_steps = steps;
             r->copy_pushes++;
-            if ((h->flags & QR_PUSH_STEP) && r->primary == ps->coord_index)
-                r->coord_step = QR_MAX(r->coord_step, h->answer);
         }
+        /* A copy of shard 0, the coordinator's: its global step, which a
+         * successor goes on from (ps 1's copy; ps 0's replacement's own). */
+        if ((h->flags & QR_PUSH_STEP) && copied_shard(p) == 0)
+            r->coord_step = QR_MAX(r->coord_step, h->answer);
     }
     qr__peer_reply(p, f, QR_OK, &out, NULL, 0, NULL, NULL);
     qr_wbuf_free(&out);

@@ -521,8 +521,9 @@ void qr__rerep_snapshot_message(ps_peer *p, const qr_frame *f, const uint8_t *me
         r->copy_steps = steps;
         r->copy_pushes = pushes;
         r->applied_fwd = fwd;
-        if (r->primary == ps->coord_index) r->coord_step = QR_MAX(r->coord_step, counters[0]);
     }
+    /* Shard 0's copy: the coordinator's global step (failover.c, take_over). */
+    if (shard == 0) r->coord_step = QR_MAX(r->coord_step, counters[0]);
     double load_ms = (double)(qr__now_ns() - t0) / 1e6;
     char digest[64];
     qr__log(QR_LOG_INFO, "loaded the snapshot of shard %d (%u variables, %.1f MB received into "

@@ -95,9 +95,10 @@ qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VEN
 # after it closed a worker declared hung (sync_worker_stop). ps 0 killed,
 # its replacement (told --coordinator 1) re-replicated, killed and
 # replaced again, then a worker restarted (coordinator_rerep, sync and
-# async).
+# async); then ps 1, coordinating since, killed: ps 0's replacement takes
+# the role back (coordinator_second, async).
 foreach(case wire train sync_train failover_wire failover_kill coordinator_kill coordinator_rerep
-        failover_stop
+        coordinator_second failover_stop
         failover_loop lag
         sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})

@@ -73,12 +73,17 @@ rejoins as the backup of shards 0 and 2; it is killed and replaced again,
 then worker 1 is killed and restarted (it goes to ps 1 for shard 0). Sync
 (the params_digest of the run unkilled) and async; every shard on two
 equal copies at the end.
+Case "coordinator_second": async; ps 0 killed, ps 1 takes over, ps 0's
+replacement rejoins; then ps 1, the coordinator, killed: ps 0's
+replacement, which holds shard 0's copy, takes the role back (view 4) and
+ps 1's replacement (no --coordinator) rejoins. No rollback, two equal
+copies of every shard, an unkilled run's accuracy.
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|sync_rerep|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|sync_rerep|rerep_rate"""
 
 import json
 import os
@@ -1208,6 +1213,46 @@ def socket_rate(nbytes):
     return nbytes / (time.time() - start)
 
 
+COORDINATOR_MODES = (("sync", ["--init-tokens", "0", "--steps", "3000"]),
+                     ("async", ["--steps", "20000"]))
+
+
+def kill_ps0_until_replaced(args, mode):
+    """`quorum launch --max-restarts 3 ARGS` started with its log in a file;
+    ps 0 SIGKILLed once it has met ps 1 and ps 2 (so ps 1 takes over
+    rather than waits), and waited for until launch says its replacement
+    holds copies of its shards again. Returns the launcher's Proc, the
+    log file, its waiter and the first ps 0's pid; the caller kills the
+    Proc and closes the log."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="qr-coordinator-", suffix=".log")
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
+             args, stderr=log)
+    wait_log = log_waiter(p, log.name, mode)
+    try:
+        first = launch_child_pid(p, "ps", 0)
+        for k in (1, 2):
+            wait_log(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k)
+        time.sleep(0.5)
+        os.kill(first, signal.SIGKILL)
+        wait_log(re.escape("quorum launch: ps 0 holds copies of its shards again"))
+    except BaseException:
+        p.kill()
+        log.close()
+        raise
+    return p, log, wait_log, first
+
+
+def check_as_unkilled(mode, s, whole):
+    """Sync: the params_digest and last step of the run unkilled; async:
+    its accuracy. Returns what to print."""
+    if mode == "sync":
+        assert s["params_digest"] == whole["params_digest"] and s["global_step"] == 3000, \
+            (s, whole["params_digest"])
+        return "params_digest %s as unkilled" % s["params_digest"]
+    assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
+    return "accuracy %.4f (unkilled %.4f)" % (s["test_accuracy"], whole["test_accuracy"])
+
+
 def coordinator_rerep_case():
     """ps 0, the coordinator, SIGKILLed mid-run under `launch --max-restarts
     3`: ps 1 takes its role over, and launch starts a replacement of ps 0
@@ -1220,22 +1265,11 @@ def coordinator_rerep_case():
     shard on two equal copies at the end, each having applied the pushes
     acknowledged for it, and the restarted worker trained."""
     base = DIGITS + ["--ps-replicas", "2"]
-    for mode, extra in (("sync", ["--init-tokens", "0", "--steps", "3000"]),
-                        ("async", ["--steps", "20000"])):
+    rejoined = re.escape("quorum launch: ps 0 holds copies of its shards again")
+    for mode, extra in COORDINATOR_MODES:
         whole, _ = launch(base + extra, mode=mode)
-        log = tempfile.NamedTemporaryFile("w+", prefix="qr-coord-rerep-", suffix=".log")
-        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
-                 base + extra, stderr=log)
-        wait_log = log_waiter(p, log.name, mode)
-
-        rejoined = re.escape("quorum launch: ps 0 holds copies of its shards again")
+        p, log, wait_log, first = kill_ps0_until_replaced(base + extra, mode)
         try:
-            first = launch_child_pid(p, "ps", 0)
-            for k in (1, 2):  # ps 0 met them: ps 1 takes over rather than waits
-                wait_log(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k)
-            time.sleep(0.5)
-            os.kill(first, signal.SIGKILL)
-            wait_log(rejoined)
             second = launch_child_pid(p, "ps", 0)
             cmdline = open("/proc/%d/cmdline" % second).read().split("\0")
             assert second != first and cmdline[-3:-1] == ["--coordinator", "1"], cmdline
@@ -1268,17 +1302,62 @@ def coordinator_rerep_case():
         held = check_rereplicated(err, 3, set(), "%s: ps 0 killed and replaced twice" % mode,
                                   worker_killed=True)
         assert held == {0: 2, 1: 2, 2: 2}, held
-        if mode == "sync":
-            assert s["params_digest"] == whole["params_digest"] and s["global_step"] == 3000, \
-                (s, whole["params_digest"])
-        else:
-            assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
         print("ok: %s: ps 0 killed (ps 1 took over), its replacement re-replicated, killed and "
               "replaced again, worker 1 restarted (%s pushes to shard 0): no rollback, %s" % (
-                  mode, restarted[0][1], "params_digest %s as unkilled" % s["params_digest"]
-                  if mode == "sync" else "accuracy %.4f (unkilled %.4f)" % (
-                      s["test_accuracy"], whole["test_accuracy"])))
+                  mode, restarted[0][1], check_as_unkilled(mode, s, whole)))
     print("PASS: coordinator_rerep")
+
+
+def coordinator_second_case():
+    """ps 0 SIGKILLed under `launch --max-restarts 3`: ps 1 takes the
+    coordinator's role over, and ps 0's replacement (told --coordinator 1)
+    rejoins as the copy of shards 0 and 2. Then ps 1, the coordinator now,
+    is SIGKILLed: ps 0's replacement, which holds shard 0's copy, takes the
+    role back (view 4, the second coordinator failover), serves shard 0
+    again, and ps 2 serves shard 1; launch starts a replacement of ps 1
+    (no --coordinator: ps 0 coordinates), which rejoins in turn. Sync (R =
+    N, --init-tokens 0): the params_digest of the same run unkilled;
+    async: an unkilled run's accuracy. Both: no rollback, every shard on
+    two equal copies at the end, each having applied the pushes
+    acknowledged for it, every worker at the last view."""
+    base = DIGITS + ["--ps-replicas", "2"]
+    for mode, extra in COORDINATOR_MODES:
+        whole, _ = launch(base + extra, mode=mode)
+        p, log, wait_log, first = kill_ps0_until_replaced(base + extra, mode)
+        try:
+            coordinator = launch_child_pid(p, "ps", 1)
+            os.kill(coordinator, signal.SIGKILL)
+            wait_log(re.escape("quorum launch: ps 1 holds copies of its shards again"))
+            replacement = launch_child_pid(p, "ps", 1)
+            cmdline = open("/proc/%d/cmdline" % replacement).read().split("\0")
+            assert replacement != coordinator and "--coordinator" not in cmdline, cmdline
+            rc, out, _ = p.wait(300)
+        finally:
+            p.kill()
+        err = open(log.name).read()
+        log.close()
+        assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
+        s = last_json(out)
+        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+        assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % first in err
+        assert "quorum launch: ps 1 (pid %d) was failed over by ps 0 (view 4)" % coordinator \
+            in err, err[-3000:]
+        assert re.search(r"\[ps 0 pid \d+\] warn: ps 1 \([^)]*\), the coordinator, is gone .*"
+                         r"coordinates the cluster from now on", err), err[-3000:]
+        assert re.search(r"\[ps 2 pid \d+\] warn: ps 0 \([^)]*\) coordinates the cluster from "
+                         r"now on", err), err[-3000:]
+        # Every worker ended at the last view, shard 0 served by ps 0 again.
+        views = re.findall(r"\[worker \d pid \d+\] info: worker \d: pushes acknowledged per "
+                           r"shard: .*view (\d+)$", err, re.MULTILINE)
+        assert len(views) == 3 and len(set(views)) == 1 and int(views[0]) >= 6, \
+            (views, err[-3000:])
+        held = check_rereplicated(err, 3, set(), "%s: ps 0 then ps 1, the coordinator, killed" %
+                                  mode)
+        assert held == {0: 2, 1: 2, 2: 2}, held
+        print("ok: %s: ps 0 killed (ps 1 took over) and replaced; ps 1 killed (ps 0's "
+              "replacement took over) and replaced: no rollback, %s" % (
+                  mode, check_as_unkilled(mode, s, whole)))
+    print("PASS: coordinator_second")
 
 
 def rerep_rate_case():
@@ -1313,6 +1392,7 @@ cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "failover_wire": failover_wire_case, "failover_kill": failover_kill_case,
          "coordinator_kill": coordinator_kill_case,
          "coordinator_rerep": coordinator_rerep_case,
+         "coordinator_second": coordinator_second_case,
          "failover_stop": failover_stop_case, "failover_loop": failover_loop_case,
          "lag": lag_case,
          "sync_failover_loop": sync_failover_loop_case,
