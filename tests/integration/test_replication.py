@@ -76,8 +76,10 @@ equal copies at the end.
 Case "coordinator_second": async; ps 0 killed, ps 1 takes over, ps 0's
 replacement rejoins; then ps 1, the coordinator, killed: ps 0's
 replacement, which holds shard 0's copy, takes the role back (view 4) and
-ps 1's replacement (no --coordinator) rejoins. No rollback, two equal
-copies of every shard, an unkilled run's accuracy.
+ps 1's replacement (no --coordinator) rejoins. Sync (the params_digest of
+the run unkilled) and async; then async with ps 1 SIGSTOPped: reported
+hung by the others, killed by launch, then the same. No rollback, two
+equal copies of every shard.
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
@@ -1319,14 +1321,20 @@ def coordinator_second_case():
     N, --init-tokens 0): the params_digest of the same run unkilled;
     async: an unkilled run's accuracy. Both: no rollback, every shard on
     two equal copies at the end, each having applied the pushes
-    acknowledged for it, every worker at the last view."""
+    acknowledged for it, every worker at the last view. Then async again
+    with ps 1 SIGSTOPped rather than killed (heartbeat-timeout-ms 1500):
+    the other ps report the coordinator, ps 1, hung; launch kills it (not
+    ps 0's replacement, as when the notice named ps 0), and the same
+    follows."""
     base = DIGITS + ["--ps-replicas", "2"]
-    for mode, extra in COORDINATOR_MODES:
+    runs = [(mode, extra, signal.SIGKILL) for mode, extra in COORDINATOR_MODES]
+    runs.append(("async", ["--steps", "30000", "--heartbeat-timeout-ms", "1500"], signal.SIGSTOP))
+    for mode, extra, how in runs:
         whole, _ = launch(base + extra, mode=mode)
         p, log, wait_log, first = kill_ps0_until_replaced(base + extra, mode)
         try:
             coordinator = launch_child_pid(p, "ps", 1)
-            os.kill(coordinator, signal.SIGKILL)
+            os.kill(coordinator, how)
             wait_log(re.escape("quorum launch: ps 1 holds copies of its shards again"))
             replacement = launch_child_pid(p, "ps", 1)
             cmdline = open("/proc/%d/cmdline" % replacement).read().split("\0")
@@ -1351,12 +1359,16 @@ def coordinator_second_case():
                            r"shard: .*view (\d+)$", err, re.MULTILINE)
         assert len(views) == 3 and len(set(views)) == 1 and int(views[0]) >= 6, \
             (views, err[-3000:])
-        held = check_rereplicated(err, 3, set(), "%s: ps 0 then ps 1, the coordinator, killed" %
-                                  mode)
+        if how == signal.SIGSTOP:
+            assert "quorum launch: ps 1 (pid %d) is hung: no answer to heartbeats" % coordinator \
+                in err, err[-3000:]
+            assert not re.search(r"quorum launch: ps 0 \(pid \d+\) is hung", err), err[-3000:]
+        what = "ps 0 killed, then ps 1, the coordinator, %s" % (
+            "stopped" if how == signal.SIGSTOP else "killed")
+        held = check_rereplicated(err, 3, set(), "%s: %s" % (mode, what))
         assert held == {0: 2, 1: 2, 2: 2}, held
-        print("ok: %s: ps 0 killed (ps 1 took over) and replaced; ps 1 killed (ps 0's "
-              "replacement took over) and replaced: no rollback, %s" % (
-                  mode, check_as_unkilled(mode, s, whole)))
+        print("ok: %s: %s (ps 0's replacement took over), each replaced: no rollback, %s" % (
+            mode, what, check_as_unkilled(mode, s, whole)))
     print("PASS: coordinator_second")
 
 
