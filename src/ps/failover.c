@@ -74,7 +74,8 @@ void qr__failover_apply(qr_ps *ps) {
     if (prim != QR_PS_ALIVE) qr__replica_promote(ps);
     /* the promoted copy's copy: on the primary's replacement, or none */
     if (prim == QR_PS_FAILED) qr__replica_link_gone(&r->copy_link);
-    else if (prim == QR_PS_JOINING && r->promoted && self == QR_PS_ALIVE)
+    else if (prim == QR_PS_JOINING && r->promoted &&
+             (self == QR_PS_ALIVE || self == QR_PS_BACKUP))
         qr__rerep_start(&r->copy_link);
     /* this ps's own shard's copy: on its backup (or the backup's
      * replacement), or none. A replacement's own shard is served by its
@@ -366,10 +367,22 @@ int qr__failover_successor(const qr_ps *ps) {
     return -1;
 }
 
+/* This ps's copy of shard 0 is fed by the coordinator's run: ps 1's
+ * copy store by ps 0's replica link, ps 0's replacement's own store by
+ * ps 1's promoted copy's link. A replacement the coordinator never made
+ * a backup (its view still the start's, all ALIVE, as it was never sent
+ * one) holds an empty copy: it took over once with it, when ps 0 ended
+ * the run in order and left it waiting. */
+static bool holds_coordinators_copy(const qr_ps *ps) {
+    const ps_replica *r = &ps->replica;
+    uint64_t fed_by = ps->index == 0 ? r->own_incarnation : r->primary_incarnation;
+    return ps->coordinator && fed_by == ps->coordinator;
+}
+
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
     int c = ps->coord_index;
     if (!qr__replica_on(ps) || ps->stopping || qr__ps_coordinates(ps) ||
-        qr__failover_successor(ps) != ps->index)
+        qr__failover_successor(ps) != ps->index || !holds_coordinators_copy(ps))
         return false;
     /* Lost, not back within two watch periods, and refusing: dead. */
     if (!ps->coordinator || !ps->coordinator_lost_ns ||

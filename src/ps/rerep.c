@@ -263,8 +263,12 @@ bool qr__rerep_joined(qr_ps *ps, int k) {
     int nps = ps->cluster->nps;
     if (!qr__replica_on(ps) || !qr__ps_coordinates(ps) || r->failed[k] != QR_PS_FAILED) return false;
     int next = (k + 1) % nps, prev = (k + nps - 1) % nps;
-    if (r->failed[next] != QR_PS_ALIVE || r->failed[prev] == QR_PS_FAILED ||
-        r->failed[prev] == QR_PS_JOINING) {
+    /* ps next serves shard k (promoted) whether it serves its own shard
+     * (ALIVE) or is itself a replacement that holds copies (BACKUP): both
+     * copy it on. (Refused before: the replacement waited restart-wait-ms
+     * for nothing, and shard k stayed on one copy.) */
+    if ((r->failed[next] != QR_PS_ALIVE && r->failed[next] != QR_PS_BACKUP) ||
+        r->failed[prev] == QR_PS_FAILED || r->failed[prev] == QR_PS_JOINING) {
         qr__log(QR_LOG_WARN, "ps %d (%s) is back, but ps %d or ps %d does not hold its copies: "
                 "it is not made a backup", k, ps->cluster->ps[k], next, prev);
         return false;

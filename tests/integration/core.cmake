@@ -96,11 +96,13 @@ qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VEN
 # its replacement (told --coordinator 1) re-replicated, killed and
 # replaced again, then a worker restarted (coordinator_rerep, sync and
 # async); then ps 1, coordinating since, killed: ps 0's replacement takes
-# the role back (coordinator_second, async).
+# the role back (coordinator_second, sync and async); 4 ps killed in turn,
+# a replacement's next ps a replacement itself (rerep_chain).
 foreach(case wire train sync_train failover_wire failover_kill coordinator_kill coordinator_rerep
         coordinator_second failover_stop
         failover_loop lag
-        sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed sync_rerep)
+        sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed rerep_chain
+        sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
 # Checkpoints with two copies: each shard written once, by the ps serving

@@ -60,6 +60,10 @@ while training goes on); at the end every shard has two copies with
 equal digests, each having applied the pushes acknowledged for it.
 Case "rerep_second": then ps 2 killed too, after re-replication: shard 1
 is served by the replacement's copy, no rollback.
+Case "rerep_chain": 4 ps; ps 2, ps 1 and ps 3 killed in turn, each once
+the replacement before holds its copies (ps 1's next, ps 2, is then a
+replacement serving shard 1 from its copy, which copies it on). Sync (the
+digest of the run unkilled) and async; no rollback, equal copies.
 Case "rerep_killed": the replacement killed while its shards are being
 copied to it; the next one is copied both, no rollback.
 Case "sync_rerep": sync (R = N, --init-tokens 0), ps 1 killed and replaced
@@ -85,7 +89,7 @@ a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|sync_rerep|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_chain|sync_rerep|rerep_rate"""
 
 import json
 import os
@@ -1060,6 +1064,56 @@ def rerep_second_case():
           "(shard 1 served by the replacement's copy), no rollback")
 
 
+def rerep_chain_case():
+    """4 ps, each kill after the last replacement holds its copies: ps 2
+    killed and replaced (a BACKUP: shard 2 is served by ps 3); ps 1
+    killed: ps 2, a replacement itself, serves shard 1 from its copy, and
+    copies it to ps 1's replacement (before, ps 0 did not take a
+    replacement whose next ps was a BACKUP: it waited restart-wait-ms for
+    nothing, and once ps 0 had ended the run it took the coordinator's
+    role over with an empty copy of shard 0); then ps 3 killed: ps 2
+    serves its own shard again, ps 0 shard 3. Sync (R = N,
+    --init-tokens 0): the params_digest of the run unkilled; async: its
+    accuracy. No rollback, every shard on two equal copies at the end
+    with the pushes acknowledged for it."""
+    base = ["--ps", "4", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
+            "11", "--lr", "0.1", "--ps-replicas", "2"]
+    for mode, extra in (("sync", ["--init-tokens", "0", "--steps", "3000"]),
+                        ("async", ["--steps", "40000"])):
+        whole, _ = launch(base + extra, mode=mode)
+        log = tempfile.NamedTemporaryFile("w+", prefix="qr-rerep-chain-", suffix=".log")
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
+                 base + extra, stderr=log)
+        wait_log = log_waiter(p, log.name, mode)
+        killed = {}
+        try:
+            wait_log(r"\[ps 0 pid \d+\] info: linked to ps 3")
+            time.sleep(0.3)
+            for k in (2, 1, 3):
+                killed[k] = launch_child_pid(p, "ps", k)
+                os.kill(killed[k], signal.SIGKILL)
+                wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % k))
+            rc, out, _ = p.wait(300)
+        finally:
+            p.kill()
+        err = open(log.name).read()
+        log.close()
+        assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
+        s = last_json(out)
+        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+        assert "does not hold its copies" not in err, err[-3000:]
+        assert re.search(r"view 4: this ps serves ps 1's shard now", err), err[-3000:]
+        assert re.search(r"\[ps 2 pid \d+\] info: re-replication of shard 1 to ps 1: snapshot "
+                         r"taken", err), err[-3000:]
+        for k in (2, 1, 3):
+            assert "quorum launch: ps %d (pid %d) was failed over by ps 0" % (k, killed[k]) in err
+        held = check_rereplicated(err, 4, set(), "%s: ps 2, ps 1, ps 3 killed in turn" % mode)
+        assert held == {0: 2, 1: 2, 2: 2, 3: 2}, held
+        print("ok: %s: ps 2, then ps 1 (its next a replacement), then ps 3 killed, each "
+              "re-replicated: no rollback, %s" % (mode, check_as_unkilled(mode, s, whole)))
+    print("PASS: rerep_chain")
+
+
 def rerep_killed_case():
     """The replacement of ps 1 killed while its shards are being copied to
     it (its snapshot taken, not yet loaded: a 4 MB layer makes that take
@@ -1410,6 +1464,7 @@ cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "sync_failover_loop": sync_failover_loop_case,
          "sync_worker_stop": sync_worker_stop_case, "rerep": rerep_case,
          "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,
+         "rerep_chain": rerep_chain_case,
          "sync_rerep": sync_rerep_case,
          "rerep_rate": rerep_rate_case}
 if case not in cases:
