@@ -358,8 +358,10 @@ int qr__failover_successor(const qr_ps *ps) {
     const ps_replica *r = &ps->replica;
     int c = ps->coord_index, nps = ps->cluster->nps;
     if (!qr__replica_on(ps) || nps < 2 || !r->failed || r->failed[c] != QR_PS_ALIVE) return -1;
-    /* ps 0 serves shard 0; its copy is on ps 1 while ps 1 serves its own. */
-    if (c == 0) return r->failed[1] == QR_PS_ALIVE ? 1 : -1;
+    /* ps 0 serves shard 0; its copy is on ps 1, which serves its own
+     * shard, or is a replacement holding copies (BACKUP: shard 1 is served
+     * by ps 2). */
+    if (c == 0) return r->failed[1] == QR_PS_ALIVE || r->failed[1] == QR_PS_BACKUP ? 1 : -1;
     /* ps 1 serves shard 0 from its promoted copy since ps 0 failed over;
      * a replacement of ps 0 that has been copied it holds shard 0 again,
      * as the backup of ps 1 (rerep.c): it serves it again as its own. */
@@ -383,6 +385,14 @@ bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
     int c = ps->coord_index;
     if (!qr__replica_on(ps) || ps->stopping || qr__ps_coordinates(ps) ||
         qr__failover_successor(ps) != ps->index || !holds_coordinators_copy(ps))
+        return false;
+    /* A successor that will serve no shard of its own (ps 1's
+     * replacement, BACKUP, succeeding ps 0: shard 1 stays on ps 2)
+     * coordinates in async mode without checkpoints only: a sync step and
+     * a checkpoint's cut take the coordinator for the server of its own
+     * shard (REPLICATION.md, "A second coordinator failover"). ps 0's
+     * replacement, succeeding ps 1, serves shard 0 as its own again. */
+    if (c == 0 && ps->replica.failed[ps->index] == QR_PS_BACKUP && (ps->sync.on || ps->ckpt.dir))
         return false;
     /* Lost, not back within two watch periods, and refusing: dead. */
     if (!ps->coordinator || !ps->coordinator_lost_ns ||

@@ -1064,6 +1064,22 @@ def rerep_second_case():
           "(shard 1 served by the replacement's copy), no rollback")
 
 
+def end_launch(p, log, mode):
+    """Wait for the launcher (p, its Proc, logging to the file `log`),
+    killed if it outlives 300 s; it must exit 0 with no rollback. Returns
+    its summary and its log; the log file is closed."""
+    try:
+        rc, out, _ = p.wait(300)
+    finally:
+        p.kill()
+    err = open(log.name).read()
+    log.close()
+    assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
+    s = last_json(out)
+    assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+    return s, err
+
+
 def rerep_chain_case():
     """4 ps, each kill after the last replacement holds its copies: ps 2
     killed and replaced (a BACKUP: shard 2 is served by ps 3); ps 1
@@ -1093,14 +1109,11 @@ def rerep_chain_case():
                 killed[k] = launch_child_pid(p, "ps", k)
                 os.kill(killed[k], signal.SIGKILL)
                 wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % k))
-            rc, out, _ = p.wait(300)
-        finally:
+        except BaseException:
             p.kill()
-        err = open(log.name).read()
-        log.close()
-        assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
-        s = last_json(out)
-        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+            log.close()
+            raise
+        s, err = end_launch(p, log, mode)
         assert "does not hold its copies" not in err, err[-3000:]
         assert re.search(r"view 4: this ps serves ps 1's shard now", err), err[-3000:]
         assert re.search(r"\[ps 2 pid \d+\] info: re-replication of shard 1 to ps 1: snapshot "
@@ -1333,14 +1346,11 @@ def coordinator_rerep_case():
             wait_log(rejoined, 2)
             worker = launch_child_pid(p, "worker", 1)
             os.kill(worker, signal.SIGKILL)
-            rc, out, _ = p.wait(300)
-        finally:
+        except BaseException:
             p.kill()
-        err = open(log.name).read()
-        log.close()
-        assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
-        s = last_json(out)
-        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+            log.close()
+            raise
+        s, err = end_launch(p, log, mode)
         assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % first in err
         assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 4)" % second in err, \
             err[-3000:]
@@ -1375,15 +1385,19 @@ def coordinator_second_case():
     N, --init-tokens 0): the params_digest of the same run unkilled;
     async: an unkilled run's accuracy. Both: no rollback, every shard on
     two equal copies at the end, each having applied the pushes
-    acknowledged for it, every worker at the last view. Then async again
-    with ps 1 SIGSTOPped rather than killed (heartbeat-timeout-ms 1500):
+    acknowledged for it, every worker at the last view. In the async run,
+    once ps 1's replacement holds its copies, ps 0 (coordinating again) is
+    killed a second time: ps 1's replacement, a BACKUP that serves no
+    shard of its own, takes over (view 7) and ps 0's next replacement
+    rejoins. Then async again with ps 1 SIGSTOPped rather than killed (heartbeat-timeout-ms 1500):
     the other ps report the coordinator, ps 1, hung; launch kills it (not
     ps 0's replacement, as when the notice named ps 0), and the same
     follows."""
     base = DIGITS + ["--ps-replicas", "2"]
-    runs = [(mode, extra, signal.SIGKILL) for mode, extra in COORDINATOR_MODES]
-    runs.append(("async", ["--steps", "30000", "--heartbeat-timeout-ms", "1500"], signal.SIGSTOP))
-    for mode, extra, how in runs:
+    runs = [(mode, extra, signal.SIGKILL, mode == "async") for mode, extra in COORDINATOR_MODES]
+    runs.append(("async", ["--steps", "30000", "--heartbeat-timeout-ms", "1500"], signal.SIGSTOP,
+                 False))
+    for mode, extra, how, third in runs:
         whole, _ = launch(base + extra, mode=mode)
         p, log, wait_log, first = kill_ps0_until_replaced(base + extra, mode)
         try:
@@ -1393,14 +1407,17 @@ def coordinator_second_case():
             replacement = launch_child_pid(p, "ps", 1)
             cmdline = open("/proc/%d/cmdline" % replacement).read().split("\0")
             assert replacement != coordinator and "--coordinator" not in cmdline, cmdline
-            rc, out, _ = p.wait(300)
-        finally:
+            if third:  # ps 0 again: ps 1's replacement, a BACKUP, succeeds it
+                again = launch_child_pid(p, "ps", 0)
+                os.kill(again, signal.SIGKILL)
+                wait_log(re.escape("quorum launch: ps 0 holds copies of its shards again"), 2)
+                cmdline = open("/proc/%d/cmdline" % launch_child_pid(p, "ps", 0)).read()
+                assert cmdline.split("\0")[-3:-1] == ["--coordinator", "1"], cmdline
+        except BaseException:
             p.kill()
-        err = open(log.name).read()
-        log.close()
-        assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
-        s = last_json(out)
-        assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+            log.close()
+            raise
+        s, err = end_launch(p, log, mode)
         assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % first in err
         assert "quorum launch: ps 1 (pid %d) was failed over by ps 0 (view 4)" % coordinator \
             in err, err[-3000:]
@@ -1408,7 +1425,10 @@ def coordinator_second_case():
                          r"coordinates the cluster from now on", err), err[-3000:]
         assert re.search(r"\[ps 2 pid \d+\] warn: ps 0 \([^)]*\) coordinates the cluster from "
                          r"now on", err), err[-3000:]
-        # Every worker ended at the last view, shard 0 served by ps 0 again.
+        if third:
+            assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 7)" % again \
+                in err, err[-3000:]
+        # Every worker ended at the last view.
         views = re.findall(r"\[worker \d pid \d+\] info: worker \d: pushes acknowledged per "
                            r"shard: .*view (\d+)$", err, re.MULTILINE)
         assert len(views) == 3 and len(set(views)) == 1 and int(views[0]) >= 6, \
@@ -1417,11 +1437,12 @@ def coordinator_second_case():
             assert "quorum launch: ps 1 (pid %d) is hung: no answer to heartbeats" % coordinator \
                 in err, err[-3000:]
             assert not re.search(r"quorum launch: ps 0 \(pid \d+\) is hung", err), err[-3000:]
-        what = "ps 0 killed, then ps 1, the coordinator, %s" % (
-            "stopped" if how == signal.SIGSTOP else "killed")
+        what = "ps 0 killed, then ps 1, the coordinator, %s (ps 0's replacement took over)%s" % (
+            "stopped" if how == signal.SIGSTOP else "killed",
+            ", then ps 0 again (ps 1's replacement took over)" if third else "")
         held = check_rereplicated(err, 3, set(), "%s: %s" % (mode, what))
         assert held == {0: 2, 1: 2, 2: 2}, held
-        print("ok: %s: %s (ps 0's replacement took over), each replaced: no rollback, %s" % (
+        print("ok: %s: %s, each replaced: no rollback, %s" % (
             mode, what, check_as_unkilled(mode, s, whole)))
     print("PASS: coordinator_second")
 
