@@ -243,12 +243,17 @@ static void start_apply(qr_ps *ps) {
         _exit(9);
     }
     qr__links_apply(ps, step, on_apply_answer, -1);
-    if (qr__sync_apply_step(ps, step, s->quorum, s->nquorum) || apply_own_copy(ps)) {
+    /* A coordinator that is a replacement holding copies (BACKUP: ps 1's,
+     * succeeding ps 0) serves no shard of its own: ps (index+1) applies
+     * it from its promoted copy and forwards the step to the copy here,
+     * as for any BACKUP ps (sync.c, qr__sync_apply_message). */
+    bool own = !qr__replica_on(ps) || ps->replica.failed[ps->index] == QR_PS_ALIVE;
+    if ((own && qr__sync_apply_step(ps, step, s->quorum, s->nquorum)) || apply_own_copy(ps)) {
         qr__coord_abort(ps, qr_last_error());
         return;
     }
-    if (qr__replica_on(ps)) qr__replica_after(ps, own_step_copied, ps);
-    else complete_apply_part(ps);
+    if (!qr__replica_on(ps)) complete_apply_part(ps);
+    else if (own) qr__replica_after(ps, own_step_copied, ps);
 }
 
 /* The coordinator's successor, in sync mode (failover.c, take_over): it

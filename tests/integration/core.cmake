@@ -97,12 +97,14 @@ qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VEN
 # replaced again, then a worker restarted (coordinator_rerep, sync and
 # async); then ps 1, coordinating since, killed: ps 0's replacement takes
 # the role back (coordinator_second, sync and async); 4 ps killed in turn,
-# a replacement's next ps a replacement itself (rerep_chain).
+# a replacement's next ps a replacement itself (rerep_chain); ps 1
+# replaced, then ps 0 killed: ps 1's replacement, serving no shard of its
+# own, takes over (coordinator_backup).
 foreach(case wire train sync_train failover_wire failover_kill coordinator_kill coordinator_rerep
         coordinator_second failover_stop
         failover_loop lag
         sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed rerep_chain
-        sync_rerep)
+        coordinator_backup sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
 # Checkpoints with two copies: each shard written once, by the ps serving

@@ -64,6 +64,9 @@ Case "rerep_chain": 4 ps; ps 2, ps 1 and ps 3 killed in turn, each once
 the replacement before holds its copies (ps 1's next, ps 2, is then a
 replacement serving shard 1 from its copy, which copies it on). Sync (the
 digest of the run unkilled) and async; no rollback, equal copies.
+Case "coordinator_backup": ps 1 killed and re-replicated, then ps 0: ps
+1's replacement, which serves no shard of its own, takes over (sync and
+async), and ps 0's replacement rejoins.
 Case "rerep_killed": the replacement killed while its shards are being
 copied to it; the next one is copied both, no rollback.
 Case "sync_rerep": sync (R = N, --init-tokens 0), ps 1 killed and replaced
@@ -89,7 +92,7 @@ a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_chain|sync_rerep|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_chain|coordinator_backup|sync_rerep|rerep_rate"""
 
 import json
 import os
@@ -1080,51 +1083,84 @@ def end_launch(p, log, mode):
     return s, err
 
 
-def rerep_chain_case():
-    """4 ps, each kill after the last replacement holds its copies: ps 2
-    killed and replaced (a BACKUP: shard 2 is served by ps 3); ps 1
-    killed: ps 2, a replacement itself, serves shard 1 from its copy, and
-    copies it to ps 1's replacement (before, ps 0 did not take a
-    replacement whose next ps was a BACKUP: it waited restart-wait-ms for
-    nothing, and once ps 0 had ended the run it took the coordinator's
-    role over with an empty copy of shard 0); then ps 3 killed: ps 2
-    serves its own shard again, ps 0 shard 3. Sync (R = N,
-    --init-tokens 0): the params_digest of the run unkilled; async: its
-    accuracy. No rollback, every shard on two equal copies at the end
-    with the pushes acknowledged for it."""
-    base = ["--ps", "4", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
-            "11", "--lr", "0.1", "--ps-replicas", "2"]
+def kill_in_turn(nps, victims, what):
+    """`quorum launch --ps NPS --max-restarts 3`, sync (R = N,
+    --init-tokens 0) then async: each ps of `victims` SIGKILLed in turn,
+    each once the replacement before holds its copies. Sync ends on the
+    params_digest of the run unkilled, async at its accuracy; no rollback,
+    every shard on two equal copies with the pushes acknowledged for it.
+    Returns each mode's log."""
+    base = ["--ps", str(nps), "--workers", "3", "--data", "digits", "--batch-size", "32",
+            "--seed", "11", "--lr", "0.1", "--ps-replicas", "2"]
+    logs = {}
     for mode, extra in (("sync", ["--init-tokens", "0", "--steps", "3000"]),
                         ("async", ["--steps", "40000"])):
         whole, _ = launch(base + extra, mode=mode)
-        log = tempfile.NamedTemporaryFile("w+", prefix="qr-rerep-chain-", suffix=".log")
+        log = tempfile.NamedTemporaryFile("w+", prefix="qr-kill-in-turn-", suffix=".log")
         p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
                  base + extra, stderr=log)
         wait_log = log_waiter(p, log.name, mode)
-        killed = {}
+        killed, coordinator, by, times = {}, 0, {}, {}
         try:
-            wait_log(r"\[ps 0 pid \d+\] info: linked to ps 3")
+            wait_log(r"\[ps 0 pid \d+\] info: linked to ps %d" % (nps - 1))
             time.sleep(0.3)
-            for k in (2, 1, 3):
+            for k in victims:
                 killed[k] = launch_child_pid(p, "ps", k)
+                # The coordinator is failed over by the ps holding shard 0's copy.
+                if k == coordinator:
+                    coordinator = 1 - coordinator
+                by[k] = coordinator
                 os.kill(killed[k], signal.SIGKILL)
-                wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % k))
+                times[k] = times.get(k, 0) + 1
+                wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % k),
+                         times[k])
         except BaseException:
             p.kill()
             log.close()
             raise
         s, err = end_launch(p, log, mode)
         assert "does not hold its copies" not in err, err[-3000:]
+        for k in victims:
+            assert "quorum launch: ps %d (pid %d) was failed over by ps %d" % (
+                k, killed[k], by[k]) in err, err[-3000:]
+        held = check_rereplicated(err, nps, set(), "%s: %s" % (mode, what))
+        assert held == {k: 2 for k in range(nps)}, held
+        print("ok: %s: %s, each re-replicated: no rollback, %s" % (
+            mode, what, check_as_unkilled(mode, s, whole)))
+        logs[mode] = err
+    return logs
+
+
+def rerep_chain_case():
+    """4 ps: ps 2 killed and replaced (a BACKUP: shard 2 is served by ps
+    3); ps 1 killed: ps 2, a replacement itself, serves shard 1 from its
+    copy and copies it to ps 1's replacement (before, ps 0 did not take a
+    replacement whose next ps was a BACKUP: it waited restart-wait-ms for
+    nothing, and once ps 0 had ended the run it took the coordinator's
+    role over with an empty copy of shard 0); then ps 3 killed: ps 2
+    serves its own shard again, ps 0 shard 3."""
+    logs = kill_in_turn(4, [2, 1, 3], "ps 2, then ps 1 (its next a replacement), then ps 3 "
+                        "killed")
+    for err in logs.values():
         assert re.search(r"view 4: this ps serves ps 1's shard now", err), err[-3000:]
         assert re.search(r"\[ps 2 pid \d+\] info: re-replication of shard 1 to ps 1: snapshot "
                          r"taken", err), err[-3000:]
-        for k in (2, 1, 3):
-            assert "quorum launch: ps %d (pid %d) was failed over by ps 0" % (k, killed[k]) in err
-        held = check_rereplicated(err, 4, set(), "%s: ps 2, ps 1, ps 3 killed in turn" % mode)
-        assert held == {0: 2, 1: 2, 2: 2, 3: 2}, held
-        print("ok: %s: ps 2, then ps 1 (its next a replacement), then ps 3 killed, each "
-              "re-replicated: no rollback, %s" % (mode, check_as_unkilled(mode, s, whole)))
     print("PASS: rerep_chain")
+
+
+def coordinator_backup_case():
+    """3 ps: ps 1 killed and replaced (a BACKUP: shard 1 is served by ps
+    2, shard 0's copy is on the replacement); then ps 0, the coordinator,
+    killed: ps 1's replacement takes the role over though it serves no
+    shard of its own (sync: its steps' own part applied by ps 2 and
+    forwarded to it, coord.c start_apply; before, it did not take over in
+    sync mode and the run ended with an error, 2 runs of 12 in a
+    double-kill trial), and ps 0's replacement rejoins."""
+    logs = kill_in_turn(3, [1, 0], "ps 1, then ps 0 (ps 1's replacement took over) killed")
+    for err in logs.values():
+        assert re.search(r"\[ps 1 pid \d+\] warn: ps 0 \([^)]*\), the coordinator, is gone",
+                         err), err[-3000:]
+    print("PASS: coordinator_backup")
 
 
 def rerep_killed_case():
@@ -1385,7 +1421,7 @@ def coordinator_second_case():
     N, --init-tokens 0): the params_digest of the same run unkilled;
     async: an unkilled run's accuracy. Both: no rollback, every shard on
     two equal copies at the end, each having applied the pushes
-    acknowledged for it, every worker at the last view. In the async run,
+    acknowledged for it, every worker at the last view. In both runs,
     once ps 1's replacement holds its copies, ps 0 (coordinating again) is
     killed a second time: ps 1's replacement, a BACKUP that serves no
     shard of its own, takes over (view 7) and ps 0's next replacement
@@ -1394,7 +1430,7 @@ def coordinator_second_case():
     ps 0's replacement, as when the notice named ps 0), and the same
     follows."""
     base = DIGITS + ["--ps-replicas", "2"]
-    runs = [(mode, extra, signal.SIGKILL, mode == "async") for mode, extra in COORDINATOR_MODES]
+    runs = [(mode, extra, signal.SIGKILL, True) for mode, extra in COORDINATOR_MODES]
     runs.append(("async", ["--steps", "30000", "--heartbeat-timeout-ms", "1500"], signal.SIGSTOP,
                  False))
     for mode, extra, how, third in runs:
@@ -1485,7 +1521,7 @@ cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "sync_failover_loop": sync_failover_loop_case,
          "sync_worker_stop": sync_worker_stop_case, "rerep": rerep_case,
          "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,
-         "rerep_chain": rerep_chain_case,
+         "rerep_chain": rerep_chain_case, "coordinator_backup": coordinator_backup_case,
          "sync_rerep": sync_rerep_case,
          "rerep_rate": rerep_rate_case}
 if case not in cases:
