@@ -415,12 +415,12 @@ static void read_notices(child *kids, const launch_plan *plan) {
             /* The notice comes from the coordinator of the new view: when
              * the old one was failed over, its successor, which says so
              * (ps 1 for ps 0; ps 0's replacement for ps 1 after that). */
-            if (index == coordinator)
-                coordinator = by >= 0 && by < plan->nps && by != index ? by
-                                                                        : (index + 1) % plan->nps;
+            if (by < 0 || by >= plan->nps || by == index) /* (a notice without it) */
+                by = index == coordinator ? (index + 1) % plan->nps : coordinator;
+            if (index == coordinator) coordinator = by;
             fprintf(stderr, "quorum launch: %s (pid %d) was failed over by ps %d (view %llu): its "
                     "backup serves its shard, training goes on on one copy of it; not killed "
-                    "and not counted a failure%s\n", c->name, (int)c->pid, coordinator, view,
+                    "and not counted a failure%s\n", c->name, (int)c->pid, by, view,
                     plan->max_restarts ? "; once it has exited, a replacement (--max-restarts) "
                     "rejoins as a backup" : "");
             continue;

@@ -158,9 +158,10 @@ bool qr__failover_lost(qr_ps *ps, int k, int why);
  * coordinates; ps 0's replacement, once it holds shard 0's copy again,
  * while ps 1 does. -1: none (shard 0 on one copy). */
 int qr__failover_successor(const qr_ps *ps);
-/* The coordinator's successor, from its watch: the coordinator lost and dead (its address
- * refusing)? Then it takes the coordinator's role and fails it over
- * (async, without --checkpoint-dir). True if it did. */
+/* The coordinator's successor, from its watch: the coordinator lost and
+ * dead (its address refusing)? Then it takes the coordinator's role and
+ * fails it over (async or sync; with --checkpoint-dir unless it would
+ * serve no shard of its own). True if it did. */
 bool qr__failover_successor_watch(qr_ps *ps, uint64_t now);
 /* ps k: a coordinator's HELLO from another ps than the coordinator: its
  * successor, taking over? (true: followed from now on) */

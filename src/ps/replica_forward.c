@@ -51,15 +51,12 @@ static repl_link *shard_link(ps_peer *p) {
     return p->promoted_shard ? &r->copy_link : &r->link;
 }
 
-/* The coordinator serves shard 0: as its own (ps 0), or from its promoted
- * copy (ps 1, since ps 0 failed over). */
-static bool serves_shard0_copy(const qr_ps *ps) {
-    return ps->replica.promoted && ps->replica.primary == 0 && ps->index != 0;
-}
-
 void qr__replica_send_shard0(qr_ps *ps, repl_forward *fw) {
     ps_replica *r = &ps->replica;
-    qr__replica_link_send(serves_shard0_copy(ps) ? &r->copy_link : &r->link, fw);
+    /* The coordinator serves shard 0 as its own (ps 0), or from its
+     * promoted copy (ps 1, whose primary is ps 0, since ps 0 failed over). */
+    bool from_copy = r->promoted && r->primary == 0;
+    qr__replica_link_send(from_copy ? &r->copy_link : &r->link, fw);
 }
 
 repl_last *qr__replica_shard0_record(qr_ps *ps) {

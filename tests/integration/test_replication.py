@@ -94,6 +94,7 @@ bench/python/bench_rerep.py measures it at any size, on both transports.
 
 Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_chain|coordinator_backup|sync_rerep|rerep_rate"""
 
+import contextlib
 import json
 import os
 import random
@@ -1067,6 +1068,18 @@ def rerep_second_case():
           "(shard 1 served by the replacement's copy), no rollback")
 
 
+@contextlib.contextmanager
+def killed_on_error(p, log):
+    """The launcher p (its log file `log`) killed, and the log closed, if
+    what the block does to its tasks fails."""
+    try:
+        yield
+    except BaseException:
+        p.kill()
+        log.close()
+        raise
+
+
 def end_launch(p, log, mode):
     """Wait for the launcher (p, its Proc, logging to the file `log`),
     killed if it outlives 300 s; it must exit 0 with no rollback. Returns
@@ -1101,7 +1114,7 @@ def kill_in_turn(nps, victims, what):
                  base + extra, stderr=log)
         wait_log = log_waiter(p, log.name, mode)
         killed, coordinator, by, times = {}, 0, {}, {}
-        try:
+        with killed_on_error(p, log):
             wait_log(r"\[ps 0 pid \d+\] info: linked to ps %d" % (nps - 1))
             time.sleep(0.3)
             for k in victims:
@@ -1114,10 +1127,6 @@ def kill_in_turn(nps, victims, what):
                 times[k] = times.get(k, 0) + 1
                 wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % k),
                          times[k])
-        except BaseException:
-            p.kill()
-            log.close()
-            raise
         s, err = end_launch(p, log, mode)
         assert "does not hold its copies" not in err, err[-3000:]
         for k in victims:
@@ -1322,6 +1331,12 @@ COORDINATOR_MODES = (("sync", ["--init-tokens", "0", "--steps", "3000"]),
                      ("async", ["--steps", "20000"]))
 
 
+def coordinator_option(pid):
+    """The --coordinator that launch gave task `pid` (None: not given)."""
+    args = open("/proc/%d/cmdline" % pid).read().split("\0")
+    return args[args.index("--coordinator") + 1] if "--coordinator" in args else None
+
+
 def kill_ps0_until_replaced(args, mode):
     """`quorum launch --max-restarts 3 ARGS` started with its log in a file;
     ps 0 SIGKILLed once it has met ps 1 and ps 2 (so ps 1 takes over
@@ -1333,17 +1348,13 @@ def kill_ps0_until_replaced(args, mode):
     p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
              args, stderr=log)
     wait_log = log_waiter(p, log.name, mode)
-    try:
+    with killed_on_error(p, log):
         first = launch_child_pid(p, "ps", 0)
         for k in (1, 2):
             wait_log(r"^\S+ \[ps 0 pid \d+\] info: linked to ps %d \([^)]*\)$" % k)
         time.sleep(0.5)
         os.kill(first, signal.SIGKILL)
         wait_log(re.escape("quorum launch: ps 0 holds copies of its shards again"))
-    except BaseException:
-        p.kill()
-        log.close()
-        raise
     return p, log, wait_log, first
 
 
@@ -1374,18 +1385,13 @@ def coordinator_rerep_case():
     for mode, extra in COORDINATOR_MODES:
         whole, _ = launch(base + extra, mode=mode)
         p, log, wait_log, first = kill_ps0_until_replaced(base + extra, mode)
-        try:
+        with killed_on_error(p, log):
             second = launch_child_pid(p, "ps", 0)
-            cmdline = open("/proc/%d/cmdline" % second).read().split("\0")
-            assert second != first and cmdline[-3:-1] == ["--coordinator", "1"], cmdline
+            assert second != first and coordinator_option(second) == "1", second
             os.kill(second, signal.SIGKILL)  # a backup now: ps 1 fails it over
             wait_log(rejoined, 2)
             worker = launch_child_pid(p, "worker", 1)
             os.kill(worker, signal.SIGKILL)
-        except BaseException:
-            p.kill()
-            log.close()
-            raise
         s, err = end_launch(p, log, mode)
         assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % first in err
         assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 4)" % second in err, \
@@ -1436,23 +1442,17 @@ def coordinator_second_case():
     for mode, extra, how, third in runs:
         whole, _ = launch(base + extra, mode=mode)
         p, log, wait_log, first = kill_ps0_until_replaced(base + extra, mode)
-        try:
+        with killed_on_error(p, log):
             coordinator = launch_child_pid(p, "ps", 1)
             os.kill(coordinator, how)
             wait_log(re.escape("quorum launch: ps 1 holds copies of its shards again"))
             replacement = launch_child_pid(p, "ps", 1)
-            cmdline = open("/proc/%d/cmdline" % replacement).read().split("\0")
-            assert replacement != coordinator and "--coordinator" not in cmdline, cmdline
+            assert replacement != coordinator and coordinator_option(replacement) is None
             if third:  # ps 0 again: ps 1's replacement, a BACKUP, succeeds it
                 again = launch_child_pid(p, "ps", 0)
                 os.kill(again, signal.SIGKILL)
                 wait_log(re.escape("quorum launch: ps 0 holds copies of its shards again"), 2)
-                cmdline = open("/proc/%d/cmdline" % launch_child_pid(p, "ps", 0)).read()
-                assert cmdline.split("\0")[-3:-1] == ["--coordinator", "1"], cmdline
-        except BaseException:
-            p.kill()
-            log.close()
-            raise
+                assert coordinator_option(launch_child_pid(p, "ps", 0)) == "1"
         s, err = end_launch(p, log, mode)
         assert "quorum launch: ps 0 (pid %d) was failed over by ps 1 (view 1)" % first in err
         assert "quorum launch: ps 1 (pid %d) was failed over by ps 0 (view 4)" % coordinator \
