@@ -38,7 +38,11 @@
  *     checkpoint at once ("rollback ps K" for each, read_notices): each is
  *     restarted as soon as it has exited (a restart counted, even one
  *     failed over just before), restores that checkpoint and joins the
- *     rolled-back cluster; without restarts left the run fails;
+ *     rolled-back cluster; without restarts left the run fails. When ps
+ *     0's successor coordinates, it cannot roll back in place: it stops
+ *     the run ("restart cluster STEP"), and every task is stopped and
+ *     started again as at the start, ps 0 coordinating (restart_cluster,
+ *     one restart, as torchrun counts its group's);
  *   - with --max-restarts K, up to K failures are restarted instead (as
  *     torchrun does): a failed worker, the chief included, is started again
  *     alone and rejoins at the current global step (the chief does not
@@ -119,6 +123,10 @@ static int notices[2] = {-1, -1};
  * once that successor has been failed over in turn ("failover ps 1 VIEW
  * by 0"). */
 static int coordinator;
+/* The coordinator, not ps 0 (failed over), lost both copies of a shard:
+ * the cluster cannot roll back in place, so every task is started again
+ * ("restart cluster STEP"; src/ps/rollback.c). */
+static bool cluster_restart_wanted;
 
 static volatile sig_atomic_t interrupted;
 
@@ -347,6 +355,31 @@ static void start_child(child *kids, int i, const launch_plan *plan) {
     }
 }
 
+/* The run cannot go on in place after ps 0's failover (`why`: both copies
+ * of a shard lost while ps 0's successor coordinates, or that successor
+ * lost with nobody to succeed it): every task stopped and started again
+ * as at the start (ps 0 coordinating), each ps restoring the newest
+ * checkpoint. One restart, as torchrun counts a restart of its whole
+ * group (a replacement started for a failover a moment before, stopped
+ * with the rest, was counted already). False: no restart left (nothing
+ * stopped). */
+static bool restart_cluster(child *kids, int n, const launch_plan *plan, int *used,
+                            const char *why) {
+    if (*used >= plan->max_restarts) {
+        fprintf(stderr, "quorum launch: %s: starting the cluster again takes a restart, and "
+                "none of --max-restarts %d is left\n", why, plan->max_restarts);
+        return false;
+    }
+    (*used)++;
+    fprintf(stderr, "quorum launch: %s: stopping every task and starting the cluster again, ps 0 "
+            "coordinating (restart %d of %d): every ps restores the newest checkpoint, every "
+            "worker goes on from its data position in it\n", why, *used, plan->max_restarts);
+    stop_all(kids, n);
+    coordinator = 0;
+    for (int i = 0; i < n; i++) start_child(kids, i, plan);
+    return true;
+}
+
 /* A failed task, restarts left: start it again (a worker), or the whole
  * cluster from its newest checkpoint (a ps). False: it cannot be. */
 static bool restart(child *kids, int n, int i, const launch_plan *plan, int *used) {
@@ -359,6 +392,16 @@ static bool restart(child *kids, int n, int i, const launch_plan *plan, int *use
         fprintf(stderr, "quorum launch: %s; not restarted: without --checkpoint-dir the other "
                 "shards could not go back to the moment it would restart at\n", why);
         return false;
+    }
+    if (is_ps && i == coordinator && coordinator != 0) {
+        /* ps 0's successor, dead with nobody to succeed it (ps 0's
+         * replacement still being copied): a new run of it would take
+         * itself for the coordinator of a run that has none, so the
+         * whole cluster starts again instead. */
+        char lost[300];
+        snprintf(lost, sizeof lost, "%s; it coordinated since ps 0 failed over, and no ps "
+                 "holding a full copy of shard 0 took its role over", why);
+        return restart_cluster(kids, n, plan, used, lost);
     }
     (*used)++;
     if (!is_ps) {
@@ -423,6 +466,11 @@ static void read_notices(child *kids, const launch_plan *plan) {
                     "and not counted a failure%s\n", c->name, (int)c->pid, by, view,
                     plan->max_restarts ? "; once it has exited, a replacement (--max-restarts) "
                     "rejoins as a backup" : "");
+            continue;
+        }
+        long long step;
+        if (sscanf(line, "restart cluster %lld", &step) == 1) {
+            cluster_restart_wanted = true;
             continue;
         }
         if (sscanf(line, "rollback ps %d", &index) == 1) {
@@ -496,6 +544,19 @@ static int supervise(child *kids, int n, const launch_plan *plan) {
     bool ps_told = false;
     for (;;) {
         read_notices(kids, plan);
+        if (cluster_restart_wanted && !run_ended_ms && !coordinator_ended_well(kids)) {
+            cluster_restart_wanted = false;
+            char why[160];
+            snprintf(why, sizeof why, "both copies of a shard are lost while ps %d coordinates "
+                     "(ps 0 failed over)", coordinator);
+            if (!restart_cluster(kids, n, plan, &restarts, why)) {
+                fprintf(stderr, "quorum launch: stopping every task\n");
+                stop_all(kids, n);
+                return LAUNCH_FAILED;
+            }
+            nlost = 0;
+            ps_told = false;
+        }
         int running = reap(kids, n);
         /* A program run as the workers need not stop the cluster: once
          * every worker has ended well, the launcher stops the ps tasks
@@ -663,11 +724,12 @@ int cmd_launch(int argc, char **argv) {
                    "shard written by the copy that serves it (docs/REPLICATION.md). Two\n"
                    "neighbouring ps lost together (both copies of a shard) roll the cluster\n"
                    "back to its newest checkpoint, both restarted (2 restarts), or abort the\n"
-                   "run without --checkpoint-dir. ps 0 that dies (or hangs, and is killed)\n"
-                   "is failed over by ps 1, which takes the coordinator's role, the step in\n"
-                   "flight and the checkpoints; under --max-restarts its replacement,\n"
-                   "started with --coordinator 1 (as is every task started from then on),\n"
-                   "rejoins as the backup of shard 0 and of ps P-1's shard.\n"
+                   "run without --checkpoint-dir; after ps 0's failover, every task is started\n"
+                   "again from that checkpoint instead (1 restart). ps 0 that dies (or hangs,\n"
+                   "and is killed) is failed over by ps 1, which takes the coordinator's role,\n"
+                   "the step in flight and the checkpoints; under --max-restarts its\n"
+                   "replacement, started with --coordinator 1 (as is every task started from\n"
+                   "then on), rejoins as the backup of shard 0 and of ps P-1's shard.\n"
                    "--metrics-port-base N: task i serves Prometheus metrics on port N + i (ps\n"
                    "tasks first, then workers), on metrics-bind (127.0.0.1); listed at start and\n"
                    "in LOGDIR/metrics_ports.json with --logdir.\n"

@@ -34,6 +34,20 @@
 static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n, bool copy) {
     const qr_ckpt_info *info = &chain[n - 1];
     ckpt_shard_ctx sc = qr__ckpt_ctx(ps, copy);
+    /* Shard 0's workers' data positions go to its record too (ps-replicas
+     * 2), the one a re-replication copies on and a successor coordinator
+     * answers a restarted worker from (qr__ckpt_take_over): a worker that
+     * has not pushed since the restore is still where the checkpoint
+     * says. A copy on a ps that does not coordinate reads them into
+     * `copy_pos`. */
+    repl_last *record = !qr__replica_on(ps) || sc.index != 0 ? NULL
+                        : copy ? ps->replica.backup_last : ps->replica.last;
+    uint64_t *copy_pos = NULL;
+    int nw = ps->cluster->nworkers;
+    if (record && !sc.data_pos) {
+        if (!(copy_pos = qr__calloc((size_t)QR_MAX(nw, 1), sizeof *copy_pos))) return QR_ENOMEM;
+        sc.data_pos = copy_pos;
+    }
     char file[64], path[4200];
     qr_ckpt_shard_name(file, sizeof file, sc.index, ps->cluster->nps);
     int64_t counters[2];
@@ -49,6 +63,8 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n, bool copy)
                           "%lld: a shard of another checkpoint (mixed steps)", path,
                           (long long)counters[0], (long long)chain[i].step);
     }
+    for (int w = 0; !rc && record && w < nw; w++) record[w].data_pos = sc.data_pos[w];
+    free(copy_pos);
     if (rc) return rc;
     char chained[64] = "";
     if (n > 1) snprintf(chained, sizeof chained, " and %d increment(s) after step %lld", n - 1,
@@ -57,7 +73,7 @@ static int restore_shard(qr_ps *ps, const qr_ckpt_info *chain, int n, bool copy)
         /* The copy starts equal to its primary, which restores the same
          * bytes: the shard's own steps (Adam's t) are the file's. */
         ps->replica.copy_steps = counters[1];
-        if (sc.index == ps->coord_index) ps->replica.coord_step = counters[0];
+        if (sc.index == 0) ps->replica.coord_step = counters[0]; /* the coordinator's shard */
         qr__log(QR_LOG_INFO, "restored the copy of ps %d's shard: %u variable(s), %.1f MB, "
                 "from %s%s (global step %lld)", sc.index, sc.store->count,
                 (double)sc.store->bytes / 1e6, n > 1 ? chain[0].path : path, chained,

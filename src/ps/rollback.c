@@ -53,10 +53,16 @@
  * ps, restarted (`quorum launch --max-restarts` is told: "rollback ps K"),
  * restore that same checkpoint, the newest, and meet the new ps 0 as the
  * first one they know. The view starts again with every ps ALIVE, under
- * the next view number (failover.c, qr__failover_rolled_back).
+ * the next view number (failover.c, qr__failover_rolled_back). Once ps
+ * 0 has failed over, its successor coordinates and the start's placement
+ * would not have it serve shard 0, which workers follow: it stops the run
+ * instead, to be started again whole from that checkpoint ("restart
+ * cluster STEP" to the supervisor).
  */
 #include "ps/ps_internal.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 qr_msg_welcome qr__rollback_welcome(const qr_ps *ps) {
@@ -132,6 +138,27 @@ bool qr__rollback_both_lost(qr_ps *ps, int shard, int k, int other) {
     if (!ps->ckpt.dir) {
         snprintf(why + n, sizeof why - (size_t)n, "; without --checkpoint-dir there is no "
                  "checkpoint to roll the cluster back to: the run aborts");
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
+        return false;
+    }
+    if (ps->coord_index != 0) {
+        /* ps 0 has failed over and this ps coordinates: a rollback in
+         * place would give every ps its shard of the start again, ps 0
+         * serving shard 0 while another ps coordinates, which no worker
+         * follows (its coordinator's requests go with shard 0). So the
+         * run stops here, and every task is started again, as at the
+         * start (ps 0 coordinating): each ps restores the newest
+         * checkpoint, and each worker goes on from its data position in
+         * it. `quorum launch` does that ("restart cluster"). */
+        char from[64] = "a fresh start: no checkpoint was written yet";
+        if (ps->ckpt.last_step >= 0)
+            snprintf(from, sizeof from, "its newest checkpoint (step %lld)",
+                     (long long)ps->ckpt.last_step);
+        snprintf(why + n, sizeof why - (size_t)n, "; ps %d coordinates since ps 0 failed over, "
+                 "so the cluster cannot roll back in place: the run stops, to be started again "
+                 "whole (every task, without --coordinator) from %s%s", ps->index, from,
+                 getenv("QUORUM_SUPERVISOR_FD") ? "; quorum launch does so" : "");
+        qr__tell_supervisor("restart cluster %lld", (long long)ps->ckpt.last_step);
         qr__ps_ask_abort(ps, QR_EABORTED, why);
         return false;
     }

@@ -99,9 +99,13 @@ qr_integration_test(integration_table_tier_ckpt test_table_tier_ckpt.py ${QR_VEN
 # the role back (coordinator_second, sync and async); 4 ps killed in turn,
 # a replacement's next ps a replacement itself (rerep_chain); ps 1
 # replaced, then ps 0 killed: ps 1's replacement, serving no shard of its
-# own, takes over (coordinator_backup).
+# own, takes over (coordinator_backup); both copies of a shard lost while
+# ps 1 coordinates: the run stops and launch starts it again whole from
+# its newest checkpoint (coordinator_both_lost); ps 1, coordinating, lost
+# while ps 0's replacement is still being copied: launch starts the
+# cluster again whole (coordinator_lost_joining).
 foreach(case wire train sync_train failover_wire failover_kill coordinator_kill coordinator_rerep
-        coordinator_second failover_stop
+        coordinator_second coordinator_both_lost coordinator_lost_joining failover_stop
         failover_loop lag
         sync_failover_loop sync_worker_stop rerep rerep_second rerep_killed rerep_chain
         coordinator_backup sync_rerep)
@@ -113,7 +117,8 @@ endforeach()
 # resumed to the digest of one never stopped; both copies of a shard lost
 # together: the rollback to the last checkpoint, or the abort without one;
 # ps 0 killed (coordinator): ps 1 writes the checkpoints from then on.
-foreach(case failover kill_during resume coordinator both_lost both_lost_abort)
+foreach(case failover kill_during resume coordinator both_lost both_lost_abort
+    restored_positions)
   qr_integration_test(integration_replication_ckpt_${case} test_replication_ckpt.py ${case})
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.

@@ -87,12 +87,22 @@ ps 1's replacement (no --coordinator) rejoins. Sync (the params_digest of
 the run unkilled) and async; then async with ps 1 SIGSTOPped: reported
 hung by the others, killed by launch, then the same. No rollback, two
 equal copies of every shard.
+Case "coordinator_both_lost": ps 0 killed, ps 1 takes over, ps 0's
+replacement rejoins; then it and ps 2 are killed together (shard 2's both
+copies) while ps 1 coordinates: ps 1 stops the run at once, saying why,
+and launch starts every task again from the newest checkpoint. Sync (the
+params_digest of the run unkilled) and async (its accuracy).
+Case "coordinator_lost_joining": ps 0 killed, ps 1 takes over; ps 1
+killed while ps 0's replacement is still being copied (ps 2 stopped
+meanwhile): nobody can take the role over, and launch starts every task
+again from the newest checkpoint. Sync (the params_digest of the run
+unkilled) and async (its accuracy).
 Case "rerep_rate" (a measurement, not registered in ctest): the copy of
 a shard holding a 256 MiB variable, against an AF_UNIX socket's rate
 measured in the same run (QR_VICTIM: the ps killed), in a training run;
 bench/python/bench_rerep.py measures it at any size, on both transports.
 
-Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_chain|coordinator_backup|sync_rerep|rerep_rate"""
+Usage: test_replication.py QUORUM_BINARY wire|train|sync_train|failover_wire|failover_kill|coordinator_kill|coordinator_rerep|coordinator_second|failover_stop|failover_loop|sync_failover_loop|sync_worker_stop|rerep|rerep_second|rerep_killed|rerep_chain|coordinator_backup|sync_rerep|coordinator_both_lost|coordinator_lost_joining|rerep_rate"""
 
 import contextlib
 import json
@@ -1358,15 +1368,20 @@ def kill_ps0_until_replaced(args, mode):
     return p, log, wait_log, first
 
 
-def check_as_unkilled(mode, s, whole):
-    """Sync: the params_digest and last step of the run unkilled; async:
-    its accuracy. Returns what to print."""
+def check_as_unkilled_at(mode, s, whole, steps):
+    """Sync: the params_digest and last step (`steps`) of the run unkilled;
+    async: its accuracy. Returns what to print."""
     if mode == "sync":
-        assert s["params_digest"] == whole["params_digest"] and s["global_step"] == 3000, \
+        assert s["params_digest"] == whole["params_digest"] and s["global_step"] == steps, \
             (s, whole["params_digest"])
         return "params_digest %s as unkilled" % s["params_digest"]
     assert s["test_accuracy"] >= whole["test_accuracy"] - 0.03, (s, whole)
     return "accuracy %.4f (unkilled %.4f)" % (s["test_accuracy"], whole["test_accuracy"])
+
+
+def check_as_unkilled(mode, s, whole):
+    """check_as_unkilled_at COORDINATOR_MODES' 3000 steps."""
+    return check_as_unkilled_at(mode, s, whole, 3000)
 
 
 def coordinator_rerep_case():
@@ -1483,6 +1498,110 @@ def coordinator_second_case():
     print("PASS: coordinator_second")
 
 
+def coordinator_both_lost_case():
+    """ps 0 SIGKILLed under `launch --max-restarts 3 --checkpoint-dir`: ps 1
+    takes over and ps 0's replacement rejoins; then that replacement and
+    ps 2 are SIGKILLed together, so shard 2 loses both its copies while ps
+    1 coordinates. A rollback in place would give ps 0 shard 0 back while
+    ps 1 coordinates, which no worker follows (the chief waited out
+    restart-wait-ms on refused HELLOs, then the run failed): ps 1 stops the
+    run at once, saying why, and launch starts every task again, ps 0
+    coordinating, from the newest checkpoint (one restart). Sync (R = N,
+    --init-tokens 0): the params_digest of the same run unkilled (every
+    shard and each worker's data position come back from the checkpoint);
+    async: an unkilled run's accuracy."""
+    for mode, extra in (("sync", ["--init-tokens", "0"]), ("async", [])):
+        d = tempfile.mkdtemp(prefix="qr-both-lost-")
+        try:
+            args = DIGITS + ["--ps-replicas", "2", "--steps", "8000"] + extra
+            whole, _ = launch(args, mode=mode)
+            p, log, _, _ = kill_ps0_until_replaced(
+                args + ["--checkpoint-dir", d, "--checkpoint-steps", "300"], mode)
+            with killed_on_error(p, log):
+                pids = [launch_child_pid(p, "ps", k) for k in (0, 2)]
+                for pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+            s, err = end_launch(p, log, mode)  # no rollback: a new run of the chief
+            # (From a fresh start when no checkpoint was complete yet: the
+            # kill comes early under a sanitizer.)
+            stopped = re.search(r"\[ps 1 pid \d+\] error: job aborted: shard 2 has lost both its "
+                                r"copies: .*ps 1 coordinates since ps 0 failed over, so the "
+                                r"cluster cannot roll back in place: the run stops, to be started "
+                                r"again whole .* from (its newest checkpoint \(step \d+\)|a "
+                                r"fresh start: no checkpoint was written yet); quorum launch "
+                                r"does so", err)
+            assert stopped, err[-4000:]
+            assert re.search(r"quorum launch: both copies of a shard are lost while ps 1 "
+                             r"coordinates \(ps 0 failed over\): stopping every task and starting "
+                             r"the cluster again, ps 0 coordinating \(restart [23] of 3\)", err), \
+                err[-4000:]
+            after = err[err.index("starting the cluster again"):]
+            restored = re.findall(r"\[ps (\d) pid \d+\] info: restored \d+ variable", after)
+            fresh = stopped.group(1).startswith("a fresh")
+            assert sorted(set(restored)) == ([] if fresh else ["0", "1", "2"]), \
+                (restored, err[-4000:])
+            assert s["global_step"] >= 8000, s
+            said = check_as_unkilled_at(mode, s, whole, 8000)
+            print("ok: %s: ps 0 killed (ps 1 took over), then its replacement and ps 2 together: "
+                  "ps 1 stopped the run, launch started the cluster again from %s, %s" % (
+                      mode, stopped.group(1), said))
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+    print("PASS: coordinator_both_lost")
+
+
+def coordinator_lost_joining_case():
+    """ps 1, coordinating since ps 0 failed over, SIGKILLed while ps 0's
+    replacement is still being copied (ps 2, which copies it shard 2, is
+    SIGSTOPped meanwhile): nobody holds a full copy of shard 0, so nobody
+    takes the role over. A new run of ps 1 alone (launch started it with
+    --coordinator 1) took itself for the coordinator of a run that had
+    none; now launch, once heartbeat-timeout-ms has passed without a
+    failover notice, starts every task again from the newest checkpoint,
+    ps 0 coordinating (one restart). Sync (R = N, --init-tokens 0): the
+    params_digest of the same run unkilled; async: its accuracy."""
+    for mode, extra in (("sync", ["--init-tokens", "0"]), ("async", [])):
+        d = tempfile.mkdtemp(prefix="qr-lost-joining-")
+        stopped = None
+        try:
+            args = DIGITS + ["--ps-replicas", "2", "--steps", "8000"] + extra
+            whole, _ = launch(args, mode=mode)
+            log = tempfile.NamedTemporaryFile("w+", prefix="qr-lost-joining-", suffix=".log")
+            p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts",
+                      "3", "--checkpoint-dir", d, "--checkpoint-steps", "300"] + args,
+                     stderr=log)
+            wait_log = log_waiter(p, log.name, mode)
+            with killed_on_error(p, log):
+                first = launch_child_pid(p, "ps", 0)
+                coordinator = launch_child_pid(p, "ps", 1)
+                wait_log(r"\[ps 0 pid \d+\] info: checkpoint \S+ written")
+                stopped = launch_child_pid(p, "ps", 2)
+                os.kill(stopped, signal.SIGSTOP)
+                os.kill(first, signal.SIGKILL)
+                wait_log(r"\[ps 1 pid \d+\] warn: ps 0 \(\S+\) is back, a new run: it rejoins "
+                         r"as a backup")
+                os.kill(coordinator, signal.SIGKILL)
+                time.sleep(0.2)
+                os.kill(stopped, signal.SIGCONT)
+                stopped = None
+            s, err = end_launch(p, log, mode)
+            assert not re.search(r"re-replication complete: ps 0 holds", err), \
+                "ps 0's replacement was copied before ps 1 died\n" + err[-4000:]
+            assert "quorum launch: ps 1 (pid %d) was killed by signal 9 (Killed); it coordinated " \
+                "since ps 0 failed over, and no ps holding a full copy of shard 0 took its role " \
+                "over: stopping every task and starting the cluster again, ps 0 coordinating " \
+                "(restart 2 of 3)" % coordinator in err, err[-4000:]
+            assert s["global_step"] >= 8000, s
+            said = check_as_unkilled_at(mode, s, whole, 8000)
+            print("ok: %s: ps 0 killed (ps 1 took over), then ps 1 while ps 0's replacement was "
+                  "being copied: launch started the cluster again, %s" % (mode, said))
+        finally:
+            if stopped is not None:
+                os.kill(stopped, signal.SIGCONT)
+            shutil.rmtree(d, ignore_errors=True)
+    print("PASS: coordinator_lost_joining")
+
+
 def rerep_rate_case():
     """Not a test (no figure is asserted): the re-replication rate of a
     shard with one 256 MiB dense variable (MLP hidden 8192,8192: the
@@ -1523,6 +1642,8 @@ cases = {"wire": wire_case, "train": train_case, "sync_train": sync_train_case,
          "rerep_second": rerep_second_case, "rerep_killed": rerep_killed_case,
          "rerep_chain": rerep_chain_case, "coordinator_backup": coordinator_backup_case,
          "sync_rerep": sync_rerep_case,
+         "coordinator_both_lost": coordinator_both_lost_case,
+         "coordinator_lost_joining": coordinator_lost_joining_case,
          "rerep_rate": rerep_rate_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))

@@ -50,20 +50,30 @@ Case "both_lost_abort": the same kill without --checkpoint-dir: the run
 aborts at once (not after restart-wait-ms) with a message naming shard 1
 and why.
 
+Case "restored_positions": the workers' data positions of a restored
+checkpoint reach the copy of shard 0 (docs/REPLICATION.md, "ps 0's
+coordinator failover"): an async launch on 2 ps with two copies writes its
+final checkpoint; two ps are then started by hand on it, ps 0 is
+SIGKILLed before any worker pushes, ps 1 takes over, and a worker asking
+ps 1 where its data is (READY) gets the checkpoint's position, not 0.
+
 Usage: test_replication_ckpt.py QUORUM_BINARY
-failover|kill_during|resume|coordinator|both_lost|both_lost_abort"""
+failover|kill_during|resume|coordinator|both_lost|both_lost_abort|restored_positions"""
 
 import os
+import json
 import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-from qrtest import PS_COPIES, Proc, ReplicaReport, last_json, launch_child_pid
+from qrtest import (HELLO, READY, STATS, PS_COPIES, Proc, ReplicaReport, connect, frame, free_ports,
+                    last_json, launch_child_pid, read_reply, ready_meta)
 
 quorum, case = sys.argv[1], sys.argv[2]
 DIGITS = ["--ps", "3", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
@@ -484,8 +494,90 @@ def both_lost_abort_case():
           "kill, exit %d, naming shard 1 and why" % (took, rc))
 
 
+def positions_in(shard_path):
+    """quorum/worker_data_position of a checkpoint shard, read from the
+    safetensors layout (an 8-byte header length, the JSON header, the data)."""
+    with open(shard_path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    rec = json.loads(blob[8:8 + n])["quorum/worker_data_position"]
+    start, end = rec["data_offsets"]
+    return list(struct.unpack("<%dq" % rec["shape"][0], blob[8 + n + start:8 + n + end]))
+
+
+def ask_ready(port, worker, set_ready=0):
+    """A worker's HELLO and READY on ps `port`: (set, global step, data position)."""
+    s = connect(port)
+    try:
+        s.sendall(frame(HELLO, 1, struct.pack("<III", 1, worker, 0)))  # role: worker
+        status, meta = read_reply(s)[2:4]
+        assert status == 0, (status, meta)
+        s.sendall(frame(READY, 2, ready_meta(set_ready)))
+        status, meta = read_reply(s)[2:4]
+        assert status == 0, (status, meta)
+        return struct.unpack("<IqQ", meta[:20])
+    finally:
+        s.close()
+
+
+def coordinates(port):
+    s = connect(port)
+    try:
+        s.sendall(frame(STATS, 1))
+        status, meta = read_reply(s)[2:4]
+        assert status == 0, (status, meta)
+        return "checkpoint" in json.loads(meta)
+    finally:
+        s.close()
+
+
+def restored_positions_case():
+    d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
+    ps = []
+    try:
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "async", "--ps", "2",
+                  "--workers", "2", "--ps-replicas", "2", "--checkpoint-dir", d, "--steps",
+                  "300", "--data", "digits", "--batch-size", "32", "--seed", "11"])
+        rc, out, err = p.wait(300)
+        assert rc == 0, err[-4000:]
+        newest = max(x for x in os.listdir(d) if x.startswith("ckpt-"))
+        step = int(newest[5:])
+        shard0 = os.path.join(d, newest, "shard-00000-of-00002.safetensors")
+        want = positions_in(shard0)
+        assert all(x > 0 for x in want), want
+        ports = free_ports(4)
+        spec = ["--ps_hosts", "127.0.0.1:%d,127.0.0.1:%d" % tuple(ports[:2]),
+                "--worker_hosts", "127.0.0.1:%d,127.0.0.1:%d" % tuple(ports[2:]),
+                "--ps-replicas", "2", "--checkpoint-dir", d, "--heartbeat-ms", "100",
+                "--heartbeat-timeout-ms", "1000"]
+        ps = [Proc([quorum, "ps"] + spec + ["--job_name", "ps", "--task_index", str(i)])
+              for i in range(2)]
+        # The chief's READY: set once ps 0 is linked to ps 1 (a ps 0 that
+        # never met every ps is waited for, not succeeded).
+        deadline = time.time() + 60
+        while ask_ready(ports[0], 0, 1)[0] != 1:
+            assert time.time() < deadline, "ps 0 never linked to ps 1"
+            time.sleep(0.05)
+        assert ask_ready(ports[0], 1)[2] == want[1], "ps 0 restored other positions"
+        ps[0].kill()
+        deadline = time.time() + 60
+        while not coordinates(ports[1]):  # its STATS carry the checkpoints' figures then
+            assert time.time() < deadline and ps[1].alive(), "ps 1 never took over"
+            time.sleep(0.05)
+        got = [ask_ready(ports[1], w)[2] for w in range(2)]
+        assert got == want, "ps 1, coordinating, answers the workers' data positions %s; " \
+            "the checkpoint of step %d has %s" % (got, step, want)
+        print("PASS: restored_positions: ps 0 killed before any push after a restore: ps 1 "
+              "took over and answers each worker with the checkpoint's data position %s" % want)
+    finally:
+        for x in ps:
+            x.kill()
+        shutil.rmtree(d, ignore_errors=True)
+
+
 cases = {"failover": failover_case, "kill_during": kill_during_case, "resume": resume_case,
-         "coordinator": coordinator_case, "both_lost": both_lost_case, "both_lost_abort": both_lost_abort_case}
+         "coordinator": coordinator_case, "both_lost": both_lost_case, "both_lost_abort": both_lost_abort_case,
+         "restored_positions": restored_positions_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
