@@ -53,7 +53,13 @@ fault on a random ps, ps 0 included in both modes, drawn from:
 and SIGKILLs only: the killed ps's replacement (ps 0's, started with
 --coordinator 1, too) must rejoin as a backup, every shard on two equal
 copies at the end and the workers in view 3, unless the run ended while
-it was being copied. A first run without a fault is
+it was being copied. --double adds --max-restarts 2 and SIGKILLs
+only: once the first victim's replacement has rejoined, a second random
+ps (that replacement, or the coordinator of the moment, included) is
+SIGKILLed 0.05 to 0.5 s later; both must fail over, the second's
+replacement rejoin unless the run ended first, and the checks below hold
+for both (--steps 12000 async, 4000 sync by default, so that both come
+while training goes on). A first run without a fault is
 the reference. Every run must:
   end        within --timeout, with exit status 0
   no rollback  JSON rollbacks 0, the global step reached
@@ -74,6 +80,7 @@ also end on the reference run's params_digest: a fault changes no bit.
 
     python3 scripts/soak.py build/tools/quorum --replication --runs 20
     python3 scripts/soak.py build/tools/quorum --replication --mode sync --runs 50
+    python3 scripts/soak.py build/tools/quorum --replication --double --runs 20
 """
 
 import argparse
@@ -304,6 +311,33 @@ def stop_requested_at(err):
         return None
 
 
+def check_end(p, out, err, problems, through_end, steps, reference, mode):
+    """The launcher's exit and its summary against a replicated run's
+    guarantees (problems appended); returns the summary (None: none)."""
+    if "hung" not in problems and p.returncode != 0 and not through_end:
+        problems.append("failed (exit %d: %s)" % (p.returncode,
+                                                 err.strip().splitlines()[-1:] or ""))
+    try:
+        final = json.loads(out.strip().splitlines()[-1])
+        if final["rollbacks"] != 0:
+            problems.append("rollback (%d)" % final["rollbacks"])
+        if final["global_step"] < steps:
+            problems.append("lost data (global step %d of %d)" % (final["global_step"], steps))
+        if reference and final["test_accuracy"] < reference["test_accuracy"] - 0.03:
+            problems.append("accuracy %.4f, %.4f unkilled" % (final["test_accuracy"],
+                                                             reference["test_accuracy"]))
+        # Sync with R = N and --init-tokens 0 is deterministic: a fault
+        # must change no bit of the result (issue 29, item 6).
+        if reference and mode == "sync" and final["params_digest"] != reference["params_digest"]:
+            problems.append("digest %s, %s unkilled" % (final["params_digest"],
+                                                       reference["params_digest"]))
+        return final
+    except (ValueError, IndexError, KeyError):
+        if "hung" not in problems:
+            problems.append("lost data (no summary)")
+        return None
+
+
 def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms,
                     mode="async", rejoin=False):
     """One run of --replication (fault None: the reference). Returns
@@ -361,27 +395,7 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
     late = fault == "SIGKILL" and sent and stop is not None and sent_at > stop - 0.1
     if late and p.returncode == 3 and last.endswith("did not end well: ps %d" % victim):
         through_end = True
-    if "hung" not in problems and p.returncode != 0 and not through_end:
-        problems.append("failed (exit %d: %s)" % (p.returncode,
-                                                 err.strip().splitlines()[-1:] or ""))
-    final = None
-    try:
-        final = json.loads(out.strip().splitlines()[-1])
-        if final["rollbacks"] != 0:
-            problems.append("rollback (%d)" % final["rollbacks"])
-        if final["global_step"] < steps:
-            problems.append("lost data (global step %d of %d)" % (final["global_step"], steps))
-        if reference and final["test_accuracy"] < reference["test_accuracy"] - 0.03:
-            problems.append("accuracy %.4f, %.4f unkilled" % (final["test_accuracy"],
-                                                             reference["test_accuracy"]))
-        # Sync with R = N and --init-tokens 0 is deterministic: a fault
-        # must change no bit of the result (issue 29, item 6).
-        if reference and mode == "sync" and final["params_digest"] != reference["params_digest"]:
-            problems.append("digest %s, %s unkilled" % (final["params_digest"],
-                                                       reference["params_digest"]))
-    except (ValueError, IndexError, KeyError):
-        if "hung" not in problems:
-            problems.append("lost data (no summary)")
+    final = check_end(p, out, err, problems, through_end, steps, reference, mode)
     failed_over = sent and "quorum launch: ps %d (pid %d) was failed over by ps %d" % (
         victim, pid, 1 if victim == 0 else 0) in err
     if sent and fault == "SIGKILL" and not failed_over and not late:
@@ -426,11 +440,126 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
     return problems, counts, final
 
 
+def wait_line(path, pattern, p, deadline):
+    """Wait until the log file at `path` has a line matching `pattern`
+    (True), or the run p has ended or the deadline passed (False)."""
+    while time.time() < deadline and p.poll() is None:
+        with open(path) as f:
+            if re.search(pattern, f.read(), re.M):
+                return True
+        time.sleep(0.01)
+    return False
+
+
+def double_run(quorum, i, timeout, rng, steps, window, reference, hb_timeout_ms, mode):
+    """One run of --double: a random ps SIGKILLed, then, once its
+    replacement holds its copies again, a second random ps (the first's
+    replacement, or the coordinator of the moment, included) SIGKILLed
+    0.05 to 0.5 s later, under launch --max-restarts 2. Returns (problems,
+    counts, summary) as replication_run does."""
+    args = [quorum, "launch", "--ps", str(REPLICATION_PS), "--workers", "3", "--mode", mode,
+            "--ps-replicas", "2", "--data", "digits", "--batch-size", "32", "--seed", "11",
+            "--lr", "0.1", "--steps", str(steps), "--heartbeat-ms", "200",
+            "--heartbeat-timeout-ms", str(hb_timeout_ms), "--max-restarts", "2", "--json",
+            "--quiet"]
+    if mode == "sync":
+        args += ["--init-tokens", "0"]
+    log = tempfile.NamedTemporaryFile("w+", prefix="qr-soak-double-", suffix=".log")
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True,
+                         start_new_session=True)
+    deadline = time.time() + timeout
+    victims = [rng.randrange(0, REPLICATION_PS), rng.randrange(0, REPLICATION_PS)]
+    after = [rng.uniform(0.3, window), rng.uniform(0.05, 0.5)]
+    pids, sent = [None, None], [0.0, 0.0]
+    rejoined_first = False
+    for n in range(2):
+        if n == 1:
+            rejoined_first = wait_line(
+                log.name, r"^quorum launch: ps %d holds copies of its shards again" % victims[0],
+                p, deadline)
+            if not rejoined_first:
+                break
+        pids[n] = ps_pid(p, victims[n], deadline)
+        time.sleep(after[n])
+        if not pids[n] or p.poll() is not None:
+            break
+        try:
+            os.kill(pids[n], signal.SIGKILL)
+            sent[n] = time.time()
+        except ProcessLookupError:
+            break
+    problems = []
+    out, _ = wait_run(p, deadline, problems)
+    err = open(log.name).read()
+    log.close()
+    last = (err.strip().splitlines() or [""])[-1]
+    # The second kill as training ended: launch ends with 3 naming it (see
+    # replication_run); nothing was lost, and it proved nothing.
+    stop = stop_requested_at(err)
+    late = bool(sent[1]) and stop is not None and sent[1] > stop - 0.1
+    through_end = late and p.returncode == 3 and \
+        last.endswith("did not end well: ps %d" % victims[1])
+    final = check_end(p, out, err, problems, through_end, steps, reference, mode)
+    failed_over = [bool(sent[n]) and re.search(
+        r"quorum launch: ps %d \(pid %d\) was failed over by ps \d" % (victims[n], pids[n]),
+        err) is not None for n in range(2)]
+    for n in range(2):
+        if sent[n] and not failed_over[n] and not (n == 1 and late):
+            problems.append("failover: no failover of the killed ps %d (kill %d)" % (
+                victims[n], n + 1))
+    # The second victim's replacement rejoined (its copies again), or the
+    # run ended while it was being started or copied: its shards then
+    # ended on one copy, and its last words are no copy.
+    rejoined = failed_over[1] and len(re.findall(
+        r"^quorum launch: ps %d holds copies of its shards again" % victims[1], err,
+        re.M)) == (2 if victims[1] == victims[0] else 1)
+    found, resent, duplicates, stall, views = replication_problems(
+        err, REPLICATION_PS, victims[1] if (failed_over[1] or through_end) and not rejoined
+        else None)
+    problems += found
+    if len(views) > 1:
+        problems.append("failover: the workers ended in views %s" % sorted(views))
+    if "rolling back" in err or "restarting it" in err or "starting the cluster again" in err:
+        problems.append("rollback (launch restarted a task)")
+    left = session_alive(p.pid)
+    if left:
+        problems.append("left %d process(es) behind" % len(left))
+        os.killpg(p.pid, signal.SIGKILL)
+    if not sent[0]:
+        what = "SIGKILL: the run had ended"
+    elif not sent[1]:
+        what = "SIGKILL ps %d at %.2f s, %s" % (
+            victims[0], after[0], "the run ended before the second" if rejoined_first else
+            "the run ended before it rejoined")
+    else:
+        what = "SIGKILL ps %d at %.2f s, ps %d %.2f s after it rejoined%s" % (
+            victims[0], after[0], victims[1], after[1], ", as training ended" if late else "")
+    print("run %3d: %-52s -> %s%s" % (i, what, "; ".join(problems) or "ok",
+                                      "" if problems else ", both failed over and rejoined"
+                                      if rejoined else ", both failed over"
+                                      if all(failed_over) else ""), flush=True)
+    if problems:
+        fd, path = tempfile.mkstemp(prefix="qr-soak-run%d-" % i, suffix=".log")
+        with os.fdopen(fd, "w") as f:
+            f.write("%s\n%s\n--- stdout ---\n%s--- stderr ---\n%s" % (
+                " ".join(args), what, out, err))
+        print("         launch's output: %s" % path, flush=True)
+    counts = {"kills": sum(1 for n in range(2) if sent[n] and (failed_over[n] or n == 0 or
+                                                               not late)),
+              "stops": 0, "failovers": sum(failed_over), "rejoins":
+              int(rejoined_first) + int(bool(rejoined)), "resent": resent,
+              "duplicates": duplicates, "stall": stall,
+              "doubles": int(all(failed_over))}
+    return problems, counts, final
+
+
 def replication_soak(a, rng):
-    faults = REPLICATION_FAULTS["kill" if a.rejoin else a.faults]
+    faults = REPLICATION_FAULTS["kill" if a.rejoin or a.double else a.faults]
     print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
           "%s%s --ps-replicas 2%s, --steps %d, faults %s on ps %s..%d%s" % (
               a.runs, REPLICATION_PS, a.mode, " --init-tokens 0" if a.mode == "sync" else "",
+              " --max-restarts 2 (a second kill once the first's replacement has rejoined)"
+              if a.double else
               " --max-restarts 1 (the killed ps's replacement rejoins)" if a.rejoin else "",
               a.steps, "/".join(faults), 0, REPLICATION_PS - 1,
               " (ps 0: ps 1 takes over as the coordinator)"), flush=True)
@@ -445,12 +574,17 @@ def replication_soak(a, rng):
     # a kill at 1.17 s came as the cluster was being stopped).
     window = min(a.kill_window, max(0.35, 0.7 * reference["wall_seconds"]))
     totals = {"kills": 0, "stops": 0, "failovers": 0, "rejoins": 0, "resent": 0,
-              "duplicates": 0}
+              "duplicates": 0, "doubles": 0}
     stalls, bad = [], {}
     for i in range(1, a.runs + 1):
-        found, counts, _ = replication_run(a.quorum, i, a.timeout, rng, a.steps, faults,
-                                           window, reference, a.heartbeat_timeout_ms,
-                                           a.mode, a.rejoin)
+        if a.double:
+            found, counts, _ = double_run(a.quorum, i, a.timeout, rng, a.steps, window,
+                                          reference, a.heartbeat_timeout_ms, a.mode)
+        else:
+            found, counts, _ = replication_run(a.quorum, i, a.timeout, rng, a.steps, faults,
+                                               window, reference, a.heartbeat_timeout_ms,
+                                               a.mode, a.rejoin)
+            counts["doubles"] = 0
         for k in totals:
             totals[k] += counts[k]
         if counts["failovers"]:
@@ -461,12 +595,13 @@ def replication_soak(a, rng):
     stalls.sort()
     print("soak --replication: %d runs, %d kills, %d stops, %d failovers, %d rejoins, %d pushes "
           "resent, %d answered as duplicates; longest push over the failovers: max %.3f s, "
-          "median %.3f s; reference accuracy %.4f%s" % (
+          "median %.3f s; reference accuracy %.4f%s%s" % (
               a.runs, totals["kills"], totals["stops"], totals["failovers"], totals["rejoins"],
               totals["resent"],
               totals["duplicates"], stalls[-1] if stalls else 0.0,
               stalls[len(stalls) // 2] if stalls else 0.0, reference["test_accuracy"],
-              ", digest %s" % reference["params_digest"] if a.mode == "sync" else ""))
+              ", digest %s" % reference["params_digest"] if a.mode == "sync" else "",
+              "; %d runs with both kills failed over" % totals["doubles"] if a.double else ""))
     print("soak --replication: problems: %s" % (", ".join(
         "%s %d" % kv for kv in sorted(bad.items())) or "none"))
     return 1 if bad else 0
@@ -500,6 +635,11 @@ def main():
                     help="--replication: SIGKILLs only, under launch --max-restarts 1: the "
                     "killed ps's replacement (ps 0's too) must rejoin as a backup, every shard "
                     "on two equal copies at the end")
+    ap.add_argument("--double", action="store_true",
+                    help="--replication: SIGKILLs only, under launch --max-restarts 2: a random "
+                    "ps killed, then, once its replacement has rejoined, a second random ps "
+                    "(ps 0's successor as the coordinator included); the checks of a single "
+                    "kill, for both")
     ap.add_argument("--kill-window", type=float, default=2.0,
                     help="--replication: the fault comes 0.3 to this many s into a run")
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000,
@@ -516,7 +656,8 @@ def main():
     rng = random.Random(seed)
     if a.replication:
         a.mode = a.mode or "async"
-        a.steps = a.steps or (6000 if a.mode == "async" else 2000)
+        a.steps = a.steps or ((12000 if a.double else 6000) if a.mode == "async" else
+                              (4000 if a.double else 2000))
         print("soak: seed %d" % seed)
         return replication_soak(a, rng)
     a.steps = a.steps or 3000

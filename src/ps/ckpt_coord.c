@@ -191,7 +191,7 @@ void qr__ckpt_take(qr_ps *ps, int64_t step) {
         qr_msg_put_ckpt(&meta, &(qr_msg_ckpt){.phase = QR_CKPT_SNAPSHOT, .id = c->next_id,
                                               .step = step, .base = c->base_id});
         QR_EACH_OTHER_PS(ps, k)
-            if (qr__ckpt_writer(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
+            if (qr__ckpt_asked(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
         qr_wbuf_free(&meta);
     }
     if (qr__ckpt_start_shard(ps, c->next_id, step, c->base_id)) {

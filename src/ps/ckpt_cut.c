@@ -38,7 +38,9 @@
  * (copy_marks); a backup marks each forward it applies (FORWARDED: a part
  * the copy holds, whose nparts it does not know), so that once promoted
  * the calls its primary applied before dying count as whole; ps 0 asks
- * only the ps that serve shards (qr__ckpt_writer).
+ * only the ps that serve shards (qr__ckpt_asked). A replacement that
+ * holds copies (BACKUP) and serves a promoted copy reports that copy's
+ * marks alone: its own store's are forwards of a shard another ps serves.
  */
 #include "ps/ps_internal.h"
 
@@ -158,15 +160,16 @@ void qr__ckpt_forwarded(qr_ps *ps, bool own, uint32_t worker, uint32_t seq) {
                                   .seq = seq};
 }
 
-/* This ps's report: a mark per worker (and per worker again for the
- * promoted copy's shard, if it serves one), then one per parked push. */
+/* This ps's report: a mark per worker for each shard it serves (its own,
+ * the promoted copy's), then one per parked push. */
 static void put_report(qr_ps *ps, qr_wbuf *b) {
     ps_ckpt *c = &ps->ckpt;
+    bool own = qr__ckpt_writer(ps, ps->index);
     bool copy = c->copy_marks && ps->replica.promoted;
-    uint32_t n = (uint32_t)ps->cluster->nworkers * (copy ? 2 : 1);
+    uint32_t n = (uint32_t)ps->cluster->nworkers * ((own ? 1 : 0) + (copy ? 1 : 0));
     for (parked_push *pp = c->parked; pp; pp = pp->next) n++;
     qr_msg_put_count(b, n);
-    for (int i = 0; i < (copy ? 2 : 1); i++) {
+    for (int i = own ? 0 : 1; i < (copy ? 2 : 1); i++) {
         for (int w = 0; w < ps->cluster->nworkers; w++) {
             qr_msg_mark m = i ? c->copy_marks[w] : c->marks[w];
             m.worker = (uint32_t)w;
@@ -238,7 +241,7 @@ static void send_phase(qr_ps *ps, uint32_t phase, uint64_t id, int64_t step, con
     /* the ps that serve shards (ps-replicas 2: not a failed ps, nor a
      * replacement, whose shards are served by the ps promoted for them) */
     QR_EACH_OTHER_PS(ps, k)
-        if (qr__ckpt_writer(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
+        if (qr__ckpt_asked(ps, k)) qr__link_ckpt(ps, k, &meta, qr__ckpt_link_answer);
     qr_wbuf_free(&meta);
 }
 
@@ -251,7 +254,7 @@ static void collect(qr_ps *ps, uint32_t phase) {
     }
     c->collecting = true;
     c->reports_pending = 0;
-    QR_EACH_OTHER_PS(ps, k) c->reports_pending += qr__ckpt_writer(ps, k);
+    QR_EACH_OTHER_PS(ps, k) c->reports_pending += qr__ckpt_asked(ps, k);
     qr_wbuf_reset(&c->reports[ps->index]); /* the coordinator's own: ps 0's, or a successor's */
     put_report(ps, &c->reports[ps->index]);
     send_phase(ps, phase, c->next_id, c->step, NULL);
@@ -278,7 +281,7 @@ static bool read_reports(qr_ps *ps, call_view *v) {
     int nw = ps->cluster->nworkers;
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < ps->cluster->nps; k++) {
-            if (!qr__ckpt_writer(ps, k)) continue; /* not asked */
+            if (!qr__ckpt_asked(ps, k)) continue;
             qr_rbuf r;
             qr_rbuf_init(&r, c->reports[k].data, c->reports[k].len);
             uint32_t n = qr_msg_get_count(&r);

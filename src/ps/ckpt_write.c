@@ -40,6 +40,11 @@ bool qr__ckpt_writer(const qr_ps *ps, int k) {
     return !qr__replica_on(ps) || ps->replica.failed[k] == QR_PS_ALIVE;
 }
 
+bool qr__ckpt_asked(const qr_ps *ps, int k) {
+    int nps = ps->cluster->nps;
+    return qr__ckpt_writer(ps, k) || !qr__ckpt_writer(ps, (k + nps - 1) % nps);
+}
+
 /* The shard this ps was promoted to serve, which it writes too; -1: none. */
 static int promoted_shard(const qr_ps *ps) {
     const ps_replica *r = &ps->replica;
@@ -140,15 +145,23 @@ static int snapshot(qr_ps *ps, bool copy, uint64_t id, int64_t step, uint64_t ba
 }
 
 /* Take this ps's shard at `step` and write it off the loop; and the
- * promoted copy's shard, if this ps serves one (ps-replicas 2). */
+ * promoted copy's shard, if this ps serves one (ps-replicas 2). A
+ * replacement that holds copies (BACKUP) serves no shard of its own: its
+ * own store is a copy that the ps serving it writes, so it writes the
+ * promoted copy's alone (and answers with an empty record for its own,
+ * which ps 0 does not count: it asked another ps for that shard). */
 int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
     ps_ckpt *c = &ps->ckpt;
     if (c->job || c->copy_job)
         return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
     int copy = promoted_shard(ps);
+    bool serves_own = qr__ckpt_writer(ps, ps->index);
+    if (!serves_own && copy < 0)
+        return qr__fail(QR_EINVAL, "%s serves no shard in view %llu", ps->name,
+                        (unsigned long long)ps->replica.view);
     ckpt_job *own = NULL, *cj = NULL;
     uint64_t t0 = qr__now_ns();
-    int rc = snapshot(ps, false, id, step, base, &own);
+    int rc = serves_own ? snapshot(ps, false, id, step, base, &own) : QR_OK;
     if (!rc && copy >= 0) rc = snapshot(ps, true, id, step, base, &cj);
     if (rc) {
         if (own) qr__ckpt_shard_free(own);
@@ -157,7 +170,7 @@ int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
     ps->ckpt.last_snapshot_ms = (double)(qr__now_ns() - t0) / 1e6;
     ps->ckpt.max_snapshot_ms = QR_MAX(ps->ckpt.max_snapshot_ms, ps->ckpt.last_snapshot_ms);
     memset(c->results, 0, sizeof c->results);
-    rc = uv_queue_work(&ps->loop, &own->work, qr__ckpt_shard_write, on_shard_written);
+    rc = own ? uv_queue_work(&ps->loop, &own->work, qr__ckpt_shard_write, on_shard_written) : 0;
     if (rc) {
         qr__ckpt_shard_free(own);
         if (cj) qr__ckpt_shard_free(cj);
@@ -167,6 +180,12 @@ int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
     c->copy_shard = copy;
     if (!cj) return QR_OK;
     rc = uv_queue_work(&ps->loop, &cj->work, qr__ckpt_shard_write, on_shard_written);
+    if (rc && !own) {
+        qr__ckpt_shard_free(cj);
+        c->copy_shard = -1;
+        return qr__fail(QR_EINTERNAL, "cannot queue the write of shard %d: %s", copy,
+                        uv_strerror(rc));
+    }
     if (rc) { /* answered with the own shard's write, as failed */
         c->results[1].status = QR_EINTERNAL;
         snprintf(c->results[1].error, sizeof c->results[1].error,

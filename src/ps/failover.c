@@ -387,12 +387,11 @@ bool qr__failover_successor_watch(qr_ps *ps, uint64_t now) {
         qr__failover_successor(ps) != ps->index || !holds_coordinators_copy(ps))
         return false;
     /* A successor that will serve no shard of its own (ps 1's
-     * replacement, BACKUP, succeeding ps 0: shard 1 stays on ps 2)
-     * coordinates without checkpoints only: a checkpoint's cut takes the
-     * coordinator for the writer of its own shard (REPLICATION.md, "A
-     * second coordinator failover"). ps 0's replacement, succeeding ps 1,
-     * serves shard 0 as its own again. */
-    if (c == 0 && ps->replica.failed[ps->index] == QR_PS_BACKUP && ps->ckpt.dir) return false;
+     * replacement, BACKUP, succeeding ps 0: shard 1 stays on ps 2) takes
+     * over too, checkpoints included: it writes shard 0 alone and reports
+     * that shard's marks alone (qr__ckpt_asked, ckpt_write.c, ckpt_cut.c).
+     * ps 0's replacement, succeeding ps 1, serves shard 0 as its own
+     * again. */
     /* Lost, not back within two watch periods, and refusing: dead. */
     if (!ps->coordinator || !ps->coordinator_lost_ns ||
         now - ps->coordinator_lost_ns < 500000000ull || !refuses(ps, c, now))

@@ -1214,6 +1214,11 @@ void qr__ckpt_take(qr_ps *ps, int64_t step);
  * replacement serves none, and its shard is written by the ps that
  * serves it, from its promoted copy). */
 bool qr__ckpt_writer(const qr_ps *ps, int k);
+/* ps k is asked for its part of a checkpoint: it serves a shard, its own
+ * (qr__ckpt_writer) or its primary's from a promoted copy. A replacement
+ * that holds copies (BACKUP) may serve the second alone: ps 1's,
+ * succeeding ps 0 as the coordinator, serves shard 0 and not shard 1. */
+bool qr__ckpt_asked(const qr_ps *ps, int k);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
 /* Between ckpt_write.c and ckpt_coord.c, ckpt_init.c: what ckpt_shard.c
  * reads of this ps (its own shard, or copy: the copy of ps `primary`'s

@@ -117,8 +117,10 @@ endforeach()
 # resumed to the digest of one never stopped; both copies of a shard lost
 # together: the rollback to the last checkpoint, or the abort without one;
 # ps 0 killed (coordinator): ps 1 writes the checkpoints from then on.
+# ps 1 replaced then ps 0 killed: ps 1's replacement, serving no shard of
+# its own, coordinates and writes the checkpoints (coordinator_backup).
 foreach(case failover kill_during resume coordinator both_lost both_lost_abort
-    restored_positions)
+    restored_positions coordinator_backup)
   qr_integration_test(integration_replication_ckpt_${case} test_replication_ckpt.py ${case})
 endforeach()
 # Dense variables partitioned over the ps: one tensor to the workers.

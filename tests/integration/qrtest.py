@@ -344,6 +344,21 @@ def stop_ps(ps, port, timeout=60):
     return ps.wait(timeout)
 
 
+def end_launch(p, log, mode):
+    """Wait for the launcher (p, its Proc, logging to the file `log`),
+    killed if it outlives 300 s; it must exit 0 with no rollback. Returns
+    its summary and its log; the log file is closed."""
+    try:
+        rc, out, _ = p.wait(300)
+    finally:
+        p.kill()
+    err = open(log.name).read()
+    log.close()
+    assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
+    s = last_json(out)
+    assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
+    return s, err
+
 def launch_child_pid(launcher, job, index):
     """The pid of task `index` of `job` among `quorum launch`'s children
     (launcher: its Proc), once it has started it."""

@@ -7,15 +7,18 @@
 # accuracy of the reference. The soak exits 1 on any problem; its lines and
 # counts are checked for their shape. Then the same with --rejoin
 # (launch --max-restarts 1: the killed ps's replacement, ps 0's too,
-# rejoins; every shard on two equal copies at the end). SIGKILLs only: a SIGSTOP+CONT run
+# rejoins; every shard on two equal copies at the end), and with --double
+# (launch --max-restarts 2: once the first replacement has rejoined, a
+# second random ps is killed, ps 0's successor included: both failed over,
+# the checks of one kill for both). SIGKILLs only: a SIGSTOP+CONT run
 # failed 2 times in 32 on the 2-core machine (docs/REPLICATION.md, "Cost"
 # and "Proof"); the soak itself runs both. Longer soaks: docs/REPLICATION.md.
 # (The Python below must not contain ';', which CMake would split on.)
 set(qr_soak_replication_check [=[
 import re, subprocess, sys
-for extra in ([], ["--rejoin"]):
+for extra, steps in (([], "4000"), (["--rejoin"], "4000"), (["--double"], "12000")):
     p = subprocess.run([sys.executable, sys.argv[1], sys.argv[2], "--replication", "--runs", "2",
-                        "--seed", "29", "--steps", "4000", "--timeout", "120", "--faults",
+                        "--seed", "29", "--steps", steps, "--timeout", "120", "--faults",
                         "kill"] + extra, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-3000:]
     runs = re.findall(r"^run +(\d+): (.*) -> (.*)$", p.stdout, re.M)
@@ -23,6 +26,7 @@ for extra in ([], ["--rejoin"]):
     assert runs[0][1].startswith("no fault") and runs[0][2] == "ok", runs[0]
     for r in runs[1:]:
         assert re.match(r"SIGKILL ps [012] at ", r[1]) or "run had ended" in r[1], r
+        assert "--double" not in extra or "after it rejoined" in r[1] or "ended before" in r[1], r
         assert r[2].startswith("ok"), r
     counts = re.search(r"^soak --replication: 2 runs, (\d+) kills, (\d+) stops, (\d+) "
                        r"failovers, (\d+) rejoins, (\d+) pushes resent, (\d+) answered as "
@@ -36,4 +40,4 @@ for extra in ([], ["--rejoin"]):
 add_test(NAME integration_soak_replication
          COMMAND ${QR_PYTHON} -c "${qr_soak_replication_check}"
                  ${PROJECT_SOURCE_DIR}/scripts/soak.py $<TARGET_FILE:quorum>)
-set_tests_properties(integration_soak_replication PROPERTIES TIMEOUT 800)
+set_tests_properties(integration_soak_replication PROPERTIES TIMEOUT 1200)

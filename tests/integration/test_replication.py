@@ -120,8 +120,8 @@ import threading
 import time
 
 from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, STATUS, Proc,
-                    ReplicaReport, connect, create_meta, floats, frame, free_ports, last_json,
-                    launch_child_pid, push_meta, read_reply, ready_meta, unfloats)
+                    ReplicaReport, connect, create_meta, end_launch, floats, frame, free_ports,
+                    last_json, launch_child_pid, push_meta, read_reply, ready_meta, unfloats)
 
 quorum, case = sys.argv[1], sys.argv[2]
 REPLICATE, VIEW, SNAPSHOT = 21, 22, 23
@@ -1088,22 +1088,6 @@ def killed_on_error(p, log):
         p.kill()
         log.close()
         raise
-
-
-def end_launch(p, log, mode):
-    """Wait for the launcher (p, its Proc, logging to the file `log`),
-    killed if it outlives 300 s; it must exit 0 with no rollback. Returns
-    its summary and its log; the log file is closed."""
-    try:
-        rc, out, _ = p.wait(300)
-    finally:
-        p.kill()
-    err = open(log.name).read()
-    log.close()
-    assert rc == 0, "%s: launch exited %d\n%s" % (mode, rc, err[-4000:])
-    s = last_json(out)
-    assert s["rollbacks"] == 0 and "rolling back" not in err, (s, err[-3000:])
-    return s, err
 
 
 def kill_in_turn(nps, victims, what):

@@ -50,6 +50,13 @@ Case "both_lost_abort": the same kill without --checkpoint-dir: the run
 aborts at once (not after restart-wait-ms) with a message naming shard 1
 and why.
 
+Case "coordinator_backup": ps 1 killed and replaced (a BACKUP), then ps 0
+killed, with --checkpoint-dir: ps 1's replacement takes over though it
+serves no shard of its own and writes the checkpoints (shard 0 alone);
+sync ends on the unkilled digest and its last checkpoint resumes to the
+digest of a run never stopped; async gives no cut up. Then 4 ps, ps 2
+replaced and ps 1 killed: ps 2, a BACKUP serving shard 1, is asked for
+it, and no cut is given up.
 Case "restored_positions": the workers' data positions of a restored
 checkpoint reach the copy of shard 0 (docs/REPLICATION.md, "ps 0's
 coordinator failover"): an async launch on 2 ps with two copies writes its
@@ -58,7 +65,8 @@ SIGKILLed before any worker pushes, ps 1 takes over, and a worker asking
 ps 1 where its data is (READY) gets the checkpoint's position, not 0.
 
 Usage: test_replication_ckpt.py QUORUM_BINARY
-failover|kill_during|resume|coordinator|both_lost|both_lost_abort|restored_positions"""
+failover|kill_during|resume|coordinator|both_lost|both_lost_abort|restored_positions|
+coordinator_backup"""
 
 import os
 import json
@@ -72,8 +80,8 @@ import sys
 import tempfile
 import time
 
-from qrtest import (HELLO, READY, STATS, PS_COPIES, Proc, ReplicaReport, connect, frame, free_ports,
-                    last_json, launch_child_pid, read_reply, ready_meta)
+from qrtest import (HELLO, READY, STATS, PS_COPIES, Proc, ReplicaReport, connect, end_launch,
+                    frame, free_ports, last_json, launch_child_pid, read_reply, ready_meta)
 
 quorum, case = sys.argv[1], sys.argv[2]
 DIGITS = ["--ps", "3", "--workers", "3", "--data", "digits", "--batch-size", "32", "--seed",
@@ -118,7 +126,7 @@ def verify(d):
     assert v.returncode == 0, "quorum ckpt verify %s exited %d\n%s" % (d, v.returncode, v.stdout)
 
 
-def placement(d, step):
+def placement(d, step, nps=3):
     """{variable: shard} of the checkpoint at `step`; each variable once."""
     show = subprocess.run([quorum, "ckpt", "show", d, "--step", str(step)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -132,7 +140,7 @@ def placement(d, step):
         assert name not in where, "%s is in the checkpoint of step %d twice\n%s" % (
             name, step, show.stdout)
         where[name] = int(shard)
-    assert counters.get("global_step") == {0, 1, 2}, show.stdout  # every shard's file
+    assert counters.get("global_step") == set(range(nps)), show.stdout  # every shard's file
     return where
 
 
@@ -494,6 +502,119 @@ def both_lost_abort_case():
           "kill, exit %d, naming shard 1 and why" % (took, rc))
 
 
+def kill_then(args, mode, first, second, nps=3):
+    """`quorum launch --max-restarts 3 ARGS`: ps `first` SIGKILLed once ps
+    0 has linked to every ps, then, once its replacement holds its copies
+    again (a BACKUP: its shard stays on the next ps), ps `second`. Returns
+    the summary, the log and the pid of the first's replacement."""
+    log = tempfile.NamedTemporaryFile("w+", prefix="qr-backup-coordinator-", suffix=".log")
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", mode, "--max-restarts", "3"] +
+             args, stderr=log)
+
+    def wait_log(pattern):
+        deadline = time.time() + 120
+        while not re.search(pattern, open(log.name).read(), re.M):
+            assert time.time() < deadline and p.alive(), "no '%s'\n%s" % (
+                pattern, open(log.name).read()[-4000:])
+            time.sleep(0.02)
+    try:
+        wait_log(r"\[ps 0 pid \d+\] info: linked to ps %d" % (nps - 1))
+        time.sleep(0.3)
+        os.kill(launch_child_pid(p, "ps", first), signal.SIGKILL)
+        wait_log(re.escape("quorum launch: ps %d holds copies of its shards again" % first))
+        replacement = launch_child_pid(p, "ps", first)
+        os.kill(launch_child_pid(p, "ps", second), signal.SIGKILL)
+    except BaseException:
+        p.kill()
+        log.close()
+        raise
+    s, err = end_launch(p, log, mode)
+    return s, err, replacement
+
+
+def took_over(err, pid):
+    """ps 1's run `pid` took the coordinator's role over (its match)."""
+    return re.search(r"\[ps 1 pid %d\] warn: ps 0 \([^)]*\), the coordinator, is gone" % pid,
+                     err)
+
+
+def written_by(err, pid):
+    """The global steps of the checkpoints the coordinator of pid wrote."""
+    return [int(m) for m in re.findall(r"\[ps \d pid %d\] info: checkpoint \S+ written: "
+                                       r"global step (\d+)" % pid, err)]
+
+
+def coordinator_backup_case():
+    """ps 1 killed and replaced (a BACKUP: shard 1 stays on ps 2), then ps
+    0 killed, with --checkpoint-dir: ps 1's replacement takes the
+    coordinator's role over though it serves no shard of its own, and
+    writes the checkpoints from then on, shard 0 from its promoted copy
+    alone (its own store is a copy of shard 1, which ps 2 writes). Before,
+    it did not take over with checkpoints, and the cluster rolled back.
+    Sync (R = N, --init-tokens 0): no rollback, the params_digest of the
+    run unkilled, the checkpoints verify, and the last resumes to step 5000
+    with the digest of a run never stopped. Async: no cut given up after
+    the takeover, and the newest checkpoint verifies with every variable
+    once."""
+    sync = ["--init-tokens", "0", "--ps", "3", "--workers", "3", "--data", "digits",
+            "--batch-size", "32", "--seed", "11", "--lr", "0.1", "--ps-replicas", "2"]
+    d = tempfile.mkdtemp(prefix="qr-repl-ckpt-")
+
+    def run(steps, ckpt):
+        p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync"] + sync +
+                 ["--steps", str(steps)] + (["--checkpoint-dir", d] if ckpt else []))
+        rc, out, err = p.wait(300)
+        assert rc == 0, "launch exited %d\n%s" % (rc, err[-4000:])
+        return last_json(out)
+
+    try:
+        whole = run(4000, False)
+        s, err, replacement = kill_then(sync + ["--steps", "4000", "--checkpoint-dir", d,
+                                                "--checkpoint-steps", "300"], "sync", 1, 0)
+        assert s["params_digest"] == whole["params_digest"], (s, whole["params_digest"])
+        assert took_over(err, replacement), err[-3000:]
+        mine = written_by(err, replacement)
+        assert mine and mine[-1] == 4000, (mine, err[-3000:])
+        verify(d)
+        assert set(placement(d, 4000).values()) == {0, 1, 2}
+        resumed, again = run(5000, True), run(5000, False)
+        assert resumed["params_digest"] == again["params_digest"], (resumed, again)
+        print("ok: sync: ps 1 replaced, then ps 0 killed: ps 1's replacement took over and "
+              "wrote %d checkpoints, the digest of the run unkilled (%s), and the last resumed "
+              "to step 5000 with the digest of a run never stopped (%s)" % (
+                  len(mine), whole["params_digest"], again["params_digest"]))
+        shutil.rmtree(d)
+        args = ["--steps", "20000", "--checkpoint-dir", d, "--checkpoint-steps", "500"]
+        s, err, replacement = kill_then(DIGITS[:-2] + args, "async", 1, 0)
+        at = took_over(err, replacement)
+        assert at and "given up" not in err[at.start():], err[-3000:]
+        mine = written_by(err, replacement)
+        assert mine and mine[-1] >= 20000, (mine, err[-3000:])
+        verify(d)
+        assert set(placement(d, mine[-1]).values()) == {0, 1, 2}
+        print("ok: async: ps 1's replacement took over and wrote %d checkpoints, none given up, "
+              "the newest (step %d) verified with every variable once" % (len(mine), mine[-1]))
+        # 4 ps: ps 2 replaced, then ps 1 killed: ps 2, a BACKUP, serves
+        # shard 1 from its promoted copy and is asked for it (before, it
+        # was not, and every cut after was given up: 0 checkpoints).
+        shutil.rmtree(d)
+        four = ["--ps", "4"] + DIGITS[2:-2]
+        s, err, replacement = kill_then(four + args, "async", 2, 1, nps=4)
+        second = err.index("was failed over by ps 0 (view 4)")
+        assert "given up" not in err[second:], err[second:][-3000:]
+        after = [int(m) for m in re.findall(r"info: checkpoint \S+ written: global step (\d+)",
+                                            err[second:])]
+        assert after and after[-1] >= 20000, (after, err[-3000:])
+        verify(d)
+        assert set(placement(d, after[-1], 4).values()) == {0, 1, 2, 3}
+        print("ok: async, 4 ps: ps 2 replaced, then ps 1 killed: %d checkpoints after, none "
+              "given up, the newest (step %d) verified with every variable once" % (
+                  len(after), after[-1]))
+        print("PASS: coordinator_backup")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def positions_in(shard_path):
     """quorum/worker_data_position of a checkpoint shard, read from the
     safetensors layout (an 8-byte header length, the JSON header, the data)."""
@@ -577,7 +698,8 @@ def restored_positions_case():
 
 cases = {"failover": failover_case, "kill_during": kill_during_case, "resume": resume_case,
          "coordinator": coordinator_case, "both_lost": both_lost_case, "both_lost_abort": both_lost_abort_case,
-         "restored_positions": restored_positions_case}
+         "restored_positions": restored_positions_case,
+         "coordinator_backup": coordinator_backup_case}
 if case not in cases:
     sys.exit("unknown case %r (%s)" % (case, ", ".join(cases)))
 cases[case]()
