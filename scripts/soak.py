@@ -59,7 +59,9 @@ ps (that replacement, or the coordinator of the moment, included) is
 SIGKILLed 0.05 to 0.5 s later; both must fail over, the second's
 replacement rejoin unless the run ended first, and the checks below hold
 for both (--steps 12000 async, 4000 sync by default, so that both come
-while training goes on). A first run without a fault is
+while training goes on). --checkpoints gives every run a --checkpoint-dir of its own
+(checkpoints every 200 steps), and `quorum ckpt verify` must pass on it
+afterwards. A first run without a fault is
 the reference. Every run must:
   end        within --timeout, with exit status 0
   no rollback  JSON rollbacks 0, the global step reached
@@ -311,6 +313,29 @@ def stop_requested_at(err):
         return None
 
 
+def with_checkpoints(args, on):
+    """--checkpoints: ARGS with a fresh --checkpoint-dir (checkpoints every
+    200 steps) and that folder; else ARGS and None."""
+    if not on:
+        return args, None
+    d = tempfile.mkdtemp(prefix="qr-soak-ckpt-")
+    return args + ["--checkpoint-dir", d, "--checkpoint-steps", "200"], d
+
+
+def checkpoints_problem(quorum, d, problems):
+    """`quorum ckpt verify` of a run's --checkpoint-dir (every checkpoint
+    and chain whole), appended to problems as lost data; the folder is
+    removed."""
+    if d is None:
+        return
+    v = subprocess.run([quorum, "ckpt", "verify", d], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    if v.returncode != 0:
+        bad = [l for l in v.stdout.splitlines() if ": ok (" not in l]
+        problems.append("lost data (ckpt verify: %s)" % (bad[:1] or ["exit %d" % v.returncode])[0])
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def check_end(p, out, err, problems, through_end, steps, reference, mode):
     """The launcher's exit and its summary against a replicated run's
     guarantees (problems appended); returns the summary (None: none)."""
@@ -339,7 +364,7 @@ def check_end(p, out, err, problems, through_end, steps, reference, mode):
 
 
 def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, hb_timeout_ms,
-                    mode="async", rejoin=False):
+                    mode="async", rejoin=False, checkpoints=False):
     """One run of --replication (fault None: the reference). Returns
     (problems, counts, summary). rejoin: --max-restarts 1, and the killed
     ps's replacement must rejoin unless the run ended first."""
@@ -351,6 +376,7 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
         args += ["--init-tokens", "0"]
     if rejoin:
         args += ["--max-restarts", "1"]
+    args, ckpt_dir = with_checkpoints(args, checkpoints)
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.time() + timeout
@@ -396,6 +422,7 @@ def replication_run(quorum, i, timeout, rng, steps, faults, window, reference, h
     if late and p.returncode == 3 and last.endswith("did not end well: ps %d" % victim):
         through_end = True
     final = check_end(p, out, err, problems, through_end, steps, reference, mode)
+    checkpoints_problem(quorum, ckpt_dir, problems)
     failed_over = sent and "quorum launch: ps %d (pid %d) was failed over by ps %d" % (
         victim, pid, 1 if victim == 0 else 0) in err
     if sent and fault == "SIGKILL" and not failed_over and not late:
@@ -451,7 +478,8 @@ def wait_line(path, pattern, p, deadline):
     return False
 
 
-def double_run(quorum, i, timeout, rng, steps, window, reference, hb_timeout_ms, mode):
+def double_run(quorum, i, timeout, rng, steps, window, reference, hb_timeout_ms, mode,
+               checkpoints=False):
     """One run of --double: a random ps SIGKILLed, then, once its
     replacement holds its copies again, a second random ps (the first's
     replacement, or the coordinator of the moment, included) SIGKILLed
@@ -464,6 +492,7 @@ def double_run(quorum, i, timeout, rng, steps, window, reference, hb_timeout_ms,
             "--quiet"]
     if mode == "sync":
         args += ["--init-tokens", "0"]
+    args, ckpt_dir = with_checkpoints(args, checkpoints)
     log = tempfile.NamedTemporaryFile("w+", prefix="qr-soak-double-", suffix=".log")
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True,
                          start_new_session=True)
@@ -500,6 +529,7 @@ def double_run(quorum, i, timeout, rng, steps, window, reference, hb_timeout_ms,
     through_end = late and p.returncode == 3 and \
         last.endswith("did not end well: ps %d" % victims[1])
     final = check_end(p, out, err, problems, through_end, steps, reference, mode)
+    checkpoints_problem(quorum, ckpt_dir, problems)
     failed_over = [bool(sent[n]) and re.search(
         r"quorum launch: ps %d \(pid %d\) was failed over by ps \d" % (victims[n], pids[n]),
         err) is not None for n in range(2)]
@@ -556,16 +586,18 @@ def double_run(quorum, i, timeout, rng, steps, window, reference, hb_timeout_ms,
 def replication_soak(a, rng):
     faults = REPLICATION_FAULTS["kill" if a.rejoin or a.double else a.faults]
     print("soak --replication: %d runs after a reference run, launch --ps %d --workers 3 --mode "
-          "%s%s --ps-replicas 2%s, --steps %d, faults %s on ps %s..%d%s" % (
+          "%s%s --ps-replicas 2%s%s, --steps %d, faults %s on ps %s..%d%s" % (
               a.runs, REPLICATION_PS, a.mode, " --init-tokens 0" if a.mode == "sync" else "",
               " --max-restarts 2 (a second kill once the first's replacement has rejoined)"
               if a.double else
               " --max-restarts 1 (the killed ps's replacement rejoins)" if a.rejoin else "",
+              " --checkpoint-dir (every 200 steps, verified after each run)"
+              if a.checkpoints else "",
               a.steps, "/".join(faults), 0, REPLICATION_PS - 1,
               " (ps 0: ps 1 takes over as the coordinator)"), flush=True)
     problems, _, reference = replication_run(a.quorum, 0, a.timeout, rng, a.steps, None,
                                              a.kill_window, None, a.heartbeat_timeout_ms,
-                                             a.mode)
+                                             a.mode, checkpoints=a.checkpoints)
     if problems or not reference:
         print("soak: the reference run (no fault) failed: %s" % "; ".join(problems))
         return 1
@@ -579,11 +611,12 @@ def replication_soak(a, rng):
     for i in range(1, a.runs + 1):
         if a.double:
             found, counts, _ = double_run(a.quorum, i, a.timeout, rng, a.steps, window,
-                                          reference, a.heartbeat_timeout_ms, a.mode)
+                                          reference, a.heartbeat_timeout_ms, a.mode,
+                                          a.checkpoints)
         else:
             found, counts, _ = replication_run(a.quorum, i, a.timeout, rng, a.steps, faults,
                                                window, reference, a.heartbeat_timeout_ms,
-                                               a.mode, a.rejoin)
+                                               a.mode, a.rejoin, a.checkpoints)
             counts["doubles"] = 0
         for k in totals:
             totals[k] += counts[k]
@@ -640,6 +673,10 @@ def main():
                     "ps killed, then, once its replacement has rejoined, a second random ps "
                     "(ps 0's successor as the coordinator included); the checks of a single "
                     "kill, for both")
+    ap.add_argument("--checkpoints", action="store_true",
+                    help="--replication: every run (the reference too) with a --checkpoint-dir "
+                    "of its own, checkpoints every 200 steps; `quorum ckpt verify` must pass "
+                    "on it after the run")
     ap.add_argument("--kill-window", type=float, default=2.0,
                     help="--replication: the fault comes 0.3 to this many s into a run")
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=1000,

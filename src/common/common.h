@@ -55,6 +55,13 @@ void qr__tell_supervisor(const char *fmt, ...) __attribute__((format(printf, 1, 
 
 /* Monotonic clock. */
 uint64_t qr__now_ns(void);
+/* Milliseconds from `then` to `now` (both qr__now_ns), 0 when `then` is
+ * later: a watch's `now`, read once per turn of the loop, may be older
+ * than a mark set since within the same turn, and the unsigned
+ * difference would read as centuries of silence. */
+static inline uint64_t qr__ms_since(uint64_t now, uint64_t then) {
+    return now > then ? (now - then) / 1000000 : 0;
+}
 double qr__now_sec(void);
 
 /* Allocation that reports QR_ENOMEM through qr__fail; NULL on failure. */

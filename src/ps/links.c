@@ -183,10 +183,14 @@ static void on_link_connected(qr_conn *c, int status) {
 static void drop(coord_link *l) {
     l->dropped = l->closing = true;
     l->apply_step = -1;
-    /* A checkpoint that asked it for its part (a CKPT that the link, down
-     * since its loss, never sent: a checkpoint started between the loss
-     * and the failover) will not get it: given up, not waited for. */
-    if (l->ckpt_wanted && l->ckpt_cb) l->ckpt_cb(l->ps, l->index, QR_EPEERLOST, NULL, NULL);
+    /* A checkpoint that asked it for its part will not get it: given up,
+     * not waited for. Whether the CKPT was never sent (the link down
+     * since its loss: a checkpoint started between the loss and the
+     * failover) or sent and not answered (a hung ps, failed over with its
+     * link up: the closed link's loss comes to a dropped link, which
+     * tells nobody). The shards ignore a ps they did not ask for one; a
+     * cut being decided is given up (the next comes a second later). */
+    if (l->ckpt_cb) l->ckpt_cb(l->ps, l->index, QR_EPEERLOST, NULL, NULL);
     l->ckpt_wanted = l->view_wanted = false;
     l->up = false;
     uv_timer_stop(&l->retry);
@@ -491,7 +495,7 @@ static void beat_or_declare_hung(coord_link *l, uint64_t now) {
     qr_ps *ps = l->ps;
     const ps_liveness *lv = &ps->liveness;
     if (lv->beat_ms <= 0 || !l->conn || l->connecting || l->closing || !l->incarnation) return;
-    uint64_t silent_ms = (now - l->heard_ns) / 1000000;
+    uint64_t silent_ms = qr__ms_since(now, l->heard_ns);
     if (silent_ms >= (uint64_t)lv->timeout_ms) {
         if (!l->hung && l->up && failed_over(l, QR_LOST_HUNG)) {
             ps->liveness.hung_ps_total++;

@@ -159,7 +159,7 @@ void qr__liveness_coordinator_lost(qr_ps *ps) {
 static void watch_coordinator_beats(qr_ps *ps, uint64_t now) {
     ps_liveness *l = &ps->liveness;
     if (l->beat_ms <= 0 || ps->coordinator_lost_ns || !ps->coordinator_heard_ns) return;
-    uint64_t silent_ms = (now - ps->coordinator_heard_ns) / 1000000;
+    uint64_t silent_ms = qr__ms_since(now, ps->coordinator_heard_ns);
     if (silent_ms < (uint64_t)l->timeout_ms) return;
     bool linked = false;
     for (ps_peer *p = ps->peers; p; p = p->next) linked |= p->role == QR_ROLE_COORDINATOR;

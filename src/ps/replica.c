@@ -504,8 +504,11 @@ uint64_t qr__replica_backup_silent_ms(const qr_ps *ps, uint64_t now) {
     if (!qr__replica_on(ps) || ps->stopping || !r->ever_up || L->gone || L->stale ||
         L->closing || L->draining || L->streaming)
         return 0;
-    if (!L->up) return L->down_ns ? (now - L->down_ns) / 1000000 : 0;
-    return L->fwd_head ? (now - L->heard_ns) / 1000000 : 0;
+    /* (qr__ms_since: a forward queued within the watch's turn, by pushes
+     * applied when a failover gave a cut up, once read as 584 million
+     * years of silence and failed the backup over as cut off.) */
+    uint64_t since = !L->up ? L->down_ns : L->fwd_head ? L->heard_ns : 0;
+    return since ? qr__ms_since(now, since) : 0;
 }
 
 /* ---- the copy gone, or a new one (failover.c, rerep.c) ------------------------- */

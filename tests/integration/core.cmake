@@ -119,7 +119,9 @@ endforeach()
 # ps 0 killed (coordinator): ps 1 writes the checkpoints from then on.
 # ps 1 replaced then ps 0 killed: ps 1's replacement, serving no shard of
 # its own, coordinates and writes the checkpoints (coordinator_backup).
-foreach(case failover kill_during resume coordinator both_lost both_lost_abort
+# ps 2 hung (SIGSTOP) while a checkpoint asks it: given up, not waited for
+# (stop_during).
+foreach(case failover kill_during stop_during resume coordinator both_lost both_lost_abort
     restored_positions coordinator_backup)
   qr_integration_test(integration_replication_ckpt_${case} test_replication_ckpt.py ${case})
 endforeach()

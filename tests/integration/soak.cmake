@@ -10,13 +10,16 @@
 # rejoins; every shard on two equal copies at the end), and with --double
 # (launch --max-restarts 2: once the first replacement has rejoined, a
 # second random ps is killed, ps 0's successor included: both failed over,
-# the checks of one kill for both). SIGKILLs only: a SIGSTOP+CONT run
+# the checks of one kill for both); the --rejoin runs with --checkpoints
+# (a checkpoint every 200 steps, `quorum ckpt verify` after each run).
+# SIGKILLs only: a SIGSTOP+CONT run
 # failed 2 times in 32 on the 2-core machine (docs/REPLICATION.md, "Cost"
 # and "Proof"); the soak itself runs both. Longer soaks: docs/REPLICATION.md.
 # (The Python below must not contain ';', which CMake would split on.)
 set(qr_soak_replication_check [=[
 import re, subprocess, sys
-for extra, steps in (([], "4000"), (["--rejoin"], "4000"), (["--double"], "12000")):
+for extra, steps in (([], "4000"), (["--rejoin", "--checkpoints"], "4000"),
+                     (["--double"], "12000")):
     p = subprocess.run([sys.executable, sys.argv[1], sys.argv[2], "--replication", "--runs", "2",
                         "--seed", "29", "--steps", steps, "--timeout", "120", "--faults",
                         "kill"] + extra, capture_output=True, text=True, timeout=400)
