@@ -431,4 +431,5 @@ void qr__ckpt_stats_json(const qr_ps *ps, cJSON *obj) {
     cJSON_AddNumberToObject(j, "restored_step", (double)c->restored_step);
     cJSON_AddNumberToObject(j, "last_snapshot_ms", c->last_snapshot_ms);
     cJSON_AddNumberToObject(j, "max_snapshot_ms", c->max_snapshot_ms);
+    cJSON_AddNumberToObject(j, "disk_rows_off_loop", (double)c->disk_rows_off_loop);
 }

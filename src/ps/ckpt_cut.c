@@ -165,7 +165,9 @@ void qr__ckpt_forwarded(qr_ps *ps, bool own, uint32_t worker, uint32_t seq) {
 static void put_report(qr_ps *ps, qr_wbuf *b) {
     ps_ckpt *c = &ps->ckpt;
     bool own = qr__ckpt_writer(ps, ps->index);
-    bool copy = c->copy_marks && ps->replica.promoted;
+    /* (the shard written from the copy: a primary's copy promoted while
+     * that primary, or its replacement, serves nothing) */
+    bool copy = c->copy_marks && qr__ckpt_promoted_shard(ps) >= 0;
     uint32_t n = (uint32_t)ps->cluster->nworkers * ((own ? 1 : 0) + (copy ? 1 : 0));
     for (parked_push *pp = c->parked; pp; pp = pp->next) n++;
     qr_msg_put_count(b, n);

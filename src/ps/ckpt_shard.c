@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -71,6 +72,13 @@ typedef struct ckpt_entry {
     bool spooled;
     int spool_fd;
     uint64_t spool_ids, spool_rows[1 + QR_TABLE_MAX_SLOTS], spool_steps;
+    /* ... its rows in memory at the cut; those only on disk then, from
+     * row spool_from on, come from the disk tier's snapshot on the
+     * writer's thread (spool_disk_rows) */
+    qr_tier_snap *snap;
+    uint64_t spool_from;
+    int spool_dim, spool_nslots;
+    bool spool_has_steps;
     int first, ntensors;    /* its tensors in the job's list */
     atomic_int written;     /* set by the writer once all are on disk */
 } ckpt_entry;
@@ -90,6 +98,8 @@ static void entry_release(ckpt_entry *e) {
     memset(e->table_policy, 0, sizeof e->table_policy);
     free(e->table_filter);
     e->table_filter = NULL;
+    qr__tier_snap_end(e->snap); /* (never read: the job failed before its write) */
+    e->snap = NULL;
     if (e->spooled) close(e->spool_fd);
     e->spooled = false;
     e->table_ids = NULL;
@@ -216,10 +226,11 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const ui
             return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
         uint64_t in_memory = sel ? nsel : t->count;
         for (uint64_t r = 0; r < in_memory; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
-        /* the rows on the disk tier follow (tier.c): all, or the changed ones */
+        /* an increment's changed rows on the disk tier follow (tier.c); a
+         * full checkpoint of a tiered table is spooled, above */
         int rc = sel ? qr__tier_read_disk_rows(t, e->table_ids, n - nsel, NULL,
                                                e->table_policy[2], nsel)
-                     : qr__tier_copy_disk_rows(t, NULL, NULL, e->table_policy[2], t->count);
+                     : QR_OK;
         if (rc) return rc;
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
@@ -265,33 +276,35 @@ static int table_record(cJSON *rec, const qr_table *t, uint64_t n, bool delta) {
 /* ---- a full checkpoint of a tiered table, streamed ------------------------------
  *
  * Copying a tiered table's rows (both tiers) into memory for the writer
- * would take the whole table's size in memory, not the cap's. Instead the
- * snapshot streams them, at the cut, into an unnamed spool file in the
- * tier's directory, a batch at a time (SPOOL_BATCH_BYTES of buffers):
- * the rows in memory, then those on disk through one LMDB cursor. The
- * spool holds the tensors' bytes as the shard lays them out (ids, value,
- * each slot, update steps), and the writer copies them from it into the
- * shard a chunk at a time (qr_st_tensor.from_fd). Why a spool, and on the
- * loop thread: the cut must be the table as it is now, while training
- * goes on as soon as the snapshot returns. The disk tier's environment is
- * MDB_NOLOCK (no reader table): a read transaction kept open beside the
- * loop's write transactions would not keep the pages it reads from being
- * reused by them, so the writer thread cannot read LMDB itself; and rows
- * in memory change in place. Reading both on the loop at the cut, as the
- * copy into memory did, keeps the snapshot exactly what it was; the spool
- * turns the copy's memory into page cache (written back and dropped by
- * the kernel, never the ps's anonymous memory) and the file's disk space,
- * at the price of writing the table's bytes twice. The loop pauses for
- * the stream as it paused for the copy (writes into the page cache, no
- * fsync). */
+ * would take the whole table's size in memory, not the cap's. Instead
+ * they are streamed into an unnamed spool file in the tier's directory,
+ * a batch at a time (buffers of SPOOL_BATCH_BYTES at the cut, of
+ * SPOOL_WRITER_BATCH_BYTES on the writer), laid out as the shard holds
+ * the tensors (ids, value, each slot, update steps); the
+ * writer copies them from it into the shard a chunk at a time
+ * (qr_st_tensor.from_fd). The rows in memory change in place, so the cut
+ * (on the loop) spools them, at most the cap's bytes. The rows only on
+ * disk, most of a table several times its cap, are read by the writer's
+ * thread from the disk tier's snapshot of the cut (an LMDB read
+ * transaction, qr__tier_snap_begin) while training goes on: the loop no
+ * longer pauses for the whole table. The spool turns a copy's memory into
+ * page cache (written back and dropped by the kernel, never the ps's
+ * anonymous memory) and the file's disk space, at the price of writing
+ * the table's bytes twice. */
 #define SPOOL_BATCH_BYTES ((size_t)8 << 20)
+/* The writer's: its buffers are resident beside the loop's memory while
+ * training goes on (the cut's, while the loop waits for them). */
+#define SPOOL_WRITER_BATCH_BYTES ((size_t)2 << 20)
 
 typedef struct spool {
     ckpt_entry *e;
-    const qr_table *t;
+    int dim, nslots;         /* the table's at the cut (the writer must not read it) */
+    bool has_steps;
     uint64_t batch, k0, nb;  /* rows a batch; the first row of this batch; rows in it */
     int64_t *ids, *steps;
     float *rows[1 + QR_TABLE_MAX_SLOTS];
+    void *buffers;           /* one mapping for all of them */
+    size_t buffers_len;
 } spool;
 
 static int spool_write(int fd, const void *p, size_t len, uint64_t off) {
@@ -309,12 +322,11 @@ static int spool_write(int fd, const void *p, size_t len, uint64_t off) {
 
 static int spool_flush(spool *sp) {
     ckpt_entry *e = sp->e;
-    const qr_table *t = sp->t;
-    size_t rb = (size_t)t->dim * 4;
+    size_t rb = (size_t)sp->dim * 4;
     int rc = spool_write(e->spool_fd, sp->ids, sp->nb * 8, e->spool_ids + sp->k0 * 8);
-    for (int s = 0; s <= t->nslots && !rc; s++)
+    for (int s = 0; s <= sp->nslots && !rc; s++)
         rc = spool_write(e->spool_fd, sp->rows[s], sp->nb * rb, e->spool_rows[s] + sp->k0 * rb);
-    if (!rc && t->updated)
+    if (!rc && sp->has_steps)
         rc = spool_write(e->spool_fd, sp->steps, sp->nb * 8, e->spool_steps + sp->k0 * 8);
     sp->k0 += sp->nb;
     sp->nb = 0;
@@ -323,18 +335,46 @@ static int spool_flush(spool *sp) {
 
 static int spool_row(void *ctx, int64_t id, const void *row, int64_t step) {
     spool *sp = ctx;
-    const qr_table *t = sp->t;
-    size_t rb = (size_t)t->dim * 4;
+    size_t rb = (size_t)sp->dim * 4;
     if (sp->k0 + sp->nb >= sp->e->table_n)
-        return qr__fail(QR_EINTERNAL, "table '%s': more rows than the %llu counted",
-                        sp->e->var->name, (unsigned long long)sp->e->table_n);
+        return qr__fail(QR_EINTERNAL, "a spooled table: more rows than the %llu counted",
+                        (unsigned long long)sp->e->table_n);
     sp->ids[sp->nb] = id;
     sp->steps[sp->nb] = step;
-    for (int s = 0; s <= t->nslots; s++)
-        memcpy(sp->rows[s] + sp->nb * (uint64_t)t->dim, (const char *)row + s * rb, rb);
+    for (int s = 0; s <= sp->nslots; s++)
+        memcpy(sp->rows[s] + sp->nb * (uint64_t)sp->dim, (const char *)row + s * rb, rb);
     return ++sp->nb == sp->batch ? spool_flush(sp) : QR_OK;
 }
 
+/* A spool's batch buffers, for e's table from row k0 on: mapped for
+ * themselves, so that they go back to the kernel when closed (freed, the
+ * writer thread's malloc arena would keep them resident: 8 MiB more of
+ * the ps's anonymous memory for the rest of the run). */
+static int spool_open(spool *sp, ckpt_entry *e, uint64_t k0, size_t bytes) {
+    size_t rb = (size_t)e->spool_dim * 4;
+    *sp = (spool){.e = e, .dim = e->spool_dim, .nslots = e->spool_nslots,
+                  .has_steps = e->spool_has_steps, .k0 = k0};
+    sp->batch = QR_MAX(bytes / (16 + (sp->nslots + 1) * rb), 64);
+    size_t len = sp->batch * (16 + (size_t)(sp->nslots + 1) * rb);
+    void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED)
+        return qr__fail(QR_ENOMEM, "out of memory streaming a table for a checkpoint");
+    sp->buffers = m;
+    sp->buffers_len = len;
+    sp->ids = m;
+    sp->steps = sp->ids + sp->batch;
+    float *rows = (float *)(sp->steps + sp->batch);
+    for (int s = 0; s <= sp->nslots; s++) sp->rows[s] = rows + (size_t)s * sp->batch * sp->dim;
+    return QR_OK;
+}
+
+static void spool_close(spool *sp) {
+    if (sp->buffers) munmap(sp->buffers, sp->buffers_len);
+    sp->buffers = NULL;
+}
+
+/* At the cut (loop): the rows in memory into the spool, and the disk
+ * tier's snapshot for the rest (spool_disk_rows). */
 static int spool_table(ckpt_entry *e, const qr_table *t, const char *name) {
     uint64_t n = e->table_n, rb = (uint64_t)t->dim * 4;
     int fd = qr__tier_spool(t);
@@ -344,24 +384,37 @@ static int spool_table(ckpt_entry *e, const qr_table *t, const char *name) {
     e->spool_ids = 0;
     for (int s = 0; s <= t->nslots; s++) e->spool_rows[s] = n * 8 + (uint64_t)s * n * rb;
     e->spool_steps = n * 8 + (uint64_t)(t->nslots + 1) * n * rb;
-    spool sp = {.e = e, .t = t};
-    sp.batch = QR_MAX(SPOOL_BATCH_BYTES / (16 + (t->nslots + 1) * rb), 64);
-    sp.ids = malloc(sp.batch * 8);
-    sp.steps = malloc(sp.batch * 8);
-    int rc = sp.ids && sp.steps ? QR_OK : QR_ENOMEM;
-    for (int s = 0; s <= t->nslots && !rc; s++)
-        if (!(sp.rows[s] = malloc(sp.batch * rb))) rc = QR_ENOMEM;
-    if (rc) rc = qr__fail(QR_ENOMEM, "out of memory streaming table '%s' for a checkpoint", name);
+    e->spool_dim = (int)t->dim;
+    e->spool_nslots = t->nslots;
+    e->spool_has_steps = t->updated != NULL;
+    spool sp;
+    int rc = spool_open(&sp, e, 0, SPOOL_BATCH_BYTES);
     for (uint64_t r = 0; r < t->count && !rc; r++)
         rc = spool_row(&sp, t->keys[r], qr_table_row(t, r), t->updated ? t->updated[r] : 0);
-    if (!rc) rc = qr__tier_each_disk_row(t, spool_row, &sp);
     if (!rc && sp.nb) rc = spool_flush(&sp);
-    if (!rc && sp.k0 != n)
-        rc = qr__fail(QR_EINTERNAL, "table '%s': %llu rows streamed, %llu counted", name,
-                      (unsigned long long)sp.k0, (unsigned long long)n);
-    free(sp.ids);
-    free(sp.steps);
-    for (int s = 0; s <= t->nslots; s++) free(sp.rows[s]);
+    spool_close(&sp);
+    e->spool_from = sp.k0;
+    if (!rc) rc = qr__tier_snap_begin(t, &e->snap);
+    if (!rc && sp.k0 + qr__tier_snap_rows(e->snap) != n)
+        rc = qr__fail(QR_EINTERNAL, "table '%s': %llu rows in memory and %llu on disk, %llu "
+                      "counted", name, (unsigned long long)sp.k0,
+                      (unsigned long long)qr__tier_snap_rows(e->snap), (unsigned long long)n);
+    return rc;
+}
+
+/* On the writer's thread: the rows only on disk at the cut, from the
+ * tier's snapshot into the spool after the rows in memory. */
+static int spool_disk_rows(ckpt_entry *e) {
+    spool sp;
+    int rc = spool_open(&sp, e, e->spool_from, SPOOL_WRITER_BATCH_BYTES);
+    if (!rc) rc = qr__tier_snap_each(e->snap, spool_row, &sp);
+    if (!rc && sp.nb) rc = spool_flush(&sp);
+    if (!rc && sp.k0 != e->table_n)
+        rc = qr__fail(QR_EINTERNAL, "a spooled table: %llu rows streamed, %llu counted",
+                      (unsigned long long)sp.k0, (unsigned long long)e->table_n);
+    spool_close(&sp);
+    qr__tier_snap_end(e->snap);
+    e->snap = NULL;
     return rc;
 }
 
@@ -377,6 +430,7 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         e->table_n = qr__tier_rows(t);
         int rc = spool_table(e, t, v->name);
         if (rc) return rc;
+        j->disk_rows += qr__tier_snap_rows(e->snap);
         int64_t shape[2] = {(int64_t)e->table_n, t->dim};
         add_table_tensor(j, e, v->name, QR_DT_F32, 2, shape, NULL, e->spool_rows[0]);
         const char *ids = job_name(j, "%s/%s", v->name, "ids");
@@ -385,9 +439,9 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         if (rc) return rc;
         return table_record(rec, t, e->table_n, false);
     }
-    /* Full: the rows in memory, then those on the disk tier (tier.c). An
-     * increment: the changed rows in memory, then the changed rows on disk
-     * (moves between the tiers are no changes: table.h). */
+    /* Full (no tier): the rows in memory. An increment: the changed rows
+     * in memory, then the changed rows on disk (moves between the tiers
+     * are no changes: table.h). */
     uint64_t *sel = NULL, n = qr__tier_rows(t), nsel = 0;
     if (delta) {
         if (changed_rows(t, &sel, &nsel))
@@ -414,13 +468,11 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         for (int s = 0; s <= t->nslots; s++)
             memcpy(e->table_rows[s] + k * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
     }
-    int rc;
+    int rc = QR_OK; /* (full: no tier, else spooled above) */
     if (sel) {
         if (t->ndisk_changed)
             memcpy(e->table_ids + nsel, t->disk_changed_ids, t->ndisk_changed * sizeof(int64_t));
         rc = qr__tier_read_disk_rows(t, e->table_ids, t->ndisk_changed, e->table_rows, NULL, nsel);
-    } else {
-        rc = qr__tier_copy_disk_rows(t, e->table_ids, e->table_rows, NULL, t->count);
     }
     if (rc) {
         free(sel);
@@ -630,6 +682,12 @@ void qr__ckpt_shard_write(uv_work_t *w) {
     snprintf(dir, sizeof dir, "%s", j->path);
     *strrchr(dir, '/') = '\0';
     j->status = qr_mkdir(dir);
+    for (int i = 0; i < j->nentries && !j->status; i++)
+        if (j->entries[i].snap) j->status = spool_disk_rows(&j->entries[i]);
+    for (int i = 0; i < j->nentries; i++) { /* (after a failure: the rest unread) */
+        qr__tier_snap_end(j->entries[i].snap);
+        j->entries[i].snap = NULL;
+    }
     if (!j->status)
         j->status = qr_st_write_file_progress(j->path, j->tensors, j->ntensors, j->meta,
                                               on_tensor_written, j, &j->crc, &j->bytes);

@@ -71,6 +71,9 @@ typedef struct ckpt_job {
     char error[512];
     uint32_t crc;
     uint64_t bytes;
+    /* set by the snapshot: the tiered tables' rows it left on disk for the
+     * writer to read (qr__tier_snap_begin), not copied at the cut */
+    uint64_t disk_rows;
 } ckpt_job;
 
 /* The shard of c's store at global step `step`, as references, to be

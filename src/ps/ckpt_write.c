@@ -45,8 +45,7 @@ bool qr__ckpt_asked(const qr_ps *ps, int k) {
     return qr__ckpt_writer(ps, k) || !qr__ckpt_writer(ps, (k + nps - 1) % nps);
 }
 
-/* The shard this ps was promoted to serve, which it writes too; -1: none. */
-static int promoted_shard(const qr_ps *ps) {
+int qr__ckpt_promoted_shard(const qr_ps *ps) {
     const ps_replica *r = &ps->replica;
     if (!qr__replica_on(ps) || !r->promoted || r->failed[r->primary] == QR_PS_ALIVE) return -1;
     return r->primary;
@@ -154,7 +153,7 @@ int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
     ps_ckpt *c = &ps->ckpt;
     if (c->job || c->copy_job)
         return qr__fail(QR_EINVAL, "a checkpoint is still being written on %s", ps->name);
-    int copy = promoted_shard(ps);
+    int copy = qr__ckpt_promoted_shard(ps);
     bool serves_own = qr__ckpt_writer(ps, ps->index);
     if (!serves_own && copy < 0)
         return qr__fail(QR_EINVAL, "%s serves no shard in view %llu", ps->name,
@@ -168,6 +167,7 @@ int qr__ckpt_start_shard(qr_ps *ps, uint64_t id, int64_t step, uint64_t base) {
         return rc;
     }
     ps->ckpt.last_snapshot_ms = (double)(qr__now_ns() - t0) / 1e6;
+    c->disk_rows_off_loop += (own ? own->disk_rows : 0) + (cj ? cj->disk_rows : 0);
     ps->ckpt.max_snapshot_ms = QR_MAX(ps->ckpt.max_snapshot_ms, ps->ckpt.last_snapshot_ms);
     memset(c->results, 0, sizeof c->results);
     rc = own ? uv_queue_work(&ps->loop, &own->work, qr__ckpt_shard_write, on_shard_written) : 0;

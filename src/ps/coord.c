@@ -132,8 +132,19 @@ static int promoted_shard_of(const qr_ps *ps, int k) {
 
 /* An APPLY's answer from ps k (qr_link_apply_cb). With two copies it names
  * the step and the shards applied there (i64 step, u32 count, u32 each). */
+/* The mirror fault (QUORUM_TEST_COORDINATOR_DIES_AT_STEP=N:mirror): ps 0
+ * dies once ps 1 has both its shards at step N + 1 and no other ps was
+ * sent the step. */
+static void test_die_when_done(qr_ps *ps) {
+    if (!ps->test_die_waits || --ps->test_die_waits) return;
+    qr__log(QR_LOG_WARN, "QUORUM_TEST_COORDINATOR_DIES_AT_STEP: step %lld applied on ps 1's "
+            "shards, its APPLY sent to no other ps; this ps dies now", (long long)ps->global_step);
+    _exit(9);
+}
+
 static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
                             uint32_t len) {
+    if (!status && k == 1) test_die_when_done(ps);
     if (status) {
         char msg[700];
         snprintf(msg, sizeof msg, "ps %d could not apply step %lld: %.*s", k, (long long)step,
@@ -223,6 +234,7 @@ static void own_step_copied(ps_peer *p, const qr_frame *req, void *ctx, int stat
     (void)req;
     qr_ps *ps = ctx;
     if (!status) qr__sync_answer_own(ps); /* (none on ps 0: its own are the coordinator's) */
+    if (!status) test_die_when_done(ps);
     part_copied(ps, (uint32_t)ps->index, status, msg);
 }
 
@@ -233,7 +245,8 @@ static void start_apply(qr_ps *ps) {
     s->applies_pending = ps->cluster->nps; /* ps tasks; with two copies, shards */
     if (s->shard_applied) memset(s->shard_applied, 0, (size_t)ps->cluster->nps);
     int64_t step = ps->global_step;
-    if (step == ps->test_die_at_step && ps->index == 0 && ps->cluster->nps > 2) {
+    bool test_fault = step == ps->test_die_at_step && ps->index == 0 && ps->cluster->nps > 2;
+    if (test_fault && !ps->test_die_mirror) {
         /* The test's fault: the APPLY to ps 1 as if still in this ps's
          * write queue when it died (sends are written at once while the
          * socket has room, conn_write.c). */
@@ -242,7 +255,12 @@ static void start_apply(qr_ps *ps) {
                 "every ps but ps 1; this ps dies now", (long long)step);
         _exit(9);
     }
-    qr__links_apply(ps, step, on_apply_answer, -1);
+    if (test_fault) { /* the mirror: the APPLYs to the other ps still queued */
+        ps->test_die_waits = 2; /* ps 1's answer, shard 0's part copied */
+        qr__link_apply(ps, 1, step, on_apply_answer);
+    } else {
+        qr__links_apply(ps, step, on_apply_answer, -1);
+    }
     /* A coordinator that is a replacement holding copies (BACKUP: ps 1's,
      * succeeding ps 0) serves no shard of its own: ps (index+1) applies
      * it from its promoted copy and forwards the step to the copy here,
@@ -306,6 +324,26 @@ void qr__coord_take_over(qr_ps *ps) {
     qr__log(QR_LOG_INFO, "gathering step %lld (both shards here are at it)", (long long)step);
 }
 
+/* The mirror of the case below: ps 0's APPLY(s) to ps k was still in its
+ * write queue when it died, while ps 1 had its own and shard 0's part. ps
+ * k's shard is at s (its pushes of s held, unanswered), the shards here at
+ * s + 1, gathering it: ps k is sent APPLY(s) with the members of s as
+ * applied here, ahead of anything else on its link. Before, ps k refused
+ * the workers' pushes of s + 1 ("that step has not started") and the run
+ * ended with that error. */
+static void catch_up(qr_ps *ps, int k, int64_t step) {
+    ps_sync *s = &ps->sync;
+    bool own = ps->replica.failed[ps->index] == QR_PS_ALIVE; /* else a BACKUP successor */
+    int64_t here = own ? s->step : ps->replica.copy_steps;
+    const quorum_member *members = own ? s->own_members : s->copy_members;
+    int n = own ? s->nown_members : s->ncopy_members;
+    if (here != step + 1 || n <= 0 || n > s->R) return; /* (not the members of that step) */
+    qr__log(QR_LOG_WARN, "ps %d's shard has not applied step %lld, which the shards here have "
+            "(its APPLY was lost with the coordinator): sending it that APPLY, with the step's %d "
+            "members", k, (long long)step, n);
+    qr__link_catch_up(ps, k, step, members, n);
+}
+
 /* A step ps k applied that neither shard the successor holds had (ps 0's
  * APPLY to ps 1 still in its write queue when the one to ps k went out):
  * ps k's answer to the new link names it, with its members, and it is
@@ -317,6 +355,11 @@ void qr__coord_shard_at(qr_ps *ps, int k, qr_rbuf *r) {
     if (r->left < 12) return; /* (a ps of a build before this answer) */
     int64_t at = qr_rbuf_i64(r);
     uint32_t n = qr_rbuf_u32(r);
+    if (!r->bad && !s->aborted && at == ps->global_step - 1 && at >= 0 &&
+        ps->replica.failed[k] == QR_PS_ALIVE) {
+        catch_up(ps, k, at);
+        return;
+    }
     if (r->bad || s->applying || s->aborted || at != ps->global_step + 1 || n == 0 ||
         n > (uint32_t)s->R || r->left != (size_t)n * QR_MSG_MEMBER_LEN)
         return;

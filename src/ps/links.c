@@ -64,6 +64,12 @@ struct coord_link {
     bool dropped;        /* failed over (failover.c): never linked again */
     bool view_wanted;    /* a VIEW to send (ps->sync.view_meta) */
     qr_link_apply_cb apply_cb; /* the APPLY's answer goes there */
+    /* sync, two copies: the APPLY of a step this ps's shard missed (its
+     * APPLY left in a dead coordinator's write queue), sent first; -1 =
+     * none (qr__link_catch_up) */
+    int64_t catch_up_step;
+    bool catch_up_sent;
+    qr_wbuf catch_up;
     bool ckpt_wanted;    /* a CKPT request to send (ckpt_coord.c) */
     qr_wbuf ckpt;
     qr_link_ckpt_cb ckpt_cb; /* the CKPT exchange's answers and the link's loss go there */
@@ -113,6 +119,10 @@ static void link_flush(coord_link *l) {
     if (l->view_wanted) { /* first: the placement every later request assumes */
         link_send(l, QR_MSG_VIEW, &ps->sync.view_meta);
         l->view_wanted = false;
+    }
+    if (l->catch_up_step >= 0 && !l->catch_up_sent) { /* before the CKPT or APPLY of a later step */
+        link_send(l, QR_MSG_APPLY, &l->catch_up);
+        l->catch_up_sent = true;
     }
     if (l->ckpt_wanted) { /* before an APPLY: the shard is of the step before */
         link_send(l, QR_MSG_CKPT, &l->ckpt);
@@ -182,7 +192,7 @@ static void on_link_connected(qr_conn *c, int status) {
  * replacement (rerep.c): a new run there joins as a backup. */
 static void drop(coord_link *l) {
     l->dropped = l->closing = true;
-    l->apply_step = -1;
+    l->apply_step = l->catch_up_step = -1;
     /* A checkpoint that asked it for its part will not get it: given up,
      * not waited for. Whether the CKPT was never sent (the link down
      * since its loss: a checkpoint started between the loss and the
@@ -267,7 +277,7 @@ static void on_link_lost(qr_conn *c, int status) {
         return;
     }
     if (ps->stopping && !l->stop_wanted) return;
-    l->apply_sent = false; /* APPLY is idempotent: send it again */
+    l->apply_sent = l->catch_up_sent = false; /* APPLY is idempotent: send it again */
     retry_later(l);
 }
 
@@ -311,6 +321,25 @@ static void on_hello_answer(coord_link *l, const qr_frame *f, const uint8_t *met
     link_flush(l);
 }
 
+/* The answer to the APPLY of a step ps k's shard had missed: the first
+ * APPLY answered on the connection, as it was the first sent. */
+static void on_catch_up_answer(coord_link *l, const qr_frame *f, const uint8_t *meta) {
+    qr_ps *ps = l->ps;
+    int64_t step = l->catch_up_step;
+    l->catch_up_step = -1;
+    l->catch_up_sent = false;
+    if (f->status) {
+        char why[700];
+        snprintf(why, sizeof why, "ps %d (%s) could not apply step %lld, which its shard had "
+                 "missed: %.*s", l->index, ps->cluster->ps[l->index], (long long)step,
+                 (int)QR_MIN(f->meta_len, 500u), (const char *)meta);
+        qr__ps_ask_abort(ps, QR_EABORTED, why);
+        return;
+    }
+    qr__log(QR_LOG_INFO, "ps %d has applied step %lld, which its shard had missed", l->index,
+            (long long)step);
+}
+
 static int on_link_header(qr_conn *c, const qr_frame *f, const uint8_t *meta) {
     return QR_OK; /* replies carry no payload; meta is read in the message */
 }
@@ -323,6 +352,8 @@ static void on_link_message(qr_conn *c, const qr_frame *f, const uint8_t *meta) 
     l->heard_ns = qr__now_ns();
     if (type == QR_MSG_HELLO) {
         on_hello_answer(l, f, meta);
+    } else if (type == QR_MSG_APPLY && l->catch_up_sent) {
+        on_catch_up_answer(l, f, meta); /* sent before any other APPLY on this connection */
     } else if (type == QR_MSG_APPLY && l->apply_step >= 0) {
         int64_t step = l->apply_step;
         /* With two copies the answer names its step: one of an APPLY sent
@@ -375,7 +406,7 @@ int qr__links_init(qr_ps *ps, qr_link_welcome_cb on_welcome) {
         coord_link *l = &s->links[i];
         l->ps = ps;
         l->index = i;
-        l->apply_step = -1;
+        l->apply_step = l->catch_up_step = -1;
         uv_timer_init(&ps->loop, &l->retry);
         l->retry.data = l;
         uv_unref((uv_handle_t *)&l->retry); /* a retry never keeps the ps alive by itself */
@@ -430,14 +461,17 @@ uint64_t qr__link_down_ns(const qr_ps *ps, int index) {
     return ps->sync.links[index].down_ns;
 }
 
+void qr__link_apply(qr_ps *ps, int k, int64_t step, qr_link_apply_cb cb) {
+    coord_link *l = link_of(ps, k);
+    l->apply_step = step;
+    l->apply_cb = cb;
+    l->apply_sent = false;
+    link_flush(l);
+}
+
 void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb, int skip) {
     QR_EACH_OTHER_PS(ps, k) {
-        if (k == skip) continue;
-        coord_link *l = link_of(ps, k);
-        l->apply_step = step;
-        l->apply_cb = cb;
-        l->apply_sent = false;
-        link_flush(l);
+        if (k != skip) qr__link_apply(ps, k, step, cb);
     }
 }
 
@@ -446,6 +480,17 @@ void qr__link_apply_again(qr_ps *ps, int k, int64_t step) {
     if (l->dropped) return;
     l->apply_step = step;
     l->apply_sent = false;
+    link_flush(l);
+}
+
+void qr__link_catch_up(qr_ps *ps, int k, int64_t step, const quorum_member *members, int n) {
+    coord_link *l = link_of(ps, k);
+    if (l->dropped) return;
+    qr_wbuf_reset(&l->catch_up);
+    qr_msg_put_apply_head(&l->catch_up, step, (uint32_t)n);
+    for (int i = 0; i < n; i++) qr_msg_put_member(&l->catch_up, members[i].worker, members[i].seq);
+    l->catch_up_step = step;
+    l->catch_up_sent = false;
     link_flush(l);
 }
 
@@ -597,6 +642,7 @@ void qr__links_close(qr_ps *ps) {
         l->closing = true;
         if (!uv_is_closing((uv_handle_t *)&l->retry)) uv_close((uv_handle_t *)&l->retry, on_closed);
         qr_wbuf_free(&l->ckpt);
+        qr_wbuf_free(&l->catch_up);
         if (l->conn) qr_conn_close(l->conn);
     }
 }

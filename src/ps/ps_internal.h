@@ -494,6 +494,10 @@ typedef struct ps_ckpt {
     double last_unix_time;
     uint64_t written;      /* complete checkpoints this run */
     double last_snapshot_ms, max_snapshot_ms; /* the loop's part: the references */
+    /* tiered tables' rows the cuts left to the writers, to read from the
+     * disk tier's snapshot off the loop (not copied at the cut), over the
+     * run */
+    uint64_t disk_rows_off_loop;
     bool want_final;       /* a stop waits for the final checkpoint */
     bool final_started;
     bool final_stops_cluster; /* ... then STOP every ps (an orderly end) */
@@ -675,9 +679,13 @@ struct qr_ps {
     /* A fault for the tests, from QUORUM_TEST_COORDINATOR_DIES_AT_STEP (-1:
      * none): at that global step ps 0 dies halfway through telling the
      * others, as a SIGKILL at a random moment rarely does: in sync mode
-     * with a step's APPLY sent to every ps but ps 1 (coord.c), in async
+     * with a step's APPLY sent to every ps but ps 1 (coord.c), or, given
+     * as "N:mirror", to ps 1 alone (dying once ps 1 has answered it and
+     * has shard 0's part: test_die_waits counts the two down); in async
      * mode at the first checkpoint's cut from then on, once it has asked
      * every ps to hold (ckpt_cut.c). */
+    bool test_die_mirror;
+    int test_die_waits;
     int64_t test_die_at_step;
     /* rerep.c: the VIEW from ps 0 that started a copy, answered once it is made */
     ps_rerep_report rerep;
@@ -1065,8 +1073,15 @@ bool qr__links_reaches(qr_ps *ps, int k);
 bool qr__links_fail(qr_ps *ps, int k, int why);
 /* When the link to ps `index` went down (0: up). */
 uint64_t qr__link_down_ns(const qr_ps *ps, int index);
-/* Queue the APPLY of a sync step on every link; cb gets each answer. */
+/* Queue the APPLY of a sync step on every link but ps `skip`'s (-1: none),
+ * or on ps k's; cb gets each answer. */
 void qr__links_apply(qr_ps *ps, int64_t step, qr_link_apply_cb cb, int skip);
+void qr__link_apply(qr_ps *ps, int k, int64_t step, qr_link_apply_cb cb);
+/* Sync, two copies: APPLY(step) with those members to ps k, whose shard
+ * missed that step (the coordinator died with it in its write queue),
+ * sent before anything else on the link; its answer is logged, a refusal
+ * aborts the job (coord.c, qr__coord_shard_at). */
+void qr__link_catch_up(qr_ps *ps, int k, int64_t step, const quorum_member *members, int n);
 /* APPLY(step) to ps k (again): ps-replicas 2, a shard it serves since a
  * failover is not applied yet (coord.c). */
 void qr__link_apply_again(qr_ps *ps, int k, int64_t step);
@@ -1219,6 +1234,9 @@ bool qr__ckpt_writer(const qr_ps *ps, int k);
  * that holds copies (BACKUP) may serve the second alone: ps 1's,
  * succeeding ps 0 as the coordinator, serves shard 0 and not shard 1. */
 bool qr__ckpt_asked(const qr_ps *ps, int k);
+/* The shard this ps was promoted to serve, whose copy it writes (and
+ * reports the marks of) beside its own; -1: none. */
+int qr__ckpt_promoted_shard(const qr_ps *ps);
 void qr__ckpt_failed(qr_ps *ps, const char *why);
 /* Between ckpt_write.c and ckpt_coord.c, ckpt_init.c: what ckpt_shard.c
  * reads of this ps (its own shard, or copy: the copy of ps `primary`'s

@@ -606,7 +606,13 @@ static int start_run(qr_ps *ps) {
     uv_timer_init(&ps->loop, &ps->linger_timer);
     ps->linger_timer.data = ps;
     const char *die_at = getenv("QUORUM_TEST_COORDINATOR_DIES_AT_STEP");
-    ps->test_die_at_step = die_at && die_at[0] ? strtoll(die_at, NULL, 10) : -1;
+    if (die_at && die_at[0]) {
+        char *end;
+        ps->test_die_at_step = strtoll(die_at, &end, 10);
+        ps->test_die_mirror = strcmp(end, ":mirror") == 0;
+    } else {
+        ps->test_die_at_step = -1;
+    }
     int rc = qr_optim_create(&ps->optim, ps->cfg);
     if (!rc) rc = qr__sync_init(ps);
     if (!rc) rc = read_options(ps);

@@ -64,6 +64,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <uv.h>
 
 /* Address space mapped for the file at first (sparse: only what is
  * written takes disk); doubled between transactions while the pages in
@@ -135,6 +136,12 @@ typedef struct ps_tier {
     MDB_txn *txn;                /* the open write transaction, or NULL */
     uint64_t txn_records;        /* written or deleted in it */
     char failure[200];           /* "" while the tier works */
+    /* checkpoints' snapshots being read on the writer's thread
+     * (qr__tier_snap_begin): the map is not resized under them */
+    uv_mutex_t snap_lock;
+    uv_cond_t snap_ended;
+    int snaps;
+    bool snap_sync_made;
 } ps_tier;
 
 /* Records one write transaction may write or delete, whatever the
@@ -164,6 +171,18 @@ static int tier_failed(ps_tier *tier, int rc, const char *what) {
                     "commit are lost: restart from a checkpoint)", tier->failure);
 }
 
+/* LMDB resizes its map only with no transaction open in the process: a
+ * checkpoint's snapshot still being read on the writer's thread is waited
+ * for (rare: its cut grew the map ahead for the writes that may come
+ * meanwhile, qr__tier_snap_begin). */
+static int resize_map(ps_tier *tier, size_t size) {
+    uv_mutex_lock(&tier->snap_lock);
+    while (tier->snaps) uv_cond_wait(&tier->snap_ended, &tier->snap_lock);
+    int rc = mdb_env_set_mapsize(tier->env, size);
+    uv_mutex_unlock(&tier->snap_lock);
+    return rc;
+}
+
 static int txn_open(ps_tier *tier) {
     if (tier->failure[0])
         return qr__fail(QR_EIO, "table disk tier: it failed earlier (%s): restart from a "
@@ -175,7 +194,7 @@ static int txn_open(ps_tier *tier) {
     if (!rc) rc = mdb_env_stat(tier->env, &st);
     size_t used = rc ? 0 : (info.me_last_pgno + 1) * (size_t)st.ms_psize, size = info.me_mapsize;
     while (!rc && 2 * (used + TXN_HEADROOM) > size) size *= 2;
-    if (!rc && size != info.me_mapsize) rc = mdb_env_set_mapsize(tier->env, size);
+    if (!rc && size != info.me_mapsize) rc = resize_map(tier, size);
     if (rc) return tier_failed(tier, rc, "growing the map");
     rc = mdb_txn_begin(tier->env, NULL, 0, &tier->txn);
     if (rc) {
@@ -759,29 +778,6 @@ static void copy_record(const qr_table *t, const void *record, uint64_t k, float
     }
 }
 
-/* qr__tier_copy_disk_rows's row: record k of the copy. */
-typedef struct copy_ctx {
-    const qr_table *t;
-    int64_t *ids;
-    float **rows;
-    int64_t *steps;
-    uint64_t k;
-} copy_ctx;
-
-static int copy_row(void *ctx, int64_t id, const void *record, int64_t step) {
-    (void)step; /* copy_record reads it as each_disk_row does */
-    copy_ctx *c = ctx;
-    if (c->ids) c->ids[c->k] = id;
-    copy_record(c->t, record, c->k++, c->rows, c->steps);
-    return QR_OK;
-}
-
-int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
-                            uint64_t from) {
-    copy_ctx c = {.t = t, .ids = ids, .rows = rows, .steps = steps, .k = from};
-    return qr__tier_each_disk_row(t, copy_row, &c);
-}
-
 int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
                             int64_t *steps, uint64_t from) {
     tier_table *tt = t->tier;
@@ -864,6 +860,12 @@ int qr__tier_init(qr_ps *ps) {
     if (!tier) return QR_ENOMEM;
     ps->tier = tier;
     tier->cap = (uint64_t)mb << 20;
+    if (uv_mutex_init(&tier->snap_lock)) return qr__fail(QR_ENOMEM, "table disk tier: no lock");
+    if (uv_cond_init(&tier->snap_ended)) {
+        uv_mutex_destroy(&tier->snap_lock);
+        return qr__fail(QR_ENOMEM, "table disk tier: no condition variable");
+    }
+    tier->snap_sync_made = true;
     const char *dir = qr__config_str(ps->cfg, "table-dir");
     int rc = QR_OK;
     if (dir[0]) {
@@ -891,7 +893,7 @@ int qr__tier_init(qr_ps *ps) {
     if (!rc) rc = mdb_env_set_mapsize(tier->env, MAP_BYTES);
     if (!rc) rc = mdb_env_open(tier->env, tier->dir,
                                MDB_WRITEMAP | MDB_NOSYNC | MDB_NOMETASYNC | MDB_NORDAHEAD |
-                               MDB_NOTLS | MDB_NOLOCK, 0600);
+                               MDB_NOTLS, 0600);
     if (rc) {
         rc = lmdb_fail(rc, tier->dir);
         if (tier->env) mdb_env_close(tier->env);
@@ -932,6 +934,10 @@ void qr__tier_free(qr_ps *ps) {
         mdb_env_close(tier->env);
         remove_files(tier);
     }
+    if (tier->snap_sync_made) {
+        uv_mutex_destroy(&tier->snap_lock);
+        uv_cond_destroy(&tier->snap_ended);
+    }
     free(tier);
     ps->tier = NULL;
 }
@@ -939,46 +945,129 @@ void qr__tier_free(qr_ps *ps) {
 
 /* ---- checkpoints and restores in bounded batches ---------------------------------- */
 
-int qr__tier_each_disk_row(const qr_table *t,
-                           int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
-                           void *ctx) {
+/* A full checkpoint's rows on disk, read off the loop. The cut commits
+ * the open write transaction and begins a read transaction on what it
+ * committed: LMDB's reader table (the environment has its lock file for
+ * it) keeps the pages that transaction sees from being reused by the
+ * loop's later writes, so the writer's thread reads the table exactly as
+ * it was at the cut while training goes on. Rows in memory at the cut
+ * have their ids copied: their records on disk are stale (or absent) and
+ * are skipped. */
+struct qr_tier_snap {
+    ps_tier *tier;
+    MDB_txn *txn;          /* read-only */
+    MDB_dbi dbi;
+    uint64_t *mem_ids;     /* the ids in memory at the cut (sorted by the writer) */
+    uint64_t nmem, disk_rows;
+    size_t record_bytes;
+    int stride;
+    bool evicts;
+    int64_t clock;
+    char name[128];
+};
+
+int qr__tier_snap_begin(const qr_table *t, qr_tier_snap **out) {
+    *out = NULL;
     tier_table *tt = t->tier;
     if (!tt || !tt->disk_rows) return QR_OK;
     ps_tier *tier = tt->owner;
-    /* Through the open transaction, on the loop thread, with nothing else
-     * running: the loop serves no request while the snapshot is taken, so
-     * what the cursor reads is the cut (docs/EMBEDDINGS.md says why not a
-     * read transaction of its own: MDB_NOLOCK). */
+    /* The writes that come while the writer reads cannot reuse the pages
+     * it reads: the map is grown now for a whole copy more of what is in
+     * use, so that no resize (which would wait for the snapshot) comes. */
     int rc = txn_open(tier);
+    MDB_envinfo info;
+    MDB_stat st;
+    if (!rc && (mdb_env_info(tier->env, &info) || mdb_env_stat(tier->env, &st)))
+        rc = tier_failed(tier, MDB_PANIC, "reading the map's size");
     if (rc) return rc;
+    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize, size = info.me_mapsize;
+    while (2 * (2 * used + TXN_HEADROOM) > size) size *= 2;
+    rc = txn_commit(tier); /* what the read transaction must see */
+    /* (Another table's snapshot of the same cut grew it already: waiting
+     * for that one here would wait for good, its writer not yet queued.) */
+    if (!rc && size != info.me_mapsize && !tier->snaps && (rc = resize_map(tier, size)))
+        return tier_failed(tier, rc, "growing the map");
+    if (rc) return rc;
+    qr_tier_snap *s = qr__calloc(1, sizeof *s);
+    uint64_t *ids = malloc(QR_MAX(t->count, 1) * sizeof *ids);
+    if (!s || !ids) {
+        free(s);
+        free(ids);
+        return qr__fail(QR_ENOMEM, "out of memory listing the rows in memory of '%s' for a "
+                        "checkpoint", tt->var->name);
+    }
+    memcpy(ids, t->keys, t->count * sizeof *ids);
+    *s = (qr_tier_snap){.tier = tier, .dbi = tt->dbi, .mem_ids = ids, .nmem = t->count,
+                        .disk_rows = tt->disk_rows, .record_bytes = record_bytes(t),
+                        .stride = t->stride, .evicts = t->evict_after > 0, .clock = t->clock};
+    snprintf(s->name, sizeof s->name, "%s", tt->var->name);
+    rc = mdb_txn_begin(tier->env, NULL, MDB_RDONLY, &s->txn);
+    if (rc) {
+        free(s->mem_ids);
+        free(s);
+        return lmdb_fail(rc, "beginning a checkpoint's read transaction");
+    }
+    uv_mutex_lock(&tier->snap_lock);
+    tier->snaps++;
+    uv_mutex_unlock(&tier->snap_lock);
+    *out = s;
+    return QR_OK;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+int qr__tier_snap_each(qr_tier_snap *s,
+                       int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
+                       void *ctx) {
+    qsort(s->mem_ids, s->nmem, sizeof *s->mem_ids, cmp_u64);
     MDB_cursor *cur;
-    rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
-    if (rc) return tier_failed(tier, rc, "opening a cursor");
+    int rc = mdb_cursor_open(s->txn, s->dbi, &cur);
+    if (rc) return lmdb_fail(rc, "opening a checkpoint's cursor");
     MDB_val key, val;
     uint64_t k = 0;
-    size_t bytes = record_bytes(t);
     int frc = QR_OK;
-    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < tt->disk_rows;
+    for (rc = mdb_cursor_get(cur, &key, &val, MDB_FIRST); !rc && k < s->disk_rows;
          rc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
-        if (key.mv_size != 8 || val.mv_size != bytes) {
+        if (key.mv_size != 8 || val.mv_size != s->record_bytes) {
             rc = MDB_CORRUPTED;
             break;
         }
-        int64_t id, step = t->clock;
+        uint64_t id;
+        int64_t step = s->clock;
         memcpy(&id, key.mv_data, 8);
-        if (qr_table_find(t, id) >= 0) continue; /* in memory: the copy there is the row */
-        if (t->evict_after) memcpy(&step, (const char *)val.mv_data + t->stride * 4, 8);
+        if (bsearch(&id, s->mem_ids, s->nmem, sizeof id, cmp_u64)) continue; /* in memory: stale */
+        if (s->evicts) memcpy(&step, (const char *)val.mv_data + s->stride * 4, 8);
         k++;
-        frc = fn(ctx, id, val.mv_data, step);
+        frc = fn(ctx, (int64_t)id, val.mv_data, step);
         if (frc) break;
     }
     mdb_cursor_close(cur);
     if (frc) return frc;
-    if (k != tt->disk_rows || (rc && rc != MDB_NOTFOUND))
-        return qr__fail(QR_EIO, "table disk tier: '%s' holds %llu rows on disk, %llu read back "
-                        "(%s)", tt->var->name, (unsigned long long)tt->disk_rows,
-                        (unsigned long long)k, rc ? mdb_strerror(rc) : "too few");
+    if (k != s->disk_rows || (rc && rc != MDB_NOTFOUND))
+        return qr__fail(QR_EIO, "table disk tier: '%s' held %llu rows on disk at the "
+                        "checkpoint's cut, %llu read back (%s)", s->name,
+                        (unsigned long long)s->disk_rows, (unsigned long long)k,
+                        rc && rc != MDB_NOTFOUND ? mdb_strerror(rc) : "too few");
     return QR_OK;
+}
+
+void qr__tier_snap_end(qr_tier_snap *s) {
+    if (!s) return;
+    ps_tier *tier = s->tier;
+    mdb_txn_abort(s->txn);
+    uv_mutex_lock(&tier->snap_lock);
+    tier->snaps--;
+    uv_cond_signal(&tier->snap_ended);
+    uv_mutex_unlock(&tier->snap_lock);
+    free(s->mem_ids);
+    free(s);
+}
+
+uint64_t qr__tier_snap_rows(const qr_tier_snap *s) {
+    return s ? s->disk_rows : 0;
 }
 
 int qr__tier_spool(const qr_table *t) {

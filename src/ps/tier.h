@@ -59,29 +59,34 @@ uint64_t qr__tier_disk_rows(const qr_table *t);
 static inline uint64_t qr__tier_rows(const qr_table *t) {
     return t->count + qr__tier_disk_rows(t);
 }
-/* A checkpoint's copy of the disk rows: ids[k], the value of row k into
- * rows[0] + k * dim and slot s into rows[1 + s] + k * dim, and its update
- * step into steps[k], for k from `from` on (ids and rows, or steps, may
- * be NULL). */
-int qr__tier_copy_disk_rows(const qr_table *t, int64_t *ids, float **rows, int64_t *steps,
-                            uint64_t from);
 /* An increment's copy of the changed rows on disk (table.h): for k from
- * `from` to from + n, the row of ids[k] as qr__tier_copy_disk_rows copies
- * row k (rows or steps may be NULL). ids[from..from+n) are sorted first
+ * `from` to from + n, the row of ids[k]: its value into rows[0] + k * dim
+ * and slot s into rows[1 + s] + k * dim, its update step into steps[k]
+ * (rows or steps may be NULL). ids[from..from+n) are sorted first
  * (the disk's key order). QR_EIO if one is not on disk. */
 int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
                             int64_t *steps, uint64_t from);
 
 void qr__tier_stats(const qr_table *t, qr_tier_stats *out);
 
-/* A full checkpoint's rows on disk, one at a time and in key order, each
- * as fn(ctx, id, row, step): row points at its value and slots (stride
- * floats, not aligned) in LMDB's map, good until fn returns; step is its
- * update step (the table's clock without eviction by age). fn must not
- * touch the table or its tier; an error of fn stops the walk. */
-int qr__tier_each_disk_row(const qr_table *t,
-                           int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
-                           void *ctx);
+/* A full checkpoint's rows on disk, read off the loop (tier.c says how).
+ * snap_begin, on the loop at the cut: *out is the snapshot (NULL when no
+ * row is only on disk). snap_each, on the checkpoint writer's thread:
+ * its rows one at a time in key order, each as fn(ctx, id, row, step):
+ * row points at its value and slots (stride floats, not aligned) in
+ * LMDB's map, good until fn returns; step is its update step (the
+ * table's clock at the cut without eviction by age); an error of fn
+ * stops the walk; QR_EIO unless exactly snap_rows rows came. snap_end,
+ * on either thread, once: the loop's writes may reuse its pages again.
+ * The tier is not freed before every snapshot has ended (the ps ends
+ * once its writer has). */
+typedef struct qr_tier_snap qr_tier_snap;
+int qr__tier_snap_begin(const qr_table *t, qr_tier_snap **out);
+int qr__tier_snap_each(qr_tier_snap *s,
+                       int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
+                       void *ctx);
+uint64_t qr__tier_snap_rows(const qr_tier_snap *s);
+void qr__tier_snap_end(qr_tier_snap *s);
 /* An unnamed file (O_TMPFILE, or made and unlinked) in the tier's
  * directory, for a checkpoint's spool: its fd, or minus an error. */
 int qr__tier_spool(const qr_table *t);

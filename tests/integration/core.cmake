@@ -111,6 +111,10 @@ foreach(case wire train sync_train failover_wire failover_kill coordinator_kill 
         coordinator_backup sync_rerep)
   qr_integration_test(integration_replication_${case} test_replication.py ${case})
 endforeach()
+# Under the sanitizers these take 80 to 120 s each for paths other cases
+# run too: coordinator_backup's takeover is replication_ckpt's
+# coordinator_backup without the checkpoints.
+set_tests_properties(integration_replication_coordinator_backup PROPERTIES LABELS slow)
 # Checkpoints with two copies: each shard written once, by the ps serving
 # it (after a failover, the promoted copy), a restart restoring both
 # copies, a ps killed while a checkpoint is being written, and a sync run
@@ -125,6 +129,9 @@ foreach(case failover kill_during stop_during resume coordinator both_lost both_
     restored_positions coordinator_backup)
   qr_integration_test(integration_replication_ckpt_${case} test_replication_ckpt.py ${case})
 endforeach()
+# stop_during draws runs until a stop lands inside a checkpoint, which
+# under the sanitizers' timing it often never does (it then only says so).
+set_tests_properties(integration_replication_ckpt_stop_during PROPERTIES LABELS slow)
 # Dense variables partitioned over the ps: one tensor to the workers.
 qr_integration_test(integration_partition test_partition.py ${QR_VENV_PYTHON})
 # Tasks in network namespaces of their own, over veth links with real

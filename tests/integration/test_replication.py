@@ -45,10 +45,12 @@ the duplicate record or applied once).
 Case "sync_failover_loop": sync (R = N, --init-tokens 0), ps 0, 1 or 2
 SIGKILLed at a random moment of eight runs (3 ps: SGD, Adam, three round
 trips; 2 ps: Adam; ps 0 in four of them, its role then taken over by ps
-1): exit 0, no rollback, the params_digest of the same run unkilled; ps
-1 SIGSTOPped (hung) the same, and ps 0; and with 4 ps, ps 0 dying with
-a step's APPLY sent to ps 2 and ps 3 only (QUORUM_TEST_COORDINATOR_DIES_
-AT_STEP): ps 1 learns the step from their answers to its links.
+1; four runs, one of each victim, under a sanitizer): exit 0, no
+rollback, the params_digest of the same run unkilled; ps 1 SIGSTOPped
+(hung) the same, and ps 0; and with 4 ps, ps 0 dying with a step's APPLY
+sent to ps 2 and ps 3 only (QUORUM_TEST_COORDINATOR_DIES_AT_STEP): ps 1
+learns the step from their answers to its links; and the mirror (sent to
+ps 1 alone): ps 1 sends ps 2 and ps 3 the step they missed.
 Case "sync_worker_stop": sync, R = N, --init-tokens 0: workers 2 then 1
 SIGSTOPped past heartbeat-timeout-ms while worker 1's push-and-pull waits on
 ps 0 (2 ps, 3 ps, and three round trips): ps 0 closes their connections,
@@ -121,7 +123,8 @@ import time
 
 from qrtest import (CREATE, HELLO, PULL, PUSH, PUSH_STEP, READY, REPLY, STATS, STATUS, Proc,
                     ReplicaReport, connect, create_meta, end_launch, floats, frame, free_ports,
-                    last_json, launch_child_pid, push_meta, read_reply, ready_meta, unfloats)
+                    last_json, launch_child_pid, push_meta, read_reply, ready_meta, sanitized,
+                    unfloats)
 
 quorum, case = sys.argv[1], sys.argv[2]
 REPLICATE, VIEW, SNAPSHOT = 21, 22, 23
@@ -843,15 +846,21 @@ def sync_failover_loop_case():
              ("adam, 3 ps", ["--ps", "3", "--optimizer", "adam", "--lr", "0.001"]),
              ("sgd, 3 ps, three round trips", ["--ps", "3", "--lr", "0.1", "--overlap", "on"]),
              ("adam, 2 ps", ["--ps", "2", "--optimizer", "adam", "--lr", "0.001"])]
-    whole = {}
-    for what, extra in kinds:
-        runs_whole = [launch(base + extra, mode="sync")[0]["params_digest"] for _ in range(2)]
-        assert runs_whole[0] == runs_whole[1], (what, runs_whole)
-        whole[what] = runs_whole[0]
     # ps 2's copy, and ps 1's of 2, are on ps 0; ps 0's is on ps 1, which
     # then coordinates (both the one-trip push and the three round trips,
     # whose worker commits again when its TOKEN's connection is lost)
     plan = [(0, 1), (1, 2), (2, 0), (3, 0), (0, 0), (1, 0), (2, 1), (3, 1)]
+    if sanitized(quorum):
+        # Under the sanitizers each run takes three times as long: one
+        # kill of each victim, ps 0 with both push protocols (the plain
+        # build runs the whole plan).
+        plan = [(0, 1), (3, 0), (2, 0), (1, 2)]
+    whole = {}
+    for what, extra in [kinds[k] for k in sorted({k for k, _ in plan})]:
+        runs_whole = [launch(base + extra, mode="sync")[0]["params_digest"]
+                      for _ in range(1 if sanitized(quorum) else 2)]
+        assert len(set(runs_whole)) == 1, (what, runs_whole)
+        whole[what] = runs_whole[0]
     runs = len(plan)
     for i, (kind, victim) in enumerate(plan):
         what, extra = kinds[kind]
@@ -920,8 +929,27 @@ def sync_failover_loop_case():
     assert s["rollbacks"] == 0 and s["params_digest"] == unkilled, (s, unkilled)
     print("ok: ps 0 died with step 500's APPLY sent to ps 2 and 3 only: ps 1 learnt the step "
           "from them, params_digest %s as unkilled" % unkilled)
-    print("PASS: sync_failover_loop: %d kills at random moments (ps 0 in four), two stops and "
-          "the APPLY race, the digest of an unkilled run in each" % runs)
+    # The mirror: ps 0 sends step 500's APPLY to ps 1 alone and dies once
+    # ps 1 has both its shards at 501. ps 2 and 3 are still at 500, their
+    # pushes of it held; ps 1, gathering 501, sends each the APPLY of 500
+    # with its members (before, the run stalled at step 501 until
+    # sync-timeout-ms).
+    p = Proc([quorum, "launch", "--json", "--quiet", "--mode", "sync", "--sync-timeout-ms",
+              "60000"] + four, env=dict(os.environ, QUORUM_TEST_COORDINATOR_DIES_AT_STEP="500:mirror"))
+    rc, out, err = p.wait(300)
+    assert rc == 0, err[-4000:]
+    assert "step 500 applied on ps 1's shards, its APPLY sent to no other ps" in err, err[-3000:]
+    for k in (2, 3):
+        assert re.search(r"\[ps 1 pid \d+\] warn: ps %d's shard has not applied step 500, which "
+                         r"the shards here have" % k, err), err[-3000:]
+        assert re.search(r"\[ps 1 pid \d+\] info: ps %d has applied step 500, which its shard "
+                         r"had missed" % k, err), err[-3000:]
+    s = last_json(out)
+    assert s["rollbacks"] == 0 and s["params_digest"] == unkilled, (s, unkilled)
+    print("ok: ps 0 died with step 500's APPLY sent to ps 1 only: ps 1 sent it to ps 2 and 3, "
+          "params_digest %s as unkilled" % unkilled)
+    print("PASS: sync_failover_loop: %d kills at random moments, two stops and the APPLY race "
+          "both ways, the digest of an unkilled run in each" % runs)
 
 
 def sync_worker_stop_case():

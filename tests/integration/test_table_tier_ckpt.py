@@ -12,7 +12,10 @@ ROWS x 81 bytes in memory, several times CAP_MB. Then:
      (the restore and the checkpoint both streamed: docs/EMBEDDINGS.md);
   B: resumed all in memory, the same 2 steps and checkpoint;
   A's checkpoint equals B's row for row (the safetensors library: ids,
-  rows, Adagrad's accumulators), `quorum ckpt verify` accepts it, and A's
+  rows, Adagrad's accumulators), the rows only on disk were read by the
+  checkpoint's writer thread from the tier's snapshot (the ps's
+  checkpoint.disk_rows_off_loop), not on the loop at the cut,
+  `quorum ckpt verify` accepts it, and A's
   ps stayed within CAP_MB + OVERHEAD_MB (B's did not: the table is large
   enough to tell). Then A2 resumes from A's streamed checkpoint, tiered,
   2 more steps, and B2 from B's all in memory: equal row for row again, A2
@@ -129,8 +132,18 @@ try:
     shutil.copytree(base, a_dir)
     shutil.copytree(base, b_dir)
     tier = ["--table-memory-mb", str(CAP_MB)]
-    _, a_mb = launch(a_dir, start + 2, tier)
-    _, b_mb = launch(b_dir, start + 2)
+    a_run, a_mb = launch(a_dir, start + 2, tier)
+    b_run, b_mb = launch(b_dir, start + 2)
+    # The rows only on disk were read by the checkpoint's writer thread
+    # from the tier's snapshot, not on the loop at the cut (at most the
+    # cap's rows, under 200,000 here, are spooled there).
+    a_ck_stats, b_ck_stats = a_run["sync"]["checkpoint"], b_run["sync"]["checkpoint"]
+    assert a_ck_stats["disk_rows_off_loop"] >= ROWS * 3 // 4, a_ck_stats
+    assert b_ck_stats["disk_rows_off_loop"] == 0, b_ck_stats
+    print("ok: the cut left %d rows on disk to the writer (its snapshot); the loop's longest cut "
+          "%.1f ms tiered, %.1f ms all in memory" % (a_ck_stats["disk_rows_off_loop"],
+                                                    a_ck_stats["max_snapshot_ms"],
+                                                    b_ck_stats["max_snapshot_ms"]))
     a_ck, b_ck = newest(a_dir), newest(b_dir)
     assert json.load(open(os.path.join(a_ck, "manifest.json"))).get("kind", "full") == "full"
     r = subprocess.run([quorum, "ckpt", "verify", a_dir], capture_output=True, text=True,
