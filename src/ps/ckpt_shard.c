@@ -218,20 +218,13 @@ static int snapshot_table_policy(ckpt_job *j, ckpt_entry *e, qr_var *v, const ui
         if (!name) return QR_ENOMEM;
         int64_t shape[1] = {(int64_t)e->table_n};
         add_table_tensor(j, e, name, QR_DT_I64, 1, shape, NULL, e->spool_steps);
-    } else if (t->updated) {
+    } else if (t->updated) { /* (no tier: the rows in memory are all) */
         uint64_t n = e->table_n;
         e->table_policy[2] = malloc(QR_MAX(n, 1) * sizeof(int64_t));
         const char *name = job_name(j, "%s/%s", v->name, "update_steps");
         if (!e->table_policy[2] || !name)
             return qr__fail(QR_ENOMEM, "out of memory copying the update steps of '%s'", v->name);
-        uint64_t in_memory = sel ? nsel : t->count;
-        for (uint64_t r = 0; r < in_memory; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
-        /* an increment's changed rows on the disk tier follow (tier.c); a
-         * full checkpoint of a tiered table is spooled, above */
-        int rc = sel ? qr__tier_read_disk_rows(t, e->table_ids, n - nsel, NULL,
-                                               e->table_policy[2], nsel)
-                     : QR_OK;
-        if (rc) return rc;
+        for (uint64_t r = 0; r < n; r++) e->table_policy[2][r] = t->updated[sel ? sel[r] : r];
         int64_t shape[1] = {(int64_t)n};
         add_tensor(j, name, QR_DT_I64, 1, shape, e->table_policy[2]);
     }
@@ -373,9 +366,11 @@ static void spool_close(spool *sp) {
     sp->buffers = NULL;
 }
 
-/* At the cut (loop): the rows in memory into the spool, and the disk
- * tier's snapshot for the rest (spool_disk_rows). */
-static int spool_table(ckpt_entry *e, const qr_table *t, const char *name) {
+/* At the cut (loop): the rows in memory (an increment's: the changed
+ * ones, sel) into the spool, and the disk tier's snapshot for the rest
+ * (spool_disk_rows): the rows only on disk, or the changed rows there. */
+static int spool_table(ckpt_entry *e, const qr_table *t, const char *name, const uint64_t *sel,
+                       uint64_t nsel) {
     uint64_t n = e->table_n, rb = (uint64_t)t->dim * 4;
     int fd = qr__tier_spool(t);
     if (fd < 0) return -fd;
@@ -389,12 +384,17 @@ static int spool_table(ckpt_entry *e, const qr_table *t, const char *name) {
     e->spool_has_steps = t->updated != NULL;
     spool sp;
     int rc = spool_open(&sp, e, 0, SPOOL_BATCH_BYTES);
-    for (uint64_t r = 0; r < t->count && !rc; r++)
+    for (uint64_t k = 0; k < (sel ? nsel : t->count) && !rc; k++) {
+        uint64_t r = sel ? sel[k] : k;
         rc = spool_row(&sp, t->keys[r], qr_table_row(t, r), t->updated ? t->updated[r] : 0);
+    }
     if (!rc && sp.nb) rc = spool_flush(&sp);
     spool_close(&sp);
     e->spool_from = sp.k0;
-    if (!rc) rc = qr__tier_snap_begin(t, &e->snap);
+    if (!rc && sel && t->ndisk_changed) /* (none: nothing to read from disk) */
+        rc = qr__tier_snap_begin(t, t->disk_changed_ids, t->ndisk_changed, &e->snap);
+    else if (!rc && !sel)
+        rc = qr__tier_snap_begin(t, NULL, 0, &e->snap);
     if (!rc && sp.k0 + qr__tier_snap_rows(e->snap) != n)
         rc = qr__fail(QR_EINTERNAL, "table '%s': %llu rows in memory and %llu on disk, %llu "
                       "counted", name, (unsigned long long)sp.k0,
@@ -418,35 +418,42 @@ static int spool_disk_rows(ckpt_entry *e) {
     return rc;
 }
 
-/* A table's rows, copied now (a full checkpoint of a tiered one: streamed,
- * above): unlike a dense tensor they are updated in
- * place, so the snapshot cannot hold a reference. The tensors: NAME
- * [rows, dim], NAME/ids [rows] (int64), a per-row slot [rows, dim]. In an
- * increment (delta) only the rows made or updated since the last
- * checkpoint, and NAME/removed_ids. */
+/* A tiered table's rows, streamed into a spool (above): all of them, or
+ * in an increment (sel: its changed rows in memory) the changed ones. */
+static int snapshot_tiered_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec,
+                                 const uint64_t *sel, uint64_t nsel) {
+    const qr_table *t = v->table;
+    e->table_n = sel ? nsel + t->ndisk_changed : qr__tier_rows(t);
+    int rc = spool_table(e, t, v->name, sel, nsel);
+    if (rc) return rc;
+    j->disk_rows += qr__tier_snap_rows(e->snap);
+    int64_t shape[2] = {(int64_t)e->table_n, t->dim};
+    add_table_tensor(j, e, v->name, QR_DT_F32, 2, shape, NULL, e->spool_rows[0]);
+    const char *ids = job_name(j, "%s/%s", v->name, "ids");
+    if (ids) add_table_tensor(j, e, ids, QR_DT_I64, 1, shape, NULL, e->spool_ids);
+    rc = ids ? snapshot_table_policy(j, e, v, sel, nsel) : QR_ENOMEM;
+    if (rc) return rc;
+    return table_record(rec, t, e->table_n, sel != NULL);
+}
+
+/* A table's rows, copied now (a tiered one's: streamed, above): unlike a
+ * dense tensor they are updated in place, so the snapshot cannot hold a
+ * reference. The tensors: NAME [rows, dim], NAME/ids [rows] (int64), a
+ * per-row slot [rows, dim]. In an increment (delta) only the rows made or
+ * updated since the last checkpoint (on either tier: moves between the
+ * tiers are no changes, table.h), and NAME/removed_ids. */
 static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, bool delta) {
     const qr_table *t = v->table;
-    if (!delta && t->tier) { /* streamed into a spool, above */
-        e->table_n = qr__tier_rows(t);
-        int rc = spool_table(e, t, v->name);
-        if (rc) return rc;
-        j->disk_rows += qr__tier_snap_rows(e->snap);
-        int64_t shape[2] = {(int64_t)e->table_n, t->dim};
-        add_table_tensor(j, e, v->name, QR_DT_F32, 2, shape, NULL, e->spool_rows[0]);
-        const char *ids = job_name(j, "%s/%s", v->name, "ids");
-        if (ids) add_table_tensor(j, e, ids, QR_DT_I64, 1, shape, NULL, e->spool_ids);
-        rc = ids ? snapshot_table_policy(j, e, v, NULL, 0) : QR_ENOMEM;
-        if (rc) return rc;
-        return table_record(rec, t, e->table_n, false);
-    }
-    /* Full (no tier): the rows in memory. An increment: the changed rows
-     * in memory, then the changed rows on disk (moves between the tiers
-     * are no changes: table.h). */
-    uint64_t *sel = NULL, n = qr__tier_rows(t), nsel = 0;
+    uint64_t *sel = NULL, n = t->count, nsel = 0;
     if (delta) {
         if (changed_rows(t, &sel, &nsel))
             return qr__fail(QR_ENOMEM, "out of memory listing the changed rows of '%s'", v->name);
-        n = nsel + t->ndisk_changed;
+        n = nsel;
+    }
+    if (t->tier) {
+        int rc = snapshot_tiered_table(j, e, v, rec, sel, nsel);
+        free(sel);
+        return rc;
     }
     int64_t dim = t->dim;
     e->table_n = n;
@@ -468,21 +475,11 @@ static int snapshot_table(ckpt_job *j, ckpt_entry *e, qr_var *v, cJSON *rec, boo
         for (int s = 0; s <= t->nslots; s++)
             memcpy(e->table_rows[s] + k * (uint64_t)dim, row + s * dim, (size_t)dim * 4);
     }
-    int rc = QR_OK; /* (full: no tier, else spooled above) */
-    if (sel) {
-        if (t->ndisk_changed)
-            memcpy(e->table_ids + nsel, t->disk_changed_ids, t->ndisk_changed * sizeof(int64_t));
-        rc = qr__tier_read_disk_rows(t, e->table_ids, t->ndisk_changed, e->table_rows, NULL, nsel);
-    }
-    if (rc) {
-        free(sel);
-        return rc;
-    }
     int64_t shape[2] = {(int64_t)n, dim};
     add_tensor(j, v->name, QR_DT_F32, 2, shape, e->table_rows[0]);
     const char *ids = job_name(j, "%s/%s", v->name, "ids");
     if (ids) add_tensor(j, ids, QR_DT_I64, 1, shape, e->table_ids);
-    rc = ids ? snapshot_table_policy(j, e, v, sel, nsel) : QR_ENOMEM;
+    int rc = ids ? snapshot_table_policy(j, e, v, sel, nsel) : QR_ENOMEM;
     free(sel);
     if (rc) return rc;
     return table_record(rec, t, n, delta);

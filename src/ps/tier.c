@@ -765,49 +765,6 @@ uint64_t qr__tier_disk_rows(const qr_table *t) {
     return t->tier ? t->tier->disk_rows : 0;
 }
 
-/* A checkpoint's copy of one record as row k: its value and slots into
- * rows[s] + k * dim, its update step into steps[k] (either may be NULL). */
-static void copy_record(const qr_table *t, const void *record, uint64_t k, float **rows,
-                        int64_t *steps) {
-    size_t row_bytes = (size_t)t->dim * 4;
-    for (int s = 0; rows && s <= t->nslots; s++)
-        memcpy(rows[s] + k * (uint64_t)t->dim, (const char *)record + s * row_bytes, row_bytes);
-    if (steps) {
-        if (t->evict_after) memcpy(&steps[k], (const char *)record + t->stride * 4, 8);
-        else steps[k] = t->clock;
-    }
-}
-
-int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
-                            int64_t *steps, uint64_t from) {
-    tier_table *tt = t->tier;
-    if (!n) return QR_OK;
-    if (!tt) return qr__fail(QR_EINVAL, "a table without a disk tier: no rows to read from it");
-    ps_tier *tier = tt->owner;
-    /* In key order: each search starts near the last. Through the open
-     * transaction, as a full checkpoint's copy. */
-    qsort(ids + from, n, sizeof *ids, by_id);
-    int rc = txn_open(tier);
-    if (rc) return rc;
-    MDB_cursor *cur;
-    rc = mdb_cursor_open(tier->txn, tt->dbi, &cur);
-    if (rc) return tier_failed(tier, rc, "opening a cursor");
-    size_t bytes = record_bytes(t);
-    for (uint64_t k = from; k < from + n; k++) {
-        MDB_val key = {8, &ids[k]}, val;
-        rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
-        if (!rc && val.mv_size != bytes) rc = MDB_CORRUPTED;
-        if (rc) {
-            mdb_cursor_close(cur);
-            return qr__fail(QR_EIO, "table disk tier: '%s': the changed row of id %lld is not "
-                            "on disk (%s)", tt->var->name, (long long)ids[k], mdb_strerror(rc));
-        }
-        copy_record(t, val.mv_data, k, rows, steps);
-    }
-    mdb_cursor_close(cur);
-    return QR_OK;
-}
-
 void qr__tier_stats(const qr_table *t, qr_tier_stats *out) {
     memset(out, 0, sizeof *out);
     out->rows_memory = t->count;
@@ -957,7 +914,11 @@ struct qr_tier_snap {
     ps_tier *tier;
     MDB_txn *txn;          /* read-only */
     MDB_dbi dbi;
-    uint64_t *mem_ids;     /* the ids in memory at the cut (sorted by the writer) */
+    /* a full checkpoint: the ids in memory at the cut, whose records are
+     * skipped; an increment (listed): the ids of the changed rows on disk,
+     * each read (sorted by the writer) */
+    uint64_t *mem_ids;
+    bool listed;
     uint64_t nmem, disk_rows;
     size_t record_bytes;
     int stride;
@@ -966,10 +927,11 @@ struct qr_tier_snap {
     char name[128];
 };
 
-int qr__tier_snap_begin(const qr_table *t, qr_tier_snap **out) {
+int qr__tier_snap_begin(const qr_table *t, const int64_t *changed, uint64_t nchanged,
+                        qr_tier_snap **out) {
     *out = NULL;
     tier_table *tt = t->tier;
-    if (!tt || !tt->disk_rows) return QR_OK;
+    if (!tt || !(changed ? nchanged : tt->disk_rows)) return QR_OK;
     ps_tier *tier = tt->owner;
     /* The writes that come while the writer reads cannot reuse the pages
      * it reads: the map is grown now for a whole copy more of what is in
@@ -989,17 +951,20 @@ int qr__tier_snap_begin(const qr_table *t, qr_tier_snap **out) {
         return tier_failed(tier, rc, "growing the map");
     if (rc) return rc;
     qr_tier_snap *s = qr__calloc(1, sizeof *s);
-    uint64_t *ids = malloc(QR_MAX(t->count, 1) * sizeof *ids);
+    uint64_t nids = changed ? nchanged : t->count;
+    uint64_t *ids = malloc(QR_MAX(nids, 1) * sizeof *ids);
     if (!s || !ids) {
         free(s);
         free(ids);
-        return qr__fail(QR_ENOMEM, "out of memory listing the rows in memory of '%s' for a "
-                        "checkpoint", tt->var->name);
+        return qr__fail(QR_ENOMEM, "out of memory listing the rows of '%s' for a checkpoint",
+                        tt->var->name);
     }
-    memcpy(ids, t->keys, t->count * sizeof *ids);
-    *s = (qr_tier_snap){.tier = tier, .dbi = tt->dbi, .mem_ids = ids, .nmem = t->count,
-                        .disk_rows = tt->disk_rows, .record_bytes = record_bytes(t),
-                        .stride = t->stride, .evicts = t->evict_after > 0, .clock = t->clock};
+    memcpy(ids, changed ? (const void *)changed : (const void *)t->keys, nids * sizeof *ids);
+    *s = (qr_tier_snap){.tier = tier, .dbi = tt->dbi, .mem_ids = ids, .nmem = nids,
+                        .listed = changed != NULL,
+                        .disk_rows = changed ? nchanged : tt->disk_rows,
+                        .record_bytes = record_bytes(t), .stride = t->stride,
+                        .evicts = t->evict_after > 0, .clock = t->clock};
     snprintf(s->name, sizeof s->name, "%s", tt->var->name);
     rc = mdb_txn_begin(tier->env, NULL, MDB_RDONLY, &s->txn);
     if (rc) {
@@ -1019,6 +984,26 @@ static int cmp_u64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* An increment's changed rows on disk, in key order (each search starts
+ * near the last). */
+static int snap_each_listed(qr_tier_snap *s, MDB_cursor *cur,
+                            int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
+                            void *ctx) {
+    for (uint64_t k = 0; k < s->nmem; k++) {
+        MDB_val key = {8, &s->mem_ids[k]}, val;
+        int rc = mdb_cursor_get(cur, &key, &val, MDB_SET_KEY);
+        if (!rc && val.mv_size != s->record_bytes) rc = MDB_CORRUPTED;
+        if (rc)
+            return qr__fail(QR_EIO, "table disk tier: '%s': the changed row of id %lld is not "
+                            "on disk (%s)", s->name, (long long)s->mem_ids[k], mdb_strerror(rc));
+        int64_t step = s->clock;
+        if (s->evicts) memcpy(&step, (const char *)val.mv_data + s->stride * 4, 8);
+        rc = fn(ctx, (int64_t)s->mem_ids[k], val.mv_data, step);
+        if (rc) return rc;
+    }
+    return QR_OK;
+}
+
 int qr__tier_snap_each(qr_tier_snap *s,
                        int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
                        void *ctx) {
@@ -1026,6 +1011,11 @@ int qr__tier_snap_each(qr_tier_snap *s,
     MDB_cursor *cur;
     int rc = mdb_cursor_open(s->txn, s->dbi, &cur);
     if (rc) return lmdb_fail(rc, "opening a checkpoint's cursor");
+    if (s->listed) {
+        rc = snap_each_listed(s, cur, fn, ctx);
+        mdb_cursor_close(cur);
+        return rc;
+    }
     MDB_val key, val;
     uint64_t k = 0;
     int frc = QR_OK;

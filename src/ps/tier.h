@@ -59,19 +59,14 @@ uint64_t qr__tier_disk_rows(const qr_table *t);
 static inline uint64_t qr__tier_rows(const qr_table *t) {
     return t->count + qr__tier_disk_rows(t);
 }
-/* An increment's copy of the changed rows on disk (table.h): for k from
- * `from` to from + n, the row of ids[k]: its value into rows[0] + k * dim
- * and slot s into rows[1 + s] + k * dim, its update step into steps[k]
- * (rows or steps may be NULL). ids[from..from+n) are sorted first
- * (the disk's key order). QR_EIO if one is not on disk. */
-int qr__tier_read_disk_rows(const qr_table *t, int64_t *ids, uint64_t n, float **rows,
-                            int64_t *steps, uint64_t from);
 
 void qr__tier_stats(const qr_table *t, qr_tier_stats *out);
 
-/* A full checkpoint's rows on disk, read off the loop (tier.c says how).
- * snap_begin, on the loop at the cut: *out is the snapshot (NULL when no
- * row is only on disk). snap_each, on the checkpoint writer's thread:
+/* A checkpoint's rows on disk, read off the loop (tier.c says how).
+ * snap_begin, on the loop at the cut: *out is the snapshot of a full
+ * checkpoint's rows only on disk (changed NULL), or of an increment's
+ * changed rows on disk (the nchanged ids of `changed`, copied); NULL when
+ * there are none. snap_each, on the checkpoint writer's thread:
  * its rows one at a time in key order, each as fn(ctx, id, row, step):
  * row points at its value and slots (stride floats, not aligned) in
  * LMDB's map, good until fn returns; step is its update step (the
@@ -81,7 +76,8 @@ void qr__tier_stats(const qr_table *t, qr_tier_stats *out);
  * The tier is not freed before every snapshot has ended (the ps ends
  * once its writer has). */
 typedef struct qr_tier_snap qr_tier_snap;
-int qr__tier_snap_begin(const qr_table *t, qr_tier_snap **out);
+int qr__tier_snap_begin(const qr_table *t, const int64_t *changed, uint64_t nchanged,
+                        qr_tier_snap **out);
 int qr__tier_snap_each(qr_tier_snap *s,
                        int (*fn)(void *ctx, int64_t id, const void *row, int64_t step),
                        void *ctx);
