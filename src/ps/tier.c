@@ -22,8 +22,12 @@
  * One write transaction serves many requests (TXN_RECORDS records
  * written or deleted): LMDB copies a page the first time a transaction
  * touches it, so a hot leaf is copied once a transaction, not once a
- * request. Reads by the tier (a snapshot, the statistics) go through the
- * open transaction, which sees its own writes. An LMDB error loses the
+ * request. Reads by the tier (the statistics, the sweep) go through the
+ * open transaction, which sees its own writes; a checkpoint's reads go
+ * through a read transaction of their own, begun at its cut and read on
+ * the writer's thread (qr__tier_snap_begin: the environment keeps its lock
+ * file, whose reader table keeps the pages that transaction sees from
+ * being reused). An LMDB error loses the
  * open transaction, and with it the rows written out since it began: the
  * tier then fails for good, every later request says so (restart from a
  * checkpoint). Failures of the ps's own memory undo what the request did.
