@@ -98,7 +98,7 @@ static void entry_release(ckpt_entry *e) {
     memset(e->table_policy, 0, sizeof e->table_policy);
     free(e->table_filter);
     e->table_filter = NULL;
-    qr__tier_snap_end(e->snap); /* (never read: the job failed before its write) */
+    qr__tier_snap_end(e->snap); /* (never read: the job failed before or in its write) */
     e->snap = NULL;
     if (e->spooled) close(e->spool_fd);
     e->spooled = false;
@@ -679,12 +679,9 @@ void qr__ckpt_shard_write(uv_work_t *w) {
     snprintf(dir, sizeof dir, "%s", j->path);
     *strrchr(dir, '/') = '\0';
     j->status = qr_mkdir(dir);
+    /* (after a failure, the snapshots left unread end with the job) */
     for (int i = 0; i < j->nentries && !j->status; i++)
         if (j->entries[i].snap) j->status = spool_disk_rows(&j->entries[i]);
-    for (int i = 0; i < j->nentries; i++) { /* (after a failure: the rest unread) */
-        qr__tier_snap_end(j->entries[i].snap);
-        j->entries[i].snap = NULL;
-    }
     if (!j->status)
         j->status = qr_st_write_file_progress(j->path, j->tensors, j->ntensors, j->meta,
                                               on_tensor_written, j, &j->crc, &j->bytes);

@@ -130,8 +130,6 @@ static int promoted_shard_of(const qr_ps *ps, int k) {
     return failed[prev] != QR_PS_ALIVE && holds ? prev : -1;
 }
 
-/* An APPLY's answer from ps k (qr_link_apply_cb). With two copies it names
- * the step and the shards applied there (i64 step, u32 count, u32 each). */
 /* The mirror fault (QUORUM_TEST_COORDINATOR_DIES_AT_STEP=N:mirror): ps 0
  * dies once ps 1 has both its shards at step N + 1 and no other ps was
  * sent the step. */
@@ -142,6 +140,8 @@ static void test_die_when_done(qr_ps *ps) {
     _exit(9);
 }
 
+/* An APPLY's answer from ps k (qr_link_apply_cb). With two copies it names
+ * the step and the shards applied there (i64 step, u32 count, u32 each). */
 static void on_apply_answer(qr_ps *ps, int k, int64_t step, int status, const char *meta,
                             uint32_t len) {
     if (!status && k == 1) test_die_when_done(ps);
@@ -328,9 +328,9 @@ void qr__coord_take_over(qr_ps *ps) {
  * write queue when it died, while ps 1 had its own and shard 0's part. ps
  * k's shard is at s (its pushes of s held, unanswered), the shards here at
  * s + 1, gathering it: ps k is sent APPLY(s) with the members of s as
- * applied here, ahead of anything else on its link. Before, ps k refused
- * the workers' pushes of s + 1 ("that step has not started") and the run
- * ended with that error. */
+ * applied here, ahead of anything else on its link. Before, no worker could
+ * push s + 1 (each waits for ps k's answer to its push of s) and the run
+ * stalled until sync-timeout-ms. */
 static void catch_up(qr_ps *ps, int k, int64_t step) {
     ps_sync *s = &ps->sync;
     bool own = ps->replica.failed[ps->index] == QR_PS_ALIVE; /* else a BACKUP successor */

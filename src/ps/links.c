@@ -107,6 +107,12 @@ static void link_send_stop(coord_link *l) {
 }
 
 /* Send what is wanted, in the order a ps must see it. */
+/* An APPLY's meta: the step and its members. */
+static void put_apply(qr_wbuf *meta, int64_t step, const quorum_member *members, int n) {
+    qr_msg_put_apply_head(meta, step, (uint32_t)n);
+    for (int i = 0; i < n; i++) qr_msg_put_member(meta, members[i].worker, members[i].seq);
+}
+
 static void link_flush(coord_link *l) {
     qr_ps *ps = l->ps;
     if (!l->conn || l->connecting) return; /* sent once connected */
@@ -130,9 +136,7 @@ static void link_flush(coord_link *l) {
     }
     if (l->apply_step >= 0 && !l->apply_sent) {
         qr_wbuf meta = {0};
-        qr_msg_put_apply_head(&meta, l->apply_step, (uint32_t)ps->sync.nquorum);
-        for (int i = 0; i < ps->sync.nquorum; i++)
-            qr_msg_put_member(&meta, ps->sync.quorum[i].worker, ps->sync.quorum[i].seq);
+        put_apply(&meta, l->apply_step, ps->sync.quorum, ps->sync.nquorum);
         link_send(l, QR_MSG_APPLY, &meta);
         qr_wbuf_free(&meta);
         l->apply_sent = true;
@@ -487,8 +491,7 @@ void qr__link_catch_up(qr_ps *ps, int k, int64_t step, const quorum_member *memb
     coord_link *l = link_of(ps, k);
     if (l->dropped) return;
     qr_wbuf_reset(&l->catch_up);
-    qr_msg_put_apply_head(&l->catch_up, step, (uint32_t)n);
-    for (int i = 0; i < n; i++) qr_msg_put_member(&l->catch_up, members[i].worker, members[i].seq);
+    put_apply(&l->catch_up, step, members, n);
     l->catch_up_step = step;
     l->catch_up_sent = false;
     link_flush(l);

@@ -187,19 +187,29 @@ static int resize_map(ps_tier *tier, size_t size) {
     return rc;
 }
 
-static int txn_open(ps_tier *tier) {
-    if (tier->failure[0])
-        return qr__fail(QR_EIO, "table disk tier: it failed earlier (%s): restart from a "
-                        "checkpoint", tier->failure);
-    if (tier->txn) return QR_OK;
+static int tier_working(const ps_tier *tier) {
+    if (!tier->failure[0]) return QR_OK;
+    return qr__fail(QR_EIO, "table disk tier: it failed earlier (%s): restart from a "
+                    "checkpoint", tier->failure);
+}
+
+/* Between transactions: the map doubled while `copies` times the pages in
+ * use and TXN_HEADROOM would take more than half of it. */
+static int grow_map(ps_tier *tier, size_t copies) {
     MDB_envinfo info;
     MDB_stat st;
     int rc = mdb_env_info(tier->env, &info);
     if (!rc) rc = mdb_env_stat(tier->env, &st);
     size_t used = rc ? 0 : (info.me_last_pgno + 1) * (size_t)st.ms_psize, size = info.me_mapsize;
-    while (!rc && 2 * (used + TXN_HEADROOM) > size) size *= 2;
+    while (!rc && 2 * (copies * used + TXN_HEADROOM) > size) size *= 2;
     if (!rc && size != info.me_mapsize) rc = resize_map(tier, size);
-    if (rc) return tier_failed(tier, rc, "growing the map");
+    return rc ? tier_failed(tier, rc, "growing the map") : QR_OK;
+}
+
+static int txn_open(ps_tier *tier) {
+    int rc = tier_working(tier);
+    if (rc || tier->txn) return rc;
+    if ((rc = grow_map(tier, 1))) return rc;
     rc = mdb_txn_begin(tier->env, NULL, 0, &tier->txn);
     if (rc) {
         tier->txn = NULL;
@@ -937,22 +947,16 @@ int qr__tier_snap_begin(const qr_table *t, const int64_t *changed, uint64_t ncha
     tier_table *tt = t->tier;
     if (!tt || !(changed ? nchanged : tt->disk_rows)) return QR_OK;
     ps_tier *tier = tt->owner;
+    /* The read transaction sees what is committed: the open transaction's
+     * writes too, then (a failed tier lost some: no snapshot of it). */
+    int rc = tier_working(tier);
+    if (!rc) rc = txn_commit(tier);
     /* The writes that come while the writer reads cannot reuse the pages
      * it reads: the map is grown now for a whole copy more of what is in
-     * use, so that no resize (which would wait for the snapshot) comes. */
-    int rc = txn_open(tier);
-    MDB_envinfo info;
-    MDB_stat st;
-    if (!rc && (mdb_env_info(tier->env, &info) || mdb_env_stat(tier->env, &st)))
-        rc = tier_failed(tier, MDB_PANIC, "reading the map's size");
-    if (rc) return rc;
-    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize, size = info.me_mapsize;
-    while (2 * (2 * used + TXN_HEADROOM) > size) size *= 2;
-    rc = txn_commit(tier); /* what the read transaction must see */
-    /* (Another table's snapshot of the same cut grew it already: waiting
+     * use, so that no resize (which would wait for the snapshot) comes.
+     * (Another table's snapshot of the same cut grew it already: waiting
      * for that one here would wait for good, its writer not yet queued.) */
-    if (!rc && size != info.me_mapsize && !tier->snaps && (rc = resize_map(tier, size)))
-        return tier_failed(tier, rc, "growing the map");
+    if (!rc && !tier->snaps) rc = grow_map(tier, 2);
     if (rc) return rc;
     qr_tier_snap *s = qr__calloc(1, sizeof *s);
     uint64_t nids = changed ? nchanged : t->count;
